@@ -1,0 +1,361 @@
+"""The one NFShunt testbed: hosts, Open vSwitch fast path, firewall node, controller.
+
+            h1 --(1) [ s1: Open vSwitch ] (3)-- h2
+                      (2)         (4)
+                       |           |
+                  fw-eth0  [fw: br0]  fw-eth1       NFShunt controller runs in fw
+                      (physdevin 1) (physdevin 2)
+
+Modes from the one topology:
+  direct    s1 patches h1 <-> h2, no firewall;
+  firewall  s1 patches every fast port to its slow port: everything crosses br0;
+  nfshunt   the NFShunt controller in fw programs s1 (fail mode secure).
+
+The switch uses the kernel datapath when the kernel has it, otherwise the userspace
+(netdev) datapath; `datapath` says which. Integration tests, the demo, experiments and
+benchmarks all build their network here. Everything is removed by stop(), also after a
+failure, and on SIGTERM/SIGINT through the context manager.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch, RemoteController
+from mininet.topo import Topo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+POLICY = os.path.join(REPO, "iptables", "policy-example.rules")
+PYTHON = sys.executable
+
+H1_IP, H2_IP = "10.0.0.1", "10.0.0.2"
+H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
+# Control link between the root namespace (where Open vSwitch runs) and fw.
+MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
+OF_PORT = 6653
+FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
+SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
+MODES = ("direct", "firewall", "nfshunt")
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def ensure_ovs() -> None:
+    """Start Open vSwitch's daemons if they are not running."""
+    if subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode == 0:
+        return
+    ctl = "/usr/share/openvswitch/scripts/ovs-ctl"
+    if not os.path.exists(ctl):
+        raise TestbedError("Open vSwitch is not installed (apt-get install openvswitch-switch)")
+    subprocess.run([ctl, "start", "--system-id=random"], capture_output=True)
+    if subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True).returncode != 0:
+        raise TestbedError("Open vSwitch did not start (ovs-ctl start)")
+
+
+def kernel_datapath_available() -> bool:
+    return os.path.exists("/sys/module/openvswitch")
+
+
+class TwoHostTopo(Topo):
+    def build(self) -> None:  # type: ignore[override]
+        h1 = self.addHost("h1", ip=f"{H1_IP}/24")
+        h2 = self.addHost("h2", ip=f"{H2_IP}/24")
+        fw = self.addHost("fw", ip=None)
+        s1 = self.addSwitch("s1", dpid="00000000000000a1")
+        self.addLink(h1, s1, port2=FAST1)
+        self.addLink(fw, s1, port1=0, port2=SLOW1)
+        self.addLink(h2, s1, port2=FAST2)
+        self.addLink(fw, s1, port1=1, port2=SLOW2)
+
+
+class Testbed:
+    def __init__(self, mode: str = "nfshunt", of_version: str = "1.3",
+                 config: dict[str, Any] | None = None, policy: str | None = POLICY,
+                 workdir: str | None = None, log: Callable[[str], None] | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.mode = mode
+        self.of_version = of_version
+        self.extra_config = config or {}
+        self.policy = policy
+        self.log = log or (lambda msg: None)
+        self._own_workdir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="nfshunt-testbed-")
+        self.net: Mininet | None = None
+        self.controller: subprocess.Popen | None = None
+        self.datapath = "system" if kernel_datapath_available() else "netdev"
+        self.config_path = os.path.join(self.workdir, "nfshunt.json")
+        self.controller_log = os.path.join(self.workdir, "controller.log")
+        self._old_signals: dict[int, Any] = {}
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    @property
+    def h1(self) -> Host:
+        return self.net.get("h1")  # type: ignore[union-attr]
+
+    @property
+    def h2(self) -> Host:
+        return self.net.get("h2")  # type: ignore[union-attr]
+
+    @property
+    def fw(self) -> Host:
+        return self.net.get("fw")  # type: ignore[union-attr]
+
+    def run(self, node: Host, *args: str, check: bool = True, timeout: float = 30) -> str:
+        """Run a command (argument list, no shell) inside a node's namespace."""
+        proc = node.popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=self._env(), cwd=REPO)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise TestbedError(f"{node.name}: {' '.join(args)} timed out") from None
+        if check and proc.returncode != 0:
+            raise TestbedError(f"{node.name}: {' '.join(args)} failed ({proc.returncode}): {err.strip()}")
+        return out
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def nfshunt(self, *args: str, check: bool = True, timeout: float = 30) -> str:
+        """Run the nfshunt CLI inside the firewall node."""
+        return self.run(self.fw, PYTHON, "-m", "nfshunt", *args, check=check, timeout=timeout)
+
+    # --- config ---------------------------------------------------------------------------
+
+    def nfshunt_config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "delete_flows_on_startup": True,
+            "delete_flows_on_shutdown": True,
+            "default_shunt_timeout": 10,
+            "default_block_timeout": 10,
+            "default_no_shunting": True,
+            "ports": [
+                {"fast": FAST1, "slow": SLOW1, "physdevin": 1, "bridge_port": "fw-eth0"},
+                {"fast": FAST2, "slow": SLOW2, "physdevin": 2, "bridge_port": "fw-eth1"},
+            ],
+            "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
+            "openflow_versions": [self.of_version],
+            "listen_address": MGMT_FW,
+            "listen_port": OF_PORT,
+            "log_level": "DEBUG",
+        }
+        cfg.update(self.extra_config)
+        return cfg
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> "Testbed":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_signals[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def start(self) -> None:
+        ensure_ovs()
+        setLogLevel("error")
+        ofproto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
+        controller = None
+        if self.mode == "nfshunt":
+            controller = lambda name: RemoteController(name, ip=MGMT_FW, port=OF_PORT)  # noqa: E731
+        self.net = Mininet(topo=TwoHostTopo(), controller=controller, autoSetMacs=True,
+                           switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
+                                                               else "kernel", failMode="secure",
+                                                               protocols=ofproto, **kw),
+                           build=False)
+        self.log(f"building testbed: mode={self.mode}, OpenFlow {self.of_version}, "
+                 f"Open vSwitch datapath={self.datapath}")
+        self.net.build()
+        self._setup_hosts()
+        self._setup_firewall()
+        if self.mode == "nfshunt":
+            self._setup_mgmt()
+            self._start_controller()
+        self.net.start()
+        self._program_static_flows()
+        if self.mode == "nfshunt":
+            self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
+
+    def _setup_hosts(self) -> None:
+        for host, ip6 in ((self.h1, H1_IP6), (self.h2, H2_IP6)):
+            intf = f"{host.name}-eth0"
+            self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
+            self.run(host, "ip", "-6", "addr", "add", f"{ip6}/64", "dev", intf, "nodad")
+            # The userspace datapath does not complete checksums of offloaded packets.
+            self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
+
+    def _setup_firewall(self) -> None:
+        fw = self.fw
+        self.run(fw, "ip", "link", "add", "br0", "type", "bridge")
+        for intf in ("fw-eth0", "fw-eth1"):
+            self.run(fw, "ip", "link", "set", intf, "master", "br0")
+            self.run(fw, "ip", "link", "set", intf, "up")
+        self.run(fw, "ip", "link", "set", "br0", "up")
+        for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables"):
+            self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
+        self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+        with open(self.config_path, "w") as fh:
+            json.dump(self.nfshunt_config(), fh, indent=2)
+        if self.mode != "direct":
+            args = ["iptables", "apply", "--config", self.config_path]
+            if self.policy:
+                args += ["--policy", self.policy]
+            self.nfshunt(*args)
+
+    def _setup_mgmt(self) -> None:
+        subprocess.run(["ip", "link", "add", "nfsmgmt0", "type", "veth", "peer", "name", "nfsmgmt1"], check=True)
+        subprocess.run(["ip", "link", "set", "nfsmgmt1", "netns", str(self.fw.pid)], check=True)
+        subprocess.run(["ip", "addr", "add", f"{MGMT_ROOT}/30", "dev", "nfsmgmt0"], check=True)
+        subprocess.run(["ip", "link", "set", "nfsmgmt0", "up"], check=True)
+        self.run(self.fw, "ip", "addr", "add", f"{MGMT_FW}/30", "dev", "nfsmgmt1")
+        self.run(self.fw, "ip", "link", "set", "nfsmgmt1", "up")
+        self.run(self.fw, "ip", "link", "set", "lo", "up")
+
+    def _start_controller(self) -> None:
+        logf = open(self.controller_log, "ab")
+        self.controller = self.fw.popen([PYTHON, "-m", "nfshunt", "run", "--config", self.config_path],
+                                        stdout=logf, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO)
+        logf.close()
+
+    def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
+        proc, self.controller = self.controller, None
+        if proc is None or proc.poll() is not None:
+            return proc.returncode if proc else None
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def restart_controller(self) -> None:
+        self.stop_controller()
+        self._start_controller()
+
+    def _program_static_flows(self) -> None:
+        """Direct and firewall modes have no controller: their patching is static."""
+        if self.mode == "nfshunt":
+            return
+        pairs = [(FAST1, FAST2)] if self.mode == "direct" else [(FAST1, SLOW1), (FAST2, SLOW2)]
+        for a, b in pairs:
+            for src, dst in ((a, b), (b, a)):
+                self.ofctl("add-flow", f"priority=100,in_port={src},actions=output:{dst}")
+
+    def stop(self) -> None:
+        try:
+            self.stop_controller()
+        finally:
+            try:
+                if self.net is not None:
+                    if self.mode != "direct":
+                        self.nfshunt("iptables", "remove", "--config", self.config_path, check=False)
+                    self.net.stop()
+            finally:
+                self.net = None
+                subprocess.run(["ip", "link", "del", "nfsmgmt0"], capture_output=True)
+                subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "s1"], capture_output=True)
+                for sig, old in self._old_signals.items():
+                    signal.signal(sig, old)
+                self._old_signals.clear()
+                if self._own_workdir and os.environ.get("NFSHUNT_KEEP_WORKDIR") != "1":
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- observation ----------------------------------------------------------------------
+
+    def ofctl(self, *args: str) -> str:
+        proto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
+        return subprocess.run(["ovs-ofctl", "-O", proto, *args[:1], "s1", *args[1:]],
+                              check=True, capture_output=True, text=True).stdout
+
+    def flows(self) -> list[dict[str, str]]:
+        """s1's flows as dicts (cookie, priority, match fields, actions, n_packets ...)."""
+        out = []
+        for line in self.ofctl("dump-flows").splitlines():
+            line = line.strip()
+            if not line.startswith("cookie="):
+                continue
+            head, _, actions = line.partition(" actions=")
+            flow: dict[str, str] = {"actions": actions}
+            for part in head.replace(", ", ",").split(","):
+                part = part.strip()
+                if not part:
+                    continue
+                key, eq, value = part.partition("=")
+                flow[key.strip()] = value if eq else ""
+            out.append(flow)
+        return out
+
+    def conn_flows(self, port: int) -> list[dict[str, str]]:
+        """The per-connection (shunt or block) flows that involve L4 port `port`."""
+        p = str(port)
+        return [f for f in self.flows()
+                if int(f.get("cookie", "0"), 16) >> 56 == 0x4E and int(f["cookie"], 16) >> 48 & 0xFF in (2, 3)
+                and p in (f.get("tp_src"), f.get("tp_dst"), f.get("tcp_src"), f.get("tcp_dst"),
+                          f.get("udp_src"), f.get("udp_dst"))]
+
+    def _defaults_installed(self) -> bool:
+        if self.controller is not None and self.controller.poll() is not None:
+            raise TestbedError("the controller exited:\n" + self.controller_output()[-3000:])
+        cookie = "0x4e01000000000000"
+        return sum(1 for f in self.flows() if f.get("cookie") == cookie) == 4
+
+    def slow_path_packets(self) -> int:
+        """Packets the switch has sent towards the firewall bridge (both slow ports)."""
+        total = 0
+        for port in (SLOW1, SLOW2):
+            with open(f"/sys/class/net/s1-eth{port}/statistics/tx_packets") as fh:
+                total += int(fh.read())
+        return total
+
+    def conntrack(self) -> list[dict[str, Any]]:
+        """The firewall's conntrack table, read over netlink inside fw."""
+        out = self.run(self.fw, PYTHON, "-c",
+                       "import json,sys; sys.path.insert(0, sys.argv[1]);"
+                       "from nfshunt.conntrack import dump_entries;"
+                       "print(json.dumps([dict(id=e.ct_id, mark=e.mark, state=e.tcp_state, proto=e.orig.proto,"
+                       " src=e.orig.src, dst=e.orig.dst, sport=e.orig.sport, dport=e.orig.dport)"
+                       " for e in dump_entries()]))", REPO)
+        return json.loads(out)
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(interval)
+
+    def controller_output(self) -> str:
+        try:
+            with open(self.controller_log, errors="replace") as fh:
+                return fh.read()
+        except OSError:
+            return ""

@@ -1,0 +1,281 @@
+"""Typed configuration: the original nfshunt.json plus NFShunt's newer keys.
+
+Every problem is reported as a ConfigError naming the key path and what is wrong,
+before anything touches iptables or the switch. Unknown keys are errors: a typo in a
+firewall component's config must not silently fall back to a default.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import markcodec
+
+ACTIONS = ("ignore", "shunt", "block")
+OPENFLOW_VERSIONS = {"1.0": 0x01, "1.3": 0x04}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(ValueError):
+    """A config problem, with the dotted key path it concerns."""
+
+    def __init__(self, key: str, problem: str):
+        self.key = key
+        self.problem = problem
+        super().__init__(f"config key '{key}': {problem}" if key else problem)
+
+
+@dataclass(frozen=True)
+class PortGroup:
+    fast: int
+    slow: int
+    physdevin: int
+    bridge_port: str | None = None
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    private_key: str
+    certificate: str
+    ca_certificate: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    ports: tuple[PortGroup, ...]
+    mark_actions: dict[int, str]
+    delete_flows_on_startup: bool = True
+    delete_flows_on_shutdown: bool = True
+    default_shunt_timeout: int = 10
+    default_block_timeout: int = 10
+    default_no_shunting: bool = True
+    delete_foreign_flows_on_startup: bool = False
+    openflow_versions: tuple[str, ...] = ("1.0", "1.3")
+    listen_address: str = "0.0.0.0"
+    listen_port: int = 6653
+    tls: TLSConfig | None = None
+    datapath_id: int | None = None
+    default_priority: int = 100
+    shunt_priority: int = 33000
+    block_priority: int = 33100
+    max_shunts: int = 0
+    netlink_rcvbuf: int = 16 * 1024 * 1024
+    log_level: str = "INFO"
+    log_format: str = "text"
+    bridge: str | None = None
+    by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        self.by_physdevin.update({p.physdevin: p for p in self.ports})
+
+    @property
+    def ofp_versions(self) -> list[int]:
+        return sorted(OPENFLOW_VERSIONS[v] for v in self.openflow_versions)
+
+    def action_name(self, number: int) -> str | None:
+        return self.mark_actions.get(number)
+
+    def action_number(self, name: str) -> int:
+        for number, action in sorted(self.mark_actions.items()):
+            if action == name:
+                return number
+        raise ConfigError("mark_actions", f"no number maps to action '{name}'")
+
+
+# --- validation helpers -------------------------------------------------------------
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", str: "string", list: "list",
+            dict: "object", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"expected true or false, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {_type_name(value)} {value!r}")
+        if not lo <= value <= hi:
+            raise ConfigError(key, f"{value} is outside {lo}-{hi}")
+        return value
+    return check
+
+
+def _str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"expected a non-empty string, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        if value not in choices:
+            raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+    return check
+
+
+def _ifname(key: str, value: Any) -> str:
+    value = _str(key, value)
+    if len(value) > 15 or "/" in value or any(c.isspace() for c in value):
+        raise ConfigError(key, f"{value!r} is not a valid interface name")
+    return value
+
+
+def _address(key: str, value: Any) -> str:
+    value = _str(key, value)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(key, f"{value!r} is not an IP address") from None
+    return value
+
+
+def _file(key: str, value: Any) -> str:
+    value = _str(key, value)
+    if not os.path.isfile(value):
+        raise ConfigError(key, f"file {value!r} does not exist")
+    return value
+
+
+def _dpid(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value.replace(":", ""), 16)
+        except ValueError:
+            raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id") from None
+    return _int(0, 2**64 - 1)(key, value)
+
+
+def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
+            required: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"expected an object, got {_type_name(value)}")
+    prefix = f"{key}." if key else ""
+    for name in value:
+        if name not in fields:
+            raise ConfigError(f"{prefix}{name}", "unknown key (allowed: " + ", ".join(sorted(fields)) + ")")
+    for name in required:
+        if name not in value:
+            raise ConfigError(f"{prefix}{name}", "required key is missing")
+    return {name: fields[name](f"{prefix}{name}", raw) for name, raw in value.items()}
+
+
+def _port_group(key: str, value: Any) -> PortGroup:
+    fields = {"fast": _int(1, 0xFFFFFF00), "slow": _int(1, 0xFFFFFF00),
+              "physdevin": _int(1, markcodec.MAX_PORT), "bridge_port": _ifname}
+    group = PortGroup(**_object(key, value, fields, required=("fast", "slow", "physdevin")))
+    if group.fast == group.slow:
+        raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
+    return group
+
+
+def _ports(key: str, value: Any) -> tuple[PortGroup, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of port groups")
+    groups = tuple(_port_group(f"{key}[{i}]", v) for i, v in enumerate(value))
+    seen: dict[tuple[str, Any], int] = {}
+    for i, g in enumerate(groups):
+        for attr in ("physdevin", "bridge_port"):
+            v = getattr(g, attr)
+            if v is not None and (attr, v) in seen:
+                raise ConfigError(f"{key}[{i}].{attr}", f"{v!r} is already used by {key}[{seen[(attr, v)]}]")
+            seen[(attr, v)] = i
+        for attr in ("fast", "slow"):
+            v = getattr(g, attr)
+            if ("switch", v) in seen:
+                raise ConfigError(f"{key}[{i}].{attr}", f"switch port {v} is already used by {key}[{seen[('switch', v)]}]")
+            seen[("switch", v)] = i
+    return groups
+
+
+def _mark_actions(key: str, value: Any) -> dict[int, str]:
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(key, "expected a non-empty object mapping numbers to actions")
+    result: dict[int, str] = {}
+    for number, action in value.items():
+        sub = f"{key}.{number}"
+        if not (isinstance(number, str) and number.isdigit() and 0 <= int(number) <= markcodec.NIBBLE):
+            raise ConfigError(sub, f"{number!r} is not an action number 0-15")
+        result[int(number)] = _choice(ACTIONS)(sub, action)
+    return result
+
+
+def _versions(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list such as [\"1.0\", \"1.3\"]")
+    for i, v in enumerate(value):
+        _choice(tuple(OPENFLOW_VERSIONS))(f"{key}[{i}]", v)
+    if len(set(value)) != len(value):
+        raise ConfigError(key, "lists a version twice")
+    return tuple(value)
+
+
+def _tls(key: str, value: Any) -> TLSConfig | None:
+    if value is None:
+        return None
+    fields = {"private_key": _file, "certificate": _file, "ca_certificate": _file}
+    return TLSConfig(**_object(key, value, fields, required=("private_key", "certificate")))
+
+
+TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
+    "ports": _ports,
+    "mark_actions": _mark_actions,
+    "delete_flows_on_startup": _bool,
+    "delete_flows_on_shutdown": _bool,
+    "default_shunt_timeout": _int(1, 65535),
+    "default_block_timeout": _int(1, 65535),
+    "default_no_shunting": _bool,
+    "delete_foreign_flows_on_startup": _bool,
+    "openflow_versions": _versions,
+    "listen_address": _address,
+    "listen_port": _int(1, 65535),
+    "tls": _tls,
+    "datapath_id": _dpid,
+    "default_priority": _int(1, 65535),
+    "shunt_priority": _int(1, 65535),
+    "block_priority": _int(1, 65535),
+    "max_shunts": _int(0, 10_000_000),
+    "netlink_rcvbuf": _int(65536, 1 << 30),
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+    "bridge": _ifname,
+}
+
+
+def from_dict(raw: Any) -> Config:
+    values = _object("", raw, TOP_LEVEL, required=("ports", "mark_actions"))
+    cfg = Config(**values)
+    if cfg.default_priority >= min(cfg.shunt_priority, cfg.block_priority):
+        raise ConfigError("default_priority", "must be lower than shunt_priority and block_priority,"
+                          " or shunts would never win over the slow path")
+    if not cfg.default_no_shunting and cfg.delete_flows_on_startup and cfg.delete_foreign_flows_on_startup:
+        raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
+                          " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
+    return cfg
+
+
+def load(path: str) -> Config:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except OSError as exc:
+        raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError("", f"{path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return from_dict(raw)
+
+
+def log_level(cfg: Config) -> int:
+    return getattr(logging, cfg.log_level)

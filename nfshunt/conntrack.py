@@ -1,0 +1,281 @@
+"""The conntrack side over netlink (pyroute2's ctnetlink messages, no CLI, no shell).
+
+ConntrackListener: a thread that reads NEW/UPDATE/DESTROY events from a multicast
+netlink socket with a large receive buffer and hands them over in batches. When the
+kernel reports ENOBUFS (events were dropped), it says so, so the owner can resync
+from a dump.
+
+ConntrackWorker: a thread that deletes entries (batched, acknowledged) and dumps the
+table, so that neither ever blocks the OpenFlow event loop.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Iterable
+
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
+from pyroute2.netlink.nfnetlink.nfctsocket import (IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW,
+                                                   NFCTAttrTuple, NFCTSocket, nfct_msg)
+
+from .model import ConnEvent, EventKind, FlowTuple
+
+LOG = logging.getLogger("nfshunt.conntrack")
+
+NETLINK_NETFILTER = 12
+SO_RCVBUFFORCE = 33
+NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 4
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_CREATE = 0x400
+NLMSG_HDR = struct.Struct("=IHHII")
+FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
+AF = {4: socket.AF_INET, 6: socket.AF_INET6}
+
+
+class MalformedEvent(ValueError):
+    pass
+
+
+def parse_entry(msg: nfct_msg, kind: EventKind, received: float) -> ConnEvent:
+    """Reduce a decoded ctnetlink message to a ConnEvent; MalformedEvent if it lacks parts."""
+    family = FAMILY.get(msg["nfgen_family"])
+    if family is None:
+        raise MalformedEvent(f"address family {msg['nfgen_family']}")
+    orig = _tuple(msg.get_attr("CTA_TUPLE_ORIG"), family)
+    reply = _tuple(msg.get_attr("CTA_TUPLE_REPLY"), family)
+    ct_id = msg.get_attr("CTA_ID")
+    if orig is None or reply is None or ct_id is None:
+        raise MalformedEvent("missing tuple or id")
+    state = msg.get_nested("CTA_PROTOINFO", "CTA_PROTOINFO_TCP", "CTA_PROTOINFO_TCP_STATE")
+    return ConnEvent(kind, ct_id, orig, reply, msg.get_attr("CTA_MARK") or 0, state, received)
+
+
+def _tuple(nla, family: int) -> FlowTuple | None:
+    if nla is None:
+        return None
+    ip = nla.get_attr("CTA_TUPLE_IP")
+    proto = nla.get_attr("CTA_TUPLE_PROTO")
+    if ip is None or proto is None:
+        return None
+    v = "V4" if family == 4 else "V6"
+    src, dst = ip.get_attr(f"CTA_IP_{v}_SRC"), ip.get_attr(f"CTA_IP_{v}_DST")
+    num = proto.get_attr("CTA_PROTO_NUM")
+    if src is None or dst is None or num is None:
+        return None
+    return FlowTuple(family, num, src, dst, proto.get_attr("CTA_PROTO_SRC_PORT") or 0,
+                     proto.get_attr("CTA_PROTO_DST_PORT") or 0)
+
+
+def parse_datagram(data: bytes, received: float,
+                   on_malformed: Callable[[str], None]) -> list[ConnEvent]:
+    """Every conntrack event in one netlink datagram; malformed parts are reported and
+    skipped, never raised."""
+    events: list[ConnEvent] = []
+    offset = 0
+    while offset + NLMSG_HDR.size <= len(data):
+        length, mtype, flags, _seq, _pid = NLMSG_HDR.unpack_from(data, offset)
+        if length < NLMSG_HDR.size or offset + length > len(data):
+            on_malformed(f"bad netlink length {length}")
+            break
+        chunk = data[offset:offset + length]
+        offset += (length + 3) & ~3
+        if mtype >> 8 != NFNL_SUBSYS_CTNETLINK:
+            continue
+        sub = mtype & 0xFF
+        if sub == IPCTNL_MSG_CT_NEW:
+            kind = EventKind.NEW if flags & NLM_F_CREATE else EventKind.UPDATE
+        elif sub == IPCTNL_MSG_CT_DELETE:
+            kind = EventKind.DESTROY
+        else:
+            continue
+        try:
+            msg = nfct_msg(chunk)
+            msg.decode()
+            events.append(parse_entry(msg, kind, received))
+        except Exception as exc:  # a strange message is counted and skipped
+            on_malformed(f"{type(exc).__name__}: {exc}")
+    return events
+
+
+class ConntrackListener:
+    def __init__(self, rcvbuf: int, on_events: Callable[[list[ConnEvent]], None],
+                 on_overflow: Callable[[], None], on_malformed: Callable[[str], None]):
+        self.rcvbuf = rcvbuf
+        self.on_events = on_events
+        self.on_overflow = on_overflow
+        self.on_malformed = on_malformed
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sock = self._open()  # opened up front so a failure is reported at start-up
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.rcvbuf)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        sock.bind((0, NFNLGRP_CONNTRACK_NEW | NFNLGRP_CONNTRACK_UPDATE | NFNLGRP_CONNTRACK_DESTROY))
+        sock.settimeout(0.5)  # wake up to notice stop()
+        return sock
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="conntrack-listener", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self.sock.close()
+
+    def _run(self) -> None:
+        buf = bytearray(1 << 18)
+        view = memoryview(buf)
+        while not self._stop.is_set():
+            try:
+                n = self.sock.recv_into(buf)
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self.on_overflow()
+                    continue
+                if self._stop.is_set():
+                    return
+                LOG.error("conntrack netlink socket failed: %s; reopening", exc)
+                time.sleep(0.5)
+                try:
+                    self.sock.close()
+                    self.sock = self._open()
+                except OSError as exc2:
+                    LOG.error("cannot reopen conntrack socket: %s", exc2)
+                self.on_overflow()  # events may have been missed meanwhile
+                continue
+            events = parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed)
+            if events:
+                self.on_events(events)
+
+
+class ConntrackWorker:
+    """Deletes and dumps on a thread of their own; results come back through callbacks."""
+
+    def __init__(self, on_dump: Callable[[list[ConnEvent]], None],
+                 on_malformed: Callable[[str], None], batch: int = 256):
+        self.on_dump = on_dump
+        self.on_malformed = on_malformed
+        self.batch = batch
+        self.q: queue.Queue = queue.Queue()
+        self._seq = 0
+        self.deleted = 0
+        self.delete_missing = 0
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.bind((0, 0))
+        self.sock.settimeout(2.0)
+        self._thread = threading.Thread(target=self._run, name="conntrack-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.q.put(None)
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+    def delete(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+        self.q.put(("del", family, orig, ct_id))
+
+    def dump(self) -> None:
+        self.q.put(("dump",))
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if item[0] == "dump":
+                self._dump()
+                continue
+            batch = [item]
+            while len(batch) < self.batch:
+                try:
+                    nxt = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None or nxt[0] != "del":
+                    self.q.put(nxt)  # keep order: handle after this batch
+                    break
+                batch.append(nxt)
+            try:
+                self._delete_batch(batch)
+            except OSError as exc:
+                LOG.error("conntrack delete failed: %s", exc)
+
+    def _delete_batch(self, batch: list[tuple]) -> None:
+        out = bytearray()
+        pending: set[int] = set()
+        for _, family, t, ct_id in batch:
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            msg = nfct_msg.create_from(
+                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst,
+                                         proto=t.proto, sport=t.sport, dport=t.dport),
+                id=ct_id)
+            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+            msg["header"]["sequence_number"] = self._seq
+            msg["nfgen_family"] = AF[family]
+            msg.encode()
+            out += msg.data
+            pending.add(self._seq)
+        self.sock.send(bytes(out))
+        deadline = time.monotonic() + 2.0
+        while pending and time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                break
+            offset = 0
+            while offset + NLMSG_HDR.size <= len(data):
+                length, mtype, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
+                if length < NLMSG_HDR.size:
+                    break
+                if mtype == NLMSG_ERROR and seq in pending:
+                    pending.discard(seq)
+                    (code,) = struct.unpack_from("=i", data, offset + NLMSG_HDR.size)
+                    if code == 0:
+                        self.deleted += 1
+                    elif -code == errno.ENOENT:
+                        self.delete_missing += 1  # already gone: nothing to free
+                    else:
+                        LOG.warning("conntrack delete refused: %s", errno.errorcode.get(-code, code))
+                offset += (length + 3) & ~3
+        if pending:
+            LOG.warning("%d conntrack deletes unacknowledged", len(pending))
+
+    def _dump(self) -> None:
+        now = time.monotonic()
+        events: list[ConnEvent] = []
+        try:
+            with NFCTSocket(nfgen_family=socket.AF_UNSPEC) as ct:
+                for msg in ct.dump():
+                    try:
+                        events.append(parse_entry(msg, EventKind.DUMP, now))
+                    except Exception as exc:
+                        self.on_malformed(f"dump: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            LOG.error("conntrack dump failed: %s", exc)
+            return
+        self.on_dump(events)
+
+
+def dump_entries() -> Iterable[ConnEvent]:
+    """A one-off synchronous dump (tests, status tools)."""
+    now = time.monotonic()
+    with NFCTSocket(nfgen_family=socket.AF_UNSPEC) as ct:
+        return [parse_entry(m, EventKind.DUMP, now) for m in ct.dump()]

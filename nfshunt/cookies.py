@@ -1,0 +1,39 @@
+"""The 64-bit OpenFlow cookie that marks a flow as NFShunt's and names its connection.
+
+    bits 56-63  0x4E ('N'): owned by NFShunt
+    bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block
+    bit  32     direction: 0 original, 1 reply
+    bits 0-31   conntrack id of the connection (0 for defaults)
+"""
+from __future__ import annotations
+
+import enum
+
+MAGIC = 0x4E
+OWNED_MASK = 0xFF << 56
+OWNED_VALUE = MAGIC << 56
+
+
+class Kind(enum.IntEnum):
+    DEFAULT = 1
+    SHUNT = 2
+    BLOCK = 3
+
+
+def make(kind: Kind, ct_id: int = 0, reply: bool = False) -> int:
+    return OWNED_VALUE | (int(kind) << 48) | (int(reply) << 32) | (ct_id & 0xFFFFFFFF)
+
+
+def owned(cookie: int) -> bool:
+    return cookie & OWNED_MASK == OWNED_VALUE
+
+
+def parse(cookie: int) -> tuple[Kind, int, bool] | None:
+    """(kind, conntrack id, reply direction) for an NFShunt cookie, else None."""
+    if not owned(cookie):
+        return None
+    try:
+        kind = Kind((cookie >> 48) & 0xFF)
+    except ValueError:
+        return None
+    return kind, cookie & 0xFFFFFFFF, bool((cookie >> 32) & 1)

@@ -1,0 +1,357 @@
+"""The decision core: conntrack events and switch feedback in, commands out. No I/O.
+
+The switch side (switch_app) executes InstallFlows / RemoveFlows / DeleteConntrack and
+reports back through flows_confirmed / flows_failed / flow_removed; everything else a
+command carries (Ignored, Installed, Refused, Removed) is for logs and counters.
+
+A connection's life: PENDING (flows sent, waiting for the barrier) -> ACTIVE (switch
+confirmed; conntrack entry deleted) -> REMOVING (one direction's flow is gone, the other
+is being deleted so the pair leaves together) -> forgotten. Its conntrack entry is only
+deleted once the switch has confirmed both flows, so a refused flow-mod leaves the
+connection safely on the slow path.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Union
+
+from . import cookies, markcodec
+from .config import Config, PortGroup
+from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
+
+OFP10 = 0x01
+OFP13 = 0x04
+REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    ACTIVE = "active"
+    REMOVING = "removing"
+
+
+@dataclass(eq=False, slots=True)
+class Conn:
+    orig: FlowTuple
+    reply: FlowTuple
+    ct_id: int
+    action: str  # "shunt" or "block"
+    ingress: PortGroup  # bridge port the original direction entered by
+    egress: PortGroup
+    event_time: float
+    state: State = State.PENDING
+    confirmed_time: float | None = None
+    removing_since: float | None = None
+    gone: set[bool] = field(default_factory=set)  # directions whose flow was removed
+    stats: dict[bool, tuple[int, int, float]] = field(default_factory=dict)
+    resume: ConnEvent | None = None
+
+    @property
+    def kind(self) -> cookies.Kind:
+        return cookies.Kind.SHUNT if self.action == "shunt" else cookies.Kind.BLOCK
+
+    def cookie(self, reply: bool) -> int:
+        return cookies.make(self.kind, self.ct_id, reply)
+
+    def describe(self) -> str:
+        return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
+                f" (switch {self.ingress.fast}<->{self.egress.fast}) ct_id={self.ct_id}")
+
+
+# --- commands ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class InstallDefaults:
+    groups: tuple[PortGroup, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAllFlows:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSwitchFlow:
+    flow: SwitchFlow
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSwitchFlows:
+    """Read NFShunt's flows back from the switch; answer with core.reconcile()."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncConntrack:
+    """Dump the conntrack table and feed every entry to core.conntrack_event()."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstallFlows:
+    conn: Conn
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveFlows:
+    conn: Conn
+    directions: tuple[bool, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConntrack:
+    family: int
+    orig: FlowTuple
+    ct_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    reason: str
+    event: ConnEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    conn: Conn
+    latency: float  # seconds from the event being read to the switch's confirmation
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    conn: Conn
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    conn: Conn
+    reason: str
+
+
+Command = Union[InstallDefaults, DeleteAllFlows, DeleteSwitchFlow, RequestSwitchFlows,
+                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Ignored,
+                Installed, Refused, Removed]
+
+# Reasons an event is ignored; fixed strings so they can label metrics.
+R_UNMARKED = "unmarked"
+R_INCOMPLETE = "mark incomplete"
+R_UNKNOWN_ACTION = "unknown action"
+R_UNKNOWN_PORT = "unknown port"
+R_SAME_PORT = "same ingress and egress port"
+R_POLICY_IGNORE = "policy ignore"
+R_PROTOCOL = "protocol not tcp/udp"
+R_CLOSING = "tcp closing"
+R_DESTROY = "destroy"
+R_NO_SWITCH = "no switch connected"
+R_IPV6_OF10 = "ipv6 needs openflow 1.3"
+R_DUPLICATE = "duplicate"
+R_QUEUED = "queued behind removal"
+R_BUDGET = "flow budget full"
+R_NO_SHUNTING = "default_no_shunting is false"
+
+
+class Core:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.version: int | None = None  # negotiated OpenFlow version; None: no switch
+        self.conns: dict[FlowTuple, Conn] = {}
+        self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
+        self.reconciled = False
+        self.shunts = 0  # shunt pairs in the table (the max_shunts budget)
+
+    # --- switch lifecycle ---------------------------------------------------------------
+
+    def switch_connected(self, version: int) -> list[Command]:
+        self.version = version
+        self.reconciled = False
+        out: list[Command] = []
+        if self.cfg.delete_foreign_flows_on_startup:
+            out.append(DeleteAllFlows())
+        if self.cfg.default_no_shunting:
+            out.append(InstallDefaults(self.cfg.ports))
+        out.append(RequestSwitchFlows())
+        return out
+
+    def switch_disconnected(self) -> list[Command]:
+        """Pending installs are abandoned: their conntrack entries were never deleted, so
+        the connections stay on the slow path and the resync on reconnect retries them."""
+        self.version = None
+        out: list[Command] = []
+        for conn in [c for c in self.conns.values() if c.state is State.PENDING]:
+            self._forget(conn)
+            out.append(Refused(conn, "switch disconnected before confirming"))
+        return out
+
+    def reconcile(self, flows: Iterable[SwitchFlow], now: float) -> list[Command]:
+        """Bring the switch and the table into agreement after a (re)connect.
+
+        Complete shunt/block pairs that match the config are adopted (never bounced);
+        connections we know of that the switch lost are installed again; NFShunt flows
+        nobody accounts for are deleted when delete_flows_on_startup is set.
+        """
+        out: list[Command] = []
+        pairs: dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]] = {}
+        expected_defaults = {(g.slow, g.fast) for g in self.cfg.ports} | {(g.fast, g.slow) for g in self.cfg.ports}
+        for flow in flows:
+            parsed = cookies.parse(flow.cookie)
+            if parsed is None:
+                continue
+            kind, ct_id, reply = parsed
+            if kind is cookies.Kind.DEFAULT:
+                if (flow.in_port, flow.out_port) not in expected_defaults and self.cfg.delete_flows_on_startup:
+                    out.append(DeleteSwitchFlow(flow, "default flow not in config"))
+                continue
+            pairs.setdefault((kind, ct_id), {})[reply] = flow
+        present: set[int] = set()
+        for (kind, ct_id), dirs in pairs.items():
+            conn = self.by_cookie.get(cookies.make(kind, ct_id))
+            if conn is None and len(dirs) == 2:
+                conn = self._adopt(kind, ct_id, dirs, now)
+            if conn is not None and len(dirs) == 2:
+                present.add(id(conn))
+                continue
+            if self.cfg.delete_flows_on_startup or conn is None:
+                for flow in dirs.values():
+                    out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
+        for conn in list(self.conns.values()):
+            if conn.state is State.ACTIVE and id(conn) not in present:
+                conn.state = State.PENDING
+                conn.event_time = now
+                out.append(InstallFlows(conn))
+        self.reconciled = True
+        out.append(ResyncConntrack())
+        return out
+
+    def _adopt(self, kind: cookies.Kind, ct_id: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
+        fwd, rev = dirs[False], dirs[True]
+        if fwd.match is None or rev.match is None:
+            return None
+        ports = {g.fast: g for g in self.cfg.ports}
+        ingress, egress = ports.get(fwd.in_port or -1), ports.get(rev.in_port or -1)
+        if ingress is None or egress is None:
+            return None
+        if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
+            return None
+        if fwd.match in self.conns:
+            return None
+        conn = Conn(fwd.match, rev.match, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
+                    ingress, egress, now, state=State.ACTIVE, confirmed_time=now)
+        self._remember(conn)
+        return conn
+
+    # --- conntrack ------------------------------------------------------------------------
+
+    def conntrack_event(self, ev: ConnEvent) -> list[Command]:
+        if ev.kind is EventKind.DESTROY:
+            return [Ignored(R_DESTROY, ev)]
+        if ev.mark & markcodec.NFSHUNT_BITS == 0:
+            return [Ignored(R_UNMARKED, ev)]
+        mark = markcodec.decode(ev.mark)
+        if not mark.complete:
+            return [Ignored(R_INCOMPLETE, ev)]
+        action = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
+        if action is None:
+            return [Ignored(R_UNKNOWN_ACTION, ev)]
+        if action == "ignore":
+            return [Ignored(R_POLICY_IGNORE, ev)]
+        ingress = self.cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
+        egress = self.cfg.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
+        if ingress is None or egress is None:
+            return [Ignored(R_UNKNOWN_PORT, ev)]
+        if ingress is egress:
+            return [Ignored(R_SAME_PORT, ev)]
+        if ev.orig.proto not in (TCP, UDP):
+            return [Ignored(R_PROTOCOL, ev)]
+        if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
+            return [Ignored(R_CLOSING, ev)]
+
+        existing = self.conns.get(ev.orig)
+        if existing is not None:
+            if existing.state is State.REMOVING:
+                existing.resume = ev
+                return [Ignored(R_QUEUED, ev)]
+            if existing.state is State.ACTIVE and existing.ct_id != ev.ct_id:
+                # Packets in flight while the flows went in re-created an entry through
+                # loose pickup; the connection is on the fast path, so the entry is stale.
+                return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
+            return [Ignored(R_DUPLICATE, ev)]
+        if self.version is None or not self.reconciled:
+            return [Ignored(R_NO_SWITCH, ev)]
+        if ev.orig.family == 6 and self.version < OFP13:
+            return [Ignored(R_IPV6_OF10, ev)]
+        if action == "shunt" and self.cfg.max_shunts and self.shunts >= self.cfg.max_shunts:
+            return [Ignored(R_BUDGET, ev)]
+        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received)
+        self._remember(conn)
+        return [InstallFlows(conn)]
+
+    # --- switch feedback ------------------------------------------------------------------
+
+    def flows_confirmed(self, conn: Conn, now: float) -> list[Command]:
+        if self.conns.get(conn.orig) is not conn or conn.state is not State.PENDING:
+            return []
+        conn.state = State.ACTIVE
+        conn.confirmed_time = now
+        return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
+                Installed(conn, now - conn.event_time)]
+
+    def flows_failed(self, conn: Conn, reason: str) -> list[Command]:
+        """The switch refused a flow of this pair: withdraw the other, keep the entry."""
+        if self.conns.get(conn.orig) is not conn:
+            return []
+        self._forget(conn)
+        return [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
+
+    def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
+                     duration: float, now: float) -> list[Command]:
+        parsed = cookies.parse(cookie)
+        if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
+            return []
+        kind, ct_id, reply = parsed
+        conn = self.by_cookie.get(cookies.make(kind, ct_id))
+        if conn is None or conn.state is State.PENDING:
+            return []
+        conn.gone.add(reply)
+        conn.stats[reply] = (packets, nbytes, duration)
+        out: list[Command] = []
+        if conn.state is State.ACTIVE:
+            conn.state = State.REMOVING
+            conn.removing_since = now
+            out.append(RemoveFlows(conn, (not reply,), f"partner {reason}"))
+        if len(conn.gone) == 2:
+            out.extend(self._finish_removal(conn, reason))
+        return out
+
+    def tick(self, now: float) -> list[Command]:
+        """Housekeeping: a pair whose second flow-removed never came is forgotten."""
+        out: list[Command] = []
+        for conn in [c for c in self.conns.values() if c.state is State.REMOVING]:
+            if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
+                out.extend(self._finish_removal(conn, "removal not confirmed"))
+        return out
+
+    def _finish_removal(self, conn: Conn, reason: str) -> list[Command]:
+        self._forget(conn)
+        out: list[Command] = [Removed(conn, reason)]
+        if conn.resume is not None:
+            out.extend(self.conntrack_event(conn.resume))
+        return out
+
+    # --- table ------------------------------------------------------------------------------
+
+    def count(self, *states: State) -> int:
+        return sum(1 for c in self.conns.values() if c.state in states)
+
+    def _remember(self, conn: Conn) -> None:
+        self.conns[conn.orig] = conn
+        self.shunts += conn.action == "shunt"
+        self.by_cookie[conn.cookie(False)] = conn
+
+    def _forget(self, conn: Conn) -> None:
+        if self.conns.get(conn.orig) is conn:
+            del self.conns[conn.orig]
+            self.shunts -= conn.action == "shunt"
+        if self.by_cookie.get(conn.cookie(False)) is conn:
+            del self.by_cookie[conn.cookie(False)]

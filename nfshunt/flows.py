@@ -1,0 +1,179 @@
+"""The flow builder: core commands -> os-ken OpenFlow 1.0 / 1.3 messages, and back.
+
+Pure functions of a protocol description (a connected Datapath, or os-ken's
+ProtocolDesc in tests); nothing here sends anything.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from . import cookies
+from .config import Config, PortGroup
+from .core import Conn
+from .model import TCP, UDP, FlowTuple, SwitchFlow
+
+ETH_IPV4 = 0x0800
+ETH_IPV6 = 0x86DD
+OFP10 = 0x01
+OFP13 = 0x04
+ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
+
+REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
+
+
+class FlowBuilder:
+    def __init__(self, dp: Any, cfg: Config):
+        self.dp = dp
+        self.ofp = dp.ofproto
+        self.parser = dp.ofproto_parser
+        self.version = self.ofp.OFP_VERSION
+        self.cfg = cfg
+
+    # --- matches ------------------------------------------------------------------------
+
+    def match(self, in_port: int, t: FlowTuple | None = None) -> Any:
+        p = self.parser
+        if t is None:
+            return p.OFPMatch(in_port=in_port)
+        if self.version == OFP10:
+            if t.family != 4:
+                raise ValueError("OpenFlow 1.0 cannot match IPv6")
+            return p.OFPMatch(in_port=in_port, dl_type=ETH_IPV4, nw_proto=t.proto,
+                              nw_src=t.src, nw_dst=t.dst, tp_src=t.sport, tp_dst=t.dport)
+        fields: dict[str, Any] = {"in_port": in_port, "ip_proto": t.proto}
+        if t.family == 4:
+            fields.update(eth_type=ETH_IPV4, ipv4_src=t.src, ipv4_dst=t.dst)
+        else:
+            fields.update(eth_type=ETH_IPV6, ipv6_src=t.src, ipv6_dst=t.dst)
+        l4 = "tcp" if t.proto == TCP else "udp"
+        fields[f"{l4}_src"] = t.sport
+        fields[f"{l4}_dst"] = t.dport
+        return p.OFPMatch(**fields)
+
+    # --- flow-mods ----------------------------------------------------------------------
+
+    def _add(self, match: Any, out_port: int | None, cookie: int, priority: int,
+             idle: int, notify: bool) -> Any:
+        p, ofp = self.parser, self.ofp
+        flags = ofp.OFPFF_SEND_FLOW_REM if notify else 0
+        actions = [] if out_port is None else [p.OFPActionOutput(out_port)]
+        if self.version == OFP10:
+            return p.OFPFlowMod(self.dp, match=match, cookie=cookie, command=ofp.OFPFC_ADD,
+                                idle_timeout=idle, priority=priority, flags=flags, actions=actions)
+        inst = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
+        return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, idle_timeout=idle,
+                            priority=priority, flags=flags, match=match, instructions=inst)
+
+    def _delete(self, match: Any, priority: int, cookie: int) -> Any:
+        p, ofp = self.parser, self.ofp
+        if self.version == OFP10:
+            return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE_STRICT,
+                                priority=priority, out_port=ofp.OFPP_NONE)
+        return p.OFPFlowMod(self.dp, cookie=cookie, cookie_mask=ALL_ONES_64,
+                            command=ofp.OFPFC_DELETE_STRICT, priority=priority,
+                            out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=match)
+
+    def defaults(self, groups: tuple[PortGroup, ...]) -> list[Any]:
+        """Low-priority fast<->slow patching: everything crosses the firewall."""
+        cookie = cookies.make(cookies.Kind.DEFAULT)
+        prio = self.cfg.default_priority
+        out = []
+        for g in groups:
+            out.append(self._add(self.match(g.fast), g.slow, cookie, prio, 0, False))
+            out.append(self._add(self.match(g.slow), g.fast, cookie, prio, 0, False))
+        return out
+
+    def _direction(self, conn: Conn, reply: bool) -> tuple[int, FlowTuple, int]:
+        if reply:
+            return conn.egress.fast, conn.reply, conn.ingress.fast
+        return conn.ingress.fast, conn.orig, conn.egress.fast
+
+    def _priority(self, conn: Conn) -> int:
+        return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
+
+    def install(self, conn: Conn) -> list[Any]:
+        """The two exact-match flows of a shunt (output to the peer fast port) or a block
+        (no actions: the switch drops)."""
+        shunt = conn.action == "shunt"
+        idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
+        out = []
+        for reply in (False, True):
+            in_port, t, peer = self._direction(conn, reply)
+            out.append(self._add(self.match(in_port, t), peer if shunt else None,
+                                 conn.cookie(reply), self._priority(conn), idle, True))
+        return out
+
+    def remove(self, conn: Conn, directions: tuple[bool, ...]) -> list[Any]:
+        out = []
+        for reply in directions:
+            in_port, t, _ = self._direction(conn, reply)
+            out.append(self._delete(self.match(in_port, t), self._priority(conn), conn.cookie(reply)))
+        return out
+
+    def delete_switch_flow(self, flow: SwitchFlow) -> Any:
+        return self._delete(self.match(flow.in_port or 0, flow.match), flow.priority, flow.cookie)
+
+    def delete_all(self) -> Any:
+        p, ofp = self.parser, self.ofp
+        if self.version == OFP10:
+            return p.OFPFlowMod(self.dp, match=p.OFPMatch(), command=ofp.OFPFC_DELETE,
+                                out_port=ofp.OFPP_NONE)
+        return p.OFPFlowMod(self.dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
+                            out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=p.OFPMatch())
+
+    def barrier(self) -> Any:
+        return self.parser.OFPBarrierRequest(self.dp)
+
+    def owned_flow_stats_request(self) -> Any:
+        p, ofp = self.parser, self.ofp
+        if self.version == OFP10:
+            # OpenFlow 1.0 cannot filter by cookie; the reply is filtered on our side.
+            return p.OFPFlowStatsRequest(self.dp, 0, p.OFPMatch(), 0xFF, ofp.OFPP_NONE)
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                     cookies.OWNED_VALUE, cookies.OWNED_MASK, p.OFPMatch())
+
+    def more_follows(self, msg: Any) -> bool:
+        flag = self.ofp.OFPSF_REPLY_MORE if self.version == OFP10 else self.ofp.OFPMPF_REPLY_MORE
+        return bool(msg.flags & flag)
+
+    # --- reading flows back ----------------------------------------------------------------
+
+    def parse_stats(self, stats: Any) -> SwitchFlow:
+        in_port, t = self.parse_match(stats.match)
+        if self.version == OFP10:
+            actions = stats.actions
+        else:
+            actions = [a for i in stats.instructions for a in getattr(i, "actions", [])]
+        outs = [a.port for a in actions if hasattr(a, "port")]
+        return SwitchFlow(cookie=stats.cookie, priority=stats.priority, in_port=in_port, match=t,
+                          out_port=outs[0] if outs else None, packets=stats.packet_count,
+                          bytes=stats.byte_count,
+                          duration=stats.duration_sec + stats.duration_nsec / 1e9)
+
+    def parse_match(self, m: Any) -> tuple[int | None, FlowTuple | None]:
+        """(in_port, tuple) of an exact NFShunt match; tuple is None for other matches."""
+        if self.version == OFP10:
+            in_port = None if m.wildcards & self.ofp.OFPFW_IN_PORT else m.in_port
+            if m.wildcards & (self.ofp.OFPFW_NW_PROTO | self.ofp.OFPFW_TP_SRC | self.ofp.OFPFW_TP_DST):
+                return in_port, None
+            return in_port, FlowTuple(4, m.nw_proto, str(ipaddress.IPv4Address(m.nw_src)),
+                                      str(ipaddress.IPv4Address(m.nw_dst)), m.tp_src, m.tp_dst)
+        get = m.get
+        in_port = get("in_port")
+        proto = get("ip_proto")
+        if proto not in (TCP, UDP):
+            return in_port, None
+        l4 = "tcp" if proto == TCP else "udp"
+        if get("eth_type") == ETH_IPV6:
+            family, src, dst = 6, get("ipv6_src"), get("ipv6_dst")
+        else:
+            family, src, dst = 4, get("ipv4_src"), get("ipv4_dst")
+        sport, dport = get(f"{l4}_src"), get(f"{l4}_dst")
+        if None in (src, dst, sport, dport):
+            return in_port, None
+        return in_port, FlowTuple(family, proto, _canonical(src), _canonical(dst), sport, dport)
+
+
+def _canonical(address: Any) -> str:
+    return str(ipaddress.ip_address(address))

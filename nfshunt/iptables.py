@@ -1,0 +1,328 @@
+"""The NFSHUNT mangle chains: rendered from the config, applied atomically, removed cleanly.
+
+All changes go through one `iptables-restore --noflush` transaction per address family,
+so either the whole ruleset goes in or nothing changes. Only NFShunt's own chains and
+its two jump rules are ever touched. Both Debian back ends (nft and legacy) are driven
+through the same front-end commands the system has selected.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import markcodec
+from .config import ACTIONS, Config, ConfigError
+
+# Decision chains: a policy rule `-g NFSHUNT_SHUNT` marks and ends NFSHUNT_POLICY for that
+# packet (first match wins). A bare `-j MARK` rule does not end the chain: a later
+# matching rule would overwrite its decision.
+DECISIONS = {"shunt": "NFSHUNT_SHUNT", "block": "NFSHUNT_BLOCK", "ignore": "NFSHUNT_IGNORE"}
+CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_POST", "NFSHUNT_POST_PD_OUT",
+          *DECISIONS.values(), "NFSHUNT_POLICY")
+JUMPS = (("PREROUTING", "NFSHUNT_PRE"), ("POSTROUTING", "NFSHUNT_POST"))
+OURS = "0xffff0000"  # CONNMARK masks: the low 16 bits stay the admin's
+SYSCTL = {"ipv4": "/proc/sys/net/bridge/bridge-nf-call-iptables",
+          "ipv6": "/proc/sys/net/bridge/bridge-nf-call-ip6tables"}
+TOOLS = {"ipv4": ("iptables", "iptables-restore"), "ipv6": ("ip6tables", "ip6tables-restore")}
+
+
+class IptablesError(RuntimeError):
+    pass
+
+
+def _hex(v: int) -> str:
+    return f"0x{v:08x}"
+
+
+def xmark(value_mask: tuple[int, int]) -> str:
+    return f"{_hex(value_mask[0])}/{_hex(value_mask[1])}"
+
+
+def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
+    missing = [i for i, g in enumerate(cfg.ports) if not g.bridge_port]
+    if missing:
+        raise ConfigError(f"ports[{missing[0]}].bridge_port",
+                          "required for iptables: the bridge interface cabled to this group's slow port")
+    return [(g.physdevin, g.bridge_port) for g in cfg.ports]  # type: ignore[misc]
+
+
+def plumbing_rules(cfg: Config) -> list[str]:
+    """The rules of NFShunt's four plumbing chains (BRIEF.md section 4)."""
+    ports = bridge_ports(cfg)
+    rules = [
+        # Only packets that entered through a bridge port concern NFShunt.
+        "-A NFSHUNT_PRE -m physdev ! --physdev-is-in -j RETURN",
+        f"-A NFSHUNT_PRE -j CONNMARK --restore-mark --nfmask {OURS} --ctmask {OURS}",
+        f"-A NFSHUNT_PRE -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j NFSHUNT_PRE_PD_IN",
+    ]
+    rules += [f"-A NFSHUNT_PRE_PD_IN -m physdev --physdev-in {ifname} -j MARK --set-xmark "
+              f"{xmark(markcodec.ingress_xmark(n))}" for n, ifname in ports]
+    rules += [
+        "-A NFSHUNT_POST -m physdev ! --physdev-is-bridged -j RETURN",
+        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j RETURN",
+        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_EGRESS)} -j NFSHUNT_POST_PD_OUT",
+        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_DECIDED)} -j NFSHUNT_POLICY",
+        f"-A NFSHUNT_POST -j CONNMARK --save-mark --nfmask {OURS} --ctmask {OURS}",
+    ]
+    rules += [f"-A NFSHUNT_POST_PD_OUT -m physdev --physdev-is-bridged --physdev-out {ifname} "
+              f"-j MARK --set-xmark {xmark(markcodec.egress_xmark(n))}" for n, ifname in ports]
+    for action, chain in DECISIONS.items():
+        number = _action_number(cfg, action)
+        if number is not None:
+            rules.append(f"-A {chain} -j MARK --set-xmark {xmark(markcodec.action_xmark(number))}")
+    return rules
+
+
+def _action_number(cfg: Config, action: str) -> int | None:
+    numbers = [n for n, a in cfg.mark_actions.items() if a == action]
+    return min(numbers) if numbers else None
+
+
+def read_policy(path: str) -> list[str]:
+    """Rules for NFSHUNT_POLICY: lines starting '-A NFSHUNT_POLICY'; '#' comments.
+    A rule with '-4' or '-6' applies to that family only (iptables-restore semantics)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise IptablesError(f"cannot read policy file {path}: {exc.strerror}") from None
+    rules = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("-A NFSHUNT_POLICY "):
+            raise IptablesError(f"{path}:{number}: policy rules must start with '-A NFSHUNT_POLICY', got: {line}")
+        if any(ch in line for ch in "\n\r\0"):
+            raise IptablesError(f"{path}:{number}: control characters in rule")
+        rules.append(line)
+    return rules
+
+
+@dataclass
+class Existing:
+    """What of NFShunt is installed already (read through exit codes, not output)."""
+
+    chains: set[str]
+    jumps: set[tuple[str, str]]
+
+
+def render(cfg: Config, policy: list[str] | None, existing: Existing | None = None) -> str:
+    """iptables-restore --noflush input. Declaring a chain flushes it, so NFSHUNT_POLICY
+    is declared only when it is new or a policy replaces it; jumps are added only when
+    missing, so applying twice leaves one copy."""
+    existing = existing or Existing(set(), set())
+    out = ["*mangle"]
+    for chain in CHAINS:
+        if chain != "NFSHUNT_POLICY" or policy is not None or chain not in existing.chains:
+            out.append(f":{chain} - [0:0]")
+    out += plumbing_rules(cfg)
+    if policy:
+        out += policy
+    for builtin, target in JUMPS:
+        if (builtin, target) not in existing.jumps:
+            out.append(f"-I {builtin} 1 -j {target}")
+    out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def render_removal(existing: Existing) -> str:
+    out = ["*mangle"]
+    for builtin, target in JUMPS:
+        if (builtin, target) in existing.jumps:
+            out.append(f"-D {builtin} -j {target}")
+    present = [c for c in CHAINS if c in existing.chains]
+    out += [f":{c} - [0:0]" for c in present]  # flush first: the chains refer to each other
+    out += [f"-X {c}" for c in present]
+    out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+class Iptables:
+    """One address family's iptables front end."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self.cmd, self.restore = TOOLS[family]
+
+    def available(self) -> bool:
+        return shutil.which(self.cmd) is not None and shutil.which(self.restore) is not None
+
+    def _ok(self, *args: str) -> bool:
+        return subprocess.run([self.cmd, "-w", "5", "-t", "mangle", *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode == 0
+
+    def existing(self) -> Existing:
+        chains = {c for c in CHAINS if self._ok("-S", c)}
+        jumps = {(b, t) for b, t in JUMPS if t in chains and self._ok("-C", b, "-j", t)}
+        # A jump can exist more than once if someone added it by hand; removal loops.
+        return Existing(chains, jumps)
+
+    def restore_text(self, text: str, test: bool = False) -> None:
+        args = [self.restore, "-w", "5", "--noflush"] + (["--test"] if test else [])
+        proc = subprocess.run(args, input=text, text=True, capture_output=True)
+        if proc.returncode != 0:
+            raise IptablesError(f"{self.restore} rejected the ruleset (nothing was changed): "
+                                f"{proc.stderr.strip()}")
+
+    def apply(self, cfg: Config, policy: list[str] | None) -> str:
+        text = render(cfg, policy, self.existing())
+        self.restore_text(text)
+        return text
+
+    def remove(self) -> None:
+        for _ in range(16):  # duplicate jumps added by hand: remove them all
+            existing = self.existing()
+            if not existing.chains and not existing.jumps:
+                return
+            self.restore_text(render_removal(existing))
+            if not existing.jumps:
+                return
+
+
+# --- pre-flight checks ------------------------------------------------------------------
+
+def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
+    """Problems that must stop an apply, each with what to do; [] when all is well."""
+    problems = []
+    try:
+        ports = bridge_ports(cfg)
+    except ConfigError as exc:
+        return [str(exc)]
+    for family in families:
+        ipt = Iptables(family)
+        if not ipt.available():
+            problems.append(f"{ipt.cmd}/{ipt.restore} not found: install the iptables package")
+    problems += _check_bridge_ports([ifname for _, ifname in ports])
+    for family in families:
+        path = SYSCTL[family]
+        name = path.removeprefix("/proc/sys/").replace("/", ".")
+        try:
+            with open(path) as fh:
+                on = fh.read().strip() == "1"
+        except OSError:
+            problems.append(f"{name} is missing: the br_netfilter module is not loaded (modprobe br_netfilter)")
+            continue
+        if not on and not fix_sysctl:
+            problems.append(f"{name} is 0, so iptables never sees bridged traffic: "
+                            f"run `sysctl -w {name}=1` or pass --fix-sysctl")
+    return problems
+
+
+def _check_bridge_ports(names: list[str]) -> list[str]:
+    # Netlink rather than /sys: sysfs shows the namespace it was mounted in, not ours.
+    from pyroute2 import IPRoute
+    problems = []
+    with IPRoute() as ipr:
+        for ifname in names:
+            links = ipr.get_links(ifname=ifname) if ipr.link_lookup(ifname=ifname) else []
+            if not links:
+                problems.append(f"interface {ifname} does not exist: create it or fix ports[].bridge_port")
+                continue
+            if links[0].get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_KIND") != "bridge":
+                problems.append(f"interface {ifname} is not a bridge port: `ip link set {ifname} master BRIDGE`")
+    return problems
+
+
+def fix_sysctls(families: list[str]) -> None:
+    for family in families:
+        with open(SYSCTL[family]) as fh:
+            if fh.read().strip() == "1":
+                continue
+        with open(SYSCTL[family], "w") as fh:
+            fh.write("1\n")
+
+
+# --- CLI handlers -------------------------------------------------------------------------
+
+def _families(args: argparse.Namespace) -> list[str]:
+    return ["ipv4"] if getattr(args, "ipv4_only", False) else ["ipv4", "ipv6"]
+
+
+def _fail(msg: str) -> int:
+    print(f"nfshunt iptables: {msg}", file=sys.stderr)
+    return 1
+
+
+def cmd_render(cfg: Config, args: argparse.Namespace) -> int:
+    try:
+        policy = read_policy(args.policy) if args.policy else None
+        sys.stdout.write(render(cfg, policy if policy is not None else []))
+    except (IptablesError, ConfigError) as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
+    families = _families(args)
+    try:
+        policy = read_policy(args.policy) if args.policy else None
+    except IptablesError as exc:
+        return _fail(str(exc))
+    problems = preflight(cfg, families, args.fix_sysctl)
+    if problems:
+        for p in problems:
+            print(f"nfshunt iptables: {p}", file=sys.stderr)
+        print("nfshunt iptables: nothing was changed", file=sys.stderr)
+        return 1
+    tables = [Iptables(f) for f in families]
+    texts = []
+    try:
+        # Validate every family before changing any, so a bad policy changes nothing.
+        for ipt in tables:
+            text = render(cfg, policy, ipt.existing())
+            ipt.restore_text(text, test=True)
+            texts.append(text)
+    except IptablesError as exc:
+        return _fail(str(exc))
+    if args.fix_sysctl:
+        fix_sysctls(families)
+    for ipt, text in zip(tables, texts):
+        try:
+            ipt.restore_text(text)
+        except IptablesError as exc:
+            return _fail(f"{ipt.family}: {exc}")
+    print(f"NFSHUNT chains applied ({', '.join(families)}); "
+          + ("NFSHUNT_POLICY replaced from " + args.policy if policy is not None else "NFSHUNT_POLICY kept"))
+    return 0
+
+
+def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:
+    for family in _families(args):
+        ipt = Iptables(family)
+        if not ipt.available():
+            return _fail(f"{ipt.cmd} not found")
+        try:
+            ipt.remove()
+        except IptablesError as exc:
+            return _fail(str(exc))
+    print("NFSHUNT chains and jumps removed")
+    return 0
+
+
+def cmd_mark(args: argparse.Namespace) -> int:
+    from .config import load
+    names = {"ignore": 0, "shunt": 1, "block": 2}
+    if args.config:
+        try:
+            cfg = load(args.config)
+        except ConfigError as exc:
+            return _fail(str(exc))
+        names = {}
+        for number, action in sorted(cfg.mark_actions.items(), reverse=True):
+            names[action] = number
+    action = args.action
+    if action.isdigit():
+        number = int(action)
+        if number > markcodec.NIBBLE:
+            return _fail(f"action number {number} does not fit in 4 bits (0-15)")
+    elif action in names:
+        number = names[action]
+    else:
+        known = ", ".join(sorted(names)) if names else ", ".join(ACTIONS)
+        return _fail(f"unknown action {action!r} (known: {known})")
+    print(f"-j MARK --set-xmark {xmark(markcodec.action_xmark(number))}")
+    return 0

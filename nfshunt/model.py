@@ -1,0 +1,68 @@
+"""Plain data shared by the listener, the decision core and the switch side."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+TCP = 6
+UDP = 17
+
+# Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h).
+TCP_STATES = ("NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT",
+              "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2")
+TCP_CLOSING = frozenset({4, 5, 6, 7, 8})
+
+
+class EventKind(enum.Enum):
+    NEW = "new"
+    UPDATE = "update"
+    DESTROY = "destroy"
+    DUMP = "dump"  # an entry read by a resync dump rather than heard as an event
+
+
+@dataclass(frozen=True, slots=True)
+class FlowTuple:
+    """One direction of a connection: what the switch matches on."""
+
+    family: int  # 4 or 6
+    proto: int
+    src: str
+    dst: str
+    sport: int
+    dport: int
+
+    def __str__(self) -> str:
+        name = {TCP: "tcp", UDP: "udp"}.get(self.proto, str(self.proto))
+        if self.family == 6:
+            return f"{name} [{self.src}]:{self.sport} -> [{self.dst}]:{self.dport}"
+        return f"{name} {self.src}:{self.sport} -> {self.dst}:{self.dport}"
+
+    def reversed(self) -> "FlowTuple":
+        return FlowTuple(self.family, self.proto, self.dst, self.src, self.dport, self.sport)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnEvent:
+    """A conntrack event (or dumped entry) reduced to what the core needs."""
+
+    kind: EventKind
+    ct_id: int
+    orig: FlowTuple
+    reply: FlowTuple
+    mark: int
+    tcp_state: int | None
+    received: float  # time.monotonic() when read from netlink
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchFlow:
+    """A flow read back from the switch (flow stats), as the core needs it."""
+
+    cookie: int
+    priority: int
+    in_port: int | None
+    match: FlowTuple | None
+    out_port: int | None  # None: no output action (drop)
+    packets: int = 0
+    bytes: int = 0
+    duration: float = 0.0
