@@ -158,6 +158,7 @@ class Core:
         self.version: int | None = None  # negotiated OpenFlow version; None: no switch
         self.conns: dict[FlowTuple, Conn] = {}
         self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
+        self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
         self.reconciled = False
         self.shunts = 0  # shunt pairs in the table (the max_shunts budget)
 
@@ -234,7 +235,7 @@ class Core:
             return None
         if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
             return None
-        if fwd.match in self.conns:
+        if fwd.match in self.tuples or rev.match in self.tuples:
             return None
         conn = Conn(fwd.match, rev.match, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
                     ingress, egress, now, state=State.ACTIVE, confirmed_time=now)
@@ -246,6 +247,15 @@ class Core:
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         if ev.kind is EventKind.DESTROY:
             return [Ignored(R_DESTROY, ev)]
+        # A connection we handle: either side may be the new entry's original direction.
+        existing = self.tuples.get(ev.orig)
+        if existing is not None:
+            if existing.state is State.ACTIVE and existing.ct_id != ev.ct_id:
+                # Packets still in the slow path when the flows went in re-created an entry
+                # (loose pickup); the connection runs on the fast path, so it is stale.
+                return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
+            if existing.state is not State.REMOVING:
+                return [Ignored(R_DUPLICATE, ev)]
         if ev.mark & markcodec.NFSHUNT_BITS == 0:
             return [Ignored(R_UNMARKED, ev)]
         mark = markcodec.decode(ev.mark)
@@ -266,17 +276,9 @@ class Core:
             return [Ignored(R_PROTOCOL, ev)]
         if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
             return [Ignored(R_CLOSING, ev)]
-
-        existing = self.conns.get(ev.orig)
-        if existing is not None:
-            if existing.state is State.REMOVING:
-                existing.resume = ev
-                return [Ignored(R_QUEUED, ev)]
-            if existing.state is State.ACTIVE and existing.ct_id != ev.ct_id:
-                # Packets in flight while the flows went in re-created an entry through
-                # loose pickup; the connection is on the fast path, so the entry is stale.
-                return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
-            return [Ignored(R_DUPLICATE, ev)]
+        if existing is not None:  # REMOVING: handle once the old pair is gone
+            existing.resume = ev
+            return [Ignored(R_QUEUED, ev)]
         if self.version is None or not self.reconciled:
             return [Ignored(R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
@@ -346,6 +348,7 @@ class Core:
 
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn
+        self.tuples[conn.orig] = self.tuples[conn.reply] = conn
         self.shunts += conn.action == "shunt"
         self.by_cookie[conn.cookie(False)] = conn
 
@@ -353,5 +356,8 @@ class Core:
         if self.conns.get(conn.orig) is conn:
             del self.conns[conn.orig]
             self.shunts -= conn.action == "shunt"
+        for t in (conn.orig, conn.reply):
+            if self.tuples.get(t) is conn:
+                del self.tuples[t]
         if self.by_cookie.get(conn.cookie(False)) is conn:
             del self.by_cookie[conn.cookie(False)]

@@ -1,0 +1,30 @@
+"""Builders shared by the unit tests."""
+from nfshunt import markcodec
+from nfshunt.config import from_dict
+from nfshunt.model import TCP, ConnEvent, EventKind, FlowTuple
+
+BASE = {
+    "ports": [
+        {"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "fw-eth0"},
+        {"fast": 3, "slow": 4, "physdevin": 2, "bridge_port": "fw-eth1"},
+    ],
+    "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
+}
+
+
+def config(**overrides):
+    raw = dict(BASE)
+    raw.update(overrides)
+    return from_dict(raw)
+
+
+def event(action=1, ingress=1, egress=2, proto=TCP, state=3, family=4, ct_id=7, sport=40000,
+          dport=5201, kind=EventKind.UPDATE, mark=None, received=100.0):
+    if family == 4:
+        src, dst = "10.0.0.1", "10.0.0.2"
+    else:
+        src, dst = "fd00::1", "fd00::2"
+    orig = FlowTuple(family, proto, src, dst, sport, dport)
+    if mark is None:
+        mark = markcodec.encode(ingress, egress, action, admin=0x1234)
+    return ConnEvent(kind, ct_id, orig, orig.reversed(), mark, state if proto == TCP else None, received)

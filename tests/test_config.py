@@ -1,0 +1,93 @@
+import json
+
+import pytest
+
+from nfshunt.config import ConfigError, from_dict, load
+from tests.helpers import BASE
+
+ORIGINAL = {  # the thesis's nfshunt.json, unchanged
+    "delete_flows_on_startup": True,
+    "delete_flows_on_shutdown": True,
+    "default_shunt_timeout": 10,
+    "default_block_timeout": 10,
+    "default_no_shunting": True,
+    "ports": [{"fast": 1, "slow": 2, "physdevin": 1}, {"fast": 3, "slow": 4, "physdevin": 2}],
+    "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
+}
+
+
+def with_(**kw):
+    raw = json.loads(json.dumps(BASE))
+    raw.update(kw)
+    return raw
+
+
+def test_original_config_is_accepted_with_safe_defaults():
+    cfg = from_dict(ORIGINAL)
+    assert cfg.default_shunt_timeout == 10
+    assert cfg.listen_address == "0.0.0.0" and cfg.listen_port == 6653
+    assert cfg.openflow_versions == ("1.0", "1.3")
+    assert cfg.tls is None and cfg.max_shunts == 0
+    assert cfg.by_physdevin[2].fast == 3
+    assert cfg.mark_actions == {0: "ignore", 1: "shunt", 2: "block"}
+
+
+def test_shipped_example_config_is_valid():
+    load("config/nfshunt.json")
+
+
+@pytest.mark.parametrize("raw,key,problem", [
+    (with_(colour="blue"), "colour", "unknown key"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "speed": 10}]), "ports[0].speed", "unknown key"),
+    (with_(default_shunt_timeout="10"), "default_shunt_timeout", "expected an integer"),
+    (with_(delete_flows_on_startup=1), "delete_flows_on_startup", "expected true or false"),
+    (with_(listen_port=True), "listen_port", "expected an integer"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1}, {"fast": 3, "slow": 4, "physdevin": 1}]),
+     "ports[1].physdevin", "already used"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 0}]), "ports[0].physdevin", "outside 1-15"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 16}]), "ports[0].physdevin", "outside 1-15"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1}, {"fast": 1, "slow": 4, "physdevin": 2}]),
+     "ports[1].fast", "already used"),
+    (with_(ports=[{"fast": 1, "slow": 1, "physdevin": 1}]), "ports[0].slow", "same switch port"),
+    (with_(ports=[{"fast": 1, "physdevin": 1}]), "ports[0].slow", "missing"),
+    (with_(ports=[]), "ports", "non-empty"),
+    (with_(mark_actions={"1": "forward"}), "mark_actions.1", "not one of"),
+    (with_(mark_actions={"x": "shunt"}), "mark_actions.x", "action number"),
+    (with_(mark_actions={"16": "shunt"}), "mark_actions.16", "action number"),
+    (with_(openflow_versions=["1.5"]), "openflow_versions[0]", "not one of"),
+    (with_(listen_address="controller.example"), "listen_address", "not an IP address"),
+    (with_(tls={"private_key": "/nonexistent/key.pem", "certificate": "/nonexistent/c.pem"}),
+     "tls.private_key", "does not exist"),
+    (with_(log_level="LOUD"), "log_level", "not one of"),
+    (with_(default_priority=40000), "default_priority", "lower than"),
+    (with_(datapath_id="zz"), "datapath_id", "hexadecimal"),
+    ({"mark_actions": {"1": "shunt"}}, "ports", "missing"),
+    ([1, 2], "", "expected an object"),
+])
+def test_bad_input_names_key_and_problem(raw, key, problem):
+    with pytest.raises(ConfigError) as info:
+        from_dict(raw)
+    assert info.value.key == key
+    assert problem in info.value.problem
+
+
+def test_unreadable_and_invalid_json_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ports: }")
+    with pytest.raises(ConfigError, match="not valid JSON: line 1"):
+        load(str(bad))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(str(tmp_path / "missing.json"))
+
+
+def test_check_config_cli_exit_codes(tmp_path, capsys):
+    from nfshunt.cli import main
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(ORIGINAL))
+    assert main(["check-config", str(good)]) == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(with_(ports=[{"fast": 1, "slow": 2, "physdevin": 99}])))
+    with pytest.raises(SystemExit) as info:
+        main(["check-config", str(bad)])
+    assert info.value.code == 2
+    assert "ports[0].physdevin" in capsys.readouterr().err

@@ -1,0 +1,175 @@
+"""The controller on real parts: Open vSwitch (fail mode secure), a Linux bridge with the
+NFSHUNT iptables plumbing, conntrack and iperf3, for OpenFlow 1.0 and 1.3."""
+import json
+import subprocess
+import time
+
+import pytest
+
+from nfshunt import markcodec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=["1.0", "1.3"])
+def tb(request, integration_ready):
+    from nfshunt_testbed import Testbed
+    bed = Testbed(mode="nfshunt", of_version=request.param,
+                  config={"default_shunt_timeout": 3, "default_block_timeout": 3})
+    with bed:
+        yield bed
+    if request.node.session.testsfailed:
+        print(bed.controller_output()[-4000:])
+
+
+def server(tb, port, udp=False):
+    return tb.h2.popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def client(tb, port, seconds, udp=False, v6=False, **kw):
+    from nfshunt_testbed import H2_IP, H2_IP6
+    args = ["iperf3", "-c", H2_IP6 if v6 else H2_IP, "-p", str(port), "-t", str(seconds), "-J"]
+    if udp:
+        args += ["-u", "-b", "100M"]
+    time.sleep(0.3)  # let the server bind; not an assertion
+    return tb.h1.popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def counters(flows):
+    return sorted(int(f["n_packets"]) for f in flows)
+
+
+def entries_to(tb, port, proto=6):
+    return [e for e in tb.conntrack() if e["dport"] == port and e["proto"] == proto]
+
+
+def wait_idle(tb, port):
+    """The previous test's flows for this port have timed out."""
+    tb.wait_for(lambda: not tb.conn_flows(port), 15, f"flows of port {port} to time out")
+
+
+@pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])
+def test_shunted_connection_bypasses_the_firewall(tb, udp):
+    wait_idle(tb, 5201)
+    srv = server(tb, 5201)
+    cli = client(tb, 5201, 5, udp=udp)
+    try:
+        flows = tb.wait_for(lambda: [f for f in tb.conn_flows(5201)
+                                     if (("udp" in f) if udp else ("tcp" in f))], 10, "shunt flows")
+        assert len(flows) in (2, 4)  # iperf3's data connection, and its control one over TCP
+        assert all(f["actions"] in ("output:1", "output:3") for f in flows)
+        assert all(int(f["cookie"], 16) >> 48 == 0x4E02 for f in flows)
+        time.sleep(0.5)  # let the first packets drain from the slow path
+        slow0, c0 = tb.slow_path_packets(), counters(flows)
+        time.sleep(1.5)
+        flows = [f for f in tb.conn_flows(5201) if (("udp" in f) if udp else ("tcp" in f))]
+        slow1, c1 = tb.slow_path_packets(), counters(flows)
+        assert c1[-1] > c0[-1] + 1000, "shunt flow counters must grow"
+        assert slow1 - slow0 < 50, f"slow path kept carrying the connection: {slow1 - slow0} packets"
+        proto = 17 if udp else 6
+        live = [e for e in entries_to(tb, 5201, proto) if e["state"] not in (7, 8)]
+        assert not live, f"conntrack entries of the shunted connection remain: {live}"
+    finally:
+        out, _ = cli.communicate(timeout=30)
+        srv.wait(timeout=10)
+    result = json.loads(out)
+    assert "error" not in result, result.get("error")
+
+
+def test_blocked_connection_stalls_with_drop_flows(tb):
+    wait_idle(tb, 5202)
+    srv = server(tb, 5202)
+    cli = client(tb, 5202, 3)
+    try:
+        flows = tb.wait_for(lambda: tb.conn_flows(5202), 10, "block flows")
+        assert len(flows) in (2, 4) and all(f["actions"] == "drop" for f in flows)
+        assert all(int(f["cookie"], 16) >> 48 == 0x4E03 for f in flows)
+        slow0 = tb.slow_path_packets()
+        tb.wait_for(lambda: max(counters(tb.conn_flows(5202)) or [0]) > 0, 10, "packets dropped by the switch")
+        assert tb.slow_path_packets() - slow0 < 20
+        with pytest.raises(subprocess.TimeoutExpired):
+            cli.communicate(timeout=5)  # the transfer cannot complete
+    finally:
+        cli.kill()
+        srv.kill()
+        cli.communicate()
+        srv.wait()
+
+
+def test_ignored_connection_stays_on_the_slow_path(tb):
+    srv = server(tb, 5203)
+    slow0 = tb.slow_path_packets()
+    cli = client(tb, 5203, 2)
+    out, _ = cli.communicate(timeout=30)
+    srv.wait(timeout=10)
+    sent = json.loads(out)["end"]["sum_sent"]["bytes"]
+    assert tb.conn_flows(5203) == []
+    assert tb.slow_path_packets() - slow0 > sent / 9000  # every segment crossed the bridge
+    marks = [markcodec.decode(e["mark"]) for e in entries_to(tb, 5203)]
+    assert marks and all((m.ingress, m.egress, m.action) == (1, 2, 0) for m in marks)
+
+
+def test_ipv6_tcp(tb):
+    wait_idle(tb, 5201)
+    srv = server(tb, 5201)
+    cli = client(tb, 5201, 3, v6=True)
+    try:
+        if tb.of_version == "1.3":
+            flows = tb.wait_for(lambda: [f for f in tb.conn_flows(5201) if "tcp6" in f], 10, "IPv6 shunt flows")
+            assert len(flows) in (2, 4)
+        else:
+            tb.wait_for(lambda: "ipv6 needs openflow 1.3" in tb.controller_output(), 10,
+                        "the controller to log why IPv6 stays on the slow path")
+            assert tb.conn_flows(5201) == []
+    finally:
+        cli.communicate(timeout=30)
+        srv.wait(timeout=10)
+
+
+def test_resumed_connection_is_shunted_again(tb):
+    """A connection idle past the shunt timeout comes back through the slow path as a new
+    conntrack entry (loose pickup) and is shunted again."""
+    from nfshunt_testbed import H2_IP, PYTHON
+    wait_idle(tb, 5201)
+    srv = tb.h2.popen([PYTHON, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    cli = tb.h1.popen([PYTHON, "-c", PAUSING_CLIENT, H2_IP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      text=True)
+    try:
+        first = tb.wait_for(lambda: tb.conn_flows(5201), 10, "first shunt")
+        cookie1 = {f["cookie"] for f in first}
+        tb.wait_for(lambda: not tb.conn_flows(5201), 15, "the idle shunt to time out")
+        cli.stdin.write("go\n")
+        cli.stdin.flush()
+        second = tb.wait_for(lambda: tb.conn_flows(5201), 10, "the resumed connection's shunt")
+        assert {f["cookie"] for f in second}.isdisjoint(cookie1)  # a new conntrack entry
+        assert cli.stdout.readline().strip() == "ok"
+    finally:
+        cli.kill()
+        srv.kill()
+        cli.wait()
+        srv.wait()
+
+
+ECHO_SERVER = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5201)); s.listen(1)
+c, _ = s.accept()
+while True:
+    d = c.recv(65536)
+    if not d: break
+    c.sendall(d)
+"""
+
+PAUSING_CLIENT = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5201))
+for _ in range(20):
+    s.sendall(b"x" * 1000); s.recv(65536); time.sleep(0.05)
+sys.stdin.readline()
+for _ in range(20):
+    s.sendall(b"y" * 1000); s.recv(65536); time.sleep(0.05)
+print("ok", flush=True)
+"""

@@ -1,0 +1,75 @@
+"""The flow builder: real os-ken messages, serialised and parsed back."""
+import os
+
+import pytest
+
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+from os_ken.ofproto import ofproto_protocol  # noqa: E402
+
+from nfshunt import cookies  # noqa: E402
+from nfshunt import core as c  # noqa: E402
+from nfshunt.flows import FlowBuilder  # noqa: E402
+from nfshunt.model import UDP  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
+
+
+def builder(version):
+    dp = ofproto_protocol.ProtocolDesc(version)
+    return FlowBuilder(dp, config(shunt_priority=33000, default_shunt_timeout=12, default_block_timeout=30))
+
+
+def conn_for(**kw):
+    core = c.Core(config())
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0)
+    return core.conntrack_event(event(**kw))[0].conn
+
+
+@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+def test_shunt_is_two_exact_flows_to_the_peer_fast_port(version):
+    fb = builder(version)
+    fwd, rev = fb.install(conn_for())
+    for msg in (fwd, rev):
+        msg.serialize()  # must be valid on the wire
+        assert msg.idle_timeout == 12 and msg.priority == 33000
+        assert msg.flags & fb.ofp.OFPFF_SEND_FLOW_REM
+    assert cookies.parse(fwd.cookie) == (cookies.Kind.SHUNT, 7, False)
+    assert cookies.parse(rev.cookie) == (cookies.Kind.SHUNT, 7, True)
+    in_fwd, t_fwd = fb.parse_match(fwd.match)
+    in_rev, t_rev = fb.parse_match(rev.match)
+    assert (in_fwd, t_fwd.src, t_fwd.dst, t_fwd.sport, t_fwd.dport) == (1, "10.0.0.1", "10.0.0.2", 40000, 5201)
+    assert (in_rev, t_rev.src, t_rev.sport) == (3, "10.0.0.2", 5201)
+    actions = fwd.actions if version == c.OFP10 else fwd.instructions[0].actions
+    assert [a.port for a in actions] == [3]
+
+
+@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+def test_block_has_no_actions_and_block_timeout(version):
+    fb = builder(version)
+    for msg in fb.install(conn_for(action=2, proto=UDP)):
+        msg.serialize()
+        assert msg.idle_timeout == 30
+        assert (msg.actions if version == c.OFP10 else msg.instructions) == []
+
+
+def test_ipv6_match_on_openflow13():
+    fb = builder(c.OFP13)
+    fwd, _ = fb.install(conn_for(family=6))
+    fwd.serialize()
+    assert fwd.match["eth_type"] == 0x86DD and fwd.match["ipv6_src"] == "fd00::1"
+    assert fb.parse_match(fwd.match)[1].family == 6
+
+
+def test_ipv6_cannot_be_built_for_openflow10():
+    with pytest.raises(ValueError):
+        builder(c.OFP10).install(conn_for(family=6))
+
+
+@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+def test_defaults_removal_and_requests_serialise(version):
+    fb = builder(version)
+    msgs = fb.defaults(config().ports) + fb.remove(conn_for(), (False, True)) + [
+        fb.delete_all(), fb.barrier(), fb.owned_flow_stats_request()]
+    for msg in msgs:
+        msg.serialize()
+    assert len(fb.defaults(config().ports)) == 4
