@@ -1,0 +1,23 @@
+# The README's two commands: `make demo` and `make test` (as root, on Debian 12).
+VENV ?= /opt/nfshunt-venv
+PY := $(VENV)/bin/python
+
+.PHONY: deps demo test unit clean
+
+deps:
+	bash scripts/install-deps.sh
+
+demo: deps
+	$(PY) mininet/demo.py
+
+test: deps
+	$(PY) -m pytest -v -p no:cacheprovider
+
+unit:
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_markcodec.py tests/test_config.py tests/test_core.py \
+		tests/test_flows.py tests/test_iptables_render.py
+
+clean:
+	-ovs-vsctl --if-exists del-br s1
+	-ip link del nfsmgmt0 2>/dev/null
+	-mn -c >/dev/null 2>&1

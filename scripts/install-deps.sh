@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything NFShunt's demo and tests need on a fresh Debian 12 machine, as root:
+# Debian packages (Open vSwitch, Mininet, iptables, conntrack, iperf3 ...), a virtualenv
+# at $NFSHUNT_VENV (default /opt/nfshunt-venv) built on Debian's python3 (Mininet's
+# Python module is packaged for it), the pinned Python dependencies and NFShunt itself.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${NFSHUNT_VENV:-/opt/nfshunt-venv}
+PKGS=(openvswitch-switch mininet iptables conntrack iperf3 ethtool iproute2 iputils-ping
+      python3-venv python3-pip)
+
+if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: run as root (it installs Debian packages and drives network namespaces)" >&2
+    exit 1
+fi
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing Debian packages: ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "install-deps: creating $VENV"
+    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]"
+# Open vSwitch's daemons (no systemd needed; userspace datapath when the kernel has no module).
+if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
+    /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
+    ovs-vsctl --timeout=5 show >/dev/null
+fi
+echo "install-deps: ready ($VENV)"
