@@ -188,7 +188,7 @@ class ConntrackWorker:
         self._thread.join(timeout=5)
         self.sock.close()
 
-    def delete(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+    def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
         self.q.put(("del", family, orig, ct_id))
 
     def dump(self) -> None:
@@ -225,7 +225,7 @@ class ConntrackWorker:
             msg = nfct_msg.create_from(
                 tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst,
                                          proto=t.proto, sport=t.sport, dport=t.dport),
-                id=ct_id)
+                id=ct_id)  # with an id the kernel deletes only that entry
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
             msg["header"]["sequence_number"] = self._seq

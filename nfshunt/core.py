@@ -12,6 +12,7 @@ connection safely on the slow path.
 """
 from __future__ import annotations
 
+import collections
 import enum
 from dataclasses import dataclass, field
 from typing import Iterable, Union
@@ -23,6 +24,7 @@ from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, Switc
 OFP10 = 0x01
 OFP13 = 0x04
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
+SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 
 
 class State(enum.Enum):
@@ -103,7 +105,7 @@ class RemoveFlows:
 class DeleteConntrack:
     family: int
     orig: FlowTuple
-    ct_id: int
+    ct_id: int | None  # None: whatever entry holds this tuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,7 @@ class Core:
         self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
         self.reconciled = False
         self.shunts = 0  # shunt pairs in the table (the max_shunts budget)
+        self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
 
     # --- switch lifecycle ---------------------------------------------------------------
 
@@ -296,6 +299,7 @@ class Core:
             return []
         conn.state = State.ACTIVE
         conn.confirmed_time = now
+        self._sweeps.append((now + SWEEP_AFTER, conn))
         return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
                 Installed(conn, now - conn.event_time)]
 
@@ -329,6 +333,12 @@ class Core:
     def tick(self, now: float) -> list[Command]:
         """Housekeeping: a pair whose second flow-removed never came is forgotten."""
         out: list[Command] = []
+        # Packets still queued in the slow path when the entry was deleted can re-create it
+        # (loose pickup) in a way no event reports as ours; one sweep by tuple clears them.
+        while self._sweeps and self._sweeps[0][0] <= now:
+            _, conn = self._sweeps.popleft()
+            if conn.state is State.ACTIVE and self.conns.get(conn.orig) is conn:
+                out.append(DeleteConntrack(conn.orig.family, conn.orig, None))
         for conn in [c for c in self.conns.values() if c.state is State.REMOVING]:
             if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
                 out.extend(self._finish_removal(conn, "removal not confirmed"))

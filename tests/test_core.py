@@ -222,3 +222,13 @@ def test_stale_entry_recreated_in_reverse_direction_is_deleted_even_unmarked():
     reversed_ev = replace(ev, orig=conn.reply, reply=conn.orig)
     cmds = core.conntrack_event(reversed_ev)
     assert types(cmds) == ["DeleteConntrack", "Ignored"] and cmds[0].ct_id == 77
+
+
+def test_entries_recreated_by_in_flight_packets_are_swept_once_by_tuple():
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    core.flows_confirmed(install.conn, 100.0)
+    assert core.tick(100.5) == []
+    cmds = core.tick(100.0 + c.SWEEP_AFTER)
+    assert types(cmds) == ["DeleteConntrack"] and cmds[0].ct_id is None
+    assert core.tick(110.0) == []
