@@ -13,9 +13,28 @@ ADMIN_FILTER = ["-A", "FORWARD", "-p", "tcp", "--dport", "22", "-j", "DROP"]
 ADMIN_MANGLE = ["-A", "PREROUTING", "-p", "udp", "--dport", "53", "-j", "MARK", "--set-mark", "0x7"]
 
 
-@pytest.fixture
-def fw(netns, tmp_path):
-    """A namespace with bridge br0 over fw-eth0/fw-eth1, and a config naming them."""
+BACKEND_TOOLS = ("iptables", "iptables-restore", "iptables-save", "ip6tables", "ip6tables-restore", "ip6tables-save")
+
+
+@pytest.fixture(params=["default", "legacy"])
+def fw(request, netns, tmp_path):
+    """A namespace with bridge br0 over fw-eth0/fw-eth1, and a config naming them; run
+    once with Debian's selected iptables back end (nft) and once with the legacy one,
+    chosen the way an admin's alternatives would: by what `iptables` on PATH is."""
+    path = os.environ["PATH"]
+    if request.param == "legacy":
+        bindir = tmp_path / "legacy-bin"
+        bindir.mkdir()
+        for tool in BACKEND_TOOLS:
+            real = "/usr/sbin/" + tool.replace("tables", "tables-legacy", 1)
+            if not os.path.exists(real):
+                pytest.skip(f"{real} not installed")
+            (bindir / tool).symlink_to(real)
+        path = f"{bindir}:{path}"
+    inner = netns
+
+    def netns(*args, check=True, input=None):  # noqa: F811
+        return inner("env", f"PATH={path}", *args, check=check, input=input)
     for i in (0, 1):
         netns("ip", "link", "add", f"fw-eth{i}", "type", "veth", "peer", "name", f"peer{i}")
     netns("ip", "link", "add", "br0", "type", "bridge")
@@ -34,8 +53,18 @@ def fw(netns, tmp_path):
 
 
 def save(fw, cmd="iptables-save"):
-    """The ruleset without the volatile comment lines."""
-    return "\n".join(l for l in fw(cmd).stdout.splitlines() if not l.startswith("#"))
+    """The ruleset: every rule and user chain, by table. Comments, counters and empty
+    built-in tables (the legacy back end lists a table once anything looked at it) are
+    left out: they are not rules."""
+    out, table = [], ""
+    for line in fw(cmd).stdout.splitlines():
+        if line.startswith("*"):
+            table = line
+        elif line.startswith("-A") or (line.startswith(":") and line.split()[1] == "-"):
+            out.append(f"{table} {line}")
+        elif line.startswith(":") and line.split()[1] != "ACCEPT":
+            out.append(f"{table} {line.split()[0]} {line.split()[1]}")  # a non-default policy
+    return "\n".join(out)
 
 
 def test_apply_is_idempotent_keeps_admin_rules_and_remove_is_clean(fw):
@@ -103,3 +132,13 @@ def test_fix_sysctl_turns_bridge_netfilter_on(fw):
     fw("sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=0")
     fw.nfshunt("iptables", "apply", "--config", fw.config, "--fix-sysctl")
     assert fw("sysctl", "-n", "net.bridge.bridge-nf-call-ip6tables").stdout.strip() == "1"
+
+
+def test_family_specific_policy_rules_load_into_their_family_only(fw):
+    fw.nfshunt("iptables", "apply", "--config", fw.config, "--policy",
+               os.path.join(REPO, "iptables", "policy-dtn.rules"))
+    v4 = fw("iptables", "-t", "mangle", "-S", "NFSHUNT_POLICY").stdout
+    v6 = fw("ip6tables", "-t", "mangle", "-S", "NFSHUNT_POLICY").stdout
+    assert "10.0.0.0/24" in v4 and "fd00::" not in v4 and "10.0.0.66" in v4
+    assert "fd00::/64" in v6 and "10.0.0" not in v6
+    assert "50000:51000" in v4 and "50000:51000" in v6
