@@ -88,8 +88,12 @@ def test_blocked_connection_stalls_with_drop_flows(tb):
         slow0 = tb.slow_path_packets()
         tb.wait_for(lambda: max(counters(tb.conn_flows(5202)) or [0]) > 0, 10, "packets dropped by the switch")
         assert tb.slow_path_packets() - slow0 < 20
-        with pytest.raises(subprocess.TimeoutExpired):
-            cli.communicate(timeout=5)  # the transfer cannot complete
+        try:  # the transfer cannot complete: it stalls, or iperf3 gives up with an error
+            out, _ = cli.communicate(timeout=5)
+            result = json.loads(out) if out.strip() else {"error": "no output"}
+            assert "error" in result, "a blocked transfer completed"
+        except subprocess.TimeoutExpired:
+            pass
     finally:
         cli.kill()
         srv.kill()
@@ -137,13 +141,12 @@ def test_resumed_connection_is_shunted_again(tb):
     cli = tb.h1.popen([PYTHON, "-c", PAUSING_CLIENT, H2_IP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                       text=True)
     try:
-        first = tb.wait_for(lambda: tb.conn_flows(5201), 10, "first shunt")
-        cookie1 = {f["cookie"] for f in first}
+        tb.wait_for(lambda: tb.conn_flows(5201), 10, "first shunt")
         tb.wait_for(lambda: not tb.conn_flows(5201), 15, "the idle shunt to time out")
         cli.stdin.write("go\n")
         cli.stdin.flush()
-        second = tb.wait_for(lambda: tb.conn_flows(5201), 10, "the resumed connection's shunt")
-        assert {f["cookie"] for f in second}.isdisjoint(cookie1)  # a new conntrack entry
+        # (The kernel may give the new entry the old one's id, so cookies can repeat.)
+        tb.wait_for(lambda: tb.conn_flows(5201), 10, "the resumed connection's shunt")
         assert cli.stdout.readline().strip() == "ok"
     finally:
         cli.kill()
