@@ -164,6 +164,7 @@ class Core:
         self.reconciled = False
         self.shunts = 0  # shunt pairs in the table (the max_shunts budget)
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
+        self._removing: set[Conn] = set()  # so tick() need not scan every connection
 
     # --- switch lifecycle ---------------------------------------------------------------
 
@@ -325,6 +326,7 @@ class Core:
         if conn.state is State.ACTIVE:
             conn.state = State.REMOVING
             conn.removing_since = now
+            self._removing.add(conn)
             out.append(RemoveFlows(conn, (not reply,), f"partner {reason}"))
         if len(conn.gone) == 2:
             out.extend(self._finish_removal(conn, reason))
@@ -339,7 +341,7 @@ class Core:
             _, conn = self._sweeps.popleft()
             if conn.state is State.ACTIVE and self.conns.get(conn.orig) is conn:
                 out.append(DeleteConntrack(conn.orig.family, conn.orig, None))
-        for conn in [c for c in self.conns.values() if c.state is State.REMOVING]:
+        for conn in list(self._removing):
             if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
                 out.extend(self._finish_removal(conn, "removal not confirmed"))
         return out
@@ -353,9 +355,6 @@ class Core:
 
     # --- table ------------------------------------------------------------------------------
 
-    def count(self, *states: State) -> int:
-        return sum(1 for c in self.conns.values() if c.state in states)
-
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
@@ -363,6 +362,7 @@ class Core:
         self.by_cookie[conn.cookie(False)] = conn
 
     def _forget(self, conn: Conn) -> None:
+        self._removing.discard(conn)
         if self.conns.get(conn.orig) is conn:
             del self.conns[conn.orig]
             self.shunts -= conn.action == "shunt"

@@ -24,9 +24,12 @@ from . import core as c
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .flows import REMOVED_REASONS, FlowBuilder
-from .model import ConnEvent, SwitchFlow
+from .model import ConnEvent, EventKind, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
+
+
+EVENT_COUNTER = {k: f"conntrack_event:{k.value}" for k in EventKind}  # no per-event formatting
 
 
 class EventConntrack(event.EventBase):
@@ -207,7 +210,7 @@ class NFShuntApp(app_manager.OSKenApp):
         counters = self.counters
         out: list[c.Command] = []
         for cev in ev.events:
-            counters[f"conntrack_event:{cev.kind.value}"] += 1
+            counters[EVENT_COUNTER[cev.kind]] += 1
             out.extend(self.core.conntrack_event(cev))
         if ev.dump:
             counters["conntrack_resyncs"] += 1
