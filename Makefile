@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo test unit clean
+.PHONY: deps demo test unit experiments experiments-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -13,9 +13,17 @@ demo: deps
 test: deps
 	$(PY) -m pytest -v -p no:cacheprovider
 
+# The thesis experiments (mininet/experiments.py): full runs take about an hour;
+# results/<experiment>-<time>/ gets CSV, PNG and a markdown report.
+experiments: deps
+	$(PY) mininet/experiments.py all
+
+experiments-quick: deps
+	$(PY) mininet/experiments.py all --quick
+
 unit:
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_markcodec.py tests/test_config.py tests/test_core.py \
-		tests/test_flows.py tests/test_iptables_render.py
+		tests/test_flows.py tests/test_iptables_render.py tests/test_linkemu.py
 
 clean:
 	-ovs-vsctl --if-exists del-br s1

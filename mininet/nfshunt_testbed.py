@@ -12,7 +12,9 @@ Modes from the one topology:
   nfshunt   the NFShunt controller in fw programs s1 (fail mode secure).
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
-(netdev) datapath; `datapath` says which. Integration tests, the demo, experiments and
+(netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
+the NFQUEUE fallback; `delay_mechanism` says which, `rtt_measured` what ping saw before the
+run), link rates and a rate- and buffer-limited slow path. Integration tests, the demo, experiments and
 benchmarks all build their network here. Everything is removed by stop(), also after a
 failure, and on SIGTERM/SIGINT through the context manager.
 """
@@ -33,6 +35,9 @@ from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 
+from linkemu import (Emulation, EmulationError, check_rtt, choose_delay_mechanism, measure_rtt, nfqueue_rules,
+                     shape_host_egress, shape_slow_path, start_nfqdelay, stop_process, tune_host)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 POLICY = os.path.join(REPO, "iptables", "policy-example.rules")
@@ -50,6 +55,21 @@ MODES = ("direct", "firewall", "nfshunt")
 
 class TestbedError(RuntimeError):
     pass
+
+
+def machine_info() -> dict[str, str]:
+    """What results are recorded with: cores, kernel, Open vSwitch version, datapath."""
+    ovs = subprocess.run(["ovs-vswitchd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cores": str(os.cpu_count()), "cpu": model, "kernel": os.uname().release,
+            "ovs": ovs.replace("ovs-vswitchd (Open vSwitch) ", ""),
+            "datapath": "system (kernel)" if kernel_datapath_available() else "netdev (userspace)",
+            "python": sys.version.split()[0]}
 
 
 def ensure_ovs() -> None:
@@ -83,7 +103,8 @@ class TwoHostTopo(Topo):
 class Testbed:
     def __init__(self, mode: str = "nfshunt", of_version: str = "1.3",
                  config: dict[str, Any] | None = None, policy: str | None = POLICY,
-                 workdir: str | None = None, log: Callable[[str], None] | None = None):
+                 workdir: str | None = None, log: Callable[[str], None] | None = None,
+                 emulation: Emulation | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
@@ -99,6 +120,11 @@ class Testbed:
         self.config_path = os.path.join(self.workdir, "nfshunt.json")
         self.controller_log = os.path.join(self.workdir, "controller.log")
         self._old_signals: dict[int, Any] = {}
+        self.emulation = emulation or Emulation()
+        self.delay_mechanism = "none"
+        self.rtt_measured: float | None = None
+        self._delayers: list[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen] = []
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -200,6 +226,34 @@ class Testbed:
         self._program_static_flows()
         if self.mode == "nfshunt":
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
+        self._setup_emulation()
+
+    def _setup_emulation(self) -> None:
+        """Link rates, MTU, host tuning, slow path, delay; then check the RTT before any run."""
+        emu = self.emulation
+        for port in (FAST1, SLOW1, FAST2, SLOW2):
+            subprocess.run(["ovs-vsctl", "set", "interface", f"s1-eth{port}", f"mtu_request={emu.mtu}"],
+                           check=True, capture_output=True)
+        shape_slow_path(self.run, self.fw, ("fw-eth0", "fw-eth1"), emu)
+        half = emu.rtt_ms / 2
+        try:
+            mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"
+            for host in (self.h1, self.h2):
+                intf = f"{host.name}-eth0"
+                tune_host(self.run, host, intf, emu)
+                shape_host_egress(self.run, host, intf, emu, half, mechanism)
+                if mechanism == "nfqueue":
+                    self._delayers.append(start_nfqdelay(host, half))
+                    for rule in nfqueue_rules(intf, add=True):
+                        self.run(host, *rule)
+            self.delay_mechanism = mechanism
+            if half > 0 or emu.link_mbit:
+                self.rtt_measured = measure_rtt(self.run, self.h1, H2_IP)
+                self.log(f"RTT requested {emu.rtt_ms:g} ms, measured {self.rtt_measured:.2f} ms "
+                         f"(delay mechanism: {mechanism})")
+                check_rtt(emu.rtt_ms, self.rtt_measured)
+        except EmulationError as exc:
+            raise TestbedError(str(exc)) from None
 
     def _setup_hosts(self) -> None:
         for host, ip6 in ((self.h1, H1_IP6), (self.h2, H2_IP6)):
@@ -269,6 +323,10 @@ class Testbed:
     def stop(self) -> None:
         try:
             self.stop_controller()
+            while self._procs:
+                stop_process(self._procs.pop(), timeout=2)
+            while self._delayers:
+                stop_process(self._delayers.pop())
         finally:
             try:
                 if self.net is not None:
@@ -331,6 +389,124 @@ class Testbed:
             with open(f"/sys/class/net/s1-eth{port}/statistics/tx_packets") as fh:
                 total += int(fh.read())
         return total
+
+    # --- traffic ---------------------------------------------------------------------------
+
+    def iperf_server(self, port: int, interval: float | None = None) -> subprocess.Popen:
+        """A one-off iperf3 server on h2 (JSON output), returned once it listens."""
+        extra = ["-i", str(interval)] if interval else []
+        srv = self.spawn(self.h2, "iperf3", "-s", "-1", "-J", "-p", str(port), *extra)
+        try:
+            self.wait_for(lambda: srv.poll() is not None or self.listening(self.h2, port), 10,
+                          f"iperf3 server on port {port}", interval=0.02)
+        except BaseException:
+            srv.kill()
+            raise
+        if srv.poll() is not None:
+            raise TestbedError(f"iperf3 server on port {port} exited ({srv.returncode})")
+        return srv
+
+    def listening(self, node: Host, port: int) -> bool:
+        """Whether a TCP socket listens on `port` in the node (its /proc/net/tcp, tcp6)."""
+        want = f":{port:04X}"
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in self.run(node, "cat", table, check=False).splitlines()[1:]:
+                f = line.split()
+                if len(f) > 3 and f[1].endswith(want) and f[3] == "0A":
+                    return True
+        return False
+
+    def spawn(self, node: Host, *args: str, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
+              ) -> subprocess.Popen:
+        """A background process in a node; stop() kills it if it is still running then."""
+        proc = node.popen(list(args), stdout=stdout, stderr=stderr, text=True, env=self._env(), cwd=REPO)
+        self._procs = [p for p in self._procs if p.poll() is None] + [proc]
+        return proc
+
+    def iperf(self, port: int, seconds: float, *, interval: float | None = None, cport: int | None = None,
+              udp: bool = False, grace: float = 15, server_output: bool = False) -> dict[str, Any]:
+        """An iperf3 transfer h1 -> h2; the parsed JSON, or {"error": ...} (stalled or refused)."""
+        srv = self.iperf_server(port, interval)
+        args = ["iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "5000"]
+        if interval:
+            args += ["-i", str(interval)]
+        if cport:
+            args += ["--cport", str(cport)]
+        if udp:
+            args += ["-u", "-b", "200M"]
+        if server_output:   # the receiver's intervals: what arrived, not what was written
+            args += ["--get-server-output"]
+        cli = self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, _ = cli.communicate(timeout=seconds + grace)
+            result = json.loads(out) if out.strip() else {"error": "no output"}
+        except subprocess.TimeoutExpired:
+            cli.kill()
+            cli.communicate()
+            result = {"error": "stalled"}
+        except json.JSONDecodeError:
+            result = {"error": "unreadable iperf3 output"}
+        finally:
+            srv.kill()
+            srv.communicate()
+        return result
+
+    @staticmethod
+    def iperf_summary(result: dict[str, Any]) -> dict[str, float]:
+        """Throughput, retransmits and TCP's mean RTT from an iperf3 result."""
+        if "error" in result:
+            return {"gbps": 0.0, "retransmits": 0, "mean_rtt_ms": float("nan"), "bytes": 0}
+        end = result.get("end", {})
+        streams = end.get("streams") or [{}]
+        sender = streams[0].get("sender", {})
+        return {"gbps": end.get("sum_received", {}).get("bits_per_second", 0.0) / 1e9,
+                "retransmits": end.get("sum_sent", {}).get("retransmits", 0),
+                "mean_rtt_ms": sender.get("mean_rtt", float("nan")) / 1000,
+                "bytes": end.get("sum_received", {}).get("bytes", 0)}
+
+    def hop_counters(self) -> dict[str, int]:
+        """Packet counters along h1 -> h2 (the data direction) to locate loss, one per hop.
+
+        h1 sends; s1 receives on port 1 and sends either to h2 (port 3, fast) or to the
+        firewall (port 2), whose bridge forwards out fw-eth1 back into s1 port 4; h2
+        receives, and its delay queue (NFQUEUE or netem) may drop.
+        """
+        c: dict[str, int] = {}
+        for node, intf in ((self.h1, "h1-eth0"), (self.h2, "h2-eth0"), (self.fw, "fw-eth0"), (self.fw, "fw-eth1")):
+            st = json.loads(self.run(node, "ip", "-s", "-j", "link", "show", "dev", intf))[0]["stats64"]
+            c[f"{intf}.tx"], c[f"{intf}.rx"] = st["tx"]["packets"], st["rx"]["packets"]
+            c[f"{intf}.rx_dropped"] = st["rx"]["dropped"]
+            qd = json.loads(self.run(node, "tc", "-s", "-j", "qdisc", "show", "dev", intf) or "[]")
+            c[f"{intf}.qdisc_drops"] = sum(q.get("drops", 0) for q in qd if q.get("root") or q.get("parent"))
+        for port in (FAST1, SLOW1, FAST2, SLOW2):
+            for d in ("rx", "tx"):
+                with open(f"/sys/class/net/s1-eth{port}/statistics/{d}_packets") as fh:
+                    c[f"s1-eth{port}.{d}"] = int(fh.read())
+        for node in (self.h1, self.h2):
+            c[f"{node.name}.nfqueue_drops"] = 0
+            for line in self.run(node, "cat", "/proc/net/netfilter/nfnetlink_queue", check=False).splitlines():
+                f = line.split()
+                if len(f) >= 7:
+                    c[f"{node.name}.nfqueue_drops"] += int(f[5]) + int(f[6])
+        return c
+
+    @staticmethod
+    def locate_loss(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+        """Packets of the h1 -> h2 direction lost at each hop between two hop_counters()."""
+        d = {k: after[k] - before.get(k, 0) for k in after}
+        delivered = d["h2-eth0.rx"] - d["h2.nfqueue_drops"]
+        return {
+            "sent": d["h1-eth0.tx"],
+            "delivered": delivered,
+            "lost": d["h1-eth0.tx"] - delivered,
+            "host_link": d["h1-eth0.tx"] - d["s1-eth1.rx"],
+            "switch": (d["s1-eth1.rx"] + d["s1-eth4.rx"]) - (d["s1-eth2.tx"] + d["s1-eth3.tx"]),
+            "firewall": d["fw-eth0.rx"] - d["fw-eth1.tx"],
+            "firewall_buffer": d["fw-eth1.qdisc_drops"],
+            "receiver_delay_queue": d["h2.nfqueue_drops"],
+            "sender_qdisc": d["h1-eth0.qdisc_drops"],
+            "slow_path_packets": d["s1-eth2.tx"],
+        }
 
     def conntrack(self) -> list[dict[str, Any]]:
         """The firewall's conntrack table, read over netlink inside fw."""

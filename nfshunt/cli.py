@@ -17,8 +17,12 @@ EXIT_FAILED = 1
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-                 + f".{int(record.msecs):03d}Z", "level": record.levelname,
+                 + f".{int(record.msecs):03d}Z", "ts": round(record.created, 6), "level": record.levelname,
                  "logger": record.name, "message": record.getMessage()}
+        # Structured fields a log call attaches with extra={"fields": {...}}.
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

@@ -57,6 +57,14 @@ class Counters(collections.Counter):
     """Plain counters, keyed by name; read by logs and the status/metrics layers."""
 
 
+def conn_fields(conn: c.Conn, event: str, **more: Any) -> dict[str, Any]:
+    """A connection as structured log fields (JSON logs, experiments, accounting)."""
+    o = conn.orig
+    return {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
+            "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
+            "egress": conn.egress.physdevin, **more}
+
+
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
 
@@ -267,7 +275,8 @@ class NFShuntApp(app_manager.OSKenApp):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
             self.counters[f"installed:{cmd.conn.action}"] += 1
-            LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000)
+            LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000,
+                     extra={"fields": conn_fields(cmd.conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
         elif isinstance(cmd, c.Refused):
             self.counters[f"refused:{cmd.conn.action}"] += 1
             LOG.warning("%s refused, stays on the slow path: %s: %s", cmd.conn.action,
@@ -277,7 +286,8 @@ class NFShuntApp(app_manager.OSKenApp):
             pk = sum(s[0] for s in cmd.conn.stats.values())
             by = sum(s[1] for s in cmd.conn.stats.values())
             LOG.info("%s removed (%s): %s, %d packets %d bytes", cmd.conn.action, cmd.reason,
-                     cmd.conn.describe(), pk, by)
+                     cmd.conn.describe(), pk, by,
+                     extra={"fields": conn_fields(cmd.conn, "removed", reason=cmd.reason, packets=pk, bytes=by)})
         elif isinstance(cmd, c.RemoveFlows):
             if fb is not None:
                 self._out.extend(fb.remove(cmd.conn, cmd.directions))

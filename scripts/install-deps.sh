@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${NFSHUNT_VENV:-/opt/nfshunt-venv}
 PKGS=(openvswitch-switch mininet iptables conntrack iperf3 ethtool iproute2 iputils-ping
-      python3-venv python3-pip)
+      python3-venv python3-pip tcpdump python3-scipy python3-matplotlib
+      gcc libc6-dev libnetfilter-queue-dev)
 
 if [ "$(id -u)" != 0 ]; then
     echo "install-deps: run as root (it installs Debian packages and drives network namespaces)" >&2
@@ -28,6 +29,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]"
+# The testbed's NFQUEUE delay program, for kernels without netem.
+"$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); import linkemu; linkemu.build_nfqdelay()'
 # Open vSwitch's daemons (no systemd needed; userspace datapath when the kernel has no module).
 if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
     /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true

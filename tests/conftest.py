@@ -13,13 +13,18 @@ sys.path.insert(0, os.path.join(REPO, "mininet"))
 def _missing_for_integration() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces, Open vSwitch, iptables)"
-    for tool in ("ovs-vsctl", "ovs-ofctl", "iptables-restore", "ip6tables-restore", "iperf3", "ethtool"):
+    for tool in ("ovs-vsctl", "ovs-ofctl", "iptables-restore", "ip6tables-restore", "iperf3", "ethtool",
+                 "tcpdump", "ping", "tc", "cc"):
         if shutil.which(tool) is None:
             return f"needs {tool} (run `make deps`)"
-    try:
-        import mininet.net  # noqa: F401
-    except ImportError:
-        return "needs Mininet's Python module (Debian package mininet)"
+    if not os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"):
+        return "needs libnetfilter-queue-dev for the NFQUEUE delay program (run `make deps`)"
+    for module, package in (("mininet.net", "mininet"), ("scipy.stats", "python3-scipy"),
+                            ("matplotlib", "python3-matplotlib")):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"needs the Python module {module} (Debian package {package}; run `make deps`)"
     return None
 
 

@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""The thesis experiments on the emulated testbed.
+
+  timing      shunt timing (thesis Table 4.3): client SYN -> controller sees the marked
+              event -> switch confirms the flows -> last packet through the slow path
+  throughput  throughput and loss (Table 4.4): direct / NFShunt / firewall only x RTT,
+              repeated; loss located per hop; Wilcoxon rank-sum tests
+  cwnd        congestion window and throughput over the first seconds (Figure 4.1)
+  all         the three, one after the other
+
+Every command has defaults for a real run and --quick for a short one (CI). Results go to
+--out (default results/<experiment>-<time>): a CSV of raw values, PNG plots and a markdown
+report with the machine and the parameters. Progress is printed as it goes; Ctrl-C stops
+cleanly, tears the testbed down and keeps what was measured so far.
+
+Emulation (see linkemu.py): links scaled down from the thesis's 10 Gbit/s to --link-mbit
+(default 1000, what a 2-core userspace switch forwards without loss), MTU 9000 and the
+thesis host tuning, half the RTT on each host (netem, or NFQUEUE where there is no netem),
+and a slow path limited to --slow-mbit with a --slow-buffer-kb buffer.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
+from nfshunt_testbed import (REPO, SHUNT_PORT, Testbed, TestbedError, machine_info)  # noqa: E402
+
+MODES = ("direct", "nfshunt", "firewall")
+MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}
+
+
+# --- small statistics ------------------------------------------------------------------------
+
+def describe(values: list[float]) -> dict[str, float]:
+    vals = sorted(v for v in values if not math.isnan(v))
+    if not vals:
+        return {"n": 0, "mean": math.nan, "sd": math.nan, "median": math.nan, "p99": math.nan, "max": math.nan}
+    p99 = vals[min(len(vals) - 1, math.ceil(0.99 * len(vals)) - 1)]
+    return {"n": len(vals), "mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "median": statistics.median(vals), "p99": p99, "max": vals[-1]}
+
+
+def ranksum(a: list[float], b: list[float]) -> float:
+    """Two-sided Wilcoxon rank-sum (Mann-Whitney U) p-value."""
+    if len(a) < 2 or len(b) < 2 or len(set(a) | set(b)) < 2:
+        return math.nan
+    from scipy.stats import mannwhitneyu
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+# --- output -------------------------------------------------------------------------------------
+
+class Results:
+    """One experiment's output directory: CSV rows, plots, and the markdown report."""
+
+    def __init__(self, out: str, name: str, params: dict[str, Any]):
+        os.makedirs(out, exist_ok=True)
+        self.out, self.name, self.params = out, name, params
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.machine = machine_info()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self.write_csv()   # after every run, so an interrupted experiment keeps its data
+
+    def write_csv(self, rows: list[dict[str, Any]] | None = None, suffix: str = "") -> str:
+        rows = self.rows if rows is None else rows
+        path = os.path.join(self.out, f"{self.name}{suffix}.csv")
+        if rows:
+            keys: list[str] = []
+            for r in rows:
+                keys += [k for k in r if k not in keys]
+            with open(path, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+        return path
+
+    def report(self, title: str, body: list[str], interrupted: bool) -> str:
+        m = self.machine
+        lines = [f"# {title}", ""]
+        if interrupted:
+            lines += ["**Interrupted**: the tables cover the runs completed before the stop.", ""]
+        lines += [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.started))}, "
+                  f"{time.time() - self.started:.0f} s.", "",
+                  "| machine | |", "|---|---|",
+                  f"| cores | {m['cores']} ({m['cpu']}) |", f"| kernel | {m['kernel']} |",
+                  f"| Open vSwitch | {m['ovs']}, {m['datapath']} datapath |", f"| Python | {m['python']} |", "",
+                  "| parameter | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in self.params.items()]
+        lines += ["", *body, ""]
+        path = os.path.join(self.out, f"{self.name}.md")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines))
+        return path
+
+
+def plot(path: str, draw: Callable[[Any], None]) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(9, 6))
+    draw(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return "–" if isinstance(x, float) and math.isnan(x) else f"{x:.{digits}f}"
+
+
+def progress(i: int, n: int, msg: str) -> None:
+    print(f"[{i}/{n}] {msg}", flush=True)
+
+
+def emulation(args: argparse.Namespace, rtt: float) -> Emulation:
+    return Emulation.thesis(rtt_ms=rtt, delay=args.delay, link_mbit=args.link_mbit, slow_mbit=args.slow_mbit,
+                            slow_buffer_kb=args.slow_buffer_kb)
+
+
+def emulation_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"link rate": f"{args.link_mbit:g} Mbit/s per host link (thesis: 10 Gbit/s; scaled to this machine)",
+            "MTU": "9000 (thesis)", "host tuning": "txqueuelen 10000, tcp_rmem/tcp_wmem max 500 MB (thesis)",
+            "slow path": f"{args.slow_mbit:g} Mbit/s, {args.slow_buffer_kb} KB buffer per direction (tbf)",
+            "delay": f"half the RTT on each host, mechanism {args.delay}"}
+
+
+# --- experiment 1: shunt timing ----------------------------------------------------------------
+
+def read_pcap(path: str) -> list[tuple[float, int, int, int]]:
+    """(time, sport, dport, tcp flags) of each IPv4/TCP packet in a classic pcap file."""
+    out = []
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+        if len(head) < 24:
+            return out
+        magic = struct.unpack("<I", head[:4])[0]
+        endian, scale = {0xA1B2C3D4: ("<", 1e-6), 0xA1B23C4D: ("<", 1e-9),
+                         0xD4C3B2A1: (">", 1e-6), 0x4D3CB2A1: (">", 1e-9)}[magic]
+        while True:
+            rec = fh.read(16)
+            if len(rec) < 16:
+                break
+            sec, frac, incl, _ = struct.unpack(endian + "IIII", rec)
+            data = fh.read(incl)
+            if len(data) < 34 or data[12:14] != b"\x08\x00" or data[23] != 6:
+                continue
+            ihl = (data[14] & 0x0F) * 4
+            tcp = data[14 + ihl:]
+            if len(tcp) < 14:
+                continue
+            sport, dport = struct.unpack("!HH", tcp[:4])
+            out.append((sec + frac * scale, sport, dport, tcp[13]))
+    return out
+
+
+class Capture:
+    """tcpdump on an interface of the root namespace (Open vSwitch's side of a link)."""
+
+    def __init__(self, intf: str, bpf: str, path: str):
+        self.path = path
+        self.proc = subprocess.Popen(["tcpdump", "-i", intf, "-n", "-s", "80", "-U", "-w", path,
+                                      "--time-stamp-precision=nano", bpf],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline() if self.proc.stderr else ""
+        if "listening" not in line:
+            self.proc.kill()
+            raise TestbedError(f"tcpdump on {intf} did not start: {line.strip()}")
+
+    def stop(self) -> list[tuple[float, int, int, int]]:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return read_pcap(self.path)
+
+
+def controller_installs(tb: Testbed) -> list[dict[str, Any]]:
+    out = []
+    for line in tb.controller_output().splitlines():
+        if line.startswith("{") and '"installed"' in line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def last_of_first_burst(times: list[float], gap: float = 0.5) -> float:
+    """The last slow-path packet of the connection's set-up: where a gap > `gap` s first opens."""
+    times = sorted(times)
+    for a, b in zip(times, times[1:]):
+        if b - a > gap:
+            return a
+    return times[-1]
+
+
+def exp_timing(args: argparse.Namespace) -> int:
+    rtts = args.rtts or ([0] if args.quick else [0, 100])
+    runs = args.runs or (5 if args.quick else 50)
+    params = {"runs per RTT": runs, "RTTs (ms)": rtts, "transfer": f"iperf3, {args.seconds:g} s, port {SHUNT_PORT}",
+              "capture": "tcpdump on s1-eth1 (client SYN at the switch) and both slow links (s1-eth2, s1-eth4)",
+              "last slow-path packet": "last packet of the first burst on the slow links (a gap > 0.5 s ends it)",
+              **emulation_params(args)}
+    res = Results(args.out, "timing", params)
+    total, i = len(rtts) * runs, 0
+    interrupted = False
+    try:
+        for rtt in rtts:
+            with Testbed(mode="nfshunt", emulation=emulation(args, rtt), config={"log_format": "json"},
+                         log=print) as tb:
+                for run in range(runs):
+                    i += 1
+                    cport = 40000 + run
+                    bpf = f"tcp port {cport}"
+                    caps: list[Capture] = []
+                    try:
+                        for intf in ("s1-eth1", "s1-eth2", "s1-eth4"):
+                            caps.append(Capture(intf, bpf, os.path.join(tb.workdir, f"{intf}-{run}.pcap")))
+                        result = tb.iperf(SHUNT_PORT, args.seconds, cport=cport)
+                    finally:
+                        pkts = [cap.stop() for cap in caps]
+                    syn_pkts, slow_pkts = pkts[0], pkts[1] + pkts[2]
+                    syns = [t for t, sp, _, fl in syn_pkts if sp == cport and fl & 0x02 and not fl & 0x10]
+                    inst = [e for e in controller_installs(tb) if e.get("sport") == cport]
+                    if "error" in result or not syns or not inst or not slow_pkts:
+                        progress(i, total, f"rtt={rtt} run {run}: incomplete ({result.get('error', '')}, "
+                                           f"{len(syns)} SYN, {len(inst)} installs, {len(slow_pkts)} slow pkts)")
+                        continue
+                    t0 = syns[0]
+                    confirmed = inst[-1]["ts"]
+                    event = confirmed - inst[-1]["latency_ms"] / 1000
+                    last_slow = last_of_first_burst([t for t, *_ in slow_pkts])
+                    row = {"rtt_ms": rtt, "run": run, "event_ms": (event - t0) * 1000,
+                           "confirmed_ms": (confirmed - t0) * 1000, "last_slow_ms": (last_slow - t0) * 1000,
+                           "slow_packets": sum(1 for t, *_ in slow_pkts if t <= last_slow),
+                           "gbps": Testbed.iperf_summary(result)["gbps"]}
+                    res.add(row)
+                    progress(i, total, f"rtt={rtt} run {run}: event {row['event_ms']:.2f} ms, confirmed "
+                                       f"{row['confirmed_ms']:.2f} ms, last slow packet {row['last_slow_ms']:.2f} ms")
+    except KeyboardInterrupt:
+        interrupted = True
+    body = ["Milliseconds since the client's SYN reached the switch (thesis, 100 runs: 3.3 ms to the event, "
+            "58 ms to flows programmed, 75.8 ms to the last slow-path packet).", "",
+            "| RTT | event | n | mean | sd | median | p99 |", "|---|---|---|---|---|---|---|"]
+    for rtt in rtts:
+        rows = [r for r in res.rows if r["rtt_ms"] == rtt]
+        for key, label in (("event_ms", "controller sees the marked event"),
+                           ("confirmed_ms", "switch confirms the flows (barrier)"),
+                           ("last_slow_ms", "last packet through the slow path")):
+            d = describe([r[key] for r in rows])
+            body.append(f"| {rtt} ms | {label} | {d['n']} | {fmt(d['mean'])} | {fmt(d['sd'])} | "
+                        f"{fmt(d['median'])} | {fmt(d['p99'])} |")
+    if res.rows:
+        def draw(fig: Any) -> None:
+            ax = fig.add_subplot(1, 1, 1)
+            keys = ("event_ms", "confirmed_ms", "last_slow_ms")
+            data = [[r[k] for r in res.rows if r["rtt_ms"] == rtt] for rtt in rtts for k in keys]
+            ax.boxplot(data, labels=[f"{k.replace('_ms', '')}\n{rtt} ms" for rtt in rtts for k in keys])
+            ax.set_ylabel("ms since client SYN")
+            ax.set_title("Shunt timing")
+        plot(os.path.join(args.out, "timing.png"), draw)
+        body += ["", "![timing](timing.png)"]
+    print(f"report: {res.report('Shunt timing (thesis Table 4.3)', body, interrupted)}")
+    return 130 if interrupted else 0
+
+
+# --- experiment 2: throughput and loss -----------------------------------------------------
+
+def exp_throughput(args: argparse.Namespace) -> int:
+    rtts = args.rtts or ([0, 100] if args.quick else [0, 100, 200, 400])
+    runs = args.runs or (2 if args.quick else 10)
+    seconds = args.seconds if args.seconds else (3 if args.quick else 20)
+    params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(MODES),
+              "transfer": f"one iperf3 TCP stream h1 -> h2, {seconds:g} s, port {SHUNT_PORT} (shunted by the policy)",
+              "loss": "h1-eth0 tx minus packets h2 accepted, per hop from interface, qdisc and queue counters",
+              **emulation_params(args)}
+    res = Results(args.out, "throughput", params)
+    total, i = len(rtts) * len(MODES) * runs, 0
+    interrupted = False
+    try:
+        for rtt in rtts:
+            for mode in MODES:
+                with Testbed(mode=mode, emulation=emulation(args, rtt), log=print) as tb:
+                    for run in range(runs):
+                        i += 1
+                        before = tb.hop_counters()
+                        result = tb.iperf(SHUNT_PORT, seconds, grace=15 + rtt / 100)
+                        loss = tb.locate_loss(before, tb.hop_counters())
+                        s = Testbed.iperf_summary(result)
+                        row = {"rtt_ms": rtt, "mode": mode, "run": run, "rtt_measured_ms": tb.rtt_measured,
+                               "delay_mechanism": tb.delay_mechanism, "gbps": s["gbps"],
+                               "retransmits": s["retransmits"], "tcp_rtt_ms": s["mean_rtt_ms"],
+                               "loss_pct": 100 * loss["lost"] / loss["sent"] if loss["sent"] else math.nan,
+                               "error": result.get("error", ""),
+                               **{f"lost_{k}": v for k, v in loss.items() if k not in ("lost",)}}
+                        res.add(row)
+                        progress(i, total, f"rtt={rtt} {mode} run {run}: {s['gbps']:.3f} Gbit/s, "
+                                           f"loss {fmt(row['loss_pct'], 3)} %, {s['retransmits']} retransmits")
+    except KeyboardInterrupt:
+        interrupted = True
+    body = ["## Throughput and loss (thesis Table 4.4)", "",
+            "| RTT | path | runs | Gbit/s mean | sd | loss % mean | retransmits mean | lost at firewall | "
+            "lost at switch | lost in receiver queue |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rtt in rtts:
+        for mode in MODES:
+            rows = [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == mode]
+            if not rows:
+                continue
+            g = describe([r["gbps"] for r in rows])
+            body.append(f"| {rtt} ms | {MODE_LABEL[mode]} | {len(rows)} | {fmt(g['mean'], 3)} | {fmt(g['sd'], 3)} | "
+                        f"{fmt(statistics.fmean(r['loss_pct'] for r in rows), 4)} | "
+                        f"{statistics.fmean(r['retransmits'] for r in rows):.0f} | "
+                        f"{sum(r['lost_firewall'] for r in rows)} | {sum(r['lost_switch'] for r in rows)} | "
+                        f"{sum(r['lost_receiver_delay_queue'] for r in rows)} |")
+    body += ["", "## Wilcoxon rank-sum tests (two-sided; p < 0.05: the paths differ)", "",
+             "| RTT | comparison | throughput p | loss p | difference in mean Gbit/s |", "|---|---|---|---|---|"]
+    tests = []
+    for rtt in rtts:
+        by = {m: [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == m] for m in MODES}
+        for a, b in (("nfshunt", "direct"), ("nfshunt", "firewall")):
+            if not by[a] or not by[b]:
+                continue
+            pg = ranksum([r["gbps"] for r in by[a]], [r["gbps"] for r in by[b]])
+            pl = ranksum([r["loss_pct"] for r in by[a]], [r["loss_pct"] for r in by[b]])
+            diff = statistics.fmean(r["gbps"] for r in by[a]) - statistics.fmean(r["gbps"] for r in by[b])
+            tests.append({"rtt_ms": rtt, "a": a, "b": b, "p_throughput": pg, "p_loss": pl, "diff_gbps": diff})
+            body.append(f"| {rtt} ms | {MODE_LABEL[a]} vs {MODE_LABEL[b]} | {fmt(pg, 4)} | {fmt(pl, 4)} | "
+                        f"{diff:+.3f} |")
+    if tests:
+        res.write_csv(tests, "-ranksum")
+    if runs < 5:
+        body += ["", f"With {runs} runs per cell the rank-sum test cannot reach p < 0.05; use --runs 10 or more."]
+    if res.rows:
+        def draw(fig: Any) -> None:
+            for k, (key, label) in enumerate((("gbps", "throughput, Gbit/s"), ("loss_pct", "packet loss, %"))):
+                ax = fig.add_subplot(2, 1, k + 1)
+                width = 0.25
+                for j, mode in enumerate(MODES):
+                    vals = [[r[key] for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == mode] for rtt in rtts]
+                    means = [statistics.fmean(v) if v else 0 for v in vals]
+                    sds = [statistics.stdev(v) if len(v) > 1 else 0 for v in vals]
+                    ax.bar([x + (j - 1) * width for x in range(len(rtts))], means, width, yerr=sds,
+                           label=MODE_LABEL[mode], capsize=3)
+                ax.set_xticks(range(len(rtts)), [f"{r} ms" for r in rtts])
+                ax.set_ylabel(label)
+                ax.legend()
+            fig.axes[0].set_title("Single-stream TCP by path and RTT")
+        plot(os.path.join(args.out, "throughput.png"), draw)
+        body += ["", "![throughput](throughput.png)"]
+    print(f"report: {res.report('Throughput and packet loss', body, interrupted)}")
+    return 130 if interrupted else 0
+
+
+# --- experiment 3: congestion window over time ---------------------------------------------
+
+def exp_cwnd(args: argparse.Namespace) -> int:
+    rtt = (args.rtts or [100 if args.quick else 200])[0]
+    runs = args.runs or (1 if args.quick else 3)
+    seconds = args.seconds if args.seconds else (3 if args.quick else 10)
+    params = {"RTT": f"{rtt} ms", "runs per path": runs, "sampling": "iperf3 -i 0.1 (sender's snd_cwnd)",
+              "transfer": f"{seconds:g} s", **emulation_params(args)}
+    res = Results(args.out, "cwnd", params)
+    summaries: list[dict[str, Any]] = []
+    total, i = len(MODES) * runs, 0
+    interrupted = False
+    try:
+        for mode in MODES:
+            with Testbed(mode=mode, emulation=emulation(args, rtt), log=print) as tb:
+                for run in range(runs):
+                    i += 1
+                    result = tb.iperf(SHUNT_PORT, seconds, interval=0.1, grace=15 + rtt / 100, server_output=True)
+                    received = [iv["sum"]["bits_per_second"] for iv in
+                                result.get("server_output_json", {}).get("intervals", [])]
+                    for k, iv in enumerate(result.get("intervals", [])):
+                        st = iv["streams"][0]
+                        res.add({"mode": mode, "run": run, "t": round(st["end"], 3),
+                                 "cwnd_kb": st.get("snd_cwnd", 0) / 1024,
+                                 "received_mbps": received[k] / 1e6 if k < len(received) else math.nan,
+                                 "retransmits": st.get("retransmits", 0)})
+                    s = Testbed.iperf_summary(result)
+                    summaries.append({"mode": mode, "run": run, **s})
+                    progress(i, total, f"{mode} run {run}: {s['gbps']:.3f} Gbit/s, {s['retransmits']} retransmits")
+    except KeyboardInterrupt:
+        interrupted = True
+    body = [f"Congestion window and throughput over the first {seconds:g} s at {rtt} ms RTT (thesis Figure 4.1). "
+            "Circles mark 100 ms samples with retransmissions.", ""]
+    if res.rows:
+        def draw(fig: Any) -> None:
+            ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+            for mode in MODES:
+                for run in range(runs):
+                    rows = [r for r in res.rows if r["mode"] == mode and r["run"] == run]
+                    if not rows:
+                        continue
+                    label = MODE_LABEL[mode] if run == 0 else None
+                    color = {"direct": "tab:green", "nfshunt": "tab:blue", "firewall": "tab:red"}[mode]
+                    ax1.plot([r["t"] for r in rows], [r["cwnd_kb"] for r in rows], color=color, label=label)
+                    rt = [r for r in rows if r["retransmits"]]
+                    ax1.scatter([r["t"] for r in rt], [r["cwnd_kb"] for r in rt], s=[20 * math.log1p(r["retransmits"])
+                                for r in rt], facecolors="none", edgecolors=color)
+                    ax2.plot([r["t"] for r in rows], [r["received_mbps"] for r in rows], color=color, label=label)
+            ax1.set_ylabel("cwnd, KB")
+            ax2.set_ylabel("received, Mbit/s")
+            ax2.set_xlabel("seconds")
+            ax1.legend()
+            ax1.set_title(f"Congestion window and throughput, RTT {rtt} ms")
+        plot(os.path.join(args.out, "cwnd.png"), draw)
+        body += ["![cwnd](cwnd.png)", "", "| path | run | Gbit/s received | retransmits |", "|---|---|---|---|"]
+        body += [f"| {MODE_LABEL[s['mode']]} | {s['run']} | {s['gbps']:.3f} | {s['retransmits']} |" for s in summaries]
+    print(f"report: {res.report('Congestion window over time', body, interrupted)}")
+    return 130 if interrupted else 0
+
+
+EXPERIMENTS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "timing": exp_timing, "throughput": exp_throughput, "cwnd": exp_cwnd}
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    ap.add_argument("--quick", action="store_true", help="a short run (CI): fewer RTTs, runs and seconds")
+    ap.add_argument("--out", help="output directory (default results/<experiment>-<time>)")
+    ap.add_argument("--runs", type=int, help="repetitions per cell")
+    ap.add_argument("--rtts", type=lambda s: [float(x) if "." in x else int(x) for x in s.split(",")],
+                    help="comma-separated RTTs in ms")
+    ap.add_argument("--seconds", type=float, default=0, help="transfer length (timing: default 1)")
+    ap.add_argument("--delay", choices=DELAY_MECHANISMS, default="auto", help="delay mechanism (default auto)")
+    ap.add_argument("--link-mbit", type=float, default=1000, help="host link rate (default 1000)")
+    ap.add_argument("--slow-mbit", type=float, default=900, help="slow path rate (default 900)")
+    ap.add_argument("--slow-buffer-kb", type=int, default=64, help="slow path buffer per direction (default 64)")
+    args = ap.parse_args(argv)
+    if args.runs is not None and args.runs < 1:
+        ap.error("--runs must be at least 1")
+    return args
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("experiments: run as root (network namespaces, Open vSwitch)", file=sys.stderr)
+        return 1
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = args.out or os.path.join(REPO, "results", f"{args.experiment}-{stamp}")
+    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    for name in names:
+        sub = argparse.Namespace(**vars(args))
+        sub.out = os.path.join(base, name) if args.experiment == "all" else base
+        if name == "timing" and not args.seconds:
+            sub.seconds = 1
+        try:
+            rc = EXPERIMENTS[name](sub)
+        except TestbedError as exc:
+            print(f"experiments: {name}: {exc}", file=sys.stderr)
+            return 1
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
