@@ -180,6 +180,7 @@ class Testbed:
             "listen_address": MGMT_FW,
             "listen_port": OF_PORT,
             "log_level": "DEBUG",
+            "control_socket": os.path.join(self.workdir, "control", "nfshunt.sock"),
         }
         cfg.update(self.extra_config)
         return cfg
@@ -311,6 +312,35 @@ class Testbed:
         self.stop_controller()
         self._start_controller()
 
+    def reconfigure(self, **overrides: Any) -> None:
+        """Restart the controller with config keys changed (None: back to the default)."""
+        for key, value in overrides.items():
+            if value is None:
+                self.extra_config.pop(key, None)
+            else:
+                self.extra_config[key] = value
+        self.stop_controller()
+        with open(self.config_path, "w") as fh:
+            json.dump(self.nfshunt_config(), fh, indent=2)
+        self._start_controller()
+        self.wait_for_controller()
+
+    def wait_for_controller(self, timeout: float = 20) -> None:
+        """The controller answers on its control socket and has the switch."""
+        def ready() -> bool:
+            if self.controller is not None and self.controller.poll() is not None:
+                raise TestbedError("the controller exited:\n" + self.controller_output()[-3000:])
+            try:
+                return bool(self.control({"cmd": "status"})["switch"]["connected"])
+            except Exception:
+                return False
+        self.wait_for(ready, timeout, "the controller to answer with the switch connected")
+
+    def control(self, payload: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        """One request on the controller's control socket (a path: reachable from any netns)."""
+        from nfshunt.control import request
+        return request(self.nfshunt_config()["control_socket"], payload, timeout)
+
     def _program_static_flows(self) -> None:
         """Direct and firewall modes have no controller: their patching is static."""
         if self.mode == "nfshunt":
@@ -405,6 +435,32 @@ class Testbed:
         if srv.poll() is not None:
             raise TestbedError(f"iperf3 server on port {port} exited ({srv.returncode})")
         return srv
+
+    def conn_server(self, port: int) -> subprocess.Popen:
+        """conngen.py's echo server for many connections, on h2."""
+        srv = self.spawn(self.h2, PYTHON, os.path.join(HERE, "conngen.py"), "serve", str(port),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = srv.stdout.readline() if srv.stdout else ""
+        if not line.startswith("listening"):
+            srv.kill()
+            raise TestbedError(f"conngen server did not start: {line}")
+        return srv
+
+    def open_conns(self, port: int, n: int, cport_base: int | None = None,
+                   dst: str = H2_IP) -> tuple[subprocess.Popen, float]:
+        """n connections h1 -> h2 held open by conngen.py; (process, epoch when all were up).
+        Write "close" to its stdin to close them cleanly."""
+        args = [PYTHON, os.path.join(HERE, "conngen.py"), "open", dst, str(port), str(n)]
+        if cport_base:
+            args += ["--cport-base", str(cport_base)]
+        proc = self.h1.popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=self._env(), cwd=REPO)
+        self._procs.append(proc)
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("open "):
+            proc.kill()
+            raise TestbedError(f"conngen could not open {n} connections: {line}{proc.stderr.read() if proc.stderr else ''}")
+        return proc, float(line.split()[1])
 
     def listening(self, node: Host, port: int) -> bool:
         """Whether a TCP socket listens on `port` in the node (its /proc/net/tcp, tcp6)."""

@@ -8,7 +8,7 @@ import sys
 import time
 
 from . import __version__
-from .config import ConfigError, Config, load
+from .config import DEFAULT_CONTROL_SOCKET, Config, ConfigError, load
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -72,6 +72,84 @@ def cmd_iptables(args: argparse.Namespace) -> int:
             "remove": iptables.cmd_remove}[args.ipt_cmd](cfg, args)
 
 
+def _socket(args: argparse.Namespace) -> str:
+    if args.socket:
+        return args.socket
+    if args.config:
+        path = _load(args.config).control_socket
+        if not path:
+            print("nfshunt: the config sets no control_socket", file=sys.stderr)
+            raise SystemExit(1)
+        return path
+    return DEFAULT_CONTROL_SOCKET
+
+
+def _ask(args: argparse.Namespace, payload: dict) -> dict | None:
+    from .control import ControlError, request
+    try:
+        reply = request(_socket(args), payload)
+    except ControlError as exc:
+        print(f"nfshunt: {exc}", file=sys.stderr)
+        return None
+    if "error" in reply:
+        print(f"nfshunt: {reply['error']}", file=sys.stderr)
+        return None
+    return reply
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1000 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    reply = _ask(args, {"cmd": "status"})
+    if reply is None:
+        return 1
+    if args.json:
+        print(json.dumps(reply, indent=2, sort_keys=True))
+        return 0
+    sw = reply["switch"]
+    print(f"switch: {'connected' if sw['connected'] else 'NOT CONNECTED'}"
+          + (f" dpid {sw['datapath_id']} OpenFlow {sw['openflow']} from {sw['address']}" if sw["connected"] else ""))
+    budget = f" of {reply['max_shunts']}" if reply["max_shunts"] else ""
+    print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
+          f"up {reply['uptime']:.0f} s")
+    conns = reply["connections"]
+    if conns:
+        print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")
+        for cn in sorted(conns, key=lambda x: x["age"]):
+            pk = "/".join(_size(x) for x in cn["packets"])
+            by = "/".join(_size(x) for x in cn["bytes"])
+            print(f"{cn['action']:<7}{cn['state']:<9}{cn['tuple']:<48}{cn['ingress']:>3}->{cn['egress']:<3}"
+                  f"{cn['age']:>9.1f}{pk:>17}{by:>17}")
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    payload: dict = {"cmd": args.cmd}
+    if args.cmd == "flush":
+        payload["reason"] = args.reason
+    elif args.target.isdigit():
+        payload["ct_id"] = int(args.target)
+    else:
+        payload["tuple"] = args.target
+    reply = _ask(args, payload)
+    if reply is None:
+        return 1
+    if args.cmd == "flush":
+        print(f"flushed: {reply['removed']} shunts and blocks back to the slow path")
+    else:
+        print(f"{args.cmd}: {reply['tuple']}" + ("" if reply.get("flows_removed") or args.cmd == "block"
+                                                 else " (not shunted now; held for its next appearance)"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nfshunt", description="OpenFlow hybrid shunting firewall controller")
     p.add_argument("--version", action="version", version=f"nfshunt {__version__}")
@@ -87,6 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("config")
     chk.set_defaults(func=cmd_check_config)
 
+    def control_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", "-c", help="config naming the control_socket")
+        sp.add_argument("--socket", help=f"control socket path (default {DEFAULT_CONTROL_SOCKET})")
+
+    st = sub.add_parser("status", help="the running controller's switch and connections")
+    control_args(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_status)
+    for name, text in (("unshunt", "send a shunted connection back through the firewall and keep it there"),
+                       ("block", "drop a connection in the switch")):
+        sp = sub.add_parser(name, help=text)
+        control_args(sp)
+        sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
+        sp.set_defaults(func=cmd_control)
+    fl = sub.add_parser("flush", help="remove every shunt and block (connections re-evaluated by policy)")
+    control_args(fl)
+    fl.add_argument("--reason", default="flush by operator")
+    fl.set_defaults(func=cmd_control)
+
     ipt = sub.add_parser("iptables", help="render, apply or remove the NFSHUNT iptables chains")
     isub = ipt.add_subparsers(dest="ipt_cmd", required=True)
     r = isub.add_parser("render", help="print the iptables-restore text")
@@ -99,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--fix-sysctl", action="store_true",
                    help="turn on net.bridge.bridge-nf-call-ip(6)tables if off")
     a.add_argument("--ipv4-only", action="store_true", help="leave ip6tables alone")
+    a.add_argument("--no-reevaluate", action="store_true",
+                   help="with --policy: leave existing shunts and blocks alone")
     rm = isub.add_parser("remove", help="remove NFShunt's chains and jumps only")
     rm.add_argument("--config", "-c", required=True)
     rm.add_argument("--ipv4-only", action="store_true", help="leave ip6tables alone")

@@ -21,6 +21,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
 
+DEFAULT_CONTROL_SOCKET = "/run/nfshunt/nfshunt.sock"
+
+
 class ConfigError(ValueError):
     """A config problem, with the dotted key path it concerns."""
 
@@ -65,6 +68,11 @@ class Config:
     block_priority: int = 33100
     max_shunts: int = 0
     netlink_rcvbuf: int = 16 * 1024 * 1024
+    tcp_teardown: bool = True
+    control_socket: str | None = DEFAULT_CONTROL_SOCKET
+    metrics_address: str | None = None
+    metrics_port: int = 9753
+    audit_log: str | None = None
     log_level: str = "INFO"
     log_format: str = "text"
     bridge: str | None = None
@@ -144,6 +152,30 @@ def _file(key: str, value: Any) -> str:
     value = _str(key, value)
     if not os.path.isfile(value):
         raise ConfigError(key, f"file {value!r} does not exist")
+    return value
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    def optional(key: str, value: Any) -> Any:
+        return None if value is None else check(key, value)
+    return optional
+
+
+def _log_path(key: str, value: Any) -> str:
+    value = _str(key, value)
+    if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
+        raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
+    return value
+
+
+def _socket_path(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    value = _str(key, value)
+    if not os.path.isabs(value) or value.endswith("/") or len(value.encode()) > 107:
+        raise ConfigError(key, f"{value!r} must be an absolute file path of at most 107 bytes (or null: no socket)")
+    if os.path.isdir(value):
+        raise ConfigError(key, f"{value!r} is a directory")
     return value
 
 
@@ -247,7 +279,12 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "shunt_priority": _int(1, 65535),
     "block_priority": _int(1, 65535),
     "max_shunts": _int(0, 10_000_000),
-    "netlink_rcvbuf": _int(65536, 1 << 30),
+    "netlink_rcvbuf": _int(4096, 1 << 30),
+    "tcp_teardown": _bool,
+    "control_socket": _socket_path,
+    "metrics_address": _optional(_address),
+    "metrics_port": _int(1, 65535),
+    "audit_log": _optional(_log_path),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "bridge": _ifname,
@@ -274,6 +311,10 @@ def load(path: str) -> Config:
         raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError("", f"{path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError("", f"{path} is nested too deeply") from None
     return from_dict(raw)
 
 

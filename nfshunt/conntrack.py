@@ -34,6 +34,8 @@ NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_CREATE = 0x400
+NLM_F_EXCL = 0x200
+IP_CT_TCP_FLAG_CLOSE_INIT, IP_CT_TCP_FLAG_BE_LIBERAL = 0x04, 0x08
 NLMSG_HDR = struct.Struct("=IHHII")
 FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
 AF = {4: socket.AF_INET, 6: socket.AF_INET6}
@@ -175,6 +177,8 @@ class ConntrackWorker:
         self._seq = 0
         self.deleted = 0
         self.delete_missing = 0
+        self.restored = 0
+        self.restore_existing = 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         self.sock.bind((0, 0))
         self.sock.settimeout(2.0)
@@ -190,6 +194,12 @@ class ConntrackWorker:
 
     def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
         self.q.put(("del", family, orig, ct_id))
+
+    def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
+                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
+        """Create a TCP entry in a closing state (see core: teardown); `done` runs after the
+        kernel answered, whatever it answered."""
+        self.q.put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
     def dump(self) -> None:
         self.q.put(("dump",))
@@ -208,31 +218,60 @@ class ConntrackWorker:
                     nxt = self.q.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None or nxt[0] != "del":
-                    self.q.put(nxt)  # keep order: handle after this batch
+                if nxt is None or nxt[0] == "dump":
+                    self.q.put(nxt)  # handle after this batch
                     break
                 batch.append(nxt)
             try:
-                self._delete_batch(batch)
+                self._send_batch(batch)
             except OSError as exc:
-                LOG.error("conntrack delete failed: %s", exc)
+                LOG.error("conntrack update failed: %s", exc)
+            for item in batch:
+                if item[0] == "add":
+                    try:
+                        item[-1]()
+                    except Exception:
+                        LOG.exception("restore callback failed")
 
-    def _delete_batch(self, batch: list[tuple]) -> None:
-        out = bytearray()
-        pending: set[int] = set()
-        for _, family, t, ct_id in batch:
-            self._seq = (self._seq + 1) & 0xFFFFFFFF
+    def _message(self, item: tuple) -> nfct_msg:
+        if item[0] == "del":
+            _, family, t, ct_id = item
             msg = nfct_msg.create_from(
                 tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst,
                                          proto=t.proto, sport=t.sport, dport=t.dport),
                 id=ct_id)  # with an id the kernel deletes only that entry
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+        else:
+            _, family, o, r, state, timeout, closer_is_reply, mark, _ = item
+            liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
+            closer = (IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,) * 2
+            msg = nfct_msg.create_from(
+                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=o.src, daddr=o.dst, proto=o.proto,
+                                         sport=o.sport, dport=o.dport),
+                tuple_reply=NFCTAttrTuple(family=AF[family], saddr=r.src, daddr=r.dst, proto=r.proto,
+                                          sport=r.sport, dport=r.dport),
+                timeout=timeout, mark=mark,  # (status bits on create: EBUSY on 6.x kernels)
+                protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
+                    ["CTA_PROTOINFO_TCP_STATE", state],
+                    ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal if closer_is_reply else closer}],
+                    ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": closer if closer_is_reply else liberal}],
+                ]}]]})
+            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+        msg["nfgen_family"] = AF[family]
+        return msg
+
+    def _send_batch(self, batch: list[tuple]) -> None:
+        out = bytearray()
+        pending: dict[int, str] = {}
+        for item in batch:
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            msg = self._message(item)
             msg["header"]["sequence_number"] = self._seq
-            msg["nfgen_family"] = AF[family]
             msg.encode()
             out += msg.data
-            pending.add(self._seq)
+            pending[self._seq] = item[0]
         self.sock.send(bytes(out))
         deadline = time.monotonic() + 2.0
         while pending and time.monotonic() < deadline:
@@ -246,17 +285,27 @@ class ConntrackWorker:
                 if length < NLMSG_HDR.size:
                     break
                 if mtype == NLMSG_ERROR and seq in pending:
-                    pending.discard(seq)
+                    op = pending.pop(seq)
                     (code,) = struct.unpack_from("=i", data, offset + NLMSG_HDR.size)
-                    if code == 0:
-                        self.deleted += 1
-                    elif -code == errno.ENOENT:
-                        self.delete_missing += 1  # already gone: nothing to free
-                    else:
-                        LOG.warning("conntrack delete refused: %s", errno.errorcode.get(-code, code))
+                    self._account(op, -code)
                 offset += (length + 3) & ~3
         if pending:
-            LOG.warning("%d conntrack deletes unacknowledged", len(pending))
+            LOG.warning("%d conntrack requests unacknowledged", len(pending))
+
+    def _account(self, op: str, err: int) -> None:
+        if op == "del":
+            if err == 0:
+                self.deleted += 1
+            elif err == errno.ENOENT:
+                self.delete_missing += 1  # already gone: nothing to free
+            else:
+                LOG.warning("conntrack delete refused: %s", errno.errorcode.get(err, err))
+        elif err == 0:
+            self.restored += 1
+        elif err == errno.EEXIST:
+            self.restore_existing += 1  # a straggler re-created it first: it tracks the close
+        else:
+            LOG.warning("conntrack entry for a teardown not created: %s", errno.errorcode.get(err, err))
 
     def _dump(self) -> None:
         now = time.monotonic()

@@ -46,13 +46,16 @@ def run(cfg: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    reopen = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reopen.set())
 
     manager = AppManager.get_instance()
     manager.load_apps(["nfshunt.switch_app"])
     contexts = manager.create_contexts()
+    from .control import ControlError
     try:
         manager.instantiate_apps(nfshunt_config=cfg, **contexts)
-    except OSError as exc:
+    except (OSError, ControlError) as exc:
         LOG.error("cannot start: %s", exc)
         return 1
     app = next(a for a in manager.applications.values() if isinstance(a, switch_app.NFShuntApp))
@@ -60,7 +63,9 @@ def run(cfg: Config) -> int:
              "/".join(cfg.openflow_versions), cfg.listen_address, cfg.listen_port,
              " (TLS)" if cfg.tls else "")
     while not stop.wait(0.5):
-        pass
+        if reopen.is_set():
+            reopen.clear()
+            app.reopen_logs()
     done = threading.Event()
     app.send_event(app.name, switch_app.EventShutdown(done))
     if not done.wait(3.0):

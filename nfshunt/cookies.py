@@ -1,7 +1,8 @@
 """The 64-bit OpenFlow cookie that marks a flow as NFShunt's and names its connection.
 
     bits 56-63  0x4E ('N'): owned by NFShunt
-    bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block
+    bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block, 4 TCP teardown catcher
+    bit  33     teardown catchers: 0 FIN, 1 RST
     bit  32     direction: 0 original, 1 reply
     bits 0-31   conntrack id of the connection (0 for defaults)
 """
@@ -18,10 +19,25 @@ class Kind(enum.IntEnum):
     DEFAULT = 1
     SHUNT = 2
     BLOCK = 3
+    TEARDOWN = 4
+
+
+RST_BIT = 1 << 33
+DIRECTION_BIT = 1 << 32
+# A connection's teardown catchers, whatever their direction and flag (non-strict delete).
+TEARDOWN_GROUP_MASK = 0xFFFFFFFFFFFFFFFF & ~(RST_BIT | DIRECTION_BIT)
 
 
 def make(kind: Kind, ct_id: int = 0, reply: bool = False) -> int:
     return OWNED_VALUE | (int(kind) << 48) | (int(reply) << 32) | (ct_id & 0xFFFFFFFF)
+
+
+def make_teardown(ct_id: int, reply: bool, rst: bool) -> int:
+    return make(Kind.TEARDOWN, ct_id, reply) | (RST_BIT if rst else 0)
+
+
+def is_rst(cookie: int) -> bool:
+    return bool(cookie & RST_BIT)
 
 
 def owned(cookie: int) -> bool:

@@ -9,6 +9,17 @@ confirmed; conntrack entry deleted) -> REMOVING (one direction's flow is gone, t
 is being deleted so the pair leaves together) -> forgotten. Its conntrack entry is only
 deleted once the switch has confirmed both flows, so a refused flow-mod leaves the
 connection safely on the slow path.
+
+Room on the switch: with a `max_shunts` budget, or when the switch reports its table full,
+a shunt stays on the slow path (its entry kept) and waits; waiting connections are
+retried, blocks first, as pairs leave. A block that finds no room evicts the newest shunt.
+
+TCP teardown (OpenFlow 1.3, `tcp_teardown`): a shunt also gets per-direction FIN and RST
+catchers that send the packet to the controller instead of forwarding it. The controller
+forwards it on (packet-out), re-creates the connection's conntrack entry in the closing
+state the packet leads to, and only then removes the flows: the rest of the close crosses
+the firewall, which recognises it instead of seeing stray FINs of a connection it no
+longer tracks. Catchers left behind by a dead controller drop, never bypass.
 """
 from __future__ import annotations
 
@@ -24,6 +35,11 @@ from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, Switc
 OFP10 = 0x01
 OFP13 = 0x04
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
+WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
+# Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h) and timeouts for
+# the entry re-created on teardown.
+CT_TCP_FIN_WAIT, CT_TCP_CLOSE = 4, 8
+TEARDOWN_TIMEOUT = {CT_TCP_FIN_WAIT: 120, CT_TCP_CLOSE: 10}
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 
 
@@ -48,6 +64,9 @@ class Conn:
     gone: set[bool] = field(default_factory=set)  # directions whose flow was removed
     stats: dict[bool, tuple[int, int, float]] = field(default_factory=dict)
     resume: ConnEvent | None = None
+    event: ConnEvent | None = None  # what created it: retried if the switch had no room
+    action_counted: bool = True  # still counted in the budget (an evicted pair is not)
+    remove_reason: str | None = None  # set when NFShunt itself takes the pair down
 
     @property
     def kind(self) -> cookies.Kind:
@@ -59,6 +78,13 @@ class Conn:
     def describe(self) -> str:
         return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
                 f" (switch {self.ingress.fast}<->{self.egress.fast}) ct_id={self.ct_id}")
+
+
+@dataclass(slots=True)
+class Pin:
+    action: str  # "ignore" or "block"
+    expires: float
+    ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -102,6 +128,25 @@ class RemoveFlows:
 
 
 @dataclass(frozen=True, slots=True)
+class ForwardPacket:
+    """Packet-out of a caught teardown packet to the connection's peer port."""
+    data: bytes
+    in_port: int
+    out_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreConntrack:
+    """Re-create the connection's conntrack entry in a closing TCP state; run `then` once
+    the kernel has acknowledged it (or refused: the flows must go either way)."""
+    conn: Conn
+    tcp_state: int
+    timeout: int
+    closer_is_reply: bool
+    then: tuple["Command", ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteConntrack:
     family: int
     orig: FlowTuple
@@ -134,7 +179,7 @@ class Removed:
 
 Command = Union[InstallDefaults, DeleteAllFlows, DeleteSwitchFlow, RequestSwitchFlows,
                 ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Ignored,
-                Installed, Refused, Removed]
+                Installed, Refused, Removed, ForwardPacket, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
 R_UNMARKED = "unmarked"
@@ -151,6 +196,9 @@ R_IPV6_OF10 = "ipv6 needs openflow 1.3"
 R_DUPLICATE = "duplicate"
 R_QUEUED = "queued behind removal"
 R_BUDGET = "flow budget full"
+R_WAITING = "waiting for room on the switch"
+R_PINNED = "kept on the slow path by an operator"
+PIN_TTL = 3600.0  # seconds an operator's unshunt/block holds for a tuple
 R_NO_SHUNTING = "default_no_shunting is false"
 
 
@@ -162,7 +210,12 @@ class Core:
         self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
         self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
         self.reconciled = False
-        self.shunts = 0  # shunt pairs in the table (the max_shunts budget)
+        self.shunts = 0  # shunt pairs in the table
+        self.blocks = 0  # block pairs in the table (with shunts: the max_shunts budget)
+        # Connections refused for lack of room, oldest first; blocks go to the front.
+        self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
+        # Operator overrides by tuple (both directions): "ignore" (unshunt) or "block".
+        self.pins: dict[FlowTuple, Pin] = {}
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
         self._removing: set[Conn] = set()  # so tick() need not scan every connection
 
@@ -198,6 +251,7 @@ class Core:
         """
         out: list[Command] = []
         pairs: dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]] = {}
+        catchers: list[tuple[int, SwitchFlow]] = []
         expected_defaults = {(g.slow, g.fast) for g in self.cfg.ports} | {(g.fast, g.slow) for g in self.cfg.ports}
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
@@ -207,6 +261,9 @@ class Core:
             if kind is cookies.Kind.DEFAULT:
                 if (flow.in_port, flow.out_port) not in expected_defaults and self.cfg.delete_flows_on_startup:
                     out.append(DeleteSwitchFlow(flow, "default flow not in config"))
+                continue
+            if kind is cookies.Kind.TEARDOWN:
+                catchers.append((ct_id, flow))
                 continue
             pairs.setdefault((kind, ct_id), {})[reply] = flow
         present: set[int] = set()
@@ -220,6 +277,10 @@ class Core:
             if self.cfg.delete_flows_on_startup or conn is None:
                 for flow in dirs.values():
                     out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
+        for ct_id, flow in catchers:
+            conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
+            if conn is None or id(conn) not in present:
+                out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
         for conn in list(self.conns.values()):
             if conn.state is State.ACTIVE and id(conn) not in present:
                 conn.state = State.PENDING
@@ -250,6 +311,10 @@ class Core:
 
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         if ev.kind is EventKind.DESTROY:
+            self.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
+            pin = self.pins.get(ev.orig)
+            if pin is not None and pin.action == "ignore" and pin.ct_id == ev.ct_id:
+                self._unpin(ev.orig, ev.reply)  # the connection it held back has ended
             return [Ignored(R_DESTROY, ev)]
         # A connection we handle: either side may be the new entry's original direction.
         existing = self.tuples.get(ev.orig)
@@ -268,6 +333,12 @@ class Core:
         action = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
         if action is None:
             return [Ignored(R_UNKNOWN_ACTION, ev)]
+        pin = self.pins.get(ev.orig) if self.pins else None
+        if pin is not None:
+            pin.ct_id = ev.ct_id
+            if pin.action == "ignore":
+                return [Ignored(R_PINNED, ev)]
+            action = pin.action
         if action == "ignore":
             return [Ignored(R_POLICY_IGNORE, ev)]
         ingress = self.cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
@@ -287,11 +358,58 @@ class Core:
             return [Ignored(R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
-        if action == "shunt" and self.cfg.max_shunts and self.shunts >= self.cfg.max_shunts:
-            return [Ignored(R_BUDGET, ev)]
-        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received)
+        out: list[Command] = []
+        if self.cfg.max_shunts and self.shunts + self.blocks >= self.cfg.max_shunts:
+            if action == "shunt":
+                self._wait(ev, front=False)
+                return [Ignored(R_BUDGET, ev)]
+            victim = self._evict_for_block()
+            if victim is None:
+                self._wait(ev, front=True)
+                return [Ignored(R_BUDGET, ev)]
+            out.append(victim)
+        self.waiting.pop(ev.orig, None)
+        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event=ev)
         self._remember(conn)
-        return [InstallFlows(conn)]
+        out.append(InstallFlows(conn))
+        return out
+
+    # --- room on the switch -----------------------------------------------------------------
+
+    def _wait(self, ev: ConnEvent, front: bool) -> None:
+        self.waiting[ev.orig] = ev
+        if front:
+            self.waiting.move_to_end(ev.orig, last=False)
+        while len(self.waiting) > WAITING_MAX:
+            self.waiting.popitem(last=True)
+
+    def _evict_for_block(self) -> RemoveFlows | None:
+        """Make room for a block: take down the newest active shunt (blocks come first)."""
+        victim: Conn | None = None
+        for conn in self.conns.values():
+            if conn.action == "shunt" and conn.state is State.ACTIVE and (
+                    victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
+                victim = conn
+        if victim is None:
+            return None
+        # The budget is freed now; the evicted connection returns to the slow path and,
+        # re-created there by its next packet, waits for room like any other shunt.
+        self._start_removal(victim, "evicted for a block", victim.confirmed_time or 0.0)
+        self._count(victim, -1)
+        victim.action_counted = False
+        return RemoveFlows(victim, (False, True), "evicted for a block")
+
+    def _retry_waiting(self, room: int) -> list[Command]:
+        out: list[Command] = []
+        while self.waiting and room > 0:
+            _, ev = self.waiting.popitem(last=False)
+            got = self.conntrack_event(ev)
+            out.extend(got)
+            if any(isinstance(c, InstallFlows) for c in got):
+                room -= 1
+            elif ev.orig in self.waiting:
+                break  # still no room
+        return out
 
     # --- switch feedback ------------------------------------------------------------------
 
@@ -304,12 +422,90 @@ class Core:
         return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
                 Installed(conn, now - conn.event_time)]
 
-    def flows_failed(self, conn: Conn, reason: str) -> list[Command]:
-        """The switch refused a flow of this pair: withdraw the other, keep the entry."""
+    def flows_failed(self, conn: Conn, reason: str, table_full: bool = False) -> list[Command]:
+        """The switch refused a flow of this pair: withdraw the other, keep the entry. If
+        its table was full, the connection waits for room (a block evicts a shunt)."""
         if self.conns.get(conn.orig) is not conn:
             return []
         self._forget(conn)
-        return [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
+        out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
+        if table_full and conn.event is not None:
+            if conn.action == "block":
+                victim = self._evict_for_block()
+                if victim is not None:
+                    out.append(victim)
+            self._wait(conn.event, front=conn.action == "block")
+        return out
+
+    def _start_removal(self, conn: Conn, reason: str, now: float) -> None:
+        conn.state = State.REMOVING
+        conn.removing_since = now
+        conn.remove_reason = conn.remove_reason or reason
+        self._removing.add(conn)
+
+    def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
+        """Take an active pair down (flush, manual unshunt, policy change)."""
+        if conn.state is not State.ACTIVE or self.conns.get(conn.orig) is not conn:
+            return []
+        self._start_removal(conn, reason, now)
+        return [RemoveFlows(conn, (False, True), reason)]
+
+    def flush(self, reason: str, now: float) -> list[Command]:
+        """Every shunt and block back to the slow path, where policy re-evaluates it."""
+        out: list[Command] = []
+        for conn in list(self.conns.values()):
+            out.extend(self.remove(conn, reason, now))
+        return out
+
+    def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
+        """A handled connection by conntrack id or by either direction's tuple."""
+        if tuple_ is not None:
+            return self.tuples.get(tuple_)
+        for conn in self.conns.values():
+            if conn.ct_id == ct_id:
+                return conn
+        return None
+
+    def pin(self, orig: FlowTuple, action: str, now: float) -> list[Command]:
+        """An operator's unshunt ("ignore") or block for a connection, by tuple: its flows
+        go, and the entry its next packet re-creates on the slow path is held there
+        (unshunt) or blocked. Dumping conntrack applies it to a connection that is on
+        the slow path already."""
+        if action not in ("ignore", "block"):
+            raise ValueError(action)
+        pin = Pin(action, now + PIN_TTL)
+        self.pins[orig] = self.pins[orig.reversed()] = pin
+        out: list[Command] = []
+        conn = self.tuples.get(orig)
+        if conn is not None and not (action == "block" and conn.action == "block"):
+            out.extend(self.remove(conn, "unshunt by operator" if action == "ignore" else "blocked by operator", now))
+        if action == "block":
+            out.append(ResyncConntrack())
+        return out
+
+    def _unpin(self, *tuples: FlowTuple) -> None:
+        for t in tuples:
+            self.pins.pop(t, None)
+
+    def teardown_packet(self, cookie: int, in_port: int, data: bytes, now: float) -> list[Command]:
+        """A FIN or RST caught by a teardown flow (packet-in)."""
+        parsed = cookies.parse(cookie)
+        if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+            return []
+        _, ct_id, reply = parsed
+        conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
+        if conn is None or conn.state is State.PENDING:
+            return []  # an orphan catcher (reconcile removes it): drop, never bypass
+        peer = conn.egress.fast if in_port == conn.ingress.fast else conn.ingress.fast
+        out: list[Command] = [ForwardPacket(data, in_port, peer)]
+        if conn.state is State.ACTIVE:
+            rst = cookies.is_rst(cookie)
+            state = CT_TCP_CLOSE if rst else CT_TCP_FIN_WAIT
+            reason = "tcp rst" if rst else "tcp fin"
+            self._start_removal(conn, reason, now)
+            out.append(RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], reply,
+                                        (RemoveFlows(conn, (False, True), reason),)))
+        return out
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:
@@ -324,12 +520,10 @@ class Core:
         conn.stats[reply] = (packets, nbytes, duration)
         out: list[Command] = []
         if conn.state is State.ACTIVE:
-            conn.state = State.REMOVING
-            conn.removing_since = now
-            self._removing.add(conn)
+            self._start_removal(conn, reason, now)
             out.append(RemoveFlows(conn, (not reply,), f"partner {reason}"))
         if len(conn.gone) == 2:
-            out.extend(self._finish_removal(conn, reason))
+            out.extend(self._finish_removal(conn, conn.remove_reason or reason))
         return out
 
     def tick(self, now: float) -> list[Command]:
@@ -344,6 +538,9 @@ class Core:
         for conn in list(self._removing):
             if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
                 out.extend(self._finish_removal(conn, "removal not confirmed"))
+        if self.pins:
+            for t in [t for t, p in self.pins.items() if p.expires <= now]:
+                del self.pins[t]
         return out
 
     def _finish_removal(self, conn: Conn, reason: str) -> list[Command]:
@@ -351,21 +548,30 @@ class Core:
         out: list[Command] = [Removed(conn, reason)]
         if conn.resume is not None:
             out.extend(self.conntrack_event(conn.resume))
+        if self.waiting and self.reconciled:
+            out.extend(self._retry_waiting(1))
         return out
 
     # --- table ------------------------------------------------------------------------------
 
+    def _count(self, conn: Conn, delta: int) -> None:
+        if conn.action == "shunt":
+            self.shunts += delta
+        else:
+            self.blocks += delta
+
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
-        self.shunts += conn.action == "shunt"
+        self._count(conn, 1)
         self.by_cookie[conn.cookie(False)] = conn
 
     def _forget(self, conn: Conn) -> None:
         self._removing.discard(conn)
         if self.conns.get(conn.orig) is conn:
             del self.conns[conn.orig]
-            self.shunts -= conn.action == "shunt"
+            if conn.action_counted:
+                self._count(conn, -1)
         for t in (conn.orig, conn.reply):
             if self.tuples.get(t) is conn:
                 del self.tuples[t]

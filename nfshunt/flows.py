@@ -19,6 +19,7 @@ OFP10 = 0x01
 OFP13 = 0x04
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 
+TCP_FIN, TCP_RST = 0x01, 0x04
 REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
 
 
@@ -32,7 +33,7 @@ class FlowBuilder:
 
     # --- matches ------------------------------------------------------------------------
 
-    def match(self, in_port: int, t: FlowTuple | None = None) -> Any:
+    def match(self, in_port: int, t: FlowTuple | None = None, tcp_flags: tuple[int, int] | None = None) -> Any:
         p = self.parser
         if t is None:
             return p.OFPMatch(in_port=in_port)
@@ -49,6 +50,8 @@ class FlowBuilder:
         l4 = "tcp" if t.proto == TCP else "udp"
         fields[f"{l4}_src"] = t.sport
         fields[f"{l4}_dst"] = t.dport
+        if tcp_flags is not None:
+            fields["tcp_flags"] = tcp_flags  # ONF extension field in 1.3; Open vSwitch has it
         return p.OFPMatch(**fields)
 
     # --- flow-mods ----------------------------------------------------------------------
@@ -92,9 +95,14 @@ class FlowBuilder:
     def _priority(self, conn: Conn) -> int:
         return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
 
+    def catches_teardown(self, conn: Conn) -> bool:
+        return (self.version != OFP10 and self.cfg.tcp_teardown and conn.action == "shunt"
+                and conn.orig.proto == TCP)
+
     def install(self, conn: Conn) -> list[Any]:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
-        (no actions: the switch drops)."""
+        (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST
+        catchers one priority above, which send the packet to the controller."""
         shunt = conn.action == "shunt"
         idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
         out = []
@@ -102,6 +110,24 @@ class FlowBuilder:
             in_port, t, peer = self._direction(conn, reply)
             out.append(self._add(self.match(in_port, t), peer if shunt else None,
                                  conn.cookie(reply), self._priority(conn), idle, True))
+        if self.catches_teardown(conn):
+            out.extend(self._catchers(conn))
+        return out
+
+    def _catchers(self, conn: Conn) -> list[Any]:
+        p, ofp = self.parser, self.ofp
+        # No timeouts: they go with the pair (remove()); left behind by a dead controller
+        # they drop FIN/RST of that one tuple (fail secure), until reconcile deletes them.
+        to_controller = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
+                                                 [p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+        out = []
+        for reply in (False, True):
+            in_port, t, _ = self._direction(conn, reply)
+            for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
+                match = self.match(in_port, t, tcp_flags=(bit, bit))
+                out.append(p.OFPFlowMod(self.dp, cookie=cookies.make_teardown(conn.ct_id, reply, rst),
+                                        command=ofp.OFPFC_ADD, priority=self._priority(conn) + 1,
+                                        match=match, instructions=to_controller))
         return out
 
     def remove(self, conn: Conn, directions: tuple[bool, ...]) -> list[Any]:
@@ -109,10 +135,26 @@ class FlowBuilder:
         for reply in directions:
             in_port, t, _ = self._direction(conn, reply)
             out.append(self._delete(self.match(in_port, t), self._priority(conn), conn.cookie(reply)))
+        if self.catches_teardown(conn):
+            out.append(self._delete_by_cookie(cookies.make_teardown(conn.ct_id, False, False),
+                                              cookies.TEARDOWN_GROUP_MASK))
         return out
 
+    def _delete_by_cookie(self, cookie: int, mask: int) -> Any:
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowMod(self.dp, cookie=cookie, cookie_mask=mask, command=ofp.OFPFC_DELETE,
+                            table_id=ofp.OFPTT_ALL, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+                            match=p.OFPMatch())
+
     def delete_switch_flow(self, flow: SwitchFlow) -> Any:
+        if self.version != OFP10 and (flow.cookie >> 48) & 0xFF == cookies.Kind.TEARDOWN:
+            return self._delete_by_cookie(flow.cookie, ALL_ONES_64)  # the tcp_flags match is not parsed back
         return self._delete(self.match(flow.in_port or 0, flow.match), flow.priority, flow.cookie)
+
+    def packet_out(self, data: bytes, in_port: int, out_port: int) -> Any:
+        p, ofp = self.parser, self.ofp
+        return p.OFPPacketOut(self.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=in_port,
+                              actions=[p.OFPActionOutput(out_port)], data=data)
 
     def delete_all(self) -> Any:
         p, ofp = self.parser, self.ofp

@@ -8,6 +8,7 @@ through the same front-end commands the system has selected.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -287,7 +288,29 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
             return _fail(f"{ipt.family}: {exc}")
     print(f"NFSHUNT chains applied ({', '.join(families)}); "
           + ("NFSHUNT_POLICY replaced from " + args.policy if policy is not None else "NFSHUNT_POLICY kept"))
+    if policy is not None and not getattr(args, "no_reevaluate", False):
+        reevaluate(cfg)
     return 0
+
+
+def reevaluate(cfg: Config) -> None:
+    """A new policy applies to connections already shunted or blocked too: the running
+    controller takes their flows down, their next packets cross the firewall, and the
+    new policy marks them afresh (shunting again what it still shunts)."""
+    if not cfg.control_socket or not os.path.exists(cfg.control_socket):
+        print("no running controller to re-evaluate existing shunts (no control socket)")
+        return
+    from .control import ControlError, request
+    try:
+        reply = request(cfg.control_socket, {"cmd": "flush", "reason": "policy changed"})
+    except ControlError as exc:
+        print(f"nfshunt iptables: policy applied, but existing shunts were not re-evaluated: {exc}",
+              file=sys.stderr)
+        return
+    if "error" in reply:
+        print(f"nfshunt iptables: controller refused the re-evaluation: {reply['error']}", file=sys.stderr)
+    else:
+        print(f"existing shunts and blocks sent back through the new policy: {reply.get('removed', 0)}")
 
 
 def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:

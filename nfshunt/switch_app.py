@@ -9,7 +9,10 @@ barrier reply is what confirms a shunt or block.
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import logging.handlers
+import os
 import threading
 import time
 from typing import Any, Iterable
@@ -23,8 +26,10 @@ from os_ken.lib import hub
 from . import core as c
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
+from .control import ControlServer, parse_tuple
+from .metrics import Metrics
 from .flows import REMOVED_REASONS, FlowBuilder
-from .model import ConnEvent, EventKind, SwitchFlow
+from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
 
@@ -47,10 +52,32 @@ class EventTick(event.EventBase):
     pass
 
 
+class EventRun(event.EventBase):
+    """Core commands to run on the event loop (a worker's follow-up)."""
+
+    def __init__(self, commands: tuple[c.Command, ...]):
+        super().__init__()
+        self.commands = commands
+
+
 class EventShutdown(event.EventBase):
     def __init__(self, done: threading.Event):
         super().__init__()
         self.done = done
+
+
+class EventControl(event.EventBase):
+    """A control-socket request, answered on the event loop."""
+
+    def __init__(self, request: dict[str, Any]):
+        super().__init__()
+        self.request = request
+        self.reply: dict[str, Any] = {}
+        self.done = threading.Event()
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+        self.done.set()
 
 
 class Counters(collections.Counter):
@@ -63,6 +90,34 @@ def conn_fields(conn: c.Conn, event: str, **more: Any) -> dict[str, Any]:
     return {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
             "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
             "egress": conn.egress.physdevin, **more}
+
+
+def audit_record(conn: c.Conn, reason: str) -> dict[str, Any]:
+    """The accounting line for a removed pair: shunted bytes never reach iptables' counters."""
+    fwd, rev = conn.stats.get(False), conn.stats.get(True)
+    durations = [s[2] for s in (fwd, rev) if s]
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+            **conn_fields(conn, "removed", reason=reason),
+            "switch_ports": [conn.ingress.fast, conn.egress.fast],
+            "duration": round(max(durations), 3) if durations else None,
+            "orig_packets": fwd[0] if fwd else None, "orig_bytes": fwd[1] if fwd else None,
+            "reply_packets": rev[0] if rev else None, "reply_bytes": rev[1] if rev else None,
+            "packets": sum(s[0] for s in (fwd, rev) if s), "bytes": sum(s[1] for s in (fwd, rev) if s)}
+
+
+def _audit_logger(path: str | None) -> logging.Logger:
+    """One JSON line per removed pair; WatchedFileHandler reopens a file logrotate moved."""
+    audit = logging.getLogger("nfshunt.audit")
+    audit.propagate = False
+    audit.setLevel(logging.INFO)
+    for handler in list(audit.handlers):
+        audit.removeHandler(handler)
+    if path:
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+        handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        audit.addHandler(handler)
+    return audit
 
 
 class NFShuntApp(app_manager.OSKenApp):
@@ -80,9 +135,18 @@ class NFShuntApp(app_manager.OSKenApp):
         self._install_xid: dict[int, c.Conn] = {}
         self._barriers: dict[int, list[c.Conn]] = {}
         self._barrier_waiters: dict[int, threading.Event] = {}
-        self._failed: dict[int, str] = {}  # id(conn) -> switch error
+        self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
         self._flow_stats: list[SwitchFlow] = []
+        self._stats_requests: dict[int, tuple[list[SwitchFlow], EventControl]] = {}  # status requests
         self._running = True
+        self.started = time.time()
+        self.control: ControlServer | None = None
+        self.metrics = Metrics(self._metrics_snapshot)
+        self.audit = _audit_logger(self.cfg.audit_log)
+        if self.cfg.metrics_address:
+            self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
+        if self.cfg.control_socket:
+            self.control = ControlServer(self.cfg.control_socket, self._control_request)
         self.worker = ConntrackWorker(on_dump=self._post_dump, on_malformed=self._malformed)
         self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self._post_events,
                                           self._post_overflow, self._malformed)
@@ -93,6 +157,8 @@ class NFShuntApp(app_manager.OSKenApp):
         super().start()
         self.worker.start()
         self.listener.start()
+        if self.control is not None:
+            self.control.start()
         self.threads.append(hub.spawn(self._ticker))
 
     def _ticker(self) -> None:
@@ -116,6 +182,36 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def close(self) -> None:
         self._running = False
+        self.metrics.stop()
+        if self.control is not None:
+            self.control.stop()
+
+    def reopen_logs(self) -> None:
+        """SIGHUP: reopen the audit log (after logrotate moved it)."""
+        for handler in self.audit.handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.acquire()
+                try:
+                    if handler.stream is not None:
+                        handler.stream.close()
+                    handler.stream = handler._open()
+                finally:
+                    handler.release()
+        LOG.info("reopened the audit log")
+
+    def _metrics_snapshot(self) -> dict[str, Any]:
+        """Read on the scrape thread; the event loop may be changing the counters meanwhile."""
+        for _ in range(5):
+            try:
+                counters = dict(self.counters)
+                break
+            except RuntimeError:  # changed size during the copy: try again
+                continue
+        else:
+            counters = {}
+        core = self.core
+        return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
+                "connected": 1 if self.dp is not None else 0, "max_shunts": self.cfg.max_shunts}
         self.listener.stop()
         self.worker.stop()
 
@@ -150,6 +246,9 @@ class NFShuntApp(app_manager.OSKenApp):
             self._install_xid.clear()
             self._barriers.clear()
             self._failed.clear()
+            for _, request in self._stats_requests.values():
+                request.answer(self._status(None))
+            self._stats_requests.clear()
             self._run(self.core.switch_disconnected())
 
     @property
@@ -170,11 +269,11 @@ class NFShuntApp(app_manager.OSKenApp):
         now = time.monotonic()
         out: list[c.Command] = []
         for conn in conns:
-            reason = self._failed.pop(id(conn), None)
-            if reason is None:
+            failure = self._failed.pop(id(conn), None)
+            if failure is None:
                 out.extend(self.core.flows_confirmed(conn, now))
             else:
-                out.extend(self.core.flows_failed(conn, reason))
+                out.extend(self.core.flows_failed(conn, *failure))
         self._run(out)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -184,10 +283,30 @@ class NFShuntApp(app_manager.OSKenApp):
         conn = self._install_xid.pop(msg.xid, None)
         reason = f"switch error type={msg.type} code={msg.code}"
         if conn is not None:
-            self._failed[id(conn)] = reason
+            self._failed[id(conn)] = (reason, self._table_full(msg))
             LOG.warning("switch refused a flow of %s: %s", conn.describe(), reason)
         else:
             LOG.warning("switch error for xid %s: %s", msg.xid, reason)
+
+    def _table_full(self, msg: Any) -> bool:
+        ofp = msg.datapath.ofproto
+        if ofp.OFP_VERSION == 1:
+            return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_ALL_TABLES_FULL
+        return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_TABLE_FULL
+
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
+    def _packet_in(self, ev: Any) -> None:
+        """Only the TCP teardown catchers send packets here (OpenFlow 1.3)."""
+        msg = ev.msg
+        cookie = getattr(msg, "cookie", None)
+        in_port = msg.match.get("in_port") if hasattr(msg.match, "get") else None
+        if cookie is None or in_port is None or not msg.data:
+            self.counters["packet_in_unexpected"] += 1
+            return
+        out = self.core.teardown_packet(cookie, in_port, bytes(msg.data), time.monotonic())
+        if not out:
+            self.counters["packet_in_unexpected"] += 1
+        self._run(out)
 
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
     def _flow_removed(self, ev: Any) -> None:
@@ -199,6 +318,18 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def _flow_stats_reply(self, ev: Any) -> None:
         if self.fb is None or ev.msg.datapath is not self.dp:
+            return
+        status = self._stats_requests.get(ev.msg.xid)
+        if status is not None:  # an operator's status request, not a reconcile
+            collected, request = status
+            for stats in ev.msg.body:
+                try:
+                    collected.append(self.fb.parse_stats(stats))
+                except Exception:
+                    self.counters["openflow_malformed"] += 1
+            if not self.fb.more_follows(ev.msg):
+                del self._stats_requests[ev.msg.xid]
+                request.answer(self._status(collected))
             return
         for stats in ev.msg.body:
             try:
@@ -229,6 +360,91 @@ class NFShuntApp(app_manager.OSKenApp):
         self.counters["netlink_overflows"] += 1
         LOG.warning("conntrack events were lost (ENOBUFS); resyncing from a dump")
         self.worker.dump()
+
+    # --- control socket ------------------------------------------------------------------
+
+    def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """On the control server's thread: hand over to the event loop and wait."""
+        ev = EventControl(request)
+        self.send_event(self.name, ev)
+        if not ev.done.wait(5.0):
+            return {"error": "the controller did not answer within 5 s"}
+        return ev.reply
+
+    @set_ev_cls(EventControl)
+    def _control(self, ev: EventControl) -> None:
+        req = ev.request
+        cmd = req.get("cmd")
+        now = time.monotonic()
+        if cmd == "status":
+            if self.dp is None or self.fb is None:
+                ev.answer(self._status(None))
+                return
+            msg = self.fb.owned_flow_stats_request()
+            xid = self.dp.set_xid(msg)
+            self._stats_requests[xid] = ([], ev)
+            self._out.append(msg)
+            self._flush()
+            return
+        if cmd == "flush":
+            reason = str(req.get("reason") or "flush by operator")
+            out = self.core.flush(reason, now)
+            self.counters["operator_flushes"] += 1
+            LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, len(out))
+            self._run(out)
+            ev.answer({"ok": True, "removed": len(out)})
+            return
+        if cmd in ("unshunt", "block"):
+            try:
+                orig = self._target(req)
+            except ValueError as exc:
+                ev.answer({"error": str(exc)})
+                return
+            out = self.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
+            self.counters[f"operator_{cmd}"] += 1
+            LOG.warning("operator %s of %s", cmd, orig)
+            self._run(out)
+            ev.answer({"ok": True, "tuple": str(orig), "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
+            return
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, unshunt, block)"})
+
+    def _target(self, req: dict[str, Any]) -> FlowTuple:
+        if "tuple" in req:
+            return parse_tuple(str(req["tuple"]))
+        ct_id = req.get("ct_id")
+        if isinstance(ct_id, bool) or not isinstance(ct_id, int):
+            raise ValueError("give 'tuple' or an integer 'ct_id'")
+        conn = self.core.find(ct_id=ct_id)
+        if conn is None:
+            raise ValueError(f"no shunt or block with conntrack id {ct_id}; give the tuple instead")
+        return conn.orig
+
+    def _status(self, flows: list[SwitchFlow] | None) -> dict[str, Any]:
+        by_cookie = {f.cookie: f for f in flows or []}
+        now = time.monotonic()
+        conns = []
+        for conn in self.core.conns.values():
+            dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
+            conns.append({
+                **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),
+                "switch_ports": [conn.ingress.fast, conn.egress.fast],
+                "age": round(now - (conn.confirmed_time or conn.event_time), 3),
+                "packets": [d.packets if d else None for d in dirs],
+                "bytes": [d.bytes if d else None for d in dirs]})
+        dp = self.dp
+        return {
+            "switch": {"connected": dp is not None,
+                       "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else None,
+                       "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
+                       "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}"},
+            "uptime": round(time.time() - self.started, 1),
+            "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
+            "max_shunts": self.cfg.max_shunts, "flow_stats": flows is not None,
+            "counters": dict(self.counters), "connections": conns}
+
+    @set_ev_cls(EventRun)
+    def _run_later(self, ev: "EventRun") -> None:
+        self._run(ev.commands)
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
@@ -275,6 +491,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
             self.counters[f"installed:{cmd.conn.action}"] += 1
+            self.metrics.latency.labels(cmd.conn.action).observe(cmd.latency)
             LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000,
                      extra={"fields": conn_fields(cmd.conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
         elif isinstance(cmd, c.Refused):
@@ -288,6 +505,8 @@ class NFShuntApp(app_manager.OSKenApp):
             LOG.info("%s removed (%s): %s, %d packets %d bytes", cmd.conn.action, cmd.reason,
                      cmd.conn.describe(), pk, by,
                      extra={"fields": conn_fields(cmd.conn, "removed", reason=cmd.reason, packets=pk, bytes=by)})
+            if self.audit.handlers:
+                self.audit.info(json.dumps(audit_record(cmd.conn, cmd.reason)))
         elif isinstance(cmd, c.RemoveFlows):
             if fb is not None:
                 self._out.extend(fb.remove(cmd.conn, cmd.directions))
@@ -309,6 +528,17 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._out.append(fb.owned_flow_stats_request())
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
+        elif isinstance(cmd, c.ForwardPacket):
+            if fb is not None:
+                self._out.append(fb.packet_out(cmd.data, cmd.in_port, cmd.out_port))
+                self.counters["teardown_packets_forwarded"] += 1
+        elif isinstance(cmd, c.RestoreConntrack):
+            conn = cmd.conn
+            self.counters["teardowns"] += 1
+            then = cmd.then
+            self.worker.restore(conn.orig.family, conn.orig, conn.reply, cmd.tcp_state, cmd.timeout,
+                                cmd.closer_is_reply, conn.event.mark if conn.event else 0,
+                                lambda: self.send_event(self.name, EventRun(then)))
 
     def _flush(self, waiter: threading.Event | None = None) -> None:
         dp = self.dp

@@ -53,3 +53,11 @@ def netns(integration_ready):
         yield run
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Lets fixtures see whether their test failed (item.rep_call), to print logs then."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

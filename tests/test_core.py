@@ -159,11 +159,114 @@ def test_foreign_and_default_cookies_in_flow_removed_are_ignored():
     assert core.flow_removed(cookies.make(cookies.Kind.SHUNT, 12345), "delete", 0, 0, 0, 0) == []
 
 
-def test_max_shunts_budget():
+def _remove_pair(core, conn, reason="idle timeout"):
+    out = core.flow_removed(conn.cookie(False), reason, 1, 1, 1, 200.0)
+    return out + core.flow_removed(conn.cookie(True), "delete", 1, 1, 1, 200.0)
+
+
+def test_max_shunts_budget_keeps_the_connection_waiting_until_room_frees():
     core = connected(max_shunts=1)
-    shunted(core)
-    assert core.conntrack_event(event(sport=1))[0].reason == c.R_BUDGET
-    assert types(core.conntrack_event(event(sport=2, action=2))) == ["InstallFlows"]  # blocks still go in
+    first = shunted(core)
+    assert core.conntrack_event(event(sport=1, ct_id=8))[0].reason == c.R_BUDGET
+    assert list(core.waiting) == [event(sport=1).orig]
+    out = _remove_pair(core, first)
+    assert types(out) == ["RemoveFlows", "Removed", "InstallFlows"]
+    assert out[-1].conn.orig.sport == 1 and out[-1].conn.ct_id == 8 and not core.waiting
+
+
+def test_a_waiting_connection_whose_entry_is_destroyed_is_forgotten():
+    core = connected(max_shunts=1)
+    first = shunted(core)
+    core.conntrack_event(event(sport=1, ct_id=8))
+    core.conntrack_event(event(sport=1, ct_id=8, kind=EventKind.DESTROY))
+    assert types(_remove_pair(core, first)) == ["RemoveFlows", "Removed"]
+
+
+def test_a_block_evicts_the_newest_shunt_when_the_budget_is_full():
+    core = connected(max_shunts=2)
+    older = shunted(core, sport=1, ct_id=1)
+    newer = shunted(core, sport=2, ct_id=2)
+    out = core.conntrack_event(event(sport=3, ct_id=3, action=2))
+    assert types(out) == ["RemoveFlows", "InstallFlows"]
+    assert out[0].conn is newer and out[0].directions == (False, True)
+    assert out[1].conn.action == "block"
+    assert older.state is c.State.ACTIVE and newer.state is c.State.REMOVING
+    assert core.shunts + core.blocks == 2
+    # The evicted pair leaving does not free budget twice.
+    _remove_pair(core, newer)
+    assert (core.shunts, core.blocks) == (1, 1)
+
+
+def test_table_full_error_parks_the_connection_and_retries_it_when_a_pair_leaves():
+    core = connected()
+    first = shunted(core, sport=1, ct_id=1)
+    (install,) = core.conntrack_event(event(sport=2, ct_id=2))
+    out = core.flows_failed(install.conn, "switch error type=5 code=1", table_full=True)
+    assert types(out) == ["RemoveFlows", "Refused"]  # entry kept: no DeleteConntrack
+    assert list(core.waiting) == [install.conn.orig]
+    out = _remove_pair(core, first)
+    assert types(out)[-1] == "InstallFlows" and out[-1].conn.ct_id == 2
+
+
+def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
+    core = connected()
+    shunt = shunted(core, sport=1, ct_id=1)
+    core.conntrack_event(event(sport=5, ct_id=5))
+    core.flows_failed(core.conns[event(sport=5).orig], "full", table_full=True)
+    (install,) = core.conntrack_event(event(sport=2, ct_id=2, action=2))
+    out = core.flows_failed(install.conn, "full", table_full=True)
+    assert types(out) == ["RemoveFlows", "Refused", "RemoveFlows"] and out[2].conn is shunt
+    assert list(core.waiting)[0] == install.conn.orig  # the block before the waiting shunt
+    out = _remove_pair(core, shunt)
+    assert out[-1].conn.action == "block"
+
+
+def test_flush_takes_every_active_pair_down_and_removal_reports_the_reason():
+    core = connected()
+    a, b = shunted(core, sport=1, ct_id=1), shunted(core, sport=2, ct_id=2, action=2)
+    out = core.flush("policy changed", 150.0)
+    assert types(out) == ["RemoveFlows", "RemoveFlows"] and {x.conn for x in out} == {a, b}
+    removed = _remove_pair(core, a)
+    assert [x.reason for x in removed if type(x).__name__ == "Removed"] == ["policy changed"]
+    assert core.flush("again", 151.0) == []  # nothing active is left to take down
+
+
+def test_teardown_packet_forwards_restores_conntrack_then_removes():
+    core = connected()
+    conn = shunted(core)
+    fin = cookies.make_teardown(conn.ct_id, reply=True, rst=False)
+    out = core.teardown_packet(fin, 3, b"pkt", 120.0)
+    assert types(out) == ["ForwardPacket", "RestoreConntrack"]
+    assert (out[0].in_port, out[0].out_port, out[0].data) == (3, 1, b"pkt")
+    restore = out[1]
+    assert restore.tcp_state == c.CT_TCP_FIN_WAIT and restore.closer_is_reply
+    assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
+    # The peer's FIN while the pair is going: forwarded, nothing restored twice.
+    again = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=False), 1, b"p2", 120.1)
+    assert types(again) == ["ForwardPacket"] and again[0].out_port == 3
+    removed = _remove_pair(core, conn, "delete")
+    assert [x.reason for x in removed if type(x).__name__ == "Removed"] == ["tcp fin"]
+
+
+def test_rst_restores_a_closed_entry_and_orphan_catchers_drop():
+    core = connected()
+    conn = shunted(core)
+    out = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, b"r", 1.0)
+    assert out[1].tcp_state == c.CT_TCP_CLOSE and out[1].timeout == 10
+    assert core.teardown_packet(cookies.make_teardown(999, False, False), 1, b"x", 1.0) == []
+    assert core.teardown_packet(cookies.make(cookies.Kind.SHUNT, conn.ct_id), 1, b"x", 1.0) == []
+
+
+def test_reconcile_keeps_catchers_of_live_pairs_and_deletes_orphan_ones():
+    core = connected()
+    conn = shunted(core)
+    flows = _flows_for(conn) + [
+        SwitchFlow(cookies.make_teardown(conn.ct_id, False, False), 33001, 1, conn.orig, None),
+        SwitchFlow(cookies.make_teardown(4242, True, True), 33001, 3, conn.reply, None)]
+    core.switch_connected(c.OFP13)
+    out = core.reconcile(flows, 300.0)
+    deletes = [x for x in out if type(x).__name__ == "DeleteSwitchFlow"]
+    assert [cookies.parse(d.flow.cookie)[1] for d in deletes] == [4242]
 
 
 def _flows_for(conn, out_fwd=3, out_rev=1):
@@ -232,3 +335,30 @@ def test_entries_recreated_by_in_flight_packets_are_swept_once_by_tuple():
     cmds = core.tick(100.0 + c.SWEEP_AFTER)
     assert types(cmds) == ["DeleteConntrack"] and cmds[0].ct_id is None
     assert core.tick(110.0) == []
+
+
+def test_unshunt_pin_removes_the_pair_and_keeps_the_reappearing_entry_on_the_slow_path():
+    core = connected()
+    conn = shunted(core)
+    out = core.pin(conn.orig, "ignore", 200.0)
+    assert types(out) == ["RemoveFlows"] and out[0].reason == "unshunt by operator"
+    _remove_pair(core, conn)
+    # Its next packet re-creates the entry (loose pickup), seen from either direction.
+    (cmd,) = core.conntrack_event(event(ct_id=70))
+    assert cmd.reason == c.R_PINNED
+    # The connection ending ends the pin: a later connection on the tuple is shunted again.
+    core.conntrack_event(event(ct_id=70, kind=EventKind.DESTROY))
+    assert types(core.conntrack_event(event(ct_id=72))) == ["InstallFlows"]
+
+
+def test_block_pin_turns_a_shunt_into_a_block_and_expires():
+    core = connected()
+    conn = shunted(core)
+    out = core.pin(conn.orig, "block", 200.0)
+    assert types(out) == ["RemoveFlows", "ResyncConntrack"]
+    assert core.conntrack_event(event(ct_id=80))[0].reason == c.R_QUEUED
+    out = _remove_pair(core, conn)
+    install = [x for x in out if type(x).__name__ == "InstallFlows"]
+    assert install and install[0].conn.action == "block"
+    core.tick(200.0 + c.PIN_TTL + 1)
+    assert not core.pins

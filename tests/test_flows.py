@@ -28,7 +28,7 @@ def conn_for(**kw):
 @pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
 def test_shunt_is_two_exact_flows_to_the_peer_fast_port(version):
     fb = builder(version)
-    fwd, rev = fb.install(conn_for())
+    fwd, rev = fb.install(conn_for())[:2]
     for msg in (fwd, rev):
         msg.serialize()  # must be valid on the wire
         assert msg.idle_timeout == 12 and msg.priority == 33000
@@ -54,7 +54,7 @@ def test_block_has_no_actions_and_block_timeout(version):
 
 def test_ipv6_match_on_openflow13():
     fb = builder(c.OFP13)
-    fwd, _ = fb.install(conn_for(family=6))
+    fwd = fb.install(conn_for(family=6))[0]
     fwd.serialize()
     assert fwd.match["eth_type"] == 0x86DD and fwd.match["ipv6_src"] == "fd00::1"
     assert fb.parse_match(fwd.match)[1].family == 6
@@ -73,3 +73,41 @@ def test_defaults_removal_and_requests_serialise(version):
     for msg in msgs:
         msg.serialize()
     assert len(fb.defaults(config().ports)) == 4
+
+
+def test_tcp_shunt_on_openflow13_gets_fin_and_rst_catchers_to_the_controller():
+    fb = builder(c.OFP13)
+    conn = conn_for()
+    msgs = fb.install(conn)
+    assert len(msgs) == 6
+    catchers = msgs[2:]
+    for msg in catchers:
+        msg.serialize()
+        assert msg.priority == 33001 and msg.idle_timeout == 0 and msg.hard_timeout == 0
+        assert not msg.flags & fb.ofp.OFPFF_SEND_FLOW_REM
+        (out,) = msg.instructions[0].actions
+        assert out.port == fb.ofp.OFPP_CONTROLLER and out.max_len == fb.ofp.OFPCML_NO_BUFFER
+    flags = sorted((cookies.parse(m.cookie)[2], cookies.is_rst(m.cookie), m.match["tcp_flags"]) for m in catchers)
+    assert flags == [(False, False, (1, 1)), (False, True, (4, 4)), (True, False, (1, 1)), (True, True, (4, 4))]
+    # Removing the pair deletes its catchers too, by cookie group.
+    removal = fb.remove(conn, (False, True))
+    assert len(removal) == 3
+    group = removal[2]
+    group.serialize()
+    assert group.command == fb.ofp.OFPFC_DELETE and group.cookie_mask == cookies.TEARDOWN_GROUP_MASK
+    assert all(group.cookie & group.cookie_mask == m.cookie & group.cookie_mask for m in catchers)
+
+
+@pytest.mark.parametrize("kw", [dict(proto=UDP), dict(action=2)])
+def test_no_catchers_for_udp_blocks_openflow10_or_when_disabled(kw):
+    assert len(builder(c.OFP13).install(conn_for(**kw))) == 2
+    assert len(builder(c.OFP10).install(conn_for())) == 2
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(c.OFP13), config(tcp_teardown=False))
+    assert len(fb.install(conn_for())) == 2
+
+
+def test_packet_out_serialises():
+    fb = builder(c.OFP13)
+    msg = fb.packet_out(b"\x00" * 60, 3, 1)
+    msg.serialize()
+    assert msg.actions[0].port == 1 and msg.in_port == 3

@@ -1,0 +1,103 @@
+"""Prometheus metrics: a collector that reads the app's counters when scraped.
+
+The event loop only bumps plain counters (and observes one histogram); turning them into
+labelled Prometheus families happens on the scrape thread, so the hot path carries no
+metric objects. Served by prometheus-client's HTTP server on `metrics_address`
+(off unless configured; localhost in the examples).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LOG = logging.getLogger("nfshunt.metrics")
+
+# Event to confirmed flows, in seconds: from well under a millisecond to a slow switch.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+# Counter keys of the form "prefix:label..." -> (metric, help, label names).
+LABELLED = {
+    "conntrack_event": ("nfshunt_conntrack_events", "Conntrack events and dumped entries read, by type", ("type",)),
+    "ignored": ("nfshunt_ignored_events", "Events that changed nothing on the switch, by reason", ("reason",)),
+    "installed": ("nfshunt_flows_installed", "Shunt and block pairs confirmed by the switch", ("action",)),
+    "refused": ("nfshunt_flows_refused", "Shunt and block pairs the switch refused (connection kept on the "
+                "slow path)", ("action",)),
+    "removed": ("nfshunt_flows_removed", "Shunt and block pairs removed, by reason", ("action", "reason")),
+    "openflow_error": ("nfshunt_openflow_errors", "OpenFlow error messages from the switch", ("type", "code")),
+    "operator": ("nfshunt_operator_actions", "Manual control requests (flush, unshunt, block)", ("action",)),
+}
+PLAIN = {
+    "switch_connects": "Switch connections accepted (the first and every reconnect)",
+    "netlink_overflows": "Times the kernel dropped conntrack events (ENOBUFS)",
+    "conntrack_resyncs": "Conntrack table dumps processed (start-up, reconnect, after lost events)",
+    "netlink_malformed": "Conntrack netlink messages skipped as malformed",
+    "openflow_malformed": "OpenFlow messages or flows skipped as unreadable",
+    "packet_in_unexpected": "Packet-ins that matched no known connection",
+    "teardowns": "Shunts taken down because the connection sent FIN or RST",
+    "teardown_packets_forwarded": "FIN/RST packets forwarded by packet-out",
+    "reconcile_deleted": "Flows deleted while reconciling with the switch",
+    "internal_errors": "Commands that failed inside the controller",
+}
+
+
+class AppCollector(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterable[Any]:
+        snap = self.snapshot()
+        counters: dict[str, int] = snap["counters"]
+        families: dict[str, CounterMetricFamily] = {}
+        for prefix, (name, text, labels) in LABELLED.items():
+            families[prefix] = CounterMetricFamily(name, text, labels=labels)
+        plain = {k: CounterMetricFamily(f"nfshunt_{k}", text) for k, text in PLAIN.items()}
+        seen_plain: set[str] = set()
+        for key, value in counters.items():
+            prefix, _, rest = key.partition(":")
+            if prefix.startswith("operator_"):
+                families["operator"].add_metric([prefix[len("operator_"):]], value)
+            elif rest and prefix in families:
+                parts = rest.split(":", len(LABELLED[prefix][2]) - 1)
+                if len(parts) == len(LABELLED[prefix][2]):
+                    families[prefix].add_metric(parts, value)
+            elif key in plain:
+                plain[key].add_metric([], value)
+                seen_plain.add(key)
+        for key, fam in plain.items():
+            if key not in seen_plain:
+                fam.add_metric([], 0)
+        yield from families.values()
+        yield from plain.values()
+        active = GaugeMetricFamily("nfshunt_active", "Shunt and block pairs on the switch now", labels=("action",))
+        active.add_metric(["shunt"], snap["shunts"])
+        active.add_metric(["block"], snap["blocks"])
+        yield active
+        yield GaugeMetricFamily("nfshunt_switch_connected", "1 while the switch is connected", value=snap["connected"])
+        yield GaugeMetricFamily("nfshunt_flow_budget_used", "Pairs counted against max_shunts",
+                                value=snap["shunts"] + snap["blocks"])
+        yield GaugeMetricFamily("nfshunt_flow_budget_max", "max_shunts (0: no budget)", value=snap["max_shunts"])
+        yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
+
+
+class Metrics:
+    """The registry, the latency histogram, and the HTTP endpoint (when configured)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram("nfshunt_shunt_latency_seconds",
+                                 "Conntrack event read to flows confirmed by the switch (barrier)",
+                                 labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(AppCollector(snapshot))
+        self.server: Any = None
+
+    def serve(self, address: str, port: int) -> None:
+        self.server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        LOG.info("Prometheus metrics on http://%s:%d/metrics", address if ":" not in address else f"[{address}]", port)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()

@@ -1,0 +1,405 @@
+"""Fail secure and keep working, on the real testbed (Open vSwitch userspace datapath,
+Linux bridge, iptables, conntrack, OpenFlow 1.3): controller crash and restart, switch
+restart and control-link loss, lost netlink events, a full flow table, TCP teardown,
+policy changes, and shutdown signals. Each test asserts on flows, counters, conntrack and
+the hosts' transfers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHUNT, BLOCK, IGNORE = 5201, 5202, 5203
+
+
+@pytest.fixture(scope="module")
+def tb(integration_ready):
+    from nfshunt_testbed import Testbed
+    bed = Testbed(mode="nfshunt", of_version="1.3",
+                  config={"default_shunt_timeout": 3, "default_block_timeout": 3})
+    with bed:
+        bed.wait_for_controller()
+        yield bed
+
+
+BASE = {"default_shunt_timeout": 3, "default_block_timeout": 3}
+
+
+@pytest.fixture
+def fresh(tb, request):
+    """Each test starts with the module's controller running, config as built, no shunts."""
+    yield tb
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(tb.controller_output()[-6000:])
+    if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
+        tb.extra_config.clear()
+        tb.reconfigure(**BASE)
+    tb.wait_for(lambda: not tb.conn_flows(SHUNT) and not tb.conn_flows(BLOCK), 20, "flows from the test to go")
+
+
+def status(tb):
+    return tb.control({"cmd": "status"})
+
+
+def counter(tb, name):
+    return status(tb)["counters"].get(name, 0)
+
+
+def shunt_flows(tb, port=SHUNT):
+    return [f for f in tb.conn_flows(port) if int(f["cookie"], 16) >> 48 & 0xFF == 2]
+
+
+def start_iperf(tb, port, seconds, interval=0.2):
+    from nfshunt_testbed import H2_IP
+    srv = tb.iperf_server(port, interval)
+    cli = tb.spawn(tb.h1, "iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
+                   "--get-server-output", "--connect-timeout", "5000", stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)
+    return srv, cli
+
+
+def finish_iperf(srv, cli, timeout=40):
+    try:
+        out, _ = cli.communicate(timeout=timeout)
+    finally:
+        srv.kill()
+        srv.communicate()
+    return json.loads(out) if out.strip() else {"error": "no output"}
+
+
+def longest_stall(result, interval=0.2):
+    """The longest run of receiver intervals with no data, in seconds."""
+    ivs = result["server_output_json"]["intervals"]
+    worst = run = 0
+    for iv in ivs[:-1]:  # the last interval is partial
+        run = run + 1 if iv["sum"]["bytes"] == 0 else 0
+        worst = max(worst, run)
+    return worst * interval
+
+
+def catchers(tb):
+    return [f for f in tb.flows() if int(f.get("cookie", "0"), 16) >> 48 == 0x4E04]
+
+
+def defaults(tb):
+    return [f for f in tb.flows() if f.get("cookie") == "0x4e01000000000000"]
+
+
+# --- controller stops or crashes ------------------------------------------------------------
+
+def test_controller_crash_keeps_flows_and_nothing_unshunted_bypasses(fresh):
+    tb = fresh
+    srv, cli = start_iperf(tb, SHUNT, 6)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 4, 10, "the transfer's shunts")
+        tb.stop_controller(signal.SIGKILL)
+        assert len(defaults(tb)) == 4
+        before = {f["cookie"]: int(f["n_packets"]) for f in shunt_flows(tb)}
+        tb.wait_for(lambda: sum(int(f["n_packets"]) for f in shunt_flows(tb)) > sum(before.values()) + 1000, 5,
+                    "the shunted transfer to keep flowing on the fast path without a controller")
+        # A connection the policy would shunt, and one it ignores, started while the
+        # controller is down: both cross the firewall, neither gets a flow.
+        slow0 = tb.slow_path_packets()
+        r = tb.iperf(IGNORE, 1)
+        assert "error" not in r and tb.conn_flows(IGNORE) == []
+        assert tb.slow_path_packets() - slow0 > 0.9 * r["end"]["sum_sent"]["bytes"] / 9000
+        conns, _ = tb.open_conns(SHUNT, 1, cport_base=47000)
+        time.sleep(0.5)  # give a (wrongly) running controller time to act; asserted below
+        assert not [f for f in tb.conn_flows(SHUNT) if "47000" in (f.get("tp_src"), f.get("tp_dst"))]
+        conns.kill()
+    finally:
+        result = finish_iperf(srv, cli)
+    assert "error" not in result
+
+
+# --- controller restarts --------------------------------------------------------------------
+
+def test_restart_reconciles_without_interrupting_a_shunted_transfer(fresh):
+    tb = fresh
+    srv, cli = start_iperf(tb, SHUNT, 8)
+    try:
+        flows = tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and shunt_flows(tb), 10, "the transfer's shunts")
+        cookies_before = {f["cookie"] for f in flows}
+        time.sleep(1)
+        tb.restart_controller()
+        tb.wait_for_controller()
+        st = status(tb)
+        # The live pairs were adopted from the switch (same cookies, counters not reset).
+        assert {c["ct_id"] for c in st["connections"]} == {int(c, 16) & 0xFFFFFFFF for c in cookies_before}
+        assert st["counters"].get("reconcile_deleted", 0) == 0
+        after = shunt_flows(tb)
+        assert {f["cookie"] for f in after} == cookies_before
+        assert min(float(f["duration"].rstrip("s")) for f in after) > 1.0
+    finally:
+        result = finish_iperf(srv, cli)
+    assert "error" not in result, result.get("error")
+    assert longest_stall(result) < 1.0
+
+
+def test_restart_removes_orphans_and_restores_missing_defaults(fresh):
+    tb = fresh
+    tb.stop_controller()
+    # What a crash can leave behind: a half pair of an unknown connection, a lost default.
+    tb.ofctl("add-flow", "cookie=0x4e02000000000777,priority=33000,tcp,in_port=1,nw_src=10.0.0.1,"
+                         "nw_dst=10.0.0.2,tp_src=1,tp_dst=2,actions=output:3")
+    tb.ofctl("del-flows", "--strict", "priority=100,in_port=1")
+    assert len(defaults(tb)) == 3
+    tb.restart_controller()
+    tb.wait_for_controller()
+    tb.wait_for(lambda: len(defaults(tb)) == 4, 2, "the missing default to be re-applied")
+    tb.wait_for(lambda: not [f for f in tb.flows() if f.get("cookie") == "0x4e02000000000777"], 2,
+                "the orphan to be removed")
+
+
+# --- switch restarts, control link drops ---------------------------------------------------
+
+@pytest.mark.parametrize("wipe", [False, True], ids=["control-link-drop", "switch-restart"])
+def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh, wipe):
+    tb = fresh
+    srv, cli = start_iperf(tb, SHUNT, 8)
+    bsrv = tb.conn_server(BLOCK)
+    blocked, _ = tb.open_conns(BLOCK, 1)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and len(tb.conn_flows(BLOCK)) == 2, 10,
+                    "a shunt and a block")
+        controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
+                                    check=True).stdout.split()
+        subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
+        if wipe:  # a rebooted switch comes back with an empty table
+            tb.ofctl("del-flows")
+            assert tb.flows() == []
+        tb.wait_for(lambda: not status(tb)["switch"]["connected"], 5, "the controller to see the switch go")
+        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
+        t0 = time.monotonic()
+        tb.wait_for(lambda: len(defaults(tb)) == 4 and len(shunt_flows(tb)) == 4 and len(tb.conn_flows(BLOCK)) == 2,
+                    2, "defaults, the shunts and the block back after the reconnect", interval=0.05)
+        elapsed = time.monotonic() - t0
+        print(f"\nback {elapsed:.3f} s after set-controller")
+        assert all(f["actions"] == "drop" for f in tb.conn_flows(BLOCK))
+    finally:
+        result = finish_iperf(srv, cli)
+        blocked.kill()
+        bsrv.kill()
+    assert "error" not in result
+
+
+# --- lost netlink events ---------------------------------------------------------------------
+
+def test_netlink_overflow_is_detected_and_a_dump_shunts_the_whole_burst(fresh):
+    tb = fresh
+    tb.reconfigure(netlink_rcvbuf=4096, default_shunt_timeout=30)
+    n = 300
+    srv = tb.conn_server(SHUNT)
+    conns, burst_end = tb.open_conns(SHUNT, n, cport_base=30000)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb)) >= 2 * n, 10, f"all {n} connections shunted", interval=0.05)
+        done = time.time()
+        print(f"\nall {n} shunted {done - burst_end:.3f} s after the burst ended")
+        st = status(tb)
+        assert st["counters"].get("netlink_overflows", 0) >= 1, "the burst did not overflow the socket"
+        assert st["counters"].get("conntrack_resyncs", 0) >= 1
+        assert st["shunts"] == n
+        # Deadline from the issue (1 s), plus what one flow-table read costs here.
+        assert done - burst_end < 1.5
+    finally:
+        conns.kill()
+        srv.kill()
+
+
+# --- full flow table and the max_shunts budget -------------------------------------------------
+
+def _limit_table(limit):
+    if limit is None:
+        subprocess.run(["ovs-vsctl", "--if-exists", "clear", "Bridge", "s1", "flow_tables"], check=True)
+        return
+    subprocess.run(["ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", f"flow_limit={limit}",
+                    "overflow_policy=refuse", "--", "set", "Bridge", "s1", "flow_tables:0=@ft"], check=True)
+
+
+def _port_flows(tb, cport):
+    p = str(cport)
+    return [f for f in tb.flows() if p in (f.get("tp_src"), f.get("tp_dst"))]
+
+
+def test_full_switch_table_keeps_the_connection_on_the_slow_path_until_room_frees(fresh):
+    tb = fresh
+    srv = tb.conn_server(SHUNT)
+    # Defaults (4) + one TCP shunt (2 flows + 4 teardown catchers) fill the table.
+    _limit_table(4 + 6)
+    try:
+        first, _ = tb.open_conns(SHUNT, 1, cport_base=41001)
+        tb.wait_for(lambda: len(_port_flows(tb, 41001)) == 6, 10, "the first shunt")
+        second, _ = tb.open_conns(SHUNT, 1, cport_base=41002)
+        tb.wait_for(lambda: counter(tb, "refused:shunt") >= 1, 10, "the switch to refuse the second shunt")
+        assert _port_flows(tb, 41002) == []
+        # Safely on the slow path: its conntrack entry is kept and its packets cross the bridge.
+        assert [e for e in tb.conntrack() if e["sport"] == 41002 and e["dport"] == SHUNT]
+        slow0 = tb.slow_path_packets()
+        tb.wait_for(lambda: tb.slow_path_packets() > slow0 + 4, 5, "the second connection crossing the bridge")
+        assert status(tb)["waiting"] == 1
+        # Room frees when the first connection goes (clean close -> teardown): the second is shunted.
+        first.stdin.write("close\n")
+        first.stdin.flush()
+        tb.wait_for(lambda: len(_port_flows(tb, 41002)) == 6, 10, "the waiting connection to be shunted")
+        second.kill()
+    finally:
+        _limit_table(None)
+        srv.kill()
+
+
+def test_blocks_take_precedence_over_shunts_within_max_shunts(fresh):
+    tb = fresh
+    tb.reconfigure(max_shunts=1, default_block_timeout=30, default_shunt_timeout=30)
+    ssrv, bsrv = tb.conn_server(SHUNT), tb.conn_server(BLOCK)
+    try:
+        shunted, _ = tb.open_conns(SHUNT, 1, cport_base=42001)
+        tb.wait_for(lambda: len(_port_flows(tb, 42001)) == 6, 10, "the shunt")
+        waiting, _ = tb.open_conns(SHUNT, 1, cport_base=42002)
+        tb.wait_for(lambda: status(tb)["waiting"] == 1, 5, "the second shunt to wait for budget")
+        assert _port_flows(tb, 42002) == []
+        blocked, _ = tb.open_conns(BLOCK, 1, cport_base=42003)
+        tb.wait_for(lambda: len(_port_flows(tb, 42003)) == 2, 10, "the block, evicting the shunt")
+        assert all(f["actions"] == "drop" for f in _port_flows(tb, 42003))
+        tb.wait_for(lambda: _port_flows(tb, 42001) == [], 5, "the evicted shunt's flows to go")
+        st = status(tb)
+        assert (st["blocks"], st["shunts"]) == (1, 0)
+        # The evicted connection is back on the slow path and still works.
+        slow0 = tb.slow_path_packets()
+        tb.wait_for(lambda: tb.slow_path_packets() > slow0 + 4, 5, "the evicted connection crossing the bridge")
+        for p in (shunted, waiting, blocked):
+            p.kill()
+    finally:
+        ssrv.kill()
+        bsrv.kill()
+
+
+# --- TCP teardown --------------------------------------------------------------------------
+
+def _sockets(tb, node, port):
+    """TCP states of the node's sockets on `port` (ss, for assertions only)."""
+    out = tb.run(node, "ss", "-Htan", f"( sport = :{port} or dport = :{port} )", check=False)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_fin_removes_the_shunt_promptly_and_the_close_completes_through_a_strict_firewall(fresh):
+    tb = fresh
+    tb.reconfigure(default_shunt_timeout=60)  # only the teardown can remove it in time
+    rule = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
+    tb.run(tb.fw, "iptables", "-w", "5", "-I", *rule)
+    srv = tb.conn_server(SHUNT)
+    try:
+        conns, _ = tb.open_conns(SHUNT, 3, cport_base=43001)
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 6, 10, "three shunts")
+        assert counter(tb, "teardowns") == 0
+        conns.stdin.write("close\n")
+        conns.stdin.flush()
+        t0 = time.monotonic()
+        tb.wait_for(lambda: shunt_flows(tb) == [] and catchers(tb) == [], 1.0,
+                    "FIN to remove the shunts and their catchers", interval=0.05)
+        print(f"\nshunts gone {time.monotonic() - t0:.3f} s after the close")
+        line = conns.stdout.readline().split()
+        assert line == ["closed", "3", "0"], line  # every peer FIN arrived, no reset
+        st = status(tb)
+        assert st["counters"]["teardowns"] == 3 and st["counters"].get("removed:shunt:tcp fin") == 3
+        # Both hosts end the connections cleanly: nothing stuck half-closed.
+        tb.wait_for(lambda: not set(_sockets(tb, tb.h2, SHUNT)) - {"LISTEN"}
+                    and set(_sockets(tb, tb.h1, SHUNT)) <= {"TIME-WAIT"}, 5, "the sockets to close")
+        # The firewall tracks the end of the connections (closing states, never a fresh
+        # ESTABLISHED pickup that the policy would shunt again).
+        entries = [e for e in tb.conntrack() if e["dport"] == SHUNT and 43001 <= e["sport"] <= 43003]
+        assert len(entries) == 3 and all(e["state"] in (4, 5, 6, 7, 8) for e in entries), entries
+    finally:
+        tb.run(tb.fw, "iptables", "-w", "5", "-D", *rule, check=False)
+        srv.kill()
+
+
+def test_rst_removes_the_shunt(fresh):
+    tb = fresh
+    tb.reconfigure(default_shunt_timeout=60)
+    srv = tb.conn_server(SHUNT)
+    try:
+        conns, _ = tb.open_conns(SHUNT, 1, cport_base=44001)
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 2, 10, "the shunt")
+        conns.kill()  # the client dies: its kernel answers the next echo with RST
+        srv.kill()    # and the server's exit sends RST or FIN for the other side
+        tb.wait_for(lambda: shunt_flows(tb) == [], 2, "RST/FIN to remove the shunt", interval=0.05)
+        assert counter(tb, "teardowns") >= 1
+    finally:
+        srv.kill()
+
+
+# --- policy changes --------------------------------------------------------------------------
+
+def test_new_policy_re_evaluates_existing_shunts_within_2s(fresh, tmp_path):
+    from nfshunt_testbed import POLICY
+    tb = fresh
+    srv, cli = start_iperf(tb, SHUNT, 6)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 4, 10, "the transfer's shunts")
+        new = tmp_path / "policy.rules"
+        # The new policy ignores 5201: it must stop being shunted.
+        new.write_text(open(POLICY).read().replace("--ctorigdstport 5201", "--ctorigdstport 5999"))
+        out = tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", str(new))
+        t0 = time.monotonic()
+        assert "sent back through the new policy" in out
+        tb.wait_for(lambda: tb.conn_flows(SHUNT) == [], 2, "the old shunts to go", interval=0.05)
+        print(f"\nre-evaluated in {time.monotonic() - t0:.3f} s")
+        slow0 = tb.slow_path_packets()
+        time.sleep(1)  # the transfer now runs through the firewall: measured, not assumed
+        assert tb.slow_path_packets() - slow0 > 1000
+        assert tb.conn_flows(SHUNT) == []
+    finally:
+        tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", POLICY, "--no-reevaluate")
+        result = finish_iperf(srv, cli)
+    assert "error" not in result
+
+
+# --- bad input and signals -----------------------------------------------------------------------
+
+def test_unexpected_openflow_messages_are_counted_and_skipped(fresh):
+    tb = fresh
+    # A catcher of an unknown connection sends packets in; a flow with our cookie that the
+    # controller never made times out and reports its removal.
+    tb.ofctl("add-flow", "cookie=0x4e04000000000999,priority=40000,icmp,in_port=1,actions=controller")
+    tb.ofctl("add-flow", "cookie=0x4e02000000000998,priority=1,idle_timeout=1,send_flow_rem,"
+                         "udp,in_port=1,tp_dst=9,actions=drop")
+    tb.run(tb.h1, "ping", "-c", "2", "-i", "0.2", "10.0.0.2", check=False)
+    tb.wait_for(lambda: counter(tb, "packet_in_unexpected") >= 1, 5, "the packet-in to be counted")
+    tb.wait_for(lambda: not [f for f in tb.flows() if f.get("cookie") == "0x4e02000000000998"], 5,
+                "the foreign flow to time out")
+    tb.ofctl("del-flows", "--strict", "priority=40000,icmp,in_port=1")
+    assert status(tb)["switch"]["connected"] and tb.controller.poll() is None
+
+
+@pytest.mark.parametrize("sig, delete", [(signal.SIGTERM, True), (signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["sigterm", "sigint", "sigterm-keep-flows"])
+def test_signals_shut_down_cleanly_honouring_delete_flows_on_shutdown(fresh, sig, delete):
+    tb = fresh
+    if not delete:
+        tb.reconfigure(delete_flows_on_shutdown=False, default_shunt_timeout=30)
+    srv = tb.conn_server(SHUNT)
+    conns, _ = tb.open_conns(SHUNT, 1)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 2, 10, "the shunt")
+        socket_path = tb.nfshunt_config()["control_socket"]
+        rc = tb.stop_controller(sig, timeout=10)
+        assert rc == 0
+        assert not os.path.exists(socket_path)
+        assert len(defaults(tb)) == 4  # the switch keeps passing traffic to the firewall
+        if delete:
+            assert shunt_flows(tb) == [] and tb.conn_flows(SHUNT) == []
+        else:
+            assert len(shunt_flows(tb)) == 2
+        assert "Traceback" not in tb.controller_output()
+    finally:
+        conns.kill()
+        srv.kill()
+        tb.reconfigure(delete_flows_on_shutdown=None, default_shunt_timeout=3)

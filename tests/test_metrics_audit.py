@@ -1,0 +1,53 @@
+"""Metrics families and the audit record, from plain counters and a connection."""
+import os
+
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+
+from prometheus_client import generate_latest  # noqa: E402
+
+from nfshunt import core as c  # noqa: E402
+from nfshunt.metrics import Metrics  # noqa: E402
+from nfshunt.switch_app import audit_record  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
+
+
+def snapshot(**counters):
+    return {"counters": counters, "shunts": 3, "blocks": 1, "waiting": 2, "connected": 1, "max_shunts": 10}
+
+
+def test_counters_become_labelled_prometheus_families():
+    snap = snapshot(**{"conntrack_event:new": 5, "ignored:policy ignore": 4, "installed:shunt": 3,
+                       "refused:shunt": 1, "removed:shunt:idle timeout": 2, "openflow_error:5:1": 1,
+                       "operator_flush": 1, "netlink_overflows": 2, "switch_connects": 1})
+    m = Metrics(lambda: snap)
+    m.latency.labels("shunt").observe(0.0015)
+    text = generate_latest(m.registry).decode()
+    for line in ('nfshunt_conntrack_events_total{type="new"} 5.0',
+                 'nfshunt_ignored_events_total{reason="policy ignore"} 4.0',
+                 'nfshunt_flows_installed_total{action="shunt"} 3.0',
+                 'nfshunt_flows_refused_total{action="shunt"} 1.0',
+                 'nfshunt_flows_removed_total{action="shunt",reason="idle timeout"} 2.0',
+                 'nfshunt_openflow_errors_total{code="1",type="5"} 1.0',
+                 'nfshunt_operator_actions_total{action="flush"} 1.0',
+                 'nfshunt_netlink_overflows_total 2.0', 'nfshunt_conntrack_resyncs_total 0.0',
+                 'nfshunt_switch_connects_total 1.0', 'nfshunt_switch_connected 1.0',
+                 'nfshunt_active{action="shunt"} 3.0', 'nfshunt_active{action="block"} 1.0',
+                 'nfshunt_flow_budget_used 4.0', 'nfshunt_flow_budget_max 10.0', 'nfshunt_waiting 2.0',
+                 'nfshunt_shunt_latency_seconds_bucket{action="shunt",le="0.002"} 1.0'):
+        assert line in text, line
+
+
+def test_audit_record_has_both_directions_duration_tuple_ports_id_and_reason():
+    core = c.Core(config())
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0)
+    conn = core.conntrack_event(event())[0].conn
+    conn.stats = {False: (100, 150000, 4.5), True: (50, 3300, 4.4)}
+    rec = audit_record(conn, "idle timeout")
+    assert rec["event"] == "removed" and rec["reason"] == "idle timeout" and rec["ct_id"] == 7
+    assert (rec["src"], rec["sport"], rec["dst"], rec["dport"], rec["proto"]) == ("10.0.0.1", 40000, "10.0.0.2", 5201, 6)
+    assert (rec["ingress"], rec["egress"], rec["switch_ports"]) == (1, 2, [1, 3])
+    assert (rec["orig_packets"], rec["orig_bytes"], rec["reply_packets"], rec["reply_bytes"]) == (100, 150000, 50, 3300)
+    assert (rec["packets"], rec["bytes"], rec["duration"]) == (150, 153300, 4.5)
+    conn.stats = {}
+    assert audit_record(conn, "removal not confirmed")["orig_bytes"] is None
