@@ -4,6 +4,9 @@
   conngen.py serve PORT
       accept any number of connections and echo what they send; a peer's close is
       answered with a clean close.
+  conngen.py rate HOST PORT --rate R --seconds S [--hold H] [--out CSV]
+      open R connections per second for S seconds, close each H seconds after it is up;
+      print a JSON summary, and with --out "sport,t_start" (epoch) of every connection.
   conngen.py open HOST PORT N [--cport-base P]
       open N connections as fast as possible and print "open <epoch> <seconds>" when all are
       up; keep each one alive with a small echo every 0.2 s; on the line "close" on stdin,
@@ -15,10 +18,76 @@ Runs until killed; prints errors on stderr. No shell, no external tools.
 from __future__ import annotations
 
 import argparse
+import errno
+import json
+import resource
 import selectors
 import socket
 import sys
 import time
+
+
+def _more_files() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def rate(host: str, port: int, per_second: float, seconds: float, hold: float, out: str | None) -> int:
+    sel = selectors.DefaultSelector()
+    start = time.time()
+    total = int(per_second * seconds)
+    opened = connected = failed = closed = 0
+    started: list[tuple[int, float]] = []
+    closing: list[tuple[float, socket.socket]] = []  # (close at, socket), in order
+    pending: dict[socket.socket, float] = {}
+    while opened < total or pending or closing:
+        now = time.time()
+        due = min(total, int((now - start) * per_second) + 1)
+        while opened < due:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            err = s.connect_ex((host, port))
+            opened += 1
+            if err not in (0, errno.EINPROGRESS):
+                failed += 1
+                s.close()
+                continue
+            started.append((s.getsockname()[1], now))
+            pending[s] = now
+            sel.register(s, selectors.EVENT_WRITE)
+        for key, _ in sel.select(timeout=0.002):
+            s = key.fileobj  # type: ignore[assignment]
+            sel.unregister(s)
+            t0 = pending.pop(s)  # type: ignore[arg-type]
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):  # type: ignore[union-attr]
+                failed += 1
+                s.close()  # type: ignore[union-attr]
+                continue
+            connected += 1
+            closing.append((time.time() + hold, s))  # type: ignore[arg-type]
+        now = time.time()
+        for s, t0 in list(pending.items()):
+            if now - t0 > 10:
+                sel.unregister(s)
+                del pending[s]
+                failed += 1
+                s.close()
+        while closing and closing[0][0] <= now:
+            _, s = closing.pop(0)
+            s.close()
+            closed += 1
+    end = time.time()
+    if out:
+        with open(out, "w") as fh:
+            fh.write("sport,t_start\n")
+            fh.writelines(f"{p},{t:.6f}\n" for p, t in started)
+    print(json.dumps({"offered_rate": per_second, "opened": opened, "connected": connected, "failed": failed,
+                      "closed": closed, "start": start, "end": end}), flush=True)
+    return 0
 
 
 def serve(port: int) -> int:
@@ -113,14 +182,24 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("port", type=int)
+    r = sub.add_parser("rate")
+    r.add_argument("host")
+    r.add_argument("port", type=int)
+    r.add_argument("--rate", type=float, required=True)
+    r.add_argument("--seconds", type=float, required=True)
+    r.add_argument("--hold", type=float, default=1.0)
+    r.add_argument("--out")
     o = sub.add_parser("open")
     o.add_argument("host")
     o.add_argument("port", type=int)
     o.add_argument("n", type=int)
     o.add_argument("--cport-base", type=int)
     args = ap.parse_args()
+    _more_files()
     if args.cmd == "serve":
         return serve(args.port)
+    if args.cmd == "rate":
+        return rate(args.host, args.port, args.rate, args.seconds, args.hold, args.out)
     return open_many(args.host, args.port, args.n, args.cport_base)
 
 

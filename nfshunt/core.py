@@ -363,7 +363,7 @@ class Core:
             if action == "shunt":
                 self._wait(ev, front=False)
                 return [Ignored(R_BUDGET, ev)]
-            victim = self._evict_for_block()
+            victim = self._evict_for_block(ev.received)
             if victim is None:
                 self._wait(ev, front=True)
                 return [Ignored(R_BUDGET, ev)]
@@ -383,7 +383,7 @@ class Core:
         while len(self.waiting) > WAITING_MAX:
             self.waiting.popitem(last=True)
 
-    def _evict_for_block(self) -> RemoveFlows | None:
+    def _evict_for_block(self, now: float) -> RemoveFlows | None:
         """Make room for a block: take down the newest active shunt (blocks come first)."""
         victim: Conn | None = None
         for conn in self.conns.values():
@@ -394,7 +394,7 @@ class Core:
             return None
         # The budget is freed now; the evicted connection returns to the slow path and,
         # re-created there by its next packet, waits for room like any other shunt.
-        self._start_removal(victim, "evicted for a block", victim.confirmed_time or 0.0)
+        self._start_removal(victim, "evicted for a block", now)
         self._count(victim, -1)
         victim.action_counted = False
         return RemoveFlows(victim, (False, True), "evicted for a block")
@@ -422,7 +422,7 @@ class Core:
         return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
                 Installed(conn, now - conn.event_time)]
 
-    def flows_failed(self, conn: Conn, reason: str, table_full: bool = False) -> list[Command]:
+    def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
         """The switch refused a flow of this pair: withdraw the other, keep the entry. If
         its table was full, the connection waits for room (a block evicts a shunt)."""
         if self.conns.get(conn.orig) is not conn:
@@ -431,7 +431,7 @@ class Core:
         out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
         if table_full and conn.event is not None:
             if conn.action == "block":
-                victim = self._evict_for_block()
+                victim = self._evict_for_block(now)
                 if victim is not None:
                     out.append(victim)
             self._wait(conn.event, front=conn.action == "block")

@@ -1,0 +1,55 @@
+"""The benchmarks in quick mode: they run on the real testbed and write well-formed
+results. No timing is asserted (speed is measured in bench/, not in tests)."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, integration_ready):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "all", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-4000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    return out
+
+
+def rows(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def report(path):
+    text = open(path).read()
+    for field in ("| cores |", "| kernel |", "Open vSwitch", "datapath"):
+        assert field in text
+    return text
+
+
+@pytest.mark.parametrize("name, csvname, columns", [
+    ("latency", "latency", ("event_ms", "confirmed_ms", "ct_deleted_ms", "last_slow_ms", "controller_ms")),
+    ("rate", "rate-netlink", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms", "controller_p99_ms")),
+    ("rate-tcp", "rate-tcp", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms")),
+    ("scale", "scale", ("active_shunts", "rss_mb", "idle_cpu_pct", "reconcile_s")),
+])
+def test_quick_benchmark_writes_results(quick, name, csvname, columns):
+    data = rows(quick / name / f"{csvname}.csv")
+    assert data, f"{name}: no rows"
+    for row in data:
+        for col in columns:
+            float(row[col])  # present and numeric
+    if name.startswith("rate"):
+        assert all(int(r["shunted"]) > 0 for r in data)
+    if name == "latency":
+        assert all(float(r["event_ms"]) <= float(r["confirmed_ms"]) <= float(r["ct_deleted_ms"]) for r in data)
+    if name == "scale":
+        assert all(int(r["active_shunts"]) == 1000 for r in data)
+    report(quick / name / f"{csvname}.md")
