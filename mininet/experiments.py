@@ -250,7 +250,8 @@ def exp_timing(args: argparse.Namespace) -> int:
                     confirmed = inst[-1]["ts"]
                     event = confirmed - inst[-1]["latency_ms"] / 1000
                     last_slow = last_of_first_burst([t for t, *_ in slow_pkts])
-                    row = {"rtt_ms": rtt, "run": run, "event_ms": (event - t0) * 1000,
+                    row = {"rtt_ms": rtt, "run": run, "rtt_measured_ms": tb.rtt_measured,
+                           "delay_mechanism": tb.delay_mechanism, "event_ms": (event - t0) * 1000,
                            "confirmed_ms": (confirmed - t0) * 1000, "last_slow_ms": (last_slow - t0) * 1000,
                            "slow_packets": sum(1 for t, *_ in slow_pkts if t <= last_slow),
                            "gbps": Testbed.iperf_summary(result)["gbps"]}
@@ -259,8 +260,14 @@ def exp_timing(args: argparse.Namespace) -> int:
                                        f"{row['confirmed_ms']:.2f} ms, last slow packet {row['last_slow_ms']:.2f} ms")
     except KeyboardInterrupt:
         interrupted = True
+    mech = sorted({f"{r['rtt_ms']} ms: measured {r['rtt_measured_ms']:.1f} ms ({r['delay_mechanism']})"
+                   for r in res.rows if r.get("rtt_measured_ms")})
     body = ["Milliseconds since the client's SYN reached the switch (thesis, 100 runs: 3.3 ms to the event, "
             "58 ms to flows programmed, 75.8 ms to the last slow-path packet).", "",
+            "The policy marks a connection when the server's SYN-ACK crosses the firewall, so with an "
+            "emulated RTT the event comes about half an RTT after the SYN (the delay sits on the hosts). "
+            "What NFShunt adds is the gap between the event and the confirmation.",
+            *([f"RTT before the runs: {', '.join(mech)}."] if mech else []), "",
             "| RTT | event | n | mean | sd | median | p99 |", "|---|---|---|---|---|---|---|"]
     for rtt in rtts:
         rows = [r for r in res.rows if r["rtt_ms"] == rtt]

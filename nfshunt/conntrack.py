@@ -75,6 +75,84 @@ def _tuple(nla, family: int) -> FlowTuple | None:
                      proto.get_attr("CTA_PROTO_DST_PORT") or 0)
 
 
+# ctnetlink attribute numbers (include/uapi/linux/netfilter/nfnetlink_conntrack.h).
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK, CTA_ID = 1, 2, 4, 8, 12
+CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
+CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
+CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
+NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flags
+NLA_HDR = struct.Struct("=HH")
+BE16 = struct.Struct("!H")
+BE32 = struct.Struct("!I")
+
+
+def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
+    """Attribute type -> (payload start, payload end) for the attributes in data[start:end]."""
+    out: dict[int, tuple[int, int]] = {}
+    while start + 4 <= end:
+        length, atype = NLA_HDR.unpack_from(data, start)
+        if length < 4 or start + length > end:
+            raise MalformedEvent(f"bad attribute length {length}")
+        out[atype & NLA_TYPE_MASK] = (start + 4, start + length)
+        start += (length + 3) & ~3
+    return out
+
+
+def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowTuple:
+    if span is None:
+        raise MalformedEvent("missing tuple")
+    t = _attrs(data, *span)
+    ip, proto = t.get(CTA_TUPLE_IP), t.get(CTA_TUPLE_PROTO)
+    if ip is None or proto is None:
+        raise MalformedEvent("tuple without addresses or protocol")
+    a = _attrs(data, *ip)
+    if family == 4:
+        src, dst, size, af = a.get(CTA_IP_V4_SRC), a.get(CTA_IP_V4_DST), 4, socket.AF_INET
+    else:
+        src, dst, size, af = a.get(CTA_IP_V6_SRC), a.get(CTA_IP_V6_DST), 16, socket.AF_INET6
+    if src is None or dst is None or src[1] - src[0] != size or dst[1] - dst[0] != size:
+        raise MalformedEvent("tuple addresses missing or of the wrong size")
+    p = _attrs(data, *proto)
+    num = p.get(CTA_PROTO_NUM)
+    if num is None or num[1] <= num[0]:
+        raise MalformedEvent("tuple without protocol number")
+    sp, dp = p.get(CTA_PROTO_SRC_PORT), p.get(CTA_PROTO_DST_PORT)
+    return FlowTuple(family, data[num[0]],
+                     socket.inet_ntop(af, data[src[0]:src[1]]), socket.inet_ntop(af, data[dst[0]:dst[1]]),
+                     BE16.unpack_from(data, sp[0])[0] if sp and sp[1] - sp[0] >= 2 else 0,
+                     BE16.unpack_from(data, dp[0])[0] if dp and dp[1] - dp[0] >= 2 else 0)
+
+
+def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received: float) -> ConnEvent:
+    """One ctnetlink message (at data[offset:offset+length]) to a ConnEvent, reading only the
+    attributes the core needs. pyroute2's general decoder costs ~180 us a message; this
+    one a small fraction of that, and the listener reads every conntrack event there is."""
+    if length < NLMSG_HDR.size + 4:
+        raise MalformedEvent("message shorter than its headers")
+    family = FAMILY.get(data[offset + NLMSG_HDR.size])
+    if family is None:
+        raise MalformedEvent(f"address family {data[offset + NLMSG_HDR.size]}")
+    top = _attrs(data, offset + NLMSG_HDR.size + 4, offset + length)
+    ct_id = top.get(CTA_ID)
+    if ct_id is None or ct_id[1] - ct_id[0] != 4:
+        raise MalformedEvent("missing id")
+    mark = top.get(CTA_MARK)
+    state = None
+    info = top.get(CTA_PROTOINFO)
+    if info is not None:
+        tcp = _attrs(data, *info).get(CTA_PROTOINFO_TCP)
+        if tcp is not None:
+            st = _attrs(data, *tcp).get(CTA_PROTOINFO_TCP_STATE)
+            if st is not None and st[1] > st[0]:
+                state = data[st[0]]
+    return ConnEvent(kind, BE32.unpack_from(data, ct_id[0])[0],
+                     _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family),
+                     _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family),
+                     BE32.unpack_from(data, mark[0])[0] if mark and mark[1] - mark[0] == 4 else 0,
+                     state, received)
+
+
 def parse_datagram(data: bytes, received: float,
                    on_malformed: Callable[[str], None]) -> list[ConnEvent]:
     """Every conntrack event in one netlink datagram; malformed parts are reported and
@@ -86,7 +164,7 @@ def parse_datagram(data: bytes, received: float,
         if length < NLMSG_HDR.size or offset + length > len(data):
             on_malformed(f"bad netlink length {length}")
             break
-        chunk = data[offset:offset + length]
+        start = offset
         offset += (length + 3) & ~3
         if mtype >> 8 != NFNL_SUBSYS_CTNETLINK:
             continue
@@ -98,9 +176,7 @@ def parse_datagram(data: bytes, received: float,
         else:
             continue
         try:
-            msg = nfct_msg(chunk)
-            msg.decode()
-            events.append(parse_entry(msg, kind, received))
+            events.append(parse_fast(data, start, length, kind, received))
         except Exception as exc:  # a strange message is counted and skipped
             on_malformed(f"{type(exc).__name__}: {exc}")
     return events

@@ -1,0 +1,56 @@
+"""The listener's fast ctnetlink parser agrees with pyroute2's general decoder."""
+import socket
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
+
+from nfshunt.conntrack import parse_datagram, parse_entry
+from nfshunt.model import EventKind
+
+ipv4 = st.ip_addresses(v=4).map(str)
+ipv6 = st.ip_addresses(v=6).map(str)
+
+
+def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create):
+    af = socket.AF_INET if family == 4 else socket.AF_INET6
+    kw = {}
+    if proto == 6 and state is not None:
+        kw["protoinfo"] = {"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
+            ["CTA_PROTOINFO_TCP_STATE", state], ["CTA_PROTOINFO_TCP_WSCALE_ORIGINAL", 7],
+            ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": (0x23, 0)}]]}]]}
+    if mark is not None:
+        kw["mark"] = mark
+    m = nfct_msg.create_from(
+        tuple_orig=NFCTAttrTuple(family=af, saddr=src, daddr=dst, proto=proto, sport=sport, dport=dport),
+        tuple_reply=NFCTAttrTuple(family=af, saddr=dst, daddr=src, proto=proto, sport=dport, dport=sport),
+        id=ct_id, timeout=300, status=0x18E, use=1, **kw)
+    m["header"]["type"] = 1 << 8
+    m["header"]["flags"] = 0x400 if create else 0
+    m["nfgen_family"] = af
+    m.encode()
+    return bytes(m.data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([4, 6]), st.sampled_from([6, 17]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
+       st.integers(0, 2**32 - 1), st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+       st.one_of(st.none(), st.integers(0, 9)), st.booleans())
+def test_fast_parser_matches_pyroute2(family, proto, data, sport, dport, ct_id, mark, state, create):
+    src = data.draw(ipv4 if family == 4 else ipv6)
+    dst = data.draw(ipv4 if family == 4 else ipv6)
+    raw = message(family, proto, src, dst, sport, dport, ct_id, mark, state, create)
+    (fast,) = parse_datagram(raw + raw[:0], 1.5, lambda what: (_ for _ in ()).throw(AssertionError(what)))
+    m = nfct_msg(raw)
+    m.decode()
+    slow = parse_entry(m, EventKind.NEW if create else EventKind.UPDATE, 1.5)
+    assert fast == slow
+
+
+def test_several_messages_in_one_datagram_and_other_subsystems_skipped():
+    a = message(4, 6, "10.0.0.1", "10.0.0.2", 1, 2, 7, 0x71210000, 3, True)
+    b = message(6, 17, "fd00::1", "fd00::2", 3, 4, 8, None, None, False)
+    other = bytes(bytearray(a[:4]) + bytes([0, 2]) + a[6:])  # subsystem 2 (queue): not conntrack
+    events = parse_datagram(a + other + b, 0.0, lambda w: None)
+    assert [(e.ct_id, e.kind, e.orig.family, e.mark, e.tcp_state) for e in events] == [
+        (7, EventKind.NEW, 4, 0x71210000, 3), (8, EventKind.UPDATE, 6, 0, None)]
