@@ -54,3 +54,25 @@ def test_several_messages_in_one_datagram_and_other_subsystems_skipped():
     events = parse_datagram(a + other + b, 0.0, lambda w: None)
     assert [(e.ct_id, e.kind, e.orig.family, e.mark, e.tcp_state) for e in events] == [
         (7, EventKind.NEW, 4, 0x71210000, 3), (8, EventKind.UPDATE, 6, 0, None)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([4, 6]), st.sampled_from([6, 17]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
+       st.one_of(st.none(), st.integers(0, 2**32 - 1)))
+def test_hand_packed_delete_decodes_as_the_intended_request(family, proto, data, sport, dport, ct_id):
+    from nfshunt.conntrack import delete_message
+    from nfshunt.model import FlowTuple
+    t = FlowTuple(family, proto, data.draw(ipv4 if family == 4 else ipv6), data.draw(ipv4 if family == 4 else ipv6),
+                  sport, dport)
+    raw = delete_message(family, t, ct_id, 99)
+    m = nfct_msg(raw)
+    m.decode()
+    assert m["header"]["type"] == (1 << 8) | 2 and m["header"]["sequence_number"] == 99
+    assert m["header"]["length"] == len(raw)
+    assert m.get_attr("CTA_ID") == ct_id
+    v = "V4" if family == 4 else "V6"
+    orig = m.get_attr("CTA_TUPLE_ORIG")
+    ip, pr = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
+    assert (ip.get_attr(f"CTA_IP_{v}_SRC"), ip.get_attr(f"CTA_IP_{v}_DST")) == (t.src, t.dst)
+    assert (pr.get_attr("CTA_PROTO_NUM"), pr.get_attr("CTA_PROTO_SRC_PORT"), pr.get_attr("CTA_PROTO_DST_PORT")) == (
+        proto, sport, dport)
