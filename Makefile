@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo test unit experiments experiments-quick clean
+.PHONY: deps demo test unit experiments experiments-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -21,11 +21,20 @@ experiments: deps
 experiments-quick: deps
 	$(PY) mininet/experiments.py all --quick
 
+# Benchmarks of the shunting machinery (bench/run.py): results in bench/results/.
+bench: deps
+	$(PY) bench/run.py all
+
+bench-quick: deps
+	$(PY) bench/run.py all --quick
+
 unit:
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_markcodec.py tests/test_config.py tests/test_core.py \
-		tests/test_flows.py tests/test_iptables_render.py tests/test_linkemu.py
+		tests/test_flows.py tests/test_iptables_render.py tests/test_linkemu.py tests/test_bad_input.py \
+		tests/test_conntrack_parse.py tests/test_metrics_audit.py tests/test_service_files.py
 
 clean:
 	-ovs-vsctl --if-exists del-br s1
 	-ip link del nfsmgmt0 2>/dev/null
 	-mn -c >/dev/null 2>&1
+	-pkill -f build/nfqdelay

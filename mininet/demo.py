@@ -25,11 +25,16 @@ from nfshunt_testbed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, Testbe
 
 def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:
     slow0 = tb.slow_path_packets()
-    result = tb.iperf(port, seconds, grace=grace)
-    flows = tb.conn_flows(port)
+    seen: dict[str, int] = {}  # flow cookie -> packets; FIN takes shunts down at the end
+
+    def watch() -> None:
+        for f in tb.conn_flows(port):
+            seen[f["cookie"] + f.get("in_port", "")] = int(f["n_packets"])
+    result = tb.iperf(port, seconds, grace=grace, watch=watch)
+    watch()
     s = Testbed.iperf_summary(result)
     return {"gbps": s["gbps"], "retransmits": s["retransmits"], "slow": tb.slow_path_packets() - slow0,
-            "fast": sum(int(f["n_packets"]) for f in flows), "flows": flows, "error": result.get("error")}
+            "fast": sum(seen.values()), "flows": bool(seen), "error": result.get("error")}
 
 
 def main() -> int:

@@ -480,8 +480,10 @@ class Testbed:
         return proc
 
     def iperf(self, port: int, seconds: float, *, interval: float | None = None, cport: int | None = None,
-              udp: bool = False, grace: float = 15, server_output: bool = False) -> dict[str, Any]:
-        """An iperf3 transfer h1 -> h2; the parsed JSON, or {"error": ...} (stalled or refused)."""
+              udp: bool = False, grace: float = 15, server_output: bool = False,
+              watch: Callable[[], Any] | None = None) -> dict[str, Any]:
+        """An iperf3 transfer h1 -> h2; the parsed JSON, or {"error": ...} (stalled or refused).
+        `watch` is called every 0.2 s while it runs (to look at flows before a FIN removes them)."""
         srv = self.iperf_server(port, interval)
         args = ["iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "5000"]
         if interval:
@@ -494,7 +496,12 @@ class Testbed:
             args += ["--get-server-output"]
         cli = self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            out, _ = cli.communicate(timeout=seconds + grace)
+            if watch is not None:
+                deadline = time.monotonic() + seconds + grace
+                while cli.poll() is None and time.monotonic() < deadline:
+                    watch()
+                    time.sleep(0.2)
+            out, _ = cli.communicate(timeout=max(0.1, seconds + grace if watch is None else deadline - time.monotonic()))
             result = json.loads(out) if out.strip() else {"error": "no output"}
         except subprocess.TimeoutExpired:
             cli.kill()

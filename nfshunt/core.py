@@ -61,8 +61,8 @@ class Conn:
     state: State = State.PENDING
     confirmed_time: float | None = None
     removing_since: float | None = None
-    gone: set[bool] = field(default_factory=set)  # directions whose flow was removed
-    stats: dict[bool, tuple[int, int, float]] = field(default_factory=dict)
+    gone: set[bool] | None = None  # directions whose flow was removed (allocated on removal)
+    stats: dict[bool, tuple[int, int, float]] | None = None
     resume: ConnEvent | None = None
     event: ConnEvent | None = None  # what created it: retried if the switch had no room
     action_counted: bool = True  # still counted in the budget (an evicted pair is not)
@@ -516,8 +516,10 @@ class Core:
         conn = self.by_cookie.get(cookies.make(kind, ct_id))
         if conn is None or conn.state is State.PENDING:
             return []
+        if conn.gone is None:
+            conn.gone, conn.stats = set(), {}
         conn.gone.add(reply)
-        conn.stats[reply] = (packets, nbytes, duration)
+        conn.stats[reply] = (packets, nbytes, duration)  # type: ignore[index]
         out: list[Command] = []
         if conn.state is State.ACTIVE:
             self._start_removal(conn, reason, now)

@@ -94,7 +94,8 @@ def conn_fields(conn: c.Conn, event: str, **more: Any) -> dict[str, Any]:
 
 def audit_record(conn: c.Conn, reason: str) -> dict[str, Any]:
     """The accounting line for a removed pair: shunted bytes never reach iptables' counters."""
-    fwd, rev = conn.stats.get(False), conn.stats.get(True)
+    stats = conn.stats or {}
+    fwd, rev = stats.get(False), stats.get(True)
     durations = [s[2] for s in (fwd, rev) if s]
     return {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
             **conn_fields(conn, "removed", reason=reason),
@@ -132,8 +133,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.fb: FlowBuilder | None = None
         self._out: list[Any] = []  # messages waiting for flush()
         self._batch: list[c.Conn] = []  # installs waiting for the next barrier
-        self._install_xid: dict[int, c.Conn] = {}
-        self._barriers: dict[int, list[c.Conn]] = {}
+        self._batch_xids: list[int] = []  # their flow-mods' xids
+        self._install_xid: dict[int, c.Conn] = {}  # until the batch's barrier reply: errors name xids
+        self._barriers: dict[int, tuple[list[c.Conn], list[int]]] = {}
         self._barrier_waiters: dict[int, threading.Event] = {}
         self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
         self._flow_stats: list[SwitchFlow] = []
@@ -243,6 +245,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.fb = None
             self._out.clear()
             self._batch.clear()
+            self._batch_xids.clear()
             self._install_xid.clear()
             self._barriers.clear()
             self._failed.clear()
@@ -263,9 +266,12 @@ class NFShuntApp(app_manager.OSKenApp):
         waiter = self._barrier_waiters.pop(xid, None)
         if waiter is not None:
             waiter.set()
-        conns = self._barriers.pop(xid, None)
-        if not conns:
+        batch = self._barriers.pop(xid, None)
+        if not batch:
             return
+        conns, xids = batch
+        for x in xids:  # every error of the batch came before its barrier reply
+            self._install_xid.pop(x, None)
         now = time.monotonic()
         out: list[c.Command] = []
         for conn in conns:
@@ -488,7 +494,9 @@ class NFShuntApp(app_manager.OSKenApp):
                 return
             for msg in fb.install(cmd.conn):
                 self._out.append(msg)
-                self._install_xid[self.dp.set_xid(msg)] = cmd.conn
+                x = self.dp.set_xid(msg)
+                self._install_xid[x] = cmd.conn
+                self._batch_xids.append(x)
             self._batch.append(cmd.conn)
         elif isinstance(cmd, c.DeleteConntrack):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
@@ -503,8 +511,9 @@ class NFShuntApp(app_manager.OSKenApp):
                         cmd.conn.describe(), cmd.reason)
         elif isinstance(cmd, c.Removed):
             self.counters[f"removed:{cmd.conn.action}:{cmd.reason}"] += 1
-            pk = sum(s[0] for s in cmd.conn.stats.values())
-            by = sum(s[1] for s in cmd.conn.stats.values())
+            stats = (cmd.conn.stats or {}).values()
+            pk = sum(s[0] for s in stats)
+            by = sum(s[1] for s in stats)
             LOG.info("%s removed (%s): %s, %d packets %d bytes", cmd.conn.action, cmd.reason,
                      cmd.conn.describe(), pk, by,
                      extra={"fields": conn_fields(cmd.conn, "removed", reason=cmd.reason, packets=pk, bytes=by)})
@@ -561,8 +570,8 @@ class NFShuntApp(app_manager.OSKenApp):
             barrier.serialize()
             buf += barrier.buf
             if self._batch:
-                self._barriers[xid] = self._batch
-                self._batch = []
+                self._barriers[xid] = (self._batch, self._batch_xids)
+                self._batch, self._batch_xids = [], []
             if waiter is not None:
                 self._barrier_waiters[xid] = waiter
         dp.send(bytes(buf))

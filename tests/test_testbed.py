@@ -7,16 +7,20 @@ pytestmark = pytest.mark.integration
 
 def _transfer(tb, port, seconds=2):
     before = tb.hop_counters()
-    result = tb.iperf(port, seconds)
+    seen = {}
+
+    def watch():  # the shunt flows' counters while they exist (FIN removes them at the end)
+        seen.update({f["cookie"]: int(f["n_packets"]) for f in tb.conn_flows(port)})
+    result = tb.iperf(port, seconds, watch=watch)
     assert "error" not in result, result
-    return tb.locate_loss(before, tb.hop_counters()), tb.iperf_summary(result)
+    return tb.locate_loss(before, tb.hop_counters()), tb.iperf_summary(result), seen
 
 
 @pytest.mark.parametrize("mode", ["direct", "firewall", "nfshunt"])
 def test_each_mode_sends_the_packets_where_it_says(integration_ready, mode):
     from nfshunt_testbed import SHUNT_PORT, Testbed
     with Testbed(mode=mode) as tb:
-        hops, summary = _transfer(tb, SHUNT_PORT)
+        hops, summary, fast = _transfer(tb, SHUNT_PORT)
         assert summary["gbps"] > 0.05
         got = hops["delivered"]  # packets of h1's that h2 received
         assert got > 1000
@@ -25,8 +29,7 @@ def test_each_mode_sends_the_packets_where_it_says(integration_ready, mode):
         elif mode == "firewall":
             assert hops["slow_path_packets"] >= 0.99 * got  # all h2 got crossed the bridge (bar ND chatter)
         else:
-            flows = tb.conn_flows(SHUNT_PORT)
-            assert flows and sum(int(f["n_packets"]) for f in flows) >= 0.9 * got
+            assert sum(fast.values()) >= 0.85 * got  # seen up to 0.2 s before the end
             assert hops["slow_path_packets"] < 0.05 * got  # only the set-up went through the firewall
 
 
