@@ -16,10 +16,11 @@ retried, blocks first, as pairs leave. A block that finds no room evicts the new
 
 TCP teardown (OpenFlow 1.3, `tcp_teardown`): a shunt also gets per-direction FIN and RST
 catchers that send the packet to the controller instead of forwarding it. The controller
-forwards it on (packet-out), re-creates the connection's conntrack entry in the closing
-state the packet leads to, and only then removes the flows: the rest of the close crosses
-the firewall, which recognises it instead of seeing stray FINs of a connection it no
-longer tracks. Catchers left behind by a dead controller drop, never bypass.
+forwards it on (packet-out). On an RST, or once both directions have sent a FIN, it
+re-creates the connection's conntrack entry in the closing state (CLOSE, LAST_ACK) and
+only then removes the flows: the rest of the close crosses the firewall, which recognises
+it instead of seeing stray packets of a connection it no longer tracks. Catchers left
+behind by a dead controller drop, never bypass.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 # Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h) and timeouts for
 # the entry re-created on teardown.
-CT_TCP_FIN_WAIT, CT_TCP_CLOSE = 4, 8
-TEARDOWN_TIMEOUT = {CT_TCP_FIN_WAIT: 120, CT_TCP_CLOSE: 10}
+CT_TCP_LAST_ACK, CT_TCP_CLOSE = 6, 8
+TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 
 
@@ -66,6 +67,8 @@ class Conn:
     resume: ConnEvent | None = None
     event: ConnEvent | None = None  # what created it: retried if the switch had no room
     action_counted: bool = True  # still counted in the budget (an evicted pair is not)
+    fins: int = 0  # FINs caught: 1 original direction, 2 reply
+    first_fin_reply: bool = False
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
 
     @property
@@ -488,23 +491,33 @@ class Core:
             self.pins.pop(t, None)
 
     def teardown_packet(self, cookie: int, in_port: int, data: bytes, now: float) -> list[Command]:
-        """A FIN or RST caught by a teardown flow (packet-in)."""
+        """A FIN or RST caught by a teardown flow (packet-in). Every caught packet is
+        forwarded. An RST ends the shunt at once; a FIN only once both directions have sent
+        one: after a single FIN the other side may still send data (half-close), and the
+        sender's retransmissions of data in flight are still due, so the fast path stays."""
         parsed = cookies.parse(cookie)
         if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
             return []
         _, ct_id, reply = parsed
         conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
-        if conn is None or conn.state is State.PENDING:
+        if conn is None:
             return []  # an orphan catcher (reconcile removes it): drop, never bypass
         peer = conn.egress.fast if in_port == conn.ingress.fast else conn.ingress.fast
         out: list[Command] = [ForwardPacket(data, in_port, peer)]
-        if conn.state is State.ACTIVE:
-            rst = cookies.is_rst(cookie)
-            state = CT_TCP_CLOSE if rst else CT_TCP_FIN_WAIT
-            reason = "tcp rst" if rst else "tcp fin"
-            self._start_removal(conn, reason, now)
-            out.append(RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], reply,
-                                        (RemoveFlows(conn, (False, True), reason),)))
+        if conn.state is not State.ACTIVE:
+            return out
+        if cookies.is_rst(cookie):
+            state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
+        else:
+            if conn.fins == 0:
+                conn.first_fin_reply = reply
+            conn.fins |= 2 if reply else 1
+            if conn.fins != 3:
+                return out
+            state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
+        self._start_removal(conn, reason, now)
+        out.append(RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
+                                    (RemoveFlows(conn, (False, True), reason),)))
         return out
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,

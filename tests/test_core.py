@@ -231,21 +231,32 @@ def test_flush_takes_every_active_pair_down_and_removal_reports_the_reason():
     assert core.flush("again", 151.0) == []  # nothing active is left to take down
 
 
-def test_teardown_packet_forwards_restores_conntrack_then_removes():
+def test_fins_are_forwarded_and_the_second_direction_s_fin_ends_the_shunt():
     core = connected()
     conn = shunted(core)
-    fin = cookies.make_teardown(conn.ct_id, reply=True, rst=False)
-    out = core.teardown_packet(fin, 3, b"pkt", 120.0)
-    assert types(out) == ["ForwardPacket", "RestoreConntrack"]
-    assert (out[0].in_port, out[0].out_port, out[0].data) == (3, 1, b"pkt")
+    fin_reply = cookies.make_teardown(conn.ct_id, reply=True, rst=False)
+    fin_orig = cookies.make_teardown(conn.ct_id, reply=False, rst=False)
+    # The server closes first: forwarded, the shunt stays (the client may still send).
+    out = core.teardown_packet(fin_reply, 3, b"pkt", 120.0)
+    assert types(out) == ["ForwardPacket"] and (out[0].in_port, out[0].out_port, out[0].data) == (3, 1, b"pkt")
+    assert types(core.teardown_packet(fin_reply, 3, b"again", 120.1)) == ["ForwardPacket"]  # retransmitted FIN
+    assert conn.state is c.State.ACTIVE
+    out = core.teardown_packet(fin_orig, 1, b"p2", 120.2)
+    assert types(out) == ["ForwardPacket", "RestoreConntrack"] and out[0].out_port == 3
     restore = out[1]
-    assert restore.tcp_state == c.CT_TCP_FIN_WAIT and restore.closer_is_reply
+    assert restore.tcp_state == c.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
-    # The peer's FIN while the pair is going: forwarded, nothing restored twice.
-    again = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=False), 1, b"p2", 120.1)
-    assert types(again) == ["ForwardPacket"] and again[0].out_port == 3
+    # A late FIN while the pair is going: forwarded, nothing restored twice.
+    assert types(core.teardown_packet(fin_orig, 1, b"p3", 120.3)) == ["ForwardPacket"]
     removed = _remove_pair(core, conn, "delete")
     assert [x.reason for x in removed if type(x).__name__ == "Removed"] == ["tcp fin"]
+
+
+def test_a_fin_caught_before_the_barrier_reply_is_still_forwarded():
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    out = core.teardown_packet(cookies.make_teardown(install.conn.ct_id, False, False), 1, b"x", 1.0)
+    assert types(out) == ["ForwardPacket"]
 
 
 def test_rst_restores_a_closed_entry_and_orphan_catchers_drop():
