@@ -355,6 +355,10 @@ class Core:
         if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
             return [Ignored(R_CLOSING, ev)]
         if existing is not None:  # REMOVING: handle once the old pair is gone
+            if ev.kind is EventKind.DUMP:
+                # Most likely the entry whose deletion is still on its way. A connection
+                # that really resumes says so with live events of its own.
+                return [Ignored(R_DUPLICATE, ev)]
             existing.resume = ev
             return [Ignored(R_QUEUED, ev)]
         if self.version is None or not self.reconciled:

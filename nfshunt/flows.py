@@ -6,6 +6,7 @@ ProtocolDesc in tests); nothing here sends anything.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from typing import Any
 
@@ -311,4 +312,8 @@ class FlowBuilder:
 
 
 def _canonical(address: Any) -> str:
-    return str(ipaddress.ip_address(address))
+    """The text form the conntrack listener uses (inet_ntop), so tuples from both sides
+    compare equal (they differ from ipaddress's for IPv4-mapped IPv6 addresses)."""
+    text = str(address)
+    af = socket.AF_INET6 if ":" in text else socket.AF_INET
+    return socket.inet_ntop(af, socket.inet_pton(af, text))

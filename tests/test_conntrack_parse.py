@@ -73,6 +73,8 @@ def test_hand_packed_delete_decodes_as_the_intended_request(family, proto, data,
     v = "V4" if family == 4 else "V6"
     orig = m.get_attr("CTA_TUPLE_ORIG")
     ip, pr = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
-    assert (ip.get_attr(f"CTA_IP_{v}_SRC"), ip.get_attr(f"CTA_IP_{v}_DST")) == (t.src, t.dst)
+    import ipaddress
+    got = (ipaddress.ip_address(ip.get_attr(f"CTA_IP_{v}_SRC")), ipaddress.ip_address(ip.get_attr(f"CTA_IP_{v}_DST")))
+    assert got == (ipaddress.ip_address(t.src), ipaddress.ip_address(t.dst))
     assert (pr.get_attr("CTA_PROTO_NUM"), pr.get_attr("CTA_PROTO_SRC_PORT"), pr.get_attr("CTA_PROTO_DST_PORT")) == (
         proto, sport, dport)

@@ -37,7 +37,7 @@ def fresh(tb, request):
     """Each test starts with the module's controller running, config as built, no shunts."""
     yield tb
     rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
+    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
         print(tb.controller_output()[-6000:])
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
@@ -124,6 +124,9 @@ def test_controller_crash_keeps_flows_and_nothing_unshunted_bypasses(fresh):
 
 def test_restart_reconciles_without_interrupting_a_shunted_transfer(fresh):
     tb = fresh
+    # A restart that keeps the shunts in the switch (a stop with delete_flows_on_shutdown
+    # takes them down on purpose; a crash leaves them too).
+    tb.reconfigure(delete_flows_on_shutdown=False)
     srv, cli = start_iperf(tb, SHUNT, 8)
     try:
         flows = tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and shunt_flows(tb), 10, "the transfer's shunts")
@@ -346,7 +349,7 @@ def test_new_policy_re_evaluates_existing_shunts_within_2s(fresh, tmp_path):
         tb.wait_for(lambda: len(shunt_flows(tb)) == 4, 10, "the transfer's shunts")
         new = tmp_path / "policy.rules"
         # The new policy ignores 5201: it must stop being shunted.
-        new.write_text(open(POLICY).read().replace("--ctorigdstport 5201", "--ctorigdstport 5999"))
+        new.write_text(open(POLICY).read().replace("dstport 5201", "dstport 5999").replace("srcport 5201", "srcport 5999"))
         out = tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", str(new))
         t0 = time.monotonic()
         assert "sent back through the new policy" in out
