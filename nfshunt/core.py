@@ -235,6 +235,13 @@ class Core:
         out.append(RequestSwitchFlows())
         return out
 
+    def stopping(self) -> list[Command]:
+        """Shutting down: nothing new goes onto the switch from now on (a pair that leaves
+        must not let a queued connection take its place), and every pair is taken down."""
+        self.version = None
+        self.reconciled = False
+        return [RemoveFlows(conn, (False, True), "controller stopped") for conn in self.conns.values()]
+
     def switch_disconnected(self) -> list[Command]:
         """Pending installs are abandoned: their conntrack entries were never deleted, so
         the connections stay on the slow path and the resync on reconnect retries them."""

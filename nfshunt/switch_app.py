@@ -461,13 +461,13 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:
+        removals = self.core.stopping()  # from here on nothing new is installed
         if self.fb is None or not self.cfg.delete_flows_on_shutdown:
             ev.done.set()
             return
-        conns = list(self.core.conns.values())
-        for conn in conns:
-            self._out.extend(self.fb.remove(conn, (False, True)))
-        LOG.info("shutting down: removing %d shunts and blocks (delete_flows_on_shutdown)", len(conns))
+        for cmd in removals:
+            self._out.extend(self.fb.remove(cmd.conn, cmd.directions))
+        LOG.info("shutting down: removing %d shunts and blocks (delete_flows_on_shutdown)", len(removals))
         self._flush(waiter=ev.done)
 
     # --- the one send path ---------------------------------------------------------------------

@@ -373,3 +373,14 @@ def test_block_pin_turns_a_shunt_into_a_block_and_expires():
     assert install and install[0].conn.action == "block"
     core.tick(200.0 + c.PIN_TTL + 1)
     assert not core.pins
+
+
+def test_stopping_takes_every_pair_down_and_installs_nothing_more():
+    core = connected(max_shunts=1)
+    conn = shunted(core)
+    core.conntrack_event(event(sport=9, ct_id=9))  # waits for budget
+    out = core.stopping()
+    assert types(out) == ["RemoveFlows"] and out[0].conn is conn
+    removed = _remove_pair(core, conn)
+    assert "InstallFlows" not in types(removed)  # the waiting one is not shunted on the way out
+    assert core.conntrack_event(event(sport=10, ct_id=10))[0].reason == c.R_NO_SWITCH
