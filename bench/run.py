@@ -83,7 +83,8 @@ def counts(tb: Testbed) -> dict[str, Any]:
 
 def bench_latency(args: argparse.Namespace) -> int:
     runs = args.runs or (5 if args.quick else 100)
-    res = Results(args.out, "latency", {"runs": runs, "transfer": "iperf3 -t 1 on the shunted port, one per run",
+    res = Results(args.out, "latency", {"runs": runs, "transfer": f"iperf3 -t 1 -b {args.bitrate} on the shunted "
+                                        "port, one per run (low load: the machine is not saturated)",
                                         "OpenFlow": "1.3", "capture": "tcpdump on s1-eth1 (SYN) and s1-eth2/4 (slow)"})
     with Testbed(mode="nfshunt", config={"log_format": "json"}, log=print) as tb:
         tb.wait_for_controller()
@@ -93,7 +94,7 @@ def bench_latency(args: argparse.Namespace) -> int:
             try:
                 for intf in ("s1-eth1", "s1-eth2", "s1-eth4"):
                     caps.append(Capture(intf, f"tcp port {cport}", os.path.join(tb.workdir, f"{intf}-{run}.pcap")))
-                tb.iperf(SHUNT_PORT, 1, cport=cport)
+                tb.iperf(SHUNT_PORT, 1, cport=cport, bitrate=args.bitrate)
             finally:
                 pkts = [cap.stop() for cap in caps]
             tb.wait_for(lambda: [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport], 5,
@@ -304,6 +305,7 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
+    ap.add_argument("--bitrate", default="100M", help="latency: iperf3 rate of each run (default 100M)")
     ap.add_argument("--feed", choices=["netlink", "tcp"], default="netlink")
     ap.add_argument("--proto", choices=["tcp", "udp"], default="tcp", help="netlink feed's protocol")
     ap.add_argument("--no-teardown", action="store_true", help="TCP shunts without FIN/RST catchers")

@@ -481,7 +481,7 @@ class Testbed:
 
     def iperf(self, port: int, seconds: float, *, interval: float | None = None, cport: int | None = None,
               udp: bool = False, grace: float = 15, server_output: bool = False,
-              watch: Callable[[], Any] | None = None) -> dict[str, Any]:
+              watch: Callable[[], Any] | None = None, bitrate: str | None = None) -> dict[str, Any]:
         """An iperf3 transfer h1 -> h2; the parsed JSON, or {"error": ...} (stalled or refused).
         `watch` is called every 0.2 s while it runs (to look at flows before a FIN removes them)."""
         srv = self.iperf_server(port, interval)
@@ -491,7 +491,9 @@ class Testbed:
         if cport:
             args += ["--cport", str(cport)]
         if udp:
-            args += ["-u", "-b", "200M"]
+            args += ["-u", "-b", bitrate or "200M"]
+        elif bitrate:
+            args += ["-b", bitrate]
         if server_output:   # the receiver's intervals: what arrived, not what was written
             args += ["--get-server-output"]
         cli = self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
