@@ -27,11 +27,10 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK  # noqa: E402
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_NEW, NFCTAttrTuple, nfct_msg  # noqa: E402
 
 from nfshunt import markcodec  # noqa: E402
+from nfshunt.conntrack import netlink_acks  # noqa: E402
 
 NETLINK_NETFILTER = 12
 NLM_F_CREATE, NLM_F_EXCL = 0x400, 0x200
-NLMSG_ERROR = 2
-HDR = struct.Struct("=IHHII")
 BATCH_INTERVAL = 0.005  # send what is due every 5 ms
 
 
@@ -117,20 +116,13 @@ def main() -> int:
                 data = sock.recv(1 << 20)
             except BlockingIOError:
                 return
-            off = 0
-            while off + HDR.size <= len(data):
-                length, mtype, _f, _seq, _pid = HDR.unpack_from(data, off)
-                if length < HDR.size:
-                    break
-                if mtype == NLMSG_ERROR:
-                    (code,) = struct.unpack_from("=i", data, off + HDR.size)
-                    if code == 0:
-                        created += 1
-                    else:
-                        failed += 1
-                        name = errno.errorcode.get(-code, str(code))
-                        errors[name] = errors.get(name, 0) + 1
-                off += (length + 3) & ~3
+            for _seq, code in netlink_acks(data):
+                if code == 0:
+                    created += 1
+                else:
+                    failed += 1
+                    name = errno.errorcode.get(-code, str(code))
+                    errors[name] = errors.get(name, 0) + 1
 
     while sent < total:
         now = time.time()

@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
@@ -180,6 +180,18 @@ def parse_datagram(data: bytes, received: float,
         except Exception as exc:  # a strange message is counted and skipped
             on_malformed(f"{type(exc).__name__}: {exc}")
     return events
+
+
+def netlink_acks(data: bytes) -> Iterator[tuple[int, int]]:
+    """(sequence number, error code; 0: success) of each NLMSG_ERROR in a datagram."""
+    offset = 0
+    while offset + NLMSG_HDR.size <= len(data):
+        length, mtype, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
+        if length < NLMSG_HDR.size:
+            return
+        if mtype == NLMSG_ERROR and offset + NLMSG_HDR.size + 4 <= len(data):
+            yield seq, struct.unpack_from("=i", data, offset + NLMSG_HDR.size)[0]
+        offset += (length + 3) & ~3
 
 
 NLA_F_NESTED = 0x8000
@@ -397,16 +409,10 @@ class ConntrackWorker:
                 data = self.sock.recv(1 << 16)
             except socket.timeout:
                 break
-            offset = 0
-            while offset + NLMSG_HDR.size <= len(data):
-                length, mtype, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
-                if length < NLMSG_HDR.size:
-                    break
-                if mtype == NLMSG_ERROR and seq in pending:
-                    item = pending.pop(seq)
-                    (code,) = struct.unpack_from("=i", data, offset + NLMSG_HDR.size)
+            for seq, code in netlink_acks(data):
+                item = pending.pop(seq, None)
+                if item is not None:
                     self._account(item, -code)
-                offset += (length + 3) & ~3
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
 
