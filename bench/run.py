@@ -75,6 +75,11 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
+def ovs_vswitchd_pid() -> int:
+    with open("/var/run/openvswitch/ovs-vswitchd.pid") as fh:
+        return int(fh.read().strip())
+
+
 def counts(tb: Testbed) -> dict[str, Any]:
     return tb.control({"cmd": "status", "connections": False}, timeout=30)
 
@@ -167,9 +172,9 @@ def bench_rate(args: argparse.Namespace) -> int:
     if args.rates:
         rates = args.rates
     elif feed == "netlink":
-        rates = [500] if args.quick else [1000, 2000, 5000, 10000, 20000]
+        rates = [500] if args.quick else [500, 1000, 1500, 2000, 2500, 3000, 4000, 5000]
     else:
-        rates = [100] if args.quick else [200, 500, 1000, 2000]
+        rates = [100] if args.quick else [100, 200, 300, 500, 1000]
     seconds = args.seconds or (2 if args.quick else 30)
     proto = args.proto
     teardown = proto == "tcp" and not args.no_teardown
@@ -190,6 +195,8 @@ def bench_rate(args: argparse.Namespace) -> int:
                 tb.run(tb.h1, "sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65000")
                 srv = tb.conn_server(SHUNT_PORT)
             cpu0, _ = proc_usage(pid)
+            ovs_pid = ovs_vswitchd_pid()
+            ovs0, _ = proc_usage(ovs_pid)
             t0 = time.time()
             overflow0 = counts(tb)["counters"].get("netlink_overflows", 0)
             print(f"[{k + 1}/{len(rates)}] offering {rate}/s for {seconds} s ({feed})", flush=True)
@@ -210,6 +217,7 @@ def bench_rate(args: argparse.Namespace) -> int:
                     break
                 time.sleep(0.5)
             cpu1, rss = proc_usage(pid)
+            ovs1, _ = proc_usage(ovs_pid)
             st = counts(tb)
             inst = installed()
             if feed == "tcp":
@@ -221,25 +229,26 @@ def bench_rate(args: argparse.Namespace) -> int:
                "lost": result["created"] - len(inst), "achieved_rate": len(inst) / span if inst else 0.0,
                "netlink_overflows": st["counters"].get("netlink_overflows", 0) - overflow0,
                "controller_cpu_pct": 100 * (cpu1 - cpu0) / (time.time() - t0), "controller_rss_mb": rss / 2**20,
+               "ovs_vswitchd_cpu_pct": 100 * (ovs1 - ovs0) / (time.time() - t0),
                **{f"e2e_{k2}_ms": v for k2, v in summary(e2e).items() if k2 != "n"},
                **{f"controller_{k2}_ms": v for k2, v in summary(ctl).items() if k2 != "n"}}
         res.add(row)
         print(f"    shunted {row['shunted']}/{row['created']} at {row['achieved_rate']:.0f}/s, e2e p50 "
               f"{f(row['e2e_median_ms'])} p99 {f(row['e2e_p99_ms'])} ms, controller p99 "
-              f"{f(row['controller_p99_ms'])} ms, overflows {row['netlink_overflows']}, CPU "
-              f"{row['controller_cpu_pct']:.0f} %", flush=True)
+              f"{f(row['controller_p99_ms'])} ms, overflows {row['netlink_overflows']}, CPU controller "
+              f"{row['controller_cpu_pct']:.0f} % ovs-vswitchd {row['ovs_vswitchd_cpu_pct']:.0f} %", flush=True)
         if row["e2e_p99_ms"] > 100 or row["lost"] > 0:
             print("    stopping: p99 over 100 ms or events lost", flush=True)
             break
     body = ["End to end: entry created (netlink feed) or connect() called (TCP feed) -> flows confirmed by the "
             "switch. Controller: event read from netlink -> confirmed.", "",
             "| offered /s | shunted /s | shunted | lost | e2e p50 ms | e2e p99 ms | e2e max ms | ctl p50 ms | "
-            "ctl p99 ms | overflows | CPU % | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ctl p99 ms | overflows | CPU % | OVS CPU % | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.rows:
         body.append(f"| {r['offered_rate']:g} | {r['achieved_rate']:.0f} | {r['shunted']} | {r['lost']} | "
                     f"{f(r['e2e_median_ms'])} | {f(r['e2e_p99_ms'])} | {f(r['e2e_max_ms'])} | "
                     f"{f(r['controller_median_ms'])} | {f(r['controller_p99_ms'])} | {r['netlink_overflows']} | "
-                    f"{r['controller_cpu_pct']:.0f} | {r['controller_rss_mb']:.0f} |")
+                    f"{r['controller_cpu_pct']:.0f} | {r['ovs_vswitchd_cpu_pct']:.0f} | {r['controller_rss_mb']:.0f} |")
     print(f"report: {res.report(f'Shunt rate ({feed} feed)', body, False)}")
     return 0
 

@@ -29,7 +29,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    from .logs import BatchedStreamHandler
+    handler: logging.Handler = BatchedStreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -24,8 +24,6 @@ class Kind(enum.IntEnum):
 
 RST_BIT = 1 << 33
 DIRECTION_BIT = 1 << 32
-# A connection's teardown catchers, whatever their direction and flag (non-strict delete).
-TEARDOWN_GROUP_MASK = 0xFFFFFFFFFFFFFFFF & ~(RST_BIT | DIRECTION_BIT)
 
 
 def make(kind: Kind, ct_id: int = 0, reply: bool = False) -> int:

@@ -93,6 +93,7 @@ class FlowBuilder:
         self.version = self.ofp.OFP_VERSION
         self.cfg = cfg
         self._templates: dict[tuple, _Template | None] = {}
+        self._cookie_delete: tuple[bytes, int] | None = None
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple) -> Any:
@@ -230,9 +231,27 @@ class FlowBuilder:
             out.append(self._templated(("del", t.family, t.proto, in_port, prio), build, t.family,
                                        conn.cookie(reply), t))
         if self.catches_teardown(conn):
-            out.append(self._delete_by_cookie(cookies.make_teardown(conn.ct_id, False, False),
-                                              cookies.TEARDOWN_GROUP_MASK))
+            # One exact-cookie delete per catcher: Open vSwitch finds those through its
+            # cookie index, where a masked cookie would make it scan the whole table.
+            for reply in (False, True):
+                for rst in (False, True):
+                    out.append(self._delete_cookie(cookies.make_teardown(conn.ct_id, reply, rst)))
         return out
+
+    def _delete_cookie(self, cookie: int) -> Any:
+        if not self.templated:
+            return self._delete_by_cookie(cookie, ALL_ONES_64)
+        if self._cookie_delete is None:
+            msg = self._delete_by_cookie(_S_COOKIE, ALL_ONES_64)
+            msg.set_xid(0)
+            msg.serialize()
+            buf = bytes(msg.buf)
+            at = buf.find(struct.pack("!Q", _S_COOKIE))
+            self._cookie_delete = (buf, at)
+        buf, at = self._cookie_delete
+        b = bytearray(buf)
+        struct.pack_into("!Q", b, at, cookie)
+        return PatchedMsg(b)
 
     def _delete_by_cookie(self, cookie: int, mask: int) -> Any:
         p, ofp = self.parser, self.ofp

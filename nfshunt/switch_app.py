@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import logging.handlers
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from . import core as c
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer, parse_tuple
+from .logs import BatchedFileHandler, flush_all
 from .metrics import Metrics
 from .flows import REMOVED_REASONS, FlowBuilder
 from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
@@ -107,7 +107,7 @@ def audit_record(conn: c.Conn, reason: str) -> dict[str, Any]:
 
 
 def _audit_logger(path: str | None) -> logging.Logger:
-    """One JSON line per removed pair; WatchedFileHandler reopens a file logrotate moved."""
+    """One JSON line per removed pair, batched; a file logrotate moved is reopened."""
     audit = logging.getLogger("nfshunt.audit")
     audit.propagate = False
     audit.setLevel(logging.INFO)
@@ -115,7 +115,7 @@ def _audit_logger(path: str | None) -> logging.Logger:
         audit.removeHandler(handler)
     if path:
         os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-        handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+        handler = BatchedFileHandler(path)
         handler.setFormatter(logging.Formatter("%(message)s"))
         audit.addHandler(handler)
     return audit
@@ -191,14 +191,8 @@ class NFShuntApp(app_manager.OSKenApp):
     def reopen_logs(self) -> None:
         """SIGHUP: reopen the audit log (after logrotate moved it)."""
         for handler in self.audit.handlers:
-            if isinstance(handler, logging.FileHandler):
-                handler.acquire()
-                try:
-                    if handler.stream is not None:
-                        handler.stream.close()
-                    handler.stream = handler._open()
-                finally:
-                    handler.release()
+            if isinstance(handler, BatchedFileHandler):
+                handler.reopen()
         LOG.info("reopened the audit log")
 
     def _metrics_snapshot(self) -> dict[str, Any]:
@@ -458,6 +452,7 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
         self._run(self.core.tick(time.monotonic()))
+        flush_all()  # batched log lines are at most a second late
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:

@@ -68,3 +68,27 @@ def test_cwnd_quick_run(quick_all):
     assert max(float(r["cwnd_kb"]) for r in rows) > 100
     assert os.path.getsize(out / "cwnd" / "cwnd.png") > 1000
     _report_ok(out / "cwnd" / "cwnd.md")
+
+
+def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_path, integration_ready):
+    import signal
+    import time
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "mininet", "experiments.py"), "throughput",
+                             "--quick", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[1/"):
+            proc.send_signal(signal.SIGINT)  # Ctrl-C after the first run
+            break
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "**Interrupted**" in open(out / "throughput.md").read()
+    assert len(_rows(out / "throughput.csv")) >= 1
+    # Nothing is left behind: no switch, no management link, no namespace processes.
+    assert subprocess.run(["ovs-vsctl", "br-exists", "s1"]).returncode == 2
+    assert subprocess.run(["ip", "link", "show", "nfsmgmt0"], capture_output=True).returncode != 0
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", "nfqdelay|iperf3 -s|nfshunt run"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == ""
