@@ -171,8 +171,12 @@ def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh
     bsrv = tb.conn_server(BLOCK)
     blocked, _ = tb.open_conns(BLOCK, 1)
     try:
-        tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and len(tb.conn_flows(BLOCK)) == 2, 10,
-                    "a shunt and a block")
+        try:
+            tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and len(tb.conn_flows(BLOCK)) == 2, 15,
+                        "a shunt and a block")
+        except Exception:
+            print("flows:", tb.flows(), "\nstatus:", status(tb))
+            raise
         controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
                                     check=True).stdout.split()
         subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
