@@ -36,7 +36,7 @@ DELAY_MECHANISMS = ("auto", "netem", "nfqueue")
 NETEM_LIMIT = 100_000
 NFQUEUE_NUM = 7
 RTT_TOLERANCE = 0.05          # refuse to run when the measured RTT is more than 5 % off
-RTT_FLOOR_MS = 0.5            # ... or, for tiny requests, more than this many ms off
+RTT_FLOOR_MS = 2.0            # ... or, for small requests, more than the path's own ~1-2 ms RTT
 
 
 class EmulationError(RuntimeError):

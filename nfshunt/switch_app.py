@@ -35,6 +35,7 @@ LOG = logging.getLogger("nfshunt")
 
 
 EVENT_COUNTER = {k: f"conntrack_event:{k.value}" for k in EventKind}  # no per-event formatting
+IGNORED_KEYS: dict[str, str] = {}  # reason -> counter key, formatted once
 
 
 class EventConntrack(event.EventBase):
@@ -480,7 +481,10 @@ class NFShuntApp(app_manager.OSKenApp):
     def _execute(self, cmd: c.Command) -> None:
         fb = self.fb
         if isinstance(cmd, c.Ignored):
-            self.counters[f"ignored:{cmd.reason}"] += 1
+            key = IGNORED_KEYS.get(cmd.reason)
+            if key is None:
+                key = IGNORED_KEYS[cmd.reason] = f"ignored:{cmd.reason}"
+            self.counters[key] += 1
             if LOG.isEnabledFor(logging.DEBUG):
                 LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
                           cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
