@@ -393,7 +393,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if cmd == "flush":
             reason = str(req.get("reason") or "flush by operator")
             out = self.core.flush(reason, now)
-            self.counters["operator_flushes"] += 1
+            self.counters["operator_flush"] += 1
             LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, len(out))
             self._run(out)
             ev.answer({"ok": True, "removed": len(out)})
