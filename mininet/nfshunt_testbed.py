@@ -497,13 +497,12 @@ class Testbed:
         if server_output:   # the receiver's intervals: what arrived, not what was written
             args += ["--get-server-output"]
         cli = self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + seconds + grace
         try:
-            if watch is not None:
-                deadline = time.monotonic() + seconds + grace
-                while cli.poll() is None and time.monotonic() < deadline:
-                    watch()
-                    time.sleep(0.2)
-            out, _ = cli.communicate(timeout=max(0.1, seconds + grace if watch is None else deadline - time.monotonic()))
+            while watch is not None and cli.poll() is None and time.monotonic() < deadline:
+                watch()
+                time.sleep(0.2)
+            out, _ = cli.communicate(timeout=max(0.1, deadline - time.monotonic()))
             result = json.loads(out) if out.strip() else {"error": "no output"}
         except subprocess.TimeoutExpired:
             cli.kill()

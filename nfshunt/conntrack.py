@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import (IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW,
-                                                   NFCTAttrTuple, NFCTSocket, nfct_msg)
+                                                   NFCTAttrTuple, nfct_msg)
 
 from .model import ConnEvent, EventKind, FlowTuple
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Union
 
 from . import cookies, markcodec

@@ -93,6 +93,13 @@ class Metrics:
                                  labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(AppCollector(snapshot))
         self.server: Any = None
+        self._by_action: dict[str, Any] = {}  # labelled children, looked up once
+
+    def observe_latency(self, action: str, seconds: float) -> None:
+        child = self._by_action.get(action)
+        if child is None:
+            child = self._by_action[action] = self.latency.labels(action)
+        child.observe(seconds)
 
     def serve(self, address: str, port: int) -> None:
         self.server, _thread = start_http_server(port, addr=address, registry=self.registry)

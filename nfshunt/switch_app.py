@@ -320,25 +320,19 @@ class NFShuntApp(app_manager.OSKenApp):
     def _flow_stats_reply(self, ev: Any) -> None:
         if self.fb is None or ev.msg.datapath is not self.dp:
             return
-        status = self._stats_requests.get(ev.msg.xid)
-        if status is not None:  # an operator's status request, not a reconcile
-            collected, request = status
-            for stats in ev.msg.body:
-                try:
-                    collected.append(self.fb.parse_stats(stats))
-                except Exception:
-                    self.counters["openflow_malformed"] += 1
-            if not self.fb.more_follows(ev.msg):
-                del self._stats_requests[ev.msg.xid]
-                request.answer(self._status(collected))
-            return
+        status = self._stats_requests.get(ev.msg.xid)  # an operator's request, or a reconcile
+        collected = status[0] if status is not None else self._flow_stats
         for stats in ev.msg.body:
             try:
-                self._flow_stats.append(self.fb.parse_stats(stats))
+                collected.append(self.fb.parse_stats(stats))
             except Exception as exc:  # an odd flow on the switch is not ours to crash on
                 self.counters["openflow_malformed"] += 1
                 LOG.warning("unreadable flow in stats reply: %s", exc)
         if self.fb.more_follows(ev.msg):
+            return
+        if status is not None:
+            del self._stats_requests[ev.msg.xid]
+            status[1].answer(self._status(collected))
             return
         flows, self._flow_stats = self._flow_stats, []
         self._run(self.core.reconcile(flows, time.monotonic()))
@@ -501,7 +495,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
             self.counters[f"installed:{cmd.conn.action}"] += 1
-            self.metrics.latency.labels(cmd.conn.action).observe(cmd.latency)
+            self.metrics.observe_latency(cmd.conn.action, cmd.latency)
             LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000,
                      extra={"fields": conn_fields(cmd.conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
         elif isinstance(cmd, c.Refused):
