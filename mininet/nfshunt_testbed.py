@@ -47,6 +47,7 @@ H1_IP, H2_IP = "10.0.0.1", "10.0.0.2"
 H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
 # Control link between the root namespace (where Open vSwitch runs) and fw.
 MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
+MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (tests add it)
 OF_PORT = 6653
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
@@ -271,7 +272,7 @@ class Testbed:
             self.run(fw, "ip", "link", "set", intf, "master", "br0")
             self.run(fw, "ip", "link", "set", intf, "up")
         self.run(fw, "ip", "link", "set", "br0", "up")
-        for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables"):
+        for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
             self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
         self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
         with open(self.config_path, "w") as fh:
@@ -285,9 +286,9 @@ class Testbed:
     def _setup_mgmt(self) -> None:
         subprocess.run(["ip", "link", "add", "nfsmgmt0", "type", "veth", "peer", "name", "nfsmgmt1"], check=True)
         subprocess.run(["ip", "link", "set", "nfsmgmt1", "netns", str(self.fw.pid)], check=True)
-        subprocess.run(["ip", "addr", "add", f"{MGMT_ROOT}/30", "dev", "nfsmgmt0"], check=True)
+        subprocess.run(["ip", "addr", "add", f"{MGMT_ROOT}/29", "dev", "nfsmgmt0"], check=True)
         subprocess.run(["ip", "link", "set", "nfsmgmt0", "up"], check=True)
-        self.run(self.fw, "ip", "addr", "add", f"{MGMT_FW}/30", "dev", "nfsmgmt1")
+        self.run(self.fw, "ip", "addr", "add", f"{MGMT_FW}/29", "dev", "nfsmgmt1")
         self.run(self.fw, "ip", "link", "set", "nfsmgmt1", "up")
         self.run(self.fw, "ip", "link", "set", "lo", "up")
 
@@ -312,8 +313,9 @@ class Testbed:
         self.stop_controller()
         self._start_controller()
 
-    def reconfigure(self, **overrides: Any) -> None:
-        """Restart the controller with config keys changed (None: back to the default)."""
+    def reconfigure(self, wait: bool = True, **overrides: Any) -> None:
+        """Restart the controller with config keys changed (None: back to the default);
+        wait=False: do not wait for it to have the switch."""
         for key, value in overrides.items():
             if value is None:
                 self.extra_config.pop(key, None)
@@ -323,7 +325,8 @@ class Testbed:
         with open(self.config_path, "w") as fh:
             json.dump(self.nfshunt_config(), fh, indent=2)
         self._start_controller()
-        self.wait_for_controller()
+        if wait:
+            self.wait_for_controller()
 
     def wait_for_controller(self, timeout: float = 20) -> None:
         """The controller answers on its control socket and has the switch."""

@@ -61,6 +61,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK: {len(cfg.ports)} port groups, actions "
           + ", ".join(f"{n}={a}" for n, a in sorted(cfg.mark_actions.items()))
           + f", OpenFlow {'/'.join(cfg.openflow_versions)} on {cfg.listen_address}:{cfg.listen_port}")
+    for warning in cfg.security_warnings():
+        print(f"WARNING: {warning}")
     return 0
 
 
@@ -136,7 +138,7 @@ def cmd_control(args: argparse.Namespace) -> int:
     payload: dict = {"cmd": args.cmd}
     if args.cmd == "flush":
         payload["reason"] = args.reason
-    elif args.target.isdigit():
+    elif args.target.isascii() and args.target.isdigit():
         payload["ct_id"] = int(args.target)
     else:
         payload["tuple"] = args.target
@@ -195,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", "-c", required=True)
     a.add_argument("--policy", help="policy file replacing NFSHUNT_POLICY's rules")
     a.add_argument("--fix-sysctl", action="store_true",
-                   help="turn on net.bridge.bridge-nf-call-ip(6)tables if off")
+                   help="turn on net.bridge.bridge-nf-call-ip(6)tables and bridge-nf-filter-vlan-tagged if off")
     a.add_argument("--ipv4-only", action="store_true", help="leave ip6tables alone")
     a.add_argument("--no-reevaluate", action="store_true",
                    help="with --policy: leave existing shunts and blocks alone")

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,6 +64,11 @@ class Config:
     listen_port: int = 6653
     tls: TLSConfig | None = None
     datapath_id: int | None = None
+    switch_addresses: tuple[str, ...] = ()
+    echo_interval: float = 0.4
+    echo_misses: int = 3
+    packet_in_rate: int = 1000
+    max_block_share: float = 0.5
     default_priority: int = 100
     shunt_priority: int = 33000
     block_priority: int = 33100
@@ -84,6 +90,21 @@ class Config:
     @property
     def ofp_versions(self) -> list[int]:
         return sorted(OPENFLOW_VERSIONS[v] for v in self.openflow_versions)
+
+    def security_warnings(self) -> list[str]:
+        """What makes the OpenFlow port trust more than the switch (check-config, start-up)."""
+        out = []
+        loopback = ipaddress.ip_address(self.listen_address).is_loopback
+        if self.tls is None and not loopback:
+            out.append(f"the OpenFlow listener on {self.listen_address} has no TLS: any host that reaches "
+                       f"port {self.listen_port} can pose as the switch; set 'tls' (with ca_certificate)")
+            if not self.switch_addresses:
+                out.append("no 'switch_addresses': connections are accepted from any address")
+        if self.tls is not None and self.tls.ca_certificate is None:
+            out.append("tls has no ca_certificate: the switch's certificate is not verified")
+        if self.datapath_id is None:
+            out.append("no 'datapath_id': the first switch to connect is served")
+        return out
 
     def action_name(self, number: int) -> str | None:
         return self.mark_actions.get(number)
@@ -132,11 +153,40 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     return check
 
 
+# Letters, digits, '_', '.', '-': what every tool accepts. Linux allows more, but '+' is
+# an iptables wildcard, '!' its negation, ':' an alias separator.
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$", re.ASCII)
+
+
 def _ifname(key: str, value: Any) -> str:
     value = _str(key, value)
-    if len(value) > 15 or "/" in value or any(c.isspace() for c in value):
-        raise ConfigError(key, f"{value!r} is not a valid interface name")
+    if not _IFNAME.match(value) or value in (".", ".."):
+        raise ConfigError(key, f"{value!r} is not a valid interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return value
+
+
+def _number(lo: float, hi: float) -> Callable[[str, Any], float]:
+    def check(key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, f"expected a number, got {_type_name(value)} {value!r}")
+        if not lo <= value <= hi:
+            raise ConfigError(key, f"{value} is outside {lo:g}-{hi:g}")
+        return float(value)
+    return check
+
+
+def _networks(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"expected a list of addresses or networks, got {_type_name(value)}")
+    out = []
+    for i, v in enumerate(value):
+        v = _str(f"{key}[{i}]", v)
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise ConfigError(f"{key}[{i}]", f"{v!r} is not an IP address or network") from None
+        out.append(v)
+    return tuple(out)
 
 
 def _address(key: str, value: Any) -> str:
@@ -238,8 +288,9 @@ def _mark_actions(key: str, value: Any) -> dict[int, str]:
     result: dict[int, str] = {}
     for number, action in value.items():
         sub = f"{key}.{number}"
-        if not (isinstance(number, str) and number.isdigit() and 0 <= int(number) <= markcodec.NIBBLE):
-            raise ConfigError(sub, f"{number!r} is not an action number 0-15")
+        if not (isinstance(number, str) and re.fullmatch(r"0|[1-9][0-9]?", number, re.ASCII)
+                and int(number) <= markcodec.NIBBLE):
+            raise ConfigError(sub, f"{number!r} is not an action number 0-15 (decimal, no leading zero)")
         result[int(number)] = _choice(ACTIONS)(sub, action)
     return result
 
@@ -275,9 +326,14 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "listen_port": _int(1, 65535),
     "tls": _tls,
     "datapath_id": _dpid,
+    "switch_addresses": _networks,
+    "echo_interval": _number(0.1, 60),
+    "echo_misses": _int(1, 100),
+    "packet_in_rate": _int(0, 1_000_000),
+    "max_block_share": _number(0, 1),
     "default_priority": _int(1, 65535),
-    "shunt_priority": _int(1, 65535),
-    "block_priority": _int(1, 65535),
+    "shunt_priority": _int(1, 65534),  # TCP teardown catchers sit one above
+    "block_priority": _int(1, 65534),
     "max_shunts": _int(0, 10_000_000),
     "netlink_rcvbuf": _int(4096, 1 << 30),
     "tcp_teardown": _bool,
@@ -306,7 +362,7 @@ def from_dict(raw: Any) -> Config:
 def load(path: str) -> Config:
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
+            raw = json.load(fh, object_pairs_hook=_no_duplicates)
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
@@ -315,7 +371,22 @@ def load(path: str) -> Config:
         raise ConfigError("", f"{path} is not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ConfigError("", f"{path} is nested too deeply") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(str(exc), "appears twice in one object (JSON would silently keep the last)") from None
     return from_dict(raw)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def log_level(cfg: Config) -> int:

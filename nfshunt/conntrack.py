@@ -10,6 +10,7 @@ table, so that neither ever blocks the OpenFlow event loop.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import queue
@@ -24,6 +25,7 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import (IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW,
                                                    NFCTAttrTuple, nfct_msg)
 
+from . import markcodec
 from .model import ConnEvent, EventKind, FlowTuple
 
 LOG = logging.getLogger("nfshunt.conntrack")
@@ -76,7 +78,7 @@ def _tuple(nla, family: int) -> FlowTuple | None:
 
 
 # ctnetlink attribute numbers (include/uapi/linux/netfilter/nfnetlink_conntrack.h).
-CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK, CTA_ID = 1, 2, 4, 8, 12
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK, CTA_ID, CTA_MARK_MASK = 1, 2, 4, 8, 12, 21
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
@@ -223,6 +225,47 @@ def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int) -> by
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
 
+def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: int, seq: int) -> bytes:
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: change an existing entry's mark, only the
+    bits in `mask` (the kernel keeps the others: new = (old & ~mask) ^ mark)."""
+    body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + _nla(CTA_ID, BE32.pack(ct_id))
+            + _nla(CTA_MARK, BE32.pack(mark & mask)) + _nla(CTA_MARK_MASK, BE32.pack(mask)))
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
+                          NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+
+
+# A classic BPF program for the event socket: pass a message only if its CTA_MARK has the
+# ingress flag (the entry crossed the bridge plumbing; every decided mark has it too);
+# everything else (the firewall host's own connections, routed traffic) is dropped in the
+# kernel, before it can fill the receive buffer. SKF_AD_NLATTR finds an attribute by type.
+_BPF = struct.Struct("=HBBI")
+SO_ATTACH_FILTER = 26
+SKF_AD_NLATTR = 0xFFFFF000 + 12
+NLMSG_ATTRS = NLMSG_HDR.size + 4  # nlmsghdr + nfgenmsg
+
+
+def event_filter(flags: int = markcodec.FLAG_INGRESS) -> list[tuple[int, int, int, int]]:
+    return [
+        (0x00, 0, 0, NLMSG_ATTRS),    # A = offset of the first attribute
+        (0x01, 0, 0, CTA_MARK),       # X = CTA_MARK
+        (0x20, 0, 0, SKF_AD_NLATTR),  # A = offset of the CTA_MARK attribute, 0 if none
+        (0x15, 5, 0, 0),              # none (a zero mark is left out): drop
+        (0x07, 0, 0, 0),              # X = A
+        (0x40, 0, 0, 4),              # A = the mark (big endian, after the 4-byte header)
+        (0x54, 0, 0, flags),          # A &= flags
+        (0x15, 1, 0, 0),              # no flag: drop
+        (0x06, 0, 0, 0xFFFFFFFF),     # pass the whole message
+        (0x06, 0, 0, 0),              # drop
+    ]
+
+
+def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> None:
+    code = b"".join(_BPF.pack(*ins) for ins in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HL", len(program), ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
 class ConntrackListener:
     def __init__(self, rcvbuf: int, on_events: Callable[[list[ConnEvent]], None],
                  on_overflow: Callable[[], None], on_malformed: Callable[[str], None]):
@@ -240,6 +283,10 @@ class ConntrackListener:
             sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.rcvbuf)
         except PermissionError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        try:
+            attach_filter(sock, event_filter())
+        except OSError as exc:  # the parser still copes; it just reads everything
+            LOG.warning("cannot filter conntrack events in the kernel: %s", exc)
         sock.bind((0, NFNLGRP_CONNTRACK_NEW | NFNLGRP_CONNTRACK_UPDATE | NFNLGRP_CONNTRACK_DESTROY))
         sock.settimeout(0.5)  # wake up to notice stop()
         return sock
@@ -320,6 +367,11 @@ class ConntrackWorker:
         kernel answered, whatever it answered."""
         self.q.put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
+    def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
+        """Clear the `mask` bits of every entry that has any of them; `done(cleared,
+        failed, error)` runs on this thread once the kernel has answered."""
+        self.q.put(("clear", mask, done))
+
     def dump(self) -> None:
         """Ask for a dump; requests made while one is already queued share it (a burst of
         lost events must not queue a dump per loss, ahead of the deletes)."""
@@ -339,13 +391,21 @@ class ConntrackWorker:
                     self._dump_queued = False  # losses from now on need a dump of their own
                 self._dump()
                 continue
+            if item[0] == "clear":
+                try:
+                    cleared, failed = clear_marks(item[1], self.on_malformed)
+                except OSError as exc:
+                    item[2](0, 0, str(exc))
+                else:
+                    item[2](cleared, failed, None)
+                continue
             batch = [item]
             while len(batch) < self.batch:
                 try:
                     nxt = self.q.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None or nxt[0] == "dump":
+                if nxt is None or nxt[0] in ("dump", "clear"):
                     self.q.put(nxt)  # handle after this batch
                     break
                 batch.append(nxt)
@@ -436,8 +496,8 @@ class ConntrackWorker:
             LOG.warning("conntrack entry for a teardown not created: %s", errno.errorcode.get(err, err))
 
     def _dump(self) -> None:
-        try:
-            events = raw_dump(self.on_malformed)
+        try:  # only entries that crossed the plumbing matter to the core
+            events = raw_dump(self.on_malformed, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS))
         except OSError as exc:
             LOG.error("conntrack dump failed: %s", exc)
             return
@@ -448,9 +508,10 @@ IPCTNL_MSG_CT_GET = 1
 NLM_F_DUMP = 0x300
 
 
-def raw_dump(on_malformed: Callable[[str], None]) -> list[ConnEvent]:
+def raw_dump(on_malformed: Callable[[str], None], mark: tuple[int, int] | None = None) -> list[ConnEvent]:
     """The whole conntrack table (IPv4 and IPv6) over a socket of its own, parsed with the
-    fast parser: pyroute2's decoder would need ~18 s for 100,000 entries."""
+    fast parser: pyroute2's decoder would need ~18 s for 100,000 entries. With `mark`
+    (value, mask) the kernel sends only entries whose mark & mask equals value."""
     now = time.monotonic()
     events: list[ConnEvent] = []
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -462,6 +523,8 @@ def raw_dump(on_malformed: Callable[[str], None]) -> list[ConnEvent]:
         sock.bind((0, 0))
         sock.settimeout(10)
         req = struct.pack("=BBH", socket.AF_UNSPEC, 0, 0)
+        if mark is not None:
+            req += _nla(CTA_MARK, BE32.pack(mark[0])) + _nla(CTA_MARK_MASK, BE32.pack(mark[1]))
         sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(req), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
                                  NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + req)
         while True:
@@ -485,6 +548,38 @@ def raw_dump(on_malformed: Callable[[str], None]) -> list[ConnEvent]:
                 offset += (length + 3) & ~3
     finally:
         sock.close()
+
+
+def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
+                batch: int = 256) -> tuple[int, int]:
+    """Clear the `mask` bits of every entry's mark (a new policy: each entry's next packet
+    is judged again). Dumps the entries that have the ingress flag, then updates them in
+    acknowledged batches. Returns (cleared, failed); an entry gone meanwhile is neither."""
+    report = on_malformed or (lambda what: LOG.warning("skipped malformed entry: %s", what))
+    entries = [e for e in raw_dump(report, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)) if e.mark & mask]
+    cleared = failed = 0
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        sock.bind((0, 0))
+        sock.settimeout(2.0)
+        for start in range(0, len(entries), batch):
+            chunk = entries[start:start + batch]
+            msgs = b"".join(mark_update_message(e.orig.family, e.orig, e.ct_id, 0, mask, i + 1)
+                            for i, e in enumerate(chunk))
+            sock.send(msgs)
+            waiting = set(range(1, len(chunk) + 1))
+            while waiting:
+                data = sock.recv(1 << 16)
+                for seq, code in netlink_acks(data):
+                    if seq in waiting:
+                        waiting.discard(seq)
+                        if code == 0:
+                            cleared += 1
+                        elif -code != errno.ENOENT:
+                            failed += 1
+    finally:
+        sock.close()
+    return cleared, failed
 
 
 def dump_entries() -> Iterable[ConnEvent]:

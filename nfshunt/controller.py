@@ -22,6 +22,10 @@ def _configure_osken(cfg: Config) -> None:
     conf = oscfg.CONF
     conf([], project="nfshunt", default_config_files=[])
     conf.set_override("ofp_listen_host", cfg.listen_address)
+    # A dead connection is noticed by unanswered echoes (a peer that vanished without a
+    # FIN) as well as by EOF; channel.ChannelDatapath makes sure either is reported.
+    conf.set_override("echo_request_interval", cfg.echo_interval)
+    conf.set_override("maximum_unreplied_echo_requests", cfg.echo_misses - 1)
     if cfg.tls is not None:
         conf.set_override("ofp_ssl_listen_port", cfg.listen_port)
         conf.set_override("ctl_privkey", cfg.tls.private_key)
@@ -38,6 +42,8 @@ def run(cfg: Config) -> int:
     from . import switch_app
 
     switch_app.NFShuntApp.OFP_VERSIONS = cfg.ofp_versions
+    from .channel import install_connection_factory
+    install_connection_factory()
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -62,6 +68,8 @@ def run(cfg: Config) -> int:
     LOG.info("NFShunt listening for OpenFlow %s on %s:%d%s",
              "/".join(cfg.openflow_versions), cfg.listen_address, cfg.listen_port,
              " (TLS)" if cfg.tls else "")
+    for warning in cfg.security_warnings():
+        LOG.warning("%s", warning)
     while not stop.wait(0.5):
         if reopen.is_set():
             reopen.clear()

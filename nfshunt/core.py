@@ -15,12 +15,17 @@ a shunt stays on the slow path (its entry kept) and waits; waiting connections a
 retried, blocks first, as pairs leave. A block that finds no room evicts the newest shunt.
 
 TCP teardown (OpenFlow 1.3, `tcp_teardown`): a shunt also gets per-direction FIN and RST
-catchers that send the packet to the controller instead of forwarding it. The controller
-forwards it on (packet-out). On an RST, or once both directions have sent a FIN, it
+catchers that forward the packet to the peer port in the switch and send its headers to
+the controller (nothing is re-injected: a packet the switch could not carry by packet-out
+would strand the close). On an RST, or once both directions have sent a FIN, the core
 re-creates the connection's conntrack entry in the closing state (CLOSE, LAST_ACK) and
 only then removes the flows: the rest of the close crosses the firewall, which recognises
-it instead of seeing stray packets of a connection it no longer tracks. Catchers left
-behind by a dead controller drop, never bypass.
+it instead of seeing stray packets of a connection it no longer tracks.
+
+Trust: only pairs this controller installed from a policy decision are ever installed
+again after a reconnect; pairs adopted from a switch's flow table (a restart) are kept
+while the switch has them and forgotten when it does not, so a peer that posed as the
+switch cannot get a forged pair onto the real one.
 """
 from __future__ import annotations
 
@@ -39,8 +44,9 @@ REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 # Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h) and timeouts for
 # the entry re-created on teardown.
-CT_TCP_LAST_ACK, CT_TCP_CLOSE = 6, 8
+CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
 TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
+REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry re-created for re-evaluation (refreshed by traffic)
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 
 
@@ -70,6 +76,8 @@ class Conn:
     fins: int = 0  # FINs caught: 1 original direction, 2 reply
     first_fin_reply: bool = False
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
+    adopted: bool = False  # read back from a switch, not installed from a policy decision
+    restore_on_removal: bool = False  # re-create the entry (decision cleared) before the flows go
 
     @property
     def kind(self) -> cookies.Kind:
@@ -131,22 +139,16 @@ class RemoveFlows:
 
 
 @dataclass(frozen=True, slots=True)
-class ForwardPacket:
-    """Packet-out of a caught teardown packet to the connection's peer port."""
-    data: bytes
-    in_port: int
-    out_port: int
-
-
-@dataclass(frozen=True, slots=True)
 class RestoreConntrack:
-    """Re-create the connection's conntrack entry in a closing TCP state; run `then` once
-    the kernel has acknowledged it (or refused: the flows must go either way)."""
+    """Re-create the connection's conntrack entry (a closing TCP state on teardown,
+    ESTABLISHED with the decision cleared on re-evaluation); run `then` once the kernel
+    has acknowledged it (or refused: the flows must go either way)."""
     conn: Conn
     tcp_state: int
     timeout: int
     closer_is_reply: bool
     then: tuple["Command", ...]
+    mark: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,7 @@ class Removed:
 
 Command = Union[InstallDefaults, DeleteAllFlows, DeleteSwitchFlow, RequestSwitchFlows,
                 ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Ignored,
-                Installed, Refused, Removed, ForwardPacket, RestoreConntrack]
+                Installed, Refused, Removed, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
 R_UNMARKED = "unmarked"
@@ -203,6 +205,8 @@ R_WAITING = "waiting for room on the switch"
 R_PINNED = "kept on the slow path by an operator"
 PIN_TTL = 3600.0  # seconds an operator's unshunt/block holds for a tuple
 R_NO_SHUNTING = "default_no_shunting is false"
+R_NAT = "nat: reply tuple is not the original reversed"
+R_ID_COLLISION = "conntrack id of a live pair"
 
 
 class Core:
@@ -281,7 +285,7 @@ class Core:
             conn = self.by_cookie.get(cookies.make(kind, ct_id))
             if conn is None and len(dirs) == 2:
                 conn = self._adopt(kind, ct_id, dirs, now)
-            if conn is not None and len(dirs) == 2:
+            if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
                 present.add(id(conn))
                 continue
             if self.cfg.delete_flows_on_startup or conn is None:
@@ -292,13 +296,32 @@ class Core:
             if conn is None or id(conn) not in present:
                 out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
         for conn in list(self.conns.values()):
-            if conn.state is State.ACTIVE and id(conn) not in present:
+            if conn.state is State.REMOVING:
+                # Taken down while the switch was away (flush, unshunt, block, policy):
+                # the decision holds, whatever the switch still has.
+                if id(conn) in present:
+                    conn.removing_since = now
+                    out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "removal"))
+                else:
+                    out.extend(self._finish_removal(conn, conn.remove_reason or "removal"))
+            elif conn.state is State.ACTIVE and id(conn) not in present:
+                if conn.adopted:
+                    # Read back from a switch, never decided here: nothing to re-install.
+                    self._forget(conn)
+                    out.append(Removed(conn, "not on the switch after a reconnect"))
+                    continue
                 conn.state = State.PENDING
                 conn.event_time = now
                 out.append(InstallFlows(conn))
         self.reconciled = True
         out.append(ResyncConntrack())
         return out
+
+    @staticmethod
+    def _matches(conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
+        """The switch's pair is this connection's (a flow under its cookie with another
+        tuple was not put there by this controller)."""
+        return dirs[False].match == conn.orig and dirs[True].match == conn.reply
 
     def _adopt(self, kind: cookies.Kind, ct_id: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
         fwd, rev = dirs[False], dirs[True]
@@ -312,8 +335,10 @@ class Core:
             return None
         if fwd.match in self.tuples or rev.match in self.tuples:
             return None
+        if rev.match != fwd.match.reversed():
+            return None  # not a pair NFShunt builds (it never shunts NAT)
         conn = Conn(fwd.match, rev.match, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
-                    ingress, egress, now, state=State.ACTIVE, confirmed_time=now)
+                    ingress, egress, now, state=State.ACTIVE, confirmed_time=now, adopted=True)
         self._remember(conn)
         return conn
 
@@ -361,6 +386,8 @@ class Core:
             return [Ignored(R_PROTOCOL, ev)]
         if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
             return [Ignored(R_CLOSING, ev)]
+        if ev.reply != ev.orig.reversed():
+            return [Ignored(R_NAT, ev)]  # the switch would have to rewrite addresses
         if existing is not None:  # REMOVING: handle once the old pair is gone
             if ev.kind is EventKind.DUMP:
                 # Most likely the entry whose deletion is still on its way. A connection
@@ -372,6 +399,13 @@ class Core:
             return [Ignored(R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
+        holder = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT if action == "shunt" else cookies.Kind.BLOCK,
+                                                 ev.ct_id))
+        if holder is not None:
+            # Ids are 32 bits and reused: a live pair has this one. The connection waits
+            # on the slow path until that pair is gone, so no pair ever stands for two.
+            self._wait(ev, front=action == "block")
+            return [Ignored(R_ID_COLLISION, ev)]
         out: list[Command] = []
         if self.cfg.max_shunts and self.shunts + self.blocks >= self.cfg.max_shunts:
             if action == "shunt":
@@ -432,6 +466,12 @@ class Core:
             return []
         conn.state = State.ACTIVE
         conn.confirmed_time = now
+        if conn.remove_reason is not None:
+            # Taken down (flush, unshunt, policy) while the switch was confirming: the
+            # entry is kept, so the connection goes on through the firewall.
+            reason = conn.remove_reason
+            self._start_removal(conn, reason, now)
+            return [RemoveFlows(conn, (False, True), reason)]
         self._sweeps.append((now + SWEEP_AFTER, conn))
         return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
                 Installed(conn, now - conn.event_time)]
@@ -457,18 +497,33 @@ class Core:
         conn.remove_reason = conn.remove_reason or reason
         self._removing.add(conn)
 
-    def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
-        """Take an active pair down (flush, manual unshunt, policy change)."""
-        if conn.state is not State.ACTIVE or self.conns.get(conn.orig) is not conn:
+    def remove(self, conn: Conn, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
+        """Take a pair down (flush, manual unshunt, policy change); a pending one as soon
+        as the switch confirms it. With `reevaluate`, a TCP connection's entry is first
+        re-created ESTABLISHED with the policy decision cleared, so its next packet is
+        judged by the current policy and a strict firewall does not drop it as INVALID."""
+        if self.conns.get(conn.orig) is not conn:
+            return []
+        if conn.state is State.PENDING:
+            conn.remove_reason = reason
+            return []
+        if conn.state is not State.ACTIVE:
             return []
         self._start_removal(conn, reason, now)
-        return [RemoveFlows(conn, (False, True), reason)]
+        remove = RemoveFlows(conn, (False, True), reason)
+        if reevaluate and conn.orig.proto == TCP and self.version is not None:
+            mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
+            return [RestoreConntrack(conn, CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, False, (remove,), mark)]
+        return [remove]
 
-    def flush(self, reason: str, now: float) -> list[Command]:
-        """Every shunt and block back to the slow path, where policy re-evaluates it."""
+    def flush(self, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
+        """Every shunt and block back to the slow path, where policy re-evaluates it;
+        connections waiting for room are dropped from the queue (their next packet is
+        judged again)."""
         out: list[Command] = []
+        self.waiting.clear()
         for conn in list(self.conns.values()):
-            out.extend(self.remove(conn, reason, now))
+            out.extend(self.remove(conn, reason, now, reevaluate))
         return out
 
     def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
@@ -501,20 +556,20 @@ class Core:
         for t in tuples:
             self.pins.pop(t, None)
 
-    def teardown_packet(self, cookie: int, in_port: int, data: bytes, now: float) -> list[Command]:
-        """A FIN or RST caught by a teardown flow (packet-in). Every caught packet is
-        forwarded. An RST ends the shunt at once; a FIN only once both directions have sent
-        one: after a single FIN the other side may still send data (half-close), and the
-        sender's retransmissions of data in flight are still due, so the fast path stays."""
+    def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
+        """A FIN or RST seen by a teardown flow (packet-in of its headers; the switch has
+        forwarded the packet itself). An RST ends the shunt at once; a FIN only once both
+        directions have sent one: after a single FIN the other side may still send data
+        (half-close), and the sender's retransmissions of data in flight are still due, so
+        the fast path stays. None: the packet-in names no connection of ours."""
         parsed = cookies.parse(cookie)
         if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
-            return []
+            return None
         _, ct_id, reply = parsed
         conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
-        if conn is None:
-            return []  # an orphan catcher (reconcile removes it): drop, never bypass
-        peer = conn.egress.fast if in_port == conn.ingress.fast else conn.ingress.fast
-        out: list[Command] = [ForwardPacket(data, in_port, peer)]
+        if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
+            return None  # an orphan catcher (reconcile removes it), or not its port
+        out: list[Command] = []
         if conn.state is not State.ACTIVE:
             return out
         if cookies.is_rst(cookie):
@@ -528,7 +583,8 @@ class Core:
             state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
         self._start_removal(conn, reason, now)
         out.append(RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
-                                    (RemoveFlows(conn, (False, True), reason),)))
+                                    (RemoveFlows(conn, (False, True), reason),),
+                                    conn.event.mark if conn.event else 0))
         return out
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
@@ -561,9 +617,10 @@ class Core:
             _, conn = self._sweeps.popleft()
             if conn.state is State.ACTIVE and self.conns.get(conn.orig) is conn:
                 out.append(DeleteConntrack(conn.orig.family, conn.orig, None))
-        for conn in list(self._removing):
-            if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
-                out.extend(self._finish_removal(conn, "removal not confirmed"))
+        if self.version is not None:  # while the switch is away, removals wait for it
+            for conn in list(self._removing):
+                if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
+                    out.extend(self._finish_removal(conn, "removal not confirmed"))
         if self.pins:
             for t in [t for t, p in self.pins.items() if p.expires <= now]:
                 del self.pins[t]

@@ -22,6 +22,9 @@ OFP13 = 0x04
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 
 TCP_FIN, TCP_RST = 0x01, 0x04
+OFP10_VLAN_NONE = 0xFFFF  # OpenFlow 1.0 dl_vlan: frames without an 802.1Q tag
+OFP13_VID_NONE = 0x0000  # OpenFlow 1.3 vlan_vid: no VLAN tag (OFPVID_NONE)
+TEARDOWN_HEADERS = 128  # bytes of a caught FIN/RST sent to the controller: Ethernet, IP, TCP
 REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
 
 
@@ -119,12 +122,14 @@ class FlowBuilder:
         p = self.parser
         if t is None:
             return p.OFPMatch(in_port=in_port)
+        # Untagged frames only: the firewall judged this connection as untagged traffic, and
+        # the same 5-tuple under an 802.1Q tag is another network's.
         if self.version == OFP10:
             if t.family != 4:
                 raise ValueError("OpenFlow 1.0 cannot match IPv6")
-            return p.OFPMatch(in_port=in_port, dl_type=ETH_IPV4, nw_proto=t.proto,
+            return p.OFPMatch(in_port=in_port, dl_vlan=OFP10_VLAN_NONE, dl_type=ETH_IPV4, nw_proto=t.proto,
                               nw_src=t.src, nw_dst=t.dst, tp_src=t.sport, tp_dst=t.dport)
-        fields: dict[str, Any] = {"in_port": in_port, "ip_proto": t.proto}
+        fields: dict[str, Any] = {"in_port": in_port, "vlan_vid": OFP13_VID_NONE, "ip_proto": t.proto}
         if t.family == 4:
             fields.update(eth_type=ETH_IPV4, ipv4_src=t.src, ipv4_dst=t.dst)
         else:
@@ -184,7 +189,7 @@ class FlowBuilder:
     def install(self, conn: Conn) -> list[Any]:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
         (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST
-        catchers one priority above, which send the packet to the controller."""
+        catchers one priority above, which forward the packet and tell the controller."""
         shunt = conn.action == "shunt"
         idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
         out = []
@@ -203,20 +208,24 @@ class FlowBuilder:
 
     def _catchers(self, conn: Conn) -> list[Any]:
         p, ofp = self.parser, self.ofp
-        # No timeouts: they go with the pair (remove()); left behind by a dead controller
-        # they drop FIN/RST of that one tuple (fail secure), until reconcile deletes them.
-        to_controller = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
-                                                 [p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+        # The switch forwards the FIN/RST itself and sends only its headers to the
+        # controller: the close never depends on re-injecting a packet (a large FIN segment
+        # cannot always be carried by packet-out). No timeout (FINs are rare, an idle
+        # timeout would expire under a live shunt): they go with the pair, and reconcile
+        # deletes any a dead controller left behind.
         out = []
         prio = self._priority(conn) + 1
         for reply in (False, True):
-            in_port, t, _ = self._direction(conn, reply)
+            in_port, t, peer = self._direction(conn, reply)
+            actions = [p.OFPActionOutput(peer), p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            inst = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
             for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
-                def build(cookie: int, tt: FlowTuple, in_port: int = in_port, bit: int = bit) -> Any:
+                def build(cookie: int, tt: FlowTuple, in_port: int = in_port, bit: int = bit,
+                          inst: list[Any] = inst) -> Any:
                     return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=prio,
                                         match=self.match(in_port, tt, tcp_flags=(bit, bit)),
-                                        instructions=to_controller)
-                out.append(self._templated(("catch", t.family, in_port, bit, prio), build, t.family,
+                                        instructions=inst)
+                out.append(self._templated(("catch", t.family, in_port, peer, bit, prio), build, t.family,
                                            cookies.make_teardown(conn.ct_id, reply, rst), t))
         return out
 
@@ -260,14 +269,17 @@ class FlowBuilder:
                             match=p.OFPMatch())
 
     def delete_switch_flow(self, flow: SwitchFlow) -> Any:
-        if self.version != OFP10 and (flow.cookie >> 48) & 0xFF == cookies.Kind.TEARDOWN:
-            return self._delete_by_cookie(flow.cookie, ALL_ONES_64)  # the tcp_flags match is not parsed back
-        return self._delete(self.match(flow.in_port or 0, flow.match), flow.priority, flow.cookie)
-
-    def packet_out(self, data: bytes, in_port: int, out_port: int) -> Any:
+        """A flow read back from the switch, whatever fields its match has (an older
+        NFShunt's, another tool's): by its exact cookie in 1.3; in 1.0, which cannot
+        filter by cookie, by a loose match on its tuple."""
+        if self.version != OFP10:
+            return self._delete_by_cookie(flow.cookie, ALL_ONES_64)
         p, ofp = self.parser, self.ofp
-        return p.OFPPacketOut(self.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=in_port,
-                              actions=[p.OFPActionOutput(out_port)], data=data)
+        t = flow.match
+        match = p.OFPMatch(in_port=flow.in_port or 0) if t is None else p.OFPMatch(
+            in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
+            tp_src=t.sport, tp_dst=t.dport)
+        return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_NONE)
 
     def delete_all(self) -> Any:
         p, ofp = self.parser, self.ofp

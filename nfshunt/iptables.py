@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from . import markcodec
 from .config import ACTIONS, Config, ConfigError
 
+EXIT_FAILED = 1
+
 # Decision chains: a policy rule `-g NFSHUNT_SHUNT` marks and ends NFSHUNT_POLICY for that
 # packet (first match wins). A bare `-j MARK` rule does not end the chain: a later
 # matching rule would overwrite its decision.
@@ -25,6 +27,8 @@ CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_POST", "NFSHUNT_POST_PD_O
           *DECISIONS.values(), "NFSHUNT_POLICY")
 JUMPS = (("PREROUTING", "NFSHUNT_PRE"), ("POSTROUTING", "NFSHUNT_POST"))
 OURS = "0xffff0000"  # CONNMARK masks: the low 16 bits stay the admin's
+# Tagged frames are filtered as IP too; with 0 they cross the bridge unjudged.
+VLAN_SYSCTL = "/proc/sys/net/bridge/bridge-nf-filter-vlan-tagged"
 SYSCTL = {"ipv4": "/proc/sys/net/bridge/bridge-nf-call-iptables",
           "ipv6": "/proc/sys/net/bridge/bridge-nf-call-ip6tables"}
 TOOLS = {"ipv4": ("iptables", "iptables-restore"), "ipv6": ("ip6tables", "ip6tables-restore")}
@@ -210,6 +214,15 @@ def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
         if not on and not fix_sysctl:
             problems.append(f"{name} is 0, so iptables never sees bridged traffic: "
                             f"run `sysctl -w {name}=1` or pass --fix-sysctl")
+    name = VLAN_SYSCTL.removeprefix("/proc/sys/").replace("/", ".")
+    try:
+        with open(VLAN_SYSCTL) as fh:
+            vlan_on = fh.read().strip() == "1"
+    except OSError:
+        vlan_on = True  # no br_netfilter: reported above
+    if not vlan_on and not fix_sysctl:
+        problems.append(f"{name} is 0, so 802.1Q-tagged IP crosses the bridge without iptables: "
+                        f"run `sysctl -w {name}=1` or pass --fix-sysctl")
     return problems
 
 
@@ -229,11 +242,11 @@ def _check_bridge_ports(names: list[str]) -> list[str]:
 
 
 def fix_sysctls(families: list[str]) -> None:
-    for family in families:
-        with open(SYSCTL[family]) as fh:
+    for path in [SYSCTL[family] for family in families] + [VLAN_SYSCTL]:
+        with open(path) as fh:
             if fh.read().strip() == "1":
                 continue
-        with open(SYSCTL[family], "w") as fh:
+        with open(path, "w") as fh:
             fh.write("1\n")
 
 
@@ -289,28 +302,36 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
     print(f"NFSHUNT chains applied ({', '.join(families)}); "
           + ("NFSHUNT_POLICY replaced from " + args.policy if policy is not None else "NFSHUNT_POLICY kept"))
     if policy is not None and not getattr(args, "no_reevaluate", False):
-        reevaluate(cfg)
+        return reevaluate(cfg)
     return 0
 
 
-def reevaluate(cfg: Config) -> None:
-    """A new policy applies to connections already shunted or blocked too: the running
-    controller takes their flows down, their next packets cross the firewall, and the
-    new policy marks them afresh (shunting again what it still shunts)."""
-    if not cfg.control_socket or not os.path.exists(cfg.control_socket):
-        print("no running controller to re-evaluate existing shunts (no control socket)")
-        return
+def reevaluate(cfg: Config) -> int:
+    """A new policy applies to connections that already have a decision too: the running
+    controller clears the decision bits of every conntrack entry (so the next packet of
+    each crosses NFSHUNT_POLICY again) and takes the shunts and blocks down. Without a
+    controller the marks are cleared here. Non-zero when that could not happen."""
     from .control import ControlError, request
+    reason = "use --no-reevaluate to apply a policy to new connections only"
+    if not cfg.control_socket or not os.path.exists(cfg.control_socket):
+        from .conntrack import clear_marks
+        try:
+            cleared, failed = clear_marks(markcodec.DECISION_MASK)
+        except OSError as exc:
+            return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
+        print(f"no running controller (no control socket); decisions cleared on {cleared} conntrack entries"
+              + (f", {failed} could not be updated" if failed else ""))
+        return 0 if not failed else EXIT_FAILED
     try:
-        reply = request(cfg.control_socket, {"cmd": "flush", "reason": "policy changed"})
+        reply = request(cfg.control_socket, {"cmd": "reevaluate", "reason": "policy changed"}, timeout=30)
     except ControlError as exc:
-        print(f"nfshunt iptables: policy applied, but existing shunts were not re-evaluated: {exc}",
-              file=sys.stderr)
-        return
+        return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
     if "error" in reply:
-        print(f"nfshunt iptables: controller refused the re-evaluation: {reply['error']}", file=sys.stderr)
-    else:
-        print(f"existing shunts and blocks sent back through the new policy: {reply.get('removed', 0)}")
+        return _fail(f"policy applied, but the controller could not re-evaluate: {reply['error']} ({reason})")
+    print(f"existing connections sent back through the new policy: {reply.get('removed', 0)} shunts and blocks"
+          f" taken down, decisions cleared on {reply.get('cleared', 0)} conntrack entries"
+          + ("" if reply.get("switch_connected", True) else " (switch away: its flows go when it returns)"))
+    return 0 if not reply.get("clear_failed") else EXIT_FAILED
 
 
 def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:
@@ -338,7 +359,7 @@ def cmd_mark(args: argparse.Namespace) -> int:
         for number, action in sorted(cfg.mark_actions.items(), reverse=True):
             names[action] = number
     action = args.action
-    if action.isdigit():
+    if action.isascii() and action.isdigit():
         number = int(action)
         if number > markcodec.NIBBLE:
             return _fail(f"action number {number} does not fit in 4 bits (0-15)")

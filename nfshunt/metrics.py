@@ -28,7 +28,13 @@ LABELLED = {
                 "slow path)", ("action",)),
     "removed": ("nfshunt_flows_removed", "Shunt and block pairs removed, by reason", ("action", "reason")),
     "openflow_error": ("nfshunt_openflow_errors", "OpenFlow error messages from the switch", ("type", "code")),
-    "operator": ("nfshunt_operator_actions", "Manual control requests (flush, unshunt, block)", ("action",)),
+    "operator": ("nfshunt_operator_actions", "Manual control requests (flush, reevaluate, unshunt, block)",
+                 ("action",)),
+    "packet_in": ("nfshunt_packet_ins", "Packet-ins from the switch, by what they were (teardown or why "
+                  "unexpected)", ("reason",)),
+    "switch_refused": ("nfshunt_switch_refused", "OpenFlow peers refused, by reason", ("reason",)),
+    "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "
+                         "the served switch connection", ("message",)),
 }
 PLAIN = {
     "switch_connects": "Switch connections accepted (the first and every reconnect)",
@@ -36,9 +42,10 @@ PLAIN = {
     "conntrack_resyncs": "Conntrack table dumps processed (start-up, reconnect, after lost events)",
     "netlink_malformed": "Conntrack netlink messages skipped as malformed",
     "openflow_malformed": "OpenFlow messages or flows skipped as unreadable",
-    "packet_in_unexpected": "Packet-ins that matched no known connection",
+    "switch_disconnects": "Switch connections that ended (closed, echoes unanswered, replaced)",
+    "install_timeouts": "Installs rolled back because the switch did not answer their barrier",
     "teardowns": "Shunts taken down because the connection sent FIN or RST",
-    "teardown_packets_forwarded": "FIN/RST packets forwarded by packet-out",
+    "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",
 }

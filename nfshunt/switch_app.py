@@ -1,10 +1,16 @@
 """The os-ken application: the one thread where conntrack events, switch messages and
-timers meet the decision core, and the one send path to the switch.
+timers meet the decision core.
 
 Every input arrives as an os-ken event on this app's queue and is handled on its event
-loop thread, so the core needs no locks. Commands from the core are turned into
-OpenFlow messages, concatenated, and written with a single barrier per batch; the
-barrier reply is what confirms a shunt or block.
+loop thread, so the core needs no locks. Commands from the core become OpenFlow messages
+on the switch channel's send path (channel.SendPath: one write and one barrier per
+batch; the barrier reply confirms a shunt or block).
+
+Only the configured switch is served: a peer outside `switch_addresses` is refused before
+its handshake, a datapath other than `datapath_id` after it, and every handler drops
+messages of any connection but the served one (counted, logged rate-limited). A new
+connection of the served switch replaces the old one (a reboot or a re-pointed switch),
+when it comes from the same address or over TLS.
 """
 from __future__ import annotations
 
@@ -23,15 +29,18 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
 from os_ken.lib import hub
 
 from . import core as c
+from .channel import ChannelDatapath, RateLimitedLog, SendPath, address_allowed, table_full
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer, parse_tuple
 from .logs import BatchedFileHandler, flush_all
 from .metrics import Metrics
 from .flows import REMOVED_REASONS, FlowBuilder
+from . import markcodec
 from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
+PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
 
 
 EVENT_COUNTER = {k: f"conntrack_event:{k.value}" for k in EventKind}  # no per-event formatting
@@ -132,13 +141,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.counters = Counters()
         self.dp: Any = None
         self.fb: FlowBuilder | None = None
-        self._out: list[Any] = []  # messages waiting for flush()
-        self._batch: list[c.Conn] = []  # installs waiting for the next barrier
-        self._batch_xids: list[int] = []  # their flow-mods' xids
-        self._install_xid: dict[int, c.Conn] = {}  # until the batch's barrier reply: errors name xids
-        self._barriers: dict[int, tuple[list[c.Conn], list[int]]] = {}
-        self._barrier_waiters: dict[int, threading.Event] = {}
-        self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
+        self.send: SendPath | None = None
+        self.rlog = RateLimitedLog(LOG)
+        ChannelDatapath.admit = self._admit
         self._flow_stats: list[SwitchFlow] = []
         self._stats_requests: dict[int, tuple[list[SwitchFlow], EventControl]] = {}  # status requests
         self._running = True
@@ -184,10 +189,13 @@ class NFShuntApp(app_manager.OSKenApp):
         LOG.warning("skipped malformed conntrack message: %s", what)
 
     def close(self) -> None:
+        """Stop every thread; the worker first finishes the conntrack deletes it has queued."""
         self._running = False
         self.metrics.stop()
         if self.control is not None:
             self.control.stop()
+        self.listener.stop()
+        self.worker.stop()
 
     def reopen_logs(self) -> None:
         """SIGHUP: reopen the audit log (after logrotate moved it)."""
@@ -209,45 +217,74 @@ class NFShuntApp(app_manager.OSKenApp):
         core = self.core
         return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
                 "connected": 1 if self.dp is not None else 0, "max_shunts": self.cfg.max_shunts}
-        self.listener.stop()
-        self.worker.stop()
 
     # --- switch lifecycle -----------------------------------------------------------------
+
+    def _admit(self, address: tuple[str, int]) -> str | None:
+        """On os-ken's accept thread, before the handshake: the peer's address."""
+        if address_allowed(address[0], self.cfg.switch_addresses):
+            return None
+        self.counters["switch_refused:address not allowed"] += 1
+        self.rlog.warning("refused-address", "refused an OpenFlow connection from %s: not in switch_addresses",
+                          address[0])
+        return "address not allowed"
+
+    def _refuse(self, dp: Any, reason: str, detail: str) -> None:
+        self.counters[f"switch_refused:{reason}"] += 1
+        self.rlog.warning(f"refused-{reason}", "refused switch %016x from %s: %s", dp.id or 0, dp.address[0], detail)
+        dp.close()
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev: Any) -> None:
         dp = ev.datapath
         if ev.state == MAIN_DISPATCHER:
-            if self.dp is not None and self.dp is not dp:
-                LOG.error("switch %016x connected while %016x is served; refusing it", dp.id or 0, self.dp.id)
-                dp.close()
-                return
             if self.cfg.datapath_id is not None and dp.id != self.cfg.datapath_id:
-                LOG.error("switch %016x is not the configured datapath_id %016x; refusing it",
-                          dp.id or 0, self.cfg.datapath_id)
-                dp.close()
+                self._refuse(dp, "datapath id not configured",
+                             f"not the configured datapath_id {self.cfg.datapath_id:016x}")
                 return
+            old = self.dp
+            if old is not None and old is not dp:
+                # The served switch again (rebooted, re-pointed, or its old connection is
+                # dead and not yet noticed): the new connection replaces the old one. Only
+                # the same datapath from the same address, or any over TLS (authenticated).
+                if dp.id != old.id or (self.cfg.tls is None and dp.address[0] != old.address[0]):
+                    self._refuse(dp, "another switch is served",
+                                 f"switch {old.id:016x} from {old.address[0]} is served")
+                    return
+                LOG.warning("switch %016x connected again from %s: replacing its old connection",
+                            dp.id, dp.address[0])
+                self._disconnected(old, "replaced by a new connection")
+                old.close()
             self.dp = dp
             self.fb = FlowBuilder(dp, self.cfg)
+            self.send = SendPath(dp, self.fb)
             self.counters["switch_connects"] += 1
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
             self._flow_stats = []
             self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION))
         elif ev.state == DEAD_DISPATCHER and dp is self.dp:
-            LOG.warning("switch %016x disconnected", dp.id or 0)
-            self.dp = None
-            self.fb = None
-            self._out.clear()
-            self._batch.clear()
-            self._batch_xids.clear()
-            self._install_xid.clear()
-            self._barriers.clear()
-            self._failed.clear()
-            for _, request in self._stats_requests.values():
-                request.answer(self._status(None))
-            self._stats_requests.clear()
-            self._run(self.core.switch_disconnected())
+            self._disconnected(dp, "connection closed or echo unanswered")
+
+    def _disconnected(self, dp: Any, why: str) -> None:
+        LOG.warning("switch %016x disconnected (%s)", dp.id or 0, why)
+        self.counters["switch_disconnects"] += 1
+        self.dp = None
+        self.fb = None
+        self.send = None
+        for _, request in self._stats_requests.values():
+            request.answer(self._status(None))
+        self._stats_requests.clear()
+        self._run(self.core.switch_disconnected())
+
+    def _ours(self, msg: Any, what: str) -> bool:
+        """A message of the served connection; anything else is counted and dropped."""
+        if msg.datapath is self.dp and self.dp is not None:
+            return True
+        self.counters[f"openflow_ignored:{what}"] += 1
+        self.rlog.warning(f"foreign-{what}", "ignored %s from %s: not the served switch connection", what,
+                          getattr(msg.datapath, "address", ("?",))[0])
+        return False
 
     @property
     def switch_connected(self) -> bool:
@@ -257,20 +294,17 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier_reply(self, ev: Any) -> None:
-        xid = ev.msg.xid
-        waiter = self._barrier_waiters.pop(xid, None)
-        if waiter is not None:
-            waiter.set()
-        batch = self._barriers.pop(xid, None)
-        if not batch:
+        if not self._ours(ev.msg, "barrier reply") or self.send is None:
             return
-        conns, xids = batch
-        for x in xids:  # every error of the batch came before its barrier reply
-            self._install_xid.pop(x, None)
+        batch = self.send.barrier_reply(ev.msg.xid)
+        if batch is not None:
+            self._settle(batch.conns, batch.failed)
+
+    def _settle(self, conns: list[c.Conn], failed: dict[int, tuple[str, bool]]) -> None:
         now = time.monotonic()
         out: list[c.Command] = []
         for conn in conns:
-            failure = self._failed.pop(id(conn), None)
+            failure = failed.get(id(conn))
             if failure is None:
                 out.extend(self.core.flows_confirmed(conn, now))
             else:
@@ -280,45 +314,52 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev: Any) -> None:
         msg = ev.msg
+        if not self._ours(msg, "error"):
+            return  # before the handshake or from a refused peer: no key per type and code
         self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
-        conn = self._install_xid.pop(msg.xid, None)
         reason = f"switch error type={msg.type} code={msg.code}"
+        conn = self.send.error(msg.xid, reason, table_full(msg)) if self.send is not None else None
         if conn is not None:
-            self._failed[id(conn)] = (reason, self._table_full(msg))
-            LOG.warning("switch refused a flow of %s: %s", conn.describe(), reason)
+            self.rlog.warning("refused-flow", "switch refused a flow of %s: %s", conn.describe(), reason)
         else:
-            LOG.warning("switch error for xid %s: %s", msg.xid, reason)
-
-    def _table_full(self, msg: Any) -> bool:
-        ofp = msg.datapath.ofproto
-        if ofp.OFP_VERSION == 1:
-            return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_ALL_TABLES_FULL
-        return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_TABLE_FULL
+            self.rlog.warning(f"error-{msg.type}-{msg.code}", "switch error for xid %s: %s", msg.xid, reason)
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
-        """Only the TCP teardown catchers send packets here (OpenFlow 1.3)."""
+        """Only the TCP teardown catchers send packets here (OpenFlow 1.3), and only the
+        headers: the switch forwarded the packet itself."""
         msg = ev.msg
+        if not self._ours(msg, "packet-in"):
+            return
         cookie = getattr(msg, "cookie", None)
         in_port = msg.match.get("in_port") if hasattr(msg.match, "get") else None
-        if cookie is None or in_port is None or not msg.data:
-            self.counters["packet_in_unexpected"] += 1
+        if cookie is None or in_port is None:
+            self._unexpected_packet_in("no cookie or in_port", cookie)
             return
-        out = self.core.teardown_packet(cookie, in_port, bytes(msg.data), time.monotonic())
-        if not out:
-            self.counters["packet_in_unexpected"] += 1
+        out = self.core.teardown_packet(cookie, in_port, time.monotonic())
+        if out is None:
+            self._unexpected_packet_in("no connection of ours", cookie)
+            return
+        self.counters["packet_in:teardown"] += 1
         self._run(out)
+
+    def _unexpected_packet_in(self, reason: str, cookie: int | None) -> None:
+        self.counters[f"packet_in:{reason}"] += 1
+        self.rlog.warning(f"packet-in-{reason}", "unexpected packet-in (%s), cookie %s", reason,
+                          "none" if cookie is None else f"0x{cookie:016x}")
 
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
     def _flow_removed(self, ev: Any) -> None:
         m = ev.msg
+        if not self._ours(m, "flow-removed"):
+            return
         reason = REMOVED_REASONS.get(m.reason, f"reason {m.reason}")
         self._run(self.core.flow_removed(m.cookie, reason, m.packet_count, m.byte_count,
                                          m.duration_sec + m.duration_nsec / 1e9, time.monotonic()))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def _flow_stats_reply(self, ev: Any) -> None:
-        if self.fb is None or ev.msg.datapath is not self.dp:
+        if not self._ours(ev.msg, "flow stats") or self.fb is None:
             return
         status = self._stats_requests.get(ev.msg.xid)  # an operator's request, or a reconcile
         collected = status[0] if status is not None else self._flow_stats
@@ -335,7 +376,12 @@ class NFShuntApp(app_manager.OSKenApp):
             status[1].answer(self._status(collected))
             return
         flows, self._flow_stats = self._flow_stats, []
-        self._run(self.core.reconcile(flows, time.monotonic()))
+        out = self.core.reconcile(flows, time.monotonic())
+        kinds = collections.Counter(type(cmd).__name__ for cmd in out)
+        LOG.info("reconciled with the switch: %d NFShunt flows read, %d pairs held, %d re-installed, "
+                 "%d flows deleted, %d pairs forgotten", len(flows), len(self.core.conns), kinds["InstallFlows"],
+                 kinds["DeleteSwitchFlow"], kinds["Removed"])
+        self._run(out)
 
     # --- conntrack and timers ---------------------------------------------------------------
 
@@ -381,7 +427,7 @@ class NFShuntApp(app_manager.OSKenApp):
             msg = self.fb.owned_flow_stats_request()
             xid = self.dp.set_xid(msg)
             self._stats_requests[xid] = ([], ev)
-            self._out.append(msg)
+            self._queue(msg)
             self._flush()
             return
         if cmd == "flush":
@@ -390,7 +436,10 @@ class NFShuntApp(app_manager.OSKenApp):
             self.counters["operator_flush"] += 1
             LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, len(out))
             self._run(out)
-            ev.answer({"ok": True, "removed": len(out)})
+            ev.answer({"ok": True, "removed": len(out), "switch_connected": self.dp is not None})
+            return
+        if cmd == "reevaluate":
+            self._reevaluate(ev, str(req.get("reason") or "policy changed"), now)
             return
         if cmd in ("unshunt", "block"):
             try:
@@ -404,7 +453,26 @@ class NFShuntApp(app_manager.OSKenApp):
             self._run(out)
             ev.answer({"ok": True, "tuple": str(orig), "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
             return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, unshunt, block)"})
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block)"})
+
+    def _reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
+        """A new policy: every connection is judged again. Decided marks are cleared in
+        the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
+        block is taken down, a TCP one after its entry is re-created so it goes on through
+        the firewall without a stall. Answered once the kernel has done its part."""
+        out = self.core.flush(reason, now, reevaluate=True)
+        self.counters["operator_reevaluate"] += 1
+        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, len(out))
+        self._run(out)
+        removed = len(out)
+
+        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
+            if error is not None:
+                ev.answer({"error": f"could not clear the decision marks: {error}"})
+            else:
+                ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
+                           "switch_connected": self.dp is not None})
+        self.worker.clear_marks(markcodec.DECISION_MASK, done)
 
     def _target(self, req: dict[str, Any]) -> FlowTuple:
         if "tuple" in req:
@@ -446,7 +514,14 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
-        self._run(self.core.tick(time.monotonic()))
+        now = time.monotonic()
+        if self.send is not None:
+            for batch in self.send.expired(now, PENDING_TIMEOUT):
+                self.counters["install_timeouts"] += len(batch.conns)
+                LOG.warning("the switch did not answer a barrier within %.0f s: %d installs rolled back",
+                            PENDING_TIMEOUT, len(batch.conns))
+                self._settle(batch.conns, {id(conn): ("no answer from the switch", False) for conn in batch.conns})
+        self._run(self.core.tick(now))
         flush_all()  # batched log lines are at most a second late
 
     @set_ev_cls(EventShutdown)
@@ -456,7 +531,7 @@ class NFShuntApp(app_manager.OSKenApp):
             ev.done.set()
             return
         for cmd in removals:
-            self._out.extend(self.fb.remove(cmd.conn, cmd.directions))
+            self._queue(*self.fb.remove(cmd.conn, cmd.directions))
         LOG.info("shutting down: removing %d shunts and blocks (delete_flows_on_shutdown)", len(removals))
         self._flush(waiter=ev.done)
 
@@ -483,14 +558,8 @@ class NFShuntApp(app_manager.OSKenApp):
                 LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
                           cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
         elif isinstance(cmd, c.InstallFlows):
-            if fb is None:
-                return
-            for msg in fb.install(cmd.conn):
-                self._out.append(msg)
-                x = self.dp.set_xid(msg)
-                self._install_xid[x] = cmd.conn
-                self._batch_xids.append(x)
-            self._batch.append(cmd.conn)
+            if self.send is not None:
+                self.send.install(cmd.conn)
         elif isinstance(cmd, c.DeleteConntrack):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
@@ -514,57 +583,38 @@ class NFShuntApp(app_manager.OSKenApp):
                 self.audit.info(json.dumps(audit_record(cmd.conn, cmd.reason)))
         elif isinstance(cmd, c.RemoveFlows):
             if fb is not None:
-                self._out.extend(fb.remove(cmd.conn, cmd.directions))
+                self._queue(*fb.remove(cmd.conn, cmd.directions))
         elif isinstance(cmd, c.InstallDefaults):
             if fb is not None:
-                self._out.extend(fb.defaults(cmd.groups))
+                self._queue(*fb.defaults(cmd.groups))
                 LOG.info("default slow-path flows installed for %d port groups", len(cmd.groups))
         elif isinstance(cmd, c.DeleteAllFlows):
             if fb is not None:
-                self._out.append(fb.delete_all())
+                self._queue(fb.delete_all())
                 LOG.warning("deleting every flow on the switch (delete_foreign_flows_on_startup)")
         elif isinstance(cmd, c.DeleteSwitchFlow):
             if fb is not None:
-                self._out.append(fb.delete_switch_flow(cmd.flow))
+                self._queue(fb.delete_switch_flow(cmd.flow))
                 self.counters["reconcile_deleted"] += 1
                 LOG.info("deleting switch flow cookie=0x%016x: %s", cmd.flow.cookie, cmd.reason)
         elif isinstance(cmd, c.RequestSwitchFlows):
             if fb is not None:
-                self._out.append(fb.owned_flow_stats_request())
+                self._queue(fb.owned_flow_stats_request())
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
-        elif isinstance(cmd, c.ForwardPacket):
-            if fb is not None:
-                self._out.append(fb.packet_out(cmd.data, cmd.in_port, cmd.out_port))
-                self.counters["teardown_packets_forwarded"] += 1
         elif isinstance(cmd, c.RestoreConntrack):
             conn = cmd.conn
-            self.counters["teardowns"] += 1
+            self.counters["teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations"] += 1
             then = cmd.then
             self.worker.restore(conn.orig.family, conn.orig, conn.reply, cmd.tcp_state, cmd.timeout,
-                                cmd.closer_is_reply, conn.event.mark if conn.event else 0,
-                                lambda: self.send_event(self.name, EventRun(then)))
+                                cmd.closer_is_reply, cmd.mark, lambda: self.send_event(self.name, EventRun(then)))
+
+    def _queue(self, *msgs: Any) -> None:
+        if self.send is not None:
+            self.send.queue(list(msgs))
 
     def _flush(self, waiter: threading.Event | None = None) -> None:
-        dp = self.dp
-        if dp is None or (not self._out and waiter is None):
-            self._out.clear()
-            return
-        buf = bytearray()
-        for msg in self._out:
-            if msg.xid is None:
-                dp.set_xid(msg)
-            msg.serialize()
-            buf += msg.buf
-        self._out.clear()
-        if self._batch or waiter is not None:
-            barrier = self.fb.barrier()
-            xid = dp.set_xid(barrier)
-            barrier.serialize()
-            buf += barrier.buf
-            if self._batch:
-                self._barriers[xid] = (self._batch, self._batch_xids)
-                self._batch, self._batch_xids = [], []
-            if waiter is not None:
-                self._barrier_waiters[xid] = waiter
-        dp.send(bytes(buf))
+        if self.send is not None:
+            self.send.flush(waiter)
+        elif waiter is not None:
+            waiter.set()

@@ -231,41 +231,45 @@ def test_flush_takes_every_active_pair_down_and_removal_reports_the_reason():
     assert core.flush("again", 151.0) == []  # nothing active is left to take down
 
 
-def test_fins_are_forwarded_and_the_second_direction_s_fin_ends_the_shunt():
+def test_the_second_direction_s_fin_ends_the_shunt():
     core = connected()
     conn = shunted(core)
     fin_reply = cookies.make_teardown(conn.ct_id, reply=True, rst=False)
     fin_orig = cookies.make_teardown(conn.ct_id, reply=False, rst=False)
-    # The server closes first: forwarded, the shunt stays (the client may still send).
-    out = core.teardown_packet(fin_reply, 3, b"pkt", 120.0)
-    assert types(out) == ["ForwardPacket"] and (out[0].in_port, out[0].out_port, out[0].data) == (3, 1, b"pkt")
-    assert types(core.teardown_packet(fin_reply, 3, b"again", 120.1)) == ["ForwardPacket"]  # retransmitted FIN
+    # The server closes first (the switch forwarded it): the shunt stays, the client may still send.
+    assert core.teardown_packet(fin_reply, 3, 120.0) == []
+    assert core.teardown_packet(fin_reply, 3, 120.1) == []  # retransmitted FIN
     assert conn.state is c.State.ACTIVE
-    out = core.teardown_packet(fin_orig, 1, b"p2", 120.2)
-    assert types(out) == ["ForwardPacket", "RestoreConntrack"] and out[0].out_port == 3
-    restore = out[1]
+    out = core.teardown_packet(fin_orig, 1, 120.2)
+    assert types(out) == ["RestoreConntrack"]
+    restore = out[0]
     assert restore.tcp_state == c.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
+    assert restore.mark == conn.event.mark
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
-    # A late FIN while the pair is going: forwarded, nothing restored twice.
-    assert types(core.teardown_packet(fin_orig, 1, b"p3", 120.3)) == ["ForwardPacket"]
+    # A late FIN while the pair is going: nothing restored twice.
+    assert core.teardown_packet(fin_orig, 1, 120.3) == []
     removed = _remove_pair(core, conn, "delete")
     assert [x.reason for x in removed if type(x).__name__ == "Removed"] == ["tcp fin"]
 
 
-def test_a_fin_caught_before_the_barrier_reply_is_still_forwarded():
+def test_a_fin_caught_before_the_barrier_reply_changes_nothing():
     core = connected()
     (install,) = core.conntrack_event(event())
-    out = core.teardown_packet(cookies.make_teardown(install.conn.ct_id, False, False), 1, b"x", 1.0)
-    assert types(out) == ["ForwardPacket"]
+    assert core.teardown_packet(cookies.make_teardown(install.conn.ct_id, False, False), 1, 1.0) == []
+    assert install.conn.state is c.State.PENDING and install.conn.fins == 0
 
 
-def test_rst_restores_a_closed_entry_and_orphan_catchers_drop():
+def test_rst_restores_a_closed_entry_and_strange_packet_ins_are_not_ours():
     core = connected()
     conn = shunted(core)
-    out = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, b"r", 1.0)
-    assert out[1].tcp_state == c.CT_TCP_CLOSE and out[1].timeout == 10
-    assert core.teardown_packet(cookies.make_teardown(999, False, False), 1, b"x", 1.0) == []
-    assert core.teardown_packet(cookies.make(cookies.Kind.SHUNT, conn.ct_id), 1, b"x", 1.0) == []
+    out = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
+    assert out[0].tcp_state == c.CT_TCP_CLOSE and out[0].timeout == 10
+    assert core.teardown_packet(cookies.make_teardown(999, False, False), 1, 1.0) is None  # orphan catcher
+    assert core.teardown_packet(cookies.make(cookies.Kind.SHUNT, conn.ct_id), 1, 1.0) is None  # not a catcher
+    other = shunted(core, sport=2, ct_id=8)
+    # A catcher's cookie arriving from the wrong port is not that connection's packet.
+    assert core.teardown_packet(cookies.make_teardown(other.ct_id, False, False), 3, 1.0) is None
+
 
 
 def test_reconcile_keeps_catchers_of_live_pairs_and_deletes_orphan_ones():

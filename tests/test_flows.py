@@ -78,7 +78,7 @@ def test_defaults_removal_and_requests_serialise(version):
     assert len(fb.defaults(config().ports)) == 4
 
 
-def test_tcp_shunt_on_openflow13_gets_fin_and_rst_catchers_to_the_controller():
+def test_tcp_shunt_on_openflow13_gets_catchers_that_forward_and_tell_the_controller():
     fb = builder(c.OFP13)
     conn = conn_for()
     msgs = fb.install(conn)
@@ -88,8 +88,10 @@ def test_tcp_shunt_on_openflow13_gets_fin_and_rst_catchers_to_the_controller():
         msg.serialize()
         assert msg.priority == 33001 and msg.idle_timeout == 0 and msg.hard_timeout == 0
         assert not msg.flags & fb.ofp.OFPFF_SEND_FLOW_REM
-        (out,) = msg.instructions[0].actions
-        assert out.port == fb.ofp.OFPP_CONTROLLER and out.max_len == fb.ofp.OFPCML_NO_BUFFER
+        peer, controller = msg.instructions[0].actions
+        # Forwarded in the switch (never re-injected); the controller gets the headers.
+        assert peer.port == (3 if msg.match["in_port"] == 1 else 1)
+        assert controller.port == fb.ofp.OFPP_CONTROLLER and controller.max_len == 128
     flags = sorted((cookies.parse(m.cookie)[2], cookies.is_rst(m.cookie), m.match["tcp_flags"]) for m in catchers)
     assert flags == [(False, False, (1, 1)), (False, True, (4, 4)), (True, False, (1, 1)), (True, True, (4, 4))]
     # Removing the pair deletes its catchers too, each by its exact cookie (Open vSwitch's
@@ -134,8 +136,12 @@ def test_templated_messages_are_byte_for_byte_what_os_ken_builds(version, kw):
         assert _wire(fast.remove(conn, (False, True))) == _wire(slow.remove(conn, (False, True)))
 
 
-def test_packet_out_serialises():
-    fb = builder(c.OFP13)
-    msg = fb.packet_out(b"\x00" * 60, 3, 1)
-    msg.serialize()
-    assert msg.actions[0].port == 1 and msg.in_port == 3
+@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+def test_shunt_and_block_flows_match_untagged_frames_only(version):
+    fb = builder(version)
+    for msg in fb.install(conn_for()) + fb.install(conn_for(action=2, proto=UDP)):
+        msg.serialize()
+        if version == c.OFP10:
+            assert msg.match.dl_vlan == 0xFFFF and not msg.match.wildcards & fb.ofp.OFPFW_DL_VLAN
+        else:
+            assert msg.match["vlan_vid"] == 0  # OFPVID_NONE

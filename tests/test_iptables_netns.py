@@ -40,8 +40,8 @@ def fw(request, netns, tmp_path):
     netns("ip", "link", "add", "br0", "type", "bridge")
     for i in (0, 1):
         netns("ip", "link", "set", f"fw-eth{i}", "master", "br0")
-    for v in ("iptables", "ip6tables"):
-        netns("sysctl", "-qw", f"net.bridge.bridge-nf-call-{v}=1")
+    for v in ("call-iptables", "call-ip6tables", "filter-vlan-tagged"):
+        netns("sysctl", "-qw", f"net.bridge.bridge-nf-{v}=1")
     cfg = tmp_path / "nfshunt.json"
     cfg.write_text(json.dumps(BASE))
     netns.config = str(cfg)
