@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo test unit experiments experiments-quick bench bench-quick clean
+.PHONY: deps demo test lint unit experiments experiments-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -10,7 +10,11 @@ deps:
 demo: deps
 	$(PY) mininet/demo.py
 
-test: deps
+# Lint is part of the build: unused imports and names, dead code and likely bugs fail it.
+lint: deps
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -v -p no:cacheprovider
 
 # The thesis experiments (mininet/experiments.py): full runs take about an hour;

@@ -102,7 +102,7 @@ def bench_latency(args: argparse.Namespace) -> int:
                 tb.iperf(SHUNT_PORT, 1, cport=cport, bitrate=args.bitrate)
             finally:
                 pkts = [cap.stop() for cap in caps]
-            tb.wait_for(lambda: [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport], 5,
+            tb.wait_for(lambda cport=cport: [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport], 5,
                         "the conntrack deletion", interval=0.05)
             syns = [t for t, sp, _, fl in pkts[0] if sp == cport and fl & 0x02 and not fl & 0x10]
             inst = [e for e in log_events(tb, "installed") if e.get("sport") == cport]
@@ -203,7 +203,7 @@ def bench_rate(args: argparse.Namespace) -> int:
             result, created = (_feed_netlink(tb, rate, seconds, k * 10_000_000 // 8, proto) if feed == "netlink"
                                else _feed_tcp(tb, rate, seconds))
 
-            def installed() -> list[dict]:
+            def installed(created: set = created) -> list[dict]:
                 return [e for e in log_events(tb, "installed") if (e["src"], e["sport"]) in created]
             last, stable_since = -1, time.time()
             deadline = time.time() + 30
@@ -243,7 +243,8 @@ def bench_rate(args: argparse.Namespace) -> int:
     body = ["End to end: entry created (netlink feed) or connect() called (TCP feed) -> flows confirmed by the "
             "switch. Controller: event read from netlink -> confirmed.", "",
             "| offered /s | shunted /s | shunted | lost | e2e p50 ms | e2e p99 ms | e2e max ms | ctl p50 ms | "
-            "ctl p99 ms | overflows | CPU % | OVS CPU % | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ctl p99 ms | overflows | CPU % | OVS CPU % | RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.rows:
         body.append(f"| {r['offered_rate']:g} | {r['achieved_rate']:.0f} | {r['shunted']} | {r['lost']} | "
                     f"{f(r['e2e_median_ms'])} | {f(r['e2e_p99_ms'])} | {f(r['e2e_max_ms'])} | "
@@ -273,7 +274,7 @@ def bench_scale(args: argparse.Namespace) -> int:
             feeder = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "ctfeed.py"), "--rate", "0", "--count", str(size),
                               "--proto", "udp", stdout=subprocess.DEVNULL)
             feeder.wait(timeout=600)
-            tb.wait_for(lambda: counts(tb)["shunts"] >= size, 600, f"{size} shunts", interval=0.5)
+            tb.wait_for(lambda size=size: counts(tb)["shunts"] >= size, 600, f"{size} shunts", interval=0.5)
             install_s = time.time() - t0
             cpu1, rss1 = proc_usage(pid)
             time.sleep(5)
@@ -282,7 +283,7 @@ def bench_scale(args: argparse.Namespace) -> int:
             # Reconcile: a restart adopts every pair from the switch.
             tb.restart_controller()
             t1 = time.time()
-            tb.wait_for(lambda: _shunts_or_zero(tb) >= size, 900, "reconcile", interval=0.25)
+            tb.wait_for(lambda size=size: _shunts_or_zero(tb) >= size, 900, "reconcile", interval=0.25)
             reconcile_s = time.time() - t1
             _, rss3 = proc_usage(tb.controller.pid)  # type: ignore[union-attr]
         row = {"active_shunts": size, "install_s": install_s, "install_rate": size / install_s,

@@ -208,7 +208,7 @@ def controller_installs(tb: Testbed) -> list[dict[str, Any]]:
 def last_of_first_burst(times: list[float], gap: float = 0.5) -> float:
     """The last slow-path packet of the connection's set-up: where a gap > `gap` s first opens."""
     times = sorted(times)
-    for a, b in zip(times, times[1:]):
+    for a, b in zip(times, times[1:], strict=False):
         if b - a > gap:
             return a
     return times[-1]

@@ -462,7 +462,8 @@ class Testbed:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("open "):
             proc.kill()
-            raise TestbedError(f"conngen could not open {n} connections: {line}{proc.stderr.read() if proc.stderr else ''}")
+            err = proc.stderr.read() if proc.stderr else ""
+            raise TestbedError(f"conngen could not open {n} connections: {line}{err}")
         return proc, float(line.split()[1])
 
     def listening(self, node: Host, port: int) -> bool:

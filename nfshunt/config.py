@@ -277,7 +277,8 @@ def _ports(key: str, value: Any) -> tuple[PortGroup, ...]:
         for attr in ("fast", "slow"):
             v = getattr(g, attr)
             if ("switch", v) in seen:
-                raise ConfigError(f"{key}[{i}].{attr}", f"switch port {v} is already used by {key}[{seen[('switch', v)]}]")
+                raise ConfigError(f"{key}[{i}].{attr}",
+                                  f"switch port {v} is already used by {key}[{seen[('switch', v)]}]")
             seen[("switch", v)] = i
     return groups
 

@@ -212,7 +212,8 @@ def tuple_attr(atype: int, t: FlowTuple) -> bytes:
     proto = (CTA_PROTO_NUM_ATTR.pack(5, CTA_PROTO_NUM, t.proto)
              + CTA_PORT_ATTR.pack(6, CTA_PROTO_SRC_PORT, socket.htons(t.sport))
              + CTA_PORT_ATTR.pack(6, CTA_PROTO_DST_PORT, socket.htons(t.dport)))
-    return _nla(atype | NLA_F_NESTED, _nla(CTA_TUPLE_IP | NLA_F_NESTED, ip) + _nla(CTA_TUPLE_PROTO | NLA_F_NESTED, proto))
+    return _nla(atype | NLA_F_NESTED,
+                _nla(CTA_TUPLE_IP | NLA_F_NESTED, ip) + _nla(CTA_TUPLE_PROTO | NLA_F_NESTED, proto))
 
 
 def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int) -> bytes:

@@ -23,7 +23,7 @@ import struct
 import threading
 from typing import Any, Callable
 
-from .model import TCP, UDP, FlowTuple
+from .model import TCP, UDP, FlowTuple, canonical_address
 
 LOG = logging.getLogger("nfshunt.control")
 MAX_REQUEST = 64 * 1024
@@ -34,7 +34,8 @@ class ControlError(RuntimeError):
     pass
 
 
-_TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*$")
+_TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*$",
+                    re.ASCII)
 
 
 def parse_tuple(text: str) -> FlowTuple:
@@ -50,7 +51,8 @@ def parse_tuple(text: str) -> FlowTuple:
     for port in (sport, dport):
         if not 0 < int(port) < 65536:
             raise ValueError(f"port {port} out of range")
-    return FlowTuple(a.version, TCP if proto == "tcp" else UDP, str(a), str(b), int(sport), int(dport))
+    return FlowTuple(a.version, TCP if proto == "tcp" else UDP, canonical_address(str(a)),
+                     canonical_address(str(b)), int(sport), int(dport))
 
 
 class ControlServer:

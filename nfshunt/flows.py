@@ -6,14 +6,13 @@ ProtocolDesc in tests); nothing here sends anything.
 from __future__ import annotations
 
 import ipaddress
-import socket
 import struct
 from typing import Any
 
 from . import cookies
 from .config import Config, PortGroup
 from .core import Conn
-from .model import TCP, UDP, FlowTuple, SwitchFlow
+from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -339,12 +338,5 @@ class FlowBuilder:
         sport, dport = get(f"{l4}_src"), get(f"{l4}_dst")
         if None in (src, dst, sport, dport):
             return in_port, None
-        return in_port, FlowTuple(family, proto, _canonical(src), _canonical(dst), sport, dport)
-
-
-def _canonical(address: Any) -> str:
-    """The text form the conntrack listener uses (inet_ntop), so tuples from both sides
-    compare equal (they differ from ipaddress's for IPv4-mapped IPv6 addresses)."""
-    text = str(address)
-    af = socket.AF_INET6 if ":" in text else socket.AF_INET
-    return socket.inet_ntop(af, socket.inet_pton(af, text))
+        return in_port, FlowTuple(family, proto, canonical_address(str(src)), canonical_address(str(dst)),
+                                  sport, dport)

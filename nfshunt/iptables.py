@@ -294,7 +294,7 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.fix_sysctl:
         fix_sysctls(families)
-    for ipt, text in zip(tables, texts):
+    for ipt, text in zip(tables, texts, strict=True):
         try:
             ipt.restore_text(text)
         except IptablesError as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import socket
 from dataclasses import dataclass
 
 TCP = 6
@@ -11,6 +12,14 @@ UDP = 17
 TCP_STATES = ("NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT",
               "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2")
 TCP_CLOSING = frozenset({4, 5, 6, 7, 8})
+
+
+def canonical_address(text: str) -> str:
+    """The text form the conntrack listener produces (inet_ntop), so tuples from the
+    listener, the switch and the control socket compare equal (Python's ipaddress writes
+    IPv4-mapped IPv6 addresses differently)."""
+    af = socket.AF_INET6 if ":" in text else socket.AF_INET
+    return socket.inet_ntop(af, socket.inet_pton(af, text))
 
 
 class EventKind(enum.Enum):

@@ -451,7 +451,8 @@ class NFShuntApp(app_manager.OSKenApp):
             self.counters[f"operator_{cmd}"] += 1
             LOG.warning("operator %s of %s", cmd, orig)
             self._run(out)
-            ev.answer({"ok": True, "tuple": str(orig), "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
+            ev.answer({"ok": True, "tuple": str(orig),
+                       "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
             return
         ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block)"})
 

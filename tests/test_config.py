@@ -91,3 +91,52 @@ def test_check_config_cli_exit_codes(tmp_path, capsys):
         main(["check-config", str(bad)])
     assert info.value.code == 2
     assert "ports[0].physdevin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raw,key,problem", [
+    (with_(mark_actions={"²": "shunt"}), "mark_actions.²", "action number"),
+    (with_(mark_actions={"١": "shunt"}), "mark_actions.١", "action number"),  # an Arabic-Indic digit
+    (with_(mark_actions={"01": "shunt"}), "mark_actions.01", "leading zero"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "eth+"}]), "ports[0].bridge_port",
+     "not a valid interface name"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "!eth0"}]), "ports[0].bridge_port",
+     "not a valid interface name"),
+    (with_(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "eth0:1"}]), "ports[0].bridge_port",
+     "not a valid interface name"),
+    (with_(shunt_priority=65535), "shunt_priority", "outside 1-65534"),
+    (with_(switch_addresses=["switch.example"]), "switch_addresses[0]", "not an IP address"),
+    (with_(echo_interval=0), "echo_interval", "outside"),
+    (with_(max_block_share=1.5), "max_block_share", "outside"),
+])
+def test_bad_input_of_issue_11_names_key_and_problem(raw, key, problem):
+    with pytest.raises(ConfigError) as info:
+        from_dict(raw)
+    assert info.value.key == key and problem in info.value.problem
+
+
+def test_a_key_twice_in_one_object_is_an_error_not_last_wins(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"ports": [{"fast": 1, "slow": 2, "physdevin": 1}], "mark_actions": {"1": "shunt", "1": "block"}}')
+    with pytest.raises(ConfigError) as info:
+        load(str(path))
+    assert info.value.key == "1" and "twice" in info.value.problem
+
+
+def test_check_config_warns_about_an_open_listener(tmp_path, capsys):
+    from nfshunt.cli import main
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(ORIGINAL))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: the OpenFlow listener on 0.0.0.0 has no TLS" in out
+    path.write_text(json.dumps(with_(listen_address="127.0.0.1", datapath_id="1")))
+    assert main(["check-config", str(path)]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_control_tuples_use_the_listeners_text_for_ipv4_mapped_addresses():
+    from nfshunt.control import parse_tuple
+    t = parse_tuple("tcp [::ffff:10.0.0.1]:40000 -> [::ffff:10.0.0.2]:5201")
+    assert (t.src, t.dst) == ("::ffff:10.0.0.1", "::ffff:10.0.0.2")
+    with pytest.raises(ValueError):
+        parse_tuple("tcp 10.0.0.1:４0000 -> 10.0.0.2:5201")  # fullwidth digits are not a port

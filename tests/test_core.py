@@ -388,3 +388,110 @@ def test_stopping_takes_every_pair_down_and_installs_nothing_more():
     removed = _remove_pair(core, conn)
     assert "InstallFlows" not in types(removed)  # the waiting one is not shunted on the way out
     assert core.conntrack_event(event(sport=10, ct_id=10))[0].reason == c.R_NO_SWITCH
+
+
+# --- trust, policy changes, collisions (issue 11) ---------------------------------------------
+
+def test_a_pair_adopted_from_a_switch_is_never_installed_again():
+    """A peer that posed as the switch reported a pair; on the real switch it is absent:
+    forgotten, not re-installed (only policy decisions are ever installed)."""
+    conn = shunted(connected(), sport=2222, ct_id=0x1234)
+    core = c.Core(config())
+    core.switch_connected(c.OFP13)
+    core.reconcile(_flows_for(conn), 1.0)
+    assert core.conns[conn.orig].adopted
+    core.switch_disconnected()
+    core.switch_connected(c.OFP13)
+    out = core.reconcile([], 2.0)
+    assert types(out) == ["Removed", "ResyncConntrack"] and conn.orig not in core.conns
+    # A policy decision, by contrast, is re-installed after the same loss.
+    mine = shunted(core, sport=5)
+    core.switch_disconnected()
+    core.switch_connected(c.OFP13)
+    assert types(core.reconcile([], 3.0)) == ["InstallFlows", "ResyncConntrack"]
+    assert core.conns[mine.orig].state is c.State.PENDING
+
+
+def test_a_switch_pair_under_our_cookie_with_another_tuple_is_not_taken_for_ours():
+    core = connected()
+    conn = shunted(core)
+    other = shunted(connected(), sport=9)  # same ct_id 7, another tuple
+    core.switch_disconnected()
+    core.switch_connected(c.OFP13)
+    out = core.reconcile(_flows_for(other), 5.0)
+    assert types(out).count("DeleteSwitchFlow") == 2 and "InstallFlows" in types(out)
+    assert [x.conn for x in out if type(x).__name__ == "InstallFlows"] == [conn]
+
+
+def test_a_colliding_conntrack_id_waits_until_the_live_pair_is_gone():
+    core = connected()
+    first = shunted(core, sport=1, ct_id=42)
+    out = core.conntrack_event(event(sport=2, ct_id=42))  # another connection, the same id
+    assert types(out) == ["Ignored"] and out[0].reason == c.R_ID_COLLISION
+    assert len(core.waiting) == 1 and core.by_cookie[first.cookie(False)] is first
+    # The first pair's removal touches only the first; then the second gets its shunt.
+    removed = _remove_pair(core, first)
+    installs = [x for x in removed if type(x).__name__ == "InstallFlows"]
+    assert len(installs) == 1 and installs[0].conn.orig.sport == 2
+    assert core.by_cookie[installs[0].conn.cookie(False)] is installs[0].conn
+
+
+def test_a_nat_entry_stays_on_the_slow_path():
+    from dataclasses import replace
+    from nfshunt.model import FlowTuple
+    core = connected()
+    ev = event()
+    nat = replace(ev, reply=FlowTuple(4, ev.orig.proto, "192.0.2.9", ev.orig.src, ev.orig.dport, ev.orig.sport))
+    out = core.conntrack_event(nat)
+    assert types(out) == ["Ignored"] and out[0].reason == c.R_NAT
+
+
+def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
+    core = connected()
+    conn = shunted(core)
+    core.switch_disconnected()
+    assert types(core.flush("flush by operator", 10.0)) == ["RemoveFlows"]  # not sent: no switch
+    assert core.tick(100.0) == []  # the removal waits for the switch, however long
+    core.switch_connected(c.OFP13)
+    out = core.reconcile(_flows_for(conn), 101.0)
+    assert types(out) == ["RemoveFlows", "ResyncConntrack"]  # not adopted again
+    _remove_pair(core, conn, "delete")
+    assert conn.orig not in core.conns
+    # And when the switch lost the pair meanwhile, the removal simply completes.
+    other = shunted(core, sport=3)
+    core.switch_disconnected()
+    core.flush("again", 200.0)
+    core.switch_connected(c.OFP13)
+    out = core.reconcile([], 201.0)
+    assert types(out) == ["Removed", "ResyncConntrack"] and other.orig not in core.conns
+
+
+def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_entry():
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    assert core.flush("policy changed", 100.0) == []
+    out = core.flows_confirmed(install.conn, 100.001)
+    assert types(out) == ["RemoveFlows"]  # no DeleteConntrack: the firewall keeps tracking it
+
+
+def test_a_flush_forgets_connections_waiting_for_room():
+    core = connected(max_shunts=1)
+    shunted(core, sport=1, ct_id=1)
+    core.conntrack_event(event(sport=2, ct_id=2))
+    assert len(core.waiting) == 1
+    core.flush("policy changed", 5.0)
+    assert not core.waiting
+
+
+def test_reevaluation_recreates_a_tcp_entry_with_the_decision_cleared_before_the_flows_go():
+    from nfshunt import markcodec
+    core = connected()
+    tcp = shunted(core, sport=1, ct_id=1)
+    udp = shunted(core, sport=2, ct_id=2, proto=UDP)
+    out = core.flush("policy changed", 5.0, reevaluate=True)
+    restore, remove = out
+    assert type(restore).__name__ == "RestoreConntrack" and restore.conn is tcp
+    assert restore.tcp_state == c.CT_TCP_ESTABLISHED and types(restore.then) == ["RemoveFlows"]
+    assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.FLAG_INGRESS
+    assert restore.mark & 0xFFFF == tcp.event.mark & 0xFFFF  # the admin's bits are kept
+    assert type(remove).__name__ == "RemoveFlows" and remove.conn is udp  # UDP: picked up afresh

@@ -429,7 +429,8 @@ def test_new_policy_re_evaluates_existing_shunts_within_2s(fresh, tmp_path):
         tb.wait_for(lambda: len(shunt_flows(tb)) == 4, 10, "the transfer's shunts")
         new = tmp_path / "policy.rules"
         # The new policy ignores 5201: it must stop being shunted.
-        new.write_text(open(POLICY).read().replace("dstport 5201", "dstport 5999").replace("srcport 5201", "srcport 5999"))
+        new.write_text(open(POLICY).read().replace("dstport 5201", "dstport 5999")
+                       .replace("srcport 5201", "srcport 5999"))
         out = tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", str(new))
         t0 = time.monotonic()
         assert "sent back through the new policy" in out

@@ -45,7 +45,8 @@ def test_audit_record_has_both_directions_duration_tuple_ports_id_and_reason():
     conn.stats = {False: (100, 150000, 4.5), True: (50, 3300, 4.4)}
     rec = audit_record(conn, "idle timeout")
     assert rec["event"] == "removed" and rec["reason"] == "idle timeout" and rec["ct_id"] == 7
-    assert (rec["src"], rec["sport"], rec["dst"], rec["dport"], rec["proto"]) == ("10.0.0.1", 40000, "10.0.0.2", 5201, 6)
+    assert (rec["src"], rec["sport"], rec["dst"], rec["dport"], rec["proto"]) == (
+        "10.0.0.1", 40000, "10.0.0.2", 5201, 6)
     assert (rec["ingress"], rec["egress"], rec["switch_ports"]) == (1, 2, [1, 3])
     assert (rec["orig_packets"], rec["orig_bytes"], rec["reply_packets"], rec["reply_bytes"]) == (100, 150000, 50, 3300)
     assert (rec["packets"], rec["bytes"], rec["duration"]) == (150, 153300, 4.5)

@@ -92,7 +92,8 @@ def test_audit_log_is_reopened_on_sighup(tb):
 def test_metrics_bind_only_where_configured(tb):
     listening = tb.run(tb.fw, "cat", "/proc/net/tcp")
     port = f":{METRICS_PORT:04X}"
-    local = [f[1] for f in (line.split() for line in listening.splitlines()[1:]) if f[1].endswith(port) and f[3] == "0A"]
+    local = [f[1] for f in (line.split() for line in listening.splitlines()[1:])
+             if f[1].endswith(port) and f[3] == "0A"]
     assert local == ["0100007F" + port]  # 127.0.0.1 only, not 0.0.0.0
 
 
@@ -107,7 +108,8 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_and_block(t
             st = json.loads(tb.nfshunt("status", "--json", "--socket", sock))
             return [c for c in st["connections"] if c["sport"] == 45010 and c["packets"][0]]
         first = tb.wait_for(live, 10, "the transfer in `nfshunt status --json`")[0]
-        assert first["action"] == "shunt" and first["state"] == "active" and first["tuple"].startswith("tcp 10.0.0.1:45010")
+        assert first["action"] == "shunt" and first["state"] == "active"
+        assert first["tuple"].startswith("tcp 10.0.0.1:45010")
         tb.wait_for(lambda: live() and live()[0]["bytes"][0] > first["bytes"][0], 5, "its byte counter to move")
         table = tb.nfshunt("status", "--socket", sock)
         assert "switch: connected" in table and "10.0.0.1:45010" in table

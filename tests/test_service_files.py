@@ -33,3 +33,20 @@ def test_systemd_unit_restarts_on_failure_after_network_and_ovs_and_checks_first
 def test_logrotate_snippet_rotates_the_audit_log_and_signals_the_service():
     text = open(os.path.join(REPO, "config", "logrotate", "nfshunt")).read()
     assert "/var/log/nfshunt/audit.log {" in text and "postrotate" in text and "HUP" in text
+
+
+def test_systemd_unit_exposure_is_4_or_lower():
+    """systemd's own scoring of the sandbox (ProtectSystem=strict, address families,
+    system call filter, capability bounding set, UMask, TasksMax ...)."""
+    import re
+    import shutil
+
+    import pytest
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("needs systemd-analyze (Debian package systemd)")
+    unit = os.path.join(REPO, "config", "systemd", "nfshunt.service")
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", unit],
+                          capture_output=True, text=True)
+    m = re.search(r"Overall exposure level for nfshunt\.service: ([0-9.]+)", proc.stdout)
+    assert m, proc.stdout[-2000:] + proc.stderr
+    assert float(m.group(1)) <= 4.0
