@@ -12,6 +12,11 @@
       up; keep each one alive with a small echo every 0.2 s; on the line "close" on stdin,
       close them all cleanly and print "closed <ok> <failed>" (ok: the peer's FIN arrived,
       no reset) once done.
+  conngen.py bulk HOST PORT [--cport P]
+      one connection writing 64 KB blocks (what it reads back is drained) and printing
+      "up" once connected; on the line "close" on stdin, close after the last block (its
+      FIN rides on data) and print "closed <seconds> <ok>": how long until the peer's FIN
+      arrived, and whether it did without a reset.
 
 Runs until killed; prints errors on stderr. No shell, no external tools.
 """
@@ -177,6 +182,51 @@ def open_many(host: str, port: int, n: int, cport_base: int | None) -> int:
     return 0 if not failed else 1
 
 
+def bulk(host: str, port: int, cport: int | None) -> int:
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if cport:
+        s.bind(("", cport))
+    s.connect((host, port))
+    s.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    sel.register(sys.stdin, selectors.EVENT_READ)
+    print("up", flush=True)
+    block = b"x" * 65536
+    while True:
+        stop = False
+        for key, events in sel.select(1.0):
+            if key.fileobj is sys.stdin:
+                stop = sys.stdin.readline().strip() == "close"
+                continue
+            if events & selectors.EVENT_READ:
+                try:
+                    s.recv(1 << 20)
+                except BlockingIOError:
+                    pass
+            if events & selectors.EVENT_WRITE:
+                try:
+                    s.send(block)
+                except BlockingIOError:
+                    pass
+        if stop:
+            break
+    t0 = time.monotonic()
+    s.shutdown(socket.SHUT_WR)
+    s.setblocking(True)
+    s.settimeout(30)
+    ok = True
+    try:
+        while s.recv(1 << 20):
+            pass
+    except OSError:
+        ok = False
+    print(f"closed {time.monotonic() - t0:.3f} {int(ok)}", flush=True)
+    s.close()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -194,12 +244,18 @@ def main() -> int:
     o.add_argument("port", type=int)
     o.add_argument("n", type=int)
     o.add_argument("--cport-base", type=int)
+    b = sub.add_parser("bulk")
+    b.add_argument("host")
+    b.add_argument("port", type=int)
+    b.add_argument("--cport", type=int)
     args = ap.parse_args()
     _more_files()
     if args.cmd == "serve":
         return serve(args.port)
     if args.cmd == "rate":
         return rate(args.host, args.port, args.rate, args.seconds, args.hold, args.out)
+    if args.cmd == "bulk":
+        return bulk(args.host, args.port, args.cport)
     return open_many(args.host, args.port, args.n, args.cport_base)
 
 

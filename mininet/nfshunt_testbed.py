@@ -85,6 +85,24 @@ def ensure_ovs() -> None:
         raise TestbedError("Open vSwitch did not start (ovs-ctl start)")
 
 
+def userspace_tso_enabled() -> bool:
+    out = subprocess.run(["ovs-vsctl", "--if-exists", "get", "Open_vSwitch", ".", "other_config:userspace-tso-enable"],
+                         capture_output=True, text=True).stdout.strip().strip('"')
+    return out == "true"
+
+
+def set_userspace_tso(on: bool) -> None:
+    """Turn Open vSwitch's userspace TSO support on or off: it is read when the daemon
+    starts, so this restarts Open vSwitch (no testbed may be up)."""
+    if userspace_tso_enabled() == on:
+        return
+    subprocess.run(["ovs-vsctl", "set", "Open_vSwitch", ".", f"other_config:userspace-tso-enable={str(on).lower()}"],
+                   check=True, capture_output=True)
+    subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "restart", "--system-id=random"], capture_output=True)
+    if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode != 0:
+        raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
+
+
 def kernel_datapath_available() -> bool:
     return os.path.exists("/sys/module/openvswitch")
 
@@ -262,8 +280,11 @@ class Testbed:
             intf = f"{host.name}-eth0"
             self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"{ip6}/64", "dev", intf, "nodad")
-            # The userspace datapath does not complete checksums of offloaded packets.
-            self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
+            # The userspace datapath completes checksums of offloaded packets only with its
+            # own TSO support on (other_config:userspace-tso-enable, set when Open vSwitch
+            # starts); otherwise the hosts must not offload.
+            if not userspace_tso_enabled():
+                self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
 
     def _setup_firewall(self) -> None:
         fw = self.fw

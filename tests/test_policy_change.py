@@ -1,0 +1,136 @@
+"""A new policy reaches existing connections, and operator actions hold (issue 11.3), on
+the real testbed behind a strict firewall (INVALID dropped): running transfers change
+path both ways within 2 s with no stall over 1 s; an operator block given while the
+switch is away holds when it returns; `apply` fails loudly when nobody re-evaluates."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
+
+pytestmark = pytest.mark.integration
+
+SHUNT, IGNORE = 5201, 5203
+STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
+
+
+@pytest.fixture(scope="module")
+def tb(integration_ready):
+    from nfshunt_testbed import Testbed
+    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 5})
+    with bed:
+        bed.wait_for_controller()
+        bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT)
+        yield bed
+
+
+def _swapped_policy(tmp_path):
+    """The example policy with 5201 and 5203 swapped: 5203 shunted, 5201 ignored."""
+    from nfshunt_testbed import POLICY
+    text = open(POLICY).read().replace("port 5201 ", "port 5999 ").replace("port 5203 ", "port 5201 ")
+    text = text.replace("port 5999 ", "port 5203 ")
+    path = tmp_path / "swapped.rules"
+    path.write_text(text)
+    return str(path)
+
+
+def _apply(tb, policy, *extra, check=True):
+    return tb.run(tb.fw, *_nfshunt(tb), "iptables", "apply", "--config", tb.config_path, "--policy", policy,
+                  *extra, check=check)
+
+
+def _nfshunt(tb):
+    from nfshunt_testbed import PYTHON
+    return (PYTHON, "-m", "nfshunt")
+
+
+def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stall(tb, tmp_path):
+    from nfshunt_testbed import POLICY
+    assert "port 5203 " not in open(POLICY).read()  # 5203 falls through to the ignore rule
+    s_srv, s_cli = start_iperf(tb, SHUNT, 8)
+    i_srv, i_cli = start_iperf(tb, IGNORE, 8)
+    try:
+        tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4 and tb.slow_path_packets(), 10, "the first shunted")
+        assert shunt_flows(tb, IGNORE) == []
+        time.sleep(1.0)  # both transfers well under way before the change
+        out = _apply(tb, _swapped_policy(tmp_path))
+        t0 = time.monotonic()
+        assert "decisions cleared on" in out
+        # iperf3's data connection is shunted at its next packet; its idle control connection
+        # carries a cleared decision until it next sends.
+        tb.wait_for(lambda: shunt_flows(tb, SHUNT) == [] and len(shunt_flows(tb, IGNORE)) >= 2, 2,
+                    "5201 back on the slow path and 5203 shunted", interval=0.05)
+        print(f"\nboth moved {time.monotonic() - t0:.3f} s after apply")
+        # 5203's shunt carries its traffic now; 5201 crosses the firewall.
+        before = sum(int(f["n_packets"]) for f in shunt_flows(tb, IGNORE))
+        slow0 = tb.slow_path_packets()
+        tb.wait_for(lambda: sum(int(f["n_packets"]) for f in shunt_flows(tb, IGNORE)) > before + 1000, 3,
+                    "the newly shunted transfer on its flows")
+        tb.wait_for(lambda: tb.slow_path_packets() > slow0 + 1000, 3, "the unshunted transfer on the slow path")
+    finally:
+        _apply(tb, POLICY, "--no-reevaluate", check=False)
+        shunted = finish_iperf(s_srv, s_cli)
+        ignored = finish_iperf(i_srv, i_cli)
+    for name, result in (("5201 (unshunted)", shunted), ("5203 (shunted)", ignored)):
+        assert "error" not in result, (name, result.get("error"))
+        stall = longest_stall(result)
+        print(f"{name}: longest stall {stall:.1f} s")
+        assert stall < 1.0, name
+
+
+def test_apply_fails_when_the_running_controller_cannot_be_told(tb, tmp_path):
+    import json
+    from nfshunt_testbed import POLICY
+    path = str(tmp_path / "stale.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)  # a socket file nobody listens on (a hung or dead controller)
+    stale.close()
+    cfg = tb.nfshunt_config()
+    cfg["control_socket"] = path
+    conf = tmp_path / "cfg.json"
+    conf.write_text(json.dumps(cfg))
+    rc, out = _nfshunt_rc(tb, "iptables", "apply", "--config", str(conf), "--policy", POLICY)
+    assert rc == 1 and "not re-evaluated" in out and "--no-reevaluate" in out, out
+    rc, out = _nfshunt_rc(tb, "iptables", "apply", "--config", str(conf), "--policy", POLICY, "--no-reevaluate")
+    assert rc == 0, out
+
+
+def _nfshunt_rc(tb, *args):
+    """(exit status, stdout and stderr) of the nfshunt CLI in the firewall node."""
+    proc = tb.fw.popen([*_nfshunt(tb), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=tb._env(), cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(tb):
+    srv = tb.conn_server(SHUNT)
+    conns, _ = tb.open_conns(SHUNT, 1, cport_base=46001)
+    controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
+                                check=True).stdout.split()
+    try:
+        tb.wait_for(lambda: len([f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]) == 2,
+                    10, "the shunt")
+        subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
+        tb.wait_for(lambda: not tb.control({"cmd": "status", "connections": False})["switch"]["connected"], 3,
+                    "the switch away")
+        from nfshunt_testbed import H1_IP, H2_IP
+        reply = tb.control({"cmd": "block", "tuple": f"tcp {H1_IP}:46001 -> {H2_IP}:{SHUNT}"})
+        assert reply.get("ok"), reply
+        time.sleep(6)  # longer than a removal used to be remembered without a switch
+        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
+
+        def port_flows():
+            return [f for f in tb.flows() if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
+        tb.wait_for(lambda: port_flows() and all(f["actions"] == "drop" for f in port_flows()), 5,
+                    "the shunt replaced by the operator's block after the switch returned", interval=0.05)
+        assert not [f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
+    finally:
+        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=False)
+        conns.kill()
+        srv.kill()
