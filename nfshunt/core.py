@@ -111,6 +111,13 @@ class DeleteAllFlows:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitPacketIns:
+    """Have the switch rate-limit the packet-ins it sends (an OpenFlow 1.3 meter on the
+    controller port): a host sending FIN segments must not saturate the controller."""
+    rate: int  # packets per second
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteSwitchFlow:
     flow: SwitchFlow
     reason: str
@@ -182,7 +189,7 @@ class Removed:
     reason: str
 
 
-Command = Union[InstallDefaults, DeleteAllFlows, DeleteSwitchFlow, RequestSwitchFlows,
+Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
                 ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Ignored,
                 Installed, Refused, Removed, RestoreConntrack]
 
@@ -236,6 +243,8 @@ class Core:
             out.append(DeleteAllFlows())
         if self.cfg.default_no_shunting:
             out.append(InstallDefaults(self.cfg.ports))
+        if version >= OFP13 and self.cfg.tcp_teardown and self.cfg.packet_in_rate:
+            out.append(LimitPacketIns(self.cfg.packet_in_rate))
         out.append(RequestSwitchFlows())
         return out
 
@@ -411,7 +420,7 @@ class Core:
             if action == "shunt":
                 self._wait(ev, front=False)
                 return [Ignored(R_BUDGET, ev)]
-            victim = self._evict_for_block(ev.received)
+            victim = self._evict_for_block(ev.received) if self._blocks_may_evict() else None
             if victim is None:
                 self._wait(ev, front=True)
                 return [Ignored(R_BUDGET, ev)]
@@ -430,6 +439,12 @@ class Core:
             self.waiting.move_to_end(ev.orig, last=False)
         while len(self.waiting) > WAITING_MAX:
             self.waiting.popitem(last=True)
+
+    def _blocks_may_evict(self) -> bool:
+        """Blocks take room from shunts only up to `max_block_share` of the budget: a host
+        that gets itself blocked on many connections cannot push every shunt off the switch."""
+        budget = self.cfg.max_shunts or (self.shunts + self.blocks)
+        return self.blocks < budget * self.cfg.max_block_share
 
     def _evict_for_block(self, now: float) -> RemoveFlows | None:
         """Make room for a block: take down the newest active shunt (blocks come first)."""
@@ -484,7 +499,7 @@ class Core:
         self._forget(conn)
         out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
         if table_full and conn.event is not None:
-            if conn.action == "block":
+            if conn.action == "block" and self._blocks_may_evict():
                 victim = self._evict_for_block(now)
                 if victim is not None:
                     out.append(victim)

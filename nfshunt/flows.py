@@ -288,6 +288,15 @@ class FlowBuilder:
         return p.OFPFlowMod(self.dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
                             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=p.OFPMatch())
 
+    def controller_meter(self, rate: int) -> list[Any]:
+        """The reserved controller meter (OFPM_CONTROLLER) with one drop band: the switch
+        sends at most `rate` packet-ins a second. Deleted first, so a reconnect re-sets it."""
+        p, ofp = self.parser, self.ofp
+        band = p.OFPMeterBandDrop(rate=rate, burst_size=max(1, rate // 10))
+        return [p.OFPMeterMod(self.dp, command=ofp.OFPMC_DELETE, flags=0, meter_id=ofp.OFPM_CONTROLLER, bands=[]),
+                p.OFPMeterMod(self.dp, command=ofp.OFPMC_ADD, flags=ofp.OFPMF_PKTPS | ofp.OFPMF_BURST,
+                              meter_id=ofp.OFPM_CONTROLLER, bands=[band])]
+
     def barrier(self) -> Any:
         return self.parser.OFPBarrierRequest(self.dp)
 

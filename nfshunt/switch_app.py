@@ -142,6 +142,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.dp: Any = None
         self.fb: FlowBuilder | None = None
         self.send: SendPath | None = None
+        self._meter_xid: int | None = None
         self.rlog = RateLimitedLog(LOG)
         ChannelDatapath.admit = self._admit
         self._flow_stats: list[SwitchFlow] = []
@@ -318,6 +319,11 @@ class NFShuntApp(app_manager.OSKenApp):
             return  # before the handshake or from a refused peer: no key per type and code
         self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
         reason = f"switch error type={msg.type} code={msg.code}"
+        if msg.xid == self._meter_xid:
+            LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
+                        "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
+                        "record's controller_rate_limit instead", reason)
+            return
         conn = self.send.error(msg.xid, reason, table_full(msg)) if self.send is not None else None
         if conn is not None:
             self.rlog.warning("refused-flow", "switch refused a flow of %s: %s", conn.describe(), reason)
@@ -589,6 +595,12 @@ class NFShuntApp(app_manager.OSKenApp):
             if fb is not None:
                 self._queue(*fb.defaults(cmd.groups))
                 LOG.info("default slow-path flows installed for %d port groups", len(cmd.groups))
+        elif isinstance(cmd, c.LimitPacketIns):
+            if fb is not None:
+                delete, add = fb.controller_meter(cmd.rate)
+                self._queue(delete)
+                self._meter_xid = self.dp.set_xid(add)
+                self._queue(add)
         elif isinstance(cmd, c.DeleteAllFlows):
             if fb is not None:
                 self._queue(fb.delete_all())

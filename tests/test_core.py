@@ -99,7 +99,7 @@ def test_no_switch_means_no_action_until_connected_and_reconciled():
     core = c.Core(config())
     assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH
     cmds = core.switch_connected(c.OFP13)
-    assert types(cmds) == ["InstallDefaults", "RequestSwitchFlows"]
+    assert types(cmds) == ["InstallDefaults", "LimitPacketIns", "RequestSwitchFlows"]
     assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH  # not reconciled yet
     assert types(core.reconcile([], 0.0)) == ["ResyncConntrack"]
     assert types(core.conntrack_event(event())) == ["InstallFlows"]
@@ -495,3 +495,23 @@ def test_reevaluation_recreates_a_tcp_entry_with_the_decision_cleared_before_the
     assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.FLAG_INGRESS
     assert restore.mark & 0xFFFF == tcp.event.mark & 0xFFFF  # the admin's bits are kept
     assert type(remove).__name__ == "RemoveFlows" and remove.conn is udp  # UDP: picked up afresh
+
+
+def test_blocks_evict_shunts_only_up_to_their_share_of_the_budget():
+    core = connected(max_shunts=4, max_block_share=0.5)
+    for i in range(4):
+        shunted(core, sport=i + 1, ct_id=i + 1)
+    for i in range(2):  # two blocks may push two shunts out ...
+        out = core.conntrack_event(event(sport=100 + i, ct_id=100 + i, action=2))
+        assert types(out) == ["RemoveFlows", "InstallFlows"]
+        core.flows_confirmed(out[1].conn, 102.0)
+    out = core.conntrack_event(event(sport=102, ct_id=102, action=2))  # ... a third waits
+    assert types(out) == ["Ignored"] and out[0].reason == c.R_BUDGET
+    assert core.blocks == 2 and len(core.waiting) == 1
+
+
+def test_the_switch_is_asked_to_rate_limit_packet_ins_on_openflow13_only():
+    core = c.Core(config(packet_in_rate=300))
+    assert [x.rate for x in core.switch_connected(c.OFP13) if type(x).__name__ == "LimitPacketIns"] == [300]
+    assert "LimitPacketIns" not in types(core.switch_connected(c.OFP10))
+    assert "LimitPacketIns" not in types(c.Core(config(packet_in_rate=0)).switch_connected(c.OFP13))

@@ -100,7 +100,8 @@ def test_policy_chain_keeps_hand_written_rules_without_policy_file(fw):
     assert "--dport 2811" not in fw("iptables", "-t", "mangle", "-S", "NFSHUNT_POLICY").stdout
 
 
-@pytest.mark.parametrize("problem", ["missing-interface", "not-a-bridge-port", "sysctl-off", "bad-policy"])
+@pytest.mark.parametrize("problem", ["missing-interface", "not-a-bridge-port", "sysctl-off", "vlan-sysctl-off",
+                                     "bad-policy"])
 def test_failed_checks_change_nothing(fw, tmp_path, problem):
     fw("iptables", *ADMIN_FILTER)
     cfg = json.loads(json.dumps(BASE))
@@ -114,6 +115,9 @@ def test_failed_checks_change_nothing(fw, tmp_path, problem):
     elif problem == "sysctl-off":
         fw("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
         expect = "--fix-sysctl"
+    elif problem == "vlan-sysctl-off":  # tagged IP would cross the bridge unjudged
+        fw("sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=0")
+        expect = "net.bridge.bridge-nf-filter-vlan-tagged is 0, so 802.1Q-tagged IP crosses the bridge"
     else:
         bad = tmp_path / "bad.rules"
         bad.write_text("-A NFSHUNT_POLICY -m nosuchmatch -j ACCEPT\n")
@@ -130,8 +134,10 @@ def test_failed_checks_change_nothing(fw, tmp_path, problem):
 
 def test_fix_sysctl_turns_bridge_netfilter_on(fw):
     fw("sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=0")
+    fw("sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=0")
     fw.nfshunt("iptables", "apply", "--config", fw.config, "--fix-sysctl")
     assert fw("sysctl", "-n", "net.bridge.bridge-nf-call-ip6tables").stdout.strip() == "1"
+    assert fw("sysctl", "-n", "net.bridge.bridge-nf-filter-vlan-tagged").stdout.strip() == "1"
 
 
 def test_family_specific_policy_rules_load_into_their_family_only(fw):

@@ -1,0 +1,88 @@
+"""Outside hosts cannot overload the controller or push shunts off the switch (issue 11.6),
+on the real testbed: a FIN flood on a shunted connection is rate-limited by the switch's
+controller meter (set up by NFShunt), and another connection still closes promptly."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.test_teardown_close import _bulk, _pair
+
+pytestmark = pytest.mark.integration
+SHUNT = 5201
+RATE = 200
+
+FLOOD = r"""
+import socket, struct, sys, time
+intf, smac, dmac, src, dst, sport, dport, n = sys.argv[1:9]
+def mac(text): return bytes.fromhex(text.replace(":", ""))
+def csum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xFFFF); s += s >> 16
+    return ~s & 0xFFFF
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 0, 0, 64, 6, 0, socket.inet_aton(src), socket.inet_aton(dst))
+ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+tcp = struct.pack("!HHIIBBHHH", int(sport), int(dport), 1, 1, 5 << 4, 0x11, 1024, 0, 0)
+frame = mac(dmac) + mac(smac) + b"\x08\x00" + ip + tcp
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((intf, 0))
+t0 = time.monotonic()
+for i in range(int(n)):  # paced: 2,000 a second, which the controller could take unmetered
+    s.send(frame)
+    if i % 20 == 19:
+        time.sleep(max(0.0, t0 + (i + 1) / 2000 - time.monotonic()))
+print(f"{int(n)} {time.monotonic() - t0:.3f}", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tb(integration_ready):
+    from nfshunt_testbed import Testbed
+    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60, "packet_in_rate": RATE})
+    with bed:
+        bed.wait_for_controller()
+        yield bed
+
+
+def _teardown_packet_ins(tb):
+    return tb.control({"cmd": "status", "connections": False})["counters"].get("packet_in:teardown", 0)
+
+
+def test_a_fin_flood_is_rate_limited_by_the_switch_and_other_closes_still_work(tb):
+    from nfshunt_testbed import H1_IP, H2_IP, PYTHON
+    srv = tb.conn_server(SHUNT)
+    victim, _ = tb.open_conns(SHUNT, 1, cport_base=48001)
+    other = _bulk(tb, 48002)
+    try:
+        tb.wait_for(lambda: len(_pair(tb, 48001)) == 2 and len(_pair(tb, 48002)) == 2, 10, "both shunted")
+        meters = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-meters", "s1"], capture_output=True,
+                                text=True, check=True).stdout
+        assert "meter=controller pktps burst" in meters and f"rate={RATE}" in meters, meters
+        before = _teardown_packet_ins(tb)
+        n = 4000
+        out = tb.run(tb.h1, PYTHON, "-c", FLOOD, "h1-eth0", tb.h1.MAC(), tb.h2.MAC(), H1_IP, H2_IP, "48001",
+                     str(SHUNT), str(n))
+        sent, seconds = int(out.split()[0]), float(out.split()[1])
+        time.sleep(0.5)  # packet-ins already metered are still arriving; counted below
+        seen = _teardown_packet_ins(tb) - before
+        print(f"\n{sent} FIN segments in {seconds:.2f} s; {seen} reached the controller")
+        assert seen <= RATE * (seconds + 0.5) + RATE // 10 + 50  # the rate, its burst, and slack for timing
+        assert seen < sent / 3
+        stats = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "meter-stats", "s1"], capture_output=True,
+                               text=True, check=True).stdout
+        dropped = int(stats.split("packet_count:")[-1].split()[0])  # the drop band's count
+        print(f"the switch's controller meter dropped {dropped}")
+        assert dropped > sent // 2  # the meter, not some queue, held the rest back
+        # Another shunted connection still closes promptly.
+        other.stdin.write("close\n")
+        other.stdin.flush()
+        line = other.stdout.readline().split()
+        assert line[0] == "closed" and line[2] == "1" and float(line[1]) < 1.0, line
+        tb.wait_for(lambda: not _pair(tb, 48002), 1.0, "the other connection's shunt to go", interval=0.05)
+        assert len(_pair(tb, 48001)) == 2  # one direction's FINs alone never end a shunt
+    finally:
+        victim.kill()
+        other.kill()
+        srv.kill()
