@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from os_ken.base import app_manager  # noqa: F401  (os-ken's import order: before its controller)
 from os_ken.controller import controller as osken_controller
 from os_ken.lib import hub
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
 import threading
 import time
 from typing import Any, Iterable
@@ -29,6 +28,7 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
 from os_ken.lib import hub
 
 from . import core as c
+from .accounting import audit_logger, audit_record, conn_fields
 from .channel import ChannelDatapath, RateLimitedLog, SendPath, address_allowed, table_full
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
@@ -94,43 +94,6 @@ class Counters(collections.Counter):
     """Plain counters, keyed by name; read by logs and the status/metrics layers."""
 
 
-def conn_fields(conn: c.Conn, event: str, **more: Any) -> dict[str, Any]:
-    """A connection as structured log fields (JSON logs, experiments, accounting)."""
-    o = conn.orig
-    return {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
-            "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
-            "egress": conn.egress.physdevin, **more}
-
-
-def audit_record(conn: c.Conn, reason: str) -> dict[str, Any]:
-    """The accounting line for a removed pair: shunted bytes never reach iptables' counters."""
-    stats = conn.stats or {}
-    fwd, rev = stats.get(False), stats.get(True)
-    durations = [s[2] for s in (fwd, rev) if s]
-    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
-            **conn_fields(conn, "removed", reason=reason),
-            "switch_ports": [conn.ingress.fast, conn.egress.fast],
-            "duration": round(max(durations), 3) if durations else None,
-            "orig_packets": fwd[0] if fwd else None, "orig_bytes": fwd[1] if fwd else None,
-            "reply_packets": rev[0] if rev else None, "reply_bytes": rev[1] if rev else None,
-            "packets": sum(s[0] for s in (fwd, rev) if s), "bytes": sum(s[1] for s in (fwd, rev) if s)}
-
-
-def _audit_logger(path: str | None) -> logging.Logger:
-    """One JSON line per removed pair, batched; a file logrotate moved is reopened."""
-    audit = logging.getLogger("nfshunt.audit")
-    audit.propagate = False
-    audit.setLevel(logging.INFO)
-    for handler in list(audit.handlers):
-        audit.removeHandler(handler)
-    if path:
-        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-        handler = BatchedFileHandler(path)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        audit.addHandler(handler)
-    return audit
-
-
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
 
@@ -151,7 +114,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.started = time.time()
         self.control: ControlServer | None = None
         self.metrics = Metrics(self._metrics_snapshot)
-        self.audit = _audit_logger(self.cfg.audit_log)
+        self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
         if self.cfg.control_socket:

@@ -7,7 +7,7 @@ from prometheus_client import generate_latest  # noqa: E402
 
 from nfshunt import core as c  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.switch_app import audit_record  # noqa: E402
+from nfshunt.accounting import audit_record  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -52,3 +52,30 @@ def test_audit_record_has_both_directions_duration_tuple_ports_id_and_reason():
     assert (rec["packets"], rec["bytes"], rec["duration"]) == (150, 153300, 4.5)
     conn.stats = {}
     assert audit_record(conn, "removal not confirmed")["orig_bytes"] is None
+
+
+def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
+    """close() used to return before stopping them (dead code after a return): queued
+    conntrack deletes were lost at exit."""
+    from types import SimpleNamespace
+
+    from nfshunt.switch_app import NFShuntApp
+    calls = []
+    app = SimpleNamespace(_running=True, control=None,
+                          metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
+                          listener=SimpleNamespace(stop=lambda: calls.append("listener")),
+                          worker=SimpleNamespace(stop=lambda: calls.append("worker")))
+    NFShuntApp.close(app)
+    assert calls == ["metrics", "listener", "worker"] and app._running is False
+
+
+def test_the_worker_runs_what_was_queued_before_it_stops():
+    from nfshunt.conntrack import ConntrackWorker
+    worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
+    done = []
+    worker._send_batch = lambda batch: done.extend(item[0] for item in batch)  # no kernel needed
+    worker.start()
+    for i in range(300):
+        worker.delete(4, None, i)
+    worker.stop()
+    assert done == ["del"] * 300
