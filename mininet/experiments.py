@@ -45,6 +45,20 @@ MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "f
 
 # --- small statistics ------------------------------------------------------------------------
 
+# The thesis's figures (Pica8 P-3290, Cisco ASA 5585, 10 Gbit/s, netem, 100 runs a cell).
+THESIS_TABLE_4_3 = {"event_ms": (3.3, 0.30), "confirmed_ms": (58.0, 0.69), "last_slow_ms": (75.8, 0.04)}
+THESIS_TABLE_4_4 = {  # RTT -> path -> (mean Gbit/s, mean loss % or None where the thesis gives none)
+    0: {"direct": (9.944, None), "nfshunt": (9.923, 0.00), "firewall": (9.838, 0.05)},
+    100: {"direct": (9.678, None), "nfshunt": (9.690, None), "firewall": (5.337, 0.10)},
+    200: {"direct": (9.332, None), "nfshunt": (9.334, None), "firewall": (4.197, 0.21)},
+    400: {"direct": (5.978, None), "nfshunt": (5.957, None), "firewall": (3.094, 0.21)},
+}
+SCALING = ("Scaling: the thesis ran 10 Gbit/s hosts through a Pica8 P-3290 and a Cisco ASA 5585 with netem "
+           "delay; this testbed runs 1 Gbit/s host links (what a 2-core userspace Open vSwitch forwards without "
+           "loss) through Open vSwitch's userspace datapath and a Linux bridge shaped to 900 Mbit/s with a 64 KB "
+           "buffer, with netem where the kernel has it and an NFQUEUE delay program where it does not.")
+
+
 def describe(values: list[float]) -> dict[str, float]:
     vals = sorted(v for v in values if not math.isnan(v))
     if not vals:
@@ -110,11 +124,11 @@ class Results:
         return path
 
 
-def plot(path: str, draw: Callable[[Any], None]) -> str:
+def plot(path: str, draw: Callable[[Any], None], size: tuple[float, float] = (9, 6)) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(9, 6))
+    fig = plt.figure(figsize=size)
     draw(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -269,14 +283,26 @@ def exp_timing(args: argparse.Namespace) -> int:
             "What NFShunt adds is the gap between the event and the confirmation.",
             *([f"RTT before the runs: {', '.join(mech)}."] if mech else []), "",
             "| RTT | event | n | mean | sd | median | p99 |", "|---|---|---|---|---|---|---|"]
+    labels = (("event_ms", "controller sees the marked event"),
+              ("confirmed_ms", "switch confirms the flows (barrier)"),
+              ("last_slow_ms", "last packet through the slow path"))
     for rtt in rtts:
         rows = [r for r in res.rows if r["rtt_ms"] == rtt]
-        for key, label in (("event_ms", "controller sees the marked event"),
-                           ("confirmed_ms", "switch confirms the flows (barrier)"),
-                           ("last_slow_ms", "last packet through the slow path")):
+        for key, label in labels:
             d = describe([r[key] for r in rows])
             body.append(f"| {rtt} ms | {label} | {d['n']} | {fmt(d['mean'])} | {fmt(d['sd'])} | "
                         f"{fmt(d['median'])} | {fmt(d['p99'])} |")
+    zero = [r for r in res.rows if r["rtt_ms"] == 0]
+    if zero:
+        body += ["", "### The thesis's Table 4.3 beside ours (no synthetic delay)", "",
+                 "| event | thesis mean (sd), ms | ours mean (sd), ms |", "|---|---|---|"]
+        for key, label in labels:
+            d = describe([r[key] for r in zero])
+            body.append(f"| {label} | {THESIS_TABLE_4_3[key][0]} ({THESIS_TABLE_4_3[key][1]}) | "
+                        f"{fmt(d['mean'])} ({fmt(d['sd'])}) |")
+        body += ["", "The thesis's prototype shelled out to `conntrack` and programmed flows through POX one call at "
+                 "a time (58 ms); NFShunt reads marked events from netlink and writes both flows behind one barrier. "
+                 + SCALING]
     if res.rows:
         def draw(fig: Any) -> None:
             ax = fig.add_subplot(1, 1, 1)
@@ -295,8 +321,8 @@ def exp_timing(args: argparse.Namespace) -> int:
 
 def exp_throughput(args: argparse.Namespace) -> int:
     rtts = args.rtts or ([0, 100] if args.quick else [0, 100, 200, 400])
-    runs = args.runs or (2 if args.quick else 10)
-    seconds = args.seconds if args.seconds else (3 if args.quick else 20)
+    runs = args.runs or (2 if args.quick else 20)
+    seconds = args.seconds if args.seconds else (3 if args.quick else 12)
     params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(MODES),
               "transfer": f"one iperf3 TCP stream h1 -> h2, {seconds:g} s, port {SHUNT_PORT} (shunted by the policy)",
               "loss": "h1-eth0 tx minus packets h2 accepted, per hop from interface, qdisc and queue counters",
@@ -310,9 +336,9 @@ def exp_throughput(args: argparse.Namespace) -> int:
                 with Testbed(mode=mode, emulation=emulation(args, rtt), log=print) as tb:
                     for run in range(runs):
                         i += 1
-                        before = tb.hop_counters()
+                        before = tb.settled_hop_counters()
                         result = tb.iperf(SHUNT_PORT, seconds, grace=15 + rtt / 100)
-                        loss = tb.locate_loss(before, tb.hop_counters())
+                        loss = tb.locate_loss(before, tb.settled_hop_counters())
                         s = Testbed.iperf_summary(result)
                         row = {"rtt_ms": rtt, "mode": mode, "run": run, "rtt_measured_ms": tb.rtt_measured,
                                "delay_mechanism": tb.delay_mechanism, "gbps": s["gbps"],
@@ -339,6 +365,23 @@ def exp_throughput(args: argparse.Namespace) -> int:
                         f"{statistics.fmean(r['retransmits'] for r in rows):.0f} | "
                         f"{sum(r['lost_firewall'] for r in rows)} | {sum(r['lost_switch'] for r in rows)} | "
                         f"{sum(r['lost_receiver_delay_queue'] for r in rows)} |")
+    body += ["", "## The thesis's Table 4.4 beside ours", "",
+             "| RTT | path | thesis Gbit/s | thesis loss % | ours Gbit/s | ours loss % | ours / direct |",
+             "|---|---|---|---|---|---|---|"]
+    for rtt in rtts:
+        direct = [r["gbps"] for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == "direct"]
+        for mode in MODES:
+            rows = [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == mode]
+            thesis = THESIS_TABLE_4_4.get(int(rtt), {}).get(mode)
+            if not rows or thesis is None:
+                continue
+            ours = statistics.fmean(r["gbps"] for r in rows)
+            ratio = f"{ours / statistics.fmean(direct):.3f}" if direct else "-"
+            body.append(f"| {rtt} ms | {MODE_LABEL[mode]} | {thesis[0]:.3f} | "
+                        f"{'—' if thesis[1] is None else f'{thesis[1]:.2f}'} | {ours:.3f} | "
+                        f"{statistics.fmean(r['loss_pct'] for r in rows):.3f} | {ratio} |")
+    body += ["", f"The thesis ran 100 runs a cell; these results have {runs}. " + SCALING + " The firewall's "
+             "ratio to direct switching is what compares across the two set-ups, not the absolute rates."]
     body += ["", "## Wilcoxon rank-sum tests (two-sided; p < 0.05: the paths differ)", "",
              "| RTT | comparison | throughput p | loss p | difference in mean Gbit/s |", "|---|---|---|---|---|"]
     tests = []
@@ -409,31 +452,60 @@ def exp_cwnd(args: argparse.Namespace) -> int:
                     progress(i, total, f"{mode} run {run}: {s['gbps']:.3f} Gbit/s, {s['retransmits']} retransmits")
     except KeyboardInterrupt:
         interrupted = True
-    body = [f"Congestion window and throughput over the first {seconds:g} s at {rtt} ms RTT (thesis Figure 4.1). "
-            "Circles mark 100 ms samples with retransmissions.", ""]
+    smooth = 10  # samples (1 s): iperf3's 0.1 s receive windows catch the delay queue's bursts
+    body = [f"Congestion window and received rate over the first {seconds:g} s at {rtt} ms RTT (thesis Figure "
+            "4.1), one panel per path. The bold line is the run with the median throughput, crosses mark its "
+            "100 ms samples with retransmissions (losses); the other runs are faint. The received rate is "
+            f"averaged over {smooth * 0.1:g} s: iperf3's 0.1 s windows catch the delay emulation's release bursts "
+            "and read well above the link rate, which no packet count supports.", "",
+            "The thesis's Figure 4.1 shows the same shape at 10 Gbit/s with netem: the firewall's losses cut "
+            "the window again and again, while direct switching and NFShunt keep it open. Ours is scaled to "
+            f"{args.link_mbit:g} Mbit/s links with {'NFQUEUE' if args.delay != 'netem' else 'netem'} delay "
+            "where netem is missing.", ""]
     if res.rows:
+        representative = {}
+        for mode in MODES:
+            done = sorted((s["gbps"], s["run"]) for s in summaries if s["mode"] == mode)
+            if done:
+                representative[mode] = done[len(done) // 2][1]
+        link = args.link_mbit
+
+        def smoothed(values: list[float]) -> list[float]:
+            return [statistics.fmean(values[max(0, k - smooth + 1):k + 1]) for k in range(len(values))]
+
         def draw(fig: Any) -> None:
-            ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
-            for mode in MODES:
+            axes = fig.subplots(2, len(MODES), sharex=True, sharey="row")
+            for col, mode in enumerate(MODES):
+                color = {"direct": "tab:green", "nfshunt": "tab:blue", "firewall": "tab:red"}[mode]
+                top, bottom = axes[0][col], axes[1][col]
                 for run in range(runs):
                     rows = [r for r in res.rows if r["mode"] == mode and r["run"] == run]
                     if not rows:
                         continue
-                    label = MODE_LABEL[mode] if run == 0 else None
-                    color = {"direct": "tab:green", "nfshunt": "tab:blue", "firewall": "tab:red"}[mode]
-                    ax1.plot([r["t"] for r in rows], [r["cwnd_kb"] for r in rows], color=color, label=label)
-                    rt = [r for r in rows if r["retransmits"]]
-                    ax1.scatter([r["t"] for r in rt], [r["cwnd_kb"] for r in rt], s=[20 * math.log1p(r["retransmits"])
-                                for r in rt], facecolors="none", edgecolors=color)
-                    ax2.plot([r["t"] for r in rows], [r["received_mbps"] for r in rows], color=color, label=label)
-            ax1.set_ylabel("cwnd, KB")
-            ax2.set_ylabel("received, Mbit/s")
-            ax2.set_xlabel("seconds")
-            ax1.legend()
-            ax1.set_title(f"Congestion window and throughput, RTT {rtt} ms")
-        plot(os.path.join(args.out, "cwnd.png"), draw)
+                    bold = run == representative.get(mode)
+                    style = {"color": color, "alpha": 1.0 if bold else 0.25, "linewidth": 1.6 if bold else 0.8}
+                    t = [r["t"] for r in rows]
+                    top.plot(t, [r["cwnd_kb"] / 1024 for r in rows], **style)
+                    rate = [0.0 if math.isnan(r["received_mbps"]) else r["received_mbps"] for r in rows]
+                    bottom.plot(t, smoothed(rate), **style)
+                    if bold:
+                        lost = [r for r in rows if r["retransmits"]]
+                        top.scatter([r["t"] for r in lost], [r["cwnd_kb"] / 1024 for r in lost], marker="x",
+                                    color="black", s=25, zorder=3, label="retransmissions" if col == 0 else None)
+                bottom.axhline(link, color="grey", linestyle="--", linewidth=0.8)
+                top.set_title(MODE_LABEL[mode])
+                bottom.set_xlabel("seconds")
+            axes[0][0].set_ylabel("congestion window, MB")
+            axes[1][0].set_ylabel(f"received, Mbit/s ({smooth * 0.1:g} s average)")
+            axes[1][0].set_ylim(0, link * 1.15)
+            if any(r["retransmits"] for r in res.rows):
+                axes[0][0].legend(loc="upper left")
+            fig.suptitle(f"Congestion window and received rate, RTT {rtt} ms (dashed: link rate)")
+        plot(os.path.join(args.out, "cwnd.png"), draw, size=(12, 6.5))
         body += ["![cwnd](cwnd.png)", "", "| path | run | Gbit/s received | retransmits |", "|---|---|---|---|"]
-        body += [f"| {MODE_LABEL[s['mode']]} | {s['run']} | {s['gbps']:.3f} | {s['retransmits']} |" for s in summaries]
+        for s in summaries:
+            shown = " (bold)" if representative.get(s["mode"]) == s["run"] else ""
+            body.append(f"| {MODE_LABEL[s['mode']]} | {s['run']}{shown} | {s['gbps']:.3f} | {s['retransmits']} |")
     print(f"report: {res.report('Congestion window over time', body, interrupted)}")
     return 130 if interrupted else 0
 

@@ -237,6 +237,10 @@ class Testbed:
         self.log(f"building testbed: mode={self.mode}, OpenFlow {self.of_version}, "
                  f"Open vSwitch datapath={self.datapath}")
         self.net.build()
+        # The switch ports' kernel side (root namespace) would send neighbour and multicast
+        # listener messages of its own onto the links: traffic no host sent.
+        for port in (FAST1, SLOW1, FAST2, SLOW2):
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.s1-eth{port}.disable_ipv6=1"], check=False)
         self._setup_hosts()
         self._setup_firewall()
         if self.mode == "nfshunt":
@@ -289,7 +293,14 @@ class Testbed:
     def _setup_firewall(self) -> None:
         fw = self.fw
         self.run(fw, "ip", "link", "add", "br0", "type", "bridge")
+        # A transparent bridge sends nothing of its own: no addresses, no IPv6 on the bridge
+        # or its ports (their neighbour and multicast-listener messages would be counted
+        # as traffic leaving the firewall and make the per-hop loss accounting negative).
+        # Bridged IPv6 is still forwarded and filtered (bridge-nf-call-ip6tables).
+        for intf in ("br0", "fw-eth0", "fw-eth1"):
+            self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1")
         for intf in ("fw-eth0", "fw-eth1"):
+            self.run(fw, "ip", "addr", "flush", "dev", intf)
             self.run(fw, "ip", "link", "set", intf, "master", "br0")
             self.run(fw, "ip", "link", "set", intf, "up")
         self.run(fw, "ip", "link", "set", "br0", "up")
@@ -578,6 +589,19 @@ class Testbed:
                 if len(f) >= 7:
                     c[f"{node.name}.nfqueue_drops"] += int(f[5]) + int(f[6])
         return c
+
+    def settled_hop_counters(self, timeout: float = 3.0) -> dict[str, int]:
+        """hop_counters() once the data path is quiet: packets still in flight between the
+        reads (a close at 400 ms RTT) would count as lost on one hop and found on another."""
+        last = self.hop_counters()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self.hop_counters()
+            if all(now[k] == last[k] for k in ("h1-eth0.tx", "h2-eth0.rx", "fw-eth0.rx", "fw-eth1.tx")):
+                return now
+            last = now
+        return last
 
     @staticmethod
     def locate_loss(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

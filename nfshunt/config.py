@@ -75,6 +75,7 @@ class Config:
     max_shunts: int = 0
     netlink_rcvbuf: int = 16 * 1024 * 1024
     tcp_teardown: bool = True
+    rst_grace: float = 0.5
     control_socket: str | None = DEFAULT_CONTROL_SOCKET
     metrics_address: str | None = None
     metrics_port: int = 9753
@@ -338,6 +339,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "max_shunts": _int(0, 10_000_000),
     "netlink_rcvbuf": _int(4096, 1 << 30),
     "tcp_teardown": _bool,
+    "rst_grace": _number(0, 5),
     "control_socket": _socket_path,
     "metrics_address": _optional(_address),
     "metrics_port": _int(1, 65535),

@@ -159,6 +159,13 @@ class RestoreConntrack:
 
 
 @dataclass(frozen=True, slots=True)
+class Later:
+    """Run `commands` after `delay` seconds (the app's timer posts them back)."""
+    delay: float
+    commands: tuple["Command", ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteConntrack:
     family: int
     orig: FlowTuple
@@ -190,7 +197,7 @@ class Removed:
 
 
 Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
-                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Ignored,
+                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, Ignored,
                 Installed, Refused, Removed, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
@@ -587,7 +594,8 @@ class Core:
         out: list[Command] = []
         if conn.state is not State.ACTIVE:
             return out
-        if cookies.is_rst(cookie):
+        rst = cookies.is_rst(cookie)
+        if rst:
             state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
         else:
             if conn.fins == 0:
@@ -597,9 +605,15 @@ class Core:
                 return out
             state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
         self._start_removal(conn, reason, now)
-        out.append(RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
-                                    (RemoveFlows(conn, (False, True), reason),),
-                                    conn.event.mark if conn.event else 0))
+        restore = RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
+                                   (RemoveFlows(conn, (False, True), reason),), conn.event.mark if conn.event else 0)
+        if rst and self.cfg.rst_grace:
+            # The side that reset may have data still coming (an aborted transfer has about
+            # one RTT in flight): it stays on the fast path for a moment, as it would with
+            # no firewall at all, instead of meeting a firewall that tracks a closed entry.
+            out.append(Later(self.cfg.rst_grace, (restore,)))
+        else:
+            out.append(restore)
         return out
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,

@@ -578,6 +578,11 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._queue(fb.owned_flow_stats_request())
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
+        elif isinstance(cmd, c.Later):
+            commands = cmd.commands
+            timer = threading.Timer(cmd.delay, lambda: self.send_event(self.name, EventRun(commands)))
+            timer.daemon = True
+            timer.start()
         elif isinstance(cmd, c.RestoreConntrack):
             conn = cmd.conn
             self.counters["teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations"] += 1

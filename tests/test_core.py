@@ -259,11 +259,19 @@ def test_a_fin_caught_before_the_barrier_reply_changes_nothing():
     assert install.conn.state is c.State.PENDING and install.conn.fins == 0
 
 
-def test_rst_restores_a_closed_entry_and_strange_packet_ins_are_not_ours():
+def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_not_ours():
     core = connected()
     conn = shunted(core)
-    out = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
-    assert out[0].tcp_state == c.CT_TCP_CLOSE and out[0].timeout == 10
+    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
+    # Data still in flight towards the side that reset stays on the fast path a moment.
+    assert type(later).__name__ == "Later" and later.delay == 0.5 and conn.state is c.State.REMOVING
+    (restore,) = later.commands
+    assert restore.tcp_state == c.CT_TCP_CLOSE and restore.timeout == 10
+    assert types(restore.then) == ["RemoveFlows"]
+    nograce = connected(rst_grace=0)
+    conn0 = shunted(nograce)
+    out = nograce.teardown_packet(cookies.make_teardown(conn0.ct_id, False, True), 1, 1.0)
+    assert types(out) == ["RestoreConntrack"]
     assert core.teardown_packet(cookies.make_teardown(999, False, False), 1, 1.0) is None  # orphan catcher
     assert core.teardown_packet(cookies.make(cookies.Kind.SHUNT, conn.ct_id), 1, 1.0) is None  # not a catcher
     other = shunted(core, sport=2, ct_id=8)

@@ -56,8 +56,15 @@ def test_throughput_quick_run(quick_all):
     # Where the packets went: firewall mode crosses the bridge, NFShunt and direct do not.
     slow = {m: min(int(r["lost_slow_path_packets"]) for r in rows if r["mode"] == m) for m in ("direct", "firewall")}
     assert slow["direct"] < 10 < slow["firewall"]
+    # Loss is located, never invented: no hop reports more packets out than in.
+    for r in rows:
+        for key in ("lost_host_link", "lost_switch", "lost_firewall", "lost_firewall_buffer",
+                    "lost_receiver_delay_queue", "lost_sender_qdisc"):
+            assert int(r[key]) >= 0, (r["mode"], r["rtt_ms"], r["run"], key, r[key])
+        assert int(r["lost_firewall"]) == 0 or r["mode"] != "direct"  # direct never crosses the firewall
     assert len(_rows(out / "throughput" / "throughput-ranksum.csv")) == 4
-    assert "rank-sum" in _report_ok(out / "throughput" / "throughput.md")
+    report = _report_ok(out / "throughput" / "throughput.md")
+    assert "rank-sum" in report and "Table 4.4 beside ours" in report
     assert os.path.getsize(out / "throughput" / "throughput.png") > 1000
 
 
