@@ -122,6 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           + (f" dpid {sw['datapath_id']} OpenFlow {sw['openflow']} from {sw['address']}" if sw["connected"] else ""))
     budget = f" of {reply['max_shunts']}" if reply["max_shunts"] else ""
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
+          f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
     conns = reply["connections"]
     if conns:

@@ -34,9 +34,9 @@ from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer, parse_tuple
 from .logs import BatchedFileHandler, flush_all
-from .metrics import Metrics
 from .flows import REMOVED_REASONS, FlowBuilder
 from . import markcodec
+from .metrics import Metrics
 from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
@@ -475,6 +475,7 @@ class NFShuntApp(app_manager.OSKenApp):
                        "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}"},
             "uptime": round(time.time() - self.started, 1),
             "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
+            "pending": self.send.pending() if self.send is not None else 0,
             "max_shunts": self.cfg.max_shunts, "flow_stats": flows is not None,
             "counters": dict(self.counters), "connections": conns}
 
