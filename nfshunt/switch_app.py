@@ -15,6 +15,7 @@ when it comes from the same address or over TLS.
 from __future__ import annotations
 
 import collections
+import heapq
 import json
 import logging
 import threading
@@ -41,6 +42,7 @@ from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
+TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
 
 
 EVENT_COUNTER = {k: f"conntrack_event:{k.value}" for k in EventKind}  # no per-event formatting
@@ -106,6 +108,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.fb: FlowBuilder | None = None
         self.send: SendPath | None = None
         self._meter_xid: int | None = None
+        self._later: list[tuple[float, int, tuple[c.Command, ...]]] = []  # heap of (due, seq, commands)
+        self._later_seq = 0
+        self._later_lock = threading.Lock()
         self.rlog = RateLimitedLog(LOG)
         ChannelDatapath.admit = self._admit
         self._flow_stats: list[SwitchFlow] = []
@@ -134,9 +139,21 @@ class NFShuntApp(app_manager.OSKenApp):
         self.threads.append(hub.spawn(self._ticker))
 
     def _ticker(self) -> None:
+        """The 1 s housekeeping tick, and the core's delayed commands (Later) when due: one
+        thread however many are waiting (an RST storm must not start a thread per RST)."""
+        next_tick = time.monotonic() + 1.0
         while self._running:
-            time.sleep(1.0)
-            self.send_event(self.name, EventTick())
+            time.sleep(TIMER_RESOLUTION)
+            now = time.monotonic()
+            due: list[c.Command] = []
+            with self._later_lock:
+                while self._later and self._later[0][0] <= now:
+                    due.extend(heapq.heappop(self._later)[2])
+            if due:
+                self.send_event(self.name, EventRun(tuple(due)))
+            if now >= next_tick:
+                next_tick = now + 1.0
+                self.send_event(self.name, EventTick())
 
     def _post_events(self, events: list[ConnEvent]) -> None:
         self.send_event(self.name, EventConntrack(events))
@@ -580,10 +597,9 @@ class NFShuntApp(app_manager.OSKenApp):
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
         elif isinstance(cmd, c.Later):
-            commands = cmd.commands
-            timer = threading.Timer(cmd.delay, lambda: self.send_event(self.name, EventRun(commands)))
-            timer.daemon = True
-            timer.start()
+            with self._later_lock:
+                self._later_seq += 1  # ties never compare the commands
+                heapq.heappush(self._later, (time.monotonic() + cmd.delay, self._later_seq, cmd.commands))
         elif isinstance(cmd, c.RestoreConntrack):
             conn = cmd.conn
             self.counters["teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations"] += 1

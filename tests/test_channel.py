@@ -72,3 +72,31 @@ def test_switch_addresses_allow_listed_addresses_and_networks_only():
     assert address_allowed("::ffff:192.0.2.1", ("192.0.2.0/24",))
     assert not address_allowed("192.0.2.2", ("192.0.2.1",))
     assert not address_allowed("not an address", ("0.0.0.0/0",))
+
+
+def test_delayed_commands_run_on_the_one_ticker_thread_when_due():
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from nfshunt.switch_app import EventRun, EventTick, NFShuntApp
+    posted = []
+    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), fb=None,
+                          name="nfshunt", send_event=lambda name, ev: posted.append((time.monotonic(), ev)))
+    marker = c.ResyncConntrack()
+    t0 = time.monotonic()
+    NFShuntApp._execute(app, c.Later(0.3, (marker,)))
+    NFShuntApp._execute(app, c.Later(0.1, (marker, marker)))
+    thread = threading.Thread(target=NFShuntApp._ticker, args=(app,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not any(isinstance(ev, EventTick) for _, ev in posted):
+            time.sleep(0.02)
+    finally:
+        app._running = False
+        thread.join()
+    runs = [(t - t0, ev.commands) for t, ev in posted if isinstance(ev, EventRun)]
+    assert [len(cmds) for _, cmds in runs] == [2, 1]  # the earlier one first, each once
+    assert 0.1 <= runs[0][0] < 0.25 and 0.3 <= runs[1][0] < 0.45
+    assert app._later == []
