@@ -33,12 +33,12 @@ from .accounting import audit_logger, audit_record, conn_fields
 from .channel import ChannelDatapath, RateLimitedLog, SendPath, address_allowed, table_full
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
-from .control import ControlServer, parse_tuple
+from .control import ControlServer
 from .logs import BatchedFileHandler, flush_all
 from .flows import REMOVED_REASONS, FlowBuilder
-from . import markcodec
 from .metrics import Metrics
-from .model import ConnEvent, EventKind, FlowTuple, SwitchFlow
+from .operator_api import EventControl, OperatorAPI
+from .model import ConnEvent, EventKind, SwitchFlow
 
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
@@ -78,20 +78,6 @@ class EventShutdown(event.EventBase):
         self.done = done
 
 
-class EventControl(event.EventBase):
-    """A control-socket request, answered on the event loop."""
-
-    def __init__(self, request: dict[str, Any]):
-        super().__init__()
-        self.request = request
-        self.reply: dict[str, Any] = {}
-        self.done = threading.Event()
-
-    def answer(self, reply: dict[str, Any]) -> None:
-        self.reply = reply
-        self.done.set()
-
-
 class Counters(collections.Counter):
     """Plain counters, keyed by name; read by logs and the status/metrics layers."""
 
@@ -114,7 +100,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.rlog = RateLimitedLog(LOG)
         ChannelDatapath.admit = self._admit
         self._flow_stats: list[SwitchFlow] = []
-        self._stats_requests: dict[int, tuple[list[SwitchFlow], EventControl]] = {}  # status requests
+        self.operator = OperatorAPI(self)
         self._running = True
         self.started = time.time()
         self.control: ControlServer | None = None
@@ -253,9 +239,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.dp = None
         self.fb = None
         self.send = None
-        for _, request in self._stats_requests.values():
-            request.answer(self._status(None))
-        self._stats_requests.clear()
+        self.operator.switch_gone()
         self._run(self.core.switch_disconnected())
 
     def _ours(self, msg: Any, what: str) -> bool:
@@ -347,8 +331,8 @@ class NFShuntApp(app_manager.OSKenApp):
     def _flow_stats_reply(self, ev: Any) -> None:
         if not self._ours(ev.msg, "flow stats") or self.fb is None:
             return
-        status = self._stats_requests.get(ev.msg.xid)  # an operator's request, or a reconcile
-        collected = status[0] if status is not None else self._flow_stats
+        status = self.operator.collecting(ev.msg.xid)  # an operator's request, or a reconcile
+        collected = status if status is not None else self._flow_stats
         for stats in ev.msg.body:
             try:
                 collected.append(self.fb.parse_stats(stats))
@@ -358,8 +342,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if self.fb.more_follows(ev.msg):
             return
         if status is not None:
-            del self._stats_requests[ev.msg.xid]
-            status[1].answer(self._status(collected))
+            self.operator.answer_status(ev.msg.xid)
             return
         flows, self._flow_stats = self._flow_stats, []
         out = self.core.reconcile(flows, time.monotonic())
@@ -388,7 +371,7 @@ class NFShuntApp(app_manager.OSKenApp):
         LOG.warning("conntrack events were lost (ENOBUFS); resyncing from a dump")
         self.worker.dump()
 
-    # --- control socket ------------------------------------------------------------------
+    # --- control socket: the operator API ------------------------------------------------
 
     def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
         """On the control server's thread: hand over to the event loop and wait."""
@@ -400,101 +383,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventControl)
     def _control(self, ev: EventControl) -> None:
-        req = ev.request
-        cmd = req.get("cmd")
-        now = time.monotonic()
-        if cmd == "status":
-            if req.get("connections") is False:  # counts only: cheap with 100k shunts
-                ev.answer(self._status(None, connections=False))
-                return
-            if self.dp is None or self.fb is None:
-                ev.answer(self._status(None))
-                return
-            msg = self.fb.owned_flow_stats_request()
-            xid = self.dp.set_xid(msg)
-            self._stats_requests[xid] = ([], ev)
-            self._queue(msg)
-            self._flush()
-            return
-        if cmd == "flush":
-            reason = str(req.get("reason") or "flush by operator")
-            out = self.core.flush(reason, now)
-            self.counters["operator_flush"] += 1
-            LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, len(out))
-            self._run(out)
-            ev.answer({"ok": True, "removed": len(out), "switch_connected": self.dp is not None})
-            return
-        if cmd == "reevaluate":
-            self._reevaluate(ev, str(req.get("reason") or "policy changed"), now)
-            return
-        if cmd in ("unshunt", "block"):
-            try:
-                orig = self._target(req)
-            except ValueError as exc:
-                ev.answer({"error": str(exc)})
-                return
-            out = self.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
-            self.counters[f"operator_{cmd}"] += 1
-            LOG.warning("operator %s of %s", cmd, orig)
-            self._run(out)
-            ev.answer({"ok": True, "tuple": str(orig),
-                       "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
-            return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block)"})
-
-    def _reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
-        """A new policy: every connection is judged again. Decided marks are cleared in
-        the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
-        block is taken down, a TCP one after its entry is re-created so it goes on through
-        the firewall without a stall. Answered once the kernel has done its part."""
-        out = self.core.flush(reason, now, reevaluate=True)
-        self.counters["operator_reevaluate"] += 1
-        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, len(out))
-        self._run(out)
-        removed = len(out)
-
-        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
-            if error is not None:
-                ev.answer({"error": f"could not clear the decision marks: {error}"})
-            else:
-                ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
-                           "switch_connected": self.dp is not None})
-        self.worker.clear_marks(markcodec.DECISION_MASK, done)
-
-    def _target(self, req: dict[str, Any]) -> FlowTuple:
-        if "tuple" in req:
-            return parse_tuple(str(req["tuple"]))
-        ct_id = req.get("ct_id")
-        if isinstance(ct_id, bool) or not isinstance(ct_id, int):
-            raise ValueError("give 'tuple' or an integer 'ct_id'")
-        conn = self.core.find(ct_id=ct_id)
-        if conn is None:
-            raise ValueError(f"no shunt or block with conntrack id {ct_id}; give the tuple instead")
-        return conn.orig
-
-    def _status(self, flows: list[SwitchFlow] | None, connections: bool = True) -> dict[str, Any]:
-        by_cookie = {f.cookie: f for f in flows or []}
-        now = time.monotonic()
-        conns = []
-        for conn in self.core.conns.values() if connections else ():
-            dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
-            conns.append({
-                **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),
-                "switch_ports": [conn.ingress.fast, conn.egress.fast],
-                "age": round(now - (conn.confirmed_time or conn.event_time), 3),
-                "packets": [d.packets if d else None for d in dirs],
-                "bytes": [d.bytes if d else None for d in dirs]})
-        dp = self.dp
-        return {
-            "switch": {"connected": dp is not None,
-                       "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else None,
-                       "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
-                       "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}"},
-            "uptime": round(time.time() - self.started, 1),
-            "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
-            "pending": self.send.pending() if self.send is not None else 0,
-            "max_shunts": self.cfg.max_shunts, "flow_stats": flows is not None,
-            "counters": dict(self.counters), "connections": conns}
+        self.operator.handle(ev)
 
     @set_ev_cls(EventRun)
     def _run_later(self, ev: "EventRun") -> None:
