@@ -9,6 +9,7 @@ instead, and refuses peers the config does not allow before they say anything.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import ipaddress
@@ -118,13 +119,35 @@ class Batch:
     failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
 
 
+class Pacer:
+    """A token bucket of flow-mods a second (a hardware switch takes hundreds to a few
+    thousand). Removals and defaults always go out and may overdraw it: installs wait."""
+
+    def __init__(self, rate: float, now: float):
+        self.rate = rate
+        self.burst = max(8.0, rate / 10)  # a tenth of a second's worth at once
+        self.tokens = self.burst
+        self.stamp = now
+
+    def refill(self, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+
 class SendPath:
     """Messages of one event-loop turn, concatenated and written once, with a barrier when
-    an install needs confirming. Owns the xid bookkeeping of installs and barriers."""
+    an install needs confirming. Owns the xid bookkeeping of installs and barriers, and,
+    with a flow-mod rate, the queue of installs waiting for their turn (their connections
+    stay on the slow path meanwhile, conntrack entries kept)."""
 
-    def __init__(self, dp: Any, fb: FlowBuilder):
+    def __init__(self, dp: Any, fb: FlowBuilder, rate: float = 0, queue_max: int = 0,
+                 wanted: Callable[[c.Conn], bool] = lambda conn: True):
         self.dp = dp
         self.fb = fb
+        self.pacer = Pacer(rate, time.monotonic()) if rate else None
+        self.queue_max = queue_max
+        self.wanted = wanted  # a queued install the core no longer wants is dropped, not sent
+        self.queued: collections.deque[c.Conn] = collections.deque()
         self.out: list[Any] = []
         self._conns: list[c.Conn] = []  # installs waiting for the next barrier
         self._xids: list[int] = []
@@ -134,8 +157,40 @@ class SendPath:
 
     def queue(self, msgs: list[Any]) -> None:
         self.out.extend(msgs)
+        if self.pacer is not None:
+            self.pacer.tokens -= len(msgs)
 
-    def install(self, conn: c.Conn) -> None:
+    def install(self, conn: c.Conn) -> bool:
+        """Send (or, paced, queue) a pair's flow-mods; False: the queue is full."""
+        if self.pacer is not None:
+            if len(self.queued) >= self.queue_max:
+                return False
+            self.queued.append(conn)
+            return True
+        self._send_install(conn)
+        return True
+
+    def release(self, now: float) -> list[c.Conn]:
+        """Queued installs the bucket has room for go out; returns those dropped because the
+        core no longer wants them (taken down or forgotten while they waited)."""
+        if self.pacer is None or not self.queued:
+            return []
+        self.pacer.refill(now)
+        dropped = []
+        while self.queued:
+            conn = self.queued[0]
+            if not self.wanted(conn):
+                dropped.append(self.queued.popleft())
+                continue
+            cost = self.fb.install_cost(conn)
+            if self.pacer.tokens < cost:
+                break
+            self.queued.popleft()
+            self.pacer.tokens -= cost
+            self._send_install(conn)
+        return dropped
+
+    def _send_install(self, conn: c.Conn) -> None:
         dp = self.dp
         for msg in self.fb.install(conn):
             self.out.append(msg)
@@ -177,7 +232,8 @@ class SendPath:
         return out
 
     def pending(self) -> int:
-        return sum(len(b.conns) for b in self._batches.values())
+        """Installs sent and not yet confirmed, and installs waiting for their turn."""
+        return sum(len(b.conns) for b in self._batches.values()) + len(self._conns) + len(self.queued)
 
     def flush(self, waiter: threading.Event | None = None) -> None:
         dp = self.dp

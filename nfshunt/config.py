@@ -68,6 +68,8 @@ class Config:
     echo_interval: float = 0.4
     echo_misses: int = 3
     packet_in_rate: int = 1000
+    flow_mod_rate: int = 0
+    install_queue: int = 10000
     max_block_share: float = 0.5
     default_priority: int = 100
     shunt_priority: int = 33000
@@ -332,6 +334,8 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "echo_interval": _number(0.1, 60),
     "echo_misses": _int(1, 100),
     "packet_in_rate": _int(0, 1_000_000),
+    "flow_mod_rate": _int(0, 10_000_000),
+    "install_queue": _int(1, 1_000_000),
     "max_block_share": _number(0, 1),
     "default_priority": _int(1, 65535),
     "shunt_priority": _int(1, 65534),  # TCP teardown catchers sit one above

@@ -513,6 +513,23 @@ class Core:
             self._wait(conn.event, front=conn.action == "block")
         return out
 
+    def install_dropped(self, conn: Conn, reason: str, wait: bool) -> list[Command]:
+        """An install that never went to the switch (its queue was full, or the pair was
+        taken down while it waited): nothing to roll back on the switch, the entry is kept.
+        With `wait`, the connection waits for room like one the table refused."""
+        if self.conns.get(conn.orig) is not conn or conn.state is not State.PENDING:
+            return []
+        self._forget(conn)
+        if wait and conn.event is not None:
+            self._wait(conn.event, front=conn.action == "block")
+        return [Refused(conn, reason)]
+
+    def room_freed(self, room: int) -> list[Command]:
+        """The switch can take `room` more installs (the flow-mod queue drained)."""
+        if not self.waiting or not self.reconciled:
+            return []
+        return self._retry_waiting(room)
+
     def _start_removal(self, conn: Conn, reason: str, now: float) -> None:
         conn.state = State.REMOVING
         conn.removing_since = now

@@ -185,6 +185,10 @@ class FlowBuilder:
         return (self.version != OFP10 and self.cfg.tcp_teardown and conn.action == "shunt"
                 and conn.orig.proto == TCP)
 
+    def install_cost(self, conn: Conn) -> int:
+        """Flow-mods install() writes for this connection (what pacing counts)."""
+        return 6 if self.catches_teardown(conn) else 2
+
     def install(self, conn: Conn) -> list[Any]:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
         (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST

@@ -44,6 +44,7 @@ PLAIN = {
     "openflow_malformed": "OpenFlow messages or flows skipped as unreadable",
     "switch_disconnects": "Switch connections that ended (closed, echoes unanswered, replaced)",
     "install_timeouts": "Installs rolled back because the switch did not answer their barrier",
+    "install_queue_full": "Installs refused because the paced flow-mod queue was full (they wait for room)",
     "teardowns": "Shunts taken down because the connection sent FIN or RST",
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
@@ -88,6 +89,8 @@ class AppCollector(Collector):
                                 value=snap["shunts"] + snap["blocks"])
         yield GaugeMetricFamily("nfshunt_flow_budget_max", "max_shunts (0: no budget)", value=snap["max_shunts"])
         yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
+        yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
+                                value=snap.get("queued", 0))
 
 
 class Metrics:

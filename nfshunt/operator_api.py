@@ -166,5 +166,6 @@ class OperatorAPI:
             "uptime": round(time.time() - self.app.started, 1),
             "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
             "pending": self.app.send.pending() if self.app.send is not None else 0,
+            "queued": len(self.app.send.queued) if self.app.send is not None else 0,
             "max_shunts": self.app.cfg.max_shunts, "flow_stats": flows is not None,
             "counters": dict(self.counters), "connections": conns}

@@ -135,7 +135,8 @@ class NFShuntApp(app_manager.OSKenApp):
             with self._later_lock:
                 while self._later and self._later[0][0] <= now:
                     due.extend(heapq.heappop(self._later)[2])
-            if due:
+            send = self.send
+            if due or (send is not None and send.queued):  # paced installs wait for their turn
                 self.send_event(self.name, EventRun(tuple(due)))
             if now >= next_tick:
                 next_tick = now + 1.0
@@ -182,8 +183,10 @@ class NFShuntApp(app_manager.OSKenApp):
         else:
             counters = {}
         core = self.core
+        send = self.send
         return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
-                "connected": 1 if self.dp is not None else 0, "max_shunts": self.cfg.max_shunts}
+                "connected": 1 if self.dp is not None else 0, "max_shunts": self.cfg.max_shunts,
+                "queued": len(send.queued) if send is not None else 0}
 
     # --- switch lifecycle -----------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 old.close()
             self.dp = dp
             self.fb = FlowBuilder(dp, self.cfg)
-            self.send = SendPath(dp, self.fb)
+            self.send = SendPath(dp, self.fb, self.cfg.flow_mod_rate, self.cfg.install_queue, self._wanted)
             self.counters["switch_connects"] += 1
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
@@ -415,16 +418,41 @@ class NFShuntApp(app_manager.OSKenApp):
     # --- the one send path ---------------------------------------------------------------------
 
     def _run(self, commands: Iterable[c.Command]) -> None:
-        """Execute the core's commands, then flush the batch to the switch."""
-        for cmd in commands:
+        """Execute the core's commands (and what executing them brings back from the core),
+        then flush the batch to the switch."""
+        work = collections.deque(commands)
+        if self.send is not None and self.send.queued:
+            work.extend(self._release())
+        while work:
+            cmd = work.popleft()
             try:
-                self._execute(cmd)
+                follow = self._execute(cmd)
             except Exception:
                 self.counters["internal_errors"] += 1
                 LOG.exception("failed to execute %s", type(cmd).__name__)
+                continue
+            if follow:
+                work.extend(follow)
         self._flush()
 
-    def _execute(self, cmd: c.Command) -> None:
+    def _release(self) -> list[c.Command]:
+        """Paced installs whose turn has come go out; the queue's freed room goes to
+        connections that waited for it."""
+        send = self.send
+        before = len(send.queued)
+        out: list[c.Command] = []
+        for conn in send.release(time.monotonic()):
+            out.extend(self.core.install_dropped(conn, "taken down before it was sent", wait=False))
+        drained = before - len(send.queued)
+        if drained and self.core.waiting:
+            out.extend(self.core.room_freed(min(drained, send.queue_max - len(send.queued))))
+        return out
+
+    def _wanted(self, conn: c.Conn) -> bool:
+        """A queued install the core still wants sent."""
+        return self.core.conns.get(conn.orig) is conn and conn.state is c.State.PENDING and conn.remove_reason is None
+
+    def _execute(self, cmd: c.Command) -> list[c.Command] | None:
         fb = self.fb
         if isinstance(cmd, c.Ignored):
             key = IGNORED_KEYS.get(cmd.reason)
@@ -435,8 +463,9 @@ class NFShuntApp(app_manager.OSKenApp):
                 LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
                           cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
         elif isinstance(cmd, c.InstallFlows):
-            if self.send is not None:
-                self.send.install(cmd.conn)
+            if self.send is not None and not self.send.install(cmd.conn):
+                self.counters["install_queue_full"] += 1
+                return self.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
         elif isinstance(cmd, c.DeleteConntrack):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):

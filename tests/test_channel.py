@@ -81,7 +81,7 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due():
 
     from nfshunt.switch_app import EventRun, EventTick, NFShuntApp
     posted = []
-    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), fb=None,
+    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), fb=None, send=None,
                           name="nfshunt", send_event=lambda name, ev: posted.append((time.monotonic(), ev)))
     marker = c.ResyncConntrack()
     t0 = time.monotonic()
@@ -100,3 +100,54 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due():
     assert [len(cmds) for _, cmds in runs] == [2, 1]  # the earlier one first, each once
     assert 0.1 <= runs[0][0] < 0.25 and 0.3 <= runs[1][0] < 0.45
     assert app._later == []
+
+
+def _paced(rate, queue_max, wanted=lambda conn: True):
+    dp = FakeDatapath()
+    core = c.Core(config(flow_mod_rate=rate, install_queue=queue_max))
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0.0)
+    send = SendPath(dp, FlowBuilder(dp, core.cfg), rate, queue_max, wanted)
+    return dp, send, core
+
+
+def test_paced_installs_go_out_at_the_flow_mod_rate_and_removals_never_wait():
+    dp, send, core = _paced(rate=60, queue_max=100)  # 60 flow-mods/s: ten TCP shunts a second
+    t0 = send.pacer.stamp
+    conns = [core.conntrack_event(event(sport=i + 1, ct_id=i + 1))[0].conn for i in range(20)]
+    for conn in conns:
+        assert send.install(conn)
+    assert send.release(t0) == [] and len(send.queued) == 19  # the burst allowance: one pair (6 flow-mods)
+    sent = [len(send._conns)]
+    for k in range(1, 11):  # one second in 0.1 s steps
+        send.release(t0 + k / 10)
+        sent.append(len(send._conns))
+    assert sent[-1] == 11  # 1 + 60 flow-mods / 6 in the second
+    assert send.pending() == 20
+    # A removal goes out at once even with the bucket empty, and the installs behind it wait longer.
+    send.queue(send.fb.remove(conns[0], (False, True)))
+    assert send.pacer.tokens < 0
+    send.release(t0 + 1.05)
+    assert len(send._conns) == 11
+
+
+def test_a_full_install_queue_refuses_and_the_connection_waits_for_room():
+    dp, send, core = _paced(rate=6, queue_max=2)
+    conns = [core.conntrack_event(event(sport=i + 1, ct_id=i + 1))[0].conn for i in range(3)]
+    assert send.install(conns[0]) and send.install(conns[1]) and not send.install(conns[2])
+    out = core.install_dropped(conns[2], "flow-mod queue full", wait=True)
+    assert [type(x).__name__ for x in out] == ["Refused"] and len(core.waiting) == 1
+    assert conns[2].orig not in core.conns  # nothing on the switch, its entry kept
+    retried = core.room_freed(1)
+    assert [type(x).__name__ for x in retried] == ["InstallFlows"] and not core.waiting
+
+
+def test_an_install_taken_down_while_queued_is_dropped_not_sent():
+    wanted = {}
+    dp, send, core = _paced(rate=600, queue_max=10, wanted=lambda conn: wanted.get(conn.ct_id, True))
+    a, b = (core.conntrack_event(event(sport=i + 1, ct_id=i + 1))[0].conn for i in range(2))
+    send.install(a)
+    send.install(b)
+    wanted[1] = False
+    dropped = send.release(send.pacer.stamp)
+    assert dropped == [a] and send._conns == [b]
