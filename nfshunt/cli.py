@@ -124,6 +124,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
+    table = reply.get("table") or {}
+    if table.get("max_entries") is not None:
+        print(f"switch table: {table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free")
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")

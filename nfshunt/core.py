@@ -10,7 +10,8 @@ is being deleted so the pair leaves together) -> forgotten. Its conntrack entry 
 deleted once the switch has confirmed both flows, so a refused flow-mod leaves the
 connection safely on the slow path.
 
-Room on the switch: with a `max_shunts` budget, or when the switch reports its table full,
+Room on the switch: with a budget (`max_shunts`, or derived from the table size the switch
+reports when that is unset), or when the switch reports its table full,
 a shunt stays on the slow path (its entry kept) and waits; waiting connections are
 retried, blocks first, as pairs leave. A block that finds no room evicts the newest shunt.
 
@@ -77,7 +78,7 @@ class Conn:
     first_fin_reply: bool = False
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
     adopted: bool = False  # read back from a switch, not installed from a policy decision
-    restore_on_removal: bool = False  # re-create the entry (decision cleared) before the flows go
+    entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
 
     @property
     def kind(self) -> cookies.Kind:
@@ -126,6 +127,11 @@ class DeleteSwitchFlow:
 @dataclass(frozen=True, slots=True)
 class RequestSwitchFlows:
     """Read NFShunt's flows back from the switch; answer with core.reconcile()."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTableSize:
+    """Ask the switch how many entries its table 0 holds; answer with core.table_size()."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +202,7 @@ class Removed:
     reason: str
 
 
-Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
+Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows, RequestTableSize,
                 ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, Ignored,
                 Installed, Refused, Removed, RestoreConntrack]
 
@@ -223,6 +229,16 @@ R_NAT = "nat: reply tuple is not the original reversed"
 R_ID_COLLISION = "conntrack id of a live pair"
 
 
+def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
+    """A TCP shunt on OpenFlow 1.3 gets FIN and RST catchers (see the module's docstring)."""
+    return version != OFP10 and cfg.tcp_teardown and conn.action == "shunt" and conn.orig.proto == TCP
+
+
+def pair_entries(version: int | None, cfg: Config, conn: Conn) -> int:
+    """Flow entries a pair takes on the switch: two, and four catchers with teardown."""
+    return 6 if catches_teardown(version, cfg, conn) else 2
+
+
 class Core:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -232,7 +248,10 @@ class Core:
         self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
         self.reconciled = False
         self.shunts = 0  # shunt pairs in the table
-        self.blocks = 0  # block pairs in the table (with shunts: the max_shunts budget)
+        self.blocks = 0  # block pairs in the table (with shunts: counted against the budget)
+        self.budget = cfg.max_shunts  # pairs allowed at once (0: no limit)
+        self.table_max: int | None = None  # entries the switch's table 0 holds, as it reported them
+        self.entries = 0  # entries NFShunt's pairs take on the switch (defaults not included)
         # Connections refused for lack of room, oldest first; blocks go to the front.
         self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
         # Operator overrides by tuple (both directions): "ignore" (unshunt) or "block".
@@ -252,6 +271,7 @@ class Core:
             out.append(InstallDefaults(self.cfg.ports))
         if version >= OFP13 and self.cfg.tcp_teardown and self.cfg.packet_in_rate:
             out.append(LimitPacketIns(self.cfg.packet_in_rate))
+        out.append(RequestTableSize())
         out.append(RequestSwitchFlows())
         return out
 
@@ -423,7 +443,7 @@ class Core:
             self._wait(ev, front=action == "block")
             return [Ignored(R_ID_COLLISION, ev)]
         out: list[Command] = []
-        if self.cfg.max_shunts and self.shunts + self.blocks >= self.cfg.max_shunts:
+        if self.budget and self.shunts + self.blocks >= self.budget:
             if action == "shunt":
                 self._wait(ev, front=False)
                 return [Ignored(R_BUDGET, ev)]
@@ -450,7 +470,7 @@ class Core:
     def _blocks_may_evict(self) -> bool:
         """Blocks take room from shunts only up to `max_block_share` of the budget: a host
         that gets itself blocked on many connections cannot push every shunt off the switch."""
-        budget = self.cfg.max_shunts or (self.shunts + self.blocks)
+        budget = self.budget or (self.shunts + self.blocks)
         return self.blocks < budget * self.cfg.max_block_share
 
     def _evict_for_block(self, now: float) -> RemoveFlows | None:
@@ -689,16 +709,33 @@ class Core:
         else:
             self.blocks += delta
 
+    def default_entries(self) -> int:
+        return 2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0
+
+    def table_size(self, max_entries: int) -> int | None:
+        """The switch reported how many entries its table 0 holds: with no `max_shunts`,
+        the budget becomes what fits after the defaults, counting every pair at the most a
+        pair takes (a TCP shunt with its teardown catchers). Returns the new budget."""
+        self.table_max = max_entries
+        if self.cfg.max_shunts or self.version is None:
+            return None
+        per_pair = 6 if self.version != OFP10 and self.cfg.tcp_teardown else 2
+        self.budget = max(1, (max_entries - self.default_entries()) // per_pair)
+        return self.budget
+
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
         self._count(conn, 1)
+        conn.entries = pair_entries(self.version, self.cfg, conn)
+        self.entries += conn.entries
         self.by_cookie[conn.cookie(False)] = conn
 
     def _forget(self, conn: Conn) -> None:
         self._removing.discard(conn)
         if self.conns.get(conn.orig) is conn:
             del self.conns[conn.orig]
+            self.entries -= conn.entries
             if conn.action_counted:
                 self._count(conn, -1)
         for t in (conn.orig, conn.reply):

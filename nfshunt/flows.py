@@ -11,7 +11,7 @@ from typing import Any
 
 from . import cookies
 from .config import Config, PortGroup
-from .core import Conn
+from .core import Conn, catches_teardown, pair_entries
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 
 ETH_IPV4 = 0x0800
@@ -182,12 +182,11 @@ class FlowBuilder:
         return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
 
     def catches_teardown(self, conn: Conn) -> bool:
-        return (self.version != OFP10 and self.cfg.tcp_teardown and conn.action == "shunt"
-                and conn.orig.proto == TCP)
+        return catches_teardown(self.version, self.cfg, conn)
 
     def install_cost(self, conn: Conn) -> int:
         """Flow-mods install() writes for this connection (what pacing counts)."""
-        return 6 if self.catches_teardown(conn) else 2
+        return pair_entries(self.version, self.cfg, conn)
 
     def install(self, conn: Conn) -> list[Any]:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
@@ -300,6 +299,13 @@ class FlowBuilder:
         return [p.OFPMeterMod(self.dp, command=ofp.OFPMC_DELETE, flags=0, meter_id=ofp.OFPM_CONTROLLER, bands=[]),
                 p.OFPMeterMod(self.dp, command=ofp.OFPMC_ADD, flags=ofp.OFPMF_PKTPS | ofp.OFPMF_BURST,
                               meter_id=ofp.OFPM_CONTROLLER, bands=[band])]
+
+    def table_size_request(self) -> Any:
+        """What reports table 0's max_entries: table features in 1.3 (an empty body asks,
+        never sets), table stats in 1.0."""
+        if self.version == OFP10:
+            return self.parser.OFPTableStatsRequest(self.dp, 0)
+        return self.parser.OFPTableFeaturesStatsRequest(self.dp, 0, [])
 
     def barrier(self) -> Any:
         return self.parser.OFPBarrierRequest(self.dp)

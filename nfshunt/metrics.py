@@ -87,7 +87,13 @@ class AppCollector(Collector):
         yield GaugeMetricFamily("nfshunt_switch_connected", "1 while the switch is connected", value=snap["connected"])
         yield GaugeMetricFamily("nfshunt_flow_budget_used", "Pairs counted against max_shunts",
                                 value=snap["shunts"] + snap["blocks"])
-        yield GaugeMetricFamily("nfshunt_flow_budget_max", "max_shunts (0: no budget)", value=snap["max_shunts"])
+        yield GaugeMetricFamily("nfshunt_flow_budget_max", "Pairs allowed at once: max_shunts, or derived from the "
+                                "switch's table size (0: no budget)", value=snap["max_shunts"])
+        if snap.get("table_max") is not None:
+            yield GaugeMetricFamily("nfshunt_table_entries_max", "Entries the switch's table 0 holds (as reported)",
+                                    value=snap["table_max"])
+        yield GaugeMetricFamily("nfshunt_table_entries_used", "Entries NFShunt's flows take in table 0 (defaults, "
+                                "pairs, teardown catchers)", value=snap.get("table_used", 0))
         yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
         yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
                                 value=snap.get("queued", 0))

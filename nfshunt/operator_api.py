@@ -72,6 +72,13 @@ class OperatorAPI:
             request.answer(self.status(None))
         self._requests.clear()
 
+    def table(self) -> dict[str, Any]:
+        """Entries of the switch's table 0: what it holds (as reported), what NFShunt uses."""
+        core = self.core
+        used = core.default_entries() + core.entries
+        return {"max_entries": core.table_max, "used": used,
+                "free": None if core.table_max is None else core.table_max - used}
+
     def handle(self, ev: EventControl) -> None:
         req = ev.request
         cmd = req.get("cmd")
@@ -167,5 +174,6 @@ class OperatorAPI:
             "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
             "pending": self.app.send.pending() if self.app.send is not None else 0,
             "queued": len(self.app.send.queued) if self.app.send is not None else 0,
-            "max_shunts": self.app.cfg.max_shunts, "flow_stats": flows is not None,
+            "max_shunts": self.core.budget, "flow_stats": flows is not None,
+            "table": self.table(),
             "counters": dict(self.counters), "connections": conns}

@@ -94,6 +94,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.fb: FlowBuilder | None = None
         self.send: SendPath | None = None
         self._meter_xid: int | None = None
+        self._table_xid: int | None = None
         self._later: list[tuple[float, int, tuple[c.Command, ...]]] = []  # heap of (due, seq, commands)
         self._later_seq = 0
         self._later_lock = threading.Lock()
@@ -185,8 +186,9 @@ class NFShuntApp(app_manager.OSKenApp):
         core = self.core
         send = self.send
         return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
-                "connected": 1 if self.dp is not None else 0, "max_shunts": self.cfg.max_shunts,
-                "queued": len(send.queued) if send is not None else 0}
+                "connected": 1 if self.dp is not None else 0, "max_shunts": core.budget,
+                "queued": len(send.queued) if send is not None else 0,
+                "table_max": core.table_max, "table_used": core.default_entries() + core.entries}
 
     # --- switch lifecycle -----------------------------------------------------------------
 
@@ -286,6 +288,10 @@ class NFShuntApp(app_manager.OSKenApp):
             return  # before the handshake or from a refused peer: no key per type and code
         self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
         reason = f"switch error type={msg.type} code={msg.code}"
+        if msg.xid == self._table_xid:
+            LOG.warning("the switch did not report its table size (%s): set max_shunts to what its table holds "
+                        "(a TCP shunt takes %d entries)", reason, 6 if self.cfg.tcp_teardown else 2)
+            return
         if msg.xid == self._meter_xid:
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
                         "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
@@ -354,6 +360,31 @@ class NFShuntApp(app_manager.OSKenApp):
                  "%d flows deleted, %d pairs forgotten", len(flows), len(self.core.conns), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
         self._run(out)
+
+    @set_ev_cls(ofp_event.EventOFPTableFeaturesStatsReply, MAIN_DISPATCHER)
+    def _table_features(self, ev: Any) -> None:
+        if self._ours(ev.msg, "table features"):
+            self._table_reported([(t.table_id, t.max_entries) for t in ev.msg.body])
+
+    @set_ev_cls(ofp_event.EventOFPTableStatsReply, MAIN_DISPATCHER)
+    def _table_stats(self, ev: Any) -> None:
+        if self._ours(ev.msg, "table stats") and ev.msg.datapath.ofproto.OFP_VERSION == 1:
+            self._table_reported([(t.table_id, t.max_entries) for t in ev.msg.body])
+
+    def _table_reported(self, tables: list[tuple[int, int]]) -> None:
+        for table_id, max_entries in tables:
+            if table_id != 0:
+                continue
+            budget = self.core.table_size(max_entries)
+            if budget is None:
+                LOG.info("switch table 0 holds %d entries; max_shunts %d is the budget", max_entries,
+                         self.cfg.max_shunts)
+            else:
+                LOG.info("switch table 0 holds %d entries: budget %d shunt and block pairs (max_shunts unset; "
+                         "%d entries for the defaults, at most %d a pair)", max_entries, budget,
+                         self.core.default_entries(), 6 if self.cfg.tcp_teardown else 2)
+            if budget:  # connections that waited for a budget the switch turned out to allow
+                self._run(self.core.room_freed(max(0, budget - self.core.shunts - self.core.blocks)))
 
     # --- conntrack and timers ---------------------------------------------------------------
 
@@ -509,6 +540,11 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._queue(fb.delete_switch_flow(cmd.flow))
                 self.counters["reconcile_deleted"] += 1
                 LOG.info("deleting switch flow cookie=0x%016x: %s", cmd.flow.cookie, cmd.reason)
+        elif isinstance(cmd, c.RequestTableSize):
+            if fb is not None:
+                msg = fb.table_size_request()
+                self._table_xid = self.dp.set_xid(msg)
+                self._queue(msg)
         elif isinstance(cmd, c.RequestSwitchFlows):
             if fb is not None:
                 self._queue(fb.owned_flow_stats_request())

@@ -99,7 +99,7 @@ def test_no_switch_means_no_action_until_connected_and_reconciled():
     core = c.Core(config())
     assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH
     cmds = core.switch_connected(c.OFP13)
-    assert types(cmds) == ["InstallDefaults", "LimitPacketIns", "RequestSwitchFlows"]
+    assert types(cmds) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize", "RequestSwitchFlows"]
     assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH  # not reconciled yet
     assert types(core.reconcile([], 0.0)) == ["ResyncConntrack"]
     assert types(core.conntrack_event(event())) == ["InstallFlows"]
@@ -523,3 +523,19 @@ def test_the_switch_is_asked_to_rate_limit_packet_ins_on_openflow13_only():
     assert [x.rate for x in core.switch_connected(c.OFP13) if type(x).__name__ == "LimitPacketIns"] == [300]
     assert "LimitPacketIns" not in types(core.switch_connected(c.OFP10))
     assert "LimitPacketIns" not in types(c.Core(config(packet_in_rate=0)).switch_connected(c.OFP13))
+
+
+def test_the_budget_is_derived_from_the_switch_table_size_when_max_shunts_is_unset():
+    core = connected()
+    assert core.budget == 0
+    # 2 port groups: 4 default entries; a TCP shunt with catchers takes 6.
+    assert core.table_size(4 + 6 * 10 + 5) == 10 and core.budget == 10
+    conn = shunted(core)
+    assert core.entries == 6 and conn.entries == 6
+    shunted(core, sport=2, ct_id=2, proto=UDP)
+    assert core.entries == 8
+    _remove_pair(core, conn)
+    assert core.entries == 2
+    pinned = connected(max_shunts=3)
+    assert pinned.table_size(1000) is None and pinned.budget == 3 and pinned.table_max == 1000
+    assert connected(c.OFP10).table_size(4 + 20) == 10  # no catchers on OpenFlow 1.0

@@ -145,3 +145,11 @@ def test_shunt_and_block_flows_match_untagged_frames_only(version):
             assert msg.match.dl_vlan == 0xFFFF and not msg.match.wildcards & fb.ofp.OFPFW_DL_VLAN
         else:
             assert msg.match["vlan_vid"] == 0  # OFPVID_NONE
+
+
+@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+def test_the_table_size_request_asks_and_never_sets(version):
+    msg = builder(version).table_size_request()
+    msg.serialize()
+    if version == c.OFP13:
+        assert msg.body == [] and len(msg.buf) == 16  # a header and the multipart header only

@@ -39,3 +39,40 @@ def test_a_burst_is_installed_at_the_flow_mod_rate_and_nothing_is_lost(tb):
     finally:
         conns.kill()
         srv.kill()
+
+
+def _limit_table(limit):
+    import subprocess
+    if limit is None:
+        subprocess.run(["ovs-vsctl", "--if-exists", "clear", "Bridge", "s1", "flow_tables"], check=True)
+        return
+    subprocess.run(["ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", f"flow_limit={limit}",
+                    "overflow_policy=refuse", "--", "set", "Bridge", "s1", "flow_tables:0=@ft"], check=True)
+
+
+def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
+    """Issue 13.2: with max_shunts unset, a switch whose table holds 24 entries (4 for the
+    defaults, 6 a TCP shunt) takes 3 shunts; the fourth and fifth wait on the slow path."""
+    mark = len(tb.controller_output())
+    _limit_table(24)
+    srv = tb.conn_server(SHUNT)
+    conns = None
+    try:
+        tb.restart_controller()  # the table size is read at connect
+        tb.wait_for_controller()
+        assert "switch table 0 holds 24 entries: budget 3" in tb.controller_output()[mark:]
+        conns, _ = tb.open_conns(SHUNT, 5, cport_base=52001)
+        tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["waiting"] == 2, 10,
+                    "two connections waiting for room")
+        st = tb.control({"cmd": "status", "connections": False})
+        assert (st["shunts"], st["max_shunts"]) == (3, 3)
+        assert st["table"] == {"max_entries": 24, "used": 22, "free": 2}
+        assert len([f for f in tb.flows() if "5201" in (f.get("tp_src"), f.get("tp_dst"))]) == 18
+        assert st["counters"].get("refused:shunt", 0) == 0  # the budget held them, not the switch
+    finally:
+        if conns is not None:
+            conns.kill()
+        srv.kill()
+        _limit_table(None)
+        tb.restart_controller()
+        tb.wait_for_controller()
