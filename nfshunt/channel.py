@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import logging
+import struct
 import threading
 import time
 from typing import Any, Callable
@@ -92,10 +93,33 @@ def _connection(sock: Any, address: tuple[str, int]) -> None:
             LOG.exception("OpenFlow connection from %s failed", address[0])
 
 
+class TableSize:
+    """Table features with only the fixed part read (table id, max_entries): os-ken reads
+    every property of every table, about a second for Open vSwitch's 254 tables on the
+    thread that also reads echo and barrier replies. NFShunt needs table 0's size only."""
+
+    _FIXED = struct.Struct("!HB5x32sQQII")  # ofp_table_features up to its properties
+
+    def __init__(self, length: int, table_id: int, max_entries: int):
+        self.length = length
+        self.table_id = table_id
+        self.max_entries = max_entries
+
+    @classmethod
+    def parser(cls, buf: Any, offset: int) -> "TableSize":
+        length, table_id, _name, _match, _write, _config, max_entries = cls._FIXED.unpack_from(buf, offset)
+        if length < cls._FIXED.size:
+            raise ValueError(f"table features entry of length {length}")
+        return cls(length, table_id, max_entries)
+
+
 def install_connection_factory() -> None:
     """os-ken's listener looks its connection factory up by name for every connection.
-    (Rebinding its Datapath name instead would break that class's own super() calls.)"""
+    (Rebinding its Datapath name instead would break that class's own super() calls.)
+    Table features replies are read with TableSize."""
     osken_controller.datapath_connection_factory = _connection
+    from os_ken.ofproto import ofproto_v1_3_parser
+    ofproto_v1_3_parser.OFPTableFeaturesStatsReply.cls_stats_body_cls = TableSize
 
 
 def address_allowed(address: str, allowed: tuple[str, ...]) -> bool:

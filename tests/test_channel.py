@@ -151,3 +151,21 @@ def test_an_install_taken_down_while_queued_is_dropped_not_sent():
     wanted[1] = False
     dropped = send.release(send.pacer.stamp)
     assert dropped == [a] and send._conns == [b]
+
+
+def test_the_light_table_features_reader_agrees_with_os_ken():
+    from os_ken.ofproto import ofproto_v1_3_parser as p
+
+    from nfshunt.channel import TableSize
+    props = [p.OFPTableFeaturePropNextTables(type_=2, table_ids=[1, 2, 3]),
+             p.OFPTableFeaturePropOxm(type_=8, oxm_ids=[p.OFPOxmId(type_="in_port"), p.OFPOxmId(type_="eth_type")])]
+    buf = b""
+    for table_id, max_entries in ((0, 2000), (1, 1000000)):
+        buf += bytes(p.OFPTableFeaturesStats(table_id, b"t%d" % table_id, 0, 0, 3, max_entries, props).serialize())
+    offset, seen = 0, []
+    while offset < len(buf):
+        light, full = TableSize.parser(buf, offset), p.OFPTableFeaturesStats.parser(buf, offset)
+        assert (light.table_id, light.max_entries, light.length) == (full.table_id, full.max_entries, full.length)
+        seen.append((light.table_id, light.max_entries))
+        offset += light.length
+    assert seen == [(0, 2000), (1, 1000000)]
