@@ -52,8 +52,10 @@ class RateLimitedLog:
 class ChannelDatapath(osken_controller.Datapath):
     """os-ken's Datapath with an admission check and an end that does not hang."""
 
-    # Set by the app: the peer address -> None to admit, or the reason to refuse.
+    # Set by the app: the peer address -> None to admit, or the reason to refuse; and what
+    # to do when a connection fails on something the peer sent (count it, log it).
     admit: Callable[[tuple[str, int]], str | None] = staticmethod(lambda address: None)
+    failed: Callable[[tuple[str, int], Exception], None] = staticmethod(lambda address, exc: None)
 
     def serve(self) -> None:
         refusal = ChannelDatapath.admit(self.address)
@@ -89,8 +91,8 @@ def _connection(sock: Any, address: tuple[str, int]) -> None:
     with contextlib.closing(ChannelDatapath(sock, address)) as dp:
         try:
             dp.serve()
-        except Exception:  # a malformed message from the peer: this connection ends
-            LOG.exception("OpenFlow connection from %s failed", address[0])
+        except Exception as exc:  # a malformed message from the peer: this connection ends
+            ChannelDatapath.failed(address, exc)
 
 
 class TableSize:

@@ -100,6 +100,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self._later_lock = threading.Lock()
         self.rlog = RateLimitedLog(LOG)
         ChannelDatapath.admit = self._admit
+        ChannelDatapath.failed = self._connection_failed
         self._flow_stats: list[SwitchFlow] = []
         self.operator = OperatorAPI(self)
         self._running = True
@@ -200,6 +201,12 @@ class NFShuntApp(app_manager.OSKenApp):
         self.rlog.warning("refused-address", "refused an OpenFlow connection from %s: not in switch_addresses",
                           address[0])
         return "address not allowed"
+
+    def _connection_failed(self, address: tuple[str, int], exc: Exception) -> None:
+        """On the connection's thread: what the peer sent could not be read."""
+        self.counters["openflow_malformed"] += 1
+        self.rlog.warning("connection-failed", "OpenFlow connection from %s ended on what it sent: %s: %s",
+                          address[0], type(exc).__name__, exc)
 
     def _refuse(self, dp: Any, reason: str, detail: str) -> None:
         self.counters[f"switch_refused:{reason}"] += 1

@@ -186,3 +186,31 @@ def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
         time.sleep(0.2)
     assert _defaults(tb) == []  # the wiped table stays empty: nothing came from the controller
     assert not tb.control({"cmd": "status"})["switch"]["connected"]
+
+
+def test_a_peer_sending_garbage_is_counted_and_the_switch_stays_served(fresh):
+    import socket
+    import struct
+
+    from nfshunt_testbed import MGMT_FW, MGMT_OTHER, OF_PORT
+    before = tb_counter(fresh, "openflow_malformed")
+    for _ in range(3):
+        s = socket.create_connection((MGMT_FW, OF_PORT), timeout=5, source_address=(MGMT_OTHER, 0))
+        # A hello, then a features reply cut short: os-ken cannot read it.
+        s.sendall(struct.pack("!BBHI", 4, 0, 8, 1) + struct.pack("!BBHI", 4, 6, 12, 2) + b"\0" * 4)
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+    fresh.wait_for(lambda: tb_counter(fresh, "openflow_malformed") >= before + 3, 5, "the garbage counted")
+    st = fresh.control({"cmd": "status", "connections": False})
+    assert st["switch"]["connected"] and st["switch"]["address"].startswith("169.254.66.1:")
+    assert fresh.controller_output().count("ended on what it sent") <= 1 + fresh.controller_output().count(
+        "more like this")  # rate-limited
+
+
+def tb_counter(tb, name):
+    return tb.control({"cmd": "status", "connections": False})["counters"].get(name, 0)
