@@ -115,11 +115,36 @@ class TableSize:
         return cls(length, table_id, max_entries)
 
 
+class _ParseErrors(logging.Filter):
+    """os-ken logs each message it cannot parse with a traceback and a hex dump, and drops
+    it: a peer could fill the log. Each is counted (ChannelDatapath.failed) and at most one
+    in 10 s is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -1e9
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ChannelDatapath.failed(("?", 0), ValueError("an OpenFlow message os-ken could not parse"))
+        now = time.monotonic()
+        if now - self._last < 10.0:
+            self._held += 1
+            return False
+        if self._held:
+            record.msg = f"{record.msg} ({self._held} more since the last report)"
+        self._last, self._held = now, 0
+        return True
+
+
 def install_connection_factory() -> None:
     """os-ken's listener looks its connection factory up by name for every connection.
     (Rebinding its Datapath name instead would break that class's own super() calls.)
-    Table features replies are read with TableSize."""
+    Table features replies are read with TableSize; os-ken's parse errors are counted."""
     osken_controller.datapath_connection_factory = _connection
+    parse_log = logging.getLogger("os_ken.ofproto.ofproto_parser")
+    if not any(isinstance(f, _ParseErrors) for f in parse_log.filters):
+        parse_log.addFilter(_ParseErrors())
     from os_ken.ofproto import ofproto_v1_3_parser
     ofproto_v1_3_parser.OFPTableFeaturesStatsReply.cls_stats_body_cls = TableSize
 

@@ -203,10 +203,12 @@ class NFShuntApp(app_manager.OSKenApp):
         return "address not allowed"
 
     def _connection_failed(self, address: tuple[str, int], exc: Exception) -> None:
-        """On the connection's thread: what the peer sent could not be read."""
+        """On a connection's thread: what a peer sent could not be read (address "?": a
+        message os-ken dropped)."""
         self.counters["openflow_malformed"] += 1
-        self.rlog.warning("connection-failed", "OpenFlow connection from %s ended on what it sent: %s: %s",
-                          address[0], type(exc).__name__, exc)
+        if address[0] != "?":  # os-ken's own parse errors are logged (rate-limited) where they happen
+            self.rlog.warning("connection-failed", "OpenFlow connection from %s ended on what it sent: %s: %s",
+                              address[0], type(exc).__name__, exc)
 
     def _refuse(self, dp: Any, reason: str, detail: str) -> None:
         self.counters[f"switch_refused:{reason}"] += 1

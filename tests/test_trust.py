@@ -198,18 +198,12 @@ def test_a_peer_sending_garbage_is_counted_and_the_switch_stays_served(fresh):
         s = socket.create_connection((MGMT_FW, OF_PORT), timeout=5, source_address=(MGMT_OTHER, 0))
         # A hello, then a features reply cut short: os-ken cannot read it.
         s.sendall(struct.pack("!BBHI", 4, 0, 8, 1) + struct.pack("!BBHI", 4, 6, 12, 2) + b"\0" * 4)
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
         s.close()
     fresh.wait_for(lambda: tb_counter(fresh, "openflow_malformed") >= before + 3, 5, "the garbage counted")
     st = fresh.control({"cmd": "status", "connections": False})
     assert st["switch"]["connected"] and st["switch"]["address"].startswith("169.254.66.1:")
-    assert fresh.controller_output().count("ended on what it sent") <= 1 + fresh.controller_output().count(
-        "more like this")  # rate-limited
+    assert fresh.controller_output().count("could not parse") + fresh.controller_output().count(
+        "malformed OpenFlow packet") <= 2  # rate-limited: one report, not three tracebacks
 
 
 def tb_counter(tb, name):
