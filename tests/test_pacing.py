@@ -60,14 +60,17 @@ def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
     try:
         tb.restart_controller()  # the table size is read at connect
         tb.wait_for_controller()
-        assert "switch table 0 holds 24 entries: budget 3" in tb.controller_output()[mark:]
+        tb.wait_for(lambda: "switch table 0 holds 24 entries: budget 3" in tb.controller_output()[mark:], 5,
+                    "the budget derived from the table size")
         conns, _ = tb.open_conns(SHUNT, 5, cport_base=52001)
         tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["waiting"] == 2, 10,
                     "two connections waiting for room")
         st = tb.control({"cmd": "status", "connections": False})
         assert (st["shunts"], st["max_shunts"]) == (3, 3)
         assert st["table"] == {"max_entries": 24, "used": 22, "free": 2}
-        assert len([f for f in tb.flows() if "5201" in (f.get("tp_src"), f.get("tp_dst"))]) == 18
+        # The three pairs and their catchers on the switch (the last may still be on its way).
+        tb.wait_for(lambda: len([f for f in tb.flows() if "5201" in (f.get("tp_src"), f.get("tp_dst"))]) == 18, 5,
+                    "three shunts with their catchers on the switch")
         assert st["counters"].get("refused:shunt", 0) == 0  # the budget held them, not the switch
     finally:
         if conns is not None:
