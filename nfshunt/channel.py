@@ -37,13 +37,21 @@ class RateLimitedLog:
         self.interval = interval
         self._last: dict[str, tuple[float, int]] = {}
 
-    def warning(self, key: str, msg: str, *args: Any) -> None:
+    def allow(self, key: str) -> int | None:
+        """How many lines of this key were held back since the last one, if this one may
+        be logged; None if it is held back too."""
         now = time.monotonic()
         last, held = self._last.get(key, (-1e9, 0))
         if now - last < self.interval:
             self._last[key] = (last, held + 1)
-            return
+            return None
         self._last[key] = (now, 0)
+        return held
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        held = self.allow(key)
+        if held is None:
+            return
         if held:
             msg += f" ({held} more like this since the last report)"
         self.logger.warning(msg, *args)
@@ -122,18 +130,15 @@ class _ParseErrors(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._last = -1e9
-        self._held = 0
+        self._limit = RateLimitedLog(LOG)
 
     def filter(self, record: logging.LogRecord) -> bool:
         ChannelDatapath.failed(("?", 0), ValueError("an OpenFlow message os-ken could not parse"))
-        now = time.monotonic()
-        if now - self._last < 10.0:
-            self._held += 1
+        held = self._limit.allow("parse")
+        if held is None:
             return False
-        if self._held:
-            record.msg = f"{record.msg} ({self._held} more since the last report)"
-        self._last, self._held = now, 0
+        if held:
+            record.msg = f"{record.msg} ({held} more like this since the last report)"
         return True
 
 
@@ -202,7 +207,8 @@ class SendPath:
         self.out: list[Any] = []
         self._conns: list[c.Conn] = []  # installs waiting for the next barrier
         self._xids: list[int] = []
-        self._install_xid: dict[int, tuple[c.Conn, Batch | None]] = {}
+        self._install_xid: dict[int, c.Conn] = {}  # until the batch's barrier reply: errors name xids
+        self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
         self._batches: dict[int, Batch] = {}  # barrier xid -> batch
         self._waiters: dict[int, threading.Event] = {}
 
@@ -246,20 +252,15 @@ class SendPath:
         for msg in self.fb.install(conn):
             self.out.append(msg)
             x = dp.set_xid(msg)
-            self._install_xid[x] = (conn, None)
+            self._install_xid[x] = conn
             self._xids.append(x)
         self._conns.append(conn)
 
     def error(self, xid: int, reason: str, table_full: bool) -> c.Conn | None:
         """An error message: the install it concerns (recorded as failed), if any."""
-        entry = self._install_xid.get(xid)
-        if entry is None:
-            return None
-        conn, batch = entry
-        if batch is not None:
-            batch.failed[id(conn)] = (reason, table_full)
-        else:  # its barrier is not written yet (cannot happen: errors follow a flush)
-            self._install_xid.pop(xid, None)
+        conn = self._install_xid.pop(xid, None)
+        if conn is not None:
+            self._failed[id(conn)] = (reason, table_full)
         return conn
 
     def barrier_reply(self, xid: int) -> Batch | None:
@@ -270,6 +271,11 @@ class SendPath:
         if batch is not None:
             for x in batch.xids:  # every error of the batch came before its barrier reply
                 self._install_xid.pop(x, None)
+            if self._failed:
+                for conn in batch.conns:
+                    failure = self._failed.pop(id(conn), None)
+                    if failure is not None:
+                        batch.failed[id(conn)] = failure
         return batch
 
     def expired(self, now: float, timeout: float) -> list[Batch]:
@@ -303,11 +309,7 @@ class SendPath:
             barrier.serialize()
             buf += barrier.buf
             if self._conns:
-                batch = Batch(self._conns, self._xids, time.monotonic())
-                for x in self._xids:
-                    conn, _ = self._install_xid[x]
-                    self._install_xid[x] = (conn, batch)
-                self._batches[xid] = batch
+                self._batches[xid] = Batch(self._conns, self._xids, time.monotonic())
                 self._conns, self._xids = [], []
             if waiter is not None:
                 self._waiters[xid] = waiter

@@ -243,6 +243,8 @@ _BPF = struct.Struct("=HBBI")
 SO_ATTACH_FILTER = 26
 SKF_AD_NLATTR = 0xFFFFF000 + 12
 NLMSG_ATTRS = NLMSG_HDR.size + 4  # nlmsghdr + nfgenmsg
+# Dump filter (mark value, mask): the entries the event filter lets through.
+CROSSED_PLUMBING = (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)
 
 
 def event_filter(flags: int = markcodec.FLAG_INGRESS) -> list[tuple[int, int, int, int]]:
@@ -498,7 +500,7 @@ class ConntrackWorker:
 
     def _dump(self) -> None:
         try:  # only entries that crossed the plumbing matter to the core
-            events = raw_dump(self.on_malformed, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS))
+            events = raw_dump(self.on_malformed, CROSSED_PLUMBING)
         except OSError as exc:
             LOG.error("conntrack dump failed: %s", exc)
             return
@@ -557,7 +559,7 @@ def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
     is judged again). Dumps the entries that have the ingress flag, then updates them in
     acknowledged batches. Returns (cleared, failed); an entry gone meanwhile is neither."""
     report = on_malformed or (lambda what: LOG.warning("skipped malformed entry: %s", what))
-    entries = [e for e in raw_dump(report, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)) if e.mark & mask]
+    entries = [e for e in raw_dump(report, CROSSED_PLUMBING) if e.mark & mask]
     cleared = failed = 0
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:

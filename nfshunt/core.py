@@ -719,9 +719,12 @@ class Core:
         self.table_max = max_entries
         if self.cfg.max_shunts or self.version is None:
             return None
-        per_pair = 6 if self.version != OFP10 and self.cfg.tcp_teardown else 2
-        self.budget = max(1, (max_entries - self.default_entries()) // per_pair)
+        self.budget = max(1, (max_entries - self.default_entries()) // self.max_pair_entries())
         return self.budget
+
+    def max_pair_entries(self) -> int:
+        """The most entries one pair takes with this switch: a TCP shunt with catchers."""
+        return 6 if self.version != OFP10 and self.cfg.tcp_teardown else 2
 
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn

@@ -299,7 +299,7 @@ class NFShuntApp(app_manager.OSKenApp):
         reason = f"switch error type={msg.type} code={msg.code}"
         if msg.xid == self._table_xid:
             LOG.warning("the switch did not report its table size (%s): set max_shunts to what its table holds "
-                        "(a TCP shunt takes %d entries)", reason, 6 if self.cfg.tcp_teardown else 2)
+                        "(a pair takes up to %d entries)", reason, self.core.max_pair_entries())
             return
         if msg.xid == self._meter_xid:
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
@@ -391,7 +391,7 @@ class NFShuntApp(app_manager.OSKenApp):
             else:
                 LOG.info("switch table 0 holds %d entries: budget %d shunt and block pairs (max_shunts unset; "
                          "%d entries for the defaults, at most %d a pair)", max_entries, budget,
-                         self.core.default_entries(), 6 if self.cfg.tcp_teardown else 2)
+                         self.core.default_entries(), self.core.max_pair_entries())
             if budget:  # connections that waited for a budget the switch turned out to allow
                 self._run(self.core.room_freed(max(0, budget - self.core.shunts - self.core.blocks)))
 

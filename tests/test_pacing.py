@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_failsafe import _limit_table
+
 pytestmark = pytest.mark.integration
 SHUNT = 5201
 RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each)
@@ -39,15 +41,6 @@ def test_a_burst_is_installed_at_the_flow_mod_rate_and_nothing_is_lost(tb):
     finally:
         conns.kill()
         srv.kill()
-
-
-def _limit_table(limit):
-    import subprocess
-    if limit is None:
-        subprocess.run(["ovs-vsctl", "--if-exists", "clear", "Bridge", "s1", "flow_tables"], check=True)
-        return
-    subprocess.run(["ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", f"flow_limit={limit}",
-                    "overflow_policy=refuse", "--", "set", "Bridge", "s1", "flow_tables:0=@ft"], check=True)
 
 
 def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
