@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import statistics
+import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Callable
@@ -161,14 +162,16 @@ def start_nfqdelay(node, half_delay_ms: float) -> subprocess.Popen:
     return proc
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 5) -> None:
+def stop_process(proc: subprocess.Popen, timeout: float = 5, sig: int = signal.SIGTERM) -> int:
+    """Signal a process (SIGTERM by default), kill it if it outlives `timeout`; its exit code."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(sig)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return proc.returncode
 
 
 def shape_slow_path(run: Runner, fw, intfs: tuple[str, ...], emu: Emulation) -> None:

@@ -9,7 +9,11 @@
 Modes from the one topology:
   direct    s1 patches h1 <-> h2, no firewall;
   firewall  s1 patches every fast port to its slow port: everything crosses br0;
-  nfshunt   the NFShunt controller in fw programs s1 (fail mode secure).
+  nfshunt   the NFShunt controller in fw programs s1 (fail mode secure);
+  ha        a firewall pair: fw and fw2 (slow ports 5, 6), each with bridge, plumbing,
+            controller, conntrackd and keepalived (config/ha/ rendered for the node), a
+            sync link (fw-eth2 <-> fw2-eth2) and a VRRP link (fw-eth3 <-> fw2-eth3); both
+            controllers connected to s1, fw the active one after start.
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mininet.log import setLogLevel
@@ -51,7 +57,14 @@ MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (te
 OF_PORT = 6653
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
-MODES = ("direct", "firewall", "nfshunt")
+MODES = ("direct", "firewall", "nfshunt", "ha")
+# The pair's second firewall (mode "ha"): its slow ports, control link, and the pair's links.
+SLOW1_B, SLOW2_B = 5, 6
+MGMT_ROOT2, MGMT_FW2 = "169.254.66.9", "169.254.66.10"
+SYNC_ADDRS = ("10.255.1.1", "10.255.1.2")  # conntrackd's link, fw-eth2 <-> fw2-eth2
+VRRP_ADDRS = ("10.255.2.1", "10.255.2.2")  # keepalived's link, fw-eth3 <-> fw2-eth3
+VRRP_VIP = "10.255.2.100"
+HA_CONFIG = os.path.join(REPO, "config", "ha")
 
 
 class TestbedError(RuntimeError):
@@ -108,7 +121,7 @@ def kernel_datapath_available() -> bool:
 
 
 class TwoHostTopo(Topo):
-    def build(self) -> None:  # type: ignore[override]
+    def build(self, ha: bool = False) -> None:  # type: ignore[override]
         h1 = self.addHost("h1", ip=f"{H1_IP}/24")
         h2 = self.addHost("h2", ip=f"{H2_IP}/24")
         fw = self.addHost("fw", ip=None)
@@ -117,6 +130,43 @@ class TwoHostTopo(Topo):
         self.addLink(fw, s1, port1=0, port2=SLOW1)
         self.addLink(h2, s1, port2=FAST2)
         self.addLink(fw, s1, port1=1, port2=SLOW2)
+        if ha:
+            fw2 = self.addHost("fw2", ip=None)
+            self.addLink(fw2, s1, port1=0, port2=SLOW1_B)
+            self.addLink(fw2, s1, port1=1, port2=SLOW2_B)
+            self.addLink(fw, fw2, port1=2, port2=2)  # conntrackd's sync link
+            self.addLink(fw, fw2, port1=3, port2=3)  # VRRP
+
+
+@dataclass
+class Firewall:
+    """One firewall node: the switch ports of its bridge, its control link, its controller
+    and (in a pair) its conntrackd and keepalived."""
+    name: str
+    slow: tuple[int, int]
+    mgmt_root: str  # the control link's address in the root namespace (Open vSwitch's side)
+    mgmt_fw: str  # the controller's address
+    mgmt_ifs: tuple[str, str]  # the control link's veth ends: root side, node side
+    workdir: str
+    index: int = 0
+    controller: subprocess.Popen | None = None
+    daemons: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.workdir, "nfshunt.json")
+
+    @property
+    def controller_log(self) -> str:
+        return os.path.join(self.workdir, "controller.log")
+
+    @property
+    def control_socket(self) -> str:
+        return os.path.join(self.workdir, "control", "nfshunt.sock")
+
+    @property
+    def intfs(self) -> tuple[str, str]:
+        return f"{self.name}-eth0", f"{self.name}-eth1"
 
 
 class Testbed:
@@ -134,10 +184,13 @@ class Testbed:
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="nfshunt-testbed-")
         self.net: Mininet | None = None
-        self.controller: subprocess.Popen | None = None
         self.datapath = "system" if kernel_datapath_available() else "netdev"
-        self.config_path = os.path.join(self.workdir, "nfshunt.json")
-        self.controller_log = os.path.join(self.workdir, "controller.log")
+        self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir)]
+        if mode == "ha":
+            self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
+                                           os.path.join(self.workdir, "fw2"), index=1))
+        self.config_path = self.firewalls[0].config_path
+        self.controller_log = self.firewalls[0].controller_log
         self._old_signals: dict[int, Any] = {}
         self.emulation = emulation or Emulation()
         self.delay_mechanism = "none"
@@ -159,6 +212,14 @@ class Testbed:
     def fw(self) -> Host:
         return self.net.get("fw")  # type: ignore[union-attr]
 
+    @property
+    def controller(self) -> subprocess.Popen | None:
+        """The first firewall's controller (the only one outside mode "ha")."""
+        return self.firewalls[0].controller
+
+    def node(self, fw: Firewall) -> Host:
+        return self.net.get(fw.name)  # type: ignore[union-attr]
+
     def run(self, node: Host, *args: str, check: bool = True, timeout: float = 30) -> str:
         """Run a command (argument list, no shell) inside a node's namespace."""
         proc = node.popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -177,13 +238,16 @@ class Testbed:
     def _env() -> dict[str, str]:
         return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
-    def nfshunt(self, *args: str, check: bool = True, timeout: float = 30) -> str:
-        """Run the nfshunt CLI inside the firewall node."""
-        return self.run(self.fw, PYTHON, "-m", "nfshunt", *args, check=check, timeout=timeout)
+    def nfshunt(self, *args: str, check: bool = True, timeout: float = 30, fw: Firewall | None = None) -> str:
+        """Run the nfshunt CLI inside a firewall node (the first by default)."""
+        return self.run(self.node(fw or self.firewalls[0]), PYTHON, "-m", "nfshunt", *args, check=check,
+                        timeout=timeout)
 
     # --- config ---------------------------------------------------------------------------
 
-    def nfshunt_config(self) -> dict[str, Any]:
+    def nfshunt_config(self, fw: Firewall | None = None) -> dict[str, Any]:
+        fw = fw or self.firewalls[0]
+        eth0, eth1 = fw.intfs
         cfg: dict[str, Any] = {
             "delete_flows_on_startup": True,
             "delete_flows_on_shutdown": True,
@@ -191,17 +255,21 @@ class Testbed:
             "default_block_timeout": 10,
             "default_no_shunting": True,
             "ports": [
-                {"fast": FAST1, "slow": SLOW1, "physdevin": 1, "bridge_port": "fw-eth0"},
-                {"fast": FAST2, "slow": SLOW2, "physdevin": 2, "bridge_port": "fw-eth1"},
+                {"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
+                {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1},
             ],
             "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
             "openflow_versions": [self.of_version],
-            "listen_address": MGMT_FW,
+            "listen_address": fw.mgmt_fw,
             "listen_port": OF_PORT,
             "log_level": "DEBUG",
-            "control_socket": os.path.join(self.workdir, "control", "nfshunt.sock"),
+            "control_socket": fw.control_socket,
         }
-        cfg.update(self.extra_config)
+        extra = dict(self.extra_config)
+        if self.mode == "ha":  # the other controller adopts what this one leaves
+            cfg["delete_flows_on_shutdown"] = False
+            cfg["pair"] = {"state_file": os.path.join(fw.workdir, "pair.json"), **(extra.pop("pair", None) or {})}
+        cfg.update(extra)
         return cfg
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -226,10 +294,11 @@ class Testbed:
         ensure_ovs()
         setLogLevel("error")
         ofproto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
-        controller = None
-        if self.mode == "nfshunt":
-            controller = lambda name: RemoteController(name, ip=MGMT_FW, port=OF_PORT)  # noqa: E731
-        self.net = Mininet(topo=TwoHostTopo(), controller=controller, autoSetMacs=True,
+        controller: Any = None
+        if self.controlled:  # Open vSwitch connects to every firewall's controller
+            controller = [lambda name, ip=f.mgmt_fw: RemoteController(name, ip=ip, port=OF_PORT)
+                          for f in self.firewalls]
+        self.net = Mininet(topo=TwoHostTopo(ha=self.mode == "ha"), controller=controller, autoSetMacs=True,
                            switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
                                                                else "kernel", failMode="secure",
                                                                protocols=ofproto, **kw),
@@ -239,18 +308,38 @@ class Testbed:
         self.net.build()
         # The switch ports' kernel side (root namespace) would send neighbour and multicast
         # listener messages of its own onto the links: traffic no host sent.
-        for port in (FAST1, SLOW1, FAST2, SLOW2):
+        for port in self.switch_ports:
             subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.s1-eth{port}.disable_ipv6=1"], check=False)
         self._setup_hosts()
-        self._setup_firewall()
-        if self.mode == "nfshunt":
-            self._setup_mgmt()
-            self._start_controller()
+        for fw in self.firewalls:
+            os.makedirs(fw.workdir, exist_ok=True)
+            self._setup_firewall(fw)
+            if self.controlled:
+                self._setup_mgmt(fw)
+                self._start_controller(fw)
+        if self.mode == "ha":
+            self._setup_pair_links()
         self.net.start()
         self._program_static_flows()
-        if self.mode == "nfshunt":
+        if self.mode == "ha":
+            # One after the other, so the first firewall is the active one (keepalived's
+            # nopreempt: whoever is master first stays master).
+            for fw in self.firewalls:
+                self.start_pair_daemons(fw)
+                if fw.index == 0:
+                    self.wait_for(lambda: self.defaults_point_to(self.firewalls[0]), 20,
+                                  "the first firewall to take the switch over")
+        elif self.mode == "nfshunt":
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
         self._setup_emulation()
+
+    @property
+    def controlled(self) -> bool:
+        return self.mode in ("nfshunt", "ha")
+
+    @property
+    def switch_ports(self) -> tuple[int, ...]:
+        return (FAST1, FAST2) + tuple(p for fw in self.firewalls for p in fw.slow)
 
     def _setup_emulation(self) -> None:
         """Link rates, MTU, host tuning, slow path, delay; then check the RTT before any run."""
@@ -290,16 +379,16 @@ class Testbed:
             if not userspace_tso_enabled():
                 self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
 
-    def _setup_firewall(self) -> None:
-        fw = self.fw
+    def _setup_firewall(self, firewall: Firewall) -> None:
+        fw = self.node(firewall)
         self.run(fw, "ip", "link", "add", "br0", "type", "bridge")
         # A transparent bridge sends nothing of its own: no addresses, no IPv6 on the bridge
         # or its ports (their neighbour and multicast-listener messages would be counted
         # as traffic leaving the firewall and make the per-hop loss accounting negative).
         # Bridged IPv6 is still forwarded and filtered (bridge-nf-call-ip6tables).
-        for intf in ("br0", "fw-eth0", "fw-eth1"):
+        for intf in ("br0", *firewall.intfs):
             self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1")
-        for intf in ("fw-eth0", "fw-eth1"):
+        for intf in firewall.intfs:
             self.run(fw, "ip", "addr", "flush", "dev", intf)
             self.run(fw, "ip", "link", "set", intf, "master", "br0")
             self.run(fw, "ip", "link", "set", intf, "up")
@@ -307,43 +396,40 @@ class Testbed:
         for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
             self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
         self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
-        with open(self.config_path, "w") as fh:
-            json.dump(self.nfshunt_config(), fh, indent=2)
+        with open(firewall.config_path, "w") as fh:
+            json.dump(self.nfshunt_config(firewall), fh, indent=2)
         if self.mode != "direct":
-            args = ["iptables", "apply", "--config", self.config_path]
+            args = ["iptables", "apply", "--config", firewall.config_path]
             if self.policy:
                 args += ["--policy", self.policy]
-            self.nfshunt(*args)
+            self.nfshunt(*args, fw=firewall)
 
-    def _setup_mgmt(self) -> None:
-        subprocess.run(["ip", "link", "add", "nfsmgmt0", "type", "veth", "peer", "name", "nfsmgmt1"], check=True)
-        subprocess.run(["ip", "link", "set", "nfsmgmt1", "netns", str(self.fw.pid)], check=True)
-        subprocess.run(["ip", "addr", "add", f"{MGMT_ROOT}/29", "dev", "nfsmgmt0"], check=True)
-        subprocess.run(["ip", "link", "set", "nfsmgmt0", "up"], check=True)
-        self.run(self.fw, "ip", "addr", "add", f"{MGMT_FW}/29", "dev", "nfsmgmt1")
-        self.run(self.fw, "ip", "link", "set", "nfsmgmt1", "up")
-        self.run(self.fw, "ip", "link", "set", "lo", "up")
+    def _setup_mgmt(self, fw: Firewall) -> None:
+        root_if, fw_if = fw.mgmt_ifs
+        node = self.node(fw)
+        subprocess.run(["ip", "link", "add", root_if, "type", "veth", "peer", "name", fw_if], check=True)
+        subprocess.run(["ip", "link", "set", fw_if, "netns", str(node.pid)], check=True)
+        subprocess.run(["ip", "addr", "add", f"{fw.mgmt_root}/29", "dev", root_if], check=True)
+        subprocess.run(["ip", "link", "set", root_if, "up"], check=True)
+        self.run(node, "ip", "addr", "add", f"{fw.mgmt_fw}/29", "dev", fw_if)
+        self.run(node, "ip", "link", "set", fw_if, "up")
+        self.run(node, "ip", "link", "set", "lo", "up")
 
-    def _start_controller(self) -> None:
-        logf = open(self.controller_log, "ab")
-        self.controller = self.fw.popen([PYTHON, "-m", "nfshunt", "run", "--config", self.config_path],
-                                        stdout=logf, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO)
+    def _start_controller(self, fw: Firewall | None = None) -> None:
+        fw = fw or self.firewalls[0]
+        logf = open(fw.controller_log, "ab")
+        fw.controller = self.node(fw).popen([PYTHON, "-m", "nfshunt", "run", "--config", fw.config_path],
+                                            stdout=logf, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO)
         logf.close()
 
-    def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
-        proc, self.controller = self.controller, None
-        if proc is None or proc.poll() is not None:
-            return proc.returncode if proc else None
-        proc.send_signal(sig)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+    def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 10, fw: Firewall | None = None) -> int | None:
+        fw = fw or self.firewalls[0]
+        proc, fw.controller = fw.controller, None
+        return stop_process(proc, timeout, sig) if proc is not None else None
 
-    def restart_controller(self) -> None:
-        self.stop_controller()
-        self._start_controller()
+    def restart_controller(self, fw: Firewall | None = None) -> None:
+        self.stop_controller(fw=fw)
+        self._start_controller(fw)
 
     def reconfigure(self, wait: bool = True, **overrides: Any) -> None:
         """Restart the controller with config keys changed (None: back to the default);
@@ -360,21 +446,115 @@ class Testbed:
         if wait:
             self.wait_for_controller()
 
-    def wait_for_controller(self, timeout: float = 20) -> None:
+    def wait_for_controller(self, timeout: float = 20, fw: Firewall | None = None) -> None:
         """The controller answers on its control socket and has the switch."""
+        fw = fw or self.firewalls[0]
+
         def ready() -> bool:
-            if self.controller is not None and self.controller.poll() is not None:
-                raise TestbedError("the controller exited:\n" + self.controller_output()[-3000:])
+            if fw.controller is not None and fw.controller.poll() is not None:
+                raise TestbedError(f"{fw.name}'s controller exited:\n" + self.controller_output(fw)[-3000:])
             try:
-                return bool(self.control({"cmd": "status"})["switch"]["connected"])
+                return bool(self.control({"cmd": "status"}, fw=fw)["switch"]["connected"])
             except Exception:
                 return False
-        self.wait_for(ready, timeout, "the controller to answer with the switch connected")
+        self.wait_for(ready, timeout, f"{fw.name}'s controller to answer with the switch connected")
 
-    def control(self, payload: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
-        """One request on the controller's control socket (a path: reachable from any netns)."""
+    def control(self, payload: dict[str, Any], timeout: float = 10, fw: Firewall | None = None) -> dict[str, Any]:
+        """One request on a controller's control socket (a path: reachable from any netns)."""
         from nfshunt.control import request
-        return request(self.nfshunt_config()["control_socket"], payload, timeout)
+        return request((fw or self.firewalls[0]).control_socket, payload, timeout)
+
+    # --- the pair (mode "ha") -----------------------------------------------------------------
+
+    def _setup_pair_links(self) -> None:
+        for fw in self.firewalls:
+            node = self.node(fw)
+            for intf, addrs in ((f"{fw.name}-eth2", SYNC_ADDRS), (f"{fw.name}-eth3", VRRP_ADDRS)):
+                self.run(node, "ip", "addr", "flush", "dev", intf)
+                self.run(node, "ip", "addr", "add", f"{addrs[fw.index]}/24", "dev", intf)
+                self.run(node, "ip", "link", "set", intf, "up")
+
+    def render_pair_config(self, fw: Firewall) -> dict[str, str]:
+        """The shipped config/ha examples with this node's interfaces, addresses and paths:
+        what the testbed runs is what an admin starts from. Returns the written paths."""
+        me, peer = fw.index, 1 - fw.index
+        subst = {
+            "nfshunt-fw-a": f"nfshunt-{fw.name}",
+            "vrrp0": f"{fw.name}-eth3", "sync0": f"{fw.name}-eth2",
+            "192.0.2.1": VRRP_ADDRS[me], "192.0.2.2": VRRP_ADDRS[peer], "192.0.2.100": VRRP_VIP,
+            "198.51.100.1": SYNC_ADDRS[me], "198.51.100.2": SYNC_ADDRS[peer],
+            "priority 150": f"priority {150 if me == 0 else 100}",
+            "/usr/local/sbin/nfshunt-notify": os.path.join(HA_CONFIG, "nfshunt-notify"),
+            "/etc/conntrackd/conntrackd.conf": os.path.join(fw.workdir, "conntrackd.conf"),
+            "/etc/nfshunt/nfshunt.json": fw.config_path,
+            "/var/log/conntrackd.log": os.path.join(fw.workdir, "conntrackd.log"),
+            "/var/lock/conntrackd.lock": os.path.join(fw.workdir, "conntrackd.lock"),
+            "/var/run/conntrackd.ctl": os.path.join(fw.workdir, "conntrackd.ctl"),
+        }
+        pattern = re.compile("|".join(re.escape(k) for k in sorted(subst, key=len, reverse=True)))
+        out = {}
+        for name in ("keepalived.conf", "conntrackd.conf"):
+            with open(os.path.join(HA_CONFIG, name)) as fh:
+                text = pattern.sub(lambda m: subst[m.group(0)], fh.read())
+            out[name] = os.path.join(fw.workdir, name)
+            with open(out[name], "w") as fh:
+                fh.write(text)
+        return out
+
+    def start_pair_daemons(self, fw: Firewall) -> None:
+        """conntrackd, then keepalived (whose notify script runs conntrackd and nfshunt)."""
+        paths = self.render_pair_config(fw)
+        node = self.node(fw)
+        for stale in ("conntrackd.lock", "conntrackd.ctl"):
+            if os.path.exists(os.path.join(fw.workdir, stale)):
+                os.unlink(os.path.join(fw.workdir, stale))
+        log = open(os.path.join(fw.workdir, "daemons.log"), "ab")
+        env = dict(self._env(), PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", ""))
+        try:
+            ctd = node.popen(["conntrackd", "-C", paths["conntrackd.conf"]], stdout=log, stderr=subprocess.STDOUT,
+                             env=env)
+            fw.daemons.append(ctd)
+            self.wait_for(lambda: ctd.poll() is not None or os.path.exists(os.path.join(fw.workdir, "conntrackd.ctl")),
+                          10, f"conntrackd on {fw.name}", interval=0.05)
+            if ctd.poll() is not None:
+                raise TestbedError(f"conntrackd on {fw.name} exited ({ctd.returncode}): see "
+                                   f"{os.path.join(fw.workdir, 'conntrackd.log')}")
+            pids = [f"--pid={fw.workdir}/keepalived.pid", f"--vrrp_pid={fw.workdir}/vrrp.pid",
+                    f"--checkers_pid={fw.workdir}/checkers.pid"]
+            fw.daemons.append(node.popen(["keepalived", "--dont-fork", "--log-console", "--vrrp", "-f",
+                                          paths["keepalived.conf"], *pids],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env))
+        finally:
+            log.close()
+
+    def stop_pair_daemons(self, fw: Firewall, sig: int = signal.SIGTERM) -> None:
+        while fw.daemons:
+            stop_process(fw.daemons.pop(), 5, sig)
+
+    def fail_firewall(self, fw: Firewall) -> None:
+        """The firewall host dies: everything on it killed, every link down."""
+        self.stop_controller(signal.SIGKILL, fw=fw)
+        self.stop_pair_daemons(fw, signal.SIGKILL)
+        node = self.node(fw)
+        for intf in (*fw.intfs, f"{fw.name}-eth2", f"{fw.name}-eth3", fw.mgmt_ifs[1]):
+            self.run(node, "ip", "link", "set", intf, "down")
+
+    def revive_firewall(self, fw: Firewall, daemons: bool = True) -> None:
+        """The firewall host comes back: links up, controller started (it reads its pair
+        state file), then (with `daemons`) conntrackd and keepalived."""
+        node = self.node(fw)
+        for intf in (*fw.intfs, f"{fw.name}-eth2", f"{fw.name}-eth3", fw.mgmt_ifs[1]):
+            self.run(node, "ip", "link", "set", intf, "up")
+        self._start_controller(fw)
+        if daemons:
+            self.start_pair_daemons(fw)
+
+    def defaults_point_to(self, fw: Firewall) -> bool:
+        """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""
+        want = {(FAST1, fw.slow[0]), (fw.slow[0], FAST1), (FAST2, fw.slow[1]), (fw.slow[1], FAST2)}
+        got = {(int(f["in_port"]), int(f["actions"].split("output:")[1].split(",")[0]))
+               for f in self.flows() if f.get("cookie") == "0x4e01000000000000" and "output:" in f["actions"]}
+        return got == want
 
     def _program_static_flows(self) -> None:
         """Direct and firewall modes have no controller: their patching is static."""
@@ -387,7 +567,10 @@ class Testbed:
 
     def stop(self) -> None:
         try:
-            self.stop_controller()
+            for fw in self.firewalls:  # keepalived first: no takeover while the pair is taken down
+                self.stop_pair_daemons(fw)
+            for fw in self.firewalls:
+                self.stop_controller(fw=fw)
             while self._procs:
                 stop_process(self._procs.pop(), timeout=2)
             while self._delayers:
@@ -396,11 +579,13 @@ class Testbed:
             try:
                 if self.net is not None:
                     if self.mode != "direct":
-                        self.nfshunt("iptables", "remove", "--config", self.config_path, check=False)
+                        for fw in self.firewalls:
+                            self.nfshunt("iptables", "remove", "--config", fw.config_path, check=False, fw=fw)
                     self.net.stop()
             finally:
                 self.net = None
-                subprocess.run(["ip", "link", "del", "nfsmgmt0"], capture_output=True)
+                for fw in self.firewalls:
+                    subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
                 subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "s1"], capture_output=True)
                 for sig, old in self._old_signals.items():
                     signal.signal(sig, old)
@@ -621,9 +806,9 @@ class Testbed:
             "slow_path_packets": d["s1-eth2.tx"],
         }
 
-    def conntrack(self) -> list[dict[str, Any]]:
-        """The firewall's conntrack table, read over netlink inside fw."""
-        out = self.run(self.fw, PYTHON, "-c",
+    def conntrack(self, fw: Firewall | None = None) -> list[dict[str, Any]]:
+        """A firewall's conntrack table, read over netlink inside its node."""
+        out = self.run(self.node(fw or self.firewalls[0]), PYTHON, "-c",
                        "import json,sys; sys.path.insert(0, sys.argv[1]);"
                        "from nfshunt.conntrack import dump_entries;"
                        "print(json.dumps([dict(id=e.ct_id, mark=e.mark, state=e.tcp_state, proto=e.orig.proto,"
@@ -642,9 +827,9 @@ class Testbed:
                 raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(interval)
 
-    def controller_output(self) -> str:
+    def controller_output(self, fw: Firewall | None = None) -> str:
         try:
-            with open(self.controller_log, errors="replace") as fh:
+            with open((fw or self.firewalls[0]).controller_log, errors="replace") as fh:
                 return fh.read()
         except OSError:
             return ""

@@ -120,6 +120,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     sw = reply["switch"]
     print(f"switch: {'connected' if sw['connected'] else 'NOT CONNECTED'}"
           + (f" dpid {sw['datapath_id']} OpenFlow {sw['openflow']} from {sw['address']}" if sw["connected"] else ""))
+    pair = reply.get("pair")
+    if pair:
+        print(f"pair: {pair['wanted']} (switch granted: {pair['granted'] or 'nothing yet'}), generation "
+              f"{pair['generation']}, switch's {pair['switch_generation']}"
+              + (f"; backup because {pair['why_backup']}" if pair["why_backup"] and pair["wanted"] == "backup" else ""))
     budget = f" of {reply['max_shunts']}" if reply["max_shunts"] else ""
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
@@ -157,6 +162,15 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_role(args: argparse.Namespace) -> int:
+    reply = _ask(args, {"cmd": "role", "role": args.role})
+    if reply is None:
+        return 1
+    print(f"role {reply['wanted']} requested with generation {reply['generation']}"
+          + ("" if reply["switch_connected"] else " (the switch is not connected: claimed when it is)"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nfshunt", description="OpenFlow hybrid shunting firewall controller")
     p.add_argument("--version", action="version", version=f"nfshunt {__version__}")
@@ -190,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     control_args(fl)
     fl.add_argument("--reason", default="flush by operator")
     fl.set_defaults(func=cmd_control)
+
+    ro = sub.add_parser("role", help="a firewall pair's takeover (master) or step-down (backup): keepalived's notify")
+    control_args(ro)
+    ro.add_argument("role", choices=["master", "backup"])
+    ro.set_defaults(func=cmd_role)
 
     ipt = sub.add_parser("iptables", help="render, apply or remove the NFSHUNT iptables chains")
     isub = ipt.add_subparsers(dest="ipt_cmd", required=True)

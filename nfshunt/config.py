@@ -50,6 +50,14 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
+class PairConfig:
+    """One controller of an active-backup firewall pair (see nfshunt/roles.py)."""
+    state_file: str  # the role and generation this controller last took (survives restarts)
+    start_role: str = "backup"  # the role before the state file exists
+    role_check_interval: float = 1.0  # seconds between a master's role queries (on the 1 s tick)
+
+
+@dataclass(frozen=True)
 class Config:
     ports: tuple[PortGroup, ...]
     mark_actions: dict[int, str]
@@ -85,6 +93,7 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"
     bridge: str | None = None
+    pair: PairConfig | None = None
     by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -316,6 +325,14 @@ def _tls(key: str, value: Any) -> TLSConfig | None:
     return TLSConfig(**_object(key, value, fields, required=("private_key", "certificate")))
 
 
+def _pair(key: str, value: Any) -> PairConfig | None:
+    if value is None:
+        return None
+    fields = {"state_file": _log_path, "start_role": _choice(("backup", "master")),
+              "role_check_interval": _number(1, 60)}
+    return PairConfig(**_object(key, value, fields, required=("state_file",)))
+
+
 TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "ports": _ports,
     "mark_actions": _mark_actions,
@@ -351,6 +368,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "bridge": _ifname,
+    "pair": _pair,
 }
 
 
@@ -363,6 +381,18 @@ def from_dict(raw: Any) -> Config:
     if not cfg.default_no_shunting and cfg.delete_flows_on_startup and cfg.delete_foreign_flows_on_startup:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
+    if cfg.pair is not None:
+        if cfg.openflow_versions != ("1.3",):
+            raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")
+        if cfg.delete_foreign_flows_on_startup:
+            raise ConfigError("delete_foreign_flows_on_startup", "must be false in a pair: a takeover would wipe "
+                              "the shunts the other controller installed")
+        if not cfg.default_no_shunting:
+            raise ConfigError("default_no_shunting", "must be true in a pair: a takeover points the default "
+                              "flows at this firewall")
+        if cfg.delete_flows_on_shutdown:
+            raise ConfigError("delete_flows_on_shutdown", "must be false in a pair: the other controller adopts "
+                              "the shunts and blocks when this one stops")
     return cfg
 
 

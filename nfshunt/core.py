@@ -217,6 +217,7 @@ R_PROTOCOL = "protocol not tcp/udp"
 R_CLOSING = "tcp closing"
 R_DESTROY = "destroy"
 R_NO_SWITCH = "no switch connected"
+R_BACKUP = "backup: the pair's other firewall is active"
 R_IPV6_OF10 = "ipv6 needs openflow 1.3"
 R_DUPLICATE = "duplicate"
 R_QUEUED = "queued behind removal"
@@ -242,7 +243,8 @@ def pair_entries(version: int | None, cfg: Config, conn: Conn) -> int:
 class Core:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.version: int | None = None  # negotiated OpenFlow version; None: no switch
+        self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
+        self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
         self.conns: dict[FlowTuple, Conn] = {}
         self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
         self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
@@ -262,7 +264,9 @@ class Core:
     # --- switch lifecycle ---------------------------------------------------------------
 
     def switch_connected(self, version: int) -> list[Command]:
+        """The switch is ours to program (connected; in a pair, granted MASTER)."""
         self.version = version
+        self.backup = False
         self.reconciled = False
         out: list[Command] = []
         if self.cfg.delete_foreign_flows_on_startup:
@@ -281,6 +285,19 @@ class Core:
         self.version = None
         self.reconciled = False
         return [RemoveFlows(conn, (False, True), "controller stopped") for conn in self.conns.values()]
+
+    def stand_by(self) -> list[Command]:
+        """In a pair, no longer master: the other controller programs the switch now and
+        owns every pair on it (it adopts them), so they are forgotten here, not removed.
+        Pending installs were never confirmed: their entries stay on the slow path."""
+        out = self.switch_disconnected()
+        for conn in list(self.conns.values()):
+            self._forget(conn)
+        self.waiting.clear()
+        self._sweeps.clear()
+        self.reconciled = False
+        self.backup = True
+        return out
 
     def switch_disconnected(self) -> list[Command]:
         """Pending installs are abandoned: their conntrack entries were never deleted, so
@@ -309,7 +326,9 @@ class Core:
                 continue
             kind, ct_id, reply = parsed
             if kind is cookies.Kind.DEFAULT:
-                if (flow.in_port, flow.out_port) not in expected_defaults and self.cfg.delete_flows_on_startup:
+                # In a pair, another firewall's defaults are the peer's: it no longer decides.
+                if (flow.in_port, flow.out_port) not in expected_defaults and (
+                        self.cfg.delete_flows_on_startup or self.cfg.pair is not None):
                     out.append(DeleteSwitchFlow(flow, "default flow not in config"))
                 continue
             if kind is cookies.Kind.TEARDOWN:
@@ -432,7 +451,7 @@ class Core:
             existing.resume = ev
             return [Ignored(R_QUEUED, ev)]
         if self.version is None or not self.reconciled:
-            return [Ignored(R_NO_SWITCH, ev)]
+            return [Ignored(R_BACKUP if self.backup else R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
         holder = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT if action == "shunt" else cookies.Kind.BLOCK,

@@ -273,10 +273,19 @@ class FlowBuilder:
     def delete_switch_flow(self, flow: SwitchFlow) -> Any:
         """A flow read back from the switch, whatever fields its match has (an older
         NFShunt's, another tool's): by its exact cookie in 1.3; in 1.0, which cannot
-        filter by cookie, by a loose match on its tuple."""
+        filter by cookie, by a loose match on its tuple. A default flow goes by its port:
+        every default has the same cookie (a pair's takeover removes only the peer's)."""
+        p, ofp = self.parser, self.ofp
+        parsed = cookies.parse(flow.cookie)
+        if parsed is not None and parsed[0] is cookies.Kind.DEFAULT and flow.in_port is not None and flow.match is None:
+            if self.version == OFP10:
+                return p.OFPFlowMod(self.dp, match=self.match(flow.in_port), command=ofp.OFPFC_DELETE_STRICT,
+                                    priority=flow.priority, out_port=ofp.OFPP_NONE)
+            return p.OFPFlowMod(self.dp, cookie=flow.cookie, cookie_mask=ALL_ONES_64, command=ofp.OFPFC_DELETE_STRICT,
+                                table_id=0, priority=flow.priority, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+                                match=self.match(flow.in_port))
         if self.version != OFP10:
             return self._delete_by_cookie(flow.cookie, ALL_ONES_64)
-        p, ofp = self.parser, self.ofp
         t = flow.match
         match = p.OFPMatch(in_port=flow.in_port or 0) if t is None else p.OFPMatch(
             in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,

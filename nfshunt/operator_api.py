@@ -120,7 +120,27 @@ class OperatorAPI:
             ev.answer({"ok": True, "tuple": str(orig),
                        "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
             return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block)"})
+        if cmd == "role":
+            self.role(ev, req.get("role"))
+            return
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, role)"})
+
+    def role(self, ev: EventControl, role: Any) -> None:
+        """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the
+        request is on its way; `status` shows what the switch granted."""
+        roles = self.app.roles
+        if roles is None:
+            ev.answer({"error": "this controller is not one of a pair (no 'pair' in its config)"})
+            return
+        if role not in ("master", "backup"):
+            ev.answer({"error": f"role must be 'master' or 'backup', not {role!r}"})
+            return
+        was = roles.granted
+        change = roles.take_over() if role == "master" else roles.stand_by()
+        self.counters[f"operator_role_{role}"] += 1
+        LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
+        self.app._role_change(change)
+        ev.answer({"ok": True, **roles.status(), "switch_connected": self.dp is not None})
 
     def reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
         """A new policy: every connection is judged again. Decided marks are cleared in
@@ -176,4 +196,5 @@ class OperatorAPI:
             "queued": len(self.app.send.queued) if self.app.send is not None else 0,
             "max_shunts": self.core.budget, "flow_stats": flows is not None,
             "table": self.table(),
+            "pair": self.app.roles.status() if self.app.roles is not None else None,
             "counters": dict(self.counters), "connections": conns}

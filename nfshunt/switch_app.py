@@ -11,6 +11,10 @@ its handshake, a datapath other than `datapath_id` after it, and every handler d
 messages of any connection but the served one (counted, logged rate-limited). A new
 connection of the served switch replaces the old one (a reboot or a re-pointed switch),
 when it comes from the same address or over TLS.
+
+In a firewall pair (`pair`), the switch is programmed only once it has granted this
+controller MASTER (roles.py); until then, and after a takeover by the other controller,
+the core stands by and the switch refuses this controller's flow-mods anyway.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from .flows import REMOVED_REASONS, FlowBuilder
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
 from .model import ConnEvent, EventKind, SwitchFlow
+from .roles import ROLE_NAMES, Change, RoleRequest, Roles
 
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
@@ -95,6 +100,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.send: SendPath | None = None
         self._meter_xid: int | None = None
         self._table_xid: int | None = None
+        self._role_xids: set[int] = set()
+        self._role_checked = 0.0
+        self.roles = Roles(self.cfg.pair.state_file, self.cfg.pair.start_role) if self.cfg.pair else None
         self._later: list[tuple[float, int, tuple[c.Command, ...]]] = []  # heap of (due, seq, commands)
         self._later_seq = 0
         self._later_lock = threading.Lock()
@@ -243,7 +251,10 @@ class NFShuntApp(app_manager.OSKenApp):
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
             self._flow_stats = []
-            self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION))
+            if self.roles is None:
+                self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION))
+            else:  # nothing is programmed before the switch grants MASTER
+                self._role_request(self.roles.connected())
         elif ev.state == DEAD_DISPATCHER and dp is self.dp:
             self._disconnected(dp, "connection closed or echo unanswered")
 
@@ -253,6 +264,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.dp = None
         self.fb = None
         self.send = None
+        if self.roles is not None:
+            self.roles.disconnected()
+        self._role_xids.clear()
         self.operator.switch_gone()
         self._run(self.core.switch_disconnected())
 
@@ -290,12 +304,69 @@ class NFShuntApp(app_manager.OSKenApp):
                 out.extend(self.core.flows_failed(conn, *failure, now=now))
         self._run(out)
 
+    # --- a pair's roles ------------------------------------------------------------------------
+
+    def _role_request(self, req: RoleRequest) -> None:
+        if self.dp is None:
+            return
+        msg = self.dp.ofproto_parser.OFPRoleRequest(self.dp, req.role, req.generation)
+        self._role_xids.add(self.dp.set_xid(msg))
+        self._queue(msg)
+        self._flush()
+
+    def _role_change(self, change: Change) -> None:
+        roles = self.roles
+        if roles is None:
+            return
+        if change.demoted is not None:
+            self.counters["role_demotions"] += 1
+            LOG.warning("no longer master of switch %016x (%s): standing by, the switch's pairs are the other "
+                        "controller's now", self.dp.id if self.dp is not None else 0, change.demoted)
+            if self.dp is not None:  # what was queued for the switch is not ours to send any more
+                self.send = SendPath(self.dp, self.fb, self.cfg.flow_mod_rate, self.cfg.install_queue, self._wanted)
+            self._run(self.core.stand_by())
+        if change.promoted and self.dp is not None:
+            self.counters["role_promotions"] += 1
+            LOG.warning("master of switch %016x with generation %d: programming it (defaults to this firewall, "
+                        "adopting the pairs on the switch)", self.dp.id, roles.generation)
+            self._run(self.core.switch_connected(self.dp.ofproto.OFP_VERSION))
+        if change.request is not None:
+            self._role_request(change.request)
+
+    @set_ev_cls(ofp_event.EventOFPRoleReply, MAIN_DISPATCHER)
+    def _role_reply(self, ev: Any) -> None:
+        msg = ev.msg
+        if not self._ours(msg, "role reply") or self.roles is None:
+            return
+        self._role_xids.discard(msg.xid)
+        LOG.debug("role reply: %s, generation %d", ROLE_NAMES.get(msg.role, msg.role), msg.generation_id)
+        self._role_change(self.roles.reply(msg.role, msg.generation_id))
+
+    def _role_error(self, msg: Any) -> bool:
+        """A role request refused, or a message refused because we are slave; True: handled."""
+        ofp = msg.datapath.ofproto
+        if msg.xid in self._role_xids and msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
+            self._role_xids.discard(msg.xid)
+            if msg.code == ofp.OFPRRFC_STALE:
+                LOG.warning("the switch refused this controller's role request as stale: a newer master holds it")
+                self._role_change(self.roles.stale())  # type: ignore[union-attr]
+            else:
+                LOG.error("the switch refused the role request (code %d): it may not support controller roles; "
+                          "this controller stays backup and programs nothing", msg.code)
+            return True
+        if msg.type == ofp.OFPET_BAD_REQUEST and msg.code == ofp.OFPBRC_IS_SLAVE:
+            # A takeover we had not noticed yet: the switch refused what we sent.
+            self._role_change(self.roles.refused_as_slave())  # type: ignore[union-attr]
+        return False
+
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev: Any) -> None:
         msg = ev.msg
         if not self._ours(msg, "error"):
             return  # before the handshake or from a refused peer: no key per type and code
         self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
+        if self.roles is not None and self._role_error(msg):
+            return
         reason = f"switch error type={msg.type} code={msg.code}"
         if msg.xid == self._table_xid:
             LOG.warning("the switch did not report its table size (%s): set max_shunts to what its table holds "
@@ -441,6 +512,13 @@ class NFShuntApp(app_manager.OSKenApp):
                 LOG.warning("the switch did not answer a barrier within %.0f s: %d installs rolled back",
                             PENDING_TIMEOUT, len(batch.conns))
                 self._settle(batch.conns, {id(conn): ("no answer from the switch", False) for conn in batch.conns})
+        pair = self.cfg.pair
+        if self.roles is not None and pair is not None and self.dp is not None and \
+                now - self._role_checked >= pair.role_check_interval:
+            self._role_checked = now
+            check = self.roles.check()  # no role status in OpenFlow 1.3: ask whether we are still master
+            if check is not None:
+                self._role_request(check)
         self._run(self.core.tick(now))
         flush_all()  # batched log lines are at most a second late
 

@@ -140,3 +140,35 @@ def test_control_tuples_use_the_listeners_text_for_ipv4_mapped_addresses():
     assert (t.src, t.dst) == ("::ffff:10.0.0.1", "::ffff:10.0.0.2")
     with pytest.raises(ValueError):
         parse_tuple("tcp 10.0.0.1:４0000 -> 10.0.0.2:5201")  # fullwidth digits are not a port
+
+
+PAIR = {"state_file": "/var/lib/nfshunt/pair.json"}
+
+
+def test_a_pair_config_is_accepted_with_openflow_13_only():
+    cfg = from_dict(with_(openflow_versions=["1.3"], delete_flows_on_shutdown=False, pair=PAIR))
+    assert cfg.pair is not None and cfg.pair.start_role == "backup" and cfg.pair.role_check_interval == 1.0
+
+
+@pytest.mark.parametrize("extra,key,problem", [
+    ({"openflow_versions": ["1.0", "1.3"]}, "pair", "OpenFlow 1.3 only"),
+    ({"delete_flows_on_shutdown": True}, "delete_flows_on_shutdown", "the other controller adopts"),
+    ({"delete_foreign_flows_on_startup": True}, "delete_foreign_flows_on_startup", "wipe"),
+    ({"pair": {**PAIR, "start_role": "primary"}}, "pair.start_role", "not one of"),
+    ({"pair": {"start_role": "backup"}}, "pair.state_file", "required"),
+    ({"pair": {**PAIR, "state_file": "pair.json"}}, "pair.state_file", "absolute path"),
+    ({"pair": {**PAIR, "peer": "fw-b"}}, "pair.peer", "unknown key"),
+])
+def test_a_bad_pair_config_says_what_to_fix(extra, key, problem):
+    raw = with_(openflow_versions=["1.3"], delete_flows_on_shutdown=False, pair=PAIR)
+    raw.update(extra)
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw)
+    assert err.value.key == key and problem in str(err.value)
+
+
+def test_the_shipped_pair_example_is_valid():
+    raw = json.load(open("config/ha/nfshunt.json"))
+    raw.pop("tls")  # its certificates exist only on a deployed host
+    cfg = from_dict(raw)
+    assert cfg.pair is not None and cfg.openflow_versions == ("1.3",)

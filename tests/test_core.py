@@ -539,3 +539,43 @@ def test_the_budget_is_derived_from_the_switch_table_size_when_max_shunts_is_uns
     pinned = connected(max_shunts=3)
     assert pinned.table_size(1000) is None and pinned.budget == 3 and pinned.table_max == 1000
     assert connected(c.OFP10).table_size(4 + 20) == 10  # no catchers on OpenFlow 1.0
+
+
+PAIR_CFG = dict(openflow_versions=["1.3"], delete_flows_on_startup=False, delete_flows_on_shutdown=False,
+                pair={"state_file": "/nonexistent/pair.json"})
+
+
+def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_defaults():
+    peer = connected()
+    conn = shunted(peer)
+    flows = _flows_for(conn) + [
+        SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 1, None, 2),  # ours (fast 1 <-> slow 2)
+        SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 6, None, 1),  # the peer's slow port
+    ]
+    core = c.Core(config(**PAIR_CFG))
+    assert core.backup
+    assert types(core.conntrack_event(event())) == ["Ignored"]
+    assert core.conntrack_event(event())[0].reason == c.R_BACKUP
+    assert types(core.switch_connected(c.OFP13)) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize",
+                                                     "RequestSwitchFlows"]
+    cmds = core.reconcile(flows, 5.0)
+    # With delete_flows_on_startup off, still: a default from another firewall's port goes.
+    assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"] and cmds[0].flow.in_port == 6
+    adopted = core.conns[conn.orig]
+    assert adopted.adopted and adopted.state is c.State.ACTIVE
+    # A committed entry of the adopted shunt (conntrackd's copy, a new id) is deleted again.
+    assert types(core.conntrack_event(event(ct_id=99))) == ["DeleteConntrack", "Ignored"]
+
+
+def test_standing_by_forgets_every_pair_without_touching_the_switch():
+    core = c.Core(config(**PAIR_CFG))
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0.0)
+    active = shunted(core)
+    (pending,) = core.conntrack_event(event(sport=2, ct_id=8))
+    out = core.stand_by()
+    assert types(out) == ["Refused"] and out[0].conn is pending.conn  # its entry stays on the slow path
+    assert not any(isinstance(x, c.RemoveFlows) for x in out)
+    assert core.conns == {} and core.shunts == 0 and core.entries == 0 and core.backup
+    assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == c.R_BACKUP
+    assert core.flow_removed(active.cookie(False), "idle timeout", 1, 1, 1, 9.0) == []

@@ -153,3 +153,12 @@ def test_the_table_size_request_asks_and_never_sets(version):
     msg.serialize()
     if version == c.OFP13:
         assert msg.body == [] and len(msg.buf) == 16  # a header and the multipart header only
+
+
+def test_a_default_flow_is_deleted_by_its_port_not_by_the_cookie_every_default_shares():
+    from nfshunt import cookies
+    from nfshunt.model import SwitchFlow
+    fb = builder(4)
+    msg = fb.delete_switch_flow(SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 6, None, 1))
+    assert msg.command == fb.ofp.OFPFC_DELETE_STRICT and msg.priority == 100
+    assert msg.match["in_port"] == 6 and msg.cookie_mask == (1 << 64) - 1

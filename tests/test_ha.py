@@ -1,0 +1,143 @@
+"""A firewall pair (issue 14) on the testbed's `ha` mode: two firewall nodes, each with its
+bridge, plumbing, controller, Debian's conntrackd (FTFW over a sync link) and keepalived
+(VRRP over its own link), behind a strict policy (INVALID dropped, no loose pickup).
+
+The waits here read the switch (ovs-ofctl) and the controllers' and daemons' logs, never a
+controller's status: asking a controller would wake it and could hide a takeover it had
+not noticed on its own."""
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
+
+pytestmark = pytest.mark.integration
+
+SHUNT, IGNORE = 5201, 5203
+STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
+
+
+def _pair(config=None):
+    from nfshunt_testbed import Testbed
+    # Shunts outlive the transfers' idle iperf3 control connections (an idled-out TCP shunt
+    # behind a firewall without loose pickup would need its entry back).
+    return Testbed(mode="ha", of_version="1.3", config={"default_shunt_timeout": 60, **(config or {})})
+
+
+def _strict(tb):
+    for fw in tb.firewalls:
+        node = tb.node(fw)
+        tb.run(node, "iptables", "-w", "5", "-I", *STRICT)
+        tb.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+
+
+def _log(path):
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _daemons_log(fw):
+    return _log(os.path.join(fw.workdir, "daemons.log"))
+
+
+def _has_conn_flow(tb, port):
+    p = str(port)
+    return [f for f in tb.flows() if int(f.get("cookie", "0"), 16) >> 48 == 0x4E02
+            and p in (f.get("tcp_src"), f.get("tcp_dst"), f.get("tp_src"), f.get("tp_dst"))]
+
+
+def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as_backup(integration_ready):
+    with _pair() as tb:
+        fw, fw2 = tb.firewalls
+        _strict(tb)
+        assert tb.defaults_point_to(fw)
+        s_srv, s_cli = start_iperf(tb, SHUNT, 10)
+        i_srv, i_cli = start_iperf(tb, IGNORE, 10)
+        try:
+            tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4, 10, "the shunted transfer's flows")
+            shunt_cookies = {f["cookie"] for f in shunt_flows(tb, SHUNT)}
+            time.sleep(2)  # both transfers under way, conntrackd has the ignored one on fw2
+            failed_at = time.monotonic()
+            tb.fail_firewall(fw)
+            tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, "fw2 to take the switch over")
+            took_over = time.monotonic() - failed_at
+            # The shunt was adopted, not re-installed: the same flows carry it.
+            assert {f["cookie"] for f in shunt_flows(tb, SHUNT)} == shunt_cookies
+            # A connection opened after the failover is shunted by the new master (the
+            # policy shunts source port 5201 too).
+            fresh = tb.iperf(5204, 1, cport=SHUNT, watch=lambda: None)
+            assert "error" not in fresh, fresh
+        finally:
+            shunted = finish_iperf(s_srv, s_cli)
+            ignored = finish_iperf(i_srv, i_cli)
+        print(f"fw2 had the switch {took_over:.2f} s after fw died; longest stall: shunted "
+              f"{longest_stall(shunted):.1f} s, slow path {longest_stall(ignored):.1f} s")
+        assert "error" not in shunted and "error" not in ignored, (shunted.get("error"), ignored.get("error"))
+        assert longest_stall(shunted) < 1.0, "the shunted transfer stalled"
+        assert longest_stall(ignored) < 3.0, "the slow-path transfer did not resume within 3 s"
+        assert ignored["end"]["sum_received"]["bytes"] > 0
+        after = tb.controller_output(fw2).split("master of switch")[-1]
+        assert re.search(r"reconciled with the switch: \d+ NFShunt flows read, [1-9]\d* pairs held, 0 re-installed",
+                         after), "fw2 did not adopt the live pairs"
+        assert re.search(r"shunt tcp 10\.0\.0\.1:5201 -> 10\.0\.0\.2:5204 .* in [0-9.]+ ms", after), \
+            "the connection opened after the failover was not shunted by fw2"
+
+        # The old master returns (its controller first: it still believes it is master, with
+        # the generation it took over with). The switch refuses it as stale; nothing moves.
+        flows_before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
+        r_srv, r_cli = start_iperf(tb, IGNORE, 6)
+        try:
+            tb.revive_firewall(fw, daemons=False)
+            tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 15,
+                        "the returning controller's stale claim to be refused")
+            tb.start_pair_daemons(fw)
+            tb.wait_for(lambda: "operator: role backup" in tb.controller_output(fw).split("as stale")[-1], 15,
+                        "keepalived on the returning node to settle as backup")
+        finally:
+            returned = finish_iperf(r_srv, r_cli)
+        assert "error" not in returned and longest_stall(returned) < 1.0, "the old node's return bounced a transfer"
+        assert tb.defaults_point_to(fw2)
+        assert {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()
+                if int(f["cookie"], 16) >> 48 == 0x4E01} <= flows_before
+        st1, st2 = tb.control({"cmd": "status"}, fw=fw), tb.control({"cmd": "status"}, fw=fw2)
+        assert st1["pair"]["granted"] == "backup" and st2["pair"]["granted"] == "master"
+        assert st1["counters"].get("openflow_error:11:0") == 1  # ROLE_REQUEST_FAILED, STALE
+
+
+def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refused(integration_ready):
+    # Role checks far apart: the old master can only learn of the takeover from the switch
+    # refusing what it sends.
+    with _pair({"pair": {"role_check_interval": 60}}) as tb:
+        fw, fw2 = tb.firewalls
+        server = tb.conn_server(SHUNT)
+        conns, _ = tb.open_conns(SHUNT, 1, cport_base=46000)
+        try:
+            tb.wait_for(lambda: _has_conn_flow(tb, 46000), 10, "the connection's shunt")
+            # The VRRP link is cut: both keepalived instances believe they are master, and
+            # fw2 (the one that changed state) claims the switch with a newer generation.
+            for f in tb.firewalls:
+                tb.run(tb.node(f), "ip", "link", "set", f"{f.name}-eth3", "down")
+            tb.wait_for(lambda: tb.defaults_point_to(fw2), 15, "fw2 to claim the switch")
+            assert _has_conn_flow(tb, 46000), "fw2 adopted the shunt, it did not bounce it"
+            # The old master, unaware, takes the shunt down: the switch refuses its flow-mod.
+            reply = tb.control({"cmd": "unshunt", "tuple": f"tcp 10.0.0.1:46000 -> 10.0.0.2:{SHUNT}"}, fw=fw)
+            assert reply.get("ok"), reply
+            tb.wait_for(lambda: "no longer master" in tb.controller_output(fw), 10,
+                        "fw to notice it lost the switch from the refusal")
+            assert _has_conn_flow(tb, 46000), "a stale master's delete reached the switch"
+            assert tb.defaults_point_to(fw2)
+            st1 = tb.control({"cmd": "status", "connections": False}, fw=fw)
+            st2 = tb.control({"cmd": "status", "connections": False}, fw=fw2)
+            assert st1["counters"].get("openflow_error:1:10", 0) >= 1  # BAD_REQUEST, IS_SLAVE
+            assert st1["pair"]["wanted"] == "backup" and "took the switch over" in st1["pair"]["why_backup"]
+            assert st2["pair"]["granted"] == "master" and st2["shunts"] >= 1
+        finally:
+            conns.kill()
+            server.kill()
