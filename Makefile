@@ -2,13 +2,17 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo test lint unit experiments experiments-quick bench bench-quick clean
+.PHONY: deps demo demo-failover test lint unit experiments experiments-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
 
 demo: deps
 	$(PY) mininet/demo.py
+
+# The firewall pair: the active firewall dies mid-transfer; what happened to each transfer.
+demo-failover: deps
+	$(PY) mininet/demo.py --failover
 
 # Lint is part of the build: unused imports and names, dead code and likely bugs fail it.
 lint: deps

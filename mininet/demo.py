@@ -5,8 +5,9 @@ With a 100 ms emulated RTT (linkemu.py: netem, or the NFQUEUE fallback; measured
 runs), runs a shunted (port 5201), a blocked (5202) and an ignored (5203) iperf3 transfer
 from h1 to h2 through Open vSwitch and the firewall bridge, then the same bulk transfer with
 every packet crossing the firewall, and prints throughput, where the packets went and the
-shunt latency. Everything it builds is
-torn down on exit, also on failure or Ctrl-C.
+shunt latency. With --failover, the firewall pair instead: the active firewall dies in the
+middle of a shunted and a slow-path transfer, and the table says what happened to each.
+Everything it builds is torn down on exit, also on failure or Ctrl-C.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 from nfshunt_testbed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
+
+STRICT = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 
 
 def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:
@@ -37,12 +40,51 @@ def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:
             "fast": sum(seen.values()), "flows": bool(seen), "error": result.get("error")}
 
 
+def failover(emu: Emulation, seconds: float) -> int:
+    """The pair: fw active, fw2 backup, a strict policy on both; fw dies mid-transfer."""
+    rows = []
+    with Testbed(mode="ha", emulation=emu, log=print, config={"default_shunt_timeout": 60}) as tb:
+        fw, fw2 = tb.firewalls
+        for f in tb.firewalls:  # INVALID dropped, no loose pickup: only synced state carries a connection
+            tb.run(tb.node(f), "iptables", "-w", "5", "-I", *STRICT)
+            tb.run(tb.node(f), "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+        print(f"  pair up: {fw.name} active, {fw2.name} backup; starting a shunted and a slow-path transfer ...")
+        shunted = tb.start_transfer(SHUNT_PORT, seconds)
+        ignored = tb.start_transfer(IGNORE_PORT, seconds)
+        time.sleep(seconds / 3)
+        print(f"  killing everything on {fw.name} and downing its links ...", flush=True)
+        t0 = time.monotonic()
+        tb.fail_firewall(fw)
+        tb.wait_for(lambda: tb.defaults_point_to(fw2), 15, f"{fw2.name} to take the switch over")
+        took = time.monotonic() - t0
+        fresh = tb.iperf(5204, 2, cport=SHUNT_PORT)  # opened after the failover; shunted by source port
+        after = tb.controller_output(fw2).split("master of switch")[-1]
+        for label, (srv, cli), path in (("shunted", shunted, "switch flows, adopted by fw2"),
+                                        ("ignored", ignored, f"through {fw.name}, then {fw2.name}")):
+            r = tb.finish_transfer(srv, cli)
+            rows.append((label, path, r, None if "error" in r else tb.longest_stall(r)))
+        rows.append(("opened after", "shunted by fw2" if ":5204 " in after and "shunt tcp" in after
+                     else "NOT shunted", fresh, None))
+    print(f"\nfailover: {fw2.name} had the switch {took:.2f} s after {fw.name} died "
+          f"(VRRP advert 0.2 s; conntrackd commit; OpenFlow MASTER claim with a newer generation)")
+    print(f"{'transfer':<14}{'path':<32}{'Gbit/s':>8}{'longest stall s':>17}  outcome")
+    ok = True
+    for label, path, r, stall in rows:
+        s_ = Testbed.iperf_summary(r)
+        outcome = r.get("error") or "completed, no reset"
+        ok = ok and "error" not in r and "NOT" not in path
+        print(f"{label:<14}{path:<32}{s_['gbps']:>8.3f}{'-' if stall is None else f'{stall:.1f}':>17}  {outcome}")
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=8, help="length of each transfer (default 8)")
     ap.add_argument("--rtt", type=float, default=100, help="emulated round-trip time in ms (default 100)")
     ap.add_argument("--delay", choices=DELAY_MECHANISMS, default="auto", help="delay mechanism (default auto)")
     ap.add_argument("--openflow", choices=["1.0", "1.3"], default="1.3")
+    ap.add_argument("--failover", action="store_true",
+                    help="the firewall pair: fail the active firewall mid-transfer (OpenFlow 1.3)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("demo: run as root (network namespaces, Open vSwitch)", file=sys.stderr)
@@ -55,6 +97,17 @@ def main() -> int:
     rows = []
     started = time.monotonic()
     grace = 10 + args.rtt / 50
+    if args.failover:
+        try:
+            rc = failover(emu, max(args.seconds, 6))
+        except TestbedError as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("demo: interrupted; everything torn down", file=sys.stderr)
+            return 130
+        print(f"demo finished in {time.monotonic() - started:.0f} s; everything torn down")
+        return rc
     try:
         with Testbed(mode="nfshunt", of_version=args.openflow, emulation=emu, log=print) as tb:
             rtt = (tb.rtt_measured, tb.delay_mechanism)

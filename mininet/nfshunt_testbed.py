@@ -344,10 +344,11 @@ class Testbed:
     def _setup_emulation(self) -> None:
         """Link rates, MTU, host tuning, slow path, delay; then check the RTT before any run."""
         emu = self.emulation
-        for port in (FAST1, SLOW1, FAST2, SLOW2):
+        for port in self.switch_ports:
             subprocess.run(["ovs-vsctl", "set", "interface", f"s1-eth{port}", f"mtu_request={emu.mtu}"],
                            check=True, capture_output=True)
-        shape_slow_path(self.run, self.fw, ("fw-eth0", "fw-eth1"), emu)
+        for fw in self.firewalls:
+            shape_slow_path(self.run, self.node(fw), fw.intfs, emu)
         half = emu.rtt_ms / 2
         try:
             mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"
@@ -532,12 +533,13 @@ class Testbed:
             stop_process(fw.daemons.pop(), 5, sig)
 
     def fail_firewall(self, fw: Firewall) -> None:
-        """The firewall host dies: everything on it killed, every link down."""
-        self.stop_controller(signal.SIGKILL, fw=fw)
-        self.stop_pair_daemons(fw, signal.SIGKILL)
+        """The firewall host dies: every link down first (nothing it sends while dying gets
+        out: no VRRP resignation, no last OpenFlow message), then everything on it killed."""
         node = self.node(fw)
         for intf in (*fw.intfs, f"{fw.name}-eth2", f"{fw.name}-eth3", fw.mgmt_ifs[1]):
             self.run(node, "ip", "link", "set", intf, "down")
+        self.stop_controller(signal.SIGKILL, fw=fw)
+        self.stop_pair_daemons(fw, signal.SIGKILL)
 
     def revive_firewall(self, fw: Firewall, daemons: bool = True) -> None:
         """The firewall host comes back: links up, controller started (it reads its pair
@@ -735,6 +737,43 @@ class Testbed:
             srv.kill()
             srv.communicate()
         return result
+
+    def start_transfer(self, port: int, seconds: float, interval: float = 0.2,
+                       cport: int | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
+        """An iperf3 transfer h1 -> h2 in the background (server, client); the receiver's
+        intervals come back with the result (finish_transfer)."""
+        srv = self.iperf_server(port, interval)
+        args = ["iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
+                "--get-server-output", "--connect-timeout", "5000"]
+        if cport:
+            args += ["--cport", str(cport)]
+        return srv, self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    @staticmethod
+    def finish_transfer(srv: subprocess.Popen, cli: subprocess.Popen, timeout: float = 40) -> dict[str, Any]:
+        """Wait for a start_transfer(); its JSON, or {"error": ...}."""
+        try:
+            out, _ = cli.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+            cli.communicate()
+            return {"error": "stalled"}
+        finally:
+            srv.kill()
+            srv.communicate()
+        try:
+            return json.loads(out) if out.strip() else {"error": "no output"}
+        except json.JSONDecodeError:
+            return {"error": "unreadable iperf3 output"}
+
+    @staticmethod
+    def longest_stall(result: dict[str, Any], interval: float = 0.2) -> float:
+        """The longest run of receiver intervals with no data, in seconds."""
+        worst = run = 0
+        for iv in result["server_output_json"]["intervals"][:-1]:  # the last interval is partial
+            run = run + 1 if iv["sum"]["bytes"] == 0 else 0
+            worst = max(worst, run)
+        return worst * interval
 
     @staticmethod
     def iperf_summary(result: dict[str, Any]) -> dict[str, float]:

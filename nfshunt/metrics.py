@@ -28,7 +28,7 @@ LABELLED = {
                 "slow path)", ("action",)),
     "removed": ("nfshunt_flows_removed", "Shunt and block pairs removed, by reason", ("action", "reason")),
     "openflow_error": ("nfshunt_openflow_errors", "OpenFlow error messages from the switch", ("type", "code")),
-    "operator": ("nfshunt_operator_actions", "Manual control requests (flush, reevaluate, unshunt, block)",
+    "operator": ("nfshunt_operator_actions", "Manual control requests (flush, reevaluate, unshunt, block, role)",
                  ("action",)),
     "packet_in": ("nfshunt_packet_ins", "Packet-ins from the switch, by what they were (teardown or why "
                   "unexpected)", ("reason",)),
@@ -49,6 +49,8 @@ PLAIN = {
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",
+    "role_promotions": "Times the switch granted this controller MASTER (a firewall pair's takeover)",
+    "role_demotions": "Times this controller stopped being MASTER (asked to, or another controller took over)",
 }
 
 
@@ -97,6 +99,12 @@ class AppCollector(Collector):
         yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
         yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
                                 value=snap.get("queued", 0))
+        pair = snap.get("pair")
+        if pair is not None:
+            yield GaugeMetricFamily("nfshunt_pair_master", "1 while the switch has granted this controller MASTER "
+                                    "(a firewall pair's active side)", value=1 if pair["granted"] == "master" else 0)
+            yield GaugeMetricFamily("nfshunt_pair_generation", "The generation this controller took the switch "
+                                    "over with", value=pair["generation"])
 
 
 class Metrics:

@@ -89,11 +89,18 @@ class Roles:
         if not self.state_file:
             return
         tmp = f"{self.state_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"role": self.wanted, "generation": self.generation}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_file)
+        try:
+            os.makedirs(os.path.dirname(self.state_file), mode=0o700, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"role": self.wanted, "generation": self.generation}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            # Carry on: a restart then starts from the older state, which is refused as
+            # stale if the other controller took over meanwhile (safe), never wins.
+            LOG.error("cannot write the pair state file %s (%s): fix its directory; role %s generation %d "
+                      "is kept in memory only", self.state_file, exc.strerror or exc, self.wanted, self.generation)
 
     # --- the switch --------------------------------------------------------------------------
 

@@ -197,7 +197,8 @@ class NFShuntApp(app_manager.OSKenApp):
         return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
                 "connected": 1 if self.dp is not None else 0, "max_shunts": core.budget,
                 "queued": len(send.queued) if send is not None else 0,
-                "table_max": core.table_max, "table_used": core.default_entries() + core.entries}
+                "table_max": core.table_max, "table_used": core.default_entries() + core.entries,
+                "pair": self.roles.status() if self.roles is not None else None}
 
     # --- switch lifecycle -----------------------------------------------------------------
 

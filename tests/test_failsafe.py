@@ -5,7 +5,6 @@ policy changes, and shutdown signals. Each test asserts on flows, counters, conn
 the hosts' transfers."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -58,31 +57,17 @@ def shunt_flows(tb, port=SHUNT):
 
 
 def start_iperf(tb, port, seconds, interval=0.2):
-    from nfshunt_testbed import H2_IP
-    srv = tb.iperf_server(port, interval)
-    cli = tb.spawn(tb.h1, "iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
-                   "--get-server-output", "--connect-timeout", "5000", stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE)
-    return srv, cli
+    return tb.start_transfer(port, seconds, interval)
 
 
 def finish_iperf(srv, cli, timeout=40):
-    try:
-        out, _ = cli.communicate(timeout=timeout)
-    finally:
-        srv.kill()
-        srv.communicate()
-    return json.loads(out) if out.strip() else {"error": "no output"}
+    from nfshunt_testbed import Testbed
+    return Testbed.finish_transfer(srv, cli, timeout)
 
 
 def longest_stall(result, interval=0.2):
-    """The longest run of receiver intervals with no data, in seconds."""
-    ivs = result["server_output_json"]["intervals"]
-    worst = run = 0
-    for iv in ivs[:-1]:  # the last interval is partial
-        run = run + 1 if iv["sum"]["bytes"] == 0 else 0
-        worst = max(worst, run)
-    return worst * interval
+    from nfshunt_testbed import Testbed
+    return Testbed.longest_stall(result, interval)
 
 
 def catchers(tb):

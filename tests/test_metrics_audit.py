@@ -37,6 +37,17 @@ def test_counters_become_labelled_prometheus_families():
         assert line in text, line
 
 
+def test_a_pair_member_reports_its_role_and_generation():
+    snap = snapshot(**{"role_promotions": 1, "operator_role_master": 1})
+    snap["pair"] = {"wanted": "master", "granted": "master", "generation": 7, "switch_generation": 7,
+                    "why_backup": None}
+    text = generate_latest(Metrics(lambda: snap).registry).decode()
+    for line in ("nfshunt_pair_master 1.0", "nfshunt_pair_generation 7.0", "nfshunt_role_promotions_total 1.0",
+                 'nfshunt_operator_actions_total{action="role_master"} 1.0', "nfshunt_role_demotions_total 0.0"):
+        assert line in text, line
+    assert "nfshunt_pair_master" not in generate_latest(Metrics(lambda: snapshot()).registry).decode()
+
+
 def test_audit_record_has_both_directions_duration_tuple_ports_id_and_reason():
     core = c.Core(config())
     core.switch_connected(c.OFP13)

@@ -90,3 +90,12 @@ def test_start_role_master_without_a_state_file_takes_over_on_connect(tmp_path):
     roles = Roles(str(tmp_path / "pair.json"), start_role="master")
     roles.connected()
     assert roles.reply(EQUAL, 9).request == RoleRequest(MASTER, 10)
+
+
+def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    roles = Roles(str(blocker / "pair.json"))  # its directory cannot exist: a file is in the way
+    change = roles.take_over()
+    assert change.request == RoleRequest(MASTER, 1)
+    assert "cannot write the pair state file" in caplog.text
