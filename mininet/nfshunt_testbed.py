@@ -55,6 +55,7 @@ H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
 MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
 MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (tests add it)
 OF_PORT = 6653
+LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
 MODES = ("direct", "firewall", "nfshunt", "ha")
@@ -173,7 +174,8 @@ class Testbed:
     def __init__(self, mode: str = "nfshunt", of_version: str = "1.3",
                  config: dict[str, Any] | None = None, policy: str | None = POLICY,
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
-                 emulation: Emulation | None = None):
+                 emulation: Emulation | None = None, switch_lag_ms: float | None = None,
+                 switch_reorder: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
@@ -197,6 +199,10 @@ class Testbed:
         self.rtt_measured: float | None = None
         self._delayers: list[subprocess.Popen] = []
         self._procs: list[subprocess.Popen] = []
+        # Hardware-like barrier lag (oflag.py between s1 and the first firewall's controller).
+        self.switch_lag_ms = switch_lag_ms
+        self.switch_reorder = switch_reorder
+        self._lag_proxy: subprocess.Popen | None = None
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -298,6 +304,9 @@ class Testbed:
         if self.controlled:  # Open vSwitch connects to every firewall's controller
             controller = [lambda name, ip=f.mgmt_fw: RemoteController(name, ip=ip, port=OF_PORT)
                           for f in self.firewalls]
+            if self.switch_lag_ms is not None:
+                self._start_lag_proxy()
+                controller[0] = lambda name: RemoteController(name, ip="127.0.0.1", port=LAG_PROXY_PORT)
         self.net = Mininet(topo=TwoHostTopo(ha=self.mode == "ha"), controller=controller, autoSetMacs=True,
                            switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
                                                                else "kernel", failMode="secure",
@@ -332,6 +341,19 @@ class Testbed:
         elif self.mode == "nfshunt":
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
         self._setup_emulation()
+
+    def _start_lag_proxy(self) -> None:
+        args = [PYTHON, os.path.join(HERE, "oflag.py"), "127.0.0.1", str(LAG_PROXY_PORT), MGMT_FW, str(OF_PORT),
+                "--lag", str(self.switch_lag_ms)]
+        if self.switch_reorder:
+            args.append("--reorder")
+        proxy = self._lag_proxy = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proxy.stdout.readline() if proxy.stdout else ""
+        if not line.startswith("listening"):
+            err = proxy.stderr.read() if proxy.stderr and proxy.poll() is not None else ""
+            raise TestbedError(f"the OpenFlow lag proxy did not start: {line}{err}")
+        self.log(f"switch emulates hardware: barriers answered at once, flow-mods applied {self.switch_lag_ms:g} ms "
+                 f"later{' and reordered' if self.switch_reorder else ''} (oflag.py)")
 
     @property
     def controlled(self) -> bool:
@@ -577,6 +599,9 @@ class Testbed:
                 stop_process(self._procs.pop(), timeout=2)
             while self._delayers:
                 stop_process(self._delayers.pop())
+            if self._lag_proxy is not None:
+                stop_process(self._lag_proxy)
+                self._lag_proxy = None
         finally:
             try:
                 if self.net is not None:

@@ -86,6 +86,13 @@ class Config:
     netlink_rcvbuf: int = 16 * 1024 * 1024
     tcp_teardown: bool = True
     rst_grace: float = 0.5
+    # When a shunt's conntrack entry may go (the switch forwards on its flows): "barrier"
+    # (the barrier reply, right for Open vSwitch), "counters" (its flows' packet counters
+    # rose) or "delay" (confirm_delay after the barrier); then `drain` more for packets
+    # still queued on the slow path.
+    confirm: str = "barrier"
+    confirm_delay: float = 0.5
+    drain: float = 0.05
     control_socket: str | None = DEFAULT_CONTROL_SOCKET
     metrics_address: str | None = None
     metrics_port: int = 9753
@@ -361,6 +368,9 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "netlink_rcvbuf": _int(4096, 1 << 30),
     "tcp_teardown": _bool,
     "rst_grace": _number(0, 5),
+    "confirm": _choice(("barrier", "counters", "delay")),
+    "confirm_delay": _number(0, 10),
+    "drain": _number(0, 5),
     "control_socket": _socket_path,
     "metrics_address": _optional(_address),
     "metrics_port": _int(1, 65535),
@@ -381,6 +391,9 @@ def from_dict(raw: Any) -> Config:
     if not cfg.default_no_shunting and cfg.delete_flows_on_startup and cfg.delete_foreign_flows_on_startup:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
+    if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
+        raise ConfigError("confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set openflow_versions "
+                          "to [\"1.3\"], or use delay")
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

@@ -370,6 +370,12 @@ class ConntrackWorker:
         kernel answered, whatever it answered."""
         self.q.put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
+    def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+        """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
+        applies a pair's flows one direction at a time, the firewall sees acknowledgements
+        of data that took the fast path, which it would otherwise call INVALID."""
+        self.q.put(("liberal", family, orig, ct_id))
+
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
         failed, error)` runs on this thread once the kernel has answered."""
@@ -432,6 +438,19 @@ class ConntrackWorker:
                 id=ct_id)  # with an id the kernel deletes only that entry
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+        elif item[0] == "liberal":
+            _, family, t, ct_id = item
+            liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)  # (flags, mask): only this bit
+            msg = nfct_msg.create_from(
+                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst, proto=t.proto,
+                                         sport=t.sport, dport=t.dport),
+                id=ct_id,
+                protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
+                    ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal}],
+                    ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": liberal}],
+                ]}]]})
+            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK  # no CREATE: an update of the entry
         else:
             _, family, o, r, state, timeout, closer_is_reply, mark, _ = item
             liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
@@ -491,6 +510,9 @@ class ConntrackWorker:
                 self.delete_missing += 1  # already gone: nothing to free
             else:
                 LOG.warning("conntrack delete refused: %s", errno.errorcode.get(err, err))
+        elif item[0] == "liberal":
+            if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
+                LOG.warning("conntrack entry %s not made liberal: %s", item[2], errno.errorcode.get(err, err))
         elif err == 0:
             self.restored += 1
         elif err == errno.EEXIST:

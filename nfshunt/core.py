@@ -5,10 +5,19 @@ reports back through flows_confirmed / flows_failed / flow_removed; everything e
 command carries (Ignored, Installed, Refused, Removed) is for logs and counters.
 
 A connection's life: PENDING (flows sent, waiting for the barrier) -> ACTIVE (switch
-confirmed; conntrack entry deleted) -> REMOVING (one direction's flow is gone, the other
+confirmed; conntrack entry deleted once the switch forwards on the flows and the slow
+path has drained, see below) -> REMOVING (one direction's flow is gone, the other
 is being deleted so the pair leaves together) -> forgotten. Its conntrack entry is only
 deleted once the switch has confirmed both flows, so a refused flow-mod leaves the
 connection safely on the slow path.
+
+When the entry goes (`confirm`): a hardware switch answers the barrier before its data
+plane forwards on the new flows (up to 400 ms later on a Pica8), so packets of the
+connection keep reaching the firewall meanwhile; and packets already queued on the slow
+path arrive after any confirmation. Either would meet a firewall that no longer tracks
+the connection (INVALID behind a strict policy). So the entry is kept until the switch is
+known to forward (the barrier reply; the pair's packet counters rising, read by flow
+stats; or a fixed delay) and then for `drain` more.
 
 Room on the switch: with a budget (`max_shunts`, or derived from the table size the switch
 reports when that is unset), or when the switch reports its table full,
@@ -49,6 +58,7 @@ CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
 TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
 REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry re-created for re-evaluation (refreshed by traffic)
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
+COUNTER_POLL = 0.05  # seconds between reads of a new shunt's packet counters (confirm: counters)
 
 
 class State(enum.Enum):
@@ -78,6 +88,7 @@ class Conn:
     first_fin_reply: bool = False
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
     adopted: bool = False  # read back from a switch, not installed from a policy decision
+    entry_kept: bool = False  # ACTIVE, its conntrack entry not deleted yet (see `confirm`)
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
 
     @property
@@ -172,6 +183,18 @@ class Later:
 
 
 @dataclass(frozen=True, slots=True)
+class EntryDue:
+    """The shunt's conntrack entry may go now (answer with core.entry_due())."""
+    conn: Conn
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCounters:
+    """Read the pair's packet counters from the switch (answer with core.counters_read())."""
+    conn: Conn
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteConntrack:
     family: int
     orig: FlowTuple
@@ -203,8 +226,8 @@ class Removed:
 
 
 Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows, RequestTableSize,
-                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, Ignored,
-                Installed, Refused, Removed, RestoreConntrack]
+                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue, ReadCounters,
+                Ignored, Installed, Refused, Removed, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
 R_UNMARKED = "unmarked"
@@ -533,9 +556,43 @@ class Core:
             reason = conn.remove_reason
             self._start_removal(conn, reason, now)
             return [RemoveFlows(conn, (False, True), reason)]
+        installed = Installed(conn, now - conn.event_time)
+        cfg = self.cfg
+        if cfg.confirm == "counters" and conn.action == "shunt":
+            conn.entry_kept = True
+            return [installed, ReadCounters(conn)]
+        wait = (cfg.confirm_delay if cfg.confirm == "delay" else 0.0) + cfg.drain
+        if wait and conn.action == "shunt":
+            conn.entry_kept = True
+            return [installed, Later(wait, (EntryDue(conn),))]
+        return [self._delete_entry(conn, now), installed]
+
+    def _delete_entry(self, conn: Conn, now: float) -> DeleteConntrack:
+        conn.entry_kept = False
         self._sweeps.append((now + SWEEP_AFTER, conn))
-        return [DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id),
-                Installed(conn, now - conn.event_time)]
+        return DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id)
+
+    def entry_due(self, conn: Conn, now: float) -> list[Command]:
+        """The wait for a shunt's forwarding and drain is over: its entry goes, unless the
+        pair was taken down meanwhile (then the entry carries the connection on)."""
+        if self.conns.get(conn.orig) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+            return []
+        return [self._delete_entry(conn, now)]
+
+    def counters_read(self, conn: Conn, packets: dict[bool, int], now: float) -> list[Command]:
+        """The pair's packet counters by direction (confirm: counters). The switch forwards
+        on the flows once both directions counted packets, or one did and confirm_delay has
+        passed (the other direction is idle); then the slow path drains. Until then the
+        counters are read again; a pair that carries nothing at all is read every second."""
+        if self.conns.get(conn.orig) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+            return []
+        waited = now - (conn.confirmed_time or now)
+        counted = sum(1 for n in packets.values() if n > 0)
+        if counted == 2 or (counted == 1 and waited >= self.cfg.confirm_delay):
+            if not self.cfg.drain:
+                return [self._delete_entry(conn, now)]
+            return [Later(self.cfg.drain, (EntryDue(conn),))]
+        return [Later(COUNTER_POLL if waited < max(1.0, self.cfg.confirm_delay) else 1.0, (ReadCounters(conn),))]
 
     def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
         """The switch refused a flow of this pair: withdraw the other, keep the entry. If

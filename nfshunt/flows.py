@@ -327,6 +327,12 @@ class FlowBuilder:
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
                                      cookies.OWNED_VALUE, cookies.OWNED_MASK, p.OFPMatch())
 
+    def pair_stats_request(self, conn: Conn) -> Any:
+        """Flow stats of one pair's two flows (OpenFlow 1.3: by cookie, either direction)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
+                                     ALL_ONES_64 & ~cookies.DIRECTION_BIT, p.OFPMatch())
+
     def more_follows(self, msg: Any) -> bool:
         flag = self.ofp.OFPSF_REPLY_MORE if self.version == OFP10 else self.ofp.OFPMPF_REPLY_MORE
         return bool(msg.flags & flag)

@@ -32,6 +32,7 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
                                        set_ev_cls)
 from os_ken.lib import hub
 
+from . import cookies
 from . import core as c
 from .accounting import audit_logger, audit_record, conn_fields
 from .channel import ChannelDatapath, RateLimitedLog, SendPath, address_allowed, table_full
@@ -42,7 +43,7 @@ from .logs import BatchedFileHandler, flush_all
 from .flows import REMOVED_REASONS, FlowBuilder
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
-from .model import ConnEvent, EventKind, SwitchFlow
+from .model import TCP, ConnEvent, EventKind, SwitchFlow
 from .roles import ROLE_NAMES, Change, RoleRequest, Roles
 
 LOG = logging.getLogger("nfshunt")
@@ -101,6 +102,8 @@ class NFShuntApp(app_manager.OSKenApp):
         self._meter_xid: int | None = None
         self._table_xid: int | None = None
         self._role_xids: set[int] = set()
+        # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
+        self._counter_reads: dict[int, tuple[c.Conn, dict[bool, int]]] = {}
         self._role_checked = 0.0
         self.roles = Roles(self.cfg.pair.state_file, self.cfg.pair.start_role) if self.cfg.pair else None
         self._later: list[tuple[float, int, tuple[c.Command, ...]]] = []  # heap of (due, seq, commands)
@@ -268,6 +271,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if self.roles is not None:
             self.roles.disconnected()
         self._role_xids.clear()
+        self._counter_reads.clear()
         self.operator.switch_gone()
         self._run(self.core.switch_disconnected())
 
@@ -420,6 +424,16 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def _flow_stats_reply(self, ev: Any) -> None:
         if not self._ours(ev.msg, "flow stats") or self.fb is None:
+            return
+        read = self._counter_reads.get(ev.msg.xid)
+        if read is not None:  # a new shunt's counters (confirm: counters)
+            conn, packets = read
+            for stats in ev.msg.body:
+                reply = bool(stats.cookie & cookies.DIRECTION_BIT)
+                packets[reply] = packets.get(reply, 0) + stats.packet_count
+            if not self.fb.more_follows(ev.msg):
+                del self._counter_reads[ev.msg.xid]
+                self._run(self.core.counters_read(conn, packets, time.monotonic()))
             return
         status = self.operator.collecting(ev.msg.xid)  # an operator's request, or a reconcile
         collected = status if status is not None else self._flow_stats
@@ -585,6 +599,12 @@ class NFShuntApp(app_manager.OSKenApp):
             if self.send is not None and not self.send.install(cmd.conn):
                 self.counters["install_queue_full"] += 1
                 return self.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
+            conn = cmd.conn
+            if conn.action == "shunt" and conn.orig.proto == TCP:
+                # The switch applies the pair's flows one at a time (hardware: late, in any
+                # order): the firewall must not call INVALID the acknowledgements it then
+                # sees of data that already took the fast path.
+                self.worker.liberal(conn.orig.family, conn.orig, conn.ct_id)
         elif isinstance(cmd, c.DeleteConntrack):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
@@ -638,6 +658,13 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._queue(fb.owned_flow_stats_request())
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
+        elif isinstance(cmd, c.EntryDue):
+            return self.core.entry_due(cmd.conn, time.monotonic())
+        elif isinstance(cmd, c.ReadCounters):
+            if fb is not None:
+                msg = fb.pair_stats_request(cmd.conn)
+                self._counter_reads[self.dp.set_xid(msg)] = (cmd.conn, {})
+                self._queue(msg)
         elif isinstance(cmd, c.Later):
             with self._later_lock:
                 self._later_seq += 1  # ties never compare the commands

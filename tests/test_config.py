@@ -172,3 +172,12 @@ def test_the_shipped_pair_example_is_valid():
     raw.pop("tls")  # its certificates exist only on a deployed host
     cfg = from_dict(raw)
     assert cfg.pair is not None and cfg.openflow_versions == ("1.3",)
+
+
+def test_counters_confirmation_needs_openflow_13():
+    with pytest.raises(ConfigError) as err:
+        from_dict(with_(confirm="counters"))
+    assert err.value.key == "confirm" and "OpenFlow 1.3" in str(err.value)
+    assert from_dict(with_(confirm="counters", openflow_versions=["1.3"])).confirm == "counters"
+    with pytest.raises(ConfigError):
+        from_dict(with_(confirm="eventually"))

@@ -31,9 +31,50 @@ def test_shunt_installs_then_deletes_conntrack_only_after_confirmation():
     conn = cmds[0].conn
     assert (conn.action, conn.ingress.fast, conn.egress.fast) == ("shunt", 1, 3)
     out = core.flows_confirmed(conn, 100.002)
-    assert types(out) == ["DeleteConntrack", "Installed"]
-    assert out[0].ct_id == 7 and out[0].orig == conn.orig
-    assert out[1].latency == pytest.approx(0.002)
+    # The entry stays while the slow path drains (packets queued there must still find it).
+    assert types(out) == ["Installed", "Later"] and out[1].delay == core.cfg.drain
+    assert out[0].latency == pytest.approx(0.002)
+    assert conn.entry_kept and conn.state is c.State.ACTIVE
+    (delete,) = core.entry_due(conn, 100.06)
+    assert type(delete).__name__ == "DeleteConntrack" and delete.ct_id == 7 and delete.orig == conn.orig
+    assert core.entry_due(conn, 100.07) == []  # once
+
+
+def test_with_no_drain_the_entry_goes_at_the_barrier():
+    core = connected(drain=0)
+    (install,) = core.conntrack_event(event())
+    assert types(core.flows_confirmed(install.conn, 100.0)) == ["DeleteConntrack", "Installed"]
+
+
+def test_confirm_delay_keeps_the_entry_for_the_delay_and_the_drain():
+    core = connected(confirm="delay", confirm_delay=0.4)
+    (install,) = core.conntrack_event(event())
+    out = core.flows_confirmed(install.conn, 100.0)
+    assert types(out) == ["Installed", "Later"] and out[1].delay == pytest.approx(0.45)
+
+
+def test_confirm_counters_waits_for_both_directions_or_one_after_the_delay():
+    core = connected(confirm="counters", confirm_delay=0.4, openflow_versions=["1.3"])
+    (install,) = core.conntrack_event(event())
+    conn = install.conn
+    assert types(core.flows_confirmed(conn, 100.0)) == ["Installed", "ReadCounters"]
+    again = core.counters_read(conn, {False: 0, True: 0}, 100.05)  # the switch does not forward yet
+    assert types(again) == ["Later"] and types(again[0].commands) == ["ReadCounters"]
+    assert types(core.counters_read(conn, {False: 12}, 100.1)) == ["Later"]  # one way, too early to tell
+    (drain,) = core.counters_read(conn, {False: 12, True: 3}, 100.15)
+    assert drain.delay == core.cfg.drain and types(drain.commands) == ["EntryDue"]
+    one_way = connected(confirm="counters", confirm_delay=0.4, openflow_versions=["1.3"])
+    (install,) = one_way.conntrack_event(event(proto=UDP))
+    one_way.flows_confirmed(install.conn, 100.0)
+    assert types(one_way.counters_read(install.conn, {False: 5}, 100.5)[0].commands) == ["EntryDue"]
+
+
+def test_a_pair_taken_down_before_its_entry_went_keeps_the_entry():
+    core = connected(confirm="delay")
+    (install,) = core.conntrack_event(event())
+    core.flows_confirmed(install.conn, 100.0)
+    core.flush("flush by operator", 100.1)
+    assert core.entry_due(install.conn, 101.0) == []
 
 
 def test_block_installs_flows_of_kind_block():
@@ -351,7 +392,7 @@ def test_stale_entry_recreated_in_reverse_direction_is_deleted_even_unmarked():
 
 
 def test_entries_recreated_by_in_flight_packets_are_swept_once_by_tuple():
-    core = connected()
+    core = connected(drain=0)
     (install,) = core.conntrack_event(event())
     core.flows_confirmed(install.conn, 100.0)
     assert core.tick(100.5) == []
