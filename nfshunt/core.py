@@ -57,6 +57,7 @@ WAITING_MAX = 65536  # connections remembered while waiting for room on the swit
 CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
 TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
 REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry re-created for re-evaluation (refreshed by traffic)
+IDLE_RESTORE_TIMEOUT = 432000  # an idled-out TCP shunt's entry: Linux's own ESTABLISHED timeout (5 days)
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 COUNTER_POLL = 0.05  # seconds between reads of a new shunt's packet counters (confirm: counters)
 
@@ -744,8 +745,18 @@ class Core:
         conn.stats[reply] = (packets, nbytes, duration)  # type: ignore[index]
         out: list[Command] = []
         if conn.state is State.ACTIVE:
+            kept = conn.entry_kept
             self._start_removal(conn, reason, now)
-            out.append(RemoveFlows(conn, (not reply,), f"partner {reason}"))
+            partner = RemoveFlows(conn, (not reply,), f"partner {reason}")
+            if conn.action == "shunt" and conn.orig.proto == TCP and not kept and self.version is not None:
+                # The connection is back on the slow path, idle, and may resume: a firewall
+                # without loose pickup would drop its next packet as INVALID. Its entry comes
+                # back first, ESTABLISHED with the decision cleared: the policy judges the
+                # next packet again (and shunts it again).
+                mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
+                out.append(RestoreConntrack(conn, CT_TCP_ESTABLISHED, IDLE_RESTORE_TIMEOUT, False, (partner,), mark))
+            else:
+                out.append(partner)
         if len(conn.gone) == 2:
             out.extend(self._finish_removal(conn, conn.remove_reason or reason))
         return out

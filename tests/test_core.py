@@ -353,7 +353,8 @@ def test_reconcile_adopts_live_pairs_and_deletes_orphans():
     assert fresh.conns[conn.orig].state is c.State.ACTIVE  # adopted, not bounced
     assert orphan.orig not in fresh.conns
     # The adopted shunt's removal is handled like any other.
-    assert types(fresh.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 9.0)) == ["RemoveFlows"]
+    (restore,) = fresh.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 9.0)
+    assert types(restore.then) == ["RemoveFlows"]
 
 
 def test_reconcile_reinstalls_what_the_switch_lost():
@@ -620,3 +621,17 @@ def test_standing_by_forgets_every_pair_without_touching_the_switch():
     assert core.conns == {} and core.shunts == 0 and core.entries == 0 and core.backup
     assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == c.R_BACKUP
     assert core.flow_removed(active.cookie(False), "idle timeout", 1, 1, 1, 9.0) == []
+
+
+def test_an_idled_out_tcp_shunt_gets_its_entry_back_before_the_partner_flow_goes():
+    from nfshunt import markcodec
+    core = connected(drain=0)
+    conn = shunted(core)
+    (restore,) = core.flow_removed(conn.cookie(True), "idle timeout", 3, 300, 10.0, 120.0)
+    # ESTABLISHED with the decision cleared: a firewall without loose pickup lets the next
+    # packet through, and the policy judges (and shunts) it again.
+    assert restore.tcp_state == c.CT_TCP_ESTABLISHED and restore.timeout == c.IDLE_RESTORE_TIMEOUT
+    assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.NFSHUNT_BITS
+    assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False,)
+    udp = shunted(core, proto=UDP, sport=9, ct_id=9)
+    assert types(core.flow_removed(udp.cookie(False), "idle timeout", 1, 1, 1.0, 121.0)) == ["RemoveFlows"]

@@ -135,3 +135,35 @@ def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(
         subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=False)
         conns.kill()
         srv.kill()
+
+
+IDLE_CLIENT = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.sendall(b"a"); assert s.recv(1) == b"a"
+time.sleep(float(sys.argv[3]))  # idle: the shunt's flows time out meanwhile
+s.sendall(b"b")
+try:
+    print("resumed" if s.recv(1) == b"b" else "wrong echo")
+except socket.timeout:
+    print("no answer")
+"""
+
+
+def test_an_idle_tcp_connection_resumes_after_its_shunt_timed_out(tb):
+    """Behind a firewall without loose pickup, the entry an idle shunt's removal brings back
+    is what lets the connection go on (the policy then shunts it again)."""
+    from nfshunt_testbed import H2_IP, PYTHON
+    srv = tb.conn_server(SHUNT)
+    tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+    try:
+        mark = len(tb.controller_output())
+        out = tb.run(tb.h1, PYTHON, "-c", IDLE_CLIENT, H2_IP, str(SHUNT), "7", timeout=30)
+        log = tb.controller_output()[mark:]
+        assert "shunt removed (idle timeout)" in log, "the shunt did not idle out: the test proves nothing"
+        assert out.strip() == "resumed", out
+        tb.wait_for(lambda: tb.controller_output()[mark:].count(f"-> {H2_IP}:{SHUNT} ports") >= 3, 5,
+                    "the resumed connection to be shunted again")  # shunted, removed, shunted again
+    finally:
+        tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+        srv.kill()
