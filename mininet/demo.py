@@ -66,7 +66,7 @@ def failover(emu: Emulation, seconds: float) -> int:
         rows.append(("opened after", "shunted by fw2" if ":5204 " in after and "shunt tcp" in after
                      else "NOT shunted", fresh, None))
     print(f"\nfailover: {fw2.name} had the switch {took:.2f} s after {fw.name} died "
-          f"(VRRP advert 0.2 s; conntrackd commit; OpenFlow MASTER claim with a newer generation)")
+          f"(VRRP advert 0.1 s; conntrackd commit; OpenFlow MASTER claim with a newer generation)")
     print(f"{'transfer':<14}{'path':<32}{'Gbit/s':>8}{'longest stall s':>17}  outcome")
     ok = True
     for label, path, r, stall in rows:

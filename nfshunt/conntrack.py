@@ -36,7 +36,6 @@ NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_CREATE = 0x400
-NLM_F_EXCL = 0x200
 IP_CT_TCP_FLAG_CLOSE_INIT, IP_CT_TCP_FLAG_BE_LIBERAL = 0x04, 0x08
 NLMSG_HDR = struct.Struct("=IHHII")
 FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
@@ -345,7 +344,6 @@ class ConntrackWorker:
         self.deleted = 0
         self.delete_missing = 0
         self.restored = 0
-        self.restore_existing = 0
         self._dump_lock = threading.Lock()
         self._dump_queued = False
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -366,8 +364,10 @@ class ConntrackWorker:
 
     def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
                 closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
-        """Create a TCP entry in a closing state (see core: teardown); `done` runs after the
-        kernel answered, whatever it answered."""
+        """Create a TCP entry in the given state (see core: teardown, re-evaluation, idle
+        shunts), or bring the entry that exists to it (one kept until the slow path drained,
+        or one a straggler re-created); `done` runs after the kernel answered, whatever it
+        answered."""
         self.q.put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
     def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
@@ -467,7 +467,8 @@ class ConntrackWorker:
                     ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": closer if closer_is_reply else liberal}],
                 ]}]]})
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
-            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+            # CREATE without EXCL: an existing entry is updated to the state instead.
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE
         msg["nfgen_family"] = AF[family]
         return msg
 
@@ -515,8 +516,6 @@ class ConntrackWorker:
                 LOG.warning("conntrack entry %s not made liberal: %s", item[2], errno.errorcode.get(err, err))
         elif err == 0:
             self.restored += 1
-        elif err == errno.EEXIST:
-            self.restore_existing += 1  # a straggler re-created it first: it tracks the close
         else:
             LOG.warning("conntrack entry for a teardown not created: %s", errno.errorcode.get(err, err))
 
