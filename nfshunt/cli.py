@@ -171,6 +171,13 @@ def cmd_role(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe_switch(args: argparse.Namespace) -> int:
+    cfg = _load(args.config)
+    setup_logging("WARNING")
+    from . import probe
+    return probe.run(cfg, args.wait, args.pairs, args.lag_runs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nfshunt", description="OpenFlow hybrid shunting firewall controller")
     p.add_argument("--version", action="version", version=f"nfshunt {__version__}")
@@ -209,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     control_args(ro)
     ro.add_argument("role", choices=["master", "backup"])
     ro.set_defaults(func=cmd_role)
+
+    pr = sub.add_parser("probe-switch", help="what a new switch can do, and the settings to use with it "
+                        "(the controller must be stopped: the switch connects to the probe)")
+    pr.add_argument("--config", "-c", required=True)
+    pr.add_argument("--wait", type=float, default=60, help="seconds to wait for the switch (default 60)")
+    pr.add_argument("--pairs", type=int, default=1000, help="shunt pairs in the flow-mod rate test (default 1000)")
+    pr.add_argument("--lag-runs", type=int, default=5, help="flows timed from barrier to forwarding (default 5)")
+    pr.set_defaults(func=cmd_probe_switch)
 
     ipt = sub.add_parser("iptables", help="render, apply or remove the NFSHUNT iptables chains")
     isub = ipt.add_subparsers(dest="ipt_cmd", required=True)

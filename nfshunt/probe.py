@@ -1,0 +1,433 @@
+"""`nfshunt probe-switch`: what an engineer runs first on new hardware.
+
+It takes the controller's place (same listener, TLS, allow-list and datapath pin; the
+controller must be stopped), waits for the switch, and reports what NFShunt needs of it:
+the OpenFlow version and tables; each flow shape NFShunt installs (a TCP shunt pair with its
+FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, a second table), installed,
+read back and removed; the flow-mod rate behind one barrier; and the lag between a barrier
+reply and the switch forwarding on the flow before it. The lag is measured with a test
+packet sent by packet-out into the table (from the controller port, so before the flow
+applies it matches nothing and leaves no port; with the flow, it comes back as a
+packet-in). Then it prints the settings it recommends.
+
+Every probe flow carries a cookie of NFShunt's (kind 0xFE: never a pair's) and is removed
+before it exits, also on failure; flows already on the switch are left alone.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import queue
+import socket
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
+from os_ken.lib.packet import ethernet, ipv4, packet, udp
+
+from . import cookies
+from .channel import address_allowed
+from .config import Config, PortGroup
+from .core import Conn
+from .flows import ALL_ONES_64, FlowBuilder
+from .model import TCP, UDP, FlowTuple
+
+LOG = logging.getLogger("nfshunt")
+PROBE_KIND = 0xFE
+PROBE_COOKIE = cookies.OWNED_VALUE | (PROBE_KIND << 48)
+PROBE_MASK = cookies.OWNED_MASK | (0xFF << 48)
+SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/block)
+RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
+PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port
+TIMEOUT = 5.0
+SHAPE_TCP = "TCP shunt + FIN/RST catchers (tcp_flags)"
+SHAPE_TCP10 = "IPv4 TCP shunt"
+SHAPE_IPV6 = "IPv6 UDP shunt"
+SHAPE_BLOCK = "block (no actions)"
+SHAPE_METER = "packet-in meter (OFPM_CONTROLLER; optional)"
+SHAPE_TABLES = "second table (goto_table 1; optional)"
+REQUIRED = (SHAPE_TCP, SHAPE_TCP10, SHAPE_BLOCK)  # without these NFShunt cannot shunt and block
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    ok: bool = True
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+        print(text, flush=True)
+
+
+class ProbeApp(app_manager.OSKenApp):
+    OFP_VERSIONS: list[int] = []
+
+    def __init__(self, *args: Any, nfshunt_config: Config, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cfg = nfshunt_config
+        self.switch: queue.Queue[Any] = queue.Queue()
+        self.replies: dict[int, queue.Queue[Any]] = {}
+        self.errors: dict[int, Any] = {}
+        self.packet_ins: queue.Queue[tuple[float, int]] = queue.Queue()
+        self.lock = threading.Lock()
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, MAIN_DISPATCHER)
+    def _connected(self, ev: Any) -> None:
+        dp = ev.datapath
+        if not address_allowed(dp.address[0], self.cfg.switch_addresses) or (
+                self.cfg.datapath_id is not None and dp.id != self.cfg.datapath_id):
+            print(f"probe-switch: ignoring switch {dp.id:016x} from {dp.address[0]} (not the configured one)")
+            dp.close()
+            return
+        self.switch.put(dp)
+
+    def _answer(self, msg: Any) -> None:
+        with self.lock:
+            q = self.replies.get(msg.xid)
+        if q is not None:
+            q.put(msg)
+
+    @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply, ofp_event.EventOFPDescStatsReply,
+                 ofp_event.EventOFPTableFeaturesStatsReply, ofp_event.EventOFPTableStatsReply], MAIN_DISPATCHER)
+    def _reply(self, ev: Any) -> None:
+        self._answer(ev.msg)
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
+    def _error(self, ev: Any) -> None:
+        self.errors[ev.msg.xid] = ev.msg
+
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
+    def _packet_in(self, ev: Any) -> None:
+        self.packet_ins.put((time.monotonic(), getattr(ev.msg, "cookie", 0)))
+
+
+class Prober:
+    """Drives one switch connection synchronously from the probe's own thread."""
+
+    def __init__(self, app: ProbeApp, dp: Any, cfg: Config):
+        self.app, self.dp, self.cfg = app, dp, cfg
+        self.p, self.ofp = dp.ofproto_parser, dp.ofproto
+        self.of13 = dp.ofproto.OFP_VERSION != 1
+        self.fb = FlowBuilder(dp, cfg)
+
+    def ask(self, msg: Any, timeout: float = TIMEOUT) -> list[Any]:
+        """Send a request; its replies (multipart ones gathered), or [] on an error or silence."""
+        q: queue.Queue[Any] = queue.Queue()
+        xid = self.dp.set_xid(msg)
+        with self.app.lock:
+            self.app.replies[xid] = q
+        self.dp.send_msg(msg)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and xid not in self.app.errors:
+                try:
+                    reply = q.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                out.append(reply)
+                if not getattr(reply, "flags", 0) & 1:  # no REPLY_MORE
+                    return out
+            return [] if xid in self.app.errors else out
+        finally:
+            with self.app.lock:
+                self.app.replies.pop(xid, None)
+
+    def send(self, msgs: list[Any]) -> list[int]:
+        """Serialised together, one write (the flow builder's templated messages included)."""
+        xids, buf = [], bytearray()
+        for msg in msgs:
+            xids.append(self.dp.set_xid(msg))
+            msg.serialize()
+            buf += msg.buf
+        self.dp.send(bytes(buf))
+        return xids
+
+    def barrier(self) -> float | None:
+        """Monotonic time of the barrier reply, None if none came."""
+        return time.monotonic() if self.ask(self.p.OFPBarrierRequest(self.dp)) else None
+
+    def refused(self, xids: list[int]) -> str | None:
+        for xid in xids:
+            err = self.app.errors.get(xid)
+            if err is not None:
+                return f"refused (error type {err.type} code {err.code})"
+        return None
+
+    def delete_probe_flows(self) -> None:
+        p, ofp = self.p, self.ofp
+        if self.of13:
+            msgs = [p.OFPFlowMod(self.dp, cookie=c, cookie_mask=m, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
+                                 out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=p.OFPMatch())
+                    for c, m in ((PROBE_COOKIE, PROBE_MASK),
+                                 (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
+                                 (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))]
+            self.send(msgs)
+        self.barrier()
+
+    # --- the probes ---------------------------------------------------------------------------
+
+    def tables(self, report: Report) -> int | None:
+        p = self.p
+        desc = self.ask(p.OFPDescStatsRequest(self.dp, 0))
+        if desc:
+            d = desc[0].body
+            report.say(f"switch: {d.mfr_desc} / {d.hw_desc} / {d.sw_desc}")
+        if not self.of13:
+            stats = self.ask(p.OFPTableStatsRequest(self.dp, 0))
+            size = stats[0].body[0].max_entries if stats and stats[0].body else None
+            report.say(f"OpenFlow 1.0: one table, {size if size is not None else 'unknown'} entries")
+            return size
+        features = self.ask(p.OFPTableFeaturesStatsRequest(self.dp, 0))
+        tables = [t for reply in features for t in reply.body]
+        size = next((t.max_entries for t in tables if t.table_id == 0), None)
+        report.say(f"OpenFlow 1.3: {len(tables) or 'unknown (no table features)'} tables, table 0 holds "
+                   f"{size if size is not None else 'an unknown number of'} entries")
+        return size
+
+    def _conn(self, n: int, proto: int, family: int, action: str, a: PortGroup, b: PortGroup, base: int) -> Conn:
+        net = ipaddress.ip_network("198.51.100.0/24" if family == 4 else "2001:db8::/64")
+        t = FlowTuple(family, proto, str(net[1]), str(net[2]), 40000 + n, 9)
+        return Conn(t, t.reversed(), base + n, action, a, b, 0.0)
+
+    def shapes(self, report: Report) -> dict[str, bool]:
+        """Each shape: installed, read back (as many flows as were sent), removed."""
+        groups = self.cfg.ports
+        if len(groups) < 2:
+            report.say("shapes: skipped (one port group: a pair needs two)")
+            return {}
+        a, b = groups[0], groups[-1]
+        tcp = self._conn(0, TCP, 4, "shunt", a, b, SHAPE_ID)
+        block = self._conn(1, UDP, 4, "block", a, b, SHAPE_ID)
+        shapes: list[tuple[str, list[Any], Conn | None, list[Any]]]  # name, install, pair, undo
+        if self.of13:
+            udp6 = self._conn(2, UDP, 6, "shunt", a, b, SHAPE_ID)
+            meter_delete, meter_add = self.fb.controller_meter(self.cfg.packet_in_rate or 1000)
+            shapes = [(SHAPE_TCP, self.fb.install(tcp), tcp, []),
+                      (SHAPE_IPV6, self.fb.install(udp6), udp6, []),
+                      (SHAPE_BLOCK, self.fb.install(block), block, []),
+                      (SHAPE_METER, [meter_delete, meter_add], None, self.fb.controller_meter(1)[:1]),
+                      (SHAPE_TABLES, [self._goto_table()], None, [])]
+        else:
+            shapes = [(SHAPE_TCP10, self.fb.install(tcp), tcp, []), (SHAPE_BLOCK, self.fb.install(block), block, [])]
+        result: dict[str, bool] = {}
+        for name, msgs, conn, undo in shapes:
+            xids = self.send(msgs)
+            self.barrier()
+            problem = self.refused(xids)
+            if problem is None and conn is not None and self.of13:
+                # A switch that applies flow-mods after its barrier reply shows them late.
+                want, n, deadline = len(msgs), 0, time.monotonic() + 3.0
+                while True:
+                    found = self.ask(self.p.OFPFlowStatsRequest(
+                        self.dp, 0, self.ofp.OFPTT_ALL, self.ofp.OFPP_ANY, self.ofp.OFPG_ANY, conn.cookie(False),
+                        ALL_ONES_64 & ~cookies.DIRECTION_BIT & ~cookies.RST_BIT & ~(0xFF << 48), self.p.OFPMatch()))
+                    n = sum(len(r.body) for r in found)
+                    if n == want or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                if n != want:
+                    problem = f"accepted, but {n} of {want} flows read back within 3 s"
+            if conn is not None:
+                undo = self.fb.remove(conn, (False, True))
+            if undo:
+                self.send(undo)
+                self.barrier()
+            result[name] = problem is None
+            mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
+            report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+        self.delete_probe_flows()
+        return result
+
+    def _goto_table(self) -> Any:
+        p, ofp = self.p, self.ofp
+        return p.OFPFlowMod(self.dp, table_id=0, cookie=PROBE_COOKIE, command=ofp.OFPFC_ADD, priority=1,
+                            match=p.OFPMatch(eth_type=0x0800, ipv4_dst="198.51.100.253"),
+                            instructions=[p.OFPInstructionGotoTable(1)])
+
+    def _until_gone(self, probe: bytes, timeout: float = 3.0) -> None:
+        """Until the probe packet stops coming back (three tries in a row)."""
+        quiet, deadline = 0, time.monotonic() + timeout
+        while quiet < 3 and time.monotonic() < deadline:
+            while not self.app.packet_ins.empty():
+                self.app.packet_ins.get_nowait()
+            self.dp.send(probe)
+            time.sleep(0.02)
+            back = False
+            while not self.app.packet_ins.empty():
+                back = back or self.app.packet_ins.get_nowait()[1] == PROBE_COOKIE
+            quiet = 0 if back else quiet + 1
+
+    def flow_mod_rate(self, report: Report, pairs: int) -> float | None:
+        groups = self.cfg.ports
+        a, b = groups[0], groups[-1]
+        if a is b:
+            return None
+        msgs = [m for i in range(pairs) for m in self.fb.install(self._conn(i, UDP, 4, "shunt", a, b, RATE_ID))]
+        buf = bytearray()
+        for m in msgs:  # serialised before the clock starts: the switch's rate, not ours
+            self.dp.set_xid(m)
+            m.serialize()
+            buf += m.buf
+        start = time.monotonic()
+        self.dp.send(bytes(buf))
+        done = self.barrier()
+        self.delete_probe_flows()
+        if done is None:
+            report.say(f"flow-mod rate: no barrier reply within {TIMEOUT:.0f} s for {len(msgs)} flow-mods")
+            return None
+        rate = len(msgs) / max(done - start, 1e-6)
+        report.say(f"flow-mod rate: {len(msgs)} flow-mods behind one barrier in {(done - start) * 1000:.0f} ms: "
+                   f"{rate:,.0f}/s")
+        return rate
+
+    def lag(self, report: Report, runs: int) -> list[float]:
+        """Barrier reply to the first packet the new flow forwards, `runs` times."""
+        p, ofp = self.p, self.ofp
+        if not self.of13:
+            report.say("forwarding lag: skipped (OpenFlow 1.0: packet-ins carry no cookie)")
+            return []
+        pkt = packet.Packet()
+        pkt.add_protocol(ethernet.ethernet(dst="02:00:00:00:00:02", src="02:00:00:00:00:01", ethertype=0x0800))
+        pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=17))
+        pkt.add_protocol(udp.udp(src_port=9, dst_port=9))
+        pkt.serialize()
+        out = p.OFPPacketOut(self.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                             actions=[p.OFPActionOutput(ofp.OFPP_TABLE)], data=pkt.data)
+        self.dp.set_xid(out)
+        out.serialize()
+        probe = bytes(out.buf)  # sent again and again, every 2 ms, until the flow forwards it
+        match = p.OFPMatch(eth_type=0x0800, ip_proto=17, ipv4_dst=PROBE_DST, udp_dst=9)
+        lags = []
+        for _ in range(runs):
+            while not self.app.packet_ins.empty():
+                self.app.packet_ins.get_nowait()
+            add = p.OFPFlowMod(self.dp, cookie=PROBE_COOKIE, command=ofp.OFPFC_ADD, priority=65535, match=match,
+                               instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                                   p.OFPActionOutput(ofp.OFPP_CONTROLLER, 128)])])
+            self.send([add])
+            t0 = self.barrier()
+            if t0 is None:
+                break
+            seen = None
+            deadline = t0 + 3.0
+            while seen is None and time.monotonic() < deadline:
+                self.dp.send(probe)
+                try:
+                    when, cookie = self.app.packet_ins.get(timeout=0.002)
+                except queue.Empty:
+                    continue
+                if cookie == PROBE_COOKIE:
+                    seen = when
+            self.delete_probe_flows()
+            self._until_gone(probe)  # a lagging switch removes it late: the next run must start clean
+            if seen is None:
+                report.say("forwarding lag: the probe packet never came back within 3 s (packet-out into the table "
+                           "or output to the controller unsupported?)")
+                return lags
+            lags.append(seen - t0)
+            time.sleep(0.05)
+        if lags:
+            report.say(f"forwarding lag after the barrier reply: median {statistics.median(lags) * 1000:.1f} ms, "
+                       f"max {max(lags) * 1000:.1f} ms over {len(lags)} flows")
+        return lags
+
+
+def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes: dict[str, bool],
+              rate: float | None, lags: list[float]) -> None:
+    s = report.settings
+    s["openflow_versions"] = ["1.3"] if of13 else ["1.0"]
+    teardown = shapes.get(SHAPE_TCP, False)
+    s["tcp_teardown"] = teardown
+    if of13:
+        s["packet_in_rate"] = cfg.packet_in_rate if shapes.get(SHAPE_METER) else 0
+    if rate is not None:
+        s["flow_mod_rate"] = 0 if rate > 20000 else max(10, int(rate * 0.8 // 10 * 10))
+    if lags:
+        worst = max(lags)
+        if statistics.median(lags) < 0.005:  # forwards at the barrier (a lone late packet-in is scheduling)
+            s["confirm"] = "barrier"
+        else:
+            s["confirm"] = "counters" if of13 else "delay"
+            s["confirm_delay"] = round(max(0.1, worst * 1.5), 1)
+    if size is not None:
+        per_pair = 6 if teardown else 2
+        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // per_pair)
+    if not shapes or not all(ok for name, ok in shapes.items() if name in REQUIRED):
+        report.ok = False
+
+
+def run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
+    """The probe; exits the process (os-ken's listener threads cannot be stopped)."""
+    code = _run(cfg, wait, pairs, lag_runs)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _port_free(cfg: Config) -> str | None:
+    """Why the probe cannot listen where the switch connects (the controller does), or None."""
+    family = socket.AF_INET6 if ":" in cfg.listen_address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((cfg.listen_address, cfg.listen_port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
+    busy = _port_free(cfg)
+    if busy is not None:
+        print(f"probe-switch: cannot listen on {cfg.listen_address}:{cfg.listen_port}: {busy} (stop the controller "
+              "first: the switch must connect to the probe)", file=sys.stderr)
+        return 1
+    from . import controller
+    controller._configure_osken(cfg)
+    from os_ken.base.app_manager import AppManager
+    from .channel import install_connection_factory
+    ProbeApp.OFP_VERSIONS = cfg.ofp_versions
+    install_connection_factory()
+    manager = AppManager.get_instance()
+    manager.load_apps(["nfshunt.probe"])
+    try:
+        manager.instantiate_apps(nfshunt_config=cfg, **manager.create_contexts())
+    except OSError as exc:
+        print(f"probe-switch: cannot listen on {cfg.listen_address}:{cfg.listen_port}: {exc.strerror or exc} "
+              "(stop the controller first: the switch must connect to the probe)", file=sys.stderr)
+        return 1
+    app = next(a for a in manager.applications.values() if isinstance(a, ProbeApp))
+    print(f"probe-switch: waiting up to {wait:.0f} s for the switch on {cfg.listen_address}:{cfg.listen_port} ...",
+          flush=True)
+    try:
+        dp = app.switch.get(timeout=wait)
+    except queue.Empty:
+        print("probe-switch: no switch connected (is it pointed at this address, and the controller stopped?)",
+              file=sys.stderr)
+        return 1
+    prober = Prober(app, dp, cfg)
+    report = Report()
+    report.say(f"switch {dp.id:016x} from {dp.address[0]}, OpenFlow {'1.3' if prober.of13 else '1.0'}")
+    try:
+        prober.delete_probe_flows()
+        size = prober.tables(report)
+        report.say("flow shapes NFShunt installs (installed, read back, removed):")
+        shapes = prober.shapes(report)
+        rate = prober.flow_mod_rate(report, pairs)
+        lags = prober.lag(report, lag_runs)
+        recommend(report, cfg, prober.of13, size, shapes, rate, lags)
+    finally:
+        prober.delete_probe_flows()
+    print("recommended settings (merge into the config):")
+    print(json.dumps(report.settings, indent=2), flush=True)
+    return 0 if report.ok else 1

@@ -1,0 +1,63 @@
+"""`nfshunt probe-switch` (issue 13.6) against the testbed's Open vSwitch, and against it
+behind the hardware-lag proxy: it must see the lag, recommend confirming by counters, and
+leave the switch's flows as it found them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _probe(tb):
+    tb.stop_controller()
+    before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
+    try:
+        out = tb.nfshunt("probe-switch", "--config", tb.config_path, "--wait", "30", "--pairs", "500", timeout=120)
+    finally:
+        after = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
+        tb.restart_controller()
+        tb.wait_for_controller()
+    assert after == before, "the probe left flows behind or removed the switch's own"
+    settings = json.loads(out[out.index("recommended settings"):].split("\n", 1)[1])
+    return out, settings
+
+
+def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(integration_ready):
+    from nfshunt_testbed import Testbed
+    with Testbed(mode="nfshunt", of_version="1.3") as tb:
+        tb.wait_for_controller()
+        out, settings = _probe(tb)
+    print(out)
+    for shape in ("TCP shunt + FIN/RST catchers", "IPv6 UDP shunt", "block (no actions)", "packet-in meter",
+                  "second table"):
+        assert f"ok   {shape}" in out, shape
+    assert "flow-mod rate: 1000 flow-mods behind one barrier" in out
+    lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])
+    assert lag < 50
+    assert settings["confirm"] == "barrier" and settings["tcp_teardown"] is True
+    assert settings["openflow_versions"] == ["1.3"] and settings["max_shunts"] > 0
+
+
+def test_probe_switch_sees_a_hardware_lag_and_recommends_confirming_by_counters(integration_ready):
+    from nfshunt_testbed import Testbed
+    with Testbed(mode="nfshunt", of_version="1.3", switch_lag_ms=300) as tb:
+        tb.wait_for_controller()
+        out, settings = _probe(tb)
+    print(out)
+    lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])
+    assert 250 < lag < 1000
+    assert settings["confirm"] == "counters" and settings["confirm_delay"] >= 0.4
+
+
+def test_probe_switch_says_what_to_do_while_the_controller_holds_the_port(integration_ready):
+    import subprocess
+    from nfshunt_testbed import PYTHON, Testbed
+    with Testbed(mode="nfshunt", of_version="1.3") as tb:
+        tb.wait_for_controller()
+        proc = tb.fw.popen([PYTHON, "-m", "nfshunt", "probe-switch", "--config", tb.config_path, "--wait", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tb._env())
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 1 and "stop the controller first" in out, out
+        assert tb.controller is not None and tb.controller.poll() is None  # untouched
