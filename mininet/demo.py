@@ -94,39 +94,34 @@ def main() -> int:
     print(f"NFShunt demo on {m['cores']} cores, kernel {m['kernel']}, Open vSwitch {m['ovs']} ({m['datapath']})")
     print(f"emulation: RTT {args.rtt:g} ms, {emu.link_mbit:g} Mbit/s host links, MTU {emu.mtu}, "
           f"slow path {emu.slow_mbit:g} Mbit/s with a {emu.slow_buffer_kb} KB buffer")
-    rows = []
     started = time.monotonic()
-    grace = 10 + args.rtt / 50
-    if args.failover:
-        try:
-            rc = failover(emu, max(args.seconds, 6))
-        except TestbedError as exc:
-            print(f"demo: {exc}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            print("demo: interrupted; everything torn down", file=sys.stderr)
-            return 130
-        print(f"demo finished in {time.monotonic() - started:.0f} s; everything torn down")
-        return rc
     try:
-        with Testbed(mode="nfshunt", of_version=args.openflow, emulation=emu, log=print) as tb:
-            rtt = (tb.rtt_measured, tb.delay_mechanism)
-            for label, port, secs, g in (("shunted", SHUNT_PORT, args.seconds, grace),
-                                         ("blocked", BLOCK_PORT, 3, 5),
-                                         ("ignored", IGNORE_PORT, args.seconds, grace)):
-                print(f"  {label} transfer on port {port} ...", flush=True)
-                rows.append((f"NFShunt, {label}", transfer(tb, port, secs, g)))
-            latencies = [float(x) for x in re.findall(r"shunt .* in ([0-9.]+) ms", tb.controller_output())]
-        with Testbed(mode="firewall", of_version=args.openflow, emulation=emu, log=print) as tb:
-            print(f"  firewall-only transfer on port {SHUNT_PORT} ...", flush=True)
-            rows.append(("firewall only", transfer(tb, SHUNT_PORT, args.seconds, grace)))
+        rc = failover(emu, max(args.seconds, 6)) if args.failover else paths(args, emu)
     except TestbedError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("demo: interrupted; everything torn down", file=sys.stderr)
         return 130
+    print(f"demo finished in {time.monotonic() - started:.0f} s; everything torn down")
+    return rc
 
+
+def paths(args: argparse.Namespace, emu: Emulation) -> int:
+    """Shunted, blocked and ignored transfers with NFShunt, then firewall-only."""
+    rows = []
+    grace = 10 + args.rtt / 50
+    with Testbed(mode="nfshunt", of_version=args.openflow, emulation=emu, log=print) as tb:
+        rtt = (tb.rtt_measured, tb.delay_mechanism)
+        for label, port, secs, g in (("shunted", SHUNT_PORT, args.seconds, grace),
+                                     ("blocked", BLOCK_PORT, 3, 5),
+                                     ("ignored", IGNORE_PORT, args.seconds, grace)):
+            print(f"  {label} transfer on port {port} ...", flush=True)
+            rows.append((f"NFShunt, {label}", transfer(tb, port, secs, g)))
+        latencies = [float(x) for x in re.findall(r"shunt .* in ([0-9.]+) ms", tb.controller_output())]
+    with Testbed(mode="firewall", of_version=args.openflow, emulation=emu, log=print) as tb:
+        print(f"  firewall-only transfer on port {SHUNT_PORT} ...", flush=True)
+        rows.append(("firewall only", transfer(tb, SHUNT_PORT, args.seconds, grace)))
     print()
     print(f"RTT measured before the runs: {rtt[0]:.1f} ms (requested {args.rtt:g} ms, delay mechanism: {rtt[1]})")
     print(f"{'path':<20}{'Gbit/s':>8}{'retrans':>9}{'slow-path pkts':>16}{'switch-flow pkts':>18}  outcome")
@@ -138,7 +133,6 @@ def main() -> int:
         latencies.sort()
         print(f"\nshunt latency (marked conntrack event -> flows confirmed by the switch): median "
               f"{latencies[len(latencies) // 2]:.2f} ms, max {latencies[-1]:.2f} ms over {len(latencies)} shunts")
-    print(f"demo finished in {time.monotonic() - started:.0f} s; everything torn down")
     shunted, blocked, ignored = rows[0][1], rows[1][1], rows[2][1]
     ok = bool(shunted["flows"]) and shunted["slow"] < ignored["slow"] and bool(blocked["error"])
     if not ok:

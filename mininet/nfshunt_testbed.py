@@ -763,8 +763,8 @@ class Testbed:
             srv.communicate()
         return result
 
-    def start_transfer(self, port: int, seconds: float, interval: float = 0.2,
-                       cport: int | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
+    def start_transfer(self, port: int, seconds: float, interval: float = 0.2, cport: int | None = None,
+                       bitrate: str | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
         """An iperf3 transfer h1 -> h2 in the background (server, client); the receiver's
         intervals come back with the result (finish_transfer)."""
         srv = self.iperf_server(port, interval)
@@ -772,6 +772,8 @@ class Testbed:
                 "--get-server-output", "--connect-timeout", "5000"]
         if cport:
             args += ["--cport", str(cport)]
+        if bitrate:
+            args += ["-b", bitrate]
         return srv, self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     @staticmethod

@@ -13,11 +13,12 @@ import time
 
 import pytest
 
-from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
+from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows
 
 pytestmark = pytest.mark.integration
 
 SHUNT, IGNORE = 5201, 5203
+RATE = "300M"
 STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
 
 
@@ -58,8 +59,10 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         fw, fw2 = tb.firewalls
         _strict(tb)
         assert tb.defaults_point_to(fw)
-        s_srv, s_cli = start_iperf(tb, SHUNT, 10)
-        i_srv, i_cli = start_iperf(tb, IGNORE, 10)
+        # Paced below what the userspace switch forwards on two cores: a CPU-starved host
+        # inflates TCP's RTO, and its backoff, not the failover, would set the resume time.
+        s_srv, s_cli = tb.start_transfer(SHUNT, 10, bitrate=RATE)
+        i_srv, i_cli = tb.start_transfer(IGNORE, 10, bitrate=RATE)
         try:
             tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4, 10, "the shunted transfer's flows")
             shunt_cookies = {f["cookie"] for f in shunt_flows(tb, SHUNT)}
@@ -92,7 +95,7 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         # The old master returns (its controller first: it still believes it is master, with
         # the generation it took over with). The switch refuses it as stale; nothing moves.
         flows_before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
-        r_srv, r_cli = start_iperf(tb, IGNORE, 6)
+        r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=RATE)
         try:
             tb.revive_firewall(fw, daemons=False)
             tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 15,
