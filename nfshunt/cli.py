@@ -61,6 +61,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK: {len(cfg.ports)} port groups, actions "
           + ", ".join(f"{n}={a}" for n, a in sorted(cfg.mark_actions.items()))
           + f", OpenFlow {'/'.join(cfg.openflow_versions)} on {cfg.listen_address}:{cfg.listen_port}")
+    print(f"entries deleted after confirm={cfg.confirm}"
+          + (f" (+{cfg.confirm_delay:g} s)" if cfg.confirm != "barrier" else "") + f" and a {cfg.drain:g} s drain")
+    if cfg.pair is not None:
+        print(f"firewall pair member: starts {cfg.pair.start_role} unless {cfg.pair.state_file} says otherwise; "
+              "`nfshunt role master|backup` (keepalived's notify) changes it")
     for warning in cfg.security_warnings():
         print(f"WARNING: {warning}")
     return 0

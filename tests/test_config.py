@@ -167,6 +167,19 @@ def test_a_bad_pair_config_says_what_to_fix(extra, key, problem):
     assert err.value.key == key and problem in str(err.value)
 
 
+def test_check_config_says_how_entries_are_confirmed_and_that_it_is_one_of_a_pair(tmp_path):
+    import subprocess
+    import sys
+    raw = json.load(open("config/ha/nfshunt.json"))
+    raw.pop("tls")
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps(raw))
+    out = subprocess.run([sys.executable, "-m", "nfshunt", "check-config", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "confirm=counters (+0.5 s) and a 0.05 s drain" in out
+    assert "firewall pair member: starts backup" in out
+
+
 def test_the_shipped_pair_example_is_valid():
     raw = json.load(open("config/ha/nfshunt.json"))
     raw.pop("tls")  # its certificates exist only on a deployed host
