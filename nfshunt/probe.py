@@ -37,7 +37,7 @@ from . import cookies
 from .channel import address_allowed
 from .config import Config, PortGroup
 from .core import Conn
-from .flows import ALL_ONES_64, FlowBuilder
+from .flows import FlowBuilder
 from .model import TCP, UDP, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
@@ -164,14 +164,11 @@ class Prober:
         return None
 
     def delete_probe_flows(self) -> None:
-        p, ofp = self.p, self.ofp
         if self.of13:
-            msgs = [p.OFPFlowMod(self.dp, cookie=c, cookie_mask=m, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
-                                 out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=p.OFPMatch())
-                    for c, m in ((PROBE_COOKIE, PROBE_MASK),
-                                 (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
-                                 (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))]
-            self.send(msgs)
+            probes = ((PROBE_COOKIE, PROBE_MASK),
+                      (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
+                      (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))
+            self.send([self.fb.delete_by_cookie(cookie, mask) for cookie, mask in probes])
         self.barrier()
 
     # --- the probes ---------------------------------------------------------------------------
@@ -228,9 +225,7 @@ class Prober:
                 # A switch that applies flow-mods after its barrier reply shows them late.
                 want, n, deadline = len(msgs), 0, time.monotonic() + 3.0
                 while True:
-                    found = self.ask(self.p.OFPFlowStatsRequest(
-                        self.dp, 0, self.ofp.OFPTT_ALL, self.ofp.OFPP_ANY, self.ofp.OFPG_ANY, conn.cookie(False),
-                        ALL_ONES_64 & ~cookies.DIRECTION_BIT & ~cookies.RST_BIT & ~(0xFF << 48), self.p.OFPMatch()))
+                    found = self.ask(self.fb.pair_stats_request(conn, catchers=True))
                     n = sum(len(r.body) for r in found)
                     if n == want or time.monotonic() > deadline:
                         break
@@ -264,7 +259,8 @@ class Prober:
             time.sleep(0.02)
             back = False
             while not self.app.packet_ins.empty():
-                back = back or self.app.packet_ins.get_nowait()[1] == PROBE_COOKIE
+                if self.app.packet_ins.get_nowait()[1] == PROBE_COOKIE:
+                    back = True
             quiet = 0 if back else quiet + 1
 
     def flow_mod_rate(self, report: Report, pairs: int) -> float | None:
