@@ -23,8 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 from nfshunt_testbed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
 
-STRICT = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
-
 
 def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:
     slow0 = tb.slow_path_packets()
@@ -45,9 +43,7 @@ def failover(emu: Emulation, seconds: float) -> int:
     rows = []
     with Testbed(mode="ha", emulation=emu, log=print, config={"default_shunt_timeout": 60}) as tb:
         fw, fw2 = tb.firewalls
-        for f in tb.firewalls:  # INVALID dropped, no loose pickup: only synced state carries a connection
-            tb.run(tb.node(f), "iptables", "-w", "5", "-I", *STRICT)
-            tb.run(tb.node(f), "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+        tb.strict_firewalls()  # only conntrackd's synced state carries a connection across
         print(f"  pair up: {fw.name} active, {fw2.name} backup; starting a shunted and a slow-path transfer ...")
         shunted = tb.start_transfer(SHUNT_PORT, seconds)
         ignored = tb.start_transfer(IGNORE_PORT, seconds)

@@ -66,6 +66,9 @@ SYNC_ADDRS = ("10.255.1.1", "10.255.1.2")  # conntrackd's link, fw-eth2 <-> fw2-
 VRRP_ADDRS = ("10.255.2.1", "10.255.2.2")  # keepalived's link, fw-eth3 <-> fw2-eth3
 VRRP_VIP = "10.255.2.100"
 HA_CONFIG = os.path.join(REPO, "config", "ha")
+# A strict firewall: what conntrack calls INVALID is dropped (a packet of a connection it
+# does not track, an ACK outside the window it knows).
+STRICT_RULE = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 
 
 class TestbedError(RuntimeError):
@@ -168,6 +171,11 @@ class Firewall:
     @property
     def intfs(self) -> tuple[str, str]:
         return f"{self.name}-eth0", f"{self.name}-eth1"
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """Every link of the node: bridge ports, (in a pair) sync and VRRP, control."""
+        return (*self.intfs, f"{self.name}-eth2", f"{self.name}-eth3", self.mgmt_ifs[1])
 
 
 class Testbed:
@@ -487,6 +495,14 @@ class Testbed:
         from nfshunt.control import request
         return request((fw or self.firewalls[0]).control_socket, payload, timeout)
 
+    def strict_firewalls(self) -> None:
+        """Every firewall strict: INVALID dropped, and no loose pickup (a TCP connection
+        the firewall does not track is not picked up mid-stream)."""
+        for fw in self.firewalls:
+            node = self.node(fw)
+            self.run(node, "iptables", "-w", "5", "-I", *STRICT_RULE)
+            self.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+
     # --- the pair (mode "ha") -----------------------------------------------------------------
 
     def _setup_pair_links(self) -> None:
@@ -558,7 +574,7 @@ class Testbed:
         """The firewall host dies: every link down first (nothing it sends while dying gets
         out: no VRRP resignation, no last OpenFlow message), then everything on it killed."""
         node = self.node(fw)
-        for intf in (*fw.intfs, f"{fw.name}-eth2", f"{fw.name}-eth3", fw.mgmt_ifs[1]):
+        for intf in fw.links:
             self.run(node, "ip", "link", "set", intf, "down")
         self.stop_controller(signal.SIGKILL, fw=fw)
         self.stop_pair_daemons(fw, signal.SIGKILL)
@@ -567,7 +583,7 @@ class Testbed:
         """The firewall host comes back: links up, controller started (it reads its pair
         state file), then (with `daemons`) conntrackd and keepalived."""
         node = self.node(fw)
-        for intf in (*fw.intfs, f"{fw.name}-eth2", f"{fw.name}-eth3", fw.mgmt_ifs[1]):
+        for intf in fw.links:
             self.run(node, "ip", "link", "set", intf, "up")
         self._start_controller(fw)
         if daemons:

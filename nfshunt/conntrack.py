@@ -82,6 +82,7 @@ CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
 CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
+CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, CTA_PROTOINFO_TCP_FLAGS_REPLY = 4, 5
 NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flags
 NLA_HDR = struct.Struct("=HH")
 BE16 = struct.Struct("!H")
@@ -230,6 +231,18 @@ def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: 
     bits in `mask` (the kernel keeps the others: new = (old & ~mask) ^ mark)."""
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + _nla(CTA_ID, BE32.pack(ct_id))
             + _nla(CTA_MARK, BE32.pack(mark & mask)) + _nla(CTA_MARK_MASK, BE32.pack(mask)))
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
+                          NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+
+
+def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: set BE_LIBERAL on both directions of an
+    existing TCP entry (struct nf_ct_tcp_flags: the flag and a mask of only that bit).
+    Packed by hand: one goes with every TCP shunt."""
+    flags = struct.pack("=BB", IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
+    tcp = _nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags) + _nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
+    body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + _nla(CTA_ID, BE32.pack(ct_id))
+            + _nla(CTA_PROTOINFO | NLA_F_NESTED, _nla(CTA_PROTOINFO_TCP | NLA_F_NESTED, tcp)))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
@@ -438,19 +451,6 @@ class ConntrackWorker:
                 id=ct_id)  # with an id the kernel deletes only that entry
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
-        elif item[0] == "liberal":
-            _, family, t, ct_id = item
-            liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)  # (flags, mask): only this bit
-            msg = nfct_msg.create_from(
-                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst, proto=t.proto,
-                                         sport=t.sport, dport=t.dport),
-                id=ct_id,
-                protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
-                    ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal}],
-                    ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": liberal}],
-                ]}]]})
-            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
-            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK  # no CREATE: an update of the entry
         else:
             _, family, o, r, state, timeout, closer_is_reply, mark, _ = item
             liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
@@ -477,8 +477,10 @@ class ConntrackWorker:
         pending: dict[int, tuple] = {}
         for item in batch:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
-            if item[0] == "del":  # the common case, at the shunt rate: packed directly
+            if item[0] == "del":  # the common cases, at the shunt rate: packed directly
                 out += delete_message(item[1], item[2], item[3], self._seq)
+            elif item[0] == "liberal":
+                out += liberal_message(item[1], item[2], item[3], self._seq)
             else:
                 msg = self._message(item)
                 msg["header"]["sequence_number"] = self._seq

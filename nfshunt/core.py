@@ -565,8 +565,12 @@ class Core:
         wait = (cfg.confirm_delay if cfg.confirm == "delay" else 0.0) + cfg.drain
         if wait and conn.action == "shunt":
             conn.entry_kept = True
-            return [installed, Later(wait, (EntryDue(conn),))]
+            return [installed, self._entry_goes(conn, wait, now)]
         return [self._delete_entry(conn, now), installed]
+
+    def _entry_goes(self, conn: Conn, wait: float, now: float) -> Command:
+        """The shunt's entry goes after `wait` (now, with none)."""
+        return Later(wait, (EntryDue(conn),)) if wait > 0 else self._delete_entry(conn, now)
 
     def _delete_entry(self, conn: Conn, now: float) -> DeleteConntrack:
         conn.entry_kept = False
@@ -590,9 +594,7 @@ class Core:
         waited = now - (conn.confirmed_time or now)
         counted = sum(1 for n in packets.values() if n > 0)
         if counted == 2 or (counted == 1 and waited >= self.cfg.confirm_delay):
-            if not self.cfg.drain:
-                return [self._delete_entry(conn, now)]
-            return [Later(self.cfg.drain, (EntryDue(conn),))]
+            return [self._entry_goes(conn, self.cfg.drain, now)]
         return [Later(COUNTER_POLL if waited < max(1.0, self.cfg.confirm_delay) else 1.0, (ReadCounters(conn),))]
 
     def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
@@ -648,9 +650,15 @@ class Core:
         self._start_removal(conn, reason, now)
         remove = RemoveFlows(conn, (False, True), reason)
         if reevaluate and conn.orig.proto == TCP and self.version is not None:
-            mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
-            return [RestoreConntrack(conn, CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, False, (remove,), mark)]
+            return [self._reopen(conn, REEVALUATE_TIMEOUT, remove)]
         return [remove]
+
+    @staticmethod
+    def _reopen(conn: Conn, timeout: int, then: Command) -> RestoreConntrack:
+        """The TCP connection's entry (re-)created ESTABLISHED with the policy's decision
+        cleared, then `then`: its next packet crosses the firewall, which judges it again."""
+        mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
+        return RestoreConntrack(conn, CT_TCP_ESTABLISHED, timeout, False, (then,), mark)
 
     def flush(self, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
         """Every shunt and block back to the slow path, where policy re-evaluates it;
@@ -751,10 +759,8 @@ class Core:
             if conn.action == "shunt" and conn.orig.proto == TCP and not kept and self.version is not None:
                 # The connection is back on the slow path, idle, and may resume: a firewall
                 # without loose pickup would drop its next packet as INVALID. Its entry comes
-                # back first, ESTABLISHED with the decision cleared: the policy judges the
-                # next packet again (and shunts it again).
-                mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
-                out.append(RestoreConntrack(conn, CT_TCP_ESTABLISHED, IDLE_RESTORE_TIMEOUT, False, (partner,), mark))
+                # back first (and the policy shunts it again).
+                out.append(self._reopen(conn, IDLE_RESTORE_TIMEOUT, partner))
             else:
                 out.append(partner)
         if len(conn.gone) == 2:

@@ -251,9 +251,9 @@ class FlowBuilder:
 
     def _delete_cookie(self, cookie: int) -> Any:
         if not self.templated:
-            return self._delete_by_cookie(cookie, ALL_ONES_64)
+            return self.delete_by_cookie(cookie, ALL_ONES_64)
         if self._cookie_delete is None:
-            msg = self._delete_by_cookie(_S_COOKIE, ALL_ONES_64)
+            msg = self.delete_by_cookie(_S_COOKIE, ALL_ONES_64)
             msg.set_xid(0)
             msg.serialize()
             buf = bytes(msg.buf)
@@ -264,7 +264,7 @@ class FlowBuilder:
         struct.pack_into("!Q", b, at, cookie)
         return PatchedMsg(b)
 
-    def _delete_by_cookie(self, cookie: int, mask: int) -> Any:
+    def delete_by_cookie(self, cookie: int, mask: int) -> Any:
         p, ofp = self.parser, self.ofp
         return p.OFPFlowMod(self.dp, cookie=cookie, cookie_mask=mask, command=ofp.OFPFC_DELETE,
                             table_id=ofp.OFPTT_ALL, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
@@ -285,7 +285,7 @@ class FlowBuilder:
                                 table_id=0, priority=flow.priority, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
                                 match=self.match(flow.in_port))
         if self.version != OFP10:
-            return self._delete_by_cookie(flow.cookie, ALL_ONES_64)
+            return self.delete_by_cookie(flow.cookie, ALL_ONES_64)
         t = flow.match
         match = p.OFPMatch(in_port=flow.in_port or 0) if t is None else p.OFPMatch(
             in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
@@ -327,11 +327,15 @@ class FlowBuilder:
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
                                      cookies.OWNED_VALUE, cookies.OWNED_MASK, p.OFPMatch())
 
-    def pair_stats_request(self, conn: Conn) -> Any:
-        """Flow stats of one pair's two flows (OpenFlow 1.3: by cookie, either direction)."""
+    def pair_stats_request(self, conn: Conn, catchers: bool = False) -> Any:
+        """Flow stats of one pair's two flows (OpenFlow 1.3: by cookie, either direction);
+        with `catchers`, its teardown catchers too (any kind, FIN or RST)."""
         p, ofp = self.parser, self.ofp
+        mask = ALL_ONES_64 & ~cookies.DIRECTION_BIT
+        if catchers:
+            mask &= ~cookies.RST_BIT & ~(0xFF << 48)
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
-                                     ALL_ONES_64 & ~cookies.DIRECTION_BIT, p.OFPMatch())
+                                     mask, p.OFPMatch())
 
     def more_follows(self, msg: Any) -> bool:
         flag = self.ofp.OFPSF_REPLY_MORE if self.version == OFP10 else self.ofp.OFPMPF_REPLY_MORE

@@ -16,14 +16,6 @@ from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_
 pytestmark = pytest.mark.integration
 
 SHUNT = 5201
-STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
-
-
-def _strict(tb):
-    tb.run(tb.fw, "iptables", "-w", "5", "-I", *STRICT)
-    tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
-
-
 def invalid_drops(tb) -> int:
     """Packets the strict firewall dropped as INVALID (its FORWARD rule's counter)."""
     out = tb.run(tb.fw, "iptables", "-w", "5", "-L", "FORWARD", "-v", "-x", "-n")
@@ -48,7 +40,7 @@ def test_without_lag_the_drain_keeps_queued_slow_path_packets_tracked(integratio
     from nfshunt_testbed import Testbed
     with Testbed(mode="nfshunt", of_version="1.3") as bed:
         bed.wait_for_controller()
-        _strict(bed)
+        bed.strict_firewalls()
         totals = []
         for _ in range(5):
             result, drops = _shunted_transfer(bed, seconds=2)
@@ -63,7 +55,7 @@ def lagging(integration_ready):
     with Testbed(mode="nfshunt", of_version="1.3", config={"confirm": "barrier"}, switch_lag_ms=400,
                  switch_reorder=True) as bed:
         bed.wait_for_controller()
-        _strict(bed)
+        bed.strict_firewalls()
         yield bed
 
 

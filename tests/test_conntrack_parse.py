@@ -78,3 +78,38 @@ def test_hand_packed_delete_decodes_as_the_intended_request(family, proto, data,
     assert got == (ipaddress.ip_address(t.src), ipaddress.ip_address(t.dst))
     assert (pr.get_attr("CTA_PROTO_NUM"), pr.get_attr("CTA_PROTO_SRC_PORT"), pr.get_attr("CTA_PROTO_DST_PORT")) == (
         proto, sport, dport)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([4, 6]), st.data(), st.integers(0, 65535), st.integers(0, 65535), st.integers(0, 2**32 - 1))
+def test_hand_packed_liberal_update_equals_pyroute2s(family, data, sport, dport, ct_id):
+    """The BE_LIBERAL update sent with every TCP shunt, against pyroute2's encoder."""
+    from nfshunt.conntrack import AF, IP_CT_TCP_FLAG_BE_LIBERAL, liberal_message
+    from nfshunt.model import FlowTuple
+    addr = ipv4 if family == 4 else ipv6
+    t = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
+    liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
+    lib = nfct_msg.create_from(
+        tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst, proto=6, sport=sport, dport=dport),
+        id=ct_id, protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
+            ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal}],
+            ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": liberal}]]}]]})
+    lib["header"]["type"] = (1 << 8) | 0
+    lib["header"]["flags"] = 0x1 | 0x4  # NLM_F_REQUEST | NLM_F_ACK: an update, never a create
+    lib["header"]["sequence_number"] = 5
+    lib["nfgen_family"] = AF[family]
+    lib.encode()
+    ours, theirs = nfct_msg(liberal_message(family, t, ct_id, 5)), nfct_msg(bytes(lib.data))
+    ours.decode()
+    theirs.decode()
+    assert ours["header"]["type"] == theirs["header"]["type"] and ours["header"]["flags"] == theirs["header"]["flags"]
+    assert ours["header"]["length"] == len(liberal_message(family, t, ct_id, 5))
+    assert ours["nfgen_family"] == theirs["nfgen_family"] and ours.get_attr("CTA_ID") == theirs.get_attr("CTA_ID")
+    for name in ("CTA_TUPLE_IP", "CTA_TUPLE_PROTO"):
+        a, b = ours.get_attr("CTA_TUPLE_ORIG").get_attr(name), theirs.get_attr("CTA_TUPLE_ORIG").get_attr(name)
+        assert [(k, v) for k, v in a["attrs"]] == [(k, v) for k, v in b["attrs"]]
+    tcp_ours = ours.get_attr("CTA_PROTOINFO").get_attr("CTA_PROTOINFO_TCP")
+    tcp_theirs = theirs.get_attr("CTA_PROTOINFO").get_attr("CTA_PROTOINFO_TCP")
+    for name in ("CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", "CTA_PROTOINFO_TCP_FLAGS_REPLY"):
+        assert tcp_ours.get_attr(name) == tcp_theirs.get_attr(name)
+        assert tcp_ours.get_attr(name) == liberal  # (flags, mask)

@@ -359,7 +359,7 @@ def _sockets(tb, node, cports):
 def test_fin_removes_the_shunt_promptly_and_the_close_completes_through_a_strict_firewall(fresh):
     tb = fresh
     tb.reconfigure(default_shunt_timeout=60)  # only the teardown can remove it in time
-    rule = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
+    from nfshunt_testbed import STRICT_RULE as rule
     tb.run(tb.fw, "iptables", "-w", "5", "-I", *rule)
     srv = tb.conn_server(SHUNT)
     try:

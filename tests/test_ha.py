@@ -19,7 +19,6 @@ pytestmark = pytest.mark.integration
 
 SHUNT, IGNORE = 5201, 5203
 RATE = "300M"
-STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
 
 
 def _pair(config=None):
@@ -27,13 +26,6 @@ def _pair(config=None):
     # Shunts outlive the transfers' idle iperf3 control connections (an idled-out TCP shunt
     # behind a firewall without loose pickup would need its entry back).
     return Testbed(mode="ha", of_version="1.3", config={"default_shunt_timeout": 60, **(config or {})})
-
-
-def _strict(tb):
-    for fw in tb.firewalls:
-        node = tb.node(fw)
-        tb.run(node, "iptables", "-w", "5", "-I", *STRICT)
-        tb.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
 
 
 def _log(path):
@@ -57,7 +49,7 @@ def _has_conn_flow(tb, port):
 def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as_backup(integration_ready):
     with _pair() as tb:
         fw, fw2 = tb.firewalls
-        _strict(tb)
+        tb.strict_firewalls()
         assert tb.defaults_point_to(fw)
         # Paced below what the userspace switch forwards on two cores: a CPU-starved host
         # inflates TCP's RTO, and its backoff, not the failover, would set the resume time.

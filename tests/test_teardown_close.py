@@ -13,7 +13,6 @@ from tests.test_failsafe import catchers, shunt_flows
 
 pytestmark = pytest.mark.integration
 SHUNT = 5201
-STRICT = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"]
 
 
 @pytest.fixture(scope="module", params=[(1500, True), (1500, False), (9000, True), (9000, False)],
@@ -32,7 +31,8 @@ def tb(request, integration_ready):
     try:
         with bed:
             bed.wait_for_controller()
-            bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT)
+            from nfshunt_testbed import STRICT_RULE
+            bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT_RULE)
             yield bed
     finally:
         set_userspace_tso(before)
