@@ -738,6 +738,23 @@ class Core:
             out.append(restore)
         return out
 
+    def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
+        """Catchers whose packet counters show a FIN or RST (read after the switch dropped
+        packet-ins, see teardown_sweep): each is taken as its packet-in. The commands, and
+        how many shunts this ended."""
+        out: list[Command] = []
+        ended = 0
+        for cookie in counted:
+            parsed = cookies.parse(cookie)
+            if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+                continue
+            conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, parsed[1]))
+            if conn is None or conn.state is not State.ACTIVE:
+                continue
+            out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
+            ended += conn.state is not State.ACTIVE
+        return out, ended
+
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:
         parsed = cookies.parse(cookie)

@@ -309,6 +309,17 @@ class FlowBuilder:
                 p.OFPMeterMod(self.dp, command=ofp.OFPMC_ADD, flags=ofp.OFPMF_PKTPS | ofp.OFPMF_BURST,
                               meter_id=ofp.OFPM_CONTROLLER, bands=[band])]
 
+    def controller_meter_stats_request(self) -> Any:
+        """The controller meter's counters: its band counts the packet-ins it dropped."""
+        return self.parser.OFPMeterStatsRequest(self.dp, 0, self.ofp.OFPM_CONTROLLER)
+
+    def catcher_stats_request(self) -> Any:
+        """Every teardown catcher's counters (OpenFlow 1.3: filtered by cookie on the switch)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                     cookies.make(cookies.Kind.TEARDOWN), cookies.OWNED_MASK | (0xFF << 48),
+                                     p.OFPMatch())
+
     def table_size_request(self) -> Any:
         """What reports table 0's max_entries: table features in 1.3 (an empty body asks,
         never sets), table stats in 1.0."""

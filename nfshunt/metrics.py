@@ -46,6 +46,9 @@ PLAIN = {
     "install_timeouts": "Installs rolled back because the switch did not answer their barrier",
     "install_queue_full": "Installs refused because the paced flow-mod queue was full (they wait for room)",
     "teardowns": "Shunts taken down because the connection sent FIN or RST",
+    "packet_in_dropped": "Packet-ins the switch's controller meter dropped (packet_in_rate)",
+    "teardowns_from_counters": "Shunts ended from their FIN/RST catchers' counters after the switch dropped "
+                               "their packet-ins",
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",

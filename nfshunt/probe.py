@@ -47,7 +47,12 @@ PROBE_MASK = cookies.OWNED_MASK | (0xFF << 48)
 SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/block)
 RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
 PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port
+# Every flow the probe installs, as cookie/mask: its own, the shapes' and the rate test's pairs.
+PROBE_FLOWS = ((PROBE_COOKIE, PROBE_MASK),
+               (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
+               (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))
 TIMEOUT = 5.0
+CLEAN_WAIT = 5.0  # seconds the probe waits for a lagging switch to drop its flows
 SHAPE_TCP = "TCP shunt + FIN/RST catchers (tcp_flags)"
 SHAPE_TCP10 = "IPv4 TCP shunt"
 SHAPE_IPV6 = "IPv6 UDP shunt"
@@ -163,13 +168,25 @@ class Prober:
                 return f"refused (error type {err.type} code {err.code})"
         return None
 
-    def delete_probe_flows(self) -> None:
-        if self.of13:
-            probes = ((PROBE_COOKIE, PROBE_MASK),
-                      (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
-                      (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))
-            self.send([self.fb.delete_by_cookie(cookie, mask) for cookie, mask in probes])
+    def delete_probe_flows(self, wait: float = 0.0) -> bool:
+        """Delete every flow the probe installed. With `wait`, read the switch until none is
+        left (a lagging switch removes them late); False if some stayed that long."""
+        if not self.of13:
+            self.barrier()
+            return True
+        self.send([self.fb.delete_by_cookie(cookie, mask) for cookie, mask in PROBE_FLOWS])
         self.barrier()
+        p, ofp = self.p, self.ofp
+        deadline = time.monotonic() + wait
+        while wait:
+            left = sum(len(reply.body) for cookie, mask in PROBE_FLOWS for reply in self.ask(p.OFPFlowStatsRequest(
+                self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, mask, p.OFPMatch())))
+            if not left:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     # --- the probes ---------------------------------------------------------------------------
 
@@ -249,20 +266,6 @@ class Prober:
                             match=p.OFPMatch(eth_type=0x0800, ipv4_dst="198.51.100.253"),
                             instructions=[p.OFPInstructionGotoTable(1)])
 
-    def _until_gone(self, probe: bytes, timeout: float = 3.0) -> None:
-        """Until the probe packet stops coming back (three tries in a row)."""
-        quiet, deadline = 0, time.monotonic() + timeout
-        while quiet < 3 and time.monotonic() < deadline:
-            while not self.app.packet_ins.empty():
-                self.app.packet_ins.get_nowait()
-            self.dp.send(probe)
-            time.sleep(0.02)
-            back = False
-            while not self.app.packet_ins.empty():
-                if self.app.packet_ins.get_nowait()[1] == PROBE_COOKIE:
-                    back = True
-            quiet = 0 if back else quiet + 1
-
     def flow_mod_rate(self, report: Report, pairs: int) -> float | None:
         groups = self.cfg.ports
         a, b = groups[0], groups[-1]
@@ -292,22 +295,23 @@ class Prober:
         if not self.of13:
             report.say("forwarding lag: skipped (OpenFlow 1.0: packet-ins carry no cookie)")
             return []
-        pkt = packet.Packet()
-        pkt.add_protocol(ethernet.ethernet(dst="02:00:00:00:00:02", src="02:00:00:00:00:01", ethertype=0x0800))
-        pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=17))
-        pkt.add_protocol(udp.udp(src_port=9, dst_port=9))
-        pkt.serialize()
-        out = p.OFPPacketOut(self.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
-                             actions=[p.OFPActionOutput(ofp.OFPP_TABLE)], data=pkt.data)
-        self.dp.set_xid(out)
-        out.serialize()
-        probe = bytes(out.buf)  # sent again and again, every 2 ms, until the flow forwards it
-        match = p.OFPMatch(eth_type=0x0800, ip_proto=17, ipv4_dst=PROBE_DST, udp_dst=9)
+        # Each run has its own flow (cookie and UDP source port): a packet-in from an earlier
+        # run's flow, which a lagging switch removes late, can never be taken for this run's.
         lags = []
-        for _ in range(runs):
-            while not self.app.packet_ins.empty():
-                self.app.packet_ins.get_nowait()
-            add = p.OFPFlowMod(self.dp, cookie=PROBE_COOKIE, command=ofp.OFPFC_ADD, priority=65535, match=match,
+        for run in range(runs):
+            cookie, sport = PROBE_COOKIE | (run + 1), 40000 + run
+            pkt = packet.Packet()
+            pkt.add_protocol(ethernet.ethernet(dst="02:00:00:00:00:02", src="02:00:00:00:00:01", ethertype=0x0800))
+            pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=17))
+            pkt.add_protocol(udp.udp(src_port=sport, dst_port=9))
+            pkt.serialize()
+            out = p.OFPPacketOut(self.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                                 actions=[p.OFPActionOutput(ofp.OFPP_TABLE)], data=pkt.data)
+            self.dp.set_xid(out)
+            out.serialize()
+            probe = bytes(out.buf)  # sent again and again, every 2 ms, until the flow forwards it
+            match = p.OFPMatch(eth_type=0x0800, ip_proto=17, ipv4_dst=PROBE_DST, udp_src=sport, udp_dst=9)
+            add = p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=65535, match=match,
                                instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
                                    p.OFPActionOutput(ofp.OFPP_CONTROLLER, 128)])])
             self.send([add])
@@ -319,19 +323,19 @@ class Prober:
             while seen is None and time.monotonic() < deadline:
                 self.dp.send(probe)
                 try:
-                    when, cookie = self.app.packet_ins.get(timeout=0.002)
+                    when, got = self.app.packet_ins.get(timeout=0.002)
                 except queue.Empty:
                     continue
-                if cookie == PROBE_COOKIE:
+                if got == cookie:
                     seen = when
-            self.delete_probe_flows()
-            self._until_gone(probe)  # a lagging switch removes it late: the next run must start clean
             if seen is None:
+                self.delete_probe_flows()
                 report.say("forwarding lag: the probe packet never came back within 3 s (packet-out into the table "
                            "or output to the controller unsupported?)")
                 return lags
             lags.append(seen - t0)
             time.sleep(0.05)
+        self.delete_probe_flows()
         if lags:
             report.say(f"forwarding lag after the barrier reply: median {statistics.median(lags) * 1000:.1f} ms, "
                        f"max {max(lags) * 1000:.1f} ms over {len(lags)} flows")
@@ -423,7 +427,10 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
         lags = prober.lag(report, lag_runs)
         recommend(report, cfg, prober.of13, size, shapes, rate, lags)
     finally:
-        prober.delete_probe_flows()
+        if not prober.delete_probe_flows(wait=CLEAN_WAIT):
+            report.ok = False
+            report.say(f"the switch still holds probe flows {CLEAN_WAIT:.0f} s after their delete: delete them by "
+                       "cookie/mask " + ", ".join(f"0x{c:016x}/0x{m:016x}" for c, m in PROBE_FLOWS))
     print("recommended settings (merge into the config):")
     print(json.dumps(report.settings, indent=2), flush=True)
     return 0 if report.ok else 1

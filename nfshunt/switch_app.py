@@ -45,9 +45,11 @@ from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
 from .model import TCP, ConnEvent, EventKind, SwitchFlow
 from .roles import ROLE_NAMES, Change, RoleRequest, Roles
+from .teardown_sweep import TeardownSweep
 
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
+METER_READ_TIMEOUT = 5.0  # a meter read unanswered this long is asked again
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
 
 
@@ -100,6 +102,11 @@ class NFShuntApp(app_manager.OSKenApp):
         self.fb: FlowBuilder | None = None
         self.send: SendPath | None = None
         self._meter_xid: int | None = None
+        # The controller meter's drops, read every tick, and the catcher read they call for.
+        self._meter_on = False
+        self._meter_read: tuple[int, float] | None = None  # (xid, asked at)
+        self._catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
+        self.sweep = TeardownSweep()
         self._table_xid: int | None = None
         self._role_xids: set[int] = set()
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
@@ -272,6 +279,8 @@ class NFShuntApp(app_manager.OSKenApp):
             self.roles.disconnected()
         self._role_xids.clear()
         self._counter_reads.clear()
+        self._meter_on, self._meter_read, self._catcher_read = False, None, None
+        self.sweep.reset()
         self.operator.switch_gone()
         self._run(self.core.switch_disconnected())
 
@@ -377,7 +386,8 @@ class NFShuntApp(app_manager.OSKenApp):
             LOG.warning("the switch did not report its table size (%s): set max_shunts to what its table holds "
                         "(a pair takes up to %d entries)", reason, self.core.max_pair_entries())
             return
-        if msg.xid == self._meter_xid:
+        if msg.xid in (self._meter_xid, self._meter_read and self._meter_read[0]):
+            self._meter_on = False
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
                         "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
                         "record's controller_rate_limit instead", reason)
@@ -425,6 +435,9 @@ class NFShuntApp(app_manager.OSKenApp):
     def _flow_stats_reply(self, ev: Any) -> None:
         if not self._ours(ev.msg, "flow stats") or self.fb is None:
             return
+        if self._catcher_read is not None and ev.msg.xid == self._catcher_read[0]:
+            self._catchers_read(ev.msg)
+            return
         read = self._counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
             conn, packets = read
@@ -454,6 +467,40 @@ class NFShuntApp(app_manager.OSKenApp):
         LOG.info("reconciled with the switch: %d NFShunt flows read, %d pairs held, %d re-installed, "
                  "%d flows deleted, %d pairs forgotten", len(flows), len(self.core.conns), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
+        self._run(out)
+
+    @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
+    def _meter_stats(self, ev: Any) -> None:
+        if not self._ours(ev.msg, "meter stats") or self._meter_read is None or ev.msg.xid != self._meter_read[0]:
+            return
+        self._meter_read = None
+        ofp = ev.msg.datapath.ofproto
+        dropped = sum(band.packet_band_count for meter in ev.msg.body if meter.meter_id == ofp.OFPM_CONTROLLER
+                      for band in meter.band_stats)
+        new = self.sweep.meter_read(dropped)
+        if new:
+            self.counters["packet_in_dropped"] += new
+        if self.fb is not None and self.sweep.due(time.monotonic()):
+            msg = self.fb.catcher_stats_request()
+            self._catcher_read = (self.dp.set_xid(msg), [])
+            self._queue(msg)
+            self._flush()
+
+    def _catchers_read(self, msg: Any) -> None:
+        """A part of the catcher read after dropped packet-ins (see teardown_sweep)."""
+        assert self._catcher_read is not None and self.fb is not None
+        counted = self._catcher_read[1]
+        counted.extend(stats.cookie for stats in msg.body if stats.packet_count)
+        if self.fb.more_follows(msg):
+            return
+        self._catcher_read = None
+        self.sweep.swept()
+        out, ended = self.core.catchers_counted(counted, time.monotonic())
+        if ended:
+            self.counters["teardowns_from_counters"] += ended
+            self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
+                              "%d/s): %d shunts ended from their FIN/RST catchers' counters", self.cfg.packet_in_rate,
+                              ended)
         self._run(out)
 
     @set_ev_cls(ofp_event.EventOFPTableFeaturesStatsReply, MAIN_DISPATCHER)
@@ -534,6 +581,11 @@ class NFShuntApp(app_manager.OSKenApp):
             check = self.roles.check()  # no role status in OpenFlow 1.3: ask whether we are still master
             if check is not None:
                 self._role_request(check)
+        if self._meter_on and self.fb is not None and (self._meter_read is None or
+                                                        now - self._meter_read[1] > METER_READ_TIMEOUT):
+            msg = self.fb.controller_meter_stats_request()
+            self._meter_read = (self.dp.set_xid(msg), now)
+            self._queue(msg)
         self._run(self.core.tick(now))
         flush_all()  # batched log lines are at most a second late
 
@@ -639,6 +691,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._queue(delete)
                 self._meter_xid = self.dp.set_xid(add)
                 self._queue(add)
+                self._meter_on = True
         elif isinstance(cmd, c.DeleteAllFlows):
             if fb is not None:
                 self._queue(fb.delete_all())

@@ -321,6 +321,26 @@ def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_no
 
 
 
+def test_catchers_that_counted_end_shunts_their_dropped_packet_ins_would_have():
+    core = connected()
+    closed, half, reset, already = (shunted(core, sport=n, ct_id=n) for n in (1, 2, 3, 4))
+    assert core.teardown_packet(cookies.make_teardown(already.ct_id, False, False), 1, 1.0) == []  # heard live
+    counted = [cookies.make_teardown(1, False, False), cookies.make_teardown(1, True, False),  # both FINs
+               cookies.make_teardown(2, True, False),  # one FIN: a half-close, the shunt stays
+               cookies.make_teardown(3, True, True),  # an RST
+               cookies.make_teardown(4, True, False),  # the FIN that completes one heard live
+               cookies.make_teardown(999, False, False),  # a catcher of no connection of ours
+               cookies.make(cookies.Kind.SHUNT, 2)]  # not a catcher
+    out, ended = core.catchers_counted(counted, 2.0)
+    assert ended == 3
+    assert (closed.state, half.state, reset.state, already.state) == (
+        c.State.REMOVING, c.State.ACTIVE, c.State.REMOVING, c.State.REMOVING)
+    assert types(out) == ["RestoreConntrack", "Later", "RestoreConntrack"]
+    assert out[0].tcp_state == c.CT_TCP_LAST_ACK and not out[0].closer_is_reply
+    # The same counters read again (the next sweep) change nothing.
+    assert core.catchers_counted(counted, 4.0) == ([], 0) and half.fins == 2
+
+
 def test_reconcile_keeps_catchers_of_live_pairs_and_deletes_orphan_ones():
     core = connected()
     conn = shunted(core)

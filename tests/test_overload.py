@@ -1,6 +1,8 @@
 """Outside hosts cannot overload the controller or push shunts off the switch (issue 11.6),
 on the real testbed: a FIN flood on a shunted connection is rate-limited by the switch's
-controller meter (set up by NFShunt), and another connection still closes promptly."""
+controller meter (set up by NFShunt), and another connection still closes promptly. And
+what the meter drops is not lost: a burst of honest closes far beyond its burst still
+ends every shunt, from the catchers' counters."""
 from __future__ import annotations
 
 import subprocess
@@ -85,4 +87,28 @@ def test_a_fin_flood_is_rate_limited_by_the_switch_and_other_closes_still_work(t
     finally:
         victim.kill()
         other.kill()
+        srv.kill()
+
+
+def test_a_burst_of_closes_beyond_the_meter_ends_every_shunt(tb):
+    """150 connections close at once: 300 FINs against a meter of 200/s with a burst of 20.
+    The packet-ins it drops are found again from the catchers' counters; every shunt ends
+    within seconds, not at its 60 s idle timeout. Only the switch is watched meanwhile."""
+    n = 150
+    srv = tb.conn_server(SHUNT)
+    conns, _ = tb.open_conns(SHUNT, n, cport_base=49001)
+    try:
+        tb.wait_for(lambda: len(tb.conn_flows(SHUNT)) == 2 * n, 20, f"all {n} shunted", interval=0.2)
+        t0 = time.monotonic()
+        conns.stdin.write("close\n")
+        conns.stdin.flush()
+        tb.wait_for(lambda: not tb.conn_flows(SHUNT), 10, "every shunt gone", interval=0.2)
+        took = time.monotonic() - t0
+        counters = tb.control({"cmd": "status", "connections": False})["counters"]
+        print(f"\n{n} closes: every shunt gone after {took:.1f} s; the meter dropped "
+              f"{counters.get('packet_in_dropped', 0)} packet-ins, {counters.get('teardowns_from_counters', 0)} "
+              f"shunts ended from their catchers' counters")
+        assert counters.get("packet_in_dropped", 0) > 0 and counters.get("teardowns_from_counters", 0) > 0
+    finally:
+        conns.kill()
         srv.kill()
