@@ -56,8 +56,8 @@ def shunt_flows(tb, port=SHUNT):
     return [f for f in tb.conn_flows(port) if int(f["cookie"], 16) >> 48 & 0xFF == 2]
 
 
-def start_iperf(tb, port, seconds, interval=0.2):
-    return tb.start_transfer(port, seconds, interval)
+def start_iperf(tb, port, seconds, interval=0.2, bitrate=None):
+    return tb.start_transfer(port, seconds, interval, bitrate=bitrate)
 
 
 def finish_iperf(srv, cli, timeout=40):

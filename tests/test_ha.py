@@ -18,11 +18,6 @@ from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows
 pytestmark = pytest.mark.integration
 
 SHUNT, IGNORE = 5201, 5203
-# The userspace switch forwards on the CPU the hosts and daemons share: two transfers at
-# 300 Mbit/s lost 2-3 % of their segments in the switch with no failover at all (measured
-# on the 2-core VM), and one more loss during the failover's CPU spike can chain TCP's
-# RTO backoff (0.2 + 0.4 + 0.8 s) past 1 s. At 100 Mbit/s the switch loses under 1 %.
-RATE = "100M"
 
 
 def _pair(config=None):
@@ -51,14 +46,15 @@ def _has_conn_flow(tb, port):
 
 
 def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as_backup(integration_ready):
+    from nfshunt_testbed import STEADY_RATE
     with _pair() as tb:
         fw, fw2 = tb.firewalls
         tb.strict_firewalls()
         assert tb.defaults_point_to(fw)
-        # Every transfer paced (RATE), the one opened after the failover too: an unpaced one
-        # starved the switch and stalled the shunted transfer 0.4 s in 3 runs of 3.
-        s_srv, s_cli = tb.start_transfer(SHUNT, 10, bitrate=RATE)
-        i_srv, i_cli = tb.start_transfer(IGNORE, 10, bitrate=RATE)
+        # Every transfer paced, the one opened after the failover too: an unpaced one starved
+        # the switch and stalled the shunted transfer 0.4 s in 3 runs of 3.
+        s_srv, s_cli = tb.start_transfer(SHUNT, 10, bitrate=STEADY_RATE)
+        i_srv, i_cli = tb.start_transfer(IGNORE, 10, bitrate=STEADY_RATE)
         try:
             tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4, 10, "the shunted transfer's flows")
             shunt_cookies = {f["cookie"] for f in shunt_flows(tb, SHUNT)}
@@ -71,7 +67,7 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
             assert {f["cookie"] for f in shunt_flows(tb, SHUNT)} == shunt_cookies
             # A connection opened after the failover is shunted by the new master (the
             # policy shunts source port 5201 too).
-            fresh = tb.iperf(5204, 1, cport=SHUNT, watch=lambda: None, bitrate=RATE)
+            fresh = tb.iperf(5204, 1, cport=SHUNT, watch=lambda: None, bitrate=STEADY_RATE)
             assert "error" not in fresh, fresh
         finally:
             shunted = finish_iperf(s_srv, s_cli)
@@ -91,7 +87,7 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         # The old master returns (its controller first: it still believes it is master, with
         # the generation it took over with). The switch refuses it as stale; nothing moves.
         flows_before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
-        r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=RATE)
+        r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=STEADY_RATE)
         try:
             tb.revive_firewall(fw, daemons=False)
             tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 15,

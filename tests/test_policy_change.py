@@ -52,8 +52,9 @@ def _nfshunt(tb):
 def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stall(tb, tmp_path):
     from nfshunt_testbed import POLICY
     assert "port 5203 " not in open(POLICY).read()  # 5203 falls through to the ignore rule
-    s_srv, s_cli = start_iperf(tb, SHUNT, 8)
-    i_srv, i_cli = start_iperf(tb, IGNORE, 8)
+    from nfshunt_testbed import STEADY_RATE
+    s_srv, s_cli = start_iperf(tb, SHUNT, 8, bitrate=STEADY_RATE)
+    i_srv, i_cli = start_iperf(tb, IGNORE, 8, bitrate=STEADY_RATE)
     try:
         tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4 and tb.slow_path_packets(), 10, "the first shunted")
         assert shunt_flows(tb, IGNORE) == []
