@@ -9,7 +9,10 @@
            or by real TCP connections through the bridge (--feed tcp)
   scale    controller RSS and CPU with 1k, 10k, 100k active shunts, and the time to
            reconcile them after a restart
-  all      the three
+  burst    N marked entries created at once: time until every pair is confirmed on the switch
+           and every conntrack entry deleted, beside the switch's own limit for the same
+           flow-mods written straight to it (bench/switchlimit.py) in the same run
+  all      the four
 
 --quick runs each small (the test suite does). Results: bench/results/<bench>-<time>/
 <bench>.md and CSV, with the machine (cores, kernel, Open vSwitch, datapath).
@@ -31,6 +34,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "mininet"))
 sys.path.insert(0, REPO)
 
+import switchlimit  # noqa: E402
 from experiments import Capture, Results, last_of_first_burst  # noqa: E402
 from nfshunt_testbed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
 
@@ -302,6 +306,78 @@ def bench_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- burst -------------------------------------------------------------------------------------------
+
+def conntrack_count(tb: Testbed) -> int:
+    return int(tb.run(tb.fw, "conntrack", "-C").strip())
+
+
+def bench_burst(args: argparse.Namespace) -> int:
+    from nfshunt import config as nfconfig
+    sizes = args.sizes or ([2000] if args.quick else [10000, 20000, 100000])
+    runs = args.runs or 1
+    res = Results(args.out, "burst", {
+        "sizes": sizes, "runs per size": runs,
+        "entries": "UDP conntrack entries created over netlink in fw as fast as the feeder can (ctfeed --rate 0)",
+        "flows per shunt": 2, "shunt idle timeout": "3600 s (nothing idles out)",
+        "logging": "INFO, JSON (one line per shunt, as in production)",
+        "switch limit": "the same 2N flow-mods, serialised beforehand, written to s1's management socket "
+                        "behind one barrier, in the same testbed just before the burst"})
+    for size in sizes:
+        for run in range(runs):
+            with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
+                                                 "default_shunt_timeout": 3600}, log=print) as tb:
+                tb.wait_for_controller()
+                limit = switchlimit.measure(nfconfig.load(tb.config_path), "s1", size)
+                pid = tb.controller.pid  # type: ignore[union-attr]
+                cpu0, _ = proc_usage(pid)
+                ct0 = conntrack_count(tb)
+                overflow0 = counts(tb)["counters"].get("netlink_overflows", 0)
+                print(f"[{size} #{run + 1}] switch alone: {limit['pairs_per_s']:,.0f} pairs/s; creating {size} "
+                      "entries", flush=True)
+                feeder = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "ctfeed.py"), "--rate", "0", "--count",
+                                  str(size), "--proto", "udp", stdout=subprocess.PIPE)
+                line, _ = feeder.communicate(timeout=600)
+                fed = json.loads(line.strip().splitlines()[-1])
+                deadline, left, deleted_at = time.time() + max(60.0, size / 100), size, None
+                while time.time() < deadline:  # until every created entry has been deleted
+                    left = conntrack_count(tb) - ct0
+                    if left <= 0:
+                        deleted_at = time.time()
+                        break
+                    time.sleep(0.1)
+                cpu1, rss = proc_usage(pid)
+                overflows = counts(tb)["counters"].get("netlink_overflows", 0) - overflow0
+                flushed = time.time() + 10  # log lines are written in batches
+                while len(inst := [e["ts"] for e in log_events(tb, "installed")]) < fed["created"] \
+                        and time.time() < flushed:
+                    time.sleep(0.5)
+            start = fed["start"]
+            confirmed_s = (max(inst) - start) if inst else math.nan
+            deleted_s = (deleted_at - start) if deleted_at else math.nan
+            row = {"burst": size, "run": run, "created": fed["created"], "fed_s": fed["end"] - start,
+                   "shunted": len(inst), "confirmed_s": confirmed_s, "shunts_per_s": len(inst) / confirmed_s,
+                   "deleted_s": deleted_s, "entries_left": max(0, left),
+                   "switch_pairs_per_s": limit["pairs_per_s"],
+                   "ratio": (len(inst) / confirmed_s) / limit["pairs_per_s"],
+                   "netlink_overflows": overflows, "controller_cpu_s": cpu1 - cpu0, "controller_rss_mb": rss / 2**20}
+            res.add(row)
+            print(f"    shunted {row['shunted']}/{row['created']} in {f(confirmed_s)} s: "
+                  f"{row['shunts_per_s']:,.0f}/s = {row['ratio']:.2f} of the switch's {limit['pairs_per_s']:,.0f}; "
+                  f"entries deleted in {f(deleted_s)} s ({row['entries_left']} left); overflows {overflows}; "
+                  f"CPU {row['controller_cpu_s']:.1f} s; RSS {row['controller_rss_mb']:.0f} MB", flush=True)
+    body = ["Seconds from the feeder's first entry. Shunts/s: pairs confirmed by barrier over that span. "
+            "The switch alone: the same flow-mods written straight to it, pairs/s. Ratio: controller / switch.", "",
+            "| burst | shunted | confirmed s | shunts/s | switch alone pairs/s | ratio | all entries deleted s | "
+            "entries left | overflows | CPU s | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res.rows:
+        body.append(f"| {r['burst']} | {r['shunted']} | {f(r['confirmed_s'])} | {r['shunts_per_s']:,.0f} | "
+                    f"{r['switch_pairs_per_s']:,.0f} | {r['ratio']:.2f} | {f(r['deleted_s'])} | {r['entries_left']} | "
+                    f"{r['netlink_overflows']} | {r['controller_cpu_s']:.1f} | {r['controller_rss_mb']:.0f} |")
+    print(f"report: {res.report('Burst: shunts a second against the switch alone', body, False)}")
+    return 0
+
+
 def _shunts_or_zero(tb: Testbed) -> int:
     try:
         return counts(tb)["shunts"]
@@ -311,7 +387,7 @@ def _shunts_or_zero(tb: Testbed) -> int:
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", choices=["latency", "rate", "scale", "all"])
+    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "all"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
@@ -331,7 +407,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         print("bench: run as root (network namespaces, Open vSwitch)", file=sys.stderr)
         return 1
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    names = ["latency", "rate", "rate-tcp", "scale"] if args.bench == "all" else [args.bench]
+    names = ["latency", "rate", "rate-tcp", "scale", "burst"] if args.bench == "all" else [args.bench]
     base = args.out or os.path.join(HERE, "results", f"{args.bench}-{stamp}")
     try:
         for name in names:
@@ -339,7 +415,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             sub.out = os.path.join(base, name) if args.bench == "all" else base
             if name == "rate-tcp":
                 sub.feed = "tcp"
-            {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale}[name](sub)
+            {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale,
+             "burst": bench_burst}[name](sub)
     except TestbedError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

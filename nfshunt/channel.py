@@ -12,9 +12,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import logging
 import struct
+import termios
 import threading
 import time
 from typing import Any, Callable
@@ -82,6 +84,32 @@ class ChannelDatapath(osken_controller.Datapath):
         finally:
             self.is_active = False
             self._wake_sender()
+
+    def _echo_request_loop(self) -> None:
+        """os-ken's liveness check, with one change: a switch that has sent bytes the
+        controller has not read yet is alive, answered echo or not. An echo reply waits
+        behind everything the switch sent before it and behind the controller's event
+        queue: under a burst (a 30,000-entry dump, then 60,000 flow-removed) a healthy
+        switch went 1.2 s without an answered echo, was dropped, and every pair was sent
+        again. A switch that vanished sends nothing: once what it sent is read, the
+        unanswered echoes end the connection as before."""
+        if not self.max_unreplied_echo_requests:
+            return
+        while self.send_q and len(self.unreplied_echo_requests) <= self.max_unreplied_echo_requests:
+            if self.unread():
+                self.unreplied_echo_requests.clear()
+            echo = self.ofproto_parser.OFPEchoRequest(self)
+            self.unreplied_echo_requests.append(self.set_xid(echo))
+            self.send_msg(echo)
+            hub.sleep(self.echo_request_interval)
+        self.close()
+
+    def unread(self) -> int:
+        """Bytes from the switch waiting in the socket's receive queue."""
+        try:
+            return struct.unpack("i", fcntl.ioctl(self.socket.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except (OSError, ValueError):  # closed meanwhile
+            return 0
 
     def _wake_sender(self) -> None:
         """Unblock the send thread so it exits (native threads cannot be killed): an empty

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import logging
 import queue
+import select
 import socket
 import struct
 import threading
@@ -281,6 +282,9 @@ def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]])
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
+LOSS_REPORT_MAX = 1.0  # seconds a loss may wait for the event queue to drain before a dump
+
+
 class ConntrackListener:
     def __init__(self, rcvbuf: int, on_events: Callable[[list[ConnEvent]], None],
                  on_overflow: Callable[[], None], on_malformed: Callable[[str], None]):
@@ -319,14 +323,18 @@ class ConntrackListener:
     def _run(self) -> None:
         buf = bytearray(1 << 18)
         view = memoryview(buf)
+        lost_since: float | None = None  # an ENOBUFS not yet answered by a dump request
         while not self._stop.is_set():
+            if lost_since is not None:
+                lost_since = self._report_loss(lost_since)
             try:
                 n = self.sock.recv_into(buf)
             except socket.timeout:
                 continue
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
-                    self.on_overflow()
+                    if lost_since is None:
+                        lost_since = time.monotonic()
                     continue
                 if self._stop.is_set():
                     return
@@ -342,6 +350,26 @@ class ConntrackListener:
             events = parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed)
             if events:
                 self.on_events(events)
+
+    def _report_loss(self, since: float) -> float | None:
+        """Ask for a dump once the socket's queue is empty; returns when to ask again.
+
+        The kernel reports ENOBUFS once per congestion: events it drops after that, until
+        the queue has been read empty, are dropped without a word. A dump started earlier
+        can miss an entry whose event is dropped in that window, and nothing would ever
+        ask again (a burst left 1-16 of 30,000 entries unshunted). So the dump is asked
+        for when the queue is empty (every drop from then on is reported again), or after
+        LOSS_REPORT_MAX under a storm that never lets it drain, and then once more when
+        it does."""
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        now = time.monotonic()
+        if not readable:
+            self.on_overflow()
+            return None
+        if now - since >= LOSS_REPORT_MAX:
+            self.on_overflow()
+            return now
+        return since
 
 
 class ConntrackWorker:

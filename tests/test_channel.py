@@ -169,3 +169,50 @@ def test_the_light_table_features_reader_agrees_with_os_ken():
         seen.append((light.table_id, light.max_entries))
         offset += light.length
     assert seen == [(0, 2000), (1, 1000000)]
+
+
+def _tcp_pair():
+    import socket
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    ours, _ = listener.accept()
+    listener.close()
+    return ours, peer
+
+
+def _echo_loop_ends(peer_sends: bool) -> bool:
+    """Run the echo loop for 0.5 s (interval 0.02 s, 2 misses allowed) with a switch that
+    never answers an echo, and that keeps sending (unread) or sends nothing. True: the
+    loop gave the connection up."""
+    import threading
+    import time
+
+    from nfshunt.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.02, 2
+    ended = threading.Event()
+    dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
+    sender = threading.Thread(target=dp._send_loop, daemon=True)
+    sender.start()
+    threading.Thread(target=dp._echo_request_loop, daemon=True).start()
+    deadline = time.monotonic() + 0.5
+    try:
+        while time.monotonic() < deadline and not ended.is_set():
+            if peer_sends:
+                peer.sendall(b"\x04\x0b\x00\x08\x00\x00\x00\x00")  # nobody reads it: a backlog
+            time.sleep(0.01)
+    finally:
+        result = ended.is_set()
+        dp.send_q = None  # the echo loop's while condition: stop it
+        peer.close()
+        ours.close()
+    return result
+
+
+def test_a_switch_whose_bytes_wait_unread_is_alive_without_echo_replies():
+    assert not _echo_loop_ends(peer_sends=True)
+
+
+def test_a_silent_switch_that_answers_no_echo_is_given_up():
+    assert _echo_loop_ends(peer_sends=False)

@@ -1,0 +1,78 @@
+"""When the listener asks for a dump after lost events (ENOBUFS). The kernel reports a
+loss once per congestion and drops later events silently until the queue is read empty,
+so a dump asked for earlier can miss an entry for good. A socketpair stands in for the
+netlink socket: these are the listener's own decisions, not the kernel's."""
+import errno
+import socket
+import time
+
+import pytest
+
+from nfshunt import conntrack
+
+
+class LossySocket:
+    """Reports ENOBUFS once, then hands out what was queued on a real socket."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.lost = False
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def recv_into(self, buf):
+        if not self.lost:
+            self.lost = True
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        return self.sock.recv_into(buf)
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def lossy(monkeypatch):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ours.settimeout(0.05)
+    monkeypatch.setattr(conntrack.ConntrackListener, "_open", lambda self: LossySocket(ours))
+    monkeypatch.setattr(conntrack, "parse_datagram", lambda data, now, bad: [data])
+    yield theirs
+    theirs.close()
+
+
+def run_until(listener, log, done, seconds=5.0):
+    listener.start()
+    deadline = time.monotonic() + seconds
+    try:
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        listener.stop()
+    return list(log)
+
+
+def test_a_loss_is_reported_once_every_queued_event_has_been_read(lossy):
+    for i in range(3):
+        lossy.send(b"event %d" % i)
+    log = []
+    listener = conntrack.ConntrackListener(1 << 20, lambda evs: log.append(evs[0]), lambda: log.append("dump"), print)
+    got = run_until(listener, log, lambda: "dump" in log)
+    assert got == [b"event 0", b"event 1", b"event 2", "dump"]
+
+
+def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_once_drained(lossy, monkeypatch):
+    monkeypatch.setattr(conntrack, "LOSS_REPORT_MAX", 0.05)
+    for i in range(20):
+        lossy.send(b"event %d" % i)
+    log = []
+
+    def slow(evs):  # reading the 20 queued events takes 0.2 s, four times LOSS_REPORT_MAX
+        time.sleep(0.01)
+        log.append(evs[0])
+    listener = conntrack.ConntrackListener(1 << 20, slow, lambda: log.append("dump"), print)
+    got = run_until(listener, log, lambda: len(log) >= 20 and log[-1] == "dump")
+    dumps = [i for i, x in enumerate(got) if x == "dump"]
+    assert len(dumps) >= 2
+    assert dumps[0] < 19, "the storm's loss waited for the queue to drain"
+    assert got[-1] == "dump" and got.count(b"event 19") == 1, "no dump after the queue drained"
