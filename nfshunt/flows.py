@@ -6,6 +6,7 @@ ProtocolDesc in tests); nothing here sends anything.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from typing import Any
 
@@ -79,9 +80,10 @@ class _Template:
     def make(self, cookie: int, t: FlowTuple) -> PatchedMsg:
         b = bytearray(self.buf)
         struct.pack_into("!Q", b, self.cookie_at, cookie)
-        size = 4 if self.family == 4 else 16
-        b[self.src_at:self.src_at + size] = ipaddress.ip_address(t.src).packed
-        b[self.dst_at:self.dst_at + size] = ipaddress.ip_address(t.dst).packed
+        af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
+        # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
+        b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)
+        b[self.dst_at:self.dst_at + size] = socket.inet_pton(af, t.dst)
         struct.pack_into("!H", b, self.sport_at, t.sport)
         struct.pack_into("!H", b, self.dport_at, t.dport)
         return PatchedMsg(b)
