@@ -58,6 +58,11 @@ def f(x: float, d: int = 2) -> str:
     return "–" if isinstance(x, float) and math.isnan(x) else f"{x:.{d}f}"
 
 
+def md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def log_events(tb: Testbed, event: str) -> list[dict[str, Any]]:
     out = []
     for line in tb.controller_output().splitlines():
@@ -296,12 +301,12 @@ def bench_scale(args: argparse.Namespace) -> int:
         res.add(row)
         print(f"    {size}: RSS {row['rss_mb']:.0f} MB, install {install_s:.1f} s, idle CPU {idle_pct:.1f} %, "
               f"reconcile {reconcile_s:.1f} s", flush=True)
-    body = ["| active shunts | RSS MB (empty) | RSS MB | installed in s | install /s | CPU s to install | "
-            "idle CPU % | reconcile s | RSS MB after reconcile |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in res.rows:
-        body.append(f"| {r['active_shunts']} | {r['rss_mb_before']:.0f} | {r['rss_mb']:.0f} | {r['install_s']:.1f} | "
-                    f"{r['install_rate']:.0f} | {r['cpu_s_install']:.1f} | {r['idle_cpu_pct']:.1f} | "
-                    f"{r['reconcile_s']:.1f} | {r['rss_mb_after_reconcile']:.0f} |")
+    body = md_table(["active shunts", "RSS MB (empty)", "RSS MB", "installed in s", "install /s", "CPU s to install",
+                     "idle CPU %", "reconcile s", "RSS MB after reconcile"],
+                    ([f"{r['active_shunts']}", f"{r['rss_mb_before']:.0f}", f"{r['rss_mb']:.0f}",
+                      f"{r['install_s']:.1f}", f"{r['install_rate']:.0f}", f"{r['cpu_s_install']:.1f}",
+                      f"{r['idle_cpu_pct']:.1f}", f"{r['reconcile_s']:.1f}", f"{r['rss_mb_after_reconcile']:.0f}"]
+                     for r in res.rows))
     print(f"report: {res.report('Scale: memory, CPU, reconcile', body, False)}")
     return 0
 
@@ -339,13 +344,20 @@ def bench_burst(args: argparse.Namespace) -> int:
                                   str(size), "--proto", "udp", stdout=subprocess.PIPE)
                 line, _ = feeder.communicate(timeout=600)
                 fed = json.loads(line.strip().splitlines()[-1])
+                # Until every created entry is deleted, or none is for 30 s (an entry whose
+                # conntrack id a live pair holds waits on the slow path until that pair goes).
                 deadline, left, deleted_at = time.time() + max(60.0, size / 100), size, None
-                while time.time() < deadline:  # until every created entry has been deleted
+                seen, moved = size + 1, time.time()
+                while time.time() < deadline and time.time() - moved < 30:
                     left = conntrack_count(tb) - ct0
                     if left <= 0:
                         deleted_at = time.time()
                         break
+                    if left < seen:
+                        seen, moved = left, time.time()
                     time.sleep(0.1)
+                if deleted_at is None:
+                    deleted_at = moved  # the last deletion seen; entries_left says how many wait
                 cpu1, rss = proc_usage(pid)
                 overflows = counts(tb)["counters"].get("netlink_overflows", 0) - overflow0
                 flushed = time.time() + 10  # log lines are written in batches
@@ -368,12 +380,13 @@ def bench_burst(args: argparse.Namespace) -> int:
                   f"CPU {row['controller_cpu_s']:.1f} s; RSS {row['controller_rss_mb']:.0f} MB", flush=True)
     body = ["Seconds from the feeder's first entry. Shunts/s: pairs confirmed by barrier over that span. "
             "The switch alone: the same flow-mods written straight to it, pairs/s. Ratio: controller / switch.", "",
-            "| burst | shunted | confirmed s | shunts/s | switch alone pairs/s | ratio | all entries deleted s | "
-            "entries left | overflows | CPU s | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res.rows:
-        body.append(f"| {r['burst']} | {r['shunted']} | {f(r['confirmed_s'])} | {r['shunts_per_s']:,.0f} | "
-                    f"{r['switch_pairs_per_s']:,.0f} | {r['ratio']:.2f} | {f(r['deleted_s'])} | {r['entries_left']} | "
-                    f"{r['netlink_overflows']} | {r['controller_cpu_s']:.1f} | {r['controller_rss_mb']:.0f} |")
+            *md_table(["burst", "shunted", "confirmed s", "shunts/s", "switch alone pairs/s", "ratio",
+                       "entries deleted s", "entries left", "overflows", "CPU s", "RSS MB"],
+                      ([f"{r['burst']}", f"{r['shunted']}", f(r['confirmed_s']), f"{r['shunts_per_s']:,.0f}",
+                        f"{r['switch_pairs_per_s']:,.0f}", f"{r['ratio']:.2f}", f(r['deleted_s']),
+                        f"{r['entries_left']}", f"{r['netlink_overflows']}", f"{r['controller_cpu_s']:.1f}",
+                        f"{r['controller_rss_mb']:.0f}"]
+                       for r in res.rows))]
     print(f"report: {res.report('Burst: shunts a second against the switch alone', body, False)}")
     return 0
 

@@ -15,6 +15,7 @@ import dataclasses
 import fcntl
 import ipaddress
 import logging
+import socket
 import struct
 import termios
 import threading
@@ -23,12 +24,19 @@ from typing import Any, Callable
 
 from os_ken.base import app_manager  # noqa: F401  (os-ken's import order: before its controller)
 from os_ken.controller import controller as osken_controller
+from os_ken.controller.handler import DEAD_DISPATCHER
 from os_ken.lib import hub
 
 from . import core as c
 from .flows import FlowBuilder
 
 LOG = logging.getLogger("nfshunt.channel")
+TCPI_BYTES_ACKED = 120  # offset in struct tcp_info (include/uapi/linux/tcp.h)
+SEND_CHUNK = 256 * 1024  # bytes a write to the switch gets the socket timeout for
+# Installs behind one barrier at most: a burst confirms as the switch goes, and a switch
+# answering barriers is seen to progress (one barrier behind 93,000 pairs went 16 s
+# unanswered and the whole burst was rolled back).
+BATCH_PAIRS = 1000
 
 
 class RateLimitedLog:
@@ -85,19 +93,50 @@ class ChannelDatapath(osken_controller.Datapath):
             self.is_active = False
             self._wake_sender()
 
+    def _send_loop(self) -> None:
+        """os-ken's send loop, writing each buffer in chunks. Python gives one sendall the
+        socket timeout (5 s) in total: a batch of 100,000 pairs (14 MB) to a switch
+        applying ~6,000 pairs a second outlasted it, the write stopped mid-message, and the
+        switch dropped the connection on the broken stream. Per chunk, the timeout means
+        what it should: the switch took nothing for 5 s."""
+        try:
+            while self.state != DEAD_DISPATCHER:
+                buf, close_socket = self.send_q.get()
+                self._send_q_sem.release()
+                view = memoryview(buf)
+                for at in range(0, len(view), SEND_CHUNK):
+                    self.socket.sendall(view[at:at + SEND_CHUNK])
+                if close_socket:
+                    break
+        except OSError as exc:  # socket.timeout included
+            LOG.debug("sending to the switch at %s failed: %s", self.address, exc)
+        finally:
+            q, self.send_q = self.send_q, None  # no new sends; release everyone waiting on one
+            try:
+                while q.get(block=False):
+                    self._send_q_sem.release()
+            except hub.QueueEmpty:
+                pass
+            self._close_write()
+
     def _echo_request_loop(self) -> None:
-        """os-ken's liveness check, with one change: a switch that has sent bytes the
-        controller has not read yet is alive, answered echo or not. An echo reply waits
-        behind everything the switch sent before it and behind the controller's event
-        queue: under a burst (a 30,000-entry dump, then 60,000 flow-removed) a healthy
-        switch went 1.2 s without an answered echo, was dropped, and every pair was sent
-        again. A switch that vanished sends nothing: once what it sent is read, the
-        unanswered echoes end the connection as before."""
+        """os-ken's liveness check, except that a switch shown to be working is alive,
+        answered echo or not. An echo waits behind everything sent before it, both ways:
+        under a burst a healthy switch went 1.2 s without answering (behind 30,000
+        flow-mods it was still applying, or behind 60,000 flow-removed the controller was
+        still reading), was dropped, and every pair was sent again. Working means: it
+        sent bytes the controller has not read yet, or, with flow-mods waiting for it,
+        its TCP acknowledged more of them since the last echo (a hung switch process
+        stops reading, so the acknowledgements stop). A switch that vanished does
+        neither, and the unanswered echoes end the connection as before."""
         if not self.max_unreplied_echo_requests:
             return
+        backlog, acked = False, self.acked()
         while self.send_q and len(self.unreplied_echo_requests) <= self.max_unreplied_echo_requests:
-            if self.unread():
+            now_acked = self.acked()
+            if self.unread() or (backlog and now_acked > acked):
                 self.unreplied_echo_requests.clear()
+            backlog, acked = self._ioctl(termios.TIOCOUTQ) > 0, now_acked
             echo = self.ofproto_parser.OFPEchoRequest(self)
             self.unreplied_echo_requests.append(self.set_xid(echo))
             self.send_msg(echo)
@@ -106,8 +145,19 @@ class ChannelDatapath(osken_controller.Datapath):
 
     def unread(self) -> int:
         """Bytes from the switch waiting in the socket's receive queue."""
+        return self._ioctl(termios.FIONREAD)
+
+    def acked(self) -> int:
+        """Bytes the switch's TCP has acknowledged (tcp_info.tcpi_bytes_acked, Linux 4.1+)."""
         try:
-            return struct.unpack("i", fcntl.ioctl(self.socket.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+            info = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except (OSError, ValueError):
+            return 0
+        return struct.unpack_from("=Q", info, TCPI_BYTES_ACKED)[0] if len(info) >= TCPI_BYTES_ACKED + 8 else 0
+
+    def _ioctl(self, request: int) -> int:
+        try:
+            return struct.unpack("i", fcntl.ioctl(self.socket.fileno(), request, b"\0\0\0\0"))[0]
         except (OSError, ValueError):  # closed meanwhile
             return 0
 
@@ -239,6 +289,7 @@ class SendPath:
         self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
         self._batches: dict[int, Batch] = {}  # barrier xid -> batch
         self._waiters: dict[int, threading.Event] = {}
+        self._answered = 0.0  # when the switch last answered a barrier
 
     def queue(self, msgs: list[Any]) -> None:
         self.out.extend(msgs)
@@ -283,6 +334,19 @@ class SendPath:
             self._install_xid[x] = conn
             self._xids.append(x)
         self._conns.append(conn)
+        if len(self._conns) >= BATCH_PAIRS:
+            self._close_batch()
+
+    def _close_batch(self, waiter: threading.Event | None = None) -> None:
+        """A barrier behind what is queued; the installs since the last one are its batch."""
+        barrier = self.fb.barrier()
+        xid = self.dp.set_xid(barrier)
+        self.out.append(barrier)
+        if self._conns:
+            self._batches[xid] = Batch(self._conns, self._xids, time.monotonic())
+            self._conns, self._xids = [], []
+        if waiter is not None:
+            self._waiters[xid] = waiter
 
     def error(self, xid: int, reason: str, table_full: bool) -> c.Conn | None:
         """An error message: the install it concerns (recorded as failed), if any."""
@@ -292,6 +356,7 @@ class SendPath:
         return conn
 
     def barrier_reply(self, xid: int) -> Batch | None:
+        self._answered = time.monotonic()
         waiter = self._waiters.pop(xid, None)
         if waiter is not None:
             waiter.set()
@@ -307,8 +372,10 @@ class SendPath:
         return batch
 
     def expired(self, now: float, timeout: float) -> list[Batch]:
-        """Batches whose barrier reply is overdue: the switch never answered."""
-        late = [x for x, b in self._batches.items() if now - b.sent > timeout]
+        """Batches whose barrier reply is overdue: the switch answered none for `timeout`.
+        A switch still answering is working through what it was sent (barriers are
+        answered in order): a burst it takes 16 s to apply must not be rolled back at 5."""
+        late = [x for x, b in self._batches.items() if now - max(b.sent, self._answered) > timeout]
         out = []
         for x in late:
             batch = self.barrier_reply(x)
@@ -322,7 +389,9 @@ class SendPath:
 
     def flush(self, waiter: threading.Event | None = None) -> None:
         dp = self.dp
-        if not self.out and waiter is None:
+        if self._conns or waiter is not None:
+            self._close_batch(waiter)
+        if not self.out:
             return
         buf = bytearray()
         for msg in self.out:
@@ -331,16 +400,6 @@ class SendPath:
             msg.serialize()
             buf += msg.buf
         self.out.clear()
-        if self._conns or waiter is not None:
-            barrier = self.fb.barrier()
-            xid = dp.set_xid(barrier)
-            barrier.serialize()
-            buf += barrier.buf
-            if self._conns:
-                self._batches[xid] = Batch(self._conns, self._xids, time.monotonic())
-                self._conns, self._xids = [], []
-            if waiter is not None:
-                self._waiters[xid] = waiter
         dp.send(bytes(buf))
 
 

@@ -50,6 +50,7 @@ from .teardown_sweep import TeardownSweep
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
 METER_READ_TIMEOUT = 5.0  # a meter read unanswered this long is asked again
+DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
 
 
@@ -166,7 +167,11 @@ class NFShuntApp(app_manager.OSKenApp):
         self.send_event(self.name, EventConntrack(events))
 
     def _post_dump(self, events: list[ConnEvent]) -> None:
-        self.send_event(self.name, EventConntrack(events, dump=True))
+        # In slices: 100,000 entries in one turn of the event loop kept it from the switch's
+        # barrier replies for seconds; the switch, its replies unread, stopped reading our
+        # flow-mods, and the connection was lost.
+        for at in range(0, max(len(events), 1), DUMP_SLICE):
+            self.send_event(self.name, EventConntrack(events[at:at + DUMP_SLICE], dump=at == 0))
 
     def _post_overflow(self) -> None:
         self.send_event(self.name, EventOverflow())

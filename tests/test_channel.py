@@ -52,6 +52,23 @@ def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_i
     assert send.pending() == 0 and send.barrier_reply(barrier_xid) is None
 
 
+def test_a_burst_goes_out_in_one_write_with_a_barrier_every_batch_pairs(monkeypatch):
+    from nfshunt import channel
+    monkeypatch.setattr(channel, "BATCH_PAIRS", 2)
+    dp, send, core = _setup()
+    conns = [core.conntrack_event(event(sport=p, ct_id=p))[0].conn for p in range(1, 6)]
+    for conn in conns:
+        send.install(conn)
+    send.flush()
+    assert len(dp.sent) == 1
+    batches = sorted(send._batches.items())
+    assert [b.conns for _, b in batches] == [conns[0:2], conns[2:4], conns[4:5]]
+    # Each barrier follows its own batch's flow-mods in the stream.
+    for xid, batch in batches:
+        assert max(batch.xids) < xid
+    assert [send.barrier_reply(xid).conns for xid, _ in batches] == [conns[0:2], conns[2:4], conns[4:5]]
+
+
 def test_an_unanswered_barrier_expires_its_installs():
     dp, send, core = _setup()
     conn = core.conntrack_event(event())[0].conn
@@ -64,6 +81,65 @@ def test_an_unanswered_barrier_expires_its_installs():
     # Rolled back by the core like a refusal: the entry stays, the connection on the slow path.
     out = core.flows_failed(conn, "no answer from the switch")
     assert [type(x).__name__ for x in out] == ["RemoveFlows", "Refused"]
+
+
+def test_installs_behind_a_switch_still_answering_barriers_wait_and_expire_once_it_stops():
+    import time
+    dp, send, core = _setup()
+    first, second = (core.conntrack_event(event(sport=p, ct_id=p))[0].conn for p in (1, 2))
+    send.install(first)
+    send.flush()
+    first_barrier = dp.xid
+    send.install(second)
+    send.flush()
+    sent = time.monotonic()
+    # A busy switch: the first barrier is answered 4.9 s after both were sent ...
+    send._batches[first_barrier].sent = send._batches[dp.xid].sent = sent - 4.9
+    assert send.barrier_reply(first_barrier).conns == [first]
+    # ... so the second waits past its own 5 s: the switch is working through it.
+    assert send.expired(sent + 4.0, 5.0) == []
+    (batch,) = send.expired(sent + 5.1, 5.0)  # and expires 5 s after the switch last answered
+    assert batch.conns == [second]
+
+
+def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout():
+    """The socket timeout covers one chunk, not the whole buffer (os-ken's sendall gave
+    a 14 MB batch 5 s in total and broke the stream mid-message)."""
+    import socket
+    import threading
+    import time
+
+    from os_ken.controller.handler import DEAD_DISPATCHER
+
+    from nfshunt.channel import SEND_CHUNK, ChannelDatapath
+    ours, peer = _tcp_pair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # little in flight: the
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # reader sets the pace
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    ours.settimeout(0.3)
+    size = 8 * SEND_CHUNK
+    received = bytearray()
+
+    def slow_switch():  # a chunk every ~0.1 s: the whole buffer takes ~0.8 s, past 0.3
+        while len(received) < size:
+            data = peer.recv(SEND_CHUNK // 8)
+            if not data:
+                return
+            received.extend(data)
+            time.sleep(0.1 / 8)
+    reader = threading.Thread(target=slow_switch, daemon=True)
+    reader.start()
+    sender = threading.Thread(target=dp._send_loop, daemon=True)
+    sender.start()
+    payload = bytes(range(256)) * (size // 256)
+    dp.send(payload)
+    reader.join(timeout=10)
+    dp.state = DEAD_DISPATCHER
+    dp._wake_sender()
+    sender.join(timeout=2)
+    peer.close()
+    ours.close()
+    assert bytes(received) == payload
 
 
 def test_switch_addresses_allow_listed_addresses_and_networks_only():
@@ -172,39 +248,66 @@ def test_the_light_table_features_reader_agrees_with_os_ken():
 
 
 def _tcp_pair():
+    """A TCP connection over loopback with an Ethernet-sized MSS (loopback's 64 KB segments
+    stall on small windows until the persist timer, which no real link does)."""
     import socket
-    listener = socket.create_server(("127.0.0.1", 0))
-    peer = socket.create_connection(listener.getsockname())
+    listener = socket.socket()
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1460)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    peer = socket.socket()
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1460)
+    peer.connect(listener.getsockname())
     ours, _ = listener.accept()
     listener.close()
     return ours, peer
 
 
-def _echo_loop_ends(peer_sends: bool) -> bool:
-    """Run the echo loop for 0.5 s (interval 0.02 s, 2 misses allowed) with a switch that
-    never answers an echo, and that keeps sending (unread) or sends nothing. True: the
+def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False) -> bool:
+    """Run the echo loop for 0.6 s (interval 0.02 s, 2 misses allowed) with a switch that
+    never answers an echo. It may keep sending (bytes nobody reads), and the controller
+    may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
+    import contextlib
+    import socket
     import threading
     import time
 
+    from os_ken.controller.handler import DEAD_DISPATCHER
+
     from nfshunt.channel import ChannelDatapath
     ours, peer = _tcp_pair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
     dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.02, 2
     ended = threading.Event()
     dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
-    sender = threading.Thread(target=dp._send_loop, daemon=True)
-    sender.start()
+    def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 0.6 s
+        with contextlib.suppress(OSError):
+            dp.socket.sendall(bytes(16 << 20))
+    if backlog:
+        threading.Thread(target=flow_mods, daemon=True).start()
+    threading.Thread(target=dp._send_loop, daemon=True).start()
     threading.Thread(target=dp._echo_request_loop, daemon=True).start()
-    deadline = time.monotonic() + 0.5
+    peer.setblocking(False)
+    deadline = time.monotonic() + 0.6
     try:
         while time.monotonic() < deadline and not ended.is_set():
             if peer_sends:
                 peer.sendall(b"\x04\x0b\x00\x08\x00\x00\x00\x00")  # nobody reads it: a backlog
-            time.sleep(0.01)
+            if peer_reads:  # a busy switch: 64 KB every 5 ms
+                try:
+                    peer.recv(65536)
+                except BlockingIOError:
+                    pass
+            time.sleep(0.005)
     finally:
         result = ended.is_set()
-        dp.send_q = None  # the echo loop's while condition: stop it
+        dp.max_unreplied_echo_requests = -1  # the echo loop ends at its next turn
+        dp.state = DEAD_DISPATCHER
+        dp._wake_sender()  # and the send loop on its next write
+        time.sleep(0.05)
         peer.close()
         ours.close()
     return result
@@ -214,5 +317,13 @@ def test_a_switch_whose_bytes_wait_unread_is_alive_without_echo_replies():
     assert not _echo_loop_ends(peer_sends=True)
 
 
+def test_a_switch_working_through_a_backlog_of_flow_mods_is_alive_without_echo_replies():
+    assert not _echo_loop_ends(backlog=True, peer_reads=True)
+
+
+def test_a_switch_that_stopped_reading_its_backlog_is_given_up():
+    assert _echo_loop_ends(backlog=True)
+
+
 def test_a_silent_switch_that_answers_no_echo_is_given_up():
-    assert _echo_loop_ends(peer_sends=False)
+    assert _echo_loop_ends()
