@@ -359,7 +359,8 @@ def bench_burst(args: argparse.Namespace) -> int:
                 if deleted_at is None:
                     deleted_at = moved  # the last deletion seen; entries_left says how many wait
                 cpu1, rss = proc_usage(pid)
-                overflows = counts(tb)["counters"].get("netlink_overflows", 0) - overflow0
+                st = counts(tb)
+                overflows = st["counters"].get("netlink_overflows", 0) - overflow0
                 flushed = time.time() + 10  # log lines are written in batches
                 while len(inst := [e["ts"] for e in log_events(tb, "installed")]) < fed["created"] \
                         and time.time() < flushed:
@@ -372,20 +373,26 @@ def bench_burst(args: argparse.Namespace) -> int:
                    "deleted_s": deleted_s, "entries_left": max(0, left),
                    "switch_pairs_per_s": limit["pairs_per_s"],
                    "ratio": (len(inst) / confirmed_s) / limit["pairs_per_s"],
-                   "netlink_overflows": overflows, "controller_cpu_s": cpu1 - cpu0, "controller_rss_mb": rss / 2**20}
+                   "netlink_overflows": overflows, "controller_cpu_s": cpu1 - cpu0, "controller_rss_mb": rss / 2**20,
+                   # why entries are left: waiting (an id a live pair holds, no room), refused, the switch lost
+                   "waiting": st["waiting"], "refused": st["counters"].get("refused:shunt", 0),
+                   "install_timeouts": st["counters"].get("install_timeouts", 0),
+                   "switch_disconnects": st["counters"].get("switch_disconnects", 0)}
             res.add(row)
             print(f"    shunted {row['shunted']}/{row['created']} in {f(confirmed_s)} s: "
                   f"{row['shunts_per_s']:,.0f}/s = {row['ratio']:.2f} of the switch's {limit['pairs_per_s']:,.0f}; "
                   f"entries deleted in {f(deleted_s)} s ({row['entries_left']} left); overflows {overflows}; "
-                  f"CPU {row['controller_cpu_s']:.1f} s; RSS {row['controller_rss_mb']:.0f} MB", flush=True)
+                  f"CPU {row['controller_cpu_s']:.1f} s; RSS {row['controller_rss_mb']:.0f} MB; "
+                  f"waiting {row['waiting']}, refused {row['refused']}, install timeouts {row['install_timeouts']}, "
+                  f"switch disconnects {row['switch_disconnects']}", flush=True)
     body = ["Seconds from the feeder's first entry. Shunts/s: pairs confirmed by barrier over that span. "
             "The switch alone: the same flow-mods written straight to it, pairs/s. Ratio: controller / switch.", "",
             *md_table(["burst", "shunted", "confirmed s", "shunts/s", "switch alone pairs/s", "ratio",
-                       "entries deleted s", "entries left", "overflows", "CPU s", "RSS MB"],
+                       "entries deleted s", "entries left", "waiting", "refused", "overflows", "CPU s", "RSS MB"],
                       ([f"{r['burst']}", f"{r['shunted']}", f(r['confirmed_s']), f"{r['shunts_per_s']:,.0f}",
                         f"{r['switch_pairs_per_s']:,.0f}", f"{r['ratio']:.2f}", f(r['deleted_s']),
-                        f"{r['entries_left']}", f"{r['netlink_overflows']}", f"{r['controller_cpu_s']:.1f}",
-                        f"{r['controller_rss_mb']:.0f}"]
+                        f"{r['entries_left']}", f"{r['waiting']}", f"{r['refused']}", f"{r['netlink_overflows']}",
+                        f"{r['controller_cpu_s']:.1f}", f"{r['controller_rss_mb']:.0f}"]
                        for r in res.rows))]
     print(f"report: {res.report('Burst: shunts a second against the switch alone', body, False)}")
     return 0

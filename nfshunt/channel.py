@@ -109,7 +109,9 @@ class ChannelDatapath(osken_controller.Datapath):
                 if close_socket:
                     break
         except OSError as exc:  # socket.timeout included
-            LOG.debug("sending to the switch at %s failed: %s", self.address, exc)
+            LOG.warning("sending to the switch at %s failed: %s; closing the connection",
+                        self.address[0], "it took nothing for the socket timeout" if isinstance(exc, TimeoutError)
+                        else exc)
         finally:
             q, self.send_q = self.send_q, None  # no new sends; release everyone waiting on one
             try:
@@ -141,6 +143,10 @@ class ChannelDatapath(osken_controller.Datapath):
             self.unreplied_echo_requests.append(self.set_xid(echo))
             self.send_msg(echo)
             hub.sleep(self.echo_request_interval)
+        if self.send_q:  # not ended by the other side or a failed write
+            LOG.warning("the switch at %s answered no echo for %.1f s and sent or took nothing meanwhile; "
+                        "closing the connection", self.address[0],
+                        len(self.unreplied_echo_requests) * self.echo_request_interval)
         self.close()
 
     def unread(self) -> int:
