@@ -31,7 +31,8 @@ from . import core as c
 from .flows import FlowBuilder
 
 LOG = logging.getLogger("nfshunt.channel")
-TCPI_BYTES_ACKED = 120  # offset in struct tcp_info (include/uapi/linux/tcp.h)
+TCPI_BYTES_ACKED = 120  # offset in struct tcp_info (include/uapi/linux/tcp.h); bytes_received follows
+TCPI_BYTES = struct.Struct("=QQ")
 SEND_CHUNK = 256 * 1024  # bytes a write to the switch gets the socket timeout for
 # Installs behind one barrier at most: a burst confirms as the switch goes, and a switch
 # answering barriers is seen to progress (one barrier behind 93,000 pairs went 16 s
@@ -126,19 +127,19 @@ class ChannelDatapath(osken_controller.Datapath):
         answered echo or not. An echo waits behind everything sent before it, both ways:
         under a burst a healthy switch went 1.2 s without answering (behind 30,000
         flow-mods it was still applying, or behind 60,000 flow-removed the controller was
-        still reading), was dropped, and every pair was sent again. Working means: it
-        sent bytes the controller has not read yet, or, with flow-mods waiting for it,
-        its TCP acknowledged more of them since the last echo (a hung switch process
-        stops reading, so the acknowledgements stop). A switch that vanished does
-        neither, and the unanswered echoes end the connection as before."""
+        still reading), was dropped, and every pair was sent again. Working means, since
+        the last echo: its TCP delivered bytes to us (a barrier reply, a flow-removed), or,
+        with flow-mods waiting for it, acknowledged more of them (a hung switch process
+        stops reading, so the acknowledgements stop). A switch that vanished does neither,
+        and the unanswered echoes end the connection as before."""
         if not self.max_unreplied_echo_requests:
             return
-        backlog, acked = False, self.acked()
+        backlog, seen = False, self._tcp_counts()
         while self.send_q and len(self.unreplied_echo_requests) <= self.max_unreplied_echo_requests:
-            now_acked = self.acked()
-            if self.unread() or (backlog and now_acked > acked):
+            now = self._tcp_counts()
+            if now[1] > seen[1] or self.unread() or (backlog and now[0] > seen[0]):
                 self.unreplied_echo_requests.clear()
-            backlog, acked = self._ioctl(termios.TIOCOUTQ) > 0, now_acked
+            backlog, seen = self._ioctl(termios.TIOCOUTQ) > 0, now
             echo = self.ofproto_parser.OFPEchoRequest(self)
             self.unreplied_echo_requests.append(self.set_xid(echo))
             self.send_msg(echo)
@@ -153,13 +154,14 @@ class ChannelDatapath(osken_controller.Datapath):
         """Bytes from the switch waiting in the socket's receive queue."""
         return self._ioctl(termios.FIONREAD)
 
-    def acked(self) -> int:
-        """Bytes the switch's TCP has acknowledged (tcp_info.tcpi_bytes_acked, Linux 4.1+)."""
+    def _tcp_counts(self) -> tuple[int, int]:
+        """(bytes the switch acknowledged, bytes received from it): tcp_info's
+        tcpi_bytes_acked and tcpi_bytes_received (Linux 4.1+); zeros if unavailable."""
         try:
             info = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
         except (OSError, ValueError):
-            return 0
-        return struct.unpack_from("=Q", info, TCPI_BYTES_ACKED)[0] if len(info) >= TCPI_BYTES_ACKED + 8 else 0
+            return 0, 0
+        return TCPI_BYTES.unpack_from(info, TCPI_BYTES_ACKED) if len(info) >= TCPI_BYTES_ACKED + 16 else (0, 0)
 
     def _ioctl(self, request: int) -> int:
         try:

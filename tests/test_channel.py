@@ -263,12 +263,14 @@ def _tcp_pair():
     return ours, peer
 
 
-def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False) -> bool:
+def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False,
+                    we_read: bool = False) -> bool:
     """Run the echo loop for 0.6 s (interval 0.02 s, 2 misses allowed) with a switch that
     never answers an echo. It may keep sending (bytes nobody reads), and the controller
     may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
     import contextlib
+    import select
     import socket
     import threading
     import time
@@ -295,7 +297,9 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     try:
         while time.monotonic() < deadline and not ended.is_set():
             if peer_sends:
-                peer.sendall(b"\x04\x0b\x00\x08\x00\x00\x00\x00")  # nobody reads it: a backlog
+                peer.sendall(b"\x04\x0b\x00\x08\x00\x00\x00\x00")
+            if we_read and select.select([ours], [], [], 0)[0]:  # the receive loop keeps up
+                ours.recv(65536)
             if peer_reads:  # a busy switch: 64 KB every 5 ms
                 try:
                     peer.recv(65536)
@@ -315,6 +319,12 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
 
 def test_a_switch_whose_bytes_wait_unread_is_alive_without_echo_replies():
     assert not _echo_loop_ends(peer_sends=True)
+
+
+def test_a_switch_that_keeps_sending_is_alive_without_echo_replies():
+    """Barrier replies and flow-removed read as they come: nothing waits unread, and the
+    flow-mods already sit in the switch's own receive buffer (no backlog on our side)."""
+    assert not _echo_loop_ends(peer_sends=True, we_read=True)
 
 
 def test_a_switch_working_through_a_backlog_of_flow_mods_is_alive_without_echo_replies():
