@@ -116,11 +116,11 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # little in flight: the
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # reader sets the pace
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
-    ours.settimeout(0.3)
-    size = 8 * SEND_CHUNK
+    ours.settimeout(1.0)
+    size = 16 * SEND_CHUNK
     received = bytearray()
 
-    def slow_switch():  # a chunk every ~0.1 s: the whole buffer takes ~0.8 s, past 0.3
+    def slow_switch():  # a chunk every ~0.1 s: the whole buffer takes ~1.6 s, past 1.0
         while len(received) < size:
             data = peer.recv(SEND_CHUNK // 8)
             if not data:
@@ -265,7 +265,7 @@ def _tcp_pair():
 
 def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False,
                     we_read: bool = False) -> bool:
-    """Run the echo loop for 0.6 s (interval 0.02 s, 2 misses allowed) with a switch that
+    """Run the echo loop for 1 s (interval 0.05 s, 2 misses allowed) with a switch that
     never answers an echo. It may keep sending (bytes nobody reads), and the controller
     may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
@@ -282,10 +282,10 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
-    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.02, 2
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, 2
     ended = threading.Event()
     dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
-    def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 0.6 s
+    def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 1 s
         with contextlib.suppress(OSError):
             dp.socket.sendall(bytes(16 << 20))
     if backlog:
@@ -293,7 +293,7 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     threading.Thread(target=dp._send_loop, daemon=True).start()
     threading.Thread(target=dp._echo_request_loop, daemon=True).start()
     peer.setblocking(False)
-    deadline = time.monotonic() + 0.6
+    deadline = time.monotonic() + 1.0
     try:
         while time.monotonic() < deadline and not ended.is_set():
             if peer_sends:
