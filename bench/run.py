@@ -63,6 +63,19 @@ def md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def until_settled(measure: Any, done: Any, quiet: float, limit: float, interval: float) -> tuple[Any, float]:
+    """Poll `measure` until `done(value)`, `limit` seconds pass, or the value stays the same
+    for `quiet` seconds. Returns the last value and when it last changed."""
+    deadline = time.time() + limit
+    value, changed = measure(), time.time()
+    while not done(value) and time.time() < deadline and time.time() - changed < quiet:
+        time.sleep(interval)
+        now = measure()
+        if now != value:
+            value, changed = now, time.time()
+    return value, changed
+
+
 def log_events(tb: Testbed, event: str) -> list[dict[str, Any]]:
     out = []
     for line in tb.controller_output().splitlines():
@@ -214,17 +227,8 @@ def bench_rate(args: argparse.Namespace) -> int:
 
             def installed(created: set = created) -> list[dict]:
                 return [e for e in log_events(tb, "installed") if (e["src"], e["sport"]) in created]
-            last, stable_since = -1, time.time()
-            deadline = time.time() + 30
-            while time.time() < deadline:  # until every created entry is shunted or nothing moves for 3 s
-                n = len(installed())
-                if n >= len(created):
-                    break
-                if n != last:
-                    last, stable_since = n, time.time()
-                elif time.time() - stable_since > 3:
-                    break
-                time.sleep(0.5)
+            # until every created entry is shunted, or nothing moves for 3 s
+            until_settled(lambda: len(installed()), lambda n, want=len(created): n >= want, 3, 30, 0.5)
             cpu1, rss = proc_usage(pid)
             ovs1, _ = proc_usage(ovs_pid)
             st = counts(tb)
@@ -334,6 +338,9 @@ def bench_burst(args: argparse.Namespace) -> int:
                                                  "default_shunt_timeout": 3600}, log=print) as tb:
                 tb.wait_for_controller()
                 limit = switchlimit.measure(nfconfig.load(tb.config_path), "s1", size)
+                if limit["errors"]:
+                    raise TestbedError(f"the switch refused {limit['errors']} of the switch-limit run's flow-mods: "
+                                       "its rate would not be the rate of the controller's flows")
                 pid = tb.controller.pid  # type: ignore[union-attr]
                 cpu0, _ = proc_usage(pid)
                 ct0 = conntrack_count(tb)
@@ -346,18 +353,9 @@ def bench_burst(args: argparse.Namespace) -> int:
                 fed = json.loads(line.strip().splitlines()[-1])
                 # Until every created entry is deleted, or none is for 30 s (an entry whose
                 # conntrack id a live pair holds waits on the slow path until that pair goes).
-                deadline, left, deleted_at = time.time() + max(60.0, size / 100), size, None
-                seen, moved = size + 1, time.time()
-                while time.time() < deadline and time.time() - moved < 30:
-                    left = conntrack_count(tb) - ct0
-                    if left <= 0:
-                        deleted_at = time.time()
-                        break
-                    if left < seen:
-                        seen, moved = left, time.time()
-                    time.sleep(0.1)
-                if deleted_at is None:
-                    deleted_at = moved  # the last deletion seen; entries_left says how many wait
+                # deleted_at: the last deletion seen; entries_left says how many wait.
+                left, deleted_at = until_settled(lambda base=ct0: conntrack_count(tb) - base, lambda n: n <= 0, 30,
+                                                 max(60.0, size / 100), 0.1)
                 cpu1, rss = proc_usage(pid)
                 st = counts(tb)
                 overflows = st["counters"].get("netlink_overflows", 0) - overflow0
@@ -367,7 +365,7 @@ def bench_burst(args: argparse.Namespace) -> int:
                     time.sleep(0.5)
             start = fed["start"]
             confirmed_s = (max(inst) - start) if inst else math.nan
-            deleted_s = (deleted_at - start) if deleted_at else math.nan
+            deleted_s = deleted_at - start
             row = {"burst": size, "run": run, "created": fed["created"], "fed_s": fed["end"] - start,
                    "shunted": len(inst), "confirmed_s": confirmed_s, "shunts_per_s": len(inst) / confirmed_s,
                    "deleted_s": deleted_s, "entries_left": max(0, left),

@@ -19,12 +19,13 @@ from typing import Callable
 
 from os_ken.ofproto import ofproto_protocol
 
-from nfshunt import cookies
 from nfshunt.config import Config
 from nfshunt.core import Conn
 from nfshunt.flows import FlowBuilder
 from nfshunt.model import UDP, FlowTuple
-from nfshunt.probe import RATE_ID
+from nfshunt.probe import PROBE_FLOWS, RATE_ID
+
+RATE_FLOWS = PROBE_FLOWS[2]  # cookie and mask of the probe's rate-test pairs, which these are
 
 OFP13 = 4
 HDR = struct.Struct("!BBHI")
@@ -64,7 +65,7 @@ def flow_mods(cfg: Config, n: int) -> bytes:
 def delete_all_pairs(cfg: Config) -> bytes:
     """One flow-mod deleting every measurement pair (by cookie and mask)."""
     fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), cfg)
-    msg = fb.delete_by_cookie(cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000)
+    msg = fb.delete_by_cookie(*RATE_FLOWS)
     msg.set_xid(0xFFFFFFF0)
     msg.serialize()
     return bytes(msg.buf)
