@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
-from nfshunt_testbed import (REPO, SHUNT_PORT, Testbed, TestbedError, machine_info)  # noqa: E402
+from nfshunt_testbed import (REPO, SHUNT_PORT, SWITCH_RX_BUFFER, Testbed, TestbedError, machine_info)  # noqa: E402
 
 MODES = ("direct", "nfshunt", "firewall")
 MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}
@@ -153,7 +153,9 @@ def emulation_params(args: argparse.Namespace) -> dict[str, Any]:
     return {"link rate": f"{args.link_mbit:g} Mbit/s per host link (thesis: 10 Gbit/s; scaled to this machine)",
             "MTU": "9000 (thesis)", "host tuning": "txqueuelen 10000, tcp_rmem/tcp_wmem max 500 MB (thesis)",
             "slow path": f"{args.slow_mbit:g} Mbit/s, {args.slow_buffer_kb} KB buffer per direction (tbf)",
-            "delay": f"half the RTT on each host, mechanism {args.delay}"}
+            "delay": f"half the RTT on each host, mechanism {args.delay}",
+            "switch port buffer": f"{SWITCH_RX_BUFFER // 2**20} MB per port (the userspace switch's packet "
+                                  "sockets; 208 KB by default)"}
 
 
 # --- experiment 1: shunt timing ----------------------------------------------------------------
@@ -319,11 +321,26 @@ def exp_timing(args: argparse.Namespace) -> int:
 
 # --- experiment 2: throughput and loss -----------------------------------------------------
 
+BLOCK_RUNS = 5  # runs of one path on one testbed before the next path takes a turn
+
+
+def interleaved(runs: int, block: int = BLOCK_RUNS) -> list[tuple[str, int, int]]:
+    """(mode, first run, runs) blocks in which the paths take turns, each block's order
+    rotated: a machine that drifts over the hour (another path's leftovers, a busier
+    neighbour) shows in every path alike instead of in whichever ran last."""
+    out = []
+    for k, first in enumerate(range(0, runs, block)):
+        order = MODES[k % len(MODES):] + MODES[:k % len(MODES)]
+        out.extend((mode, first, min(block, runs - first)) for mode in order)
+    return out
+
+
 def exp_throughput(args: argparse.Namespace) -> int:
     rtts = args.rtts or ([0, 100] if args.quick else [0, 100, 200, 400])
     runs = args.runs or (2 if args.quick else 20)
     seconds = args.seconds if args.seconds else (3 if args.quick else 12)
     params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(MODES),
+              "order": f"per RTT, the paths take turns in blocks of {BLOCK_RUNS} runs, each on a fresh testbed",
               "transfer": f"one iperf3 TCP stream h1 -> h2, {seconds:g} s, port {SHUNT_PORT} (shunted by the policy)",
               "loss": "h1-eth0 tx minus packets h2 accepted, per hop from interface, qdisc and queue counters",
               **emulation_params(args)}
@@ -332,9 +349,9 @@ def exp_throughput(args: argparse.Namespace) -> int:
     interrupted = False
     try:
         for rtt in rtts:
-            for mode in MODES:
+            for mode, first, count in interleaved(runs):
                 with Testbed(mode=mode, emulation=emulation(args, rtt), log=print) as tb:
-                    for run in range(runs):
+                    for run in range(first, first + count):
                         i += 1
                         before = tb.settled_hop_counters()
                         result = tb.iperf(SHUNT_PORT, seconds, grace=15 + rtt / 100)

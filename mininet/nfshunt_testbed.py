@@ -74,6 +74,12 @@ HA_CONFIG = os.path.join(REPO, "config", "ha")
 # failover or policy change loads the CPU chains TCP's RTO backoff (0.2 + 0.4 + 0.8 s) past
 # 1 s. At 100 Mbit/s the switch loses under 1 %.
 STEADY_RATE = "100M"
+# Open vSwitch's userspace datapath reads each port through a packet socket sized by
+# net.core.rmem_default (208 KB here: about 15 jumbo frames, 1.5 ms at 1 Gbit/s), so any
+# short stall of ovs-vswitchd's main thread dropped packets no hardware switch would. The
+# ports get a switch-like 4 MB while they are opened; the machine's value is put back then.
+SWITCH_RX_BUFFER = 4 * 1024 * 1024
+RMEM_DEFAULT = "/proc/sys/net/core/rmem_default"
 STRICT_RULE = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 
 
@@ -217,6 +223,7 @@ class Testbed:
         self.switch_lag_ms = switch_lag_ms
         self.switch_reorder = switch_reorder
         self._lag_proxy: subprocess.Popen | None = None
+        self._rmem_default: str | None = None  # the machine's value while the switch ports open
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -328,6 +335,8 @@ class Testbed:
                            build=False)
         self.log(f"building testbed: mode={self.mode}, OpenFlow {self.of_version}, "
                  f"Open vSwitch datapath={self.datapath}")
+        if self.datapath == "netdev":
+            self._switch_rx_buffer()
         self.net.build()
         # The switch ports' kernel side (root namespace) would send neighbour and multicast
         # listener messages of its own onto the links: traffic no host sent.
@@ -343,6 +352,7 @@ class Testbed:
         if self.mode == "ha":
             self._setup_pair_links()
         self.net.start()
+        self._restore_rmem_default()  # ovs-vsctl waited for vswitchd to open every port
         self._program_static_flows()
         if self.mode == "ha":
             # One after the other, so the first firewall is the active one (keepalived's
@@ -355,6 +365,19 @@ class Testbed:
         elif self.mode == "nfshunt":
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
         self._setup_emulation()
+
+    def _switch_rx_buffer(self) -> None:
+        with open(RMEM_DEFAULT) as fh:
+            self._rmem_default = fh.read().strip()
+        if int(self._rmem_default) < SWITCH_RX_BUFFER:
+            with open(RMEM_DEFAULT, "w") as fh:
+                fh.write(str(SWITCH_RX_BUFFER))
+
+    def _restore_rmem_default(self) -> None:
+        old, self._rmem_default = self._rmem_default, None
+        if old is not None:
+            with open(RMEM_DEFAULT, "w") as fh:
+                fh.write(old)
 
     def _start_lag_proxy(self) -> None:
         args = [PYTHON, os.path.join(HERE, "oflag.py"), "127.0.0.1", str(LAG_PROXY_PORT), MGMT_FW, str(OF_PORT),
@@ -633,6 +656,7 @@ class Testbed:
                     self.net.stop()
             finally:
                 self.net = None
+                self._restore_rmem_default()  # a start that failed halfway
                 for fw in self.firewalls:
                     subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
                 subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "s1"], capture_output=True)

@@ -85,6 +85,10 @@ class Config:
     max_shunts: int = 0
     netlink_rcvbuf: int = 16 * 1024 * 1024
     tcp_teardown: bool = True
+    # Where a TCP shunt's FIN/RST catchers live: "single" (4 per connection beside its 2
+    # flows in table 0), "pipeline" (OpenFlow 1.3: table 0's flows go on to table 1, where 5
+    # shared flows per port group catch and output), "auto" (pipeline if the switch has 2 tables).
+    flow_layout: str = "auto"
     rst_grace: float = 0.5
     # When a shunt's conntrack entry may go (the switch forwards on its flows): "barrier"
     # (the barrier reply, right for Open vSwitch), "counters" (its flows' packet counters
@@ -367,6 +371,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "max_shunts": _int(0, 10_000_000),
     "netlink_rcvbuf": _int(4096, 1 << 30),
     "tcp_teardown": _bool,
+    "flow_layout": _choice(("auto", "single", "pipeline")),
     "rst_grace": _number(0, 5),
     "confirm": _choice(("barrier", "counters", "delay")),
     "confirm_delay": _number(0, 10),
@@ -394,6 +399,13 @@ def from_dict(raw: Any) -> Config:
     if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
         raise ConfigError("confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set openflow_versions "
                           "to [\"1.3\"], or use delay")
+    if cfg.flow_layout == "pipeline":
+        if "1.3" not in cfg.openflow_versions:
+            raise ConfigError("flow_layout", "pipeline needs OpenFlow 1.3 (goto-table): add \"1.3\" to "
+                              "openflow_versions, or use single")
+        if not cfg.tcp_teardown:
+            raise ConfigError("flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown is false: "
+                              "use single or auto")
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

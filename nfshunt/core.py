@@ -119,6 +119,13 @@ class InstallDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class InstallPipeline:
+    """The pipeline layout's shared table-1 flows: per port group, FIN and RST catchers
+    (IPv4 and IPv6) and the output (see flows.py)."""
+    groups: tuple[PortGroup, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteAllFlows:
     pass
 
@@ -226,9 +233,9 @@ class Removed:
     reason: str
 
 
-Command = Union[InstallDefaults, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows, RequestTableSize,
-                ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue, ReadCounters,
-                Ignored, Installed, Refused, Removed, RestoreConntrack]
+Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
+                RequestTableSize, ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue,
+                ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
 R_UNMARKED = "unmarked"
@@ -259,15 +266,26 @@ def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
     return version != OFP10 and cfg.tcp_teardown and conn.action == "shunt" and conn.orig.proto == TCP
 
 
-def pair_entries(version: int | None, cfg: Config, conn: Conn) -> int:
-    """Flow entries a pair takes on the switch: two, and four catchers with teardown."""
-    return 6 if catches_teardown(version, cfg, conn) else 2
+PIPELINE_ENTRIES = 5  # table-1 flows per port group: FIN and RST catchers for IPv4 and IPv6, the output
+
+
+def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
+    """Flow entries a pair takes on the switch: two, and in the single-table layout four
+    catchers with teardown (the pipeline layout shares its catchers per port group)."""
+    return 6 if not pipeline and catches_teardown(version, cfg, conn) else 2
+
+
+def goes_to_pipeline(version: int | None, cfg: Config, action: str, proto: int, pipeline: bool) -> bool:
+    """Whether a pair's table-0 flows go on to table 1 (pipeline layout, TCP shunt with
+    teardown) instead of outputting (or dropping) themselves."""
+    return pipeline and version != OFP10 and cfg.tcp_teardown and action == "shunt" and proto == TCP
 
 
 class Core:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
+        self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
         self.conns: dict[FlowTuple, Conn] = {}
         self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
@@ -287,9 +305,10 @@ class Core:
 
     # --- switch lifecycle ---------------------------------------------------------------
 
-    def switch_connected(self, version: int) -> list[Command]:
+    def switch_connected(self, version: int, pipeline: bool = False) -> list[Command]:
         """The switch is ours to program (connected; in a pair, granted MASTER)."""
         self.version = version
+        self.pipeline = pipeline
         self.backup = False
         self.reconciled = False
         out: list[Command] = []
@@ -297,6 +316,8 @@ class Core:
             out.append(DeleteAllFlows())
         if self.cfg.default_no_shunting:
             out.append(InstallDefaults(self.cfg.ports))
+        if pipeline:
+            out.append(InstallPipeline(self.cfg.ports))
         if version >= OFP13 and self.cfg.tcp_teardown and self.cfg.packet_in_rate:
             out.append(LimitPacketIns(self.cfg.packet_in_rate))
         out.append(RequestTableSize())
@@ -358,6 +379,14 @@ class Core:
             if kind is cookies.Kind.TEARDOWN:
                 catchers.append((ct_id, flow))
                 continue
+            if kind is cookies.Kind.PIPELINE:
+                # Table-1 flows of a port group (re-installed at every connect), or of
+                # another layout or port list: those are only reachable by flows of ours
+                # that are deleted too, so they go whatever delete_flows_on_startup says.
+                if not self.pipeline or ct_id >= len(self.cfg.ports) or \
+                        flow.out_port != self.cfg.ports[ct_id].fast:
+                    out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
+                continue
             pairs.setdefault((kind, ct_id), {})[reply] = flow
         present: set[int] = set()
         for (kind, ct_id), dirs in pairs.items():
@@ -396,11 +425,18 @@ class Core:
         out.append(ResyncConntrack())
         return out
 
-    @staticmethod
-    def _matches(conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
+    def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
         """The switch's pair is this connection's (a flow under its cookie with another
-        tuple was not put there by this controller)."""
-        return dirs[False].match == conn.orig and dirs[True].match == conn.reply
+        tuple was not put there by this controller) in this layout."""
+        return dirs[False].match == conn.orig and dirs[True].match == conn.reply and \
+            self._shaped(conn.action, conn.orig.proto, dirs)
+
+    def _shaped(self, action: str, proto: int, dirs: dict[bool, SwitchFlow]) -> bool:
+        """Both flows go on to table 1 exactly when this layout sends the pair there: a pair
+        of the other layout would meet table-1 flows that are not there (a drop) or keep
+        catchers nobody removes."""
+        goto = goes_to_pipeline(self.version, self.cfg, action, proto, self.pipeline)
+        return dirs[False].goto == goto and dirs[True].goto == goto
 
     def _adopt(self, kind: cookies.Kind, ct_id: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
         fwd, rev = dirs[False], dirs[True]
@@ -416,6 +452,8 @@ class Core:
             return None
         if rev.match != fwd.match.reversed():
             return None  # not a pair NFShunt builds (it never shunts NAT)
+        if not self._shaped("shunt" if kind is cookies.Kind.SHUNT else "block", fwd.match.proto, dirs):
+            return None
         conn = Conn(fwd.match, rev.match, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
                     ingress, egress, now, state=State.ACTIVE, confirmed_time=now, adopted=True)
         self._remember(conn)
@@ -820,7 +858,12 @@ class Core:
             self.blocks += delta
 
     def default_entries(self) -> int:
+        """Entries of table 0 that are not any connection's."""
         return 2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0
+
+    def shared_entries(self) -> int:
+        """The pipeline layout's table 1 (its own table: not counted against table 0)."""
+        return PIPELINE_ENTRIES * len(self.cfg.ports) if self.pipeline else 0
 
     def table_size(self, max_entries: int) -> int | None:
         """The switch reported how many entries its table 0 holds: with no `max_shunts`,
@@ -834,13 +877,13 @@ class Core:
 
     def max_pair_entries(self) -> int:
         """The most entries one pair takes with this switch: a TCP shunt with catchers."""
-        return 6 if self.version != OFP10 and self.cfg.tcp_teardown else 2
+        return 6 if self.version != OFP10 and self.cfg.tcp_teardown and not self.pipeline else 2
 
     def _remember(self, conn: Conn) -> None:
         self.conns[conn.orig] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
         self._count(conn, 1)
-        conn.entries = pair_entries(self.version, self.cfg, conn)
+        conn.entries = pair_entries(self.version, self.cfg, conn, self.pipeline)
         self.entries += conn.entries
         self.by_cookie[conn.cookie(False)] = conn
 

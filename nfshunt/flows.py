@@ -12,7 +12,7 @@ from typing import Any
 
 from . import cookies
 from .config import Config, PortGroup
-from .core import Conn, catches_teardown, pair_entries
+from .core import Conn, catches_teardown, goes_to_pipeline, pair_entries
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 
 ETH_IPV4 = 0x0800
@@ -26,6 +26,24 @@ OFP10_VLAN_NONE = 0xFFFF  # OpenFlow 1.0 dl_vlan: frames without an 802.1Q tag
 OFP13_VID_NONE = 0x0000  # OpenFlow 1.3 vlan_vid: no VLAN tag (OFPVID_NONE)
 TEARDOWN_HEADERS = 128  # bytes of a caught FIN/RST sent to the controller: Ethernet, IP, TCP
 REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
+
+# The pipeline layout (flow_layout): a TCP shunt's two flows in table 0 write the
+# connection into the metadata and go on to table 1, where per port group one flow outputs
+# and four catch FIN and RST (IPv4, IPv6: tcp_flags needs the protocol) for the controller.
+# 2 entries a shunt instead of 6; the packet-in's metadata names the connection.
+PIPELINE_TABLE = 1
+META_GROUP_SHIFT = 33  # bits 33-63: port group index + 1 (the egress); bit 32 direction; 0-31 conntrack id
+META_REPLY = 1 << 32
+META_GROUP_MASK = ALL_ONES_64 & ~((1 << META_GROUP_SHIFT) - 1)
+
+
+def pipeline_metadata(group: int, reply: bool, ct_id: int) -> int:
+    return ((group + 1) << META_GROUP_SHIFT) | (META_REPLY if reply else 0) | (ct_id & 0xFFFFFFFF)
+
+
+def metadata_teardown(metadata: int) -> tuple[int, bool]:
+    """(conntrack id, reply direction) a table-1 catcher's packet-in carries."""
+    return metadata & 0xFFFFFFFF, bool(metadata & META_REPLY)
 
 
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
@@ -57,9 +75,9 @@ class PatchedMsg:
 
 
 class _Template:
-    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family")
+    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at")
 
-    def __init__(self, msg: Any, family: int):
+    def __init__(self, msg: Any, family: int, meta: int | None = None):
         msg.set_xid(0)
         msg.serialize()
         self.buf = bytes(msg.buf)
@@ -70,6 +88,8 @@ class _Template:
         self.dst_at = self._once(ipaddress.ip_address(s_dst).packed)
         self.sport_at = self._once(struct.pack("!H", _S_PORTS[0]))
         self.dport_at = self._once(struct.pack("!H", _S_PORTS[1]))
+        # The metadata's low 32 bits are the conntrack id, as the cookie's are.
+        self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta)) + 4
 
     def _once(self, pattern: bytes) -> int:
         at = self.buf.find(pattern)
@@ -80,6 +100,8 @@ class _Template:
     def make(self, cookie: int, t: FlowTuple) -> PatchedMsg:
         b = bytearray(self.buf)
         struct.pack_into("!Q", b, self.cookie_at, cookie)
+        if self.meta_at is not None:
+            struct.pack_into("!I", b, self.meta_at, cookie & 0xFFFFFFFF)
         af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
         # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
         b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)
@@ -90,18 +112,22 @@ class _Template:
 
 
 class FlowBuilder:
-    def __init__(self, dp: Any, cfg: Config):
+    def __init__(self, dp: Any, cfg: Config, pipeline: bool = False):
         self.dp = dp
         self.ofp = dp.ofproto
         self.parser = dp.ofproto_parser
         self.version = self.ofp.OFP_VERSION
         self.cfg = cfg
+        self.pipeline = pipeline and self.version != OFP10
+        self._group = {g: i for i, g in enumerate(cfg.ports)}
         self._templates: dict[tuple, _Template | None] = {}
         self._cookie_delete: tuple[bytes, int] | None = None
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
-    def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple) -> Any:
-        """The message for (cookie, tuple) from the cached template of its shape."""
+    def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
+                   meta: Any = None) -> Any:
+        """The message for (cookie, tuple) from the cached template of its shape; `meta`
+        (conntrack id -> metadata) for a flow that carries the connection into table 1."""
         if not self.templated:
             return build(cookie, t)
         tpl = self._templates.get(key, False)
@@ -109,7 +135,8 @@ class FlowBuilder:
             s_src, s_dst = _S4 if family == 4 else _S6
             sentinel = FlowTuple(family, t.proto, s_src, s_dst, *_S_PORTS)
             try:
-                tpl = _Template(build(_S_COOKIE, sentinel), family)
+                tpl = _Template(build(_S_COOKIE, sentinel), family,
+                                None if meta is None else meta(_S_COOKIE & 0xFFFFFFFF))
             except ValueError:
                 tpl = None  # a shape whose fields cannot be located: build it each time
             self._templates[key] = tpl
@@ -183,12 +210,13 @@ class FlowBuilder:
     def _priority(self, conn: Conn) -> int:
         return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
 
-    def catches_teardown(self, conn: Conn) -> bool:
-        return catches_teardown(self.version, self.cfg, conn)
+    def catchers_of_its_own(self, conn: Conn) -> bool:
+        """A TCP shunt of the single-table layout: four catchers beside its two flows."""
+        return not self.pipeline and catches_teardown(self.version, self.cfg, conn)
 
     def install_cost(self, conn: Conn) -> int:
         """Flow-mods install() writes for this connection (what pacing counts)."""
-        return pair_entries(self.version, self.cfg, conn)
+        return pair_entries(self.version, self.cfg, conn, self.pipeline)
 
     def install(self, conn: Conn) -> list[Any]:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
@@ -198,6 +226,19 @@ class FlowBuilder:
         idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
         out = []
         prio = self._priority(conn)
+        if goes_to_pipeline(self.version, self.cfg, conn.action, conn.orig.proto, self.pipeline):
+            for reply in (False, True):
+                in_port, t, _ = self._direction(conn, reply)
+                group = self._group[conn.ingress if reply else conn.egress]
+
+                def meta(ct_id: int, group: int = group, reply: bool = reply) -> int:
+                    return pipeline_metadata(group, reply, ct_id)
+
+                def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta) -> Any:
+                    return self._goto(self.match(in_port, tt), meta(cookie & 0xFFFFFFFF), cookie, prio, idle)
+                out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle), build_goto,
+                                           t.family, conn.cookie(reply), t, meta))
+            return out
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
             out_port = peer if shunt else None
@@ -206,8 +247,37 @@ class FlowBuilder:
                 return self._add(self.match(in_port, tt), out_port, cookie, prio, idle, True)
             out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle), build,
                                        t.family, conn.cookie(reply), t))
-        if self.catches_teardown(conn):
+        if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
+        return out
+
+    def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
+        p, ofp = self.parser, self.ofp
+        inst = [p.OFPInstructionWriteMetadata(metadata, META_GROUP_MASK | META_REPLY | 0xFFFFFFFF),
+                p.OFPInstructionGotoTable(PIPELINE_TABLE)]
+        return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, idle_timeout=idle, priority=priority,
+                            flags=ofp.OFPFF_SEND_FLOW_REM, match=match, instructions=inst)
+
+    def pipeline_flows(self, groups: tuple[PortGroup, ...]) -> list[Any]:
+        """Table 1 of the pipeline layout: per port group, the output of every TCP shunt
+        whose egress it is, and above it FIN and RST catchers that output and send the
+        headers to the controller (the metadata in the packet-in names the connection)."""
+        p, ofp = self.parser, self.ofp
+        out = []
+        for i, g in enumerate(groups):
+            meta = ((i + 1) << META_GROUP_SHIFT, META_GROUP_MASK)
+            forward = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(g.fast)])]
+            out.append(p.OFPFlowMod(self.dp, table_id=PIPELINE_TABLE, cookie=cookies.make_pipeline(i),
+                                    command=ofp.OFPFC_ADD, priority=1, match=p.OFPMatch(metadata=meta),
+                                    instructions=forward))
+            catch = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                p.OFPActionOutput(g.fast), p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)])]
+            for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
+                for eth_type in (ETH_IPV4, ETH_IPV6):
+                    match = p.OFPMatch(metadata=meta, eth_type=eth_type, ip_proto=TCP, tcp_flags=(bit, bit))
+                    out.append(p.OFPFlowMod(self.dp, table_id=PIPELINE_TABLE,
+                                            cookie=cookies.make_pipeline(i, True, rst), command=ofp.OFPFC_ADD,
+                                            priority=2, match=match, instructions=catch))
         return out
 
     def _catchers(self, conn: Conn) -> list[Any]:
@@ -243,7 +313,7 @@ class FlowBuilder:
                 return self._delete(self.match(in_port, tt), prio, cookie)
             out.append(self._templated(("del", t.family, t.proto, in_port, prio), build, t.family,
                                        conn.cookie(reply), t))
-        if self.catches_teardown(conn):
+        if self.catchers_of_its_own(conn):
             # One exact-cookie delete per catcher: Open vSwitch finds those through its
             # cookie index, where a masked cookie would make it scan the whole table.
             for reply in (False, True):
@@ -358,15 +428,22 @@ class FlowBuilder:
 
     def parse_stats(self, stats: Any) -> SwitchFlow:
         in_port, t = self.parse_match(stats.match)
+        goto = False
         if self.version == OFP10:
             actions = stats.actions
         else:
             actions = [a for i in stats.instructions for a in getattr(i, "actions", [])]
+            goto = any(isinstance(i, self.parser.OFPInstructionGotoTable) for i in stats.instructions)
         outs = [a.port for a in actions if hasattr(a, "port")]
+        out_port = outs[0] if outs else None
+        if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
+            metadata = [i.metadata for i in stats.instructions
+                        if isinstance(i, self.parser.OFPInstructionWriteMetadata)]
+            group = (metadata[0] >> META_GROUP_SHIFT) - 1 if metadata else -1
+            out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
         return SwitchFlow(cookie=stats.cookie, priority=stats.priority, in_port=in_port, match=t,
-                          out_port=outs[0] if outs else None, packets=stats.packet_count,
-                          bytes=stats.byte_count,
-                          duration=stats.duration_sec + stats.duration_nsec / 1e9)
+                          out_port=out_port, packets=stats.packet_count, bytes=stats.byte_count,
+                          duration=stats.duration_sec + stats.duration_nsec / 1e9, goto=goto)
 
     def parse_match(self, m: Any) -> tuple[int | None, FlowTuple | None]:
         """(in_port, tuple) of an exact NFShunt match; tuple is None for other matches."""

@@ -71,7 +71,8 @@ class SwitchFlow:
     priority: int
     in_port: int | None
     match: FlowTuple | None
-    out_port: int | None  # None: no output action (drop)
+    out_port: int | None  # None: no output action (drop); pipeline layout: the port table 1 outputs to
     packets: int = 0
     bytes: int = 0
     duration: float = 0.0
+    goto: bool = False  # goes on to table 1 (the pipeline layout's TCP shunts)

@@ -73,11 +73,14 @@ class OperatorAPI:
         self._requests.clear()
 
     def table(self) -> dict[str, Any]:
-        """Entries of the switch's table 0: what it holds (as reported), what NFShunt uses."""
+        """Entries of the switch's table 0: what it holds (as reported), what NFShunt uses;
+        the flow layout, and in the pipeline layout the entries of table 1."""
         core = self.core
         used = core.default_entries() + core.entries
-        return {"max_entries": core.table_max, "used": used,
-                "free": None if core.table_max is None else core.table_max - used}
+        layout = None if core.version is None else "pipeline" if core.pipeline else "single"
+        return {"layout": layout, "max_entries": core.table_max, "used": used,
+                "free": None if core.table_max is None else core.table_max - used,
+                "table_1": core.shared_entries()}
 
     def handle(self, ev: EventControl) -> None:
         req = ev.request

@@ -40,7 +40,7 @@ from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer
 from .logs import BatchedFileHandler, flush_all
-from .flows import REMOVED_REASONS, FlowBuilder
+from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
 from .model import TCP, ConnEvent, EventKind, SwitchFlow
@@ -261,18 +261,37 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._disconnected(old, "replaced by a new connection")
                 old.close()
             self.dp = dp
-            self.fb = FlowBuilder(dp, self.cfg)
+            self.fb = FlowBuilder(dp, self.cfg, self._pipeline(dp))
             self.send = SendPath(dp, self.fb, self.cfg.flow_mod_rate, self.cfg.install_queue, self._wanted)
             self.counters["switch_connects"] += 1
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
             self._flow_stats = []
             if self.roles is None:
-                self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION))
+                self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION, self.fb.pipeline))
             else:  # nothing is programmed before the switch grants MASTER
                 self._role_request(self.roles.connected())
         elif ev.state == DEAD_DISPATCHER and dp is self.dp:
             self._disconnected(dp, "connection closed or echo unanswered")
+
+    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    def _features(self, ev: Any) -> None:
+        """How many tables the switch has (the layout is chosen when it is served)."""
+        ev.msg.datapath.nfshunt_tables = ev.msg.n_tables
+
+    def _pipeline(self, dp: Any) -> bool:
+        """The flow layout for this switch (config flow_layout), logged with why."""
+        layout, tables = self.cfg.flow_layout, getattr(dp, "nfshunt_tables", 0)
+        if layout == "single" or not self.cfg.tcp_teardown:
+            return False
+        if dp.ofproto.OFP_VERSION == 1 or tables < 2:
+            why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == 1 else f"the switch reports {tables} table(s)"
+            log = LOG.warning if layout == "pipeline" else LOG.info
+            log("flow_layout %s: %s, so the single-table layout (6 entries a TCP shunt)", layout, why)
+            return False
+        LOG.info("pipeline flow layout: TCP shunts go on to table 1 (2 entries a shunt, %d shared per port group; "
+                 "the switch has %d tables)", c.PIPELINE_ENTRIES, tables)
+        return True
 
     def _disconnected(self, dp: Any, why: str) -> None:
         LOG.warning("switch %016x disconnected (%s)", dp.id or 0, why)
@@ -348,7 +367,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.counters["role_promotions"] += 1
             LOG.warning("master of switch %016x with generation %d: programming it (defaults to this firewall, "
                         "adopting the pairs on the switch)", self.dp.id, roles.generation)
-            self._run(self.core.switch_connected(self.dp.ofproto.OFP_VERSION))
+            self._run(self.core.switch_connected(self.dp.ofproto.OFP_VERSION, self.fb.pipeline))
         if change.request is not None:
             self._role_request(change.request)
 
@@ -415,6 +434,14 @@ class NFShuntApp(app_manager.OSKenApp):
         if cookie is None or in_port is None:
             self._unexpected_packet_in("no cookie or in_port", cookie)
             return
+        parsed = cookies.parse(cookie)
+        if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[2]:
+            # A shared table-1 catcher: the metadata names the connection and direction.
+            metadata = msg.match.get("metadata")
+            if metadata is None:
+                self._unexpected_packet_in("no metadata", cookie)
+                return
+            cookie = cookies.make_teardown(*metadata_teardown(metadata), cookies.is_rst(cookie))
         out = self.core.teardown_packet(cookie, in_port, time.monotonic())
         if out is None:
             self._unexpected_packet_in("no connection of ours", cookie)
@@ -485,7 +512,13 @@ class NFShuntApp(app_manager.OSKenApp):
         new = self.sweep.meter_read(dropped)
         if new:
             self.counters["packet_in_dropped"] += new
-        if self.fb is not None and self.sweep.due(time.monotonic()):
+        if new and self.core.pipeline:
+            # The shared catchers' counters cannot say which connections closed.
+            self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
+                              "%d/s): in the pipeline layout their shunts end at the idle timeout (%d s); "
+                              "flow_layout single finds them from per-connection catchers", new,
+                              self.cfg.packet_in_rate, self.cfg.default_shunt_timeout)
+        if self.fb is not None and not self.core.pipeline and self.sweep.due(time.monotonic()):
             msg = self.fb.catcher_stats_request()
             self._catcher_read = (self.dp.set_xid(msg), [])
             self._queue(msg)
@@ -690,6 +723,9 @@ class NFShuntApp(app_manager.OSKenApp):
             if fb is not None:
                 self._queue(*fb.defaults(cmd.groups))
                 LOG.info("default slow-path flows installed for %d port groups", len(cmd.groups))
+        elif isinstance(cmd, c.InstallPipeline):
+            if fb is not None:
+                self._queue(*fb.pipeline_flows(cmd.groups))
         elif isinstance(cmd, c.LimitPacketIns):
             if fb is not None:
                 delete, add = fb.controller_meter(cmd.rate)

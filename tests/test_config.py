@@ -194,3 +194,16 @@ def test_counters_confirmation_needs_openflow_13():
     assert from_dict(with_(confirm="counters", openflow_versions=["1.3"])).confirm == "counters"
     with pytest.raises(ConfigError):
         from_dict(with_(confirm="eventually"))
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (dict(flow_layout="pipeline", openflow_versions=["1.0"]), "needs OpenFlow 1.3"),
+    (dict(flow_layout="pipeline", tcp_teardown=False), "tcp_teardown is false"),
+    (dict(flow_layout="two tables"), "one of"),
+])
+def test_flow_layout_errors_name_the_key_and_the_fix(overrides, problem):
+    with pytest.raises(ConfigError) as err:
+        from_dict(with_(**overrides))
+    assert err.value.key == "flow_layout" and problem in str(err.value)
+    assert from_dict(with_()).flow_layout == "auto"
+    assert from_dict(with_(flow_layout="pipeline", openflow_versions=["1.0", "1.3"])).flow_layout == "pipeline"

@@ -655,3 +655,55 @@ def test_an_idled_out_tcp_shunt_gets_its_entry_back_before_the_partner_flow_goes
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False,)
     udp = shunted(core, proto=UDP, sport=9, ct_id=9)
     assert types(core.flow_removed(udp.cookie(False), "idle timeout", 1, 1, 1.0, 121.0)) == ["RemoveFlows"]
+
+
+# --- the pipeline layout -------------------------------------------------------------------
+
+def test_pipeline_layout_counts_two_entries_a_tcp_shunt_and_its_shared_table():
+    core = c.Core(config())
+    cmds = core.switch_connected(c.OFP13, pipeline=True)
+    assert "InstallPipeline" in types(cmds)
+    core.reconcile([], 0.0)
+    shunted(core)
+    assert core.entries == 2 and core.max_pair_entries() == 2
+    assert core.default_entries() == 4 and core.shared_entries() == c.PIPELINE_ENTRIES * 2
+    assert core.table_size(4 + 2 * 10) == 10  # table 1 is a table of its own
+    single = connected()
+    shunted(single)
+    assert single.entries == 6 and "InstallPipeline" not in types(single.switch_connected(c.OFP13))
+
+
+def _pipeline_flows_for(conn, goto=True):
+    return [SwitchFlow(conn.cookie(False), 33000, 1, conn.orig, 3, goto=goto),
+            SwitchFlow(conn.cookie(True), 33000, 3, conn.reply, 1, goto=goto)]
+
+
+def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
+    old = connected()
+    conn = shunted(old)
+    piped = c.Core(config())
+    piped.switch_connected(c.OFP13, pipeline=True)
+    # A single-layout pair (output in table 0) is not adopted by a pipeline controller ...
+    assert types(piped.reconcile(_flows_for(conn), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
+    assert conn.orig not in piped.conns
+    # ... a pipeline pair is, and a single-layout controller leaves that one alone.
+    piped.switch_connected(c.OFP13, pipeline=True)
+    assert types(piped.reconcile(_pipeline_flows_for(conn), 2.0)) == ["ResyncConntrack"]
+    assert piped.conns[conn.orig].adopted and piped.entries == 2
+    single = c.Core(config())
+    single.switch_connected(c.OFP13)
+    assert types(single.reconcile(_pipeline_flows_for(conn), 3.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
+
+
+def test_reconcile_keeps_table_1_flows_of_the_config_and_deletes_others():
+    core = c.Core(config())
+    core.switch_connected(c.OFP13, pipeline=True)
+    flows = [SwitchFlow(cookies.make_pipeline(0), 1, None, None, 1),  # group 0's fast port: 1
+             SwitchFlow(cookies.make_pipeline(1, True, True), 2, None, None, 3),
+             SwitchFlow(cookies.make_pipeline(1), 1, None, None, 9),  # not group 1's port
+             SwitchFlow(cookies.make_pipeline(5), 1, None, None, 1)]  # no such group
+    deletes = [x.flow for x in core.reconcile(flows, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]
+    assert deletes == flows[2:]
+    single = c.Core(config())
+    single.switch_connected(c.OFP13)
+    assert len([x for x in single.reconcile(flows, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]) == 4

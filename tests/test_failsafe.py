@@ -70,6 +70,9 @@ def longest_stall(result, interval=0.2):
     return Testbed.longest_stall(result, interval)
 
 
+TCP_PAIR = 2  # table-0 entries of a TCP shunt in the pipeline layout (flow_layout auto on Open vSwitch)
+
+
 def catchers(tb):
     return [f for f in tb.flows() if int(f.get("cookie", "0"), 16) >> 48 == 0x4E04]
 
@@ -246,7 +249,7 @@ def test_a_silent_control_link_is_noticed_by_echoes_and_shunting_resumes(fresh):
         tb.run(tb.fw, "iptables", "-w", "5", "-D", *CONTROL_DROP)
         tb.wait_for(lambda: _log_has(tb, "connected from", mark), 20, "the switch to come back")
         conns, _ = tb.open_conns(SHUNT, 1, cport_base=45001)
-        tb.wait_for(lambda: len(_port_flows(tb, 45001)) == 6, 10, "a new connection shunted after the flap")
+        tb.wait_for(lambda: len(_port_flows(tb, 45001)) == TCP_PAIR, 10, "a new connection shunted after the flap")
         conns.kill()
     finally:
         tb.run(tb.fw, "iptables", "-w", "5", "-D", *CONTROL_DROP, check=False)
@@ -323,14 +326,18 @@ def _port_flows(tb, cport):
     return [f for f in tb.flows() if p in (f.get("tp_src"), f.get("tp_dst"))]
 
 
-def test_full_switch_table_keeps_the_connection_on_the_slow_path_until_room_frees(fresh):
+@pytest.mark.parametrize("layout, pair", [("pipeline", 2), ("single", 6)])
+def test_full_switch_table_keeps_the_connection_on_the_slow_path_until_room_frees(fresh, layout, pair):
     tb = fresh
+    if layout != "pipeline":
+        tb.reconfigure(flow_layout=layout)
     srv = tb.conn_server(SHUNT)
-    # Defaults (4) + one TCP shunt (2 flows + 4 teardown catchers) fill the table.
-    _limit_table(4 + 6)
+    # Defaults (4) + one TCP shunt fill table 0: 2 flows in the pipeline layout (its
+    # catchers are table 1's, shared), 2 flows + 4 teardown catchers in the single one.
+    _limit_table(4 + pair)
     try:
         first, _ = tb.open_conns(SHUNT, 1, cport_base=41001)
-        tb.wait_for(lambda: len(_port_flows(tb, 41001)) == 6, 10, "the first shunt")
+        tb.wait_for(lambda: len(_port_flows(tb, 41001)) == pair, 10, "the first shunt")
         second, _ = tb.open_conns(SHUNT, 1, cport_base=41002)
         tb.wait_for(lambda: counter(tb, "refused:shunt") >= 1, 10, "the switch to refuse the second shunt")
         assert _port_flows(tb, 41002) == []
@@ -342,7 +349,7 @@ def test_full_switch_table_keeps_the_connection_on_the_slow_path_until_room_free
         # Room frees when the first connection goes (clean close -> teardown): the second is shunted.
         first.stdin.write("close\n")
         first.stdin.flush()
-        tb.wait_for(lambda: len(_port_flows(tb, 41002)) == 6, 10, "the waiting connection to be shunted")
+        tb.wait_for(lambda: len(_port_flows(tb, 41002)) == pair, 10, "the waiting connection to be shunted")
         second.kill()
     finally:
         _limit_table(None)
@@ -355,7 +362,7 @@ def test_blocks_take_precedence_over_shunts_within_max_shunts(fresh):
     ssrv, bsrv = tb.conn_server(SHUNT), tb.conn_server(BLOCK)
     try:
         shunted, _ = tb.open_conns(SHUNT, 1, cport_base=42001)
-        tb.wait_for(lambda: len(_port_flows(tb, 42001)) == 6, 10, "the shunt")
+        tb.wait_for(lambda: len(_port_flows(tb, 42001)) == TCP_PAIR, 10, "the shunt")
         waiting, _ = tb.open_conns(SHUNT, 1, cport_base=42002)
         tb.wait_for(lambda: status(tb)["waiting"] == 1, 5, "the second shunt to wait for budget")
         assert _port_flows(tb, 42002) == []

@@ -162,3 +162,77 @@ def test_a_default_flow_is_deleted_by_its_port_not_by_the_cookie_every_default_s
     msg = fb.delete_switch_flow(SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 6, None, 1))
     assert msg.command == fb.ofp.OFPFC_DELETE_STRICT and msg.priority == 100
     assert msg.match["in_port"] == 6 and msg.cookie_mask == (1 << 64) - 1
+
+
+# --- the pipeline layout (flow_layout) -------------------------------------------------------
+
+def pipeline_builder(templated=False):
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(c.OFP13),
+                     config(shunt_priority=33000, default_shunt_timeout=12), pipeline=True)
+    fb.templated = templated
+    return fb
+
+
+def test_pipeline_tcp_shunt_is_two_flows_that_carry_the_connection_into_table_1():
+    from nfshunt.flows import PIPELINE_TABLE, metadata_teardown
+    fb = pipeline_builder()
+    conn = conn_for(ct_id=2**32 - 1)
+    msgs = fb.install(conn)
+    assert len(msgs) == 2 == fb.install_cost(conn)
+    for msg, reply, group in ((msgs[0], False, 1), (msgs[1], True, 0)):
+        msg.serialize()
+        assert msg.table_id == 0 and msg.idle_timeout == 12 and msg.flags & fb.ofp.OFPFF_SEND_FLOW_REM
+        meta, goto = msg.instructions
+        assert goto.table_id == PIPELINE_TABLE
+        assert metadata_teardown(meta.metadata) == (2**32 - 1, reply)
+        assert (meta.metadata >> 33) - 1 == group  # the egress port group's index
+    # No catchers of its own to remove: two deletes.
+    assert len(fb.remove(conn, (False, True))) == 2
+
+
+def test_pipeline_keeps_udp_shunts_and_blocks_in_table_0():
+    fb = pipeline_builder()
+    udp = fb.install(conn_for(proto=UDP))
+    assert [m.instructions[0].actions[0].port for m in udp] == [3, 1]
+    assert all(m.instructions == [] for m in fb.install(conn_for(action=2)))
+
+
+def test_pipeline_table_1_has_an_output_and_four_catchers_per_port_group():
+    fb = pipeline_builder()
+    ports = config().ports
+    msgs = fb.pipeline_flows(ports)
+    assert len(msgs) == c.PIPELINE_ENTRIES * len(ports)
+    for msg in msgs:
+        msg.serialize()
+        assert msg.table_id == 1 and msg.idle_timeout == 0
+        kind, group, catcher = cookies.parse(msg.cookie)
+        assert kind is cookies.Kind.PIPELINE
+        assert msg.match["metadata"] == ((group + 1) << 33, 0xFFFFFFFFFFFFFFFF & ~((1 << 33) - 1))
+        actions = msg.instructions[0].actions
+        assert actions[0].port == ports[group].fast
+        if catcher:
+            assert msg.priority == 2 and actions[1].port == fb.ofp.OFPP_CONTROLLER
+            assert msg.match["tcp_flags"] == ((4, 4) if cookies.is_rst(msg.cookie) else (1, 1))
+        else:
+            assert msg.priority == 1 and len(actions) == 1
+
+
+def test_pipeline_flows_read_back_name_the_port_table_1_outputs_to():
+    from types import SimpleNamespace
+    fb = pipeline_builder()
+    conn = conn_for()
+    for msg, out_port in zip(fb.install(conn), (3, 1), strict=True):
+        stats = SimpleNamespace(match=msg.match, instructions=msg.instructions, cookie=msg.cookie,
+                                priority=msg.priority, packet_count=0, byte_count=0, duration_sec=0,
+                                duration_nsec=0)
+        flow = fb.parse_stats(stats)
+        assert flow.goto and flow.out_port == out_port
+
+
+@pytest.mark.parametrize("kw", SHAPES)
+def test_pipeline_templated_messages_are_byte_for_byte_what_os_ken_builds(kw):
+    fast, slow = pipeline_builder(templated=True), pipeline_builder(templated=False)
+    for sport, ct_id in ((40000, 7), (40001, 8), (7, 2**32 - 1)):
+        conn = conn_for(**{**kw, "sport": kw.get("sport", sport), "ct_id": kw.get("ct_id", ct_id)})
+        assert _wire(fast.install(conn)) == _wire(slow.install(conn))
+        assert _wire(fast.remove(conn, (False, True))) == _wire(slow.remove(conn, (False, True)))

@@ -93,8 +93,11 @@ def test_a_fin_flood_is_rate_limited_by_the_switch_and_other_closes_still_work(t
 def test_a_burst_of_closes_beyond_the_meter_ends_every_shunt(tb):
     """150 connections close at once: 300 FINs against a meter of 200/s with a burst of 20.
     The packet-ins it drops are found again from the catchers' counters; every shunt ends
-    within seconds, not at its 60 s idle timeout. Only the switch is watched meanwhile."""
+    within seconds, not at its 60 s idle timeout. Only the switch is watched meanwhile.
+    The single-table layout: per-connection catchers are what make the counters say which
+    connections closed (the pipeline layout's shared ones cannot)."""
     n = 150
+    tb.reconfigure(flow_layout="single")
     srv = tb.conn_server(SHUNT)
     conns, _ = tb.open_conns(SHUNT, n, cport_base=49001)
     try:
@@ -112,3 +115,4 @@ def test_a_burst_of_closes_beyond_the_meter_ends_every_shunt(tb):
     finally:
         conns.kill()
         srv.kill()
+        tb.reconfigure(flow_layout=None)

@@ -9,14 +9,15 @@ from tests.test_failsafe import _limit_table
 
 pytestmark = pytest.mark.integration
 SHUNT = 5201
-RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each)
+RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each, single layout)
 
 
 @pytest.fixture(scope="module")
 def tb(integration_ready):
     from nfshunt_testbed import Testbed
     bed = Testbed(mode="nfshunt", of_version="1.3",
-                  config={"default_shunt_timeout": 60, "flow_mod_rate": RATE, "install_queue": 20})
+                  config={"default_shunt_timeout": 60, "flow_mod_rate": RATE, "install_queue": 20,
+                          "flow_layout": "single"})
     with bed:
         bed.wait_for_controller()
         yield bed
@@ -68,7 +69,7 @@ def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
                     "two connections waiting for room")
         st = tb.control({"cmd": "status", "connections": False})
         assert (st["shunts"], st["max_shunts"]) == (3, 3)
-        assert st["table"] == {"max_entries": 24, "used": 22, "free": 2}
+        assert st["table"] == {"layout": "single", "max_entries": 24, "used": 22, "free": 2, "table_1": 0}
         # The three pairs and their catchers on the switch (the last may still be on its way).
         tb.wait_for(lambda: len(_port_flows(tb)) == 18, 5,
                     "three shunts with their catchers on the switch")

@@ -1,0 +1,52 @@
+"""The two flow layouts (issue 13.1) on the real testbed: what a TCP shunt costs on the
+switch, counted over every table, and that teardown still ends shunts in both."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+SHUNT = 5201
+N = 20
+
+
+@pytest.fixture(scope="module")
+def tb(integration_ready):
+    from nfshunt_testbed import Testbed
+    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60})
+    with bed:
+        bed.wait_for_controller()
+        yield bed
+
+
+def _ours(tb) -> list[dict[str, str]]:
+    """Every NFShunt flow on the switch, in any table."""
+    return [f for f in tb.flows() if int(f.get("cookie", "0"), 16) >> 56 == 0x4E]
+
+
+@pytest.mark.parametrize("layout, per_shunt, table_1", [("pipeline", 2, 10), ("single", 6, 0)])
+def test_entries_per_tcp_shunt_and_teardown_in_each_layout(tb, layout, per_shunt, table_1):
+    tb.reconfigure(flow_layout=None if layout == "pipeline" else layout)  # pipeline: auto on Open vSwitch
+    tb.wait_for(lambda: len([f for f in _ours(tb) if f.get("table") == "1"]) == table_1, 5,
+                f"table 1 to hold {table_1} flows")
+    base = len(_ours(tb))
+    srv = tb.conn_server(SHUNT)
+    conns, _ = tb.open_conns(SHUNT, N, cport_base=53001)
+    try:
+        tb.wait_for(lambda: len(tb.conn_flows(SHUNT)) == 2 * N, 15, f"{N} shunts", interval=0.2)
+        tb.wait_for(lambda: len(_ours(tb)) - base >= per_shunt * N, 5, "their catchers", interval=0.2)
+        added = len(_ours(tb)) - base
+        st = tb.control({"cmd": "status", "connections": False})
+        print(f"\n{layout}: {N} TCP shunts added {added} entries; table 1 holds {table_1}")
+        assert added == per_shunt * N
+        assert st["table"]["layout"] == layout and st["table"]["table_1"] == table_1
+        assert st["table"]["used"] == 4 + 2 * N + (0 if layout == "pipeline" else 4 * N)
+        # Clean closes end every shunt through the catchers, long before the 60 s idle timeout.
+        conns.stdin.write("close\n")
+        conns.stdin.flush()
+        tb.wait_for(lambda: len(_ours(tb)) == base, 10, "every shunt and catcher gone", interval=0.2)
+        counters = tb.control({"cmd": "status", "connections": False})["counters"]
+        assert counters.get("removed:shunt:tcp fin", 0) >= N
+        assert not [k for k in counters if k.startswith("packet_in:") and k != "packet_in:teardown"], counters
+    finally:
+        conns.kill()
+        srv.kill()
