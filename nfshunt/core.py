@@ -267,6 +267,8 @@ def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
 
 
 PIPELINE_ENTRIES = 5  # table-1 flows per port group: FIN and RST catchers for IPv4 and IPv6, the output
+PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
+PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say so)
 
 
 def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
@@ -286,6 +288,7 @@ class Core:
         self.cfg = cfg
         self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
         self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
+        self.pipeline_reads = 0  # reads of the switch's flows at connect that lacked table-1 flows
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
         self.conns: dict[FlowTuple, Conn] = {}
         self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
@@ -309,6 +312,7 @@ class Core:
         """The switch is ours to program (connected; in a pair, granted MASTER)."""
         self.version = version
         self.pipeline = pipeline
+        self.pipeline_reads = 0
         self.backup = False
         self.reconciled = False
         out: list[Command] = []
@@ -361,6 +365,14 @@ class Core:
         connections we know of that the switch lost are installed again; NFShunt flows
         nobody accounts for are deleted when delete_flows_on_startup is set.
         """
+        if self.reconciled:  # a read asked for before a reconnect, answered after this one's
+            return []
+        flows = list(flows)
+        if self.pipeline and not self._table_1_complete(flows) and self.pipeline_reads < PIPELINE_READS:
+            # A switch that applies flow-mods after its barrier (hardware) may not have table
+            # 1 yet: a shunt sent there now would have its packets dropped at the table miss.
+            self.pipeline_reads += 1
+            return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
         out: list[Command] = []
         pairs: dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]] = {}
         catchers: list[tuple[int, SwitchFlow]] = []
@@ -424,6 +436,16 @@ class Core:
         self.reconciled = True
         out.append(ResyncConntrack())
         return out
+
+    def _table_1_complete(self, flows: list[SwitchFlow]) -> bool:
+        """Every table-1 flow of this config is on the switch."""
+        found = collections.Counter()
+        for flow in flows:
+            parsed = cookies.parse(flow.cookie)
+            if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[1] < len(self.cfg.ports) \
+                    and flow.out_port == self.cfg.ports[parsed[1]].fast:
+                found[parsed[1]] += 1
+        return all(found[i] >= PIPELINE_ENTRIES for i in range(len(self.cfg.ports)))
 
     def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
         """The switch's pair is this connection's (a flow under its cookie with another

@@ -99,6 +99,9 @@ class AppCollector(Collector):
                                     value=snap["table_max"])
         yield GaugeMetricFamily("nfshunt_table_entries_used", "Entries NFShunt's flows take in table 0 (defaults, "
                                 "pairs, teardown catchers)", value=snap.get("table_used", 0))
+        yield GaugeMetricFamily("nfshunt_table1_entries_used", "Entries of the pipeline layout's table 1 (shared "
+                                "outputs and teardown catchers; 0 in the single layout)",
+                                value=snap.get("table_1", 0))
         yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
         yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
                                 value=snap.get("queued", 0))

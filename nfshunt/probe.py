@@ -3,7 +3,7 @@
 It takes the controller's place (same listener, TLS, allow-list and datapath pin; the
 controller must be stopped), waits for the switch, and reports what NFShunt needs of it:
 the OpenFlow version and tables; each flow shape NFShunt installs (a TCP shunt pair with its
-FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, a second table), installed,
+FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, the pipeline layout's two tables), installed,
 read back and removed; the flow-mod rate behind one barrier; and the lag between a barrier
 reply and the switch forwarding on the flow before it. The lag is measured with a test
 packet sent by packet-out into the table (from the controller port, so before the flow
@@ -58,7 +58,8 @@ SHAPE_TCP10 = "IPv4 TCP shunt"
 SHAPE_IPV6 = "IPv6 UDP shunt"
 SHAPE_BLOCK = "block (no actions)"
 SHAPE_METER = "packet-in meter (OFPM_CONTROLLER; optional)"
-SHAPE_TABLES = "second table (goto_table 1; optional)"
+SHAPE_PIPELINE = "pipeline layout: TCP shunt to table 1 + shared catchers (optional)"
+PIPELINE_PROBE_PRIORITY = 10  # above the controller's table-1 flows (same actions), so neither replaces the other
 REQUIRED = (SHAPE_TCP, SHAPE_TCP10, SHAPE_BLOCK)  # without these NFShunt cannot shunt and block
 
 
@@ -230,7 +231,7 @@ class Prober:
                       (SHAPE_IPV6, self.fb.install(udp6), udp6, []),
                       (SHAPE_BLOCK, self.fb.install(block), block, []),
                       (SHAPE_METER, [meter_delete, meter_add], None, self.fb.controller_meter(1)[:1]),
-                      (SHAPE_TABLES, [self._goto_table()], None, [])]
+                      (SHAPE_PIPELINE, self._pipeline(tcp), tcp, [])]
         else:
             shapes = [(SHAPE_TCP10, self.fb.install(tcp), tcp, []), (SHAPE_BLOCK, self.fb.install(block), block, [])]
         result: dict[str, bool] = {}
@@ -239,8 +240,10 @@ class Prober:
             self.barrier()
             problem = self.refused(xids)
             if problem is None and conn is not None and self.of13:
-                # A switch that applies flow-mods after its barrier reply shows them late.
-                want, n, deadline = len(msgs), 0, time.monotonic() + 3.0
+                # A switch that applies flow-mods after its barrier reply shows them late
+                # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's).
+                want = 2 if name == SHAPE_PIPELINE else len(msgs)
+                n, deadline = 0, time.monotonic() + 3.0
                 while True:
                     found = self.ask(self.fb.pair_stats_request(conn, catchers=True))
                     n = sum(len(r.body) for r in found)
@@ -250,7 +253,7 @@ class Prober:
                 if n != want:
                     problem = f"accepted, but {n} of {want} flows read back within 3 s"
             if conn is not None:
-                undo = self.fb.remove(conn, (False, True))
+                undo = self.fb.remove(conn, (False, True))  # the same strict deletes in either layout
             if undo:
                 self.send(undo)
                 self.barrier()
@@ -260,11 +263,14 @@ class Prober:
         self.delete_probe_flows()
         return result
 
-    def _goto_table(self) -> Any:
-        p, ofp = self.p, self.ofp
-        return p.OFPFlowMod(self.dp, table_id=0, cookie=PROBE_COOKIE, command=ofp.OFPFC_ADD, priority=1,
-                            match=p.OFPMatch(eth_type=0x0800, ipv4_dst="198.51.100.253"),
-                            instructions=[p.OFPInstructionGotoTable(1)])
+    def _pipeline(self, conn: Conn) -> list[Any]:
+        """The pipeline layout's flows as the controller builds them: the pair going on to
+        table 1, and table 1's outputs and catchers (under the probe's cookie)."""
+        fb = FlowBuilder(self.dp, self.cfg, pipeline=True)
+        shared = fb.pipeline_flows(self.cfg.ports)
+        for msg in shared:
+            msg.cookie, msg.priority = PROBE_COOKIE, msg.priority + PIPELINE_PROBE_PRIORITY
+        return fb.install(conn) + shared
 
     def flow_mod_rate(self, report: Report, pairs: int) -> float | None:
         groups = self.cfg.ports
@@ -348,6 +354,9 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
     s["openflow_versions"] = ["1.3"] if of13 else ["1.0"]
     teardown = shapes.get(SHAPE_TCP, False)
     s["tcp_teardown"] = teardown
+    pipeline = teardown and shapes.get(SHAPE_PIPELINE, False)
+    if of13:
+        s["flow_layout"] = "auto" if pipeline else "single"
     if of13:
         s["packet_in_rate"] = cfg.packet_in_rate if shapes.get(SHAPE_METER) else 0
     if rate is not None:
@@ -360,7 +369,7 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
             s["confirm"] = "counters" if of13 else "delay"
             s["confirm_delay"] = round(max(0.1, worst * 1.5), 1)
     if size is not None:
-        per_pair = 6 if teardown else 2
+        per_pair = 6 if teardown and not pipeline else 2
         s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // per_pair)
     if not shapes or not all(ok for name, ok in shapes.items() if name in REQUIRED):
         report.ok = False

@@ -213,6 +213,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 "connected": 1 if self.dp is not None else 0, "max_shunts": core.budget,
                 "queued": len(send.queued) if send is not None else 0,
                 "table_max": core.table_max, "table_used": core.default_entries() + core.entries,
+                "table_1": core.shared_entries(),
                 "pair": self.roles.status() if self.roles is not None else None}
 
     # --- switch lifecycle -----------------------------------------------------------------
@@ -494,7 +495,16 @@ class NFShuntApp(app_manager.OSKenApp):
             self.operator.answer_status(ev.msg.xid)
             return
         flows, self._flow_stats = self._flow_stats, []
+        if self.core.reconciled:
+            return  # a read asked for before this connection's reconcile, answered after it
         out = self.core.reconcile(flows, time.monotonic())
+        if not self.core.reconciled:  # table 1 not (yet) all on the switch: read again
+            self._run(out)
+            return
+        if self.core.pipeline_reads >= c.PIPELINE_READS:
+            LOG.error("the switch still lacks table 1's flows %.0f s after they were sent: TCP shunts may have "
+                      "their packets dropped there; set flow_layout single if it cannot hold them",
+                      c.PIPELINE_READS * c.PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
         LOG.info("reconciled with the switch: %d NFShunt flows read, %d pairs held, %d re-installed, "
                  "%d flows deleted, %d pairs forgotten", len(flows), len(self.core.conns), kinds["InstallFlows"],

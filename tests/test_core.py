@@ -659,11 +659,18 @@ def test_an_idled_out_tcp_shunt_gets_its_entry_back_before_the_partner_flow_goes
 
 # --- the pipeline layout -------------------------------------------------------------------
 
+def _table_1(ports=None):
+    """The table-1 flows of the test config's two port groups (fast ports 1 and 3)."""
+    return [SwitchFlow(cookies.make_pipeline(i, catcher, rst), 2 if catcher else 1, None, None, fast)
+            for i, fast in enumerate(ports or (1, 3)) for catcher, rst in
+            ((False, False), (True, False), (True, False), (True, True), (True, True))]
+
+
 def test_pipeline_layout_counts_two_entries_a_tcp_shunt_and_its_shared_table():
     core = c.Core(config())
     cmds = core.switch_connected(c.OFP13, pipeline=True)
     assert "InstallPipeline" in types(cmds)
-    core.reconcile([], 0.0)
+    core.reconcile(_table_1(), 0.0)
     shunted(core)
     assert core.entries == 2 and core.max_pair_entries() == 2
     assert core.default_entries() == 4 and core.shared_entries() == c.PIPELINE_ENTRIES * 2
@@ -684,11 +691,11 @@ def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
     piped = c.Core(config())
     piped.switch_connected(c.OFP13, pipeline=True)
     # A single-layout pair (output in table 0) is not adopted by a pipeline controller ...
-    assert types(piped.reconcile(_flows_for(conn), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
+    assert types(piped.reconcile(_flows_for(conn) + _table_1(), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
     assert conn.orig not in piped.conns
     # ... a pipeline pair is, and a single-layout controller leaves that one alone.
     piped.switch_connected(c.OFP13, pipeline=True)
-    assert types(piped.reconcile(_pipeline_flows_for(conn), 2.0)) == ["ResyncConntrack"]
+    assert types(piped.reconcile(_pipeline_flows_for(conn) + _table_1(), 2.0)) == ["ResyncConntrack"]
     assert piped.conns[conn.orig].adopted and piped.entries == 2
     single = c.Core(config())
     single.switch_connected(c.OFP13)
@@ -698,12 +705,27 @@ def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
 def test_reconcile_keeps_table_1_flows_of_the_config_and_deletes_others():
     core = c.Core(config())
     core.switch_connected(c.OFP13, pipeline=True)
-    flows = [SwitchFlow(cookies.make_pipeline(0), 1, None, None, 1),  # group 0's fast port: 1
-             SwitchFlow(cookies.make_pipeline(1, True, True), 2, None, None, 3),
-             SwitchFlow(cookies.make_pipeline(1), 1, None, None, 9),  # not group 1's port
+    stale = [SwitchFlow(cookies.make_pipeline(1), 1, None, None, 9),  # not group 1's port
              SwitchFlow(cookies.make_pipeline(5), 1, None, None, 1)]  # no such group
-    deletes = [x.flow for x in core.reconcile(flows, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]
-    assert deletes == flows[2:]
+    deletes = [x.flow for x in core.reconcile(_table_1() + stale, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]
+    assert deletes == stale
     single = c.Core(config())
     single.switch_connected(c.OFP13)
-    assert len([x for x in single.reconcile(flows, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]) == 4
+    assert len([x for x in single.reconcile(_table_1() + stale, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]) == 12
+
+
+def test_no_shunt_goes_to_table_1_before_the_switch_shows_all_of_it():
+    """A lagging switch (hardware) answers the flow read before it applied table 1: the
+    read is repeated, and nothing is installed or adopted meanwhile."""
+    core = c.Core(config())
+    core.switch_connected(c.OFP13, pipeline=True)
+    (again,) = core.reconcile(_table_1()[:7], 0.0)
+    assert types(again.commands) == ["RequestSwitchFlows"] and again.delay == c.PIPELINE_READ_AGAIN
+    assert not core.reconciled and "InstallFlows" not in types(core.conntrack_event(event()))
+    assert "ResyncConntrack" in types(core.reconcile(_table_1(), 0.3)) and core.reconciled
+    # A switch that never shows it: after PIPELINE_READS reads the controller goes on.
+    stuck = c.Core(config())
+    stuck.switch_connected(c.OFP13, pipeline=True)
+    for _ in range(c.PIPELINE_READS):
+        assert not stuck.reconciled and types(stuck.reconcile([], 0.0)) == ["Later"]
+    assert types(stuck.reconcile([], 0.0)) == ["ResyncConntrack"]

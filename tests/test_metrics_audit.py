@@ -12,7 +12,8 @@ from tests.helpers import config, event  # noqa: E402
 
 
 def snapshot(**counters):
-    return {"counters": counters, "shunts": 3, "blocks": 1, "waiting": 2, "connected": 1, "max_shunts": 10}
+    return {"counters": counters, "shunts": 3, "blocks": 1, "waiting": 2, "connected": 1, "max_shunts": 10,
+            "table_max": 2000, "table_used": 12, "table_1": 10}
 
 
 def test_counters_become_labelled_prometheus_families():
@@ -33,6 +34,8 @@ def test_counters_become_labelled_prometheus_families():
                  'nfshunt_switch_connects_total 1.0', 'nfshunt_switch_connected 1.0',
                  'nfshunt_active{action="shunt"} 3.0', 'nfshunt_active{action="block"} 1.0',
                  'nfshunt_flow_budget_used 4.0', 'nfshunt_flow_budget_max 10.0', 'nfshunt_waiting 2.0',
+                 'nfshunt_table_entries_max 2000.0', 'nfshunt_table_entries_used 12.0',
+                 'nfshunt_table1_entries_used 10.0',
                  'nfshunt_shunt_latency_seconds_bucket{action="shunt",le="0.002"} 1.0'):
         assert line in text, line
 

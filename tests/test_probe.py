@@ -31,12 +31,13 @@ def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(int
         out, settings = _probe(tb)
     print(out)
     for shape in ("TCP shunt + FIN/RST catchers", "IPv6 UDP shunt", "block (no actions)", "packet-in meter",
-                  "second table"):
+                  "pipeline layout: TCP shunt to table 1"):
         assert f"ok   {shape}" in out, shape
     assert "flow-mod rate: 1000 flow-mods behind one barrier" in out
     lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])
     assert lag < 50
     assert settings["confirm"] == "barrier" and settings["tcp_teardown"] is True
+    assert settings["flow_layout"] == "auto"
     assert settings["openflow_versions"] == ["1.3"] and settings["max_shunts"] > 0
 
 
