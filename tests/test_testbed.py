@@ -33,6 +33,25 @@ def test_each_mode_sends_the_packets_where_it_says(integration_ready, mode):
             assert hops["slow_path_packets"] < 0.05 * got  # only the set-up went through the firewall
 
 
+def test_the_userspace_switch_ports_get_a_switch_like_buffer_and_the_machine_keeps_its_own(integration_ready):
+    """The packet sockets Open vSwitch's userspace datapath reads the ports through hold
+    4 MB (208 KB by default: ~15 jumbo frames), and net.core.rmem_default is the machine's
+    again once the testbed is up."""
+    import re
+    import subprocess
+    from nfshunt_testbed import RMEM_DEFAULT, SWITCH_RX_BUFFER, Testbed
+    before = open(RMEM_DEFAULT).read()
+    with Testbed(mode="direct") as tb:
+        assert open(RMEM_DEFAULT).read() == before
+        if tb.datapath != "netdev":
+            pytest.skip("kernel datapath: the switch reads no packet sockets")
+        out = subprocess.run(["ss", "-0", "-m", "-p", "-n"], capture_output=True, text=True, check=True).stdout
+        buffers = {m.group(1): int(m.group(2)) for m in re.finditer(r"\*:(s1-eth\d+)\s.*?skmem:\(r\d+,rb(\d+)", out)}
+        assert set(buffers) >= {f"s1-eth{p}" for p in tb.switch_ports}, out
+        assert all(rb >= SWITCH_RX_BUFFER for rb in buffers.values()), buffers
+    assert open(RMEM_DEFAULT).read() == before
+
+
 @pytest.mark.parametrize("mechanism", ["nfqueue", "netem"])
 def test_emulated_rtt_matches_the_request(integration_ready, mechanism):
     from linkemu import Emulation, netem_available
