@@ -13,6 +13,7 @@ from typing import Any
 from . import cookies
 from .config import Config, PortGroup
 from .core import Conn, catches_teardown, goes_to_pipeline, pair_entries
+from .flowstats import FlowEntry
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 
 ETH_IPV4 = 0x0800
@@ -427,19 +428,25 @@ class FlowBuilder:
     # --- reading flows back ----------------------------------------------------------------
 
     def parse_stats(self, stats: Any) -> SwitchFlow:
-        in_port, t = self.parse_match(stats.match)
-        goto = False
-        if self.version == OFP10:
-            actions = stats.actions
+        """A flow-stats entry (os-ken's, or FlowEntry's straight from the bytes) as the core
+        reads it."""
+        goto, metadata = False, None
+        if isinstance(stats, FlowEntry):
+            in_port, t = self._parse_oxm(stats.fields.get, canonical=False)  # inet_ntop text already
+            outs, goto, metadata = stats.outs, stats.goto, stats.metadata
         else:
-            actions = [a for i in stats.instructions for a in getattr(i, "actions", [])]
-            goto = any(isinstance(i, self.parser.OFPInstructionGotoTable) for i in stats.instructions)
-        outs = [a.port for a in actions if hasattr(a, "port")]
+            in_port, t = self.parse_match(stats.match)
+            if self.version == OFP10:
+                actions = stats.actions
+            else:
+                actions = [a for i in stats.instructions for a in getattr(i, "actions", [])]
+                goto = any(isinstance(i, self.parser.OFPInstructionGotoTable) for i in stats.instructions)
+                metadata = next((i.metadata for i in stats.instructions
+                                 if isinstance(i, self.parser.OFPInstructionWriteMetadata)), None)
+            outs = [a.port for a in actions if hasattr(a, "port")]
         out_port = outs[0] if outs else None
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
-            metadata = [i.metadata for i in stats.instructions
-                        if isinstance(i, self.parser.OFPInstructionWriteMetadata)]
-            group = (metadata[0] >> META_GROUP_SHIFT) - 1 if metadata else -1
+            group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
             out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
         return SwitchFlow(cookie=stats.cookie, priority=stats.priority, in_port=in_port, match=t,
                           out_port=out_port, packets=stats.packet_count, bytes=stats.byte_count,
@@ -453,7 +460,10 @@ class FlowBuilder:
                 return in_port, None
             return in_port, FlowTuple(4, m.nw_proto, str(ipaddress.IPv4Address(m.nw_src)),
                                       str(ipaddress.IPv4Address(m.nw_dst)), m.tp_src, m.tp_dst)
-        get = m.get
+        return self._parse_oxm(m.get)
+
+    @staticmethod
+    def _parse_oxm(get: Any, canonical: bool = True) -> tuple[int | None, FlowTuple | None]:
         in_port = get("in_port")
         proto = get("ip_proto")
         if proto not in (TCP, UDP):
@@ -466,5 +476,6 @@ class FlowBuilder:
         sport, dport = get(f"{l4}_src"), get(f"{l4}_dst")
         if None in (src, dst, sport, dport):
             return in_port, None
-        return in_port, FlowTuple(family, proto, canonical_address(str(src)), canonical_address(str(dst)),
-                                  sport, dport)
+        if canonical:
+            src, dst = canonical_address(str(src)), canonical_address(str(dst))
+        return in_port, FlowTuple(family, proto, src, dst, sport, dport)
