@@ -69,9 +69,12 @@ def describe(values: list[float]) -> dict[str, float]:
 
 
 def ranksum(a: list[float], b: list[float]) -> float:
-    """Two-sided Wilcoxon rank-sum (Mann-Whitney U) p-value."""
-    if len(a) < 2 or len(b) < 2 or len(set(a) | set(b)) < 2:
+    """Two-sided Wilcoxon rank-sum (Mann-Whitney U) p-value; 1 when every value of both is
+    the same (no loss in any run of either path: nothing tells them apart)."""
+    if len(a) < 2 or len(b) < 2:
         return math.nan
+    if len(set(a) | set(b)) < 2:
+        return 1.0
     from scipy.stats import mannwhitneyu
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 

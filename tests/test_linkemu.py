@@ -83,3 +83,14 @@ def test_describe_and_ranksum():
     assert ranksum([1, 2, 3, 4, 5, 6, 7, 8], [11, 12, 13, 14, 15, 16, 17, 18]) < 0.01
     assert ranksum([1, 2, 3, 4], [1, 2, 3, 4]) > 0.5
     assert math.isnan(ranksum([1], [2]))
+    assert ranksum([0.0] * 20, [0.0] * 20) == 1.0  # no loss in any run of either path
+
+
+def test_the_paths_take_turns_in_rotating_blocks():
+    from experiments import interleaved
+    blocks = interleaved(20)
+    assert [m for m, _, _ in blocks[:6]] == ["direct", "nfshunt", "firewall", "nfshunt", "firewall", "direct"]
+    for mode in ("direct", "nfshunt", "firewall"):
+        runs = [r for m, first, n in blocks if m == mode for r in range(first, first + n)]
+        assert runs == list(range(20))
+    assert interleaved(2) == [("direct", 0, 2), ("nfshunt", 0, 2), ("firewall", 0, 2)]
