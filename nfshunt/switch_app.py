@@ -46,6 +46,7 @@ from .operator_api import EventControl, OperatorAPI
 from .model import TCP, ConnEvent, EventKind, SwitchFlow
 from .roles import ROLE_NAMES, Change, RoleRequest, Roles
 from .teardown_sweep import TeardownSweep
+from .trim import Trimmer
 
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
@@ -108,6 +109,8 @@ class NFShuntApp(app_manager.OSKenApp):
         self._meter_read: tuple[int, float] | None = None  # (xid, asked at)
         self._catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
         self.sweep = TeardownSweep()
+        self.trimmer = Trimmer()
+        self._events_read = 0  # conntrack events and dumped entries taken by the event loop
         self._table_xid: int | None = None
         self._role_xids: set[int] = set()
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
@@ -582,6 +585,7 @@ class NFShuntApp(app_manager.OSKenApp):
     def _conntrack(self, ev: EventConntrack) -> None:
         counters = self.counters
         out: list[c.Command] = []
+        self._events_read += len(ev.events)
         for cev in ev.events:
             counters[EVENT_COUNTER[cev.kind]] += 1
             out.extend(self.core.conntrack_event(cev))
@@ -635,6 +639,9 @@ class NFShuntApp(app_manager.OSKenApp):
             self._meter_read = (self.dp.set_xid(msg), now)
             self._queue(msg)
         self._run(self.core.tick(now))
+        busy = self.send is not None and self.send.pending() > 0
+        if self.trimmer.tick(self._events_read, busy):
+            LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")
         flush_all()  # batched log lines are at most a second late
 
     @set_ev_cls(EventShutdown)
