@@ -135,8 +135,11 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
     table = reply.get("table") or {}
-    if table.get("max_entries") is not None:
-        print(f"switch table: {table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free")
+    if table.get("layout"):
+        size = (f"{table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free"
+                if table.get("max_entries") is not None else f"{table['used']} entries used by NFShunt")
+        shared = f"; table 1: {table['table_1']} shared entries" if table.get("layout") == "pipeline" else ""
+        print(f"switch table 0: {size} ({table['layout']} flow layout{shared})")
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")

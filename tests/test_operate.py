@@ -113,6 +113,7 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_and_block(t
         tb.wait_for(lambda: live() and live()[0]["bytes"][0] > first["bytes"][0], 5, "its byte counter to move")
         table = tb.nfshunt("status", "--socket", sock)
         assert "switch: connected" in table and "10.0.0.1:45010" in table
+        assert "(pipeline flow layout; table 1: 10 shared entries)" in table  # Open vSwitch: 2 tables and more
         # unshunt: back through the bridge, and kept there.
         out = tb.nfshunt("unshunt", "--socket", sock, first["tuple"])
         assert "unshunt" in out
