@@ -77,7 +77,9 @@ class ForgedSwitch:
         self.received.append(mtype)
         out = b""
         if mtype == T_FEATURES_REQ:
-            out = _msg(T_FEATURES_REP, xid, struct.pack("!QIBB2xII", self.dpid, 0, 254, 0, 0x4F, 0))
+            # One table: the controller picks the single-table layout, whose pairs the
+            # forged flows (output in table 0) are.
+            out = _msg(T_FEATURES_REP, xid, struct.pack("!QIBB2xII", self.dpid, 0, 1, 0, 0x4F, 0))
         elif mtype == T_ECHO_REQ:
             out = _msg(T_ECHO_REP, xid, body)
         elif mtype == T_BARRIER_REQ:
