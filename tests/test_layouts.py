@@ -30,7 +30,9 @@ def test_entries_per_tcp_shunt_and_teardown_in_each_layout(tb, layout, per_shunt
                 f"table 1 to hold {table_1} flows")
     base = len(_ours(tb))
     srv = tb.conn_server(SHUNT)
-    conns, _ = tb.open_conns(SHUNT, N, cport_base=53001)
+    # Ports of their own per layout: reusing the tuples of connections that closed a moment
+    # ago (TIME_WAIT) left 3-4 of 20 shunts without their second FIN (under investigation).
+    conns, _ = tb.open_conns(SHUNT, N, cport_base=53001 if layout == "pipeline" else 54001)
     try:
         tb.wait_for(lambda: len(tb.conn_flows(SHUNT)) == 2 * N, 15, f"{N} shunts", interval=0.2)
         tb.wait_for(lambda: len(_ours(tb)) - base >= per_shunt * N, 5, "their catchers", interval=0.2)
@@ -43,7 +45,12 @@ def test_entries_per_tcp_shunt_and_teardown_in_each_layout(tb, layout, per_shunt
         # Clean closes end every shunt through the catchers, long before the 60 s idle timeout.
         conns.stdin.write("close\n")
         conns.stdin.flush()
-        tb.wait_for(lambda: len(_ours(tb)) == base, 10, "every shunt and catcher gone", interval=0.2)
+        try:
+            tb.wait_for(lambda: len(_ours(tb)) == base, 10, "every shunt and catcher gone", interval=0.2)
+        except Exception:
+            print("left:", [f for f in _ours(tb) if str(SHUNT) in str(f)],
+                  tb.control({"cmd": "status", "connections": False})["counters"])
+            raise
         counters = tb.control({"cmd": "status", "connections": False})["counters"]
         assert counters.get("removed:shunt:tcp fin", 0) >= N
         assert not [k for k in counters if k.startswith("packet_in:") and k != "packet_in:teardown"], counters
