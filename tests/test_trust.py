@@ -174,7 +174,13 @@ def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
     tb.ofctl("del-flows")
     st = tb.control({"cmd": "status"})
     assert st["switch"]["connected"]
+    before = len(tb.controller_output())
     subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
+    # Every connection of the good switch over (one it had in flight may still log its
+    # connect): only then is a "connected from" the rogue switch's.
+    tb.wait_for(lambda: "disconnected" in tb.controller_output()[before:], 5, "the good switch's connection to end")
+    time.sleep(0.5)
+    tb.wait_for(lambda: not tb.control({"cmd": "status"})["switch"]["connected"], 5, "no switch served")
     # A switch whose certificate another CA signed: never served.
     mark = len(tb.controller_output())
     subprocess.run(["ovs-vsctl", "set-ssl", os.path.join(d, "rogue-key.pem"), os.path.join(d, "rogue-cert.pem"),
