@@ -55,8 +55,9 @@ THESIS_TABLE_4_4 = {  # RTT -> path -> (mean Gbit/s, mean loss % or None where t
 }
 SCALING = ("Scaling: the thesis ran 10 Gbit/s hosts through a Pica8 P-3290 and a Cisco ASA 5585 with netem "
            "delay; this testbed runs 1 Gbit/s host links (what a 2-core userspace Open vSwitch forwards without "
-           "loss) through Open vSwitch's userspace datapath and a Linux bridge shaped to 900 Mbit/s with a 64 KB "
-           "buffer, with netem where the kernel has it and an NFQUEUE delay program where it does not.")
+           "loss) through Open vSwitch's userspace datapath and a Linux bridge shaped to 900 Mbit/s with a 4 MB "
+           "buffer (calibrated to the thesis firewall's loss), with netem where the kernel has it and an NFQUEUE "
+           "delay program where it does not.")
 
 
 def describe(values: list[float]) -> dict[str, float]:
@@ -612,7 +613,8 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--delay", choices=DELAY_MECHANISMS, default="auto", help="delay mechanism (default auto)")
     ap.add_argument("--link-mbit", type=float, default=1000, help="host link rate (default 1000)")
     ap.add_argument("--slow-mbit", type=float, default=900, help="slow path rate (default 900)")
-    ap.add_argument("--slow-buffer-kb", type=int, default=64, help="slow path buffer per direction (default 64)")
+    ap.add_argument("--slow-buffer-kb", type=int, default=4096,
+                    help="slow path buffer per direction (default 4096, calibrated to the thesis firewall's loss)")
     args = ap.parse_args(argv)
     if args.runs is not None and args.runs < 1:
         ap.error("--runs must be at least 1")

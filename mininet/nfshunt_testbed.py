@@ -14,6 +14,10 @@ Modes from the one topology:
             controller, conntrackd and keepalived (config/ha/ rendered for the node), a
             sync link (fw-eth2 <-> fw2-eth2) and a VRRP link (fw-eth3 <-> fw2-eth3); both
             controllers connected to s1, fw the active one after start.
+  two-switch  one controller serves two switches (config `switches`): s1 as above, and
+            s2 with h3 (port 1) and h4 (port 3), cabled to fw-eth2 (port 2, physdevin 3)
+            and fw-eth3 (port 4, physdevin 4) of the same bridge br0; h1 -> h3 crosses
+            both switches through the firewall.
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -58,7 +62,9 @@ OF_PORT = 6653
 LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
-MODES = ("direct", "firewall", "nfshunt", "ha")
+MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch")
+H3_IP, H4_IP = "10.0.0.3", "10.0.0.4"
+S1_DPID, S2_DPID = "00000000000000a1", "00000000000000a2"
 # The pair's second firewall (mode "ha"): its slow ports, control link, and the pair's links.
 SLOW1_B, SLOW2_B = 5, 6
 MGMT_ROOT2, MGMT_FW2 = "169.254.66.9", "169.254.66.10"
@@ -137,11 +143,11 @@ def kernel_datapath_available() -> bool:
 
 
 class TwoHostTopo(Topo):
-    def build(self, ha: bool = False) -> None:  # type: ignore[override]
+    def build(self, ha: bool = False, two_switch: bool = False) -> None:  # type: ignore[override]
         h1 = self.addHost("h1", ip=f"{H1_IP}/24")
         h2 = self.addHost("h2", ip=f"{H2_IP}/24")
         fw = self.addHost("fw", ip=None)
-        s1 = self.addSwitch("s1", dpid="00000000000000a1")
+        s1 = self.addSwitch("s1", dpid=S1_DPID)
         self.addLink(h1, s1, port2=FAST1)
         self.addLink(fw, s1, port1=0, port2=SLOW1)
         self.addLink(h2, s1, port2=FAST2)
@@ -152,6 +158,14 @@ class TwoHostTopo(Topo):
             self.addLink(fw2, s1, port1=1, port2=SLOW2_B)
             self.addLink(fw, fw2, port1=2, port2=2)  # conntrackd's sync link
             self.addLink(fw, fw2, port1=3, port2=3)  # VRRP
+        if two_switch:
+            h3 = self.addHost("h3", ip=f"{H3_IP}/24")
+            h4 = self.addHost("h4", ip=f"{H4_IP}/24")
+            s2 = self.addSwitch("s2", dpid=S2_DPID)
+            self.addLink(h3, s2, port2=FAST1)
+            self.addLink(fw, s2, port1=2, port2=SLOW1)
+            self.addLink(h4, s2, port2=FAST2)
+            self.addLink(fw, s2, port1=3, port2=SLOW2)
 
 
 @dataclass
@@ -165,6 +179,7 @@ class Firewall:
     mgmt_ifs: tuple[str, str]  # the control link's veth ends: root side, node side
     workdir: str
     index: int = 0
+    bridge_ports: int = 2  # fw-eth0 ... : 4 in mode two-switch
     controller: subprocess.Popen | None = None
     daemons: list[subprocess.Popen] = field(default_factory=list)
 
@@ -181,13 +196,13 @@ class Firewall:
         return os.path.join(self.workdir, "control", "nfshunt.sock")
 
     @property
-    def intfs(self) -> tuple[str, str]:
-        return f"{self.name}-eth0", f"{self.name}-eth1"
+    def intfs(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}-eth{i}" for i in range(self.bridge_ports))
 
     @property
     def links(self) -> tuple[str, ...]:
         """Every link of the node: bridge ports, (in a pair) sync and VRRP, control."""
-        return (*self.intfs, f"{self.name}-eth2", f"{self.name}-eth3", self.mgmt_ifs[1])
+        return tuple(dict.fromkeys((*self.intfs, f"{self.name}-eth2", f"{self.name}-eth3", self.mgmt_ifs[1])))
 
 
 class Testbed:
@@ -207,7 +222,9 @@ class Testbed:
         self.workdir = workdir or tempfile.mkdtemp(prefix="nfshunt-testbed-")
         self.net: Mininet | None = None
         self.datapath = "system" if kernel_datapath_available() else "netdev"
-        self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir)]
+        self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir,
+                                   bridge_ports=4 if mode == "two-switch" else 2)]
+        self.bridges = ("s1", "s2") if mode == "two-switch" else ("s1",)
         if mode == "ha":
             self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
                                            os.path.join(self.workdir, "fw2"), index=1))
@@ -234,6 +251,11 @@ class Testbed:
     @property
     def h2(self) -> Host:
         return self.net.get("h2")  # type: ignore[union-attr]
+
+    @property
+    def hosts(self) -> list[Host]:
+        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch)."""
+        return [self.net.get(h) for h in ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)]]  # type: ignore[union-attr]
 
     @property
     def fw(self) -> Host:
@@ -274,17 +296,23 @@ class Testbed:
 
     def nfshunt_config(self, fw: Firewall | None = None) -> dict[str, Any]:
         fw = fw or self.firewalls[0]
-        eth0, eth1 = fw.intfs
+        eth0, eth1 = fw.intfs[:2]
+        ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
+                 {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
+        groups: dict[str, Any] = {"ports": ports}
+        if self.mode == "two-switch":
+            groups = {"switches": [
+                {"datapath_id": S1_DPID, "ports": ports},
+                {"datapath_id": S2_DPID, "ports": [
+                    {"fast": FAST1, "slow": SLOW1, "physdevin": 3, "bridge_port": fw.intfs[2]},
+                    {"fast": FAST2, "slow": SLOW2, "physdevin": 4, "bridge_port": fw.intfs[3]}]}]}
         cfg: dict[str, Any] = {
             "delete_flows_on_startup": True,
             "delete_flows_on_shutdown": True,
             "default_shunt_timeout": 10,
             "default_block_timeout": 10,
             "default_no_shunting": True,
-            "ports": [
-                {"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
-                {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1},
-            ],
+            **groups,
             "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
             "openflow_versions": [self.of_version],
             "listen_address": fw.mgmt_fw,
@@ -328,7 +356,8 @@ class Testbed:
             if self.switch_lag_ms is not None:
                 self._start_lag_proxy()
                 controller[0] = lambda name: RemoteController(name, ip="127.0.0.1", port=LAG_PROXY_PORT)
-        self.net = Mininet(topo=TwoHostTopo(ha=self.mode == "ha"), controller=controller, autoSetMacs=True,
+        self.net = Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch"),
+                           controller=controller, autoSetMacs=True,
                            switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
                                                                else "kernel", failMode="secure",
                                                                protocols=ofproto, **kw),
@@ -340,8 +369,8 @@ class Testbed:
         self.net.build()
         # The switch ports' kernel side (root namespace) would send neighbour and multicast
         # listener messages of its own onto the links: traffic no host sent.
-        for port in self.switch_ports:
-            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.s1-eth{port}.disable_ipv6=1"], check=False)
+        for intf in self.switch_intfs:
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1"], check=False)
         self._setup_hosts()
         for fw in self.firewalls:
             os.makedirs(fw.workdir, exist_ok=True)
@@ -362,7 +391,7 @@ class Testbed:
                 if fw.index == 0:
                     self.wait_for(lambda: self.defaults_point_to(self.firewalls[0]), 20,
                                   "the first firewall to take the switch over")
-        elif self.mode == "nfshunt":
+        elif self.controlled:
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
         self._setup_emulation()
 
@@ -394,17 +423,22 @@ class Testbed:
 
     @property
     def controlled(self) -> bool:
-        return self.mode in ("nfshunt", "ha")
+        return self.mode in ("nfshunt", "ha", "two-switch")
 
     @property
     def switch_ports(self) -> tuple[int, ...]:
         return (FAST1, FAST2) + tuple(p for fw in self.firewalls for p in fw.slow)
 
+    @property
+    def switch_intfs(self) -> list[str]:
+        """The switches' ports' interfaces in the root namespace (s1-eth1 ...)."""
+        return [f"{br}-eth{port}" for br in self.bridges for port in self.switch_ports]
+
     def _setup_emulation(self) -> None:
         """Link rates, MTU, host tuning, slow path, delay; then check the RTT before any run."""
         emu = self.emulation
-        for port in self.switch_ports:
-            subprocess.run(["ovs-vsctl", "set", "interface", f"s1-eth{port}", f"mtu_request={emu.mtu}"],
+        for intf in self.switch_intfs:
+            subprocess.run(["ovs-vsctl", "set", "interface", intf, f"mtu_request={emu.mtu}"],
                            check=True, capture_output=True)
         for fw in self.firewalls:
             shape_slow_path(self.run, self.node(fw), fw.intfs, emu)
@@ -429,10 +463,10 @@ class Testbed:
             raise TestbedError(str(exc)) from None
 
     def _setup_hosts(self) -> None:
-        for host, ip6 in ((self.h1, H1_IP6), (self.h2, H2_IP6)):
+        for i, host in enumerate(self.hosts):
             intf = f"{host.name}-eth0"
             self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
-            self.run(host, "ip", "-6", "addr", "add", f"{ip6}/64", "dev", intf, "nodad")
+            self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
             # The userspace datapath completes checksums of offloaded packets only with its
             # own TSO support on (other_config:userspace-tso-enable, set when Open vSwitch
             # starts); otherwise the hosts must not offload.
@@ -627,7 +661,7 @@ class Testbed:
 
     def _program_static_flows(self) -> None:
         """Direct and firewall modes have no controller: their patching is static."""
-        if self.mode == "nfshunt":
+        if self.controlled:
             return
         pairs = [(FAST1, FAST2)] if self.mode == "direct" else [(FAST1, SLOW1), (FAST2, SLOW2)]
         for a, b in pairs:
@@ -659,7 +693,8 @@ class Testbed:
                 self._restore_rmem_default()  # a start that failed halfway
                 for fw in self.firewalls:
                     subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
-                subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "s1"], capture_output=True)
+                for bridge in self.bridges:
+                    subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
                 for sig, old in self._old_signals.items():
                     signal.signal(sig, old)
                 self._old_signals.clear()
@@ -668,15 +703,15 @@ class Testbed:
 
     # --- observation ----------------------------------------------------------------------
 
-    def ofctl(self, *args: str) -> str:
+    def ofctl(self, *args: str, bridge: str = "s1") -> str:
         proto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
-        return subprocess.run(["ovs-ofctl", "-O", proto, *args[:1], "s1", *args[1:]],
+        return subprocess.run(["ovs-ofctl", "-O", proto, *args[:1], bridge, *args[1:]],
                               check=True, capture_output=True, text=True).stdout
 
-    def flows(self) -> list[dict[str, str]]:
-        """s1's flows as dicts (cookie, priority, match fields, actions, n_packets ...)."""
+    def flows(self, bridge: str = "s1") -> list[dict[str, str]]:
+        """A switch's flows as dicts (cookie, priority, match fields, actions, n_packets ...)."""
         out = []
-        for line in self.ofctl("dump-flows").splitlines():
+        for line in self.ofctl("dump-flows", bridge=bridge).splitlines():
             line = line.strip()
             if not line.startswith("cookie="):
                 continue
@@ -691,10 +726,10 @@ class Testbed:
             out.append(flow)
         return out
 
-    def conn_flows(self, port: int) -> list[dict[str, str]]:
+    def conn_flows(self, port: int, bridge: str = "s1") -> list[dict[str, str]]:
         """The per-connection (shunt or block) flows that involve L4 port `port`."""
         p = str(port)
-        return [f for f in self.flows()
+        return [f for f in self.flows(bridge)
                 if int(f.get("cookie", "0"), 16) >> 56 == 0x4E and int(f["cookie"], 16) >> 48 & 0xFF in (2, 3)
                 and p in (f.get("tp_src"), f.get("tp_dst"), f.get("tcp_src"), f.get("tcp_dst"),
                           f.get("udp_src"), f.get("udp_dst"))]
@@ -703,7 +738,7 @@ class Testbed:
         if self.controller is not None and self.controller.poll() is not None:
             raise TestbedError("the controller exited:\n" + self.controller_output()[-3000:])
         cookie = "0x4e01000000000000"
-        return sum(1 for f in self.flows() if f.get("cookie") == cookie) == 4
+        return all(sum(1 for f in self.flows(br) if f.get("cookie") == cookie) == 4 for br in self.bridges)
 
     def slow_path_packets(self) -> int:
         """Packets the switch has sent towards the firewall bridge (both slow ports)."""
@@ -729,9 +764,9 @@ class Testbed:
             raise TestbedError(f"iperf3 server on port {port} exited ({srv.returncode})")
         return srv
 
-    def conn_server(self, port: int) -> subprocess.Popen:
-        """conngen.py's echo server for many connections, on h2."""
-        srv = self.spawn(self.h2, PYTHON, os.path.join(HERE, "conngen.py"), "serve", str(port),
+    def conn_server(self, port: int, node: Host | None = None) -> subprocess.Popen:
+        """conngen.py's echo server for many connections, on h2 (or another host)."""
+        srv = self.spawn(node or self.h2, PYTHON, os.path.join(HERE, "conngen.py"), "serve", str(port),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = srv.stdout.readline() if srv.stdout else ""
         if not line.startswith("listening"):
@@ -740,13 +775,13 @@ class Testbed:
         return srv
 
     def open_conns(self, port: int, n: int, cport_base: int | None = None,
-                   dst: str = H2_IP) -> tuple[subprocess.Popen, float]:
-        """n connections h1 -> h2 held open by conngen.py; (process, epoch when all were up).
-        Write "close" to its stdin to close them cleanly."""
+                   dst: str = H2_IP, src: Host | None = None) -> tuple[subprocess.Popen, float]:
+        """n connections h1 (or src) -> h2 (or dst) held open by conngen.py; (process, epoch
+        when all were up). Write "close" to its stdin to close them cleanly."""
         args = [PYTHON, os.path.join(HERE, "conngen.py"), "open", dst, str(port), str(n)]
         if cport_base:
             args += ["--cport-base", str(cport_base)]
-        proc = self.h1.popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = (src or self.h1).popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=self._env(), cwd=REPO)
         self._procs.append(proc)
         line = proc.stdout.readline() if proc.stdout else ""

@@ -61,8 +61,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK: {len(cfg.ports)} port groups, actions "
           + ", ".join(f"{n}={a}" for n, a in sorted(cfg.mark_actions.items()))
           + f", OpenFlow {'/'.join(cfg.openflow_versions)} on {cfg.listen_address}:{cfg.listen_port}")
-    print(f"entries deleted after confirm={cfg.confirm}"
-          + (f" (+{cfg.confirm_delay:g} s)" if cfg.confirm != "barrier" else "") + f" and a {cfg.drain:g} s drain")
+    for sw in cfg.served:
+        where = f"switch {sw.datapath_id:016x} (port groups " + ", ".join(str(g.physdevin) for g in sw.ports) + \
+            "): " if cfg.switches else ""
+        print(f"{where}entries deleted after confirm={sw.confirm}"
+              + (f" (+{sw.confirm_delay:g} s)" if sw.confirm != "barrier" else "") + f" and a {sw.drain:g} s drain")
     if cfg.pair is not None:
         print(f"firewall pair member: starts {cfg.pair.start_role} unless {cfg.pair.state_file} says otherwise; "
               "`nfshunt role master|backup` (keepalived's notify) changes it")
@@ -122,24 +125,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reply, indent=2, sort_keys=True))
         return 0
-    sw = reply["switch"]
-    print(f"switch: {'connected' if sw['connected'] else 'NOT CONNECTED'}"
-          + (f" dpid {sw['datapath_id']} OpenFlow {sw['openflow']} from {sw['address']}" if sw["connected"] else ""))
-    pair = reply.get("pair")
-    if pair:
-        print(f"pair: {pair['wanted']} (switch granted: {pair['granted'] or 'nothing yet'}), generation "
-              f"{pair['generation']}, switch's {pair['switch_generation']}"
-              + (f"; backup because {pair['why_backup']}" if pair["why_backup"] and pair["wanted"] == "backup" else ""))
+    switches = reply["switches"]
+    for sw in switches:
+        name = f"switch {sw['datapath_id']}" if len(switches) > 1 else "switch"
+        print(f"{name}: {'connected' if sw['connected'] else 'NOT CONNECTED'}"
+              + (f" dpid {sw['datapath_id']} OpenFlow {sw['openflow']} from {sw['address']}" if sw["connected"]
+                 else "")
+              + (f", shunts {sw['shunts']}, blocks {sw['blocks']}" if len(switches) > 1 else ""))
+        pair = sw.get("pair")
+        if pair:
+            print(f"pair: {pair['wanted']} (switch granted: {pair['granted'] or 'nothing yet'}), generation "
+                  f"{pair['generation']}, switch's {pair['switch_generation']}"
+                  + (f"; backup because {pair['why_backup']}" if pair["why_backup"] and pair["wanted"] == "backup"
+                     else ""))
+        table = sw.get("table") or {}
+        if table.get("layout"):
+            size = (f"{table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free"
+                    if table.get("max_entries") is not None else f"{table['used']} entries used by NFShunt")
+            shared = f"; table 1: {table['table_1']} shared entries" if table.get("layout") == "pipeline" else ""
+            print(f"{name} table 0: {size} ({table['layout']} flow layout{shared})")
     budget = f" of {reply['max_shunts']}" if reply["max_shunts"] else ""
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
-    table = reply.get("table") or {}
-    if table.get("layout"):
-        size = (f"{table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free"
-                if table.get("max_entries") is not None else f"{table['used']} entries used by NFShunt")
-        shared = f"; table 1: {table['table_1']} shared entries" if table.get("layout") == "pipeline" else ""
-        print(f"switch table 0: {size} ({table['layout']} flow layout{shared})")
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")

@@ -6,6 +6,7 @@ firewall component's config must not silently fall back to a default.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -105,10 +106,19 @@ class Config:
     log_format: str = "text"
     bridge: str | None = None
     pair: PairConfig | None = None
+    # Several switches (`switches`): one Config per switch, each with that switch's
+    # datapath_id, ports and overrides; `ports` above then holds every switch's groups
+    # (the firewall's bridge ports, for the iptables plumbing). Empty: one switch, this one.
+    switches: tuple["Config", ...] = ()
     by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         self.by_physdevin.update({p.physdevin: p for p in self.ports})
+
+    @property
+    def served(self) -> tuple["Config", ...]:
+        """The config of each switch this controller serves (itself when there is one)."""
+        return self.switches or (self,)
 
     @property
     def ofp_versions(self) -> list[int]:
@@ -121,11 +131,11 @@ class Config:
         if self.tls is None and not loopback:
             out.append(f"the OpenFlow listener on {self.listen_address} has no TLS: any host that reaches "
                        f"port {self.listen_port} can pose as the switch; set 'tls' (with ca_certificate)")
-            if not self.switch_addresses:
+            if not all(sw.switch_addresses for sw in self.served):
                 out.append("no 'switch_addresses': connections are accepted from any address")
         if self.tls is not None and self.tls.ca_certificate is None:
             out.append("tls has no ca_certificate: the switch's certificate is not verified")
-        if self.datapath_id is None:
+        if self.datapath_id is None and not self.switches:
             out.append("no 'datapath_id': the first switch to connect is served")
         return out
 
@@ -387,25 +397,79 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
+# What each entry of `switches` may set; the other keys are the controller's (or, at the
+# top level, every switch's default).
+PER_SWITCH: dict[str, Callable[[str, Any], Any]] = {
+    key: TOP_LEVEL[key] for key in ("datapath_id", "ports", "switch_addresses", "packet_in_rate", "flow_mod_rate",
+                                    "install_queue", "max_shunts", "flow_layout", "confirm", "confirm_delay",
+                                    "drain")}
+
+
+def _switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of switches ({\"datapath_id\": ..., \"ports\": [...]})")
+    entries = tuple(_object(f"{key}[{i}]", v, PER_SWITCH, required=("datapath_id", "ports"))
+                    for i, v in enumerate(value))
+    seen: dict[Any, str] = {}
+    for i, entry in enumerate(entries):
+        if entry["datapath_id"] is None:
+            raise ConfigError(f"{key}[{i}].datapath_id", "each of several switches needs its datapath id")
+        if ("dpid", entry["datapath_id"]) in seen:
+            raise ConfigError(f"{key}[{i}].datapath_id", f"{entry['datapath_id']:016x} is already used by "
+                              f"{seen[('dpid', entry['datapath_id'])]}")
+        seen[("dpid", entry["datapath_id"])] = f"{key}[{i}]"
+        # The groups' physdevin and bridge ports are the one firewall's: unique across switches.
+        for j, group in enumerate(entry["ports"]):
+            for attr in ("physdevin", "bridge_port"):
+                v = getattr(group, attr)
+                if v is not None and (attr, v) in seen:
+                    raise ConfigError(f"{key}[{i}].ports[{j}].{attr}", f"{v!r} is already used by {seen[(attr, v)]}")
+                seen[(attr, v)] = f"{key}[{i}].ports[{j}]"
+    return entries
+
+
+def _check(cfg: Config, prefix: str = "") -> None:
+    """What the keys of one switch's config must agree on (prefix: where its keys are)."""
+    if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
+        raise ConfigError(f"{prefix}confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set "
+                          "openflow_versions to [\"1.3\"], or use delay")
+    if cfg.flow_layout == "pipeline":
+        if "1.3" not in cfg.openflow_versions:
+            raise ConfigError(f"{prefix}flow_layout", "pipeline needs OpenFlow 1.3 (goto-table): add \"1.3\" to "
+                              "openflow_versions, or use single")
+        if not cfg.tcp_teardown:
+            raise ConfigError(f"{prefix}flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown "
+                              "is false: use single or auto")
+
+
 def from_dict(raw: Any) -> Config:
-    values = _object("", raw, TOP_LEVEL, required=("ports", "mark_actions"))
+    values = _object("", raw, {**TOP_LEVEL, "switches": _switches}, required=("mark_actions",))
+    switches = values.pop("switches", None)
+    if switches is None and "ports" not in values:
+        raise ConfigError("ports", "required key is missing (or list several switches in 'switches')")
+    if switches is not None:
+        for name in ("ports", "datapath_id"):
+            if name in values:
+                raise ConfigError(name, "goes into each entry of 'switches' when several are listed")
+        values["ports"] = tuple(g for entry in switches for g in entry["ports"])
     cfg = Config(**values)
+    if switches is not None:
+        if cfg.pair is not None and len(switches) > 1:
+            raise ConfigError("pair", "a firewall pair serves one switch (several in 'switches' are not supported "
+                              "with 'pair' yet): run one controller pair per switch")
+        served = []
+        for i, entry in enumerate(switches):
+            one = dataclasses.replace(cfg, by_physdevin={}, **entry)
+            _check(one, f"switches[{i}].")
+            served.append(one)
+        cfg = dataclasses.replace(cfg, by_physdevin={}, switches=tuple(served))
     if cfg.default_priority >= min(cfg.shunt_priority, cfg.block_priority):
         raise ConfigError("default_priority", "must be lower than shunt_priority and block_priority,"
                           " or shunts would never win over the slow path")
     if not cfg.default_no_shunting and cfg.delete_flows_on_startup and cfg.delete_foreign_flows_on_startup:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
-    if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
-        raise ConfigError("confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set openflow_versions "
-                          "to [\"1.3\"], or use delay")
-    if cfg.flow_layout == "pipeline":
-        if "1.3" not in cfg.openflow_versions:
-            raise ConfigError("flow_layout", "pipeline needs OpenFlow 1.3 (goto-table): add \"1.3\" to "
-                              "openflow_versions, or use single")
-        if not cfg.tcp_teardown:
-            raise ConfigError("flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown is false: "
-                              "use single or auto")
+    _check(cfg)
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

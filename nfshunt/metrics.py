@@ -89,7 +89,21 @@ class AppCollector(Collector):
         active.add_metric(["shunt"], snap["shunts"])
         active.add_metric(["block"], snap["blocks"])
         yield active
-        yield GaugeMetricFamily("nfshunt_switch_connected", "1 while the switch is connected", value=snap["connected"])
+        yield GaugeMetricFamily("nfshunt_switch_connected", "Served switches connected now (1 while the switch is "
+                                "connected, with one)", value=snap["connected"])
+        per_switch = snap.get("switches") or []
+        if len(per_switch) > 1:  # several switches: each one's own state, by datapath id
+            up = GaugeMetricFamily("nfshunt_switch_up", "1 while this switch is connected", labels=("datapath_id",))
+            pairs = GaugeMetricFamily("nfshunt_switch_active", "Shunt and block pairs on this switch now",
+                                      labels=("datapath_id", "action"))
+            used = GaugeMetricFamily("nfshunt_switch_table_entries_used", "Entries NFShunt's flows take in this "
+                                     "switch's table 0", labels=("datapath_id",))
+            for sw in per_switch:
+                up.add_metric([sw["datapath_id"]], sw["connected"])
+                pairs.add_metric([sw["datapath_id"], "shunt"], sw["shunts"])
+                pairs.add_metric([sw["datapath_id"], "block"], sw["blocks"])
+                used.add_metric([sw["datapath_id"]], sw["table_used"])
+            yield from (up, pairs, used)
         yield GaugeMetricFamily("nfshunt_flow_budget_used", "Pairs counted against max_shunts",
                                 value=snap["shunts"] + snap["blocks"])
         yield GaugeMetricFamily("nfshunt_flow_budget_max", "Pairs allowed at once: max_shunts, or derived from the "

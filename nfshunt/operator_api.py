@@ -1,12 +1,16 @@
 """The operator API: what the control socket's requests do (status, flush, reevaluate,
 unshunt, block), answered on the app's event loop. The app hands each request over
-(EventControl) and lends this class its state; nothing here talks to a socket."""
+(EventControl) and lends this class its state; nothing here talks to a socket.
+
+With several switches every request concerns all of them: status reads each connected
+switch's flows and answers once all have replied (or gone); flush, reevaluate, unshunt
+and block act on every switch's pairs."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from os_ken.controller import event
 
@@ -15,6 +19,7 @@ from . import markcodec
 from .accounting import conn_fields
 from .control import parse_tuple
 from .model import FlowTuple, SwitchFlow
+from .switch import Switch
 
 if TYPE_CHECKING:
     from .switch_app import NFShuntApp
@@ -36,46 +41,55 @@ class EventControl(event.EventBase):
         self.done.set()
 
 
+class StatusRequest:
+    """A status request waiting for the flow stats of every switch it asked."""
+
+    def __init__(self, ev: EventControl):
+        self.ev = ev
+        self.flows: dict[int, list[SwitchFlow] | None] = {}  # by switch index (None: no read)
+        self.asked: dict[int, int] = {}  # switch index -> xid of the read still open
+
+
 class OperatorAPI:
     def __init__(self, app: "NFShuntApp"):
         self.app = app
-        self._requests: dict[int, tuple[list[SwitchFlow], EventControl]] = {}  # status requests by xid
-
-    # The app's state, read where it is needed (the switch comes and goes).
-    @property
-    def core(self) -> c.Core:
-        return self.app.core
+        self._requests: dict[tuple[int, int], StatusRequest] = {}  # by (switch index, xid)
 
     @property
     def counters(self) -> Any:
         return self.app.counters
 
     @property
-    def dp(self) -> Any:
-        return self.app.dp
+    def switches(self) -> list[Switch]:
+        return self.app.switches
 
-    @property
-    def fb(self) -> Any:
-        return self.app.fb
+    def _connected(self) -> bool:
+        return any(sw.dp is not None for sw in self.switches)
 
-    def collecting(self, xid: int) -> list[SwitchFlow] | None:
+    def collecting(self, sw: Switch, xid: int) -> list[SwitchFlow] | None:
         """The flows gathered so far for a status request's flow-stats reply (None: not one)."""
-        request = self._requests.get(xid)
-        return request[0] if request is not None else None
+        request = self._requests.get((sw.index, xid))
+        return request.flows.get(sw.index) if request is not None else None
 
-    def answer_status(self, xid: int) -> None:
-        flows, ev = self._requests.pop(xid)
-        ev.answer(self.status(flows))
+    def answer_status(self, sw: Switch, xid: int) -> None:
+        request = self._requests.pop((sw.index, xid))
+        del request.asked[sw.index]
+        if not request.asked:
+            request.ev.answer(self.status(request.flows))
 
-    def switch_gone(self) -> None:
-        for _, request in self._requests.values():
-            request.answer(self.status(None))
-        self._requests.clear()
+    def switch_gone(self, sw: Switch) -> None:
+        for key in [k for k in self._requests if k[0] == sw.index]:
+            request = self._requests.pop(key)
+            request.flows[sw.index] = None
+            del request.asked[sw.index]
+            if not request.asked:
+                request.ev.answer(self.status(request.flows))
 
-    def table(self) -> dict[str, Any]:
-        """Entries of the switch's table 0: what it holds (as reported), what NFShunt uses;
+    @staticmethod
+    def table(sw: Switch) -> dict[str, Any]:
+        """Entries of a switch's table 0: what it holds (as reported), what NFShunt uses;
         the flow layout, and in the pipeline layout the entries of table 1."""
-        core = self.core
+        core = sw.core
         used = core.default_entries() + core.entries
         layout = None if core.version is None else "pipeline" if core.pipeline else "single"
         return {"layout": layout, "max_entries": core.table_max, "used": used,
@@ -88,24 +102,29 @@ class OperatorAPI:
         now = time.monotonic()
         if cmd == "status":
             if req.get("connections") is False:  # counts only: cheap with 100k shunts
-                ev.answer(self.status(None, connections=False))
+                ev.answer(self.status({}, connections=False))
                 return
-            if self.dp is None or self.fb is None:
-                ev.answer(self.status(None))
-                return
-            msg = self.fb.owned_flow_stats_request()
-            xid = self.dp.set_xid(msg)
-            self._requests[xid] = ([], ev)
-            self.app._queue(msg)
-            self.app._flush()
+            request = StatusRequest(ev)
+            for sw in self.switches:
+                if sw.dp is None or sw.fb is None:
+                    request.flows[sw.index] = None
+                    continue
+                msg = sw.fb.owned_flow_stats_request()
+                xid = sw.dp.set_xid(msg)
+                request.flows[sw.index] = []
+                request.asked[sw.index] = xid
+                self._requests[(sw.index, xid)] = request
+                self.app._queue(sw, msg)
+                self.app._flush(sw)
+            if not request.asked:
+                ev.answer(self.status(request.flows))
             return
         if cmd == "flush":
             reason = str(req.get("reason") or "flush by operator")
-            out = self.core.flush(reason, now)
+            removed = self._each(lambda sw: sw.core.flush(reason, now))
             self.counters["operator_flush"] += 1
-            LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, len(out))
-            self.app._run(out)
-            ev.answer({"ok": True, "removed": len(out), "switch_connected": self.dp is not None})
+            LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
+            ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
             return
         if cmd == "reevaluate":
             self.reevaluate(ev, str(req.get("reason") or "policy changed"), now)
@@ -116,12 +135,14 @@ class OperatorAPI:
             except ValueError as exc:
                 ev.answer({"error": str(exc)})
                 return
-            out = self.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
+            removed = 0
+            for sw in self.switches:  # the connection's next entry may come to any switch's core
+                out = sw.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
+                removed += sum(isinstance(c_, c.RemoveFlows) for c_ in out)
+                self.app._run(sw, out)
             self.counters[f"operator_{cmd}"] += 1
             LOG.warning("operator %s of %s", cmd, orig)
-            self.app._run(out)
-            ev.answer({"ok": True, "tuple": str(orig),
-                       "flows_removed": any(isinstance(c_, c.RemoveFlows) for c_ in out)})
+            ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
             return
         if cmd == "role":
             self.role(ev, req.get("role"))
@@ -131,7 +152,8 @@ class OperatorAPI:
     def role(self, ev: EventControl, role: Any) -> None:
         """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the
         request is on its way; `status` shows what the switch granted."""
-        roles = self.app.roles
+        sw = self.switches[0]  # a pair serves one switch (config.py)
+        roles = sw.roles
         if roles is None:
             ev.answer({"error": "this controller is not one of a pair (no 'pair' in its config)"})
             return
@@ -142,27 +164,35 @@ class OperatorAPI:
         change = roles.take_over() if role == "master" else roles.stand_by()
         self.counters[f"operator_role_{role}"] += 1
         LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
-        self.app._role_change(change)
-        ev.answer({"ok": True, **roles.status(), "switch_connected": self.dp is not None})
+        self.app.role_change(sw, change)
+        ev.answer({"ok": True, **roles.status(), "switch_connected": sw.dp is not None})
 
     def reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
         """A new policy: every connection is judged again. Decided marks are cleared in
         the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
         block is taken down, a TCP one after its entry is re-created so it goes on through
         the firewall without a stall. Answered once the kernel has done its part."""
-        out = self.core.flush(reason, now, reevaluate=True)
+        removed = self._each(lambda sw: sw.core.flush(reason, now, reevaluate=True))
         self.counters["operator_reevaluate"] += 1
-        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, len(out))
-        self.app._run(out)
-        removed = len(out)
+        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, removed)
+        connected = self._connected()
 
         def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
             if error is not None:
                 ev.answer({"error": f"could not clear the decision marks: {error}"})
             else:
                 ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
-                           "switch_connected": self.dp is not None})
+                           "switch_connected": connected})
         self.app.worker.clear_marks(markcodec.DECISION_MASK, done)
+
+    def _each(self, take_down: Callable[[Switch], list[c.Command]]) -> int:
+        """Run a take-down on every switch's core; how many pairs it took down."""
+        removed = 0
+        for sw in self.switches:
+            out = take_down(sw)
+            removed += len(out)
+            self.app._run(sw, out)
+        return removed
 
     def target(self, req: dict[str, Any]) -> FlowTuple:
         if "tuple" in req:
@@ -170,34 +200,47 @@ class OperatorAPI:
         ct_id = req.get("ct_id")
         if isinstance(ct_id, bool) or not isinstance(ct_id, int):
             raise ValueError("give 'tuple' or an integer 'ct_id'")
-        conn = self.core.find(ct_id=ct_id)
+        conn = next((found for sw in self.switches if (found := sw.core.find(ct_id=ct_id)) is not None), None)
         if conn is None:
             raise ValueError(f"no shunt or block with conntrack id {ct_id}; give the tuple instead")
         return conn.orig
 
-    def status(self, flows: list[SwitchFlow] | None, connections: bool = True) -> dict[str, Any]:
-        by_cookie = {f.cookie: f for f in flows or []}
+    def status(self, flows: dict[int, list[SwitchFlow] | None], connections: bool = True) -> dict[str, Any]:
+        """Every switch's state and pairs; the top-level counts are their sums, and
+        "switch", "table" and "pair" describe the first switch (the only one, usually)."""
         now = time.monotonic()
         conns = []
-        for conn in self.core.conns.values() if connections else ():
-            dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
-            conns.append({
-                **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),
-                "switch_ports": [conn.ingress.fast, conn.egress.fast],
-                "age": round(now - (conn.confirmed_time or conn.event_time), 3),
-                "packets": [d.packets if d else None for d in dirs],
-                "bytes": [d.bytes if d else None for d in dirs]})
-        dp = self.dp
+        switches = []
+        for sw in self.switches:
+            by_cookie = {f.cookie: f for f in flows.get(sw.index) or []}
+            for conn in sw.core.conns.values() if connections else ():
+                dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
+                conns.append({
+                    **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),
+                    "datapath_id": sw.name, "switch_ports": [conn.ingress.fast, conn.egress.fast],
+                    "age": round(now - (conn.confirmed_time or conn.event_time), 3),
+                    "packets": [d.packets if d else None for d in dirs],
+                    "bytes": [d.bytes if d else None for d in dirs]})
+            dp, core, send = sw.dp, sw.core, sw.send
+            switches.append({
+                "connected": dp is not None,
+                "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
+                (sw.name if sw.cfg.datapath_id is not None else None),
+                "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
+                "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
+                "ports": [g.physdevin for g in sw.cfg.ports],
+                "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
+                "pending": send.pending() if send is not None else 0,
+                "queued": len(send.queued) if send is not None else 0,
+                "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
+                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None})
+        first = switches[0]
         return {
-            "switch": {"connected": dp is not None,
-                       "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else None,
-                       "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
-                       "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}"},
+            "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
+            "switches": switches,
             "uptime": round(time.time() - self.app.started, 1),
-            "shunts": self.core.shunts, "blocks": self.core.blocks, "waiting": len(self.core.waiting),
-            "pending": self.app.send.pending() if self.app.send is not None else 0,
-            "queued": len(self.app.send.queued) if self.app.send is not None else 0,
-            "max_shunts": self.core.budget, "flow_stats": flows is not None,
-            "table": self.table(),
-            "pair": self.app.roles.status() if self.app.roles is not None else None,
+            **{k: sum(sw[k] for sw in switches) for k in ("shunts", "blocks", "waiting", "pending", "queued",
+                                                          "max_shunts")},
+            "flow_stats": all(sw["flow_stats"] for sw in switches),
+            "table": first["table"], "pair": first["pair"],
             "counters": dict(self.counters), "connections": conns}

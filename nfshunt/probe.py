@@ -89,12 +89,13 @@ class ProbeApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPStateChange, MAIN_DISPATCHER)
     def _connected(self, ev: Any) -> None:
         dp = ev.datapath
-        if not address_allowed(dp.address[0], self.cfg.switch_addresses) or (
-                self.cfg.datapath_id is not None and dp.id != self.cfg.datapath_id):
-            print(f"probe-switch: ignoring switch {dp.id:016x} from {dp.address[0]} (not the configured one)")
-            dp.close()
-            return
-        self.switch.put(dp)
+        for sw in self.cfg.served:  # several switches: the first configured one to connect is probed
+            if address_allowed(dp.address[0], sw.switch_addresses) and (
+                    sw.datapath_id is None or dp.id == sw.datapath_id):
+                self.switch.put((dp, sw))
+                return
+        print(f"probe-switch: ignoring switch {dp.id:016x} from {dp.address[0]} (not a configured one)")
+        dp.close()
 
     def _answer(self, msg: Any) -> None:
         with self.lock:
@@ -419,7 +420,7 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
     print(f"probe-switch: waiting up to {wait:.0f} s for the switch on {cfg.listen_address}:{cfg.listen_port} ...",
           flush=True)
     try:
-        dp = app.switch.get(timeout=wait)
+        dp, cfg = app.switch.get(timeout=wait)
     except queue.Empty:
         print("probe-switch: no switch connected (is it pointed at this address, and the controller stopped?)",
               file=sys.stderr)
@@ -440,6 +441,9 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
             report.ok = False
             report.say(f"the switch still holds probe flows {CLEAN_WAIT:.0f} s after their delete: delete them by "
                        "cookie/mask " + ", ".join(f"0x{c:016x}/0x{m:016x}" for c, m in PROBE_FLOWS))
-    print("recommended settings (merge into the config):")
+    several = len(app.cfg.served) > 1
+    print("recommended settings (merge into the config" + (
+        f"; all but openflow_versions and tcp_teardown into the entry of switches for {dp.id:016x}"
+        if several else "") + "):")
     print(json.dumps(report.settings, indent=2), flush=True)
     return 0 if report.ok else 1

@@ -6,11 +6,12 @@ loop thread, so the core needs no locks. Commands from the core become OpenFlow 
 on the switch channel's send path (channel.SendPath: one write and one barrier per
 batch; the barrier reply confirms a shunt or block).
 
-Only the configured switch is served: a peer outside `switch_addresses` is refused before
-its handshake, a datapath other than `datapath_id` after it, and every handler drops
-messages of any connection but the served one (counted, logged rate-limited). A new
-connection of the served switch replaces the old one (a reboot or a re-pointed switch),
-when it comes from the same address or over TLS.
+Only the configured switches are served (one, or several in `switches`; switch.py keeps
+each one's state): a peer outside `switch_addresses` is refused before its handshake, a
+datapath that is not configured after it, and every handler drops messages of any
+connection but a served one (counted, logged rate-limited). A new connection of a served
+switch replaces its old one (a reboot or a re-pointed switch), when it comes from the same
+address or over TLS. Conntrack events go to the switch whose port groups they crossed.
 
 In a firewall pair (`pair`), the switch is programmed only once it has granted this
 controller MASTER (roles.py); until then, and after a takeover by the other controller,
@@ -43,9 +44,9 @@ from .logs import BatchedFileHandler, flush_all
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
-from .model import TCP, ConnEvent, EventKind, SwitchFlow
-from .roles import ROLE_NAMES, Change, RoleRequest, Roles
-from .teardown_sweep import TeardownSweep
+from .model import TCP, ConnEvent, EventKind
+from .roles import ROLE_NAMES, Change, RoleRequest
+from .switch import Router, Switch
 from .trim import Trimmer
 
 LOG = logging.getLogger("nfshunt")
@@ -75,10 +76,12 @@ class EventTick(event.EventBase):
 
 
 class EventRun(event.EventBase):
-    """Core commands to run on the event loop (a worker's follow-up)."""
+    """A switch's core commands to run on the event loop (a worker's follow-up, a delayed
+    command, paced installs whose turn came)."""
 
-    def __init__(self, commands: tuple[c.Command, ...]):
+    def __init__(self, switch: Switch, commands: tuple[c.Command, ...]):
         super().__init__()
+        self.switch = switch
         self.commands = commands
 
 
@@ -98,32 +101,17 @@ class NFShuntApp(app_manager.OSKenApp):
     def __init__(self, *args: Any, nfshunt_config: Config, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cfg = nfshunt_config
-        self.core = c.Core(self.cfg)
+        self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
+        self.router = Router(self.cfg)
         self.counters = Counters()
-        self.dp: Any = None
-        self.fb: FlowBuilder | None = None
-        self.send: SendPath | None = None
-        self._meter_xid: int | None = None
-        # The controller meter's drops, read every tick, and the catcher read they call for.
-        self._meter_on = False
-        self._meter_read: tuple[int, float] | None = None  # (xid, asked at)
-        self._catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
-        self.sweep = TeardownSweep()
         self.trimmer = Trimmer()
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
-        self._table_xid: int | None = None
-        self._role_xids: set[int] = set()
-        # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
-        self._counter_reads: dict[int, tuple[c.Conn, dict[bool, int]]] = {}
-        self._role_checked = 0.0
-        self.roles = Roles(self.cfg.pair.state_file, self.cfg.pair.start_role) if self.cfg.pair else None
-        self._later: list[tuple[float, int, tuple[c.Command, ...]]] = []  # heap of (due, seq, commands)
+        self._later: list[tuple[float, int, Switch, tuple[c.Command, ...]]] = []  # heap of (due, seq, switch, cmds)
         self._later_seq = 0
         self._later_lock = threading.Lock()
         self.rlog = RateLimitedLog(LOG)
         ChannelDatapath.admit = self._admit
         ChannelDatapath.failed = self._connection_failed
-        self._flow_stats: list[SwitchFlow] = []
         self.operator = OperatorAPI(self)
         self._running = True
         self.started = time.time()
@@ -155,13 +143,15 @@ class NFShuntApp(app_manager.OSKenApp):
         while self._running:
             time.sleep(TIMER_RESOLUTION)
             now = time.monotonic()
-            due: list[c.Command] = []
+            due: dict[int, list[c.Command]] = {}
             with self._later_lock:
                 while self._later and self._later[0][0] <= now:
-                    due.extend(heapq.heappop(self._later)[2])
-            send = self.send
-            if due or (send is not None and send.queued):  # paced installs wait for their turn
-                self.send_event(self.name, EventRun(tuple(due)))
+                    _, _, sw, commands = heapq.heappop(self._later)
+                    due.setdefault(sw.index, []).extend(commands)
+            for sw in self.switches:
+                send = sw.send
+                if sw.index in due or (send is not None and send.queued):  # paced installs wait for their turn
+                    self.send_event(self.name, EventRun(sw, tuple(due.get(sw.index, ()))))
             if now >= next_tick:
                 next_tick = now + 1.0
                 self.send_event(self.name, EventTick())
@@ -210,20 +200,25 @@ class NFShuntApp(app_manager.OSKenApp):
                 continue
         else:
             counters = {}
-        core = self.core
-        send = self.send
-        return {"counters": counters, "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
-                "connected": 1 if self.dp is not None else 0, "max_shunts": core.budget,
-                "queued": len(send.queued) if send is not None else 0,
-                "table_max": core.table_max, "table_used": core.default_entries() + core.entries,
-                "table_1": core.shared_entries(),
-                "pair": self.roles.status() if self.roles is not None else None}
+        per_switch = [{"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
+                       "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
+                       "table_max": sw.core.table_max, "table_used": sw.core.default_entries() + sw.core.entries,
+                       "table_1": sw.core.shared_entries()} for sw in self.switches]
+        maxes = [sw["table_max"] for sw in per_switch]
+        roles = self.switches[0].roles
+        return {"counters": counters, "switches": per_switch,
+                **{k: sum(sw[k] for sw in per_switch) for k in ("shunts", "blocks", "connected", "max_shunts",
+                                                                 "table_used", "table_1")},
+                "waiting": sum(len(sw.core.waiting) for sw in self.switches),
+                "queued": sum(len(sw.send.queued) for sw in self.switches if sw.send is not None),
+                "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
+                "pair": roles.status() if roles is not None else None}
 
     # --- switch lifecycle -----------------------------------------------------------------
 
     def _admit(self, address: tuple[str, int]) -> str | None:
         """On os-ken's accept thread, before the handshake: the peer's address."""
-        if address_allowed(address[0], self.cfg.switch_addresses):
+        if any(address_allowed(address[0], sw.cfg.switch_addresses) for sw in self.switches):
             return None
         self.counters["switch_refused:address not allowed"] += 1
         self.rlog.warning("refused-address", "refused an OpenFlow connection from %s: not in switch_addresses",
@@ -247,11 +242,15 @@ class NFShuntApp(app_manager.OSKenApp):
     def _state_change(self, ev: Any) -> None:
         dp = ev.datapath
         if ev.state == MAIN_DISPATCHER:
-            if self.cfg.datapath_id is not None and dp.id != self.cfg.datapath_id:
-                self._refuse(dp, "datapath id not configured",
-                             f"not the configured datapath_id {self.cfg.datapath_id:016x}")
+            sw = self._switch_for(dp)
+            if sw is None:
+                self._refuse(dp, "datapath id not configured", "not the configured datapath_id " + ", ".join(
+                    s.name for s in self.switches))
                 return
-            old = self.dp
+            if not address_allowed(dp.address[0], sw.cfg.switch_addresses):
+                self._refuse(dp, "address not allowed", f"not in the switch_addresses of {sw.name}")
+                return
+            old = sw.dp
             if old is not None and old is not dp:
                 # The served switch again (rebooted, re-pointed, or its old connection is
                 # dead and not yet noticed): the new connection replaces the old one. Only
@@ -262,21 +261,37 @@ class NFShuntApp(app_manager.OSKenApp):
                     return
                 LOG.warning("switch %016x connected again from %s: replacing its old connection",
                             dp.id, dp.address[0])
-                self._disconnected(old, "replaced by a new connection")
+                self._disconnected(sw, "replaced by a new connection")
                 old.close()
-            self.dp = dp
-            self.fb = FlowBuilder(dp, self.cfg, self._pipeline(dp))
-            self.send = SendPath(dp, self.fb, self.cfg.flow_mod_rate, self.cfg.install_queue, self._wanted)
+            sw.dp = dp
+            dp.nfshunt_switch = sw
+            sw.fb = FlowBuilder(dp, sw.cfg, self._pipeline(dp))
+            sw.send = self._send_path(sw)
             self.counters["switch_connects"] += 1
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
-            self._flow_stats = []
-            if self.roles is None:
-                self._run(self.core.switch_connected(dp.ofproto.OFP_VERSION, self.fb.pipeline))
+            sw.flow_stats = []
+            if sw.roles is None:
+                self._run(sw, sw.core.switch_connected(dp.ofproto.OFP_VERSION, sw.fb.pipeline))
             else:  # nothing is programmed before the switch grants MASTER
-                self._role_request(self.roles.connected())
-        elif ev.state == DEAD_DISPATCHER and dp is self.dp:
-            self._disconnected(dp, "connection closed or echo unanswered")
+                self._role_request(sw, sw.roles.connected())
+        elif ev.state == DEAD_DISPATCHER:
+            sw = getattr(dp, "nfshunt_switch", None)
+            if sw is not None and dp is sw.dp:
+                self._disconnected(sw, "connection closed or echo unanswered")
+
+    def _switch_for(self, dp: Any) -> Switch | None:
+        """The configured switch a datapath id belongs to (one without a datapath_id: any)."""
+        for sw in self.switches:
+            if sw.cfg.datapath_id is None or sw.cfg.datapath_id == dp.id:
+                return sw
+        return None
+
+    def _send_path(self, sw: Switch) -> SendPath:
+        def wanted(conn: c.Conn) -> bool:  # a queued install the core still wants sent
+            return sw.core.conns.get(conn.orig) is conn and conn.state is c.State.PENDING \
+                and conn.remove_reason is None
+        return SendPath(sw.dp, sw.fb, sw.cfg.flow_mod_rate, sw.cfg.install_queue, wanted)
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _features(self, ev: Any) -> None:
@@ -285,8 +300,9 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _pipeline(self, dp: Any) -> bool:
         """The flow layout for this switch (config flow_layout), logged with why."""
-        layout, tables = self.cfg.flow_layout, getattr(dp, "nfshunt_tables", 0)
-        if layout == "single" or not self.cfg.tcp_teardown:
+        cfg = dp.nfshunt_switch.cfg
+        layout, tables = cfg.flow_layout, getattr(dp, "nfshunt_tables", 0)
+        if layout == "single" or not cfg.tcp_teardown:
             return False
         if dp.ofproto.OFP_VERSION == 1 or tables < 2:
             why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == 1 else f"the switch reports {tables} table(s)"
@@ -297,130 +313,125 @@ class NFShuntApp(app_manager.OSKenApp):
                  "the switch has %d tables)", c.PIPELINE_ENTRIES, tables)
         return True
 
-    def _disconnected(self, dp: Any, why: str) -> None:
-        LOG.warning("switch %016x disconnected (%s)", dp.id or 0, why)
+    def _disconnected(self, sw: Switch, why: str) -> None:
+        LOG.warning("switch %016x disconnected (%s)", sw.dp.id or 0, why)
         self.counters["switch_disconnects"] += 1
-        self.dp = None
-        self.fb = None
-        self.send = None
-        if self.roles is not None:
-            self.roles.disconnected()
-        self._role_xids.clear()
-        self._counter_reads.clear()
-        self._meter_on, self._meter_read, self._catcher_read = False, None, None
-        self.sweep.reset()
-        self.operator.switch_gone()
-        self._run(self.core.switch_disconnected())
+        sw.gone()
+        if sw.roles is not None:
+            sw.roles.disconnected()
+        self.operator.switch_gone(sw)
+        self._run(sw, sw.core.switch_disconnected())
 
-    def _ours(self, msg: Any, what: str) -> bool:
-        """A message of the served connection; anything else is counted and dropped."""
-        if msg.datapath is self.dp and self.dp is not None:
-            return True
+    def _ours(self, msg: Any, what: str) -> Switch | None:
+        """The switch of a message of a served connection; anything else is counted and dropped."""
+        sw = getattr(msg.datapath, "nfshunt_switch", None)
+        if sw is not None and msg.datapath is sw.dp:
+            return sw
         self.counters[f"openflow_ignored:{what}"] += 1
-        self.rlog.warning(f"foreign-{what}", "ignored %s from %s: not the served switch connection", what,
+        self.rlog.warning(f"foreign-{what}", "ignored %s from %s: not a served switch connection", what,
                           getattr(msg.datapath, "address", ("?",))[0])
-        return False
-
-    @property
-    def switch_connected(self) -> bool:
-        return self.dp is not None
+        return None
 
     # --- switch messages --------------------------------------------------------------------
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier_reply(self, ev: Any) -> None:
-        if not self._ours(ev.msg, "barrier reply") or self.send is None:
+        sw = self._ours(ev.msg, "barrier reply")
+        if sw is None or sw.send is None:
             return
-        batch = self.send.barrier_reply(ev.msg.xid)
+        batch = sw.send.barrier_reply(ev.msg.xid)
         if batch is not None:
-            self._settle(batch.conns, batch.failed)
+            self._settle(sw, batch.conns, batch.failed)
 
-    def _settle(self, conns: list[c.Conn], failed: dict[int, tuple[str, bool]]) -> None:
+    def _settle(self, sw: Switch, conns: list[c.Conn], failed: dict[int, tuple[str, bool]]) -> None:
         now = time.monotonic()
         out: list[c.Command] = []
         for conn in conns:
             failure = failed.get(id(conn))
             if failure is None:
-                out.extend(self.core.flows_confirmed(conn, now))
+                out.extend(sw.core.flows_confirmed(conn, now))
             else:
-                out.extend(self.core.flows_failed(conn, *failure, now=now))
-        self._run(out)
+                out.extend(sw.core.flows_failed(conn, *failure, now=now))
+        self._run(sw, out)
 
     # --- a pair's roles ------------------------------------------------------------------------
 
-    def _role_request(self, req: RoleRequest) -> None:
-        if self.dp is None:
+    def _role_request(self, sw: Switch, req: RoleRequest) -> None:
+        if sw.dp is None:
             return
-        msg = self.dp.ofproto_parser.OFPRoleRequest(self.dp, req.role, req.generation)
-        self._role_xids.add(self.dp.set_xid(msg))
-        self._queue(msg)
-        self._flush()
+        msg = sw.dp.ofproto_parser.OFPRoleRequest(sw.dp, req.role, req.generation)
+        sw.role_xids.add(sw.dp.set_xid(msg))
+        self._queue(sw, msg)
+        self._flush(sw)
 
-    def _role_change(self, change: Change) -> None:
-        roles = self.roles
+    def role_change(self, sw: Switch, change: Change) -> None:
+        roles = sw.roles
         if roles is None:
             return
         if change.demoted is not None:
             self.counters["role_demotions"] += 1
-            LOG.warning("no longer master of switch %016x (%s): standing by, the switch's pairs are the other "
-                        "controller's now", self.dp.id if self.dp is not None else 0, change.demoted)
-            if self.dp is not None:  # what was queued for the switch is not ours to send any more
-                self.send = SendPath(self.dp, self.fb, self.cfg.flow_mod_rate, self.cfg.install_queue, self._wanted)
-            self._run(self.core.stand_by())
-        if change.promoted and self.dp is not None:
+            LOG.warning("no longer master of switch %s (%s): standing by, the switch's pairs are the other "
+                        "controller's now", sw.name, change.demoted)
+            if sw.dp is not None:  # what was queued for the switch is not ours to send any more
+                sw.send = self._send_path(sw)
+            self._run(sw, sw.core.stand_by())
+        if change.promoted and sw.dp is not None:
             self.counters["role_promotions"] += 1
-            LOG.warning("master of switch %016x with generation %d: programming it (defaults to this firewall, "
-                        "adopting the pairs on the switch)", self.dp.id, roles.generation)
-            self._run(self.core.switch_connected(self.dp.ofproto.OFP_VERSION, self.fb.pipeline))
+            LOG.warning("master of switch %s with generation %d: programming it (defaults to this firewall, "
+                        "adopting the pairs on the switch)", sw.name, roles.generation)
+            self._run(sw, sw.core.switch_connected(sw.dp.ofproto.OFP_VERSION, sw.fb.pipeline))
         if change.request is not None:
-            self._role_request(change.request)
+            self._role_request(sw, change.request)
 
     @set_ev_cls(ofp_event.EventOFPRoleReply, MAIN_DISPATCHER)
     def _role_reply(self, ev: Any) -> None:
         msg = ev.msg
-        if not self._ours(msg, "role reply") or self.roles is None:
+        sw = self._ours(msg, "role reply")
+        if sw is None or sw.roles is None:
             return
-        self._role_xids.discard(msg.xid)
+        sw.role_xids.discard(msg.xid)
         LOG.debug("role reply: %s, generation %d", ROLE_NAMES.get(msg.role, msg.role), msg.generation_id)
-        self._role_change(self.roles.reply(msg.role, msg.generation_id))
+        self.role_change(sw, sw.roles.reply(msg.role, msg.generation_id))
 
-    def _role_error(self, msg: Any) -> bool:
+    def _role_error(self, sw: Switch, msg: Any) -> bool:
         """A role request refused, or a message refused because we are slave; True: handled."""
         ofp = msg.datapath.ofproto
-        if msg.xid in self._role_xids and msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
-            self._role_xids.discard(msg.xid)
+        assert sw.roles is not None
+        if msg.xid in sw.role_xids and msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
+            sw.role_xids.discard(msg.xid)
             if msg.code == ofp.OFPRRFC_STALE:
                 LOG.warning("the switch refused this controller's role request as stale: a newer master holds it")
-                self._role_change(self.roles.stale())  # type: ignore[union-attr]
+                self.role_change(sw, sw.roles.stale())
             else:
                 LOG.error("the switch refused the role request (code %d): it may not support controller roles; "
                           "this controller stays backup and programs nothing", msg.code)
             return True
         if msg.type == ofp.OFPET_BAD_REQUEST and msg.code == ofp.OFPBRC_IS_SLAVE:
             # A takeover we had not noticed yet: the switch refused what we sent.
-            self._role_change(self.roles.refused_as_slave())  # type: ignore[union-attr]
+            self.role_change(sw, sw.roles.refused_as_slave())
         return False
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev: Any) -> None:
         msg = ev.msg
-        if not self._ours(msg, "error"):
+        sw = self._ours(msg, "error")
+        if sw is None:
             return  # before the handshake or from a refused peer: no key per type and code
         self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
-        if self.roles is not None and self._role_error(msg):
+        if sw.roles is not None and self._role_error(sw, msg):
             return
         reason = f"switch error type={msg.type} code={msg.code}"
-        if msg.xid == self._table_xid:
-            LOG.warning("the switch did not report its table size (%s): set max_shunts to what its table holds "
-                        "(a pair takes up to %d entries)", reason, self.core.max_pair_entries())
+        if msg.xid == sw.table_xid:
+            LOG.warning("switch %s did not report its table size (%s): set max_shunts to what its table holds "
+                        "(a pair takes up to %d entries)", sw.name, reason, sw.core.max_pair_entries())
             return
-        if msg.xid in (self._meter_xid, self._meter_read and self._meter_read[0]):
-            self._meter_on = False
+        if msg.xid in (sw.meter_xid, sw.meter_read and sw.meter_read[0]):
+            sw.meter_on = False
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
                         "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
                         "record's controller_rate_limit instead", reason)
             return
-        conn = self.send.error(msg.xid, reason, table_full(msg)) if self.send is not None else None
+        conn = sw.send.error(msg.xid, reason, table_full(msg)) if sw.send is not None else None
         if conn is not None:
             self.rlog.warning("refused-flow", "switch refused a flow of %s: %s", conn.describe(), reason)
         else:
@@ -431,7 +442,8 @@ class NFShuntApp(app_manager.OSKenApp):
         """Only the TCP teardown catchers send packets here (OpenFlow 1.3), and only the
         headers: the switch forwarded the packet itself."""
         msg = ev.msg
-        if not self._ours(msg, "packet-in"):
+        sw = self._ours(msg, "packet-in")
+        if sw is None:
             return
         cookie = getattr(msg, "cookie", None)
         in_port = msg.match.get("in_port") if hasattr(msg.match, "get") else None
@@ -446,12 +458,12 @@ class NFShuntApp(app_manager.OSKenApp):
                 self._unexpected_packet_in("no metadata", cookie)
                 return
             cookie = cookies.make_teardown(*metadata_teardown(metadata), cookies.is_rst(cookie))
-        out = self.core.teardown_packet(cookie, in_port, time.monotonic())
+        out = sw.core.teardown_packet(cookie, in_port, time.monotonic())
         if out is None:
             self._unexpected_packet_in("no connection of ours", cookie)
             return
         self.counters["packet_in:teardown"] += 1
-        self._run(out)
+        self._run(sw, out)
 
     def _unexpected_packet_in(self, reason: str, cookie: int | None) -> None:
         self.counters[f"packet_in:{reason}"] += 1
@@ -461,137 +473,153 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
     def _flow_removed(self, ev: Any) -> None:
         m = ev.msg
-        if not self._ours(m, "flow-removed"):
+        sw = self._ours(m, "flow-removed")
+        if sw is None:
             return
         reason = REMOVED_REASONS.get(m.reason, f"reason {m.reason}")
-        self._run(self.core.flow_removed(m.cookie, reason, m.packet_count, m.byte_count,
+        self._run(sw, sw.core.flow_removed(m.cookie, reason, m.packet_count, m.byte_count,
                                          m.duration_sec + m.duration_nsec / 1e9, time.monotonic()))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def _flow_stats_reply(self, ev: Any) -> None:
-        if not self._ours(ev.msg, "flow stats") or self.fb is None:
+        sw = self._ours(ev.msg, "flow stats")
+        if sw is None or sw.fb is None:
             return
-        if self._catcher_read is not None and ev.msg.xid == self._catcher_read[0]:
-            self._catchers_read(ev.msg)
+        fb = sw.fb
+        if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
+            self._catchers_read(sw, ev.msg)
             return
-        read = self._counter_reads.get(ev.msg.xid)
+        read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
             conn, packets = read
             for stats in ev.msg.body:
                 reply = bool(stats.cookie & cookies.DIRECTION_BIT)
                 packets[reply] = packets.get(reply, 0) + stats.packet_count
-            if not self.fb.more_follows(ev.msg):
-                del self._counter_reads[ev.msg.xid]
-                self._run(self.core.counters_read(conn, packets, time.monotonic()))
+            if not fb.more_follows(ev.msg):
+                del sw.counter_reads[ev.msg.xid]
+                self._run(sw, sw.core.counters_read(conn, packets, time.monotonic()))
             return
-        status = self.operator.collecting(ev.msg.xid)  # an operator's request, or a reconcile
-        collected = status if status is not None else self._flow_stats
+        status = self.operator.collecting(sw, ev.msg.xid)  # an operator's request, or a reconcile
+        collected = status if status is not None else sw.flow_stats
         for stats in ev.msg.body:
             try:
-                collected.append(self.fb.parse_stats(stats))
+                collected.append(fb.parse_stats(stats))
             except Exception as exc:  # an odd flow on the switch is not ours to crash on
                 self.counters["openflow_malformed"] += 1
                 LOG.warning("unreadable flow in stats reply: %s", exc)
-        if self.fb.more_follows(ev.msg):
+        if fb.more_follows(ev.msg):
             return
         if status is not None:
-            self.operator.answer_status(ev.msg.xid)
+            self.operator.answer_status(sw, ev.msg.xid)
             return
-        flows, self._flow_stats = self._flow_stats, []
-        if self.core.reconciled:
+        flows, sw.flow_stats = sw.flow_stats, []
+        core = sw.core
+        if core.reconciled:
             return  # a read asked for before this connection's reconcile, answered after it
-        out = self.core.reconcile(flows, time.monotonic())
-        if not self.core.reconciled:  # table 1 not (yet) all on the switch: read again
-            self._run(out)
+        out = core.reconcile(flows, time.monotonic())
+        if not core.reconciled:  # table 1 not (yet) all on the switch: read again
+            self._run(sw, out)
             return
-        if self.core.pipeline_reads >= c.PIPELINE_READS:
-            LOG.error("the switch still lacks table 1's flows %.0f s after they were sent: TCP shunts may have "
-                      "their packets dropped there; set flow_layout single if it cannot hold them",
+        if core.pipeline_reads >= c.PIPELINE_READS:
+            LOG.error("switch %s still lacks table 1's flows %.0f s after they were sent: TCP shunts may have "
+                      "their packets dropped there; set flow_layout single if it cannot hold them", sw.name,
                       c.PIPELINE_READS * c.PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
-        LOG.info("reconciled with the switch: %d NFShunt flows read, %d pairs held, %d re-installed, "
-                 "%d flows deleted, %d pairs forgotten", len(flows), len(self.core.conns), kinds["InstallFlows"],
+        LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
+                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.conns), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
-        self._run(out)
+        self._run(sw, out)
 
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def _meter_stats(self, ev: Any) -> None:
-        if not self._ours(ev.msg, "meter stats") or self._meter_read is None or ev.msg.xid != self._meter_read[0]:
+        sw = self._ours(ev.msg, "meter stats")
+        if sw is None or sw.meter_read is None or ev.msg.xid != sw.meter_read[0]:
             return
-        self._meter_read = None
+        sw.meter_read = None
         ofp = ev.msg.datapath.ofproto
         dropped = sum(band.packet_band_count for meter in ev.msg.body if meter.meter_id == ofp.OFPM_CONTROLLER
                       for band in meter.band_stats)
-        new = self.sweep.meter_read(dropped)
+        new = sw.sweep.meter_read(dropped)
         if new:
             self.counters["packet_in_dropped"] += new
-        if new and self.core.pipeline:
+        if new and sw.core.pipeline:
             # The shared catchers' counters cannot say which connections closed.
             self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
                               "%d/s): in the pipeline layout their shunts end at the idle timeout (%d s); "
                               "flow_layout single finds them from per-connection catchers", new,
-                              self.cfg.packet_in_rate, self.cfg.default_shunt_timeout)
-        if self.fb is not None and not self.core.pipeline and self.sweep.due(time.monotonic()):
-            msg = self.fb.catcher_stats_request()
-            self._catcher_read = (self.dp.set_xid(msg), [])
-            self._queue(msg)
-            self._flush()
+                              sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
+        if sw.fb is not None and not sw.core.pipeline and sw.sweep.due(time.monotonic()):
+            msg = sw.fb.catcher_stats_request()
+            sw.catcher_read = (sw.dp.set_xid(msg), [])
+            self._queue(sw, msg)
+            self._flush(sw)
 
-    def _catchers_read(self, msg: Any) -> None:
+    def _catchers_read(self, sw: Switch, msg: Any) -> None:
         """A part of the catcher read after dropped packet-ins (see teardown_sweep)."""
-        assert self._catcher_read is not None and self.fb is not None
-        counted = self._catcher_read[1]
+        assert sw.catcher_read is not None and sw.fb is not None
+        counted = sw.catcher_read[1]
         counted.extend(stats.cookie for stats in msg.body if stats.packet_count)
-        if self.fb.more_follows(msg):
+        if sw.fb.more_follows(msg):
             return
-        self._catcher_read = None
-        self.sweep.swept()
-        out, ended = self.core.catchers_counted(counted, time.monotonic())
+        sw.catcher_read = None
+        sw.sweep.swept()
+        out, ended = sw.core.catchers_counted(counted, time.monotonic())
         if ended:
             self.counters["teardowns_from_counters"] += ended
             self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
-                              "%d/s): %d shunts ended from their FIN/RST catchers' counters", self.cfg.packet_in_rate,
+                              "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.cfg.packet_in_rate,
                               ended)
-        self._run(out)
+        self._run(sw, out)
 
     @set_ev_cls(ofp_event.EventOFPTableFeaturesStatsReply, MAIN_DISPATCHER)
     def _table_features(self, ev: Any) -> None:
-        if self._ours(ev.msg, "table features"):
-            self._table_reported([(t.table_id, t.max_entries) for t in ev.msg.body])
+        sw = self._ours(ev.msg, "table features")
+        if sw is not None:
+            self._table_reported(sw, [(t.table_id, t.max_entries) for t in ev.msg.body])
 
     @set_ev_cls(ofp_event.EventOFPTableStatsReply, MAIN_DISPATCHER)
     def _table_stats(self, ev: Any) -> None:
-        if self._ours(ev.msg, "table stats") and ev.msg.datapath.ofproto.OFP_VERSION == 1:
-            self._table_reported([(t.table_id, t.max_entries) for t in ev.msg.body])
+        sw = self._ours(ev.msg, "table stats")
+        if sw is not None and ev.msg.datapath.ofproto.OFP_VERSION == 1:
+            self._table_reported(sw, [(t.table_id, t.max_entries) for t in ev.msg.body])
 
-    def _table_reported(self, tables: list[tuple[int, int]]) -> None:
+    def _table_reported(self, sw: Switch, tables: list[tuple[int, int]]) -> None:
+        core = sw.core
         for table_id, max_entries in tables:
             if table_id != 0:
                 continue
-            budget = self.core.table_size(max_entries)
+            budget = core.table_size(max_entries)
             if budget is None:
-                LOG.info("switch table 0 holds %d entries; max_shunts %d is the budget", max_entries,
-                         self.cfg.max_shunts)
+                LOG.info("switch %s table 0 holds %d entries; max_shunts %d is the budget", sw.name, max_entries,
+                         sw.cfg.max_shunts)
             else:
-                LOG.info("switch table 0 holds %d entries: budget %d shunt and block pairs (max_shunts unset; "
-                         "%d entries for the defaults, at most %d a pair)", max_entries, budget,
-                         self.core.default_entries(), self.core.max_pair_entries())
+                LOG.info("switch %s table 0 holds %d entries: budget %d shunt and block pairs (max_shunts unset; "
+                         "%d entries for the defaults, at most %d a pair)", sw.name, max_entries, budget,
+                         core.default_entries(), core.max_pair_entries())
             if budget:  # connections that waited for a budget the switch turned out to allow
-                self._run(self.core.room_freed(max(0, budget - self.core.shunts - self.core.blocks)))
+                self._run(sw, core.room_freed(max(0, budget - core.shunts - core.blocks)))
 
     # --- conntrack and timers ---------------------------------------------------------------
 
     @set_ev_cls(EventConntrack)
     def _conntrack(self, ev: EventConntrack) -> None:
         counters = self.counters
-        out: list[c.Command] = []
+        switches = self.switches
+        outs: list[list[c.Command]] = [[] for _ in switches]
+        route = self.router.route
         self._events_read += len(ev.events)
         for cev in ev.events:
             counters[EVENT_COUNTER[cev.kind]] += 1
-            out.extend(self.core.conntrack_event(cev))
+            to = route(cev)
+            if isinstance(to, c.Ignored):
+                outs[0].append(to)
+            else:
+                outs[to].extend(switches[to].core.conntrack_event(cev))
         if ev.dump:
             counters["conntrack_resyncs"] += 1
-        self._run(out)
+        for sw, out in zip(switches, outs, strict=True):
+            if out or (sw.send is not None and sw.send.queued):
+                self._run(sw, out)
 
     @set_ev_cls(EventOverflow)
     def _overflow(self, ev: EventOverflow) -> None:
@@ -615,85 +643,90 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventRun)
     def _run_later(self, ev: "EventRun") -> None:
-        self._run(ev.commands)
+        self._run(ev.switch, ev.commands)
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
         now = time.monotonic()
-        if self.send is not None:
-            for batch in self.send.expired(now, PENDING_TIMEOUT):
-                self.counters["install_timeouts"] += len(batch.conns)
-                LOG.warning("the switch did not answer a barrier within %.0f s: %d installs rolled back",
-                            PENDING_TIMEOUT, len(batch.conns))
-                self._settle(batch.conns, {id(conn): ("no answer from the switch", False) for conn in batch.conns})
-        pair = self.cfg.pair
-        if self.roles is not None and pair is not None and self.dp is not None and \
-                now - self._role_checked >= pair.role_check_interval:
-            self._role_checked = now
-            check = self.roles.check()  # no role status in OpenFlow 1.3: ask whether we are still master
-            if check is not None:
-                self._role_request(check)
-        if self._meter_on and self.fb is not None and (self._meter_read is None or
-                                                        now - self._meter_read[1] > METER_READ_TIMEOUT):
-            msg = self.fb.controller_meter_stats_request()
-            self._meter_read = (self.dp.set_xid(msg), now)
-            self._queue(msg)
-        self._run(self.core.tick(now))
-        busy = self.send is not None and self.send.pending() > 0
+        for sw in self.switches:
+            self._switch_tick(sw, now)
+        busy = any(sw.send is not None and sw.send.pending() > 0 for sw in self.switches)
         if self.trimmer.tick(self._events_read, busy):
             LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")
         flush_all()  # batched log lines are at most a second late
 
+    def _switch_tick(self, sw: Switch, now: float) -> None:
+        if sw.send is not None:
+            for batch in sw.send.expired(now, PENDING_TIMEOUT):
+                self.counters["install_timeouts"] += len(batch.conns)
+                LOG.warning("switch %s did not answer a barrier within %.0f s: %d installs rolled back",
+                            sw.name, PENDING_TIMEOUT, len(batch.conns))
+                self._settle(sw, batch.conns, {id(conn): ("no answer from the switch", False) for conn in batch.conns})
+        pair = sw.cfg.pair
+        if sw.roles is not None and pair is not None and sw.dp is not None and \
+                now - sw.role_checked >= pair.role_check_interval:
+            sw.role_checked = now
+            check = sw.roles.check()  # no role status in OpenFlow 1.3: ask whether we are still master
+            if check is not None:
+                self._role_request(sw, check)
+        if sw.meter_on and sw.fb is not None and (sw.meter_read is None or
+                                                  now - sw.meter_read[1] > METER_READ_TIMEOUT):
+            msg = sw.fb.controller_meter_stats_request()
+            sw.meter_read = (sw.dp.set_xid(msg), now)
+            self._queue(sw, msg)
+        self._run(sw, sw.core.tick(now))
+
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:
-        removals = self.core.stopping()  # from here on nothing new is installed
-        if self.fb is None or not self.cfg.delete_flows_on_shutdown:
-            ev.done.set()
-            return
-        for cmd in removals:
-            self._queue(*self.fb.remove(cmd.conn, cmd.directions))
-        LOG.info("shutting down: removing %d shunts and blocks (delete_flows_on_shutdown)", len(removals))
-        self._flush(waiter=ev.done)
+        waiting = [sw for sw in self.switches if sw.fb is not None and sw.cfg.delete_flows_on_shutdown]
+        done = _AllSet(len(waiting), ev.done)
+        for sw in self.switches:
+            removals = sw.core.stopping()  # from here on nothing new is installed
+            if sw not in waiting:
+                continue
+            assert sw.fb is not None
+            for cmd in removals:
+                self._queue(sw, *sw.fb.remove(cmd.conn, cmd.directions))
+            LOG.info("shutting down: removing %d shunts and blocks from switch %s (delete_flows_on_shutdown)",
+                     len(removals), sw.name)
+            self._flush(sw, waiter=done)
 
     # --- the one send path ---------------------------------------------------------------------
 
-    def _run(self, commands: Iterable[c.Command]) -> None:
-        """Execute the core's commands (and what executing them brings back from the core),
-        then flush the batch to the switch."""
+    def _run(self, sw: Switch, commands: Iterable[c.Command]) -> None:
+        """Execute a switch's core's commands (and what executing them brings back from the
+        core), then flush the batch to the switch."""
         work = collections.deque(commands)
-        if self.send is not None and self.send.queued:
-            work.extend(self._release())
+        if sw.send is not None and sw.send.queued:
+            work.extend(self._release(sw))
         while work:
             cmd = work.popleft()
             try:
-                follow = self._execute(cmd)
+                follow = self._execute(sw, cmd)
             except Exception:
                 self.counters["internal_errors"] += 1
                 LOG.exception("failed to execute %s", type(cmd).__name__)
                 continue
             if follow:
                 work.extend(follow)
-        self._flush()
+        self._flush(sw)
 
-    def _release(self) -> list[c.Command]:
+    def _release(self, sw: Switch) -> list[c.Command]:
         """Paced installs whose turn has come go out; the queue's freed room goes to
         connections that waited for it."""
-        send = self.send
+        send, core = sw.send, sw.core
+        assert send is not None
         before = len(send.queued)
         out: list[c.Command] = []
         for conn in send.release(time.monotonic()):
-            out.extend(self.core.install_dropped(conn, "taken down before it was sent", wait=False))
+            out.extend(core.install_dropped(conn, "taken down before it was sent", wait=False))
         drained = before - len(send.queued)
-        if drained and self.core.waiting:
-            out.extend(self.core.room_freed(min(drained, send.queue_max - len(send.queued))))
+        if drained and core.waiting:
+            out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
         return out
 
-    def _wanted(self, conn: c.Conn) -> bool:
-        """A queued install the core still wants sent."""
-        return self.core.conns.get(conn.orig) is conn and conn.state is c.State.PENDING and conn.remove_reason is None
-
-    def _execute(self, cmd: c.Command) -> list[c.Command] | None:
-        fb = self.fb
+    def _execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
+        fb = sw.fb
         if isinstance(cmd, c.Ignored):
             key = IGNORED_KEYS.get(cmd.reason)
             if key is None:
@@ -703,9 +736,9 @@ class NFShuntApp(app_manager.OSKenApp):
                 LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
                           cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
         elif isinstance(cmd, c.InstallFlows):
-            if self.send is not None and not self.send.install(cmd.conn):
+            if sw.send is not None and not sw.send.install(cmd.conn):
                 self.counters["install_queue_full"] += 1
-                return self.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
+                return sw.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
             conn = cmd.conn
             if conn.action == "shunt" and conn.orig.proto == TCP:
                 # The switch applies the pair's flows one at a time (hardware: late, in any
@@ -735,64 +768,83 @@ class NFShuntApp(app_manager.OSKenApp):
                 self.audit.info(json.dumps(audit_record(cmd.conn, cmd.reason)))
         elif isinstance(cmd, c.RemoveFlows):
             if fb is not None:
-                self._queue(*fb.remove(cmd.conn, cmd.directions))
+                self._queue(sw, *fb.remove(cmd.conn, cmd.directions))
         elif isinstance(cmd, c.InstallDefaults):
             if fb is not None:
-                self._queue(*fb.defaults(cmd.groups))
-                LOG.info("default slow-path flows installed for %d port groups", len(cmd.groups))
+                self._queue(sw, *fb.defaults(cmd.groups))
+                LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups),
+                         sw.name)
         elif isinstance(cmd, c.InstallPipeline):
             if fb is not None:
-                self._queue(*fb.pipeline_flows(cmd.groups))
+                self._queue(sw, *fb.pipeline_flows(cmd.groups))
         elif isinstance(cmd, c.LimitPacketIns):
             if fb is not None:
                 delete, add = fb.controller_meter(cmd.rate)
-                self._queue(delete)
-                self._meter_xid = self.dp.set_xid(add)
-                self._queue(add)
-                self._meter_on = True
+                self._queue(sw, delete)
+                sw.meter_xid = sw.dp.set_xid(add)
+                self._queue(sw, add)
+                sw.meter_on = True
         elif isinstance(cmd, c.DeleteAllFlows):
             if fb is not None:
-                self._queue(fb.delete_all())
-                LOG.warning("deleting every flow on the switch (delete_foreign_flows_on_startup)")
+                self._queue(sw, fb.delete_all())
+                LOG.warning("deleting every flow on switch %s (delete_foreign_flows_on_startup)", sw.name)
         elif isinstance(cmd, c.DeleteSwitchFlow):
             if fb is not None:
-                self._queue(fb.delete_switch_flow(cmd.flow))
+                self._queue(sw, fb.delete_switch_flow(cmd.flow))
                 self.counters["reconcile_deleted"] += 1
-                LOG.info("deleting switch flow cookie=0x%016x: %s", cmd.flow.cookie, cmd.reason)
+                LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
         elif isinstance(cmd, c.RequestTableSize):
             if fb is not None:
                 msg = fb.table_size_request()
-                self._table_xid = self.dp.set_xid(msg)
-                self._queue(msg)
+                sw.table_xid = sw.dp.set_xid(msg)
+                self._queue(sw, msg)
         elif isinstance(cmd, c.RequestSwitchFlows):
             if fb is not None:
-                self._queue(fb.owned_flow_stats_request())
+                self._queue(sw, fb.owned_flow_stats_request())
         elif isinstance(cmd, c.ResyncConntrack):
             self.worker.dump()
         elif isinstance(cmd, c.EntryDue):
-            return self.core.entry_due(cmd.conn, time.monotonic())
+            return sw.core.entry_due(cmd.conn, time.monotonic())
         elif isinstance(cmd, c.ReadCounters):
             if fb is not None:
                 msg = fb.pair_stats_request(cmd.conn)
-                self._counter_reads[self.dp.set_xid(msg)] = (cmd.conn, {})
-                self._queue(msg)
+                sw.counter_reads[sw.dp.set_xid(msg)] = (cmd.conn, {})
+                self._queue(sw, msg)
         elif isinstance(cmd, c.Later):
             with self._later_lock:
                 self._later_seq += 1  # ties never compare the commands
-                heapq.heappush(self._later, (time.monotonic() + cmd.delay, self._later_seq, cmd.commands))
+                heapq.heappush(self._later, (time.monotonic() + cmd.delay, self._later_seq, sw, cmd.commands))
         elif isinstance(cmd, c.RestoreConntrack):
             conn = cmd.conn
             self.counters["teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations"] += 1
             then = cmd.then
             self.worker.restore(conn.orig.family, conn.orig, conn.reply, cmd.tcp_state, cmd.timeout,
-                                cmd.closer_is_reply, cmd.mark, lambda: self.send_event(self.name, EventRun(then)))
+                                cmd.closer_is_reply, cmd.mark, lambda: self.send_event(self.name, EventRun(sw, then)))
 
-    def _queue(self, *msgs: Any) -> None:
-        if self.send is not None:
-            self.send.queue(list(msgs))
+    def _queue(self, sw: Switch, *msgs: Any) -> None:
+        if sw.send is not None:
+            sw.send.queue(list(msgs))
 
-    def _flush(self, waiter: threading.Event | None = None) -> None:
-        if self.send is not None:
-            self.send.flush(waiter)
+    def _flush(self, sw: Switch, waiter: threading.Event | None = None) -> None:
+        if sw.send is not None:
+            sw.send.flush(waiter)
         elif waiter is not None:
             waiter.set()
+
+
+class _AllSet(threading.Event):
+    """Set once `count` others have set it (each switch's shutdown barrier); then `done`."""
+
+    def __init__(self, count: int, done: threading.Event):
+        super().__init__()
+        self._left = count
+        self._done = done
+        self._lock = threading.Lock()
+        if count == 0:
+            done.set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left <= 0:
+                self._done.set()

@@ -150,19 +150,20 @@ def test_switch_addresses_allow_listed_addresses_and_networks_only():
     assert not address_allowed("not an address", ("0.0.0.0/0",))
 
 
-def test_delayed_commands_run_on_the_one_ticker_thread_when_due():
+def test_delayed_commands_run_on_the_one_ticker_thread_when_due_for_their_switch():
     import threading
     import time
     from types import SimpleNamespace
 
     from nfshunt.switch_app import EventRun, EventTick, NFShuntApp
     posted = []
-    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), fb=None, send=None,
+    switches = [SimpleNamespace(index=i, fb=None, send=None) for i in range(2)]
+    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), switches=switches,
                           name="nfshunt", send_event=lambda name, ev: posted.append((time.monotonic(), ev)))
     marker = c.ResyncConntrack()
     t0 = time.monotonic()
-    NFShuntApp._execute(app, c.Later(0.3, (marker,)))
-    NFShuntApp._execute(app, c.Later(0.1, (marker, marker)))
+    NFShuntApp._execute(app, switches[0], c.Later(0.3, (marker,)))
+    NFShuntApp._execute(app, switches[1], c.Later(0.1, (marker, marker)))
     thread = threading.Thread(target=NFShuntApp._ticker, args=(app,))
     thread.start()
     try:
@@ -172,8 +173,8 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due():
     finally:
         app._running = False
         thread.join()
-    runs = [(t - t0, ev.commands) for t, ev in posted if isinstance(ev, EventRun)]
-    assert [len(cmds) for _, cmds in runs] == [2, 1]  # the earlier one first, each once
+    runs = [(t - t0, ev.switch.index, ev.commands) for t, ev in posted if isinstance(ev, EventRun)]
+    assert [(i, len(cmds)) for _, i, cmds in runs] == [(1, 2), (0, 1)]  # the earlier one first, each once
     assert 0.1 <= runs[0][0] < 0.25 and 0.3 <= runs[1][0] < 0.45
     assert app._later == []
 

@@ -207,3 +207,45 @@ def test_flow_layout_errors_name_the_key_and_the_fix(overrides, problem):
     assert err.value.key == "flow_layout" and problem in str(err.value)
     assert from_dict(with_()).flow_layout == "auto"
     assert from_dict(with_(flow_layout="pipeline", openflow_versions=["1.0", "1.3"])).flow_layout == "pipeline"
+
+
+def _two_switches(**extra):
+    first = {"datapath_id": "00:00:00:00:00:00:00:a1", "ports": BASE["ports"]}
+    second = {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3, "bridge_port": "fw-eth2"},
+                                             {"fast": 3, "slow": 4, "physdevin": 4, "bridge_port": "fw-eth3"}],
+              **extra}
+    return {"mark_actions": BASE["mark_actions"], "switches": [first, second]}
+
+
+def test_several_switches_each_get_their_own_config_and_the_firewall_all_groups():
+    cfg = from_dict({**_two_switches(max_shunts=5, flow_layout="single"), "flow_mod_rate": 100})
+    assert [g.physdevin for g in cfg.ports] == [1, 2, 3, 4]  # the plumbing marks every bridge port
+    a1, a2 = cfg.served
+    assert (a1.datapath_id, a2.datapath_id) == (0xA1, 0xA2)
+    assert sorted(a1.by_physdevin) == [1, 2] and sorted(a2.by_physdevin) == [3, 4]
+    assert (a1.max_shunts, a2.max_shunts) == (0, 5) and (a1.flow_layout, a2.flow_layout) == ("auto", "single")
+    assert a1.flow_mod_rate == a2.flow_mod_rate == 100  # a top-level key is every switch's default
+    assert sorted(cfg.by_physdevin) == [1, 2, 3, 4]  # each switch's own map was not shared
+    assert not any("datapath_id" in w for w in cfg.security_warnings())
+    single = from_dict(ORIGINAL)
+    assert single.served == (single,)
+
+
+@pytest.mark.parametrize("raw,key,problem", [
+    ({**_two_switches(), "ports": BASE["ports"]}, "ports", "goes into each entry of 'switches'"),
+    ({**_two_switches(), "datapath_id": 1}, "datapath_id", "goes into each entry of 'switches'"),
+    ({"mark_actions": BASE["mark_actions"]}, "ports", "required key is missing"),
+    ({"mark_actions": BASE["mark_actions"], "switches": []}, "switches", "non-empty list"),
+    (_two_switches(datapath_id="a1:zz"), "switches[1].datapath_id", "not a hexadecimal datapath id"),
+    (_two_switches(datapath_id="a1"), "switches[1].datapath_id", "already used by switches[0]"),
+    (_two_switches(datapath_id=None), "switches[1].datapath_id", "needs its datapath id"),
+    (_two_switches(ports=BASE["ports"]), "switches[1].ports[0].physdevin", "already used by switches[0].ports[0]"),
+    (_two_switches(tls=None), "switches[1].tls", "unknown key"),
+    (_two_switches(confirm="counters"), "switches[1].confirm", "counters needs OpenFlow 1.3"),
+    ({**_two_switches(), "openflow_versions": ["1.3"], "pair": {"state_file": "/tmp/nfshunt-pair.json"},
+      "delete_flows_on_shutdown": False}, "pair", "a firewall pair serves one switch"),
+])
+def test_several_switches_config_errors_name_the_key(raw, key, problem):
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw)
+    assert err.value.key == key and problem in err.value.problem, str(err.value)

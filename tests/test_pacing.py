@@ -62,7 +62,8 @@ def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
     try:
         tb.restart_controller()  # the table size is read at connect
         tb.wait_for_controller()
-        tb.wait_for(lambda: "switch table 0 holds 24 entries: budget 3" in tb.controller_output()[mark:], 5,
+        budget = "switch 00000000000000a1 table 0 holds 24 entries: budget 3"
+        tb.wait_for(lambda: budget in tb.controller_output()[mark:], 5,
                     "the budget derived from the table size")
         conns, _ = tb.open_conns(SHUNT, 5, cport_base=52001)
         tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["waiting"] == 2, 10,

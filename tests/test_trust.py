@@ -80,7 +80,7 @@ def test_a_pair_claimed_by_a_peer_posing_as_the_absent_switch_never_reaches_the_
         # Served (no TLS, no allow-list: the configuration the warnings are about); it
         # reports a shunt pair the policy never decided.
         tb.wait_for(lambda: "connected from 169.254.66.3" in tb.controller_output()[mark:], 5, "the peer served")
-        tb.wait_for(lambda: "reconciled with the switch: 2 NFShunt flows read, 1 pairs held"
+        tb.wait_for(lambda: "reconciled with switch 00000000000000a1: 2 NFShunt flows read, 1 pairs held"
                     in tb.controller_output()[mark:], 5, "the forged pair adopted")
     finally:
         peer.close()
