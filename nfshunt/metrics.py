@@ -1,17 +1,18 @@
-"""Prometheus metrics: a collector that reads the app's counters when scraped.
+"""Prometheus metrics: the controller's counters, and gauges read from the app when scraped.
 
-The event loop only bumps plain counters (and observes one histogram); turning them into
-labelled Prometheus families happens on the scrape thread, so the hot path carries no
-metric objects. Served by prometheus-client's HTTP server on `metrics_address`
-(off unless configured; localhost in the examples).
+Every counter is a prometheus-client counter, labelled where it has labels (`Counters`):
+the event loop increments a child looked up once per label values, and the status
+request and logs read the same counters back. The gauges (pairs, table use, the pair's
+role) are read from the app's state on the scrape thread. Served by prometheus-client's
+HTTP server on `metrics_address` (off unless configured; localhost in the examples).
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LOG = logging.getLogger("nfshunt.metrics")
@@ -19,7 +20,7 @@ LOG = logging.getLogger("nfshunt.metrics")
 # Event to confirmed flows, in seconds: from well under a millisecond to a slow switch.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-# Counter keys of the form "prefix:label..." -> (metric, help, label names).
+# Labelled counter families: name used in code -> (metric, help, label names).
 LABELLED = {
     "conntrack_event": ("nfshunt_conntrack_events", "Conntrack events and dumped entries read, by type", ("type",)),
     "ignored": ("nfshunt_ignored_events", "Events that changed nothing on the switch, by reason", ("reason",)),
@@ -57,34 +58,54 @@ PLAIN = {
 }
 
 
+class Counters:
+    """Every counter of the controller, as prometheus-client counters: plain ones by name
+    (`inc`), labelled ones by family and label values (`add`). A child is looked up once
+    per label values and kept, so an increment on the event loop is a dict lookup and an
+    `inc`; safe from any thread (the conntrack listener counts malformed messages)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._plain = {name: Counter(f"nfshunt_{name}", text, registry=registry) for name, text in PLAIN.items()}
+        self._families = {family: Counter(metric, text, labelnames=labels, registry=registry)
+                          for family, (metric, text, labels) in LABELLED.items()}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def inc(self, name: str, amount: int = 1) -> None:
+        self._plain[name].inc(amount)
+
+    def add(self, family: str, *labels: str, amount: int = 1) -> None:
+        key = (family, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._families[family].labels(*labels)
+        child.inc(amount)
+
+    def flat(self) -> dict[str, int]:
+        """The counters that have counted, as `nfshunt status` has always shown them:
+        "family:label:..." ("operator_<action>" for operator actions) and plain names."""
+        out: dict[str, int] = {}
+        for family, metric in self._families.items():
+            names = LABELLED[family][2]
+            for sample in metric.collect()[0].samples:
+                if sample.name.endswith("_total") and sample.value:
+                    labels = [sample.labels[n] for n in names]
+                    key = f"operator_{labels[0]}" if family == "operator" else ":".join((family, *labels))
+                    out[key] = int(sample.value)
+        for name, metric in self._plain.items():
+            for sample in metric.collect()[0].samples:
+                if sample.name.endswith("_total") and sample.value:
+                    out[name] = int(sample.value)
+        return out
+
+
 class AppCollector(Collector):
+    """The gauges, read from the app's state when scraped."""
+
     def __init__(self, snapshot: Callable[[], dict[str, Any]]):
         self.snapshot = snapshot
 
     def collect(self) -> Iterable[Any]:
         snap = self.snapshot()
-        counters: dict[str, int] = snap["counters"]
-        families: dict[str, CounterMetricFamily] = {}
-        for prefix, (name, text, labels) in LABELLED.items():
-            families[prefix] = CounterMetricFamily(name, text, labels=labels)
-        plain = {k: CounterMetricFamily(f"nfshunt_{k}", text) for k, text in PLAIN.items()}
-        seen_plain: set[str] = set()
-        for key, value in counters.items():
-            prefix, _, rest = key.partition(":")
-            if prefix.startswith("operator_"):
-                families["operator"].add_metric([prefix[len("operator_"):]], value)
-            elif rest and prefix in families:
-                parts = rest.split(":", len(LABELLED[prefix][2]) - 1)
-                if len(parts) == len(LABELLED[prefix][2]):
-                    families[prefix].add_metric(parts, value)
-            elif key in plain:
-                plain[key].add_metric([], value)
-                seen_plain.add(key)
-        for key, fam in plain.items():
-            if key not in seen_plain:
-                fam.add_metric([], 0)
-        yield from families.values()
-        yield from plain.values()
         active = GaugeMetricFamily("nfshunt_active", "Shunt and block pairs on the switch now", labels=("action",))
         active.add_metric(["shunt"], snap["shunts"])
         active.add_metric(["block"], snap["blocks"])
@@ -128,10 +149,12 @@ class AppCollector(Collector):
 
 
 class Metrics:
-    """The registry, the latency histogram, and the HTTP endpoint (when configured)."""
+    """The registry with the counters, the latency histogram and the gauges, and the HTTP
+    endpoint (when configured)."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]]):
         self.registry = CollectorRegistry(auto_describe=False)
+        self.counters = Counters(self.registry)
         self.latency = Histogram("nfshunt_shunt_latency_seconds",
                                  "Conntrack event read to flows confirmed by the switch (barrier)",
                                  labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)

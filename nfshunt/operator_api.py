@@ -122,7 +122,7 @@ class OperatorAPI:
         if cmd == "flush":
             reason = str(req.get("reason") or "flush by operator")
             removed = self._each(lambda sw: sw.core.flush(reason, now))
-            self.counters["operator_flush"] += 1
+            self.counters.add("operator", "flush")
             LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
             ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
             return
@@ -140,7 +140,7 @@ class OperatorAPI:
                 out = sw.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
                 removed += sum(isinstance(c_, c.RemoveFlows) for c_ in out)
                 self.app._run(sw, out)
-            self.counters[f"operator_{cmd}"] += 1
+            self.counters.add("operator", cmd)
             LOG.warning("operator %s of %s", cmd, orig)
             ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
             return
@@ -162,7 +162,7 @@ class OperatorAPI:
             return
         was = roles.granted
         change = roles.take_over() if role == "master" else roles.stand_by()
-        self.counters[f"operator_role_{role}"] += 1
+        self.counters.add("operator", f"role_{role}")
         LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
         self.app.role_change(sw, change)
         ev.answer({"ok": True, **roles.status(), "switch_connected": sw.dp is not None})
@@ -173,7 +173,7 @@ class OperatorAPI:
         block is taken down, a TCP one after its entry is re-created so it goes on through
         the firewall without a stall. Answered once the kernel has done its part."""
         removed = self._each(lambda sw: sw.core.flush(reason, now, reevaluate=True))
-        self.counters["operator_reevaluate"] += 1
+        self.counters.add("operator", "reevaluate")
         LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, removed)
         connected = self._connected()
 
@@ -243,4 +243,4 @@ class OperatorAPI:
                                                           "max_shunts")},
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
-            "counters": dict(self.counters), "connections": conns}
+            "counters": self.counters.flat(), "connections": conns}

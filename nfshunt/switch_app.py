@@ -44,7 +44,7 @@ from .logs import BatchedFileHandler, flush_all
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
-from .model import TCP, ConnEvent, EventKind
+from .model import TCP, ConnEvent
 from .roles import ROLE_NAMES, Change, RoleRequest
 from .switch import Router, Switch
 from .trim import Trimmer
@@ -56,8 +56,6 @@ DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
 
 
-EVENT_COUNTER = {k: f"conntrack_event:{k.value}" for k in EventKind}  # no per-event formatting
-IGNORED_KEYS: dict[str, str] = {}  # reason -> counter key, formatted once
 
 
 class EventConntrack(event.EventBase):
@@ -91,10 +89,6 @@ class EventShutdown(event.EventBase):
         self.done = done
 
 
-class Counters(collections.Counter):
-    """Plain counters, keyed by name; read by logs and the status/metrics layers."""
-
-
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
 
@@ -103,7 +97,6 @@ class NFShuntApp(app_manager.OSKenApp):
         self.cfg = nfshunt_config
         self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
         self.router = Router(self.cfg)
-        self.counters = Counters()
         self.trimmer = Trimmer()
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
         self._later: list[tuple[float, int, Switch, tuple[c.Command, ...]]] = []  # heap of (due, seq, switch, cmds)
@@ -117,6 +110,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.started = time.time()
         self.control: ControlServer | None = None
         self.metrics = Metrics(self._metrics_snapshot)
+        self.counters = self.metrics.counters
         self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
@@ -171,7 +165,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _malformed(self, what: str) -> None:
         # Called from the listener thread; Counter increments are atomic enough for stats.
-        self.counters["netlink_malformed"] += 1
+        self.counters.inc("netlink_malformed")
         LOG.warning("skipped malformed conntrack message: %s", what)
 
     def close(self) -> None:
@@ -191,22 +185,14 @@ class NFShuntApp(app_manager.OSKenApp):
         LOG.info("reopened the audit log")
 
     def _metrics_snapshot(self) -> dict[str, Any]:
-        """Read on the scrape thread; the event loop may be changing the counters meanwhile."""
-        for _ in range(5):
-            try:
-                counters = dict(self.counters)
-                break
-            except RuntimeError:  # changed size during the copy: try again
-                continue
-        else:
-            counters = {}
+        """The gauges' values, read on the scrape thread (plain reads of the event loop's state)."""
         per_switch = [{"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
                        "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
                        "table_max": sw.core.table_max, "table_used": sw.core.default_entries() + sw.core.entries,
                        "table_1": sw.core.shared_entries()} for sw in self.switches]
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
-        return {"counters": counters, "switches": per_switch,
+        return {"switches": per_switch,
                 **{k: sum(sw[k] for sw in per_switch) for k in ("shunts", "blocks", "connected", "max_shunts",
                                                                  "table_used", "table_1")},
                 "waiting": sum(len(sw.core.waiting) for sw in self.switches),
@@ -220,7 +206,7 @@ class NFShuntApp(app_manager.OSKenApp):
         """On os-ken's accept thread, before the handshake: the peer's address."""
         if any(address_allowed(address[0], sw.cfg.switch_addresses) for sw in self.switches):
             return None
-        self.counters["switch_refused:address not allowed"] += 1
+        self.counters.add("switch_refused", "address not allowed")
         self.rlog.warning("refused-address", "refused an OpenFlow connection from %s: not in switch_addresses",
                           address[0])
         return "address not allowed"
@@ -228,13 +214,13 @@ class NFShuntApp(app_manager.OSKenApp):
     def _connection_failed(self, address: tuple[str, int], exc: Exception) -> None:
         """On a connection's thread: what a peer sent could not be read (address "?": a
         message os-ken dropped)."""
-        self.counters["openflow_malformed"] += 1
+        self.counters.inc("openflow_malformed")
         if address[0] != "?":  # os-ken's own parse errors are logged (rate-limited) where they happen
             self.rlog.warning("connection-failed", "OpenFlow connection from %s ended on what it sent: %s: %s",
                               address[0], type(exc).__name__, exc)
 
     def _refuse(self, dp: Any, reason: str, detail: str) -> None:
-        self.counters[f"switch_refused:{reason}"] += 1
+        self.counters.add("switch_refused", reason)
         self.rlog.warning(f"refused-{reason}", "refused switch %016x from %s: %s", dp.id or 0, dp.address[0], detail)
         dp.close()
 
@@ -267,7 +253,7 @@ class NFShuntApp(app_manager.OSKenApp):
             dp.nfshunt_switch = sw
             sw.fb = FlowBuilder(dp, sw.cfg, self._pipeline(dp))
             sw.send = self._send_path(sw)
-            self.counters["switch_connects"] += 1
+            self.counters.inc("switch_connects")
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
             sw.flow_stats = []
@@ -315,7 +301,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _disconnected(self, sw: Switch, why: str) -> None:
         LOG.warning("switch %016x disconnected (%s)", sw.dp.id or 0, why)
-        self.counters["switch_disconnects"] += 1
+        self.counters.inc("switch_disconnects")
         sw.gone()
         if sw.roles is not None:
             sw.roles.disconnected()
@@ -327,7 +313,7 @@ class NFShuntApp(app_manager.OSKenApp):
         sw = getattr(msg.datapath, "nfshunt_switch", None)
         if sw is not None and msg.datapath is sw.dp:
             return sw
-        self.counters[f"openflow_ignored:{what}"] += 1
+        self.counters.add("openflow_ignored", what)
         self.rlog.warning(f"foreign-{what}", "ignored %s from %s: not a served switch connection", what,
                           getattr(msg.datapath, "address", ("?",))[0])
         return None
@@ -369,14 +355,14 @@ class NFShuntApp(app_manager.OSKenApp):
         if roles is None:
             return
         if change.demoted is not None:
-            self.counters["role_demotions"] += 1
+            self.counters.inc("role_demotions")
             LOG.warning("no longer master of switch %s (%s): standing by, the switch's pairs are the other "
                         "controller's now", sw.name, change.demoted)
             if sw.dp is not None:  # what was queued for the switch is not ours to send any more
                 sw.send = self._send_path(sw)
             self._run(sw, sw.core.stand_by())
         if change.promoted and sw.dp is not None:
-            self.counters["role_promotions"] += 1
+            self.counters.inc("role_promotions")
             LOG.warning("master of switch %s with generation %d: programming it (defaults to this firewall, "
                         "adopting the pairs on the switch)", sw.name, roles.generation)
             self._run(sw, sw.core.switch_connected(sw.dp.ofproto.OFP_VERSION, sw.fb.pipeline))
@@ -417,7 +403,7 @@ class NFShuntApp(app_manager.OSKenApp):
         sw = self._ours(msg, "error")
         if sw is None:
             return  # before the handshake or from a refused peer: no key per type and code
-        self.counters[f"openflow_error:{msg.type}:{msg.code}"] += 1
+        self.counters.add("openflow_error", str(msg.type), str(msg.code))
         if sw.roles is not None and self._role_error(sw, msg):
             return
         reason = f"switch error type={msg.type} code={msg.code}"
@@ -462,11 +448,11 @@ class NFShuntApp(app_manager.OSKenApp):
         if out is None:
             self._unexpected_packet_in("no connection of ours", cookie)
             return
-        self.counters["packet_in:teardown"] += 1
+        self.counters.add("packet_in", "teardown")
         self._run(sw, out)
 
     def _unexpected_packet_in(self, reason: str, cookie: int | None) -> None:
-        self.counters[f"packet_in:{reason}"] += 1
+        self.counters.add("packet_in", reason)
         self.rlog.warning(f"packet-in-{reason}", "unexpected packet-in (%s), cookie %s", reason,
                           "none" if cookie is None else f"0x{cookie:016x}")
 
@@ -505,7 +491,7 @@ class NFShuntApp(app_manager.OSKenApp):
             try:
                 collected.append(fb.parse_stats(stats))
             except Exception as exc:  # an odd flow on the switch is not ours to crash on
-                self.counters["openflow_malformed"] += 1
+                self.counters.inc("openflow_malformed")
                 LOG.warning("unreadable flow in stats reply: %s", exc)
         if fb.more_follows(ev.msg):
             return
@@ -541,7 +527,7 @@ class NFShuntApp(app_manager.OSKenApp):
                       for band in meter.band_stats)
         new = sw.sweep.meter_read(dropped)
         if new:
-            self.counters["packet_in_dropped"] += new
+            self.counters.inc("packet_in_dropped", new)
         if new and sw.core.pipeline:
             # The shared catchers' counters cannot say which connections closed.
             self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
@@ -565,7 +551,7 @@ class NFShuntApp(app_manager.OSKenApp):
         sw.sweep.swept()
         out, ended = sw.core.catchers_counted(counted, time.monotonic())
         if ended:
-            self.counters["teardowns_from_counters"] += ended
+            self.counters.inc("teardowns_from_counters", ended)
             self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
                               "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.cfg.packet_in_rate,
                               ended)
@@ -609,21 +595,21 @@ class NFShuntApp(app_manager.OSKenApp):
         route = self.router.route
         self._events_read += len(ev.events)
         for cev in ev.events:
-            counters[EVENT_COUNTER[cev.kind]] += 1
+            counters.add("conntrack_event", cev.kind.value)
             to = route(cev)
             if isinstance(to, c.Ignored):
                 outs[0].append(to)
             else:
                 outs[to].extend(switches[to].core.conntrack_event(cev))
         if ev.dump:
-            counters["conntrack_resyncs"] += 1
+            counters.inc("conntrack_resyncs")
         for sw, out in zip(switches, outs, strict=True):
             if out or (sw.send is not None and sw.send.queued):
                 self._run(sw, out)
 
     @set_ev_cls(EventOverflow)
     def _overflow(self, ev: EventOverflow) -> None:
-        self.counters["netlink_overflows"] += 1
+        self.counters.inc("netlink_overflows")
         LOG.warning("conntrack events were lost (ENOBUFS); resyncing from a dump")
         self.worker.dump()
 
@@ -658,7 +644,7 @@ class NFShuntApp(app_manager.OSKenApp):
     def _switch_tick(self, sw: Switch, now: float) -> None:
         if sw.send is not None:
             for batch in sw.send.expired(now, PENDING_TIMEOUT):
-                self.counters["install_timeouts"] += len(batch.conns)
+                self.counters.inc("install_timeouts", len(batch.conns))
                 LOG.warning("switch %s did not answer a barrier within %.0f s: %d installs rolled back",
                             sw.name, PENDING_TIMEOUT, len(batch.conns))
                 self._settle(sw, batch.conns, {id(conn): ("no answer from the switch", False) for conn in batch.conns})
@@ -704,7 +690,7 @@ class NFShuntApp(app_manager.OSKenApp):
             try:
                 follow = self._execute(sw, cmd)
             except Exception:
-                self.counters["internal_errors"] += 1
+                self.counters.inc("internal_errors")
                 LOG.exception("failed to execute %s", type(cmd).__name__)
                 continue
             if follow:
@@ -728,16 +714,13 @@ class NFShuntApp(app_manager.OSKenApp):
     def _execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
         fb = sw.fb
         if isinstance(cmd, c.Ignored):
-            key = IGNORED_KEYS.get(cmd.reason)
-            if key is None:
-                key = IGNORED_KEYS[cmd.reason] = f"ignored:{cmd.reason}"
-            self.counters[key] += 1
+            self.counters.add("ignored", cmd.reason)
             if LOG.isEnabledFor(logging.DEBUG):
                 LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
                           cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
         elif isinstance(cmd, c.InstallFlows):
             if sw.send is not None and not sw.send.install(cmd.conn):
-                self.counters["install_queue_full"] += 1
+                self.counters.inc("install_queue_full")
                 return sw.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
             conn = cmd.conn
             if conn.action == "shunt" and conn.orig.proto == TCP:
@@ -748,16 +731,16 @@ class NFShuntApp(app_manager.OSKenApp):
         elif isinstance(cmd, c.DeleteConntrack):
             self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
         elif isinstance(cmd, c.Installed):
-            self.counters[f"installed:{cmd.conn.action}"] += 1
+            self.counters.add("installed", cmd.conn.action)
             self.metrics.observe_latency(cmd.conn.action, cmd.latency)
             LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000,
                      extra={"fields": conn_fields(cmd.conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
         elif isinstance(cmd, c.Refused):
-            self.counters[f"refused:{cmd.conn.action}"] += 1
+            self.counters.add("refused", cmd.conn.action)
             LOG.warning("%s refused, stays on the slow path: %s: %s", cmd.conn.action,
                         cmd.conn.describe(), cmd.reason)
         elif isinstance(cmd, c.Removed):
-            self.counters[f"removed:{cmd.conn.action}:{cmd.reason}"] += 1
+            self.counters.add("removed", cmd.conn.action, cmd.reason)
             stats = (cmd.conn.stats or {}).values()
             pk = sum(s[0] for s in stats)
             by = sum(s[1] for s in stats)
@@ -791,7 +774,7 @@ class NFShuntApp(app_manager.OSKenApp):
         elif isinstance(cmd, c.DeleteSwitchFlow):
             if fb is not None:
                 self._queue(sw, fb.delete_switch_flow(cmd.flow))
-                self.counters["reconcile_deleted"] += 1
+                self.counters.inc("reconcile_deleted")
                 LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
         elif isinstance(cmd, c.RequestTableSize):
             if fb is not None:
@@ -816,7 +799,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 heapq.heappush(self._later, (time.monotonic() + cmd.delay, self._later_seq, sw, cmd.commands))
         elif isinstance(cmd, c.RestoreConntrack):
             conn = cmd.conn
-            self.counters["teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations"] += 1
+            self.counters.inc("teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations")
             then = cmd.then
             self.worker.restore(conn.orig.family, conn.orig, conn.reply, cmd.tcp_state, cmd.timeout,
                                 cmd.closer_is_reply, cmd.mark, lambda: self.send_event(self.name, EventRun(sw, then)))

@@ -1,4 +1,4 @@
-"""Metrics families and the audit record, from plain counters and a connection."""
+"""Metrics families, the counters status reads back, and the audit record."""
 import os
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
@@ -11,16 +11,26 @@ from nfshunt.accounting import audit_record  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
-def snapshot(**counters):
-    return {"counters": counters, "shunts": 3, "blocks": 1, "waiting": 2, "connected": 1, "max_shunts": 10,
+def snapshot():
+    return {"shunts": 3, "blocks": 1, "waiting": 2, "connected": 1, "max_shunts": 10,
             "table_max": 2000, "table_used": 12, "table_1": 10}
 
 
-def test_counters_become_labelled_prometheus_families():
-    snap = snapshot(**{"conntrack_event:new": 5, "ignored:policy ignore": 4, "installed:shunt": 3,
-                       "refused:shunt": 1, "removed:shunt:idle timeout": 2, "openflow_error:5:1": 1,
-                       "operator_flush": 1, "netlink_overflows": 2, "switch_connects": 1})
+def test_counters_are_labelled_prometheus_counters_and_status_reads_them_back():
+    snap = snapshot()
     m = Metrics(lambda: snap)
+    counters = m.counters
+    counters.add("conntrack_event", "new", amount=5)
+    for _ in range(4):
+        counters.add("ignored", "policy ignore")
+    counters.add("installed", "shunt", amount=3)
+    counters.add("refused", "shunt")
+    counters.add("removed", "shunt", "idle timeout", amount=2)
+    counters.add("removed", "shunt", "tcp fin: a:b")  # a reason with colons stays one label
+    counters.add("openflow_error", "5", "1")
+    counters.add("operator", "flush")
+    counters.inc("netlink_overflows", 2)
+    counters.inc("switch_connects")
     m.latency.labels("shunt").observe(0.0015)
     text = generate_latest(m.registry).decode()
     for line in ('nfshunt_conntrack_events_total{type="new"} 5.0',
@@ -28,6 +38,7 @@ def test_counters_become_labelled_prometheus_families():
                  'nfshunt_flows_installed_total{action="shunt"} 3.0',
                  'nfshunt_flows_refused_total{action="shunt"} 1.0',
                  'nfshunt_flows_removed_total{action="shunt",reason="idle timeout"} 2.0',
+                 'nfshunt_flows_removed_total{action="shunt",reason="tcp fin: a:b"} 1.0',
                  'nfshunt_openflow_errors_total{code="1",type="5"} 1.0',
                  'nfshunt_operator_actions_total{action="flush"} 1.0',
                  'nfshunt_netlink_overflows_total 2.0', 'nfshunt_conntrack_resyncs_total 0.0',
@@ -38,16 +49,40 @@ def test_counters_become_labelled_prometheus_families():
                  'nfshunt_table1_entries_used 10.0',
                  'nfshunt_shunt_latency_seconds_bucket{action="shunt",le="0.002"} 1.0'):
         assert line in text, line
+    # What `nfshunt status` shows: only what counted, keyed as the control API always was.
+    assert counters.flat() == {
+        "conntrack_event:new": 5, "ignored:policy ignore": 4, "installed:shunt": 3, "refused:shunt": 1,
+        "removed:shunt:idle timeout": 2, "removed:shunt:tcp fin: a:b": 1, "openflow_error:5:1": 1,
+        "operator_flush": 1, "netlink_overflows": 2, "switch_connects": 1}
+
+
+def test_several_switches_get_gauges_of_their_own():
+    snap = snapshot()
+    snap["switches"] = [{"datapath_id": "00000000000000a1", "connected": 1, "shunts": 2, "blocks": 0,
+                         "table_used": 8},
+                        {"datapath_id": "00000000000000a2", "connected": 0, "shunts": 1, "blocks": 1,
+                         "table_used": 4}]
+    text = generate_latest(Metrics(lambda: snap).registry).decode()
+    for line in ('nfshunt_switch_up{datapath_id="00000000000000a2"} 0.0',
+                 'nfshunt_switch_active{action="block",datapath_id="00000000000000a2"} 1.0',
+                 'nfshunt_switch_table_entries_used{datapath_id="00000000000000a1"} 8.0'):
+        assert line in text, line
+    snap["switches"] = snap["switches"][:1]  # one switch: the totals say it all
+    assert "nfshunt_switch_up" not in generate_latest(Metrics(lambda: snap).registry).decode()
 
 
 def test_a_pair_member_reports_its_role_and_generation():
-    snap = snapshot(**{"role_promotions": 1, "operator_role_master": 1})
+    snap = snapshot()
     snap["pair"] = {"wanted": "master", "granted": "master", "generation": 7, "switch_generation": 7,
                     "why_backup": None}
-    text = generate_latest(Metrics(lambda: snap).registry).decode()
+    m = Metrics(lambda: snap)
+    m.counters.inc("role_promotions")
+    m.counters.add("operator", "role_master")
+    text = generate_latest(m.registry).decode()
     for line in ("nfshunt_pair_master 1.0", "nfshunt_pair_generation 7.0", "nfshunt_role_promotions_total 1.0",
                  'nfshunt_operator_actions_total{action="role_master"} 1.0', "nfshunt_role_demotions_total 0.0"):
         assert line in text, line
+    assert m.counters.flat() == {"role_promotions": 1, "operator_role_master": 1}
     assert "nfshunt_pair_master" not in generate_latest(Metrics(lambda: snapshot()).registry).decode()
 
 
