@@ -1,0 +1,106 @@
+"""The operator API over several switches: a status request asks every connected switch
+for its flows and is answered once all have replied or gone; take-downs act on all."""
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+
+from nfshunt import core as c  # noqa: E402
+from nfshunt.config import from_dict  # noqa: E402
+from nfshunt.flows import FlowBuilder  # noqa: E402
+from nfshunt.metrics import Metrics  # noqa: E402
+from nfshunt.operator_api import EventControl, OperatorAPI  # noqa: E402
+from nfshunt.switch import Switch  # noqa: E402
+from tests.helpers import BASE, event  # noqa: E402
+from tests.test_channel import FakeDatapath  # noqa: E402
+
+TWO = from_dict({"mark_actions": BASE["mark_actions"], "switches": [
+    {"datapath_id": "a1", "ports": BASE["ports"]},
+    {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}, {"fast": 3, "slow": 4, "physdevin": 4}]}]})
+
+
+def _api(connected=(True, True)):
+    switches = [Switch(cfg, i) for i, cfg in enumerate(TWO.served)]
+    for sw, up in zip(switches, connected, strict=True):
+        sw.core.switch_connected(c.OFP13)
+        sw.core.reconcile([], 0.0)
+        if up:
+            sw.dp = FakeDatapath()
+            sw.dp.id, sw.dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
+            sw.fb = FlowBuilder(sw.dp, sw.cfg)
+    sent = []
+    app = SimpleNamespace(switches=switches, counters=Metrics(lambda: {}).counters, started=time.time(),
+                          _queue=lambda sw, *msgs: sent.append((sw.index, msgs)), _flush=lambda sw: None,
+                          _run=lambda sw, out: None)
+    # One live shunt on each switch.
+    for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),
+                                 event(ingress=3, egress=4, ct_id=2, sport=2)), strict=True):
+        sw.core.flows_confirmed(sw.core.conntrack_event(ev)[0].conn, 1.0)
+    return OperatorAPI(app), switches, sent
+
+
+def _status(api):
+    ev = EventControl({"cmd": "status"})
+    api.handle(ev)
+    return ev
+
+
+def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_for_itself():
+    api, (a1, a2), sent = _api()
+    ev = _status(api)
+    assert [index for index, _ in sent] == [0, 1] and not ev.done.is_set()
+    xid1, xid2 = sent[0][1][0].xid, sent[1][1][0].xid
+    assert xid1 == xid2  # each switch counts its own xids: requests are kept by (switch, xid)
+    assert api.collecting(a1, xid1) == [] and api.collecting(a1, xid1) is not api.collecting(a2, xid2)
+    assert api.collecting(a1, xid1 + 1) is None
+    api.answer_status(a1, xid1)
+    assert not ev.done.is_set()  # a2 has not replied
+    api.switch_gone(a2)
+    assert ev.done.is_set()
+    reply = ev.reply
+    assert [sw["datapath_id"] for sw in reply["switches"]] == ["00000000000000a1", "00000000000000a2"]
+    assert [sw["flow_stats"] for sw in reply["switches"]] == [True, False] and not reply["flow_stats"]
+    assert reply["shunts"] == 2 and [sw["shunts"] for sw in reply["switches"]] == [1, 1]
+    assert [sw["ports"] for sw in reply["switches"]] == [[1, 2], [3, 4]]
+    assert {cn["datapath_id"] for cn in reply["connections"]} == {"00000000000000a1", "00000000000000a2"}
+    assert reply["switch"]["datapath_id"] == "00000000000000a1"
+
+
+def test_status_with_a_switch_away_asks_only_the_connected_one():
+    api, (a1, _), sent = _api(connected=(True, False))
+    ev = _status(api)
+    assert [index for index, _ in sent] == [0]
+    api.answer_status(a1, sent[0][1][0].xid)
+    assert ev.done.is_set() and [sw["connected"] for sw in ev.reply["switches"]] == [True, False]
+    api2, _, sent2 = _api(connected=(False, False))
+    ev2 = _status(api2)
+    assert ev2.done.is_set() and not sent2  # nobody to ask: answered at once
+
+
+def test_flush_and_unshunt_act_on_every_switch():
+    api, switches, _ = _api()
+    ev = EventControl({"cmd": "flush"})
+    api.handle(ev)
+    assert ev.reply["removed"] == 2 and ev.reply["switch_connected"]
+    assert all(conn.remove_reason for sw in switches for conn in sw.core.conns.values())
+    assert api.counters.flat()["operator_flush"] == 1
+    api, switches, _ = _api()
+    ev = EventControl({"cmd": "unshunt", "ct_id": 2})  # found on the second switch
+    api.handle(ev)
+    assert ev.reply["ok"] and ev.reply["flows_removed"]
+    assert all(sw.core.pins for sw in switches)  # its next entry may come to either switch's core
+
+
+def test_the_shutdown_waiter_is_set_once_every_switch_confirmed():
+    from nfshunt.switch_app import _AllSet
+    done = threading.Event()
+    waiter = _AllSet(2, done)
+    waiter.set()
+    assert not done.is_set()
+    waiter.set()
+    assert done.is_set()
+    none = threading.Event()
+    _AllSet(0, none)
+    assert none.is_set()
