@@ -904,16 +904,28 @@ class Testbed:
         receives, and its delay queue (NFQUEUE or netem) may drop.
         """
         c: dict[str, int] = {}
-        for node, intf in ((self.h1, "h1-eth0"), (self.h2, "h2-eth0"), (self.fw, "fw-eth0"), (self.fw, "fw-eth1")):
+
+        def host(node: Host, intf: str) -> None:
             st = json.loads(self.run(node, "ip", "-s", "-j", "link", "show", "dev", intf))[0]["stats64"]
             c[f"{intf}.tx"], c[f"{intf}.rx"] = st["tx"]["packets"], st["rx"]["packets"]
             c[f"{intf}.rx_dropped"] = st["rx"]["dropped"]
             qd = json.loads(self.run(node, "tc", "-s", "-j", "qdisc", "show", "dev", intf) or "[]")
             c[f"{intf}.qdisc_drops"] = sum(q.get("drops", 0) for q in qd if q.get("root") or q.get("parent"))
-        for port in (FAST1, SLOW1, FAST2, SLOW2):
-            for d in ("rx", "tx"):
-                with open(f"/sys/class/net/s1-eth{port}/statistics/{d}_packets") as fh:
-                    c[f"s1-eth{port}.{d}"] = int(fh.read())
+
+        def switch(*ports: int) -> None:
+            for port in ports:
+                for d in ("tx", "rx"):
+                    with open(f"/sys/class/net/s1-eth{port}/statistics/{d}_packets") as fh:
+                        c[f"s1-eth{port}.{d}"] = int(fh.read())
+        # Read against the data's direction, h2 first and h1 last: a packet moving during
+        # the reads is then counted before a hop and not after it (in flight), never after
+        # it and not before (a negative loss at that hop).
+        host(self.h2, "h2-eth0")
+        switch(FAST2, SLOW2)
+        host(self.fw, "fw-eth1")
+        host(self.fw, "fw-eth0")
+        switch(SLOW1, FAST1)
+        host(self.h1, "h1-eth0")
         for node in (self.h1, self.h2):
             c[f"{node.name}.nfqueue_drops"] = 0
             for line in self.run(node, "cat", "/proc/net/netfilter/nfnetlink_queue", check=False).splitlines():
@@ -924,13 +936,16 @@ class Testbed:
 
     def settled_hop_counters(self, timeout: float = 3.0) -> dict[str, int]:
         """hop_counters() once the data path is quiet: packets still in flight between the
-        reads (a close at 400 ms RTT) would count as lost on one hop and found on another."""
+        reads (a close at 400 ms RTT) would count as lost on one hop and found on another.
+        Quiet means two reads 0.25 s apart agree on every counter: a single packet (an ARP
+        probe) crossing the switch while its ports are read one after another counts on the
+        ports it left by and not on the one it came in by, a negative loss at that hop."""
         last = self.hop_counters()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(0.25)
             now = self.hop_counters()
-            if all(now[k] == last[k] for k in ("h1-eth0.tx", "h2-eth0.rx", "fw-eth0.rx", "fw-eth1.tx")):
+            if now == last:
                 return now
             last = now
         return last

@@ -99,3 +99,15 @@ def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_
     time.sleep(0.5)
     leftovers = subprocess.run(["pgrep", "-f", "nfqdelay|iperf3 -s|nfshunt run"], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
+
+
+def test_hop_counters_count_only_once_every_counter_stood_still():
+    """A read during which one packet moved (an ARP probe) is not taken: the loss it would
+    locate is negative at the hop the packet was half through."""
+    from nfshunt_testbed import Testbed
+    reads = iter([{"h1-eth0.tx": 5, "s1-eth1.rx": 5}, {"h1-eth0.tx": 5, "s1-eth1.rx": 6},
+                  {"h1-eth0.tx": 6, "s1-eth1.rx": 6}, {"h1-eth0.tx": 6, "s1-eth1.rx": 6}])
+
+    class Bed:
+        hop_counters = staticmethod(lambda: next(reads))
+    assert Testbed.settled_hop_counters(Bed()) == {"h1-eth0.tx": 6, "s1-eth1.rx": 6}
