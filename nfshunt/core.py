@@ -91,6 +91,10 @@ class Conn:
     adopted: bool = False  # read back from a switch, not installed from a policy decision
     entry_kept: bool = False  # ACTIVE, its conntrack entry not deleted yet (see `confirm`)
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
+    # FIN/RST packet-ins (cookie, in_port) caught before the barrier reply: the catchers
+    # forward as soon as the switch has them, so a connection may close before the
+    # controller knows its flows are in; they are taken once it does.
+    early: list[tuple[int, int]] | None = None
 
     @property
     def kind(self) -> cookies.Kind:
@@ -618,6 +622,15 @@ class Core:
             self._start_removal(conn, reason, now)
             return [RemoveFlows(conn, (False, True), reason)]
         installed = Installed(conn, now - conn.event_time)
+        if conn.early is not None:
+            early, conn.early = conn.early, None
+            out: list[Command] = [installed]
+            for cookie, in_port in early:
+                out.extend(self.teardown_packet(cookie, in_port, now) or ())
+            if conn.state is State.REMOVING:
+                # It closed while the switch was confirming: its entry, never deleted, is
+                # put in the closing state and the flows go (teardown_packet's commands).
+                return out
         cfg = self.cfg
         if cfg.confirm == "counters" and conn.action == "shunt":
             conn.entry_kept = True
@@ -774,6 +787,11 @@ class Core:
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
         out: list[Command] = []
+        if conn.state is State.PENDING:
+            if conn.early is None:
+                conn.early = []
+            conn.early.append((cookie, in_port))
+            return out
         if conn.state is not State.ACTIVE:
             return out
         rst = cookies.is_rst(cookie)
