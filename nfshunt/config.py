@@ -300,13 +300,9 @@ def _ports(key: str, value: Any) -> tuple[PortGroup, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list of port groups")
     groups = tuple(_port_group(f"{key}[{i}]", v) for i, v in enumerate(value))
+    _unique_bridge_ports([(f"{key}[{i}]", g) for i, g in enumerate(groups)])
     seen: dict[tuple[str, Any], int] = {}
     for i, g in enumerate(groups):
-        for attr in ("physdevin", "bridge_port"):
-            v = getattr(g, attr)
-            if v is not None and (attr, v) in seen:
-                raise ConfigError(f"{key}[{i}].{attr}", f"{v!r} is already used by {key}[{seen[(attr, v)]}]")
-            seen[(attr, v)] = i
         for attr in ("fast", "slow"):
             v = getattr(g, attr)
             if ("switch", v) in seen:
@@ -314,6 +310,18 @@ def _ports(key: str, value: Any) -> tuple[PortGroup, ...]:
                                   f"switch port {v} is already used by {key}[{seen[('switch', v)]}]")
             seen[("switch", v)] = i
     return groups
+
+
+def _unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
+    """physdevin and bridge_port name the firewall's bridge ports: each once, whichever
+    switch its group is on (groups: each with the key path it was read from)."""
+    seen: dict[tuple[str, Any], str] = {}
+    for path, g in groups:
+        for attr in ("physdevin", "bridge_port"):
+            v = getattr(g, attr)
+            if v is not None and (attr, v) in seen:
+                raise ConfigError(f"{path}.{attr}", f"{v!r} is already used by {seen[(attr, v)]}")
+            seen[(attr, v)] = path
 
 
 def _mark_actions(key: str, value: Any) -> dict[int, str]:
@@ -410,21 +418,16 @@ def _switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
         raise ConfigError(key, "expected a non-empty list of switches ({\"datapath_id\": ..., \"ports\": [...]})")
     entries = tuple(_object(f"{key}[{i}]", v, PER_SWITCH, required=("datapath_id", "ports"))
                     for i, v in enumerate(value))
-    seen: dict[Any, str] = {}
+    seen: dict[int, str] = {}
     for i, entry in enumerate(entries):
-        if entry["datapath_id"] is None:
+        dpid = entry["datapath_id"]
+        if dpid is None:
             raise ConfigError(f"{key}[{i}].datapath_id", "each of several switches needs its datapath id")
-        if ("dpid", entry["datapath_id"]) in seen:
-            raise ConfigError(f"{key}[{i}].datapath_id", f"{entry['datapath_id']:016x} is already used by "
-                              f"{seen[('dpid', entry['datapath_id'])]}")
-        seen[("dpid", entry["datapath_id"])] = f"{key}[{i}]"
-        # The groups' physdevin and bridge ports are the one firewall's: unique across switches.
-        for j, group in enumerate(entry["ports"]):
-            for attr in ("physdevin", "bridge_port"):
-                v = getattr(group, attr)
-                if v is not None and (attr, v) in seen:
-                    raise ConfigError(f"{key}[{i}].ports[{j}].{attr}", f"{v!r} is already used by {seen[(attr, v)]}")
-                seen[(attr, v)] = f"{key}[{i}].ports[{j}]"
+        if dpid in seen:
+            raise ConfigError(f"{key}[{i}].datapath_id", f"{dpid:016x} is already used by {seen[dpid]}")
+        seen[dpid] = f"{key}[{i}]"
+    _unique_bridge_ports([(f"{key}[{i}].ports[{j}]", g) for i, entry in enumerate(entries)
+                          for j, g in enumerate(entry["ports"])])
     return entries
 
 

@@ -186,10 +186,13 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _metrics_snapshot(self) -> dict[str, Any]:
         """The gauges' values, read on the scrape thread (plain reads of the event loop's state)."""
-        per_switch = [{"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
-                       "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
-                       "table_max": sw.core.table_max, "table_used": sw.core.default_entries() + sw.core.entries,
-                       "table_1": sw.core.shared_entries()} for sw in self.switches]
+        per_switch = []
+        for sw in self.switches:
+            table = OperatorAPI.table(sw)  # what status shows, the same numbers
+            per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
+                               "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
+                               "table_max": table["max_entries"], "table_used": table["used"],
+                               "table_1": table["table_1"]})
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
         return {"switches": per_switch,
