@@ -29,7 +29,7 @@ from os_ken.lib import hub
 
 from . import core as c
 from .flows import FlowBuilder
-from .flowstats import FlowEntry
+from .flowstats import FlowEntry, flow_removed
 
 LOG = logging.getLogger("nfshunt.channel")
 TCPI_BYTES_ACKED = 120  # offset in struct tcp_info (include/uapi/linux/tcp.h); bytes_received follows
@@ -232,15 +232,16 @@ class _ParseErrors(logging.Filter):
 def install_connection_factory() -> None:
     """os-ken's listener looks its connection factory up by name for every connection.
     (Rebinding its Datapath name instead would break that class's own super() calls.)
-    Table features replies are read with TableSize, flow stats with FlowEntry; os-ken's
-    parse errors are counted."""
+    Table features replies are read with TableSize, flow stats with FlowEntry, flow-removed
+    without its match; os-ken's parse errors are counted."""
     osken_controller.datapath_connection_factory = _connection
     parse_log = logging.getLogger("os_ken.ofproto.ofproto_parser")
     if not any(isinstance(f, _ParseErrors) for f in parse_log.filters):
         parse_log.addFilter(_ParseErrors())
-    from os_ken.ofproto import ofproto_v1_3_parser
+    from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
     ofproto_v1_3_parser.OFPTableFeaturesStatsReply.cls_stats_body_cls = TableSize
     ofproto_v1_3_parser.OFPFlowStatsReply.cls_stats_body_cls = FlowEntry
+    ofproto_v1_3_parser._MSG_PARSERS[ofproto_v1_3.OFPT_FLOW_REMOVED] = flow_removed
 
 
 def address_allowed(address: str, allowed: tuple[str, ...]) -> bool:

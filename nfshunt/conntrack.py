@@ -10,6 +10,7 @@ table, so that neither ever blocks the OpenFlow event loop.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -380,7 +381,8 @@ class ConntrackWorker:
         self.on_dump = on_dump
         self.on_malformed = on_malformed
         self.batch = batch
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue = queue.Queue()  # lists of requests; dump, clear and stop on their own
+        self._local = threading.local()
         self._seq = 0
         self.deleted = 0
         self.delete_missing = 0
@@ -400,8 +402,31 @@ class ConntrackWorker:
         self._thread.join(timeout=5)
         self.sock.close()
 
+    def _put(self, item: tuple) -> None:
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.append(item)
+        else:
+            self.q.put([item])
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Deletes, liberal marks and restores asked for on this thread inside go to the
+        worker together when it ends: one wake-up and one netlink write for an event-loop
+        turn's worth, not one a shunt (each wake-up took the GIL from the event loop)."""
+        if getattr(self._local, "held", None) is not None:  # nested: the outer one hands over
+            yield
+            return
+        self._local.held = held = []
+        try:
+            yield
+        finally:
+            self._local.held = None
+            if held:
+                self.q.put(held)
+
     def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
-        self.q.put(("del", family, orig, ct_id))
+        self._put(("del", family, orig, ct_id))
 
     def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
                 closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
@@ -409,13 +434,13 @@ class ConntrackWorker:
         shunts), or bring the entry that exists to it (one kept until the slow path drained,
         or one a straggler re-created); `done` runs after the kernel answered, whatever it
         answered."""
-        self.q.put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
+        self._put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
     def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
         """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
         applies a pair's flows one direction at a time, the firewall sees acknowledgements
         of data that took the fast path, which it would otherwise call INVALID."""
-        self.q.put(("liberal", family, orig, ct_id))
+        self._put(("liberal", family, orig, ct_id))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
@@ -436,6 +461,9 @@ class ConntrackWorker:
             item = self.q.get()
             if item is None:
                 return
+            if isinstance(item, list):  # deletes, liberal marks and restores
+                self._requests(item)
+                continue
             if item[0] == "dump":
                 with self._dump_lock:
                     self._dump_queued = False  # losses from now on need a dump of their own
@@ -448,22 +476,26 @@ class ConntrackWorker:
                     item[2](0, 0, str(exc))
                 else:
                     item[2](cleared, failed, None)
-                continue
-            batch = [item]
-            while len(batch) < self.batch:
-                try:
-                    nxt = self.q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None or nxt[0] in ("dump", "clear"):
-                    self.q.put(nxt)  # handle after this batch
-                    break
-                batch.append(nxt)
+
+    def _requests(self, batch: list[tuple]) -> None:
+        """Requests queued together, and those queued meanwhile, in netlink writes of at
+        most `batch` messages (their acknowledgements must fit the socket's buffer)."""
+        while len(batch) < self.batch:
             try:
-                self._send_batch(batch)
+                nxt = self.q.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(nxt, list):
+                self.q.put(nxt)  # a dump, a clear or the stop: after this batch
+                break
+            batch.extend(nxt)
+        for at in range(0, len(batch), self.batch):
+            part = batch[at:at + self.batch]
+            try:
+                self._send_batch(part)
             except OSError as exc:
                 LOG.error("conntrack update failed: %s", exc)
-            for item in batch:
+            for item in part:
                 if item[0] == "add":
                     try:
                         item[-1]()

@@ -116,65 +116,67 @@ class Pin:
 
 
 # --- commands ---------------------------------------------------------------------------
+# Not frozen: several are made a shunt, and a frozen dataclass costs three times as much
+# to build. Nothing changes a command once made.
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InstallDefaults:
     groups: tuple[PortGroup, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InstallPipeline:
     """The pipeline layout's shared table-1 flows: per port group, FIN and RST catchers
     (IPv4 and IPv6) and the output (see flows.py)."""
     groups: tuple[PortGroup, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteAllFlows:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LimitPacketIns:
     """Have the switch rate-limit the packet-ins it sends (an OpenFlow 1.3 meter on the
     controller port): a host sending FIN segments must not saturate the controller."""
     rate: int  # packets per second
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteSwitchFlow:
     flow: SwitchFlow
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestSwitchFlows:
     """Read NFShunt's flows back from the switch; answer with core.reconcile()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestTableSize:
     """Ask the switch how many entries its table 0 holds; answer with core.table_size()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResyncConntrack:
     """Dump the conntrack table and feed every entry to core.conntrack_event()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InstallFlows:
     conn: Conn
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RemoveFlows:
     conn: Conn
     directions: tuple[bool, ...]
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RestoreConntrack:
     """Re-create the connection's conntrack entry (a closing TCP state on teardown,
     ESTABLISHED with the decision cleared on re-evaluation); run `then` once the kernel
@@ -187,51 +189,51 @@ class RestoreConntrack:
     mark: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Later:
     """Run `commands` after `delay` seconds (the app's timer posts them back)."""
     delay: float
     commands: tuple["Command", ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EntryDue:
     """The shunt's conntrack entry may go now (answer with core.entry_due())."""
     conn: Conn
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadCounters:
     """Read the pair's packet counters from the switch (answer with core.counters_read())."""
     conn: Conn
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteConntrack:
     family: int
     orig: FlowTuple
     ct_id: int | None  # None: whatever entry holds this tuple
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ignored:
     reason: str
     event: ConnEvent
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Installed:
     conn: Conn
     latency: float  # seconds from the event being read to the switch's confirmation
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refused:
     conn: Conn
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Removed:
     conn: Conn
     reason: str

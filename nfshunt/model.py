@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import socket
 from dataclasses import dataclass
+from typing import NamedTuple
 
 TCP = 6
 UDP = 17
@@ -29,9 +30,10 @@ class EventKind(enum.Enum):
     DUMP = "dump"  # an entry read by a resync dump rather than heard as an event
 
 
-@dataclass(frozen=True, slots=True)
-class FlowTuple:
-    """One direction of a connection: what the switch matches on."""
+class FlowTuple(NamedTuple):
+    """One direction of a connection: what the switch matches on. A named tuple: made
+    for every event and looked up in several tables per shunt, and a tuple's hash and
+    equality run in C (a frozen dataclass's in Python)."""
 
     family: int  # 4 or 6
     proto: int
@@ -50,9 +52,10 @@ class FlowTuple:
         return FlowTuple(self.family, self.proto, self.dst, self.src, self.dport, self.sport)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnEvent:
-    """A conntrack event (or dumped entry) reduced to what the core needs."""
+    """A conntrack event (or dumped entry) reduced to what the core needs (not frozen:
+    one is made per event, and a frozen dataclass costs three times as much to build)."""
 
     kind: EventKind
     ct_id: int

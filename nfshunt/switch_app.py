@@ -688,16 +688,17 @@ class NFShuntApp(app_manager.OSKenApp):
         work = collections.deque(commands)
         if sw.send is not None and sw.send.queued:
             work.extend(self._release(sw))
-        while work:
-            cmd = work.popleft()
-            try:
-                follow = self._execute(sw, cmd)
-            except Exception:
-                self.counters.inc("internal_errors")
-                LOG.exception("failed to execute %s", type(cmd).__name__)
-                continue
-            if follow:
-                work.extend(follow)
+        with self.worker.batched():  # the turn's conntrack requests go to the worker at once
+            while work:
+                cmd = work.popleft()
+                try:
+                    follow = self._execute(sw, cmd)
+                except Exception:
+                    self.counters.inc("internal_errors")
+                    LOG.exception("failed to execute %s", type(cmd).__name__)
+                    continue
+                if follow:
+                    work.extend(follow)
         self._flush(sw)
 
     def _release(self, sw: Switch) -> list[c.Command]:

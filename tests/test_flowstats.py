@@ -109,3 +109,44 @@ def test_a_truncated_or_zero_length_entry_is_refused_not_looped_on(cut):
     zero[0:2] = b"\x00\x00"
     with pytest.raises(ValueError):
         FlowEntry.parser(bytes(zero), 0)
+
+
+def _removed(mod, reason, packets=7, nbytes=7000, dur=(3, 500)):
+    """The flow-removed message a switch would send for this flow-mod."""
+    mod.set_xid(1)
+    mod.serialize()
+    rest = bytes(mod.buf[FLOW_MOD_FIXED:])
+    match = rest[:(struct.unpack_from("!HH", rest)[1] + 7) // 8 * 8]
+    body = struct.pack("!QHBBIIHHQQ", mod.cookie, mod.priority, reason, mod.table_id, dur[0], dur[1],
+                       mod.idle_timeout, mod.hard_timeout, packets, nbytes) + match
+    return struct.pack("!BBHI", OFP.OFP_VERSION, OFP.OFPT_FLOW_REMOVED, 8 + len(body), 42) + body
+
+
+@pytest.mark.parametrize("reason", [0, 1, 2, 5])
+def test_flow_removed_reads_every_field_but_the_match_as_os_ken_does(reason):
+    from nfshunt.flowstats import flow_removed
+    for mod in _shapes():
+        buf = bytearray(_removed(mod, reason, packets=2**40 + 3, nbytes=2**50 + 9, dur=(86400, 999_999_999)))
+        version, msg_type, msg_len, xid = ofproto_parser.header(buf)
+        ours = flow_removed(DP, version, msg_type, msg_len, xid, buf)
+        theirs = ofproto_v1_3_parser.OFPFlowRemoved.parser(DP, version, msg_type, msg_len, xid, buf)  # os-ken's own
+        assert type(ours) is type(theirs)
+        for field in ("version", "msg_type", "msg_len", "xid", "cookie", "priority", "reason", "table_id",
+                      "duration_sec", "duration_nsec", "idle_timeout", "hard_timeout", "packet_count",
+                      "byte_count"):
+            assert getattr(ours, field) == getattr(theirs, field), field
+        assert ours.match is None
+
+
+def test_a_short_flow_removed_is_refused():
+    from nfshunt.flowstats import flow_removed
+    buf = bytearray(_removed(_shapes()[0], 0))[:40]
+    with pytest.raises(ValueError, match="flow-removed of 40 bytes"):
+        flow_removed(DP, OFP.OFP_VERSION, OFP.OFPT_FLOW_REMOVED, 40, 1, buf)
+
+
+def test_the_channel_installs_the_fast_flow_removed_parser():
+    from nfshunt.channel import install_connection_factory
+    from nfshunt.flowstats import flow_removed
+    install_connection_factory()
+    assert ofproto_v1_3_parser._MSG_PARSERS[OFP.OFPT_FLOW_REMOVED] is flow_removed

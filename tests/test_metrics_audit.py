@@ -128,3 +128,22 @@ def test_the_worker_runs_what_was_queued_before_it_stops():
         worker.delete(4, None, i)
     worker.stop()
     assert done == ["del"] * 300
+
+
+def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_most_batch():
+    from nfshunt.conntrack import ConntrackWorker
+    worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None, batch=100)
+    writes = []
+    worker._send_batch = lambda batch: writes.append([item[3] for item in batch])  # no kernel needed
+    with worker.batched():
+        for i in range(250):
+            worker.delete(4, None, i)
+        with worker.batched():  # nested: handed over with the outer one
+            worker.liberal(4, None, 250)
+        assert worker.q.qsize() == 0  # nothing handed over before the turn ends
+    assert worker.q.qsize() == 1
+    worker.delete(4, None, 251)  # outside a turn: on its own
+    worker.start()
+    worker.stop()
+    assert [len(w) for w in writes] == [100, 100, 51, 1]
+    assert [i for w in writes for i in w] == list(range(252))
