@@ -65,13 +65,15 @@ def md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 def until_settled(measure: Any, done: Any, quiet: float, limit: float, interval: float) -> tuple[Any, float]:
     """Poll `measure` until `done(value)`, `limit` seconds pass, or the value stays the same
-    for `quiet` seconds. Returns the last value and when it last changed."""
+    for `quiet` seconds. Returns the last value and when it last changed. A None is no
+    reading (the controller too busy to answer a status behind a burst): it is never
+    `done` and never quiet."""
     deadline = time.time() + limit
     value, changed = measure(), time.time()
-    while not done(value) and time.time() < deadline and time.time() - changed < quiet:
+    while (value is None or not done(value)) and time.time() < deadline and time.time() - changed < quiet:
         time.sleep(interval)
         now = measure()
-        if now != value:
+        if now is None or now != value:
             value, changed = now, time.time()
     return value, changed
 
@@ -307,7 +309,8 @@ def bench_scale(args: argparse.Namespace) -> int:
             feeder.wait(timeout=600)
             # Every entry shunted, or the count still for 10 s: entries whose conntrack id
             # another pair holds (a 32-bit id, about one collision in 100,000) rightly wait.
-            shunts, last = until_settled(lambda: _shunts_or_zero(tb), lambda n, size=size: n >= size, 10, 600, 0.5)
+            shunts, last = until_settled(lambda: _shunts_or_none(tb), lambda n, size=size: n >= size, 10, 600, 0.5)
+            shunts = shunts or 0
             install_s = last - t0
             cpu1, rss1 = proc_usage(pid)
             time.sleep(5)
@@ -318,7 +321,7 @@ def bench_scale(args: argparse.Namespace) -> int:
             # Reconcile: a restart adopts every pair from the switch.
             tb.restart_controller()
             t1 = time.time()
-            tb.wait_for(lambda shunts=shunts: _shunts_or_zero(tb) >= shunts, 900, "reconcile", interval=0.25)
+            tb.wait_for(lambda shunts=shunts: (_shunts_or_none(tb) or 0) >= shunts, 900, "reconcile", interval=0.25)
             reconcile_s = time.time() - t1
             _, rss3 = proc_usage(tb.controller.pid)  # type: ignore[union-attr]
         row = {"active_shunts": shunts, "install_s": install_s, "install_rate": shunts / install_s,
@@ -420,11 +423,11 @@ def bench_burst(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shunts_or_zero(tb: Testbed) -> int:
+def _shunts_or_none(tb: Testbed) -> int | None:
     try:
         return counts(tb)["shunts"]
     except Exception:
-        return 0
+        return None
 
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
