@@ -89,11 +89,16 @@ def log_events(tb: Testbed, event: str) -> list[dict[str, Any]]:
     return out
 
 
+def cpu_seconds(stat_path: str) -> float:
+    """User plus system CPU seconds from a /proc stat file (a process's or one thread's)."""
+    with open(stat_path) as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def proc_usage(pid: int) -> tuple[float, int]:
     """(CPU seconds, RSS bytes) of a process."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    cpu = cpu_seconds(f"/proc/{pid}/stat")
     with open(f"/proc/{pid}/status") as fh:
         rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
     return cpu, rss
@@ -107,9 +112,7 @@ def ovs_vswitchd_pid() -> int:
 def ovs_main_thread_cpu(pid: int) -> float:
     """CPU seconds of ovs-vswitchd's main thread: it applies flow-mods, expires idle flows
     and sends flow-removed, one core at most, so near 100 % it is the switch's limit."""
-    with open(f"/proc/{pid}/task/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return cpu_seconds(f"/proc/{pid}/task/{pid}/stat")
 
 
 def counts(tb: Testbed) -> dict[str, Any]:
