@@ -258,9 +258,10 @@ def address_allowed(address: str, allowed: tuple[str, ...]) -> bool:
 
 @dataclasses.dataclass(slots=True)
 class Batch:
-    """Installs sent behind one barrier; errors for their flow-mods name them by xid."""
+    """Installs sent behind one barrier; errors for their flow-mods name them by xid (the
+    map goes with the batch: one table of every xid in flight kept its peak size)."""
     conns: list[c.Conn]
-    xids: list[int]
+    xids: dict[int, c.Conn]
     sent: float
     failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
 
@@ -296,9 +297,7 @@ class SendPath:
         self.queued: collections.deque[c.Conn] = collections.deque()
         self.out: list[Any] = []
         self._conns: list[c.Conn] = []  # installs waiting for the next barrier
-        self._xids: list[int] = []
-        self._install_xid: dict[int, c.Conn] = {}  # until the batch's barrier reply: errors name xids
-        self._failed: dict[int, tuple[str, bool]] = {}  # id(conn) -> (switch error, table full)
+        self._xids: dict[int, c.Conn] = {}  # their flow-mods' xids
         self._batches: dict[int, Batch] = {}  # barrier xid -> batch
         self._waiters: dict[int, threading.Event] = {}
         self._answered = 0.0  # when the switch last answered a barrier
@@ -342,9 +341,7 @@ class SendPath:
         dp = self.dp
         for msg in self.fb.install(conn):
             self.out.append(msg)
-            x = dp.set_xid(msg)
-            self._install_xid[x] = conn
-            self._xids.append(x)
+            self._xids[dp.set_xid(msg)] = conn
         self._conns.append(conn)
         if len(self._conns) >= BATCH_PAIRS:
             self._close_batch()
@@ -356,32 +353,27 @@ class SendPath:
         self.out.append(barrier)
         if self._conns:
             self._batches[xid] = Batch(self._conns, self._xids, time.monotonic())
-            self._conns, self._xids = [], []
+            self._conns, self._xids = [], {}
         if waiter is not None:
             self._waiters[xid] = waiter
 
     def error(self, xid: int, reason: str, table_full: bool) -> c.Conn | None:
-        """An error message: the install it concerns (recorded as failed), if any."""
-        conn = self._install_xid.pop(xid, None)
-        if conn is not None:
-            self._failed[id(conn)] = (reason, table_full)
-        return conn
+        """An error message: the install it concerns (recorded as failed in its batch), if
+        any. Only sent batches can draw errors, and few are in flight."""
+        for batch in self._batches.values():
+            conn = batch.xids.get(xid)
+            if conn is not None:
+                batch.failed[id(conn)] = (reason, table_full)
+                return conn
+        return None
 
     def barrier_reply(self, xid: int) -> Batch | None:
         self._answered = time.monotonic()
         waiter = self._waiters.pop(xid, None)
         if waiter is not None:
             waiter.set()
-        batch = self._batches.pop(xid, None)
-        if batch is not None:
-            for x in batch.xids:  # every error of the batch came before its barrier reply
-                self._install_xid.pop(x, None)
-            if self._failed:
-                for conn in batch.conns:
-                    failure = self._failed.pop(id(conn), None)
-                    if failure is not None:
-                        batch.failed[id(conn)] = failure
-        return batch
+        # Every error of the batch came before its barrier reply.
+        return self._batches.pop(xid, None)
 
     def expired(self, now: float, timeout: float) -> list[Batch]:
         """Batches whose barrier reply is overdue: the switch answered none for `timeout`.

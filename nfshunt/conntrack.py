@@ -103,6 +103,11 @@ def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
     return out
 
 
+# Every port number as one shared int: a shunt keeps its ports for its life, and an int
+# made per event costs 32 B (2.5 MB once, against 6 MB at 100,000 shunts).
+_PORTS = tuple(range(65536))
+
+
 def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowTuple:
     if span is None:
         raise MalformedEvent("missing tuple")
@@ -124,8 +129,8 @@ def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowT
     sp, dp = p.get(CTA_PROTO_SRC_PORT), p.get(CTA_PROTO_DST_PORT)
     return FlowTuple(family, data[num[0]],
                      socket.inet_ntop(af, data[src[0]:src[1]]), socket.inet_ntop(af, data[dst[0]:dst[1]]),
-                     BE16.unpack_from(data, sp[0])[0] if sp and sp[1] - sp[0] >= 2 else 0,
-                     BE16.unpack_from(data, dp[0])[0] if dp and dp[1] - dp[0] >= 2 else 0)
+                     _PORTS[BE16.unpack_from(data, sp[0])[0]] if sp and sp[1] - sp[0] >= 2 else 0,
+                     _PORTS[BE16.unpack_from(data, dp[0])[0]] if dp and dp[1] - dp[0] >= 2 else 0)
 
 
 def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received: float) -> ConnEvent:
@@ -150,11 +155,20 @@ def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received:
             st = _attrs(data, *tcp).get(CTA_PROTOINFO_TCP_STATE)
             if st is not None and st[1] > st[0]:
                 state = data[st[0]]
-    return ConnEvent(kind, BE32.unpack_from(data, ct_id[0])[0],
-                     _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family),
-                     _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family),
+    orig = _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family)
+    reply = _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family)
+    return ConnEvent(kind, BE32.unpack_from(data, ct_id[0])[0], orig, _mirrored(orig, reply),
                      BE32.unpack_from(data, mark[0])[0] if mark and mark[1] - mark[0] == 4 else 0,
                      state, received)
+
+
+def _mirrored(orig: FlowTuple, reply: FlowTuple) -> FlowTuple:
+    """The reply tuple; without NAT, made of the original's own address objects: a shunt
+    keeps both tuples for its life, and sharing the addresses saves 128 B a shunt."""
+    if (reply.src == orig.dst and reply.dst == orig.src and reply.sport == orig.dport
+            and reply.dport == orig.sport and reply.proto == orig.proto):
+        return orig.reversed()
+    return reply
 
 
 def parse_datagram(data: bytes, received: float,

@@ -83,7 +83,11 @@ class Conn:
     gone: set[bool] | None = None  # directions whose flow was removed (allocated on removal)
     stats: dict[bool, tuple[int, int, float]] | None = None
     resume: ConnEvent | None = None
-    event: ConnEvent | None = None  # what created it: retried if the switch had no room
+    # What a retry of the event that created it needs (if the switch had no room); the
+    # event itself is not kept: held until confirmation, 100,000 of them fragmented memory.
+    event_kind: EventKind | None = None  # None: adopted from a switch, never retried
+    tcp_state: int | None = None
+    mark: int = 0  # the entry's mark: restores keep the admin's bits
     action_counted: bool = True  # still counted in the budget (an evicted pair is not)
     fins: int = 0  # FINs caught: 1 original direction, 2 reply
     first_fin_reply: bool = False
@@ -478,11 +482,12 @@ class Core:
             return None
         if fwd.match in self.tuples or rev.match in self.tuples:
             return None
-        if rev.match != fwd.match.reversed():
+        reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
+        if rev.match != reply:
             return None  # not a pair NFShunt builds (it never shunts NAT)
         if not self._shaped("shunt" if kind is cookies.Kind.SHUNT else "block", fwd.match.proto, dirs):
             return None
-        conn = Conn(fwd.match, rev.match, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
+        conn = Conn(fwd.match, reply, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
                     ingress, egress, now, state=State.ACTIVE, confirmed_time=now, adopted=True)
         self._remember(conn)
         return conn
@@ -562,12 +567,20 @@ class Core:
                 return [Ignored(R_BUDGET, ev)]
             out.append(victim)
         self.waiting.pop(ev.orig, None)
-        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event=ev)
+        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
+                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark)
         self._remember(conn)
         out.append(InstallFlows(conn))
         return out
 
     # --- room on the switch -----------------------------------------------------------------
+
+    @staticmethod
+    def _created_by(conn: Conn) -> ConnEvent:
+        """The event that created the pair, made again for a retry."""
+        assert conn.event_kind is not None
+        return ConnEvent(conn.event_kind, conn.ct_id, conn.orig, conn.reply, conn.mark, conn.tcp_state,
+                         conn.event_time)
 
     def _wait(self, ev: ConnEvent, front: bool) -> None:
         self.waiting[ev.orig] = ev
@@ -679,12 +692,12 @@ class Core:
             return []
         self._forget(conn)
         out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
-        if table_full and conn.event is not None:
+        if table_full and conn.event_kind is not None:
             if conn.action == "block" and self._blocks_may_evict():
                 victim = self._evict_for_block(now)
                 if victim is not None:
                     out.append(victim)
-            self._wait(conn.event, front=conn.action == "block")
+            self._wait(self._created_by(conn), front=conn.action == "block")
         return out
 
     def install_dropped(self, conn: Conn, reason: str, wait: bool) -> list[Command]:
@@ -694,8 +707,8 @@ class Core:
         if self.conns.get(conn.orig) is not conn or conn.state is not State.PENDING:
             return []
         self._forget(conn)
-        if wait and conn.event is not None:
-            self._wait(conn.event, front=conn.action == "block")
+        if wait and conn.event_kind is not None:
+            self._wait(self._created_by(conn), front=conn.action == "block")
         return [Refused(conn, reason)]
 
     def room_freed(self, room: int) -> list[Command]:
@@ -732,7 +745,7 @@ class Core:
     def _reopen(conn: Conn, timeout: int, then: Command) -> RestoreConntrack:
         """The TCP connection's entry (re-)created ESTABLISHED with the policy's decision
         cleared, then `then`: its next packet crosses the firewall, which judges it again."""
-        mark = (conn.event.mark if conn.event else 0) & ~markcodec.DECISION_MASK
+        mark = conn.mark & ~markcodec.DECISION_MASK
         return RestoreConntrack(conn, CT_TCP_ESTABLISHED, timeout, False, (then,), mark)
 
     def flush(self, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
@@ -808,7 +821,7 @@ class Core:
             state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
         self._start_removal(conn, reason, now)
         restore = RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
-                                   (RemoveFlows(conn, (False, True), reason),), conn.event.mark if conn.event else 0)
+                                   (RemoveFlows(conn, (False, True), reason),), conn.mark)
         if rst and self.cfg.rst_grace:
             # The side that reset may have data still coming (an aborted transfer has about
             # one RTT in flight): it stays on the fast path for a moment, as it would with

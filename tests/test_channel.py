@@ -50,6 +50,8 @@ def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_i
     batch = send.barrier_reply(barrier_xid)
     assert batch.conns == [a, b] and batch.failed == {id(b): ("switch error type=5 code=1", True)}
     assert send.pending() == 0 and send.barrier_reply(barrier_xid) is None
+    # Nothing of the batch outlives its barrier reply: a late error names no install.
+    assert send.error(first_of_b, "late", False) is None
 
 
 def test_a_burst_goes_out_in_one_write_with_a_barrier_every_batch_pairs(monkeypatch):

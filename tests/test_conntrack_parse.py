@@ -12,7 +12,9 @@ ipv4 = st.ip_addresses(v=4).map(str)
 ipv6 = st.ip_addresses(v=6).map(str)
 
 
-def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create):
+def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create, reply=None):
+    """A ctnetlink message; `reply` (src, dst, sport, dport): a NAT'd reply tuple."""
+    rsrc, rdst, rsport, rdport = reply or (dst, src, dport, sport)
     af = socket.AF_INET if family == 4 else socket.AF_INET6
     kw = {}
     if proto == 6 and state is not None:
@@ -23,7 +25,7 @@ def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create):
         kw["mark"] = mark
     m = nfct_msg.create_from(
         tuple_orig=NFCTAttrTuple(family=af, saddr=src, daddr=dst, proto=proto, sport=sport, dport=dport),
-        tuple_reply=NFCTAttrTuple(family=af, saddr=dst, daddr=src, proto=proto, sport=dport, dport=sport),
+        tuple_reply=NFCTAttrTuple(family=af, saddr=rsrc, daddr=rdst, proto=proto, sport=rsport, dport=rdport),
         id=ct_id, timeout=300, status=0x18E, use=1, **kw)
     m["header"]["type"] = 1 << 8
     m["header"]["flags"] = 0x400 if create else 0
@@ -35,16 +37,21 @@ def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create):
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([4, 6]), st.sampled_from([6, 17]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
        st.integers(0, 2**32 - 1), st.one_of(st.none(), st.integers(0, 2**32 - 1)),
-       st.one_of(st.none(), st.integers(0, 9)), st.booleans())
-def test_fast_parser_matches_pyroute2(family, proto, data, sport, dport, ct_id, mark, state, create):
+       st.one_of(st.none(), st.integers(0, 9)), st.booleans(), st.booleans())
+def test_fast_parser_matches_pyroute2(family, proto, data, sport, dport, ct_id, mark, state, create, nat):
     src = data.draw(ipv4 if family == 4 else ipv6)
     dst = data.draw(ipv4 if family == 4 else ipv6)
-    raw = message(family, proto, src, dst, sport, dport, ct_id, mark, state, create)
+    reply = (data.draw(ipv4 if family == 4 else ipv6), src, data.draw(st.integers(0, 65535)), sport) if nat else None
+    raw = message(family, proto, src, dst, sport, dport, ct_id, mark, state, create, reply)
     (fast,) = parse_datagram(raw + raw[:0], 1.5, lambda what: (_ for _ in ()).throw(AssertionError(what)))
     m = nfct_msg(raw)
     m.decode()
     slow = parse_entry(m, EventKind.NEW if create else EventKind.UPDATE, 1.5)
     assert fast == slow
+    if fast.reply == fast.orig.reversed():  # no NAT: the reply shares the original's objects
+        r, o = fast.reply, fast.orig
+        assert (r.src, r.dst, r.sport, r.dport) == (o.dst, o.src, o.dport, o.sport)
+        assert r.src is o.dst and r.dst is o.src and r.sport is o.dport and r.dport is o.sport
 
 
 def test_several_messages_in_one_datagram_and_other_subsystems_skipped():

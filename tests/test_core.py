@@ -249,6 +249,19 @@ def test_table_full_error_parks_the_connection_and_retries_it_when_a_pair_leaves
     assert types(out)[-1] == "InstallFlows" and out[-1].conn.ct_id == 2
 
 
+@pytest.mark.parametrize("how", ["table full", "queue full"])
+def test_a_refused_install_waits_as_the_event_that_created_it(how):
+    # The pair does not keep its event (memory); the retry is made again from the pair.
+    core = connected()
+    ev = event(sport=2, ct_id=2, kind=EventKind.NEW, state=2, received=99.5)
+    (install,) = core.conntrack_event(ev)
+    if how == "table full":
+        core.flows_failed(install.conn, "switch error type=5 code=1", table_full=True)
+    else:
+        core.install_dropped(install.conn, "flow-mod queue full", wait=True)
+    assert core.waiting[ev.orig] == ev
+
+
 def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
     core = connected()
     shunt = shunted(core, sport=1, ct_id=1)
@@ -285,7 +298,7 @@ def test_the_second_direction_s_fin_ends_the_shunt():
     assert types(out) == ["RestoreConntrack"]
     restore = out[0]
     assert restore.tcp_state == c.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
-    assert restore.mark == conn.event.mark
+    assert restore.mark == event().mark  # the entry's mark as the policy set it
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
     # A late FIN while the pair is going: nothing restored twice.
     assert core.teardown_packet(fin_orig, 1, 120.3) == []
@@ -586,7 +599,7 @@ def test_reevaluation_recreates_a_tcp_entry_with_the_decision_cleared_before_the
     assert type(restore).__name__ == "RestoreConntrack" and restore.conn is tcp
     assert restore.tcp_state == c.CT_TCP_ESTABLISHED and types(restore.then) == ["RemoveFlows"]
     assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.FLAG_INGRESS
-    assert restore.mark & 0xFFFF == tcp.event.mark & 0xFFFF  # the admin's bits are kept
+    assert restore.mark & 0xFFFF == event().mark & 0xFFFF  # the admin's bits are kept
     assert type(remove).__name__ == "RemoveFlows" and remove.conn is udp  # UDP: picked up afresh
 
 
