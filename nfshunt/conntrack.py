@@ -165,10 +165,8 @@ def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received:
 def _mirrored(orig: FlowTuple, reply: FlowTuple) -> FlowTuple:
     """The reply tuple; without NAT, made of the original's own address objects: a shunt
     keeps both tuples for its life, and sharing the addresses saves 128 B a shunt."""
-    if (reply.src == orig.dst and reply.dst == orig.src and reply.sport == orig.dport
-            and reply.dport == orig.sport and reply.proto == orig.proto):
-        return orig.reversed()
-    return reply
+    mirror = orig.reversed()
+    return mirror if reply == mirror else reply
 
 
 def parse_datagram(data: bytes, received: float,
