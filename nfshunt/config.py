@@ -84,7 +84,10 @@ class Config:
     shunt_priority: int = 33000
     block_priority: int = 33100
     max_shunts: int = 0
-    netlink_rcvbuf: int = 16 * 1024 * 1024
+    # The kernel charges ~1.3 KB a queued event and doubles this (SO_RCVBUFFORCE): 128 MiB
+    # holds a 100,000-entry burst and its deletes' events, taken only while events wait.
+    # A smaller buffer overflows, and each overflow costs a dump of the whole table.
+    netlink_rcvbuf: int = 128 * 1024 * 1024
     tcp_teardown: bool = True
     # Where a TCP shunt's FIN/RST catchers live: "single" (4 per connection beside its 2
     # flows in table 0), "pipeline" (OpenFlow 1.3: table 0's flows go on to table 1, where 5

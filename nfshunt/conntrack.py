@@ -28,7 +28,7 @@ from pyroute2.netlink.nfnetlink.nfctsocket import (IPCTNL_MSG_CT_DELETE, IPCTNL_
                                                    NFCTAttrTuple, nfct_msg)
 
 from . import markcodec
-from .model import ConnEvent, EventKind, FlowTuple
+from .model import ConnEvent, EventKind, FlowTuple, address_text
 
 LOG = logging.getLogger("nfshunt.conntrack")
 
@@ -117,9 +117,9 @@ def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowT
         raise MalformedEvent("tuple without addresses or protocol")
     a = _attrs(data, *ip)
     if family == 4:
-        src, dst, size, af = a.get(CTA_IP_V4_SRC), a.get(CTA_IP_V4_DST), 4, socket.AF_INET
+        src, dst, size = a.get(CTA_IP_V4_SRC), a.get(CTA_IP_V4_DST), 4
     else:
-        src, dst, size, af = a.get(CTA_IP_V6_SRC), a.get(CTA_IP_V6_DST), 16, socket.AF_INET6
+        src, dst, size = a.get(CTA_IP_V6_SRC), a.get(CTA_IP_V6_DST), 16
     if src is None or dst is None or src[1] - src[0] != size or dst[1] - dst[0] != size:
         raise MalformedEvent("tuple addresses missing or of the wrong size")
     p = _attrs(data, *proto)
@@ -128,7 +128,7 @@ def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowT
         raise MalformedEvent("tuple without protocol number")
     sp, dp = p.get(CTA_PROTO_SRC_PORT), p.get(CTA_PROTO_DST_PORT)
     return FlowTuple(family, data[num[0]],
-                     socket.inet_ntop(af, data[src[0]:src[1]]), socket.inet_ntop(af, data[dst[0]:dst[1]]),
+                     address_text(data[src[0]:src[1]]), address_text(data[dst[0]:dst[1]]),
                      _PORTS[BE16.unpack_from(data, sp[0])[0]] if sp and sp[1] - sp[0] >= 2 else 0,
                      _PORTS[BE16.unpack_from(data, dp[0])[0]] if dp and dp[1] - dp[0] >= 2 else 0)
 
@@ -296,6 +296,7 @@ def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]])
 
 
 LOSS_REPORT_MAX = 1.0  # seconds a loss may wait for the event queue to drain before a dump
+COALESCE_MAX = 1000  # events read from the socket and handed to the event loop at once
 
 
 class ConntrackListener:
@@ -361,8 +362,23 @@ class ConntrackListener:
                 self.on_overflow()  # events may have been missed meanwhile
                 continue
             events = parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed)
+            if self._coalesce(events, buf, view):
+                lost_since = lost_since or time.monotonic()
             if events:
                 self.on_events(events)
+
+    def _coalesce(self, events: list[ConnEvent], buf: bytearray, view: memoryview) -> bool:
+        """Add what else is queued (up to COALESCE_MAX events) to one hand-over: under a
+        burst the event loop takes them in one turn and one write to the switch, not a
+        turn each (at 100,000 entries, a turn a pair ran at 0.7 of the switch's pace); at
+        low load the queue is empty and nothing waits. True if the kernel reported a loss."""
+        while len(events) < COALESCE_MAX and select.select([self.sock], [], [], 0)[0]:
+            try:
+                n = self.sock.recv_into(buf)
+            except OSError as exc:  # socket.timeout included: the main loop deals with the rest
+                return exc.errno == errno.ENOBUFS
+            events.extend(parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed))
+        return False
 
     def _report_loss(self, since: float) -> float | None:
         """Ask for a dump once the socket's queue is empty; returns when to ask again.

@@ -300,8 +300,9 @@ class Core:
         self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
         self.pipeline_reads = 0  # reads of the switch's flows at connect that lacked table-1 flows
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
-        self.conns: dict[FlowTuple, Conn] = {}
-        self.by_cookie: dict[int, Conn] = {}  # cookie of the original direction -> conn
+        # Every pair by conntrack id (what its cookies carry): the one table of pairs, keyed
+        # by an int each pair holds anyway (no third table by tuple, no cookie ints).
+        self.by_id: dict[int, Conn] = {}
         self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
         self.reconciled = False
         self.shunts = 0  # shunt pairs in the table
@@ -343,14 +344,14 @@ class Core:
         must not let a queued connection take its place), and every pair is taken down."""
         self.version = None
         self.reconciled = False
-        return [RemoveFlows(conn, (False, True), "controller stopped") for conn in self.conns.values()]
+        return [RemoveFlows(conn, (False, True), "controller stopped") for conn in self.by_id.values()]
 
     def stand_by(self) -> list[Command]:
         """In a pair, no longer master: the other controller programs the switch now and
         owns every pair on it (it adopts them), so they are forgotten here, not removed.
         Pending installs were never confirmed: their entries stay on the slow path."""
         out = self.switch_disconnected()
-        for conn in list(self.conns.values()):
+        for conn in list(self.by_id.values()):
             self._forget(conn)
         self.waiting.clear()
         self._sweeps.clear()
@@ -363,7 +364,7 @@ class Core:
         the connections stay on the slow path and the resync on reconnect retries them."""
         self.version = None
         out: list[Command] = []
-        for conn in [c for c in self.conns.values() if c.state is State.PENDING]:
+        for conn in [c for c in self.by_id.values() if c.state is State.PENDING]:
             self._forget(conn)
             out.append(Refused(conn, "switch disconnected before confirming"))
         return out
@@ -412,7 +413,7 @@ class Core:
             pairs.setdefault((kind, ct_id), {})[reply] = flow
         present: set[int] = set()
         for (kind, ct_id), dirs in pairs.items():
-            conn = self.by_cookie.get(cookies.make(kind, ct_id))
+            conn = self._named(kind, ct_id)
             if conn is None and len(dirs) == 2:
                 conn = self._adopt(kind, ct_id, dirs, now)
             if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
@@ -422,10 +423,10 @@ class Core:
                 for flow in dirs.values():
                     out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
         for ct_id, flow in catchers:
-            conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
+            conn = self._named(cookies.Kind.SHUNT, ct_id)
             if conn is None or id(conn) not in present:
                 out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
-        for conn in list(self.conns.values()):
+        for conn in list(self.by_id.values()):
             if conn.state is State.REMOVING:
                 # Taken down while the switch was away (flush, unshunt, block, policy):
                 # the decision holds, whatever the switch still has.
@@ -480,8 +481,8 @@ class Core:
             return None
         if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
             return None
-        if fwd.match in self.tuples or rev.match in self.tuples:
-            return None
+        if fwd.match in self.tuples or rev.match in self.tuples or ct_id in self.by_id:
+            return None  # (an id held by a pair of the other kind: its flows go as orphans)
         reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
         if rev.match != reply:
             return None  # not a pair NFShunt builds (it never shunts NAT)
@@ -549,9 +550,7 @@ class Core:
             return [Ignored(R_BACKUP if self.backup else R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
-        holder = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT if action == "shunt" else cookies.Kind.BLOCK,
-                                                 ev.ct_id))
-        if holder is not None:
+        if ev.ct_id in self.by_id:
             # Ids are 32 bits and reused: a live pair has this one. The connection waits
             # on the slow path until that pair is gone, so no pair ever stands for two.
             self._wait(ev, front=action == "block")
@@ -598,7 +597,7 @@ class Core:
     def _evict_for_block(self, now: float) -> RemoveFlows | None:
         """Make room for a block: take down the newest active shunt (blocks come first)."""
         victim: Conn | None = None
-        for conn in self.conns.values():
+        for conn in self.by_id.values():
             if conn.action == "shunt" and conn.state is State.ACTIVE and (
                     victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
                 victim = conn
@@ -626,7 +625,7 @@ class Core:
     # --- switch feedback ------------------------------------------------------------------
 
     def flows_confirmed(self, conn: Conn, now: float) -> list[Command]:
-        if self.conns.get(conn.orig) is not conn or conn.state is not State.PENDING:
+        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.PENDING:
             return []
         conn.state = State.ACTIVE
         conn.confirmed_time = now
@@ -668,7 +667,7 @@ class Core:
     def entry_due(self, conn: Conn, now: float) -> list[Command]:
         """The wait for a shunt's forwarding and drain is over: its entry goes, unless the
         pair was taken down meanwhile (then the entry carries the connection on)."""
-        if self.conns.get(conn.orig) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
             return []
         return [self._delete_entry(conn, now)]
 
@@ -677,7 +676,7 @@ class Core:
         on the flows once both directions counted packets, or one did and confirm_delay has
         passed (the other direction is idle); then the slow path drains. Until then the
         counters are read again; a pair that carries nothing at all is read every second."""
-        if self.conns.get(conn.orig) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
             return []
         waited = now - (conn.confirmed_time or now)
         counted = sum(1 for n in packets.values() if n > 0)
@@ -688,7 +687,7 @@ class Core:
     def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
         """The switch refused a flow of this pair: withdraw the other, keep the entry. If
         its table was full, the connection waits for room (a block evicts a shunt)."""
-        if self.conns.get(conn.orig) is not conn:
+        if self.by_id.get(conn.ct_id) is not conn:
             return []
         self._forget(conn)
         out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
@@ -704,7 +703,7 @@ class Core:
         """An install that never went to the switch (its queue was full, or the pair was
         taken down while it waited): nothing to roll back on the switch, the entry is kept.
         With `wait`, the connection waits for room like one the table refused."""
-        if self.conns.get(conn.orig) is not conn or conn.state is not State.PENDING:
+        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.PENDING:
             return []
         self._forget(conn)
         if wait and conn.event_kind is not None:
@@ -728,7 +727,7 @@ class Core:
         as the switch confirms it. With `reevaluate`, a TCP connection's entry is first
         re-created ESTABLISHED with the policy decision cleared, so its next packet is
         judged by the current policy and a strict firewall does not drop it as INVALID."""
-        if self.conns.get(conn.orig) is not conn:
+        if self.by_id.get(conn.ct_id) is not conn:
             return []
         if conn.state is State.PENDING:
             conn.remove_reason = reason
@@ -754,7 +753,7 @@ class Core:
         judged again)."""
         out: list[Command] = []
         self.waiting.clear()
-        for conn in list(self.conns.values()):
+        for conn in list(self.by_id.values()):
             out.extend(self.remove(conn, reason, now, reevaluate))
         return out
 
@@ -762,10 +761,17 @@ class Core:
         """A handled connection by conntrack id or by either direction's tuple."""
         if tuple_ is not None:
             return self.tuples.get(tuple_)
-        for conn in self.conns.values():
-            if conn.ct_id == ct_id:
-                return conn
-        return None
+        return self.by_id.get(ct_id) if ct_id is not None else None
+
+    def pair(self, orig: FlowTuple) -> Conn | None:
+        """The pair whose original direction is `orig`."""
+        conn = self.tuples.get(orig)
+        return conn if conn is not None and conn.orig == orig else None
+
+    def _named(self, kind: cookies.Kind, ct_id: int) -> Conn | None:
+        """The pair a cookie of this kind and conntrack id names."""
+        conn = self.by_id.get(ct_id)
+        return conn if conn is not None and conn.kind is kind else None
 
     def pin(self, orig: FlowTuple, action: str, now: float) -> list[Command]:
         """An operator's unshunt ("ignore") or block for a connection, by tuple: its flows
@@ -798,7 +804,7 @@ class Core:
         if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
             return None
         _, ct_id, reply = parsed
-        conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, ct_id))
+        conn = self._named(cookies.Kind.SHUNT, ct_id)
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
         out: list[Command] = []
@@ -841,7 +847,7 @@ class Core:
             parsed = cookies.parse(cookie)
             if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
                 continue
-            conn = self.by_cookie.get(cookies.make(cookies.Kind.SHUNT, parsed[1]))
+            conn = self._named(cookies.Kind.SHUNT, parsed[1])
             if conn is None or conn.state is not State.ACTIVE:
                 continue
             out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
@@ -854,7 +860,7 @@ class Core:
         if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
             return []
         kind, ct_id, reply = parsed
-        conn = self.by_cookie.get(cookies.make(kind, ct_id))
+        conn = self._named(kind, ct_id)
         if conn is None or conn.state is State.PENDING:
             return []
         if conn.gone is None:
@@ -884,7 +890,7 @@ class Core:
         # (loose pickup) in a way no event reports as ours; one sweep by tuple clears them.
         while self._sweeps and self._sweeps[0][0] <= now:
             _, conn = self._sweeps.popleft()
-            if conn.state is State.ACTIVE and self.conns.get(conn.orig) is conn:
+            if conn.state is State.ACTIVE and self.by_id.get(conn.ct_id) is conn:
                 out.append(DeleteConntrack(conn.orig.family, conn.orig, None))
         if self.version is not None:  # while the switch is away, removals wait for it
             for conn in list(self._removing):
@@ -935,22 +941,19 @@ class Core:
         return 6 if self.version != OFP10 and self.cfg.tcp_teardown and not self.pipeline else 2
 
     def _remember(self, conn: Conn) -> None:
-        self.conns[conn.orig] = conn
+        self.by_id[conn.ct_id] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
         self._count(conn, 1)
         conn.entries = pair_entries(self.version, self.cfg, conn, self.pipeline)
         self.entries += conn.entries
-        self.by_cookie[conn.cookie(False)] = conn
 
     def _forget(self, conn: Conn) -> None:
         self._removing.discard(conn)
-        if self.conns.get(conn.orig) is conn:
-            del self.conns[conn.orig]
+        if self.by_id.get(conn.ct_id) is conn:
+            del self.by_id[conn.ct_id]
             self.entries -= conn.entries
             if conn.action_counted:
                 self._count(conn, -1)
         for t in (conn.orig, conn.reply):
             if self.tuples.get(t) is conn:
                 del self.tuples[t]
-        if self.by_cookie.get(conn.cookie(False)) is conn:
-            del self.by_cookie[conn.cookie(False)]

@@ -13,9 +13,10 @@ parse of each one's match (~20 µs) was most of their cost, and NFShunt reads no
 """
 from __future__ import annotations
 
-import socket
 import struct
 from typing import Any
+
+from .model import address_text
 
 _ENTRY = struct.Struct("!HBxIIHHHH4xQQQ")  # ofp_flow_stats up to its match
 _REMOVED = struct.Struct("!QHBBIIHHQQ")  # ofp_flow_removed after the header, up to its match
@@ -85,10 +86,8 @@ def _oxm_fields(buf: Any, at: int, end: int) -> dict[str, Any]:
         if size != width:
             raise ValueError(f"OXM {name} of {size} bytes")
         raw = bytes(buf[value_at:at])
-        if name.startswith("ipv4"):
-            fields[name] = socket.inet_ntop(socket.AF_INET, raw)
-        elif name.startswith("ipv6"):
-            fields[name] = socket.inet_ntop(socket.AF_INET6, raw)
+        if name.startswith(("ipv4", "ipv6")):
+            fields[name] = address_text(raw)  # shared with the listener's tuples
         else:
             fields[name] = int.from_bytes(raw, "big")
     return fields

@@ -23,6 +23,27 @@ def canonical_address(text: str) -> str:
     return socket.inet_ntop(af, socket.inet_pton(af, text))
 
 
+# One text object per address: connections share their hosts (many clients to a few
+# servers), and every shunt keeps two address strings for its life (64 B each for IPv4).
+# Bounded: past ADDRESSES_MAX distinct addresses it starts afresh, so a flood of sources
+# costs no more than that.
+ADDRESSES_MAX = 8192
+_ADDRESS_TEXT: dict[bytes, str] = {}
+
+
+def address_text(raw: bytes) -> str:
+    """inet_ntop of a packed address, 4 bytes (IPv4) or 16 (IPv6); the same str object
+    for the same address while the cache holds it (and no inet_ntop call)."""
+    text = _ADDRESS_TEXT.get(raw)
+    if text is None:
+        if len(raw) not in (4, 16):
+            raise ValueError(f"a packed address of {len(raw)} bytes")
+        if len(_ADDRESS_TEXT) >= ADDRESSES_MAX:
+            _ADDRESS_TEXT.clear()
+        text = _ADDRESS_TEXT[raw] = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+    return text
+
+
 class EventKind(enum.Enum):
     NEW = "new"
     UPDATE = "update"

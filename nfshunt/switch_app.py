@@ -53,6 +53,7 @@ LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
 METER_READ_TIMEOUT = 5.0  # a meter read unanswered this long is asked again
 DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
+HANDOVERS = 2  # conntrack hand-overs (the listener's or a dump's) in the event queue at most
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
 
 
@@ -107,6 +108,8 @@ class NFShuntApp(app_manager.OSKenApp):
         ChannelDatapath.failed = self._connection_failed
         self.operator = OperatorAPI(self)
         self._running = True
+        self._handover_room = threading.BoundedSemaphore(HANDOVERS)
+        self._dump_feed = threading.Lock()
         self.started = time.time()
         self.control: ControlServer | None = None
         self.metrics = Metrics(self._metrics_snapshot)
@@ -151,14 +154,33 @@ class NFShuntApp(app_manager.OSKenApp):
                 self.send_event(self.name, EventTick())
 
     def _post_events(self, events: list[ConnEvent]) -> None:
-        self.send_event(self.name, EventConntrack(events))
+        self._hand_over(EventConntrack(events))
+
+    def _hand_over(self, ev: EventConntrack) -> bool:
+        """Queue conntrack events for the event loop, at most HANDOVERS at a time (the
+        rest wait in the kernel's buffer, or in the dump). os-ken's event queue (128) also
+        carries the switch's replies: when conntrack events filled it, the thread reading
+        the switch blocked, the switch stopped reading flow-mods with its replies unread,
+        the event loop blocked writing to it and never drained the queue, and barriers
+        expired until the connection dropped (events handed over 1,000 at a time filled
+        it in one 100,000 burst: 16% of it stayed unshunted)."""
+        while not self._handover_room.acquire(timeout=0.5):
+            if not self._running:
+                return False
+        self.send_event(self.name, ev)
+        return True
 
     def _post_dump(self, events: list[ConnEvent]) -> None:
         # In slices: 100,000 entries in one turn of the event loop kept it from the switch's
         # barrier replies for seconds; the switch, its replies unread, stopped reading our
-        # flow-mods, and the connection was lost.
-        for at in range(0, max(len(events), 1), DUMP_SLICE):
-            self.send_event(self.name, EventConntrack(events[at:at + DUMP_SLICE], dump=at == 0))
+        # flow-mods, and the connection was lost. Fed on a thread of its own, one dump at a
+        # time: the worker goes on deleting entries meanwhile.
+        def feed() -> None:
+            with self._dump_feed:
+                for at in range(0, max(len(events), 1), DUMP_SLICE):
+                    if not self._hand_over(EventConntrack(events[at:at + DUMP_SLICE], dump=at == 0)):
+                        return
+        threading.Thread(target=feed, name="conntrack-dump-feed", daemon=True).start()
 
     def _post_overflow(self) -> None:
         self.send_event(self.name, EventOverflow())
@@ -278,7 +300,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _send_path(self, sw: Switch) -> SendPath:
         def wanted(conn: c.Conn) -> bool:  # a queued install the core still wants sent
-            return sw.core.conns.get(conn.orig) is conn and conn.state is c.State.PENDING \
+            return sw.core.by_id.get(conn.ct_id) is conn and conn.state is c.State.PENDING \
                 and conn.remove_reason is None
         return SendPath(sw.dp, sw.fb, sw.cfg.flow_mod_rate, sw.cfg.install_queue, wanted)
 
@@ -515,7 +537,7 @@ class NFShuntApp(app_manager.OSKenApp):
                       c.PIPELINE_READS * c.PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
         LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
-                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.conns), kinds["InstallFlows"],
+                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_id), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
         self._run(sw, out)
 
@@ -592,6 +614,12 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventConntrack)
     def _conntrack(self, ev: EventConntrack) -> None:
+        try:
+            self._conntrack_events(ev)
+        finally:
+            self._handover_room.release()
+
+    def _conntrack_events(self, ev: EventConntrack) -> None:
         counters = self.counters
         switches = self.switches
         outs: list[list[c.Command]] = [[] for _ in switches]

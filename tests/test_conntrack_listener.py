@@ -56,13 +56,14 @@ def test_a_loss_is_reported_once_every_queued_event_has_been_read(lossy):
     for i in range(3):
         lossy.send(b"event %d" % i)
     log = []
-    listener = conntrack.ConntrackListener(1 << 20, lambda evs: log.append(evs[0]), lambda: log.append("dump"), print)
+    listener = conntrack.ConntrackListener(1 << 20, log.extend, lambda: log.append("dump"), print)
     got = run_until(listener, log, lambda: "dump" in log)
     assert got == [b"event 0", b"event 1", b"event 2", "dump"]
 
 
 def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_once_drained(lossy, monkeypatch):
     monkeypatch.setattr(conntrack, "LOSS_REPORT_MAX", 0.05)
+    monkeypatch.setattr(conntrack, "COALESCE_MAX", 1)  # one event a read: the storm outlasts the limit
     for i in range(20):
         lossy.send(b"event %d" % i)
     log = []
@@ -76,3 +77,57 @@ def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_o
     assert len(dumps) >= 2
     assert dumps[0] < 19, "the storm's loss waited for the queue to drain"
     assert got[-1] == "dump" and got.count(b"event 19") == 1, "no dump after the queue drained"
+
+
+def test_events_queued_together_reach_the_event_loop_in_one_hand_over_and_a_lone_one_at_once(monkeypatch):
+    """Under a burst, one event-loop turn (and one write to the switch) for what is queued,
+    not one a datagram; at low load a single event is not held back waiting for more."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ours.settimeout(5)  # a read that waited for more would hold the lone event this long
+    monkeypatch.setattr(conntrack.ConntrackListener, "_open", lambda self: ours)
+    monkeypatch.setattr(conntrack, "parse_datagram", lambda data, now, bad: [data])
+    monkeypatch.setattr(conntrack, "COALESCE_MAX", 4)
+    for i in range(6):
+        theirs.send(b"event %d" % i)
+    calls = []
+    listener = conntrack.ConntrackListener(1 << 20, lambda evs: calls.append(list(evs)), print, print)
+    listener.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sum(map(len, calls)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls == [[b"event 0", b"event 1", b"event 2", b"event 3"], [b"event 4", b"event 5"]]
+        theirs.send(b"alone")
+        sent = time.monotonic()
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert calls[2:] == [[b"alone"]] and time.monotonic() - sent < 2
+    finally:
+        listener.stop()
+        theirs.close()
+
+
+def test_conntrack_hand_overs_wait_for_room_and_give_up_when_the_controller_stops():
+    """The event queue is shared with the switch's replies: conntrack events never hold
+    more than HANDOVERS places in it; a hand-over waiting for room ends with the controller."""
+    import threading
+    from types import SimpleNamespace
+
+    from nfshunt.switch_app import HANDOVERS, NFShuntApp
+    app = SimpleNamespace(name="nfshunt", _running=True, sent=[],
+                          _handover_room=threading.BoundedSemaphore(HANDOVERS))
+    app.send_event = lambda name, ev: app.sent.append(ev)
+    assert all(NFShuntApp._hand_over(app, i) for i in range(HANDOVERS))
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(NFShuntApp._hand_over(app, "next")))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and app.sent == list(range(HANDOVERS))
+    app._handover_room.release()  # the event loop took one
+    waiting.join(5)
+    assert results == [True] and app.sent[-1] == "next"
+    stopped = threading.Thread(target=lambda: results.append(NFShuntApp._hand_over(app, "late")))
+    stopped.start()
+    app._running = False
+    stopped.join(5)
+    assert not stopped.is_alive() and results == [True, False] and "late" not in app.sent

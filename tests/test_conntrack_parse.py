@@ -1,12 +1,14 @@
 """The listener's fast ctnetlink parser agrees with pyroute2's general decoder."""
 import socket
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from nfshunt.conntrack import parse_datagram, parse_entry
-from nfshunt.model import EventKind
+from nfshunt import model
+from nfshunt.model import EventKind, address_text
 
 ipv4 = st.ip_addresses(v=4).map(str)
 ipv6 = st.ip_addresses(v=6).map(str)
@@ -52,6 +54,36 @@ def test_fast_parser_matches_pyroute2(family, proto, data, sport, dport, ct_id, 
         r, o = fast.reply, fast.orig
         assert (r.src, r.dst, r.sport, r.dport) == (o.dst, o.src, o.dport, o.sport)
         assert r.src is o.dst and r.dst is o.src and r.sport is o.dport and r.dport is o.sport
+
+
+def test_events_of_one_host_share_its_address_text():
+    """A shunt keeps its address strings for its life: connections to one server must not
+    each hold a copy of its address."""
+    a = message(4, 17, "10.64.0.1", "10.65.0.1", 1024, 5201, 1, 0x71210000, None, True)
+    b = message(4, 17, "10.64.0.2", "10.65.0.1", 1025, 5201, 2, 0x71210000, None, True)
+    c = message(4, 17, "10.64.0.1", "10.65.0.1", 1026, 5201, 3, 0x71210000, None, True)
+    first, second, third = parse_datagram(a + b + c, 0.0, lambda w: None)
+    assert first.orig.dst is second.orig.dst is third.orig.dst
+    assert first.orig.src is third.orig.src and first.orig.src is not second.orig.src
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, max_size=16)))
+def test_address_text_is_inet_ntop(raw):
+    af = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    assert address_text(raw) == socket.inet_ntop(af, raw)
+    assert address_text(bytes(raw)) is address_text(raw)
+
+
+def test_address_cache_is_bounded_and_refuses_other_lengths(monkeypatch):
+    monkeypatch.setattr(model, "ADDRESSES_MAX", 100)
+    monkeypatch.setattr(model, "_ADDRESS_TEXT", {})
+    for i in range(1000):  # a flood of distinct sources
+        assert address_text(i.to_bytes(4, "big")) == socket.inet_ntoa(i.to_bytes(4, "big"))
+        assert len(model._ADDRESS_TEXT) <= 100
+    for size in (0, 3, 5, 15, 17):
+        with pytest.raises(ValueError):
+            address_text(bytes(size))
 
 
 def test_several_messages_in_one_datagram_and_other_subsystems_skipped():

@@ -110,7 +110,7 @@ def test_events_that_must_not_touch_the_switch(kw, reason):
     core = connected()
     (cmd,) = core.conntrack_event(event(**kw))
     assert isinstance(cmd, c.Ignored) and cmd.reason == reason
-    assert not core.conns
+    assert not core.by_id
 
 
 def test_ipv6_on_openflow10_stays_on_slow_path():
@@ -190,7 +190,7 @@ def test_half_removed_pair_is_forgotten_after_grace():
     core.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 200.0)
     assert core.tick(201.0) == []
     assert types(core.tick(200.0 + c.REMOVAL_GRACE + 1)) == ["Removed"]
-    assert not core.conns
+    assert not core.by_id
 
 
 def test_foreign_and_default_cookies_in_flow_removed_are_ignored():
@@ -266,7 +266,7 @@ def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
     core = connected()
     shunt = shunted(core, sport=1, ct_id=1)
     core.conntrack_event(event(sport=5, ct_id=5))
-    core.flows_failed(core.conns[event(sport=5).orig], "full", table_full=True)
+    core.flows_failed(core.pair(event(sport=5).orig), "full", table_full=True)
     (install,) = core.conntrack_event(event(sport=2, ct_id=2, action=2))
     out = core.flows_failed(install.conn, "full", table_full=True)
     assert types(out) == ["RemoveFlows", "Refused", "RemoveFlows"] and out[2].conn is shunt
@@ -406,8 +406,8 @@ def test_reconcile_adopts_live_pairs_and_deletes_orphans():
     fresh.switch_connected(c.OFP13)
     cmds = fresh.reconcile(flows, 5.0)
     assert types(cmds) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "ResyncConntrack"]
-    assert fresh.conns[conn.orig].state is c.State.ACTIVE  # adopted, not bounced
-    assert orphan.orig not in fresh.conns
+    assert fresh.pair(conn.orig).state is c.State.ACTIVE  # adopted, not bounced
+    assert fresh.pair(orphan.orig) is None
     # The adopted shunt's removal is handled like any other.
     (restore,) = fresh.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 9.0)
     assert types(restore.then) == ["RemoveFlows"]
@@ -505,17 +505,17 @@ def test_a_pair_adopted_from_a_switch_is_never_installed_again():
     core = c.Core(config())
     core.switch_connected(c.OFP13)
     core.reconcile(_flows_for(conn), 1.0)
-    assert core.conns[conn.orig].adopted
+    assert core.pair(conn.orig).adopted
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
     out = core.reconcile([], 2.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and conn.orig not in core.conns
+    assert types(out) == ["Removed", "ResyncConntrack"] and core.pair(conn.orig) is None
     # A policy decision, by contrast, is re-installed after the same loss.
     mine = shunted(core, sport=5)
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
     assert types(core.reconcile([], 3.0)) == ["InstallFlows", "ResyncConntrack"]
-    assert core.conns[mine.orig].state is c.State.PENDING
+    assert core.pair(mine.orig).state is c.State.PENDING
 
 
 def test_a_switch_pair_under_our_cookie_with_another_tuple_is_not_taken_for_ours():
@@ -534,12 +534,34 @@ def test_a_colliding_conntrack_id_waits_until_the_live_pair_is_gone():
     first = shunted(core, sport=1, ct_id=42)
     out = core.conntrack_event(event(sport=2, ct_id=42))  # another connection, the same id
     assert types(out) == ["Ignored"] and out[0].reason == c.R_ID_COLLISION
-    assert len(core.waiting) == 1 and core.by_cookie[first.cookie(False)] is first
+    assert len(core.waiting) == 1 and core.by_id[first.ct_id] is first
     # The first pair's removal touches only the first; then the second gets its shunt.
     removed = _remove_pair(core, first)
     installs = [x for x in removed if type(x).__name__ == "InstallFlows"]
     assert len(installs) == 1 and installs[0].conn.orig.sport == 2
-    assert core.by_cookie[installs[0].conn.cookie(False)] is installs[0].conn
+    assert core.by_id[installs[0].conn.ct_id] is installs[0].conn
+
+
+def test_one_pair_per_conntrack_id_whatever_its_kind():
+    """Pairs are kept by conntrack id: a block whose id a live shunt holds waits like any
+    collision, and a switch that carries a shunt and a block under one id keeps one of
+    them (the other's flows go; its connection is judged on the slow path again)."""
+    core = connected()
+    shunt = shunted(core, sport=1, ct_id=42)
+    out = core.conntrack_event(event(sport=2, ct_id=42, action=2))
+    assert types(out) == ["Ignored"] and out[0].reason == c.R_ID_COLLISION
+    assert core.by_id == {42: shunt} and len(core.waiting) == 1
+    other = c.Core(config())
+    other.switch_connected(c.OFP13)
+    other.reconcile([], 0.0)
+    (install,) = other.conntrack_event(event(sport=2, ct_id=42, action=2))
+    block = install.conn
+    fresh = c.Core(config())
+    fresh.switch_connected(c.OFP13)
+    out = fresh.reconcile(_flows_for(shunt) + _flows_for(block, out_fwd=None, out_rev=None), 5.0)
+    deleted = [x.flow.cookie for x in out if type(x).__name__ == "DeleteSwitchFlow"]
+    assert sorted(deleted) == sorted([block.cookie(False), block.cookie(True)])
+    assert fresh.by_id[42].action == "shunt" and fresh.pair(shunt.orig).adopted
 
 
 def test_a_nat_entry_stays_on_the_slow_path():
@@ -562,14 +584,14 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     out = core.reconcile(_flows_for(conn), 101.0)
     assert types(out) == ["RemoveFlows", "ResyncConntrack"]  # not adopted again
     _remove_pair(core, conn, "delete")
-    assert conn.orig not in core.conns
+    assert core.pair(conn.orig) is None
     # And when the switch lost the pair meanwhile, the removal simply completes.
     other = shunted(core, sport=3)
     core.switch_disconnected()
     core.flush("again", 200.0)
     core.switch_connected(c.OFP13)
     out = core.reconcile([], 201.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and other.orig not in core.conns
+    assert types(out) == ["Removed", "ResyncConntrack"] and core.pair(other.orig) is None
 
 
 def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_entry():
@@ -659,7 +681,7 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
     cmds = core.reconcile(flows, 5.0)
     # With delete_flows_on_startup off, still: a default from another firewall's port goes.
     assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"] and cmds[0].flow.in_port == 6
-    adopted = core.conns[conn.orig]
+    adopted = core.pair(conn.orig)
     assert adopted.adopted and adopted.state is c.State.ACTIVE
     # A committed entry of the adopted shunt (conntrackd's copy, a new id) is deleted again.
     assert types(core.conntrack_event(event(ct_id=99))) == ["DeleteConntrack", "Ignored"]
@@ -674,7 +696,7 @@ def test_standing_by_forgets_every_pair_without_touching_the_switch():
     out = core.stand_by()
     assert types(out) == ["Refused"] and out[0].conn is pending.conn  # its entry stays on the slow path
     assert not any(isinstance(x, c.RemoveFlows) for x in out)
-    assert core.conns == {} and core.shunts == 0 and core.entries == 0 and core.backup
+    assert core.by_id == {} and core.shunts == 0 and core.entries == 0 and core.backup
     assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == c.R_BACKUP
     assert core.flow_removed(active.cookie(False), "idle timeout", 1, 1, 1, 9.0) == []
 
@@ -728,11 +750,11 @@ def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
     piped.switch_connected(c.OFP13, pipeline=True)
     # A single-layout pair (output in table 0) is not adopted by a pipeline controller ...
     assert types(piped.reconcile(_flows_for(conn) + _table_1(), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
-    assert conn.orig not in piped.conns
+    assert piped.pair(conn.orig) is None
     # ... a pipeline pair is, and a single-layout controller leaves that one alone.
     piped.switch_connected(c.OFP13, pipeline=True)
     assert types(piped.reconcile(_pipeline_flows_for(conn) + _table_1(), 2.0)) == ["ResyncConntrack"]
-    assert piped.conns[conn.orig].adopted and piped.entries == 2
+    assert piped.pair(conn.orig).adopted and piped.entries == 2
     single = c.Core(config())
     single.switch_connected(c.OFP13)
     assert types(single.reconcile(_pipeline_flows_for(conn), 3.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
