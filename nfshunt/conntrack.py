@@ -296,7 +296,11 @@ def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]])
 
 
 LOSS_REPORT_MAX = 1.0  # seconds a loss may wait for the event queue to drain before a dump
-COALESCE_MAX = 1000  # events read from the socket and handed to the event loop at once
+# Events read from the socket and handed to the event loop at once. A turn's flow-mods go
+# out in one write, and the loop waits while the switch takes them: with 1,000, a status
+# read during a 100,000 burst waited up to 1.7 s (median 0.7); with 250, up to 0.7 s
+# (median 0.26), for 5-10 % less burst speed (bench/results/2026-11-23/coalesce-d/).
+COALESCE_MAX = 250
 
 
 class ConntrackListener:
@@ -370,8 +374,8 @@ class ConntrackListener:
     def _coalesce(self, events: list[ConnEvent], buf: bytearray, view: memoryview) -> bool:
         """Add what else is queued (up to COALESCE_MAX events) to one hand-over: under a
         burst the event loop takes them in one turn and one write to the switch, not a
-        turn each (at 100,000 entries, a turn a pair ran at 0.7 of the switch's pace); at
-        low load the queue is empty and nothing waits. True if the kernel reported a loss."""
+        turn each (bursts of 10,000 ran 2-3 times faster); at low load the queue is empty
+        and nothing waits. True if the kernel reported a loss."""
         while len(events) < COALESCE_MAX and select.select([self.sock], [], [], 0)[0]:
             try:
                 n = self.sock.recv_into(buf)

@@ -38,7 +38,8 @@ def report(path):
     ("latency", "latency", ("event_ms", "confirmed_ms", "ct_deleted_ms", "last_slow_ms", "controller_ms")),
     ("rate", "rate-netlink", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms", "controller_p99_ms")),
     ("rate-tcp", "rate-tcp", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms")),
-    ("scale", "scale", ("active_shunts", "rss_mb", "idle_cpu_pct", "reconcile_s")),
+    ("scale", "scale", ("active_shunts", "rss_mb", "idle_cpu_pct", "reconcile_s", "switch_back_s",
+                        "adopted_after_connect_s")),
     ("burst", "burst", ("burst", "confirmed_s", "shunts_per_s", "switch_pairs_per_s", "ratio", "deleted_s")),
 ])
 def test_quick_benchmark_writes_results(quick, name, csvname, columns):
@@ -53,6 +54,7 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert all(float(r["event_ms"]) <= float(r["confirmed_ms"]) <= float(r["ct_deleted_ms"]) for r in data)
     if name == "scale":
         assert all(int(r["active_shunts"]) == 1000 for r in data)
+        assert all(0 <= float(r["switch_back_s"]) <= float(r["reconcile_s"]) for r in data)
     if name == "burst":  # every entry shunted and deleted; the switch's own rate measured beside it
         assert all(int(r["shunted"]) == int(r["created"]) == 2000 and int(r["entries_left"]) == 0 for r in data)
     report(quick / name / f"{csvname}.md")
