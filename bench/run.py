@@ -345,7 +345,11 @@ def bench_scale(args: argparse.Namespace) -> int:
             tb.wait_for(lambda shunts=shunts: (_shunts_or_none(tb) or 0) >= shunts, 900, "reconcile", interval=0.25)
             reconcile_s = time.time() - t1
             _, rss3 = proc_usage(tb.controller.pid)  # type: ignore[union-attr]
-            back = switch_connected_at(tb.controller_log, t1)
+            # The controller writes its log in batches, a line at most a second late.
+            deadline, back = time.time() + 5, switch_connected_at(tb.controller_log, t1)
+            while back is None and time.time() < deadline:
+                time.sleep(0.2)
+                back = switch_connected_at(tb.controller_log, t1)
         switch_back_s = back - t1 if back is not None else math.nan
         row = {"active_shunts": shunts, "install_s": install_s, "install_rate": shunts / install_s,
                "cpu_s_install": cpu1 - cpu0, "rss_mb_before": rss0 / 2**20, "rss_mb": rss2 / 2**20,
