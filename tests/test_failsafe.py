@@ -279,64 +279,61 @@ def test_netlink_overflow_is_detected_and_a_dump_shunts_the_whole_burst(fresh):
         srv.kill()
 
 
+def _burst(tb, n, left_ok):
+    """Create n marked UDP entries at once in fw and watch conntrack (asking the controller
+    nothing) until at most `left_ok` of them are left or 45 s pass; then read the status.
+    Returns (entries left, status)."""
+    from nfshunt_testbed import PYTHON
+
+    def entries():
+        return int(tb.run(tb.fw, "conntrack", "-C").strip())
+    base = entries()
+    feeder = tb.spawn(tb.fw, PYTHON, os.path.join(REPO, "bench", "ctfeed.py"), "--rate", "0", "--count", str(n),
+                      "--proto", "udp", stdout=subprocess.DEVNULL)
+    assert feeder.wait(timeout=60) == 0
+    deadline = time.monotonic() + 45
+    while entries() > base + left_ok and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = entries() - base
+    return left, tb.control({"cmd": "status", "connections": False})
+
+
+def _until_idle(tb):
+    # The pairs carry nothing and idle out (3 s): the next test's restart has none to remove.
+    tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["shunts"] == 0, 60,
+                "the burst's pairs to idle out", interval=0.5)
+
+
 def test_a_long_overflowing_burst_leaves_no_entry_unshunted(fresh):
     """The kernel reports ENOBUFS once and then drops events silently until the queue is
     read empty: with the dump asked for at the report, a burst of 30,000 (the default
     16 MB buffer) left 15-16 entries unshunted for good in 2 runs of 3 here. Watched on
     conntrack, without asking the controller anything until the end. The buffer is set to
     8 MiB: the default (128 MiB) holds the whole burst, and nothing would overflow."""
-    from nfshunt_testbed import PYTHON
     tb = fresh
     # INFO: a debug line for each of ~100,000 events took 29 s instead of 6.
     tb.reconfigure(log_level="INFO", netlink_rcvbuf=8 << 20)
-    n = 30_000
-
-    def entries():
-        return int(tb.run(tb.fw, "conntrack", "-C").strip())
-    base = entries()
-    feeder = tb.spawn(tb.fw, PYTHON, os.path.join(REPO, "bench", "ctfeed.py"), "--rate", "0", "--count", str(n),
-                      "--proto", "udp", stdout=subprocess.DEVNULL)
-    assert feeder.wait(timeout=60) == 0
-    deadline = time.monotonic() + 45
-    while entries() > base and time.monotonic() < deadline:
-        time.sleep(0.2)
-    st = tb.control({"cmd": "status", "connections": False})
+    left, st = _burst(tb, 30_000, 0)
     assert st["counters"].get("netlink_overflows", 0) >= 1, "the burst did not overflow the socket"
     assert st["counters"].get("switch_disconnects", 0) == 0, "the switch was dropped under the burst"
     # Conntrack ids are 32 bits: among 30,000 a repeat is ~10 % likely, and that connection
     # rightly waits on the slow path until the pair holding its id is gone.
     collided = st["counters"].get("ignored:conntrack id of a live pair", 0)
-    left = entries() - base
     assert left <= 0 or (collided and left <= 2), f"{left} entries never shunted: {st['counters']}"
-    # The pairs carry nothing and idle out (3 s): the next test's restart has none to remove.
-    tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["shunts"] == 0, 60,
-                "the burst's pairs to idle out", interval=0.5)
+    _until_idle(tb)
 
 
 def test_the_default_event_buffer_holds_a_burst_that_overflowed_the_old_one(fresh):
     """30,000 entries at once overflowed the old 16 MiB buffer, and each overflow cost a
     dump of the whole table; the default (128 MiB) holds the burst until it is read."""
-    from nfshunt_testbed import PYTHON
     tb = fresh
     tb.reconfigure(log_level="INFO")
-    n = 30_000
-
-    def entries():
-        return int(tb.run(tb.fw, "conntrack", "-C").strip())
-    base = entries()
-    feeder = tb.spawn(tb.fw, PYTHON, os.path.join(REPO, "bench", "ctfeed.py"), "--rate", "0", "--count", str(n),
-                      "--proto", "udp", stdout=subprocess.DEVNULL)
-    assert feeder.wait(timeout=60) == 0
-    deadline = time.monotonic() + 45
-    while entries() > base + 2 and time.monotonic() < deadline:  # 2: conntrack-id collisions wait
-        time.sleep(0.2)
+    left, st = _burst(tb, 30_000, 2)  # 2: conntrack-id collisions wait
     # An entry is deleted only once its pair is confirmed: every one was shunted.
-    assert entries() <= base + 2, "the burst was not shunted within 45 s"
-    st = tb.control({"cmd": "status", "connections": False})
+    assert left <= 2, "the burst was not shunted within 45 s"
     assert st["counters"].get("netlink_overflows", 0) == 0, st["counters"]
     assert st["counters"].get("conntrack_resyncs", 0) <= 1, st["counters"]  # the one at start-up
-    tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["shunts"] == 0, 60,
-                "the burst's pairs to idle out", interval=0.5)
+    _until_idle(tb)
 
 
 # --- full flow table and the max_shunts budget -------------------------------------------------
