@@ -764,11 +764,6 @@ class Core:
             return self.tuples.get(tuple_)
         return self.by_id.get(ct_id) if ct_id is not None else None
 
-    def pair(self, orig: FlowTuple) -> Conn | None:
-        """The pair whose original direction is `orig`."""
-        conn = self.tuples.get(orig)
-        return conn if conn is not None and conn.orig == orig else None
-
     def _named(self, kind: cookies.Kind, ct_id: int) -> Conn | None:
         """The pair a cookie of this kind and conntrack id names."""
         conn = self.by_id.get(ct_id)

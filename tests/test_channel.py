@@ -216,7 +216,7 @@ def test_a_full_install_queue_refuses_and_the_connection_waits_for_room():
     assert send.install(conns[0]) and send.install(conns[1]) and not send.install(conns[2])
     out = core.install_dropped(conns[2], "flow-mod queue full", wait=True)
     assert [type(x).__name__ for x in out] == ["Refused"] and len(core.waiting) == 1
-    assert core.pair(conns[2].orig) is None  # nothing on the switch, its entry kept
+    assert core.find(tuple_=conns[2].orig) is None  # nothing on the switch, its entry kept
     retried = core.room_freed(1)
     assert [type(x).__name__ for x in retried] == ["InstallFlows"] and not core.waiting
 

@@ -266,7 +266,7 @@ def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
     core = connected()
     shunt = shunted(core, sport=1, ct_id=1)
     core.conntrack_event(event(sport=5, ct_id=5))
-    core.flows_failed(core.pair(event(sport=5).orig), "full", table_full=True)
+    core.flows_failed(core.find(tuple_=event(sport=5).orig), "full", table_full=True)
     (install,) = core.conntrack_event(event(sport=2, ct_id=2, action=2))
     out = core.flows_failed(install.conn, "full", table_full=True)
     assert types(out) == ["RemoveFlows", "Refused", "RemoveFlows"] and out[2].conn is shunt
@@ -406,8 +406,8 @@ def test_reconcile_adopts_live_pairs_and_deletes_orphans():
     fresh.switch_connected(c.OFP13)
     cmds = fresh.reconcile(flows, 5.0)
     assert types(cmds) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "ResyncConntrack"]
-    assert fresh.pair(conn.orig).state is c.State.ACTIVE  # adopted, not bounced
-    assert fresh.pair(orphan.orig) is None
+    assert fresh.find(tuple_=conn.orig).state is c.State.ACTIVE  # adopted, not bounced
+    assert fresh.find(tuple_=orphan.orig) is None
     # The adopted shunt's removal is handled like any other.
     (restore,) = fresh.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 9.0)
     assert types(restore.then) == ["RemoveFlows"]
@@ -505,17 +505,17 @@ def test_a_pair_adopted_from_a_switch_is_never_installed_again():
     core = c.Core(config())
     core.switch_connected(c.OFP13)
     core.reconcile(_flows_for(conn), 1.0)
-    assert core.pair(conn.orig).adopted
+    assert core.find(tuple_=conn.orig).adopted
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
     out = core.reconcile([], 2.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and core.pair(conn.orig) is None
+    assert types(out) == ["Removed", "ResyncConntrack"] and core.find(tuple_=conn.orig) is None
     # A policy decision, by contrast, is re-installed after the same loss.
     mine = shunted(core, sport=5)
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
     assert types(core.reconcile([], 3.0)) == ["InstallFlows", "ResyncConntrack"]
-    assert core.pair(mine.orig).state is c.State.PENDING
+    assert core.find(tuple_=mine.orig).state is c.State.PENDING
 
 
 def test_a_switch_pair_under_our_cookie_with_another_tuple_is_not_taken_for_ours():
@@ -561,7 +561,7 @@ def test_one_pair_per_conntrack_id_whatever_its_kind():
     out = fresh.reconcile(_flows_for(shunt) + _flows_for(block, out_fwd=None, out_rev=None), 5.0)
     deleted = [x.flow.cookie for x in out if type(x).__name__ == "DeleteSwitchFlow"]
     assert sorted(deleted) == sorted([block.cookie(False), block.cookie(True)])
-    assert fresh.by_id[42].action == "shunt" and fresh.pair(shunt.orig).adopted
+    assert fresh.by_id[42].action == "shunt" and fresh.find(tuple_=shunt.orig).adopted
 
 
 def test_a_nat_entry_stays_on_the_slow_path():
@@ -584,14 +584,14 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     out = core.reconcile(_flows_for(conn), 101.0)
     assert types(out) == ["RemoveFlows", "ResyncConntrack"]  # not adopted again
     _remove_pair(core, conn, "delete")
-    assert core.pair(conn.orig) is None
+    assert core.find(tuple_=conn.orig) is None
     # And when the switch lost the pair meanwhile, the removal simply completes.
     other = shunted(core, sport=3)
     core.switch_disconnected()
     core.flush("again", 200.0)
     core.switch_connected(c.OFP13)
     out = core.reconcile([], 201.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and core.pair(other.orig) is None
+    assert types(out) == ["Removed", "ResyncConntrack"] and core.find(tuple_=other.orig) is None
 
 
 def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_entry():
@@ -681,7 +681,7 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
     cmds = core.reconcile(flows, 5.0)
     # With delete_flows_on_startup off, still: a default from another firewall's port goes.
     assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"] and cmds[0].flow.in_port == 6
-    adopted = core.pair(conn.orig)
+    adopted = core.find(tuple_=conn.orig)
     assert adopted.adopted and adopted.state is c.State.ACTIVE
     # A committed entry of the adopted shunt (conntrackd's copy, a new id) is deleted again.
     assert types(core.conntrack_event(event(ct_id=99))) == ["DeleteConntrack", "Ignored"]
@@ -750,11 +750,11 @@ def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
     piped.switch_connected(c.OFP13, pipeline=True)
     # A single-layout pair (output in table 0) is not adopted by a pipeline controller ...
     assert types(piped.reconcile(_flows_for(conn) + _table_1(), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
-    assert piped.pair(conn.orig) is None
+    assert piped.find(tuple_=conn.orig) is None
     # ... a pipeline pair is, and a single-layout controller leaves that one alone.
     piped.switch_connected(c.OFP13, pipeline=True)
     assert types(piped.reconcile(_pipeline_flows_for(conn) + _table_1(), 2.0)) == ["ResyncConntrack"]
-    assert piped.pair(conn.orig).adopted and piped.entries == 2
+    assert piped.find(tuple_=conn.orig).adopted and piped.entries == 2
     single = c.Core(config())
     single.switch_connected(c.OFP13)
     assert types(single.reconcile(_pipeline_flows_for(conn), 3.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
