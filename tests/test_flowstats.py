@@ -101,6 +101,32 @@ def test_a_masked_address_is_never_read_as_an_exact_match():
     assert flow.match is None and flow.in_port == 1 and flow.out_port is None
 
 
+def _with_match(oxms):
+    """A flow-stats entry whose match holds these raw OXM fields, with no instructions."""
+    match = struct.pack("!HH", 1, 4 + len(oxms)) + oxms
+    match += bytes(-len(match) % 8)
+    return struct.pack("!HBxIIHHHH4xQQQ", 48 + len(match), 0, 1, 0, 9, 0, 0, 0, 0x4E02000000000007, 1, 1) + match
+
+
+def _oxm(oclass, field, value, hasmask=0):
+    return struct.pack("!HBB", oclass, field << 1 | hasmask, len(value)) + value
+
+
+def test_only_basic_class_fields_are_read_whatever_their_number():
+    # Field 11 is ipv4_src only in the basic class (0x8000); an NXM or experimenter field
+    # of that number and size is another field, skipped.
+    entry = FlowEntry.parser(_with_match(_oxm(0x0001, 11, bytes([10, 0, 0, 1])) + _oxm(0x8000, 12, bytes([10, 0, 0, 2]))
+                                         + _oxm(0x8000, 0, struct.pack("!I", 3))), 0)
+    assert entry.fields == {"ipv4_dst": "10.0.0.2", "in_port": 3}
+
+
+def test_a_field_of_the_wrong_size_is_refused():
+    with pytest.raises(ValueError, match="OXM udp_src of 4 bytes"):
+        FlowEntry.parser(_with_match(_oxm(0x8000, 15, struct.pack("!I", 5201))), 0)
+    # A masked field of its own size is skipped, not refused.
+    assert FlowEntry.parser(_with_match(_oxm(0x8000, 11, bytes(8), hasmask=1)), 0).fields == {}
+
+
 @pytest.mark.parametrize("cut", [1, 8, 20, 47])
 def test_a_truncated_or_zero_length_entry_is_refused_not_looped_on(cut):
     good = _entry(FlowBuilder(DP, config()).defaults(config().ports)[0])
