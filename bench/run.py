@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(REPO, "mininet"))
 sys.path.insert(0, REPO)
 
 import switchlimit  # noqa: E402
+from nfshunt import config as nfconfig  # noqa: E402
 from experiments import Capture, Results, last_of_first_burst  # noqa: E402
 from nfshunt_testbed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
 
@@ -115,8 +116,18 @@ def ovs_main_thread_cpu(pid: int) -> float:
     return cpu_seconds(f"/proc/{pid}/task/{pid}/stat")
 
 
-def counts(tb: Testbed) -> dict[str, Any]:
-    return tb.control({"cmd": "status", "connections": False}, timeout=30)
+def counts(tb: Testbed, within: float = 120) -> dict[str, Any]:
+    """The controller's status. Past its rate it may not answer in time (an error reply):
+    asked again until the backlog lets it, for up to `within` seconds."""
+    deadline = time.time() + within
+    while True:
+        st = tb.control({"cmd": "status", "connections": False}, timeout=30)
+        if "counters" in st or time.time() > deadline:
+            if "counters" not in st:
+                raise TestbedError(f"the controller's status did not answer within {within:.0f} s: {st}")
+            return st
+        print(f"    status not answered yet: {st.get('error', st)}", flush=True)
+        time.sleep(1)
 
 
 # --- latency -----------------------------------------------------------------------------------
@@ -202,6 +213,21 @@ def _feed_tcp(tb: Testbed, rate: float, seconds: float) -> tuple[dict, dict]:
     return result, created
 
 
+def _switch_alone(tb: Testbed, rate: float, seconds: float) -> dict[str, Any]:
+    """The switch alone at this rate (switchlimit.sustained), the controller stopped for it
+    and started again after."""
+    tb.stop_controller()
+    try:
+        ovs_pid = ovs_vswitchd_pid()
+        main0, t0 = ovs_main_thread_cpu(ovs_pid), time.time()
+        r = switchlimit.sustained(nfconfig.load(tb.config_path), "s1", rate, seconds)
+        r["ovs_main_thread_cpu_pct"] = 100 * (ovs_main_thread_cpu(ovs_pid) - main0) / (time.time() - t0)
+    finally:
+        tb.restart_controller()
+        tb.wait_for_controller()
+    return r
+
+
 def bench_rate(args: argparse.Namespace) -> int:
     feed = args.feed
     if args.rates:
@@ -213,17 +239,26 @@ def bench_rate(args: argparse.Namespace) -> int:
     seconds = args.seconds or (2 if args.quick else 30)
     proto = args.proto
     teardown = proto == "tcp" and not args.no_teardown
+    alone_too = feed == "netlink" and proto == "udp"
     params = {"feed": {"netlink": "conntrack entries created over netlink in fw (ESTABLISHED, shunt mark)",
                        "tcp": "real TCP connections h1 -> h2 through the bridge, each closed 1 s after set-up"}[feed],
               "protocol": proto if feed == "netlink" else "tcp",
               "flows per shunt": 6 if (teardown or feed == "tcp") else 2,
               "offered rates (/s)": rates, "seconds per rate": seconds, "shunt idle timeout": "10 s (steady state: "
-              "removals run alongside installs)", "logging": "INFO, JSON (one line per shunt, as in production)"}
+              "removals run alongside installs)", "logging": "INFO, JSON (one line per shunt, as in production)",
+              "the switch alone": "the same UDP pairs' flow-mods (the controller's, flow-removed flag kept) written "
+              "straight to the switch at the same rate for as long, a batch and a barrier every 10 ms, before the "
+              "controller's run in the same testbed, the controller stopped meanwhile (bench/switchlimit.py "
+              "sustained); latency from a batch's due time to its barrier reply" if alone_too else
+              "not measured (it writes UDP pairs: netlink feed of UDP only)"}
     res = Results(args.out, f"rate-{feed}", params)
     for k, rate in enumerate(rates):
         with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
                                              "tcp_teardown": teardown or feed == "tcp"}, log=print) as tb:
             tb.wait_for_controller()
+            if alone_too:
+                print(f"[{k + 1}/{len(rates)}] the switch alone at {rate}/s for {seconds} s", flush=True)
+                alone = _switch_alone(tb, rate, seconds)
             pid = tb.controller.pid  # type: ignore[union-attr]
             if feed == "tcp":
                 tb.run(tb.h1, "sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1")
@@ -261,6 +296,16 @@ def bench_rate(args: argparse.Namespace) -> int:
                "ovs_main_thread_cpu_pct": 100 * (main1 - main0) / (time.time() - t0),
                **{f"e2e_{k2}_ms": v for k2, v in summary(e2e).items() if k2 != "n"},
                **{f"controller_{k2}_ms": v for k2, v in summary(ctl).items() if k2 != "n"}}
+        if alone_too:
+            row.update({"switch_alone_pairs_per_s": alone["pairs_per_s"],
+                        **{f"switch_alone_{k2}_ms": v for k2, v in summary(alone["latencies_ms"]).items()
+                           if k2 in ("median", "p99")},
+                        "switch_alone_main_thread_cpu_pct": alone["ovs_main_thread_cpu_pct"],
+                        "switch_alone_flow_removed": alone["flow_removed"], "switch_alone_errors": alone["errors"]})
+            print(f"    the switch alone: {alone['pairs_per_s']:.0f} pairs/s, p50 {f(row['switch_alone_median_ms'])} "
+                  f"p99 {f(row['switch_alone_p99_ms'])} ms, main thread "
+                  f"{row['switch_alone_main_thread_cpu_pct']:.0f} %, {alone['flow_removed']} flow-removed, "
+                  f"{alone['errors']} errors", flush=True)
         res.add(row)
         print(f"    shunted {row['shunted']}/{row['created']} at {row['achieved_rate']:.0f}/s, e2e p50 "
               f"{f(row['e2e_median_ms'])} p99 {f(row['e2e_p99_ms'])} ms, controller p99 "
@@ -275,15 +320,19 @@ def bench_rate(args: argparse.Namespace) -> int:
             "applies flow-mods, expires idle flows and sends flow-removed (one core at most: near 100 % the switch "
             "is the limit).", "",
             "| offered /s | shunted /s | shunted | lost | e2e p50 ms | e2e p99 ms | e2e max ms | ctl p50 ms | "
-            "ctl p99 ms | overflows | CPU % | OVS CPU % | OVS main thread CPU % | RSS MB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ctl p99 ms | overflows | CPU % | OVS CPU % | OVS main thread CPU % | RSS MB | the switch alone: pairs/s "
+            "| p50 ms | p99 ms | OVS main thread CPU % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.rows:
+        alone_cells = (f"{r['switch_alone_pairs_per_s']:.0f} | {f(r['switch_alone_median_ms'])} | "
+                       f"{f(r['switch_alone_p99_ms'])} | {r['switch_alone_main_thread_cpu_pct']:.0f}"
+                       if "switch_alone_p99_ms" in r else "– | – | – | –")
         body.append(f"| {r['offered_rate']:g} | {r['achieved_rate']:.0f} | {r['shunted']} | {r['lost']} | "
                     f"{f(r['e2e_median_ms'])} | {f(r['e2e_p99_ms'])} | {f(r['e2e_max_ms'])} | "
                     f"{f(r['controller_median_ms'])} | {f(r['controller_p99_ms'])} | {r['netlink_overflows']} | "
                     f"{r['controller_cpu_pct']:.0f} | {r['ovs_vswitchd_cpu_pct']:.0f} | "
                     f"{r['ovs_main_thread_cpu_pct']:.0f} | "
-                    f"{r['controller_rss_mb']:.0f} |")
+                    f"{r['controller_rss_mb']:.0f} | {alone_cells} |")
     print(f"report: {res.report(f'Shunt rate ({feed} feed)', body, False)}")
     return 0
 
@@ -313,7 +362,8 @@ def bench_scale(args: argparse.Namespace) -> int:
                                       "(2 flows per shunt)", "shunt idle timeout": "3600 s",
                                       "reconcile": "controller restarted (flows kept); time until every shunt is "
                                       "adopted from the switch's flow stats; the switch's reconnect (from its "
-                                      "controller log line) and the rest reported apart",
+                                      "controller log line) and the rest reported apart; beside it, the switch alone "
+                                      "reporting the same flows to a reader that only counts them (median of 3)",
                                       "decided and sent": "until the controller counts every entry as a shunt "
                                       "(sent or confirmed; entries whose conntrack id another pair holds wait)"})
     for size in sizes:
@@ -339,6 +389,8 @@ def bench_scale(args: argparse.Namespace) -> int:
             idle_pct = 100 * (cpu2 - cpu1) / 5
             time.sleep(5 if args.quick else 25)  # at rest: deletes' DESTROY events read, a quiet second, memory back
             _, rss_rest = proc_usage(pid)
+            # The switch alone reporting the flows a reconcile reads, to quote beside it.
+            reads = [switchlimit.read_seconds(nfconfig.load(tb.config_path), "s1") for _ in range(3)]
             # Reconcile: a restart adopts every pair from the switch.
             tb.restart_controller()
             t1 = time.time()
@@ -355,17 +407,19 @@ def bench_scale(args: argparse.Namespace) -> int:
                "cpu_s_install": cpu1 - cpu0, "rss_mb_before": rss0 / 2**20, "rss_mb": rss2 / 2**20,
                "idle_cpu_pct": idle_pct, "rss_mb_at_rest": rss_rest / 2**20, "reconcile_s": reconcile_s,
                "switch_back_s": switch_back_s, "adopted_after_connect_s": reconcile_s - switch_back_s,
-               "rss_mb_after_reconcile": rss3 / 2**20}
+               "rss_mb_after_reconcile": rss3 / 2**20, "switch_read_s": statistics.median(r["seconds"] for r in reads),
+               "switch_read_entries": reads[0]["entries"]}
         res.add(row)
         print(f"    {size}: RSS {row['rss_mb']:.0f} MB, install {install_s:.1f} s, idle CPU {idle_pct:.1f} %, "
               f"reconcile {reconcile_s:.1f} s (the switch back after {switch_back_s:.1f} s)", flush=True)
     body = md_table(["active shunts", "RSS MB (empty)", "RSS MB", "RSS MB 30 s later", "decided and sent in s",
                      "per s", "CPU s", "CPU % after", "reconcile s", "of which the switch's reconnect s",
-                     "adopted after connect s", "RSS MB after reconcile"],
+                     "adopted after connect s", "the switch alone reports its flows in s", "RSS MB after reconcile"],
                     ([f"{r['active_shunts']}", f"{r['rss_mb_before']:.0f}", f"{r['rss_mb']:.0f}",
                       f"{r['rss_mb_at_rest']:.0f}", f"{r['install_s']:.1f}", f"{r['install_rate']:.0f}",
                       f"{r['cpu_s_install']:.1f}", f"{r['idle_cpu_pct']:.1f}", f"{r['reconcile_s']:.1f}",
                       f"{r['switch_back_s']:.1f}", f"{r['adopted_after_connect_s']:.1f}",
+                      f"{r['switch_read_s']:.1f} ({r['switch_read_entries']} flows)",
                       f"{r['rss_mb_after_reconcile']:.0f}"]
                      for r in res.rows))
     print(f"report: {res.report('Scale: memory, CPU, reconcile', body, False)}")
@@ -379,7 +433,6 @@ def conntrack_count(tb: Testbed) -> int:
 
 
 def bench_burst(args: argparse.Namespace) -> int:
-    from nfshunt import config as nfconfig
     sizes = args.sizes or ([2000] if args.quick else [10000, 20000, 100000])
     runs = args.runs or 1
     res = Results(args.out, "burst", {

@@ -36,10 +36,11 @@ def report(path):
 
 @pytest.mark.parametrize("name, csvname, columns", [
     ("latency", "latency", ("event_ms", "confirmed_ms", "ct_deleted_ms", "last_slow_ms", "controller_ms")),
-    ("rate", "rate-netlink", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms", "controller_p99_ms")),
+    ("rate", "rate-netlink", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms", "controller_p99_ms",
+                              "switch_alone_pairs_per_s", "switch_alone_p99_ms")),
     ("rate-tcp", "rate-tcp", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms")),
     ("scale", "scale", ("active_shunts", "rss_mb", "idle_cpu_pct", "reconcile_s", "switch_back_s",
-                        "adopted_after_connect_s")),
+                        "adopted_after_connect_s", "switch_read_s")),
     ("burst", "burst", ("burst", "confirmed_s", "shunts_per_s", "switch_pairs_per_s", "ratio", "deleted_s")),
 ])
 def test_quick_benchmark_writes_results(quick, name, csvname, columns):
@@ -50,11 +51,14 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
             float(row[col])  # present and numeric
     if name.startswith("rate"):
         assert all(int(r["shunted"]) > 0 for r in data)
+    if name == "rate":  # the switch alone at the same rate, beside the controller
+        assert all(int(r["switch_alone_errors"]) == 0 for r in data)
     if name == "latency":
         assert all(float(r["event_ms"]) <= float(r["confirmed_ms"]) <= float(r["ct_deleted_ms"]) for r in data)
     if name == "scale":
         assert all(int(r["active_shunts"]) == 1000 for r in data)
         assert all(0 <= float(r["switch_back_s"]) <= float(r["reconcile_s"]) for r in data)
+        assert all(int(r["switch_read_entries"]) >= 2 * 1000 for r in data)  # the pairs the reconcile reads
     if name == "burst":  # every entry shunted and deleted; the switch's own rate measured beside it
         assert all(int(r["shunted"]) == int(r["created"]) == 2000 and int(r["entries_left"]) == 0 for r in data)
     report(quick / name / f"{csvname}.md")

@@ -54,3 +54,113 @@ def test_the_cleanup_deletes_exactly_the_measurement_cookies():
     assert conn.cookie(True) & mask == cookie & mask
     other = Conn(t, t.reversed(), 0x12345678, "shunt", CFG.ports[0], CFG.ports[-1], 0.0)
     assert other.cookie(False) & mask != cookie & mask
+
+
+def _reply(xid, entries, more):
+    body = b"".join(struct.pack("!H", 48) + bytes(46) for _ in range(entries))
+    head = struct.pack("!BBHI", switchlimit.OFP13, switchlimit.T_MULTIPART_REP, 16 + len(body), xid)
+    return head + switchlimit.MULTIPART_REP.pack(1, switchlimit.REPLY_MORE if more else 0) + body
+
+
+def test_the_flow_read_counts_every_part_of_its_own_reply_and_stops_at_the_last(tmp_path):
+    import socket
+    import threading
+    path = str(tmp_path / "br.mgmt")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    asked = []
+
+    def fake_switch():
+        peer, _ = server.accept()
+        peer.sendall(switchlimit._msg(switchlimit.T_HELLO, 1))
+        got = b""
+        while b"request" not in got:  # the reader's hello, then its request
+            got += peer.recv(1 << 16)
+        asked.append(got)
+        data = _reply(5, 3, True) + _reply(6, 9, False) + _reply(5, 4, True)  # another xid's reply between
+        # Cut mid-message: the reader must join the pieces.
+        peer.sendall(data[:70])
+        peer.sendall(data[70:] + _reply(5, 2, False) + _reply(5, 7, False))  # the last part, then a stray one
+        peer.recv(1)  # until the reader closes
+        peer.close()
+
+    thread = threading.Thread(target=fake_switch)
+    thread.start()
+    conn = switchlimit.MgmtConnection(path, timeout=5)
+    try:
+        assert conn.read_flows(b"request", 5) == 3 + 4 + 2
+    finally:
+        conn.close()
+        thread.join(5)
+        server.close()
+    assert len(asked) == 1 and not thread.is_alive()
+
+
+def test_batches_spread_a_rate_evenly_and_add_up_to_it():
+    for rate, seconds in ((500, 2), (2000, 30), (1234.5, 3), (50, 1), (5000, 0.5)):
+        sizes = switchlimit.batches(rate, seconds)
+        assert len(sizes) == round(seconds / switchlimit.TICK)
+        assert sum(sizes) == int(rate * seconds)
+        assert max(sizes) - min(sizes) <= 1
+
+
+class FakeSwitch:
+    """A management socket that answers barriers in order, counts flow-mods, and sends a
+    flow-removed after the first barrier."""
+
+    def __init__(self, path):
+        import socket
+        import threading
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(1)
+        self.flow_mods, self.barriers, self.miss_send_len, self.deletes = 0, [], None, 0
+        self.thread = threading.Thread(target=self._serve)
+        self.thread.start()
+
+    def _serve(self):
+        peer, _ = self.server.accept()
+        peer.sendall(switchlimit._msg(switchlimit.T_HELLO, 1))
+        buf = b""
+        while True:
+            data = peer.recv(1 << 16)
+            if not data:
+                break
+            buf += data
+            while len(buf) >= 8 and len(buf) >= struct.unpack_from("!H", buf, 2)[0]:
+                length = struct.unpack_from("!H", buf, 2)[0]
+                msg, buf = buf[:length], buf[length:]
+                _, mtype, _, xid = switchlimit.HDR.unpack_from(msg)
+                if mtype == switchlimit.T_SET_CONFIG:
+                    self.miss_send_len = switchlimit.SET_CONFIG.unpack_from(msg, 8)[1]
+                elif mtype == switchlimit.T_FLOW_MOD:
+                    if msg[25] == 0:  # OFPFC_ADD
+                        self.flow_mods += 1
+                    else:
+                        self.deletes += 1
+                elif mtype == switchlimit.T_BARRIER_REQ:
+                    out = switchlimit._msg(switchlimit.T_BARRIER_REP, xid)
+                    if not self.barriers:
+                        out += switchlimit._msg(switchlimit.T_FLOW_REMOVED, 0, bytes(40))
+                    self.barriers.append(xid)
+                    peer.sendall(out)
+        peer.close()
+
+    def close(self):
+        self.thread.join(5)
+        self.server.close()
+
+
+def test_the_sustained_measure_paces_every_pair_and_times_each_batch_to_its_barrier(tmp_path):
+    switch = FakeSwitch(str(tmp_path / "br.mgmt"))
+    try:
+        r = switchlimit.sustained(CFG, "br", 1000, 0.2, rundir=str(tmp_path))
+    finally:
+        switch.close()
+    assert r["pairs"] == 200 and switch.flow_mods == 400  # the pairs, two flow-mods each
+    assert switch.miss_send_len > 0  # so the switch sends flow-removed here
+    assert switch.barriers[:20] == list(range(1, 21)) and switch.deletes == 1  # then the clean-up
+    assert r["flow_removed"] == 1 and r["errors"] == 0
+    assert len(r["latencies_ms"]) == 200 and all(0 <= ms < 1000 for ms in r["latencies_ms"])
+    assert 500 < r["pairs_per_s"] <= 1100  # paced over the 0.2 s, not written at once
