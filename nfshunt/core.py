@@ -616,11 +616,14 @@ class Core:
         while self.waiting and room > 0:
             _, ev = self.waiting.popitem(last=False)
             got = self.conntrack_event(ev)
+            if ev.orig in self.waiting:
+                # Still no room, or its id still held: it was counted as ignored when it
+                # first waited (counted at every retry, one collision read as thousands).
+                out.extend(c for c in got if not isinstance(c, Ignored))
+                break
             out.extend(got)
             if any(isinstance(c, InstallFlows) for c in got):
                 room -= 1
-            elif ev.orig in self.waiting:
-                break  # still no room
         return out
 
     # --- switch feedback ------------------------------------------------------------------

@@ -542,6 +542,17 @@ def test_a_colliding_conntrack_id_waits_until_the_live_pair_is_gone():
     assert core.by_id[installs[0].conn.ct_id] is installs[0].conn
 
 
+def test_a_waiting_event_is_counted_as_ignored_once_not_at_every_retry():
+    core = connected()
+    first = shunted(core, sport=1, ct_id=42)
+    (ignored,) = core.conntrack_event(event(sport=2, ct_id=42))
+    assert ignored.reason == c.R_ID_COLLISION
+    for _ in range(3):  # room on the switch, but the id is still held: it waits on, uncounted
+        assert core.room_freed(5) == [] and len(core.waiting) == 1
+    installs = [x for x in _remove_pair(core, first) if type(x).__name__ == "InstallFlows"]
+    assert [x.conn.orig.sport for x in installs] == [2]
+
+
 def test_one_pair_per_conntrack_id_whatever_its_kind():
     """Pairs are kept by conntrack id: a block whose id a live shunt holds waits like any
     collision, and a switch that carries a shunt and a block under one id keeps one of
