@@ -62,18 +62,37 @@ def _reply(xid, entries, more):
     return head + switchlimit.MULTIPART_REP.pack(1, switchlimit.REPLY_MORE if more else 0) + body
 
 
+class FakeSwitch:
+    """A management socket at `path`: says hello to the one reader, then hands the
+    connection to `serve` (on a thread of its own)."""
+
+    def __init__(self, path, serve):
+        import socket
+        import threading
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(1)
+        self.serve = serve
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        peer, _ = self.server.accept()
+        peer.sendall(switchlimit._msg(switchlimit.T_HELLO, 1))
+        try:
+            self.serve(peer)
+        finally:
+            peer.close()
+
+    def close(self):
+        self.thread.join(5)
+        self.server.close()
+
+
 def test_the_flow_read_counts_every_part_of_its_own_reply_and_stops_at_the_last(tmp_path):
-    import socket
-    import threading
-    path = str(tmp_path / "br.mgmt")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(1)
     asked = []
 
-    def fake_switch():
-        peer, _ = server.accept()
-        peer.sendall(switchlimit._msg(switchlimit.T_HELLO, 1))
+    def serve(peer):
         got = b""
         while b"request" not in got:  # the reader's hello, then its request
             got += peer.recv(1 << 16)
@@ -83,18 +102,16 @@ def test_the_flow_read_counts_every_part_of_its_own_reply_and_stops_at_the_last(
         peer.sendall(data[:70])
         peer.sendall(data[70:] + _reply(5, 2, False) + _reply(5, 7, False))  # the last part, then a stray one
         peer.recv(1)  # until the reader closes
-        peer.close()
 
-    thread = threading.Thread(target=fake_switch)
-    thread.start()
+    path = str(tmp_path / "br.mgmt")
+    switch = FakeSwitch(path, serve)
     conn = switchlimit.MgmtConnection(path, timeout=5)
     try:
         assert conn.read_flows(b"request", 5) == 3 + 4 + 2
     finally:
         conn.close()
-        thread.join(5)
-        server.close()
-    assert len(asked) == 1 and not thread.is_alive()
+        switch.close()
+    assert len(asked) == 1 and not switch.thread.is_alive()
 
 
 def test_batches_spread_a_rate_evenly_and_add_up_to_it():
@@ -105,23 +122,14 @@ def test_batches_spread_a_rate_evenly_and_add_up_to_it():
         assert max(sizes) - min(sizes) <= 1
 
 
-class FakeSwitch:
-    """A management socket that answers barriers in order, counts flow-mods, and sends a
-    flow-removed after the first barrier."""
+class BarrierAnswerer:
+    """Answers barriers in order, counts flow-mods, and sends a flow-removed after the
+    first barrier."""
 
-    def __init__(self, path):
-        import socket
-        import threading
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(path)
-        self.server.listen(1)
+    def __init__(self):
         self.flow_mods, self.barriers, self.miss_send_len, self.deletes = 0, [], None, 0
-        self.thread = threading.Thread(target=self._serve)
-        self.thread.start()
 
-    def _serve(self):
-        peer, _ = self.server.accept()
-        peer.sendall(switchlimit._msg(switchlimit.T_HELLO, 1))
+    def __call__(self, peer):
         buf = b""
         while True:
             data = peer.recv(1 << 16)
@@ -145,19 +153,15 @@ class FakeSwitch:
                         out += switchlimit._msg(switchlimit.T_FLOW_REMOVED, 0, bytes(40))
                     self.barriers.append(xid)
                     peer.sendall(out)
-        peer.close()
-
-    def close(self):
-        self.thread.join(5)
-        self.server.close()
 
 
 def test_the_sustained_measure_paces_every_pair_and_times_each_batch_to_its_barrier(tmp_path):
-    switch = FakeSwitch(str(tmp_path / "br.mgmt"))
+    switch = BarrierAnswerer()
+    fake = FakeSwitch(str(tmp_path / "br.mgmt"), switch)
     try:
         r = switchlimit.sustained(CFG, "br", 1000, 0.2, rundir=str(tmp_path))
     finally:
-        switch.close()
+        fake.close()
     assert r["pairs"] == 200 and switch.flow_mods == 400  # the pairs, two flow-mods each
     assert switch.miss_send_len > 0  # so the switch sends flow-removed here
     assert switch.barriers[:20] == list(range(1, 21)) and switch.deletes == 1  # then the clean-up
