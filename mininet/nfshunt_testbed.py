@@ -28,6 +28,7 @@ failure, and on SIGTERM/SIGINT through the context manager.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -57,6 +58,9 @@ H1_IP, H2_IP = "10.0.0.1", "10.0.0.2"
 H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
 # Control link between the root namespace (where Open vSwitch runs) and fw.
 MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
+# The testbed's names (s1, fw, nfsmgmt0 ...) are fixed: two testbeds on one machine would
+# tear each other down. start() holds this lock until stop(); a second one waits its turn.
+LOCK_PATH = "/run/lock/nfshunt-testbed.lock"
 MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (tests add it)
 OF_PORT = 6653
 LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
@@ -241,6 +245,7 @@ class Testbed:
         self.switch_reorder = switch_reorder
         self._lag_proxy: subprocess.Popen | None = None
         self._rmem_default: str | None = None  # the machine's value while the switch ports open
+        self._lock_fd: int | None = None
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -345,7 +350,22 @@ class Testbed:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
+    def _lock(self) -> None:
+        os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+        self._lock_fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.log(f"another testbed runs on this machine; waiting for it ({LOCK_PATH})")
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
     def start(self) -> None:
+        self._lock()
         ensure_ovs()
         setLogLevel("error")
         ofproto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
@@ -700,6 +720,7 @@ class Testbed:
                 self._old_signals.clear()
                 if self._own_workdir and os.environ.get("NFSHUNT_KEEP_WORKDIR") != "1":
                     shutil.rmtree(self.workdir, ignore_errors=True)
+                self._unlock()
 
     # --- observation ----------------------------------------------------------------------
 
