@@ -28,7 +28,7 @@ from typing import Any, Callable
 from os_ken.ofproto import ofproto_protocol
 
 from nfshunt.config import Config
-from nfshunt.core import Conn
+from nfshunt.connection import Conn
 from nfshunt.flows import FlowBuilder
 from nfshunt.model import UDP, FlowTuple
 from nfshunt.probe import PROBE_FLOWS, RATE_ID

@@ -324,6 +324,7 @@ class Testbed:
             "listen_port": OF_PORT,
             "log_level": "DEBUG",
             "control_socket": fw.control_socket,
+            "state_dir": fw.workdir,
         }
         extra = dict(self.extra_config)
         if self.mode == "ha":  # the other controller adopts what this one leaves

@@ -27,7 +27,7 @@ from os_ken.controller import controller as osken_controller
 from os_ken.controller.handler import DEAD_DISPATCHER
 from os_ken.lib import hub
 
-from . import core as c
+from .connection import Conn
 from .flows import FlowBuilder
 from .flowstats import FlowEntry, flow_removed
 
@@ -260,8 +260,8 @@ def address_allowed(address: str, allowed: tuple[str, ...]) -> bool:
 class Batch:
     """Installs sent behind one barrier; errors for their flow-mods name them by xid (the
     map goes with the batch: one table of every xid in flight kept its peak size)."""
-    conns: list[c.Conn]
-    xids: dict[int, c.Conn]
+    conns: list[Conn]
+    xids: dict[int, Conn]
     sent: float
     failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
 
@@ -288,16 +288,16 @@ class SendPath:
     stay on the slow path meanwhile, conntrack entries kept)."""
 
     def __init__(self, dp: Any, fb: FlowBuilder, rate: float = 0, queue_max: int = 0,
-                 wanted: Callable[[c.Conn], bool] = lambda conn: True):
+                 wanted: Callable[[Conn], bool] = lambda conn: True):
         self.dp = dp
         self.fb = fb
         self.pacer = Pacer(rate, time.monotonic()) if rate else None
         self.queue_max = queue_max
         self.wanted = wanted  # a queued install the core no longer wants is dropped, not sent
-        self.queued: collections.deque[c.Conn] = collections.deque()
+        self.queued: collections.deque[Conn] = collections.deque()
         self.out: list[Any] = []
-        self._conns: list[c.Conn] = []  # installs waiting for the next barrier
-        self._xids: dict[int, c.Conn] = {}  # their flow-mods' xids
+        self._conns: list[Conn] = []  # installs waiting for the next barrier
+        self._xids: dict[int, Conn] = {}  # their flow-mods' xids
         self._batches: dict[int, Batch] = {}  # barrier xid -> batch
         self._waiters: dict[int, threading.Event] = {}
         self._answered = 0.0  # when the switch last answered a barrier
@@ -307,7 +307,7 @@ class SendPath:
         if self.pacer is not None:
             self.pacer.tokens -= len(msgs)
 
-    def install(self, conn: c.Conn) -> bool:
+    def install(self, conn: Conn) -> bool:
         """Send (or, paced, queue) a pair's flow-mods; False: the queue is full."""
         if self.pacer is not None:
             if len(self.queued) >= self.queue_max:
@@ -317,7 +317,7 @@ class SendPath:
         self._send_install(conn)
         return True
 
-    def release(self, now: float) -> list[c.Conn]:
+    def release(self, now: float) -> list[Conn]:
         """Queued installs the bucket has room for go out; returns those dropped because the
         core no longer wants them (taken down or forgotten while they waited)."""
         if self.pacer is None or not self.queued:
@@ -337,7 +337,7 @@ class SendPath:
             self._send_install(conn)
         return dropped
 
-    def _send_install(self, conn: c.Conn) -> None:
+    def _send_install(self, conn: Conn) -> None:
         dp = self.dp
         for msg in self.fb.install(conn):
             self.out.append(msg)
@@ -357,7 +357,7 @@ class SendPath:
         if waiter is not None:
             self._waiters[xid] = waiter
 
-    def error(self, xid: int, reason: str, table_full: bool) -> c.Conn | None:
+    def error(self, xid: int, reason: str, table_full: bool) -> Conn | None:
         """An error message: the install it concerns (recorded as failed in its batch), if
         any. Only sent batches can draw errors, and few are in flight."""
         for batch in self._batches.values():

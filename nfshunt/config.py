@@ -105,6 +105,9 @@ class Config:
     metrics_address: str | None = None
     metrics_port: int = 9753
     audit_log: str | None = None
+    # Where the controller keeps what must outlive it: the fingerprint of the policy the
+    # switch's pairs were decided under (policy_state.py).
+    state_dir: str = "/var/lib/nfshunt"
     log_level: str = "INFO"
     log_format: str = "text"
     bridge: str | None = None
@@ -251,6 +254,13 @@ def _log_path(key: str, value: Any) -> str:
     value = _str(key, value)
     if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
         raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
+    return value
+
+
+def _dir_path(key: str, value: Any) -> str:
+    value = _str(key, value)
+    if not os.path.isabs(value) or "\0" in value or (os.path.exists(value) and not os.path.isdir(value)):
+        raise ConfigError(key, f"{value!r} must be an absolute path of a directory (created if missing)")
     return value
 
 
@@ -401,6 +411,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "metrics_address": _optional(_address),
     "metrics_port": _int(1, 65535),
     "audit_log": _optional(_log_path),
+    "state_dir": _dir_path,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "bridge": _ifname,

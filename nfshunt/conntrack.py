@@ -479,6 +479,10 @@ class ConntrackWorker:
         failed, error)` runs on this thread once the kernel has answered."""
         self.q.put(("clear", mask, done))
 
+    def after(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on this thread once every request queued before it is answered."""
+        self.q.put(("call", callback))
+
     def dump(self) -> None:
         """Ask for a dump; requests made while one is already queued share it (a burst of
         lost events must not queue a dump per loss, ahead of the deletes)."""
@@ -500,6 +504,9 @@ class ConntrackWorker:
                 with self._dump_lock:
                     self._dump_queued = False  # losses from now on need a dump of their own
                 self._dump()
+                continue
+            if item[0] == "call":
+                item[1]()
                 continue
             if item[0] == "clear":
                 try:

@@ -40,212 +40,33 @@ switch cannot get a forged pair onto the real one.
 from __future__ import annotations
 
 import collections
-import enum
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable
 
 from . import cookies, markcodec
+from .commands import (ClearDecisions, Command, DeleteAllFlows, DeleteConntrack, DeleteSwitchFlow, EntryDue,
+                       Ignored, InstallDefaults, InstallFlows, InstallPipeline, Installed, Later, LimitPacketIns,
+                       ReadCounters, Refused, RemoveFlows, Removed, RequestSwitchFlows, RequestTableSize,
+                       ResyncConntrack)
 from .config import Config, PortGroup
+from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Action, Conn, Connections,
+                         FlowCount, State, closing)
 from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
 
 OFP10 = 0x01
 OFP13 = 0x04
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
-# Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h) and timeouts for
-# the entry re-created on teardown.
-CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
-TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
-REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry re-created for re-evaluation (refreshed by traffic)
-IDLE_RESTORE_TIMEOUT = 432000  # an idled-out TCP shunt's entry: Linux's own ESTABLISHED timeout (5 days)
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
 COUNTER_POLL = 0.05  # seconds between reads of a new shunt's packet counters (confirm: counters)
 
 
-class State(enum.Enum):
-    PENDING = "pending"
-    ACTIVE = "active"
-    REMOVING = "removing"
-
-
-@dataclass(eq=False, slots=True)
-class Conn:
-    orig: FlowTuple
-    reply: FlowTuple
-    ct_id: int
-    action: str  # "shunt" or "block"
-    ingress: PortGroup  # bridge port the original direction entered by
-    egress: PortGroup
-    event_time: float
-    state: State = State.PENDING
-    confirmed_time: float | None = None
-    removing_since: float | None = None
-    gone: set[bool] | None = None  # directions whose flow was removed (allocated on removal)
-    stats: dict[bool, tuple[int, int, float]] | None = None
-    resume: ConnEvent | None = None
-    # What a retry of the event that created it needs (if the switch had no room); the
-    # event itself is not kept: held until confirmation, 100,000 of them fragmented memory.
-    event_kind: EventKind | None = None  # None: adopted from a switch, never retried
-    tcp_state: int | None = None
-    mark: int = 0  # the entry's mark: restores keep the admin's bits
-    action_counted: bool = True  # still counted in the budget (an evicted pair is not)
-    fins: int = 0  # FINs caught: 1 original direction, 2 reply
-    first_fin_reply: bool = False
-    remove_reason: str | None = None  # set when NFShunt itself takes the pair down
-    adopted: bool = False  # read back from a switch, not installed from a policy decision
-    entry_kept: bool = False  # ACTIVE, its conntrack entry not deleted yet (see `confirm`)
-    entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
-    # FIN/RST packet-ins (cookie, in_port) caught before the barrier reply: the catchers
-    # forward as soon as the switch has them, so a connection may close before the
-    # controller knows its flows are in; they are taken once it does.
-    early: list[tuple[int, int]] | None = None
-
-    @property
-    def kind(self) -> cookies.Kind:
-        return cookies.Kind.SHUNT if self.action == "shunt" else cookies.Kind.BLOCK
-
-    def cookie(self, reply: bool) -> int:
-        return cookies.make(self.kind, self.ct_id, reply)
-
-    def describe(self) -> str:
-        return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
-                f" (switch {self.ingress.fast}<->{self.egress.fast}) ct_id={self.ct_id}")
-
-
 @dataclass(slots=True)
 class Pin:
-    action: str  # "ignore" or "block"
+    action: Action  # IGNORE (unshunt) or BLOCK
     expires: float
     ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
 
-
-# --- commands ---------------------------------------------------------------------------
-# Not frozen: several are made a shunt, and a frozen dataclass costs three times as much
-# to build. Nothing changes a command once made.
-
-@dataclass(slots=True)
-class InstallDefaults:
-    groups: tuple[PortGroup, ...]
-
-
-@dataclass(slots=True)
-class InstallPipeline:
-    """The pipeline layout's shared table-1 flows: per port group, FIN and RST catchers
-    (IPv4 and IPv6) and the output (see flows.py)."""
-    groups: tuple[PortGroup, ...]
-
-
-@dataclass(slots=True)
-class DeleteAllFlows:
-    pass
-
-
-@dataclass(slots=True)
-class LimitPacketIns:
-    """Have the switch rate-limit the packet-ins it sends (an OpenFlow 1.3 meter on the
-    controller port): a host sending FIN segments must not saturate the controller."""
-    rate: int  # packets per second
-
-
-@dataclass(slots=True)
-class DeleteSwitchFlow:
-    flow: SwitchFlow
-    reason: str
-
-
-@dataclass(slots=True)
-class RequestSwitchFlows:
-    """Read NFShunt's flows back from the switch; answer with core.reconcile()."""
-
-
-@dataclass(slots=True)
-class RequestTableSize:
-    """Ask the switch how many entries its table 0 holds; answer with core.table_size()."""
-
-
-@dataclass(slots=True)
-class ResyncConntrack:
-    """Dump the conntrack table and feed every entry to core.conntrack_event()."""
-
-
-@dataclass(slots=True)
-class InstallFlows:
-    conn: Conn
-
-
-@dataclass(slots=True)
-class RemoveFlows:
-    conn: Conn
-    directions: tuple[bool, ...]
-    reason: str
-
-
-@dataclass(slots=True)
-class RestoreConntrack:
-    """Re-create the connection's conntrack entry (a closing TCP state on teardown,
-    ESTABLISHED with the decision cleared on re-evaluation); run `then` once the kernel
-    has acknowledged it (or refused: the flows must go either way)."""
-    conn: Conn
-    tcp_state: int
-    timeout: int
-    closer_is_reply: bool
-    then: tuple["Command", ...]
-    mark: int = 0
-
-
-@dataclass(slots=True)
-class Later:
-    """Run `commands` after `delay` seconds (the app's timer posts them back)."""
-    delay: float
-    commands: tuple["Command", ...]
-
-
-@dataclass(slots=True)
-class EntryDue:
-    """The shunt's conntrack entry may go now (answer with core.entry_due())."""
-    conn: Conn
-
-
-@dataclass(slots=True)
-class ReadCounters:
-    """Read the pair's packet counters from the switch (answer with core.counters_read())."""
-    conn: Conn
-
-
-@dataclass(slots=True)
-class DeleteConntrack:
-    family: int
-    orig: FlowTuple
-    ct_id: int | None  # None: whatever entry holds this tuple
-
-
-@dataclass(slots=True)
-class Ignored:
-    reason: str
-    event: ConnEvent
-
-
-@dataclass(slots=True)
-class Installed:
-    conn: Conn
-    latency: float  # seconds from the event being read to the switch's confirmation
-
-
-@dataclass(slots=True)
-class Refused:
-    conn: Conn
-    reason: str
-
-
-@dataclass(slots=True)
-class Removed:
-    conn: Conn
-    reason: str
-
-
-Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
-                RequestTableSize, ResyncConntrack, InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue,
-                ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack]
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
 R_UNMARKED = "unmarked"
@@ -273,24 +94,30 @@ R_ID_COLLISION = "conntrack id of a live pair"
 
 def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
     """A TCP shunt on OpenFlow 1.3 gets FIN and RST catchers (see the module's docstring)."""
-    return version != OFP10 and cfg.tcp_teardown and conn.action == "shunt" and conn.orig.proto == TCP
+    return version != OFP10 and cfg.tcp_teardown and conn.action is Action.SHUNT and conn.orig.proto == TCP
 
 
 PIPELINE_ENTRIES = 5  # table-1 flows per port group: FIN and RST catchers for IPv4 and IPv6, the output
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
 PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say so)
+SINGLE_TCP_ENTRIES = 6  # a TCP shunt in the single layout: its two flows and four catchers
+
+
+def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
+    """The most entries one pair takes in table 0: a TCP shunt with its catchers in the
+    single layout, else its two flows (the pipeline layout shares its catchers)."""
+    return SINGLE_TCP_ENTRIES if version != OFP10 and cfg.tcp_teardown and not pipeline else 2
 
 
 def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
-    """Flow entries a pair takes on the switch: two, and in the single-table layout four
-    catchers with teardown (the pipeline layout shares its catchers per port group)."""
-    return 6 if not pipeline and catches_teardown(version, cfg, conn) else 2
+    """Flow entries this pair takes on the switch."""
+    return max_pair_entries(version, cfg, pipeline) if catches_teardown(version, cfg, conn) else 2
 
 
-def goes_to_pipeline(version: int | None, cfg: Config, action: str, proto: int, pipeline: bool) -> bool:
+def goes_to_pipeline(version: int | None, cfg: Config, action: Action, proto: int, pipeline: bool) -> bool:
     """Whether a pair's table-0 flows go on to table 1 (pipeline layout, TCP shunt with
     teardown) instead of outputting (or dropping) themselves."""
-    return pipeline and version != OFP10 and cfg.tcp_teardown and action == "shunt" and proto == TCP
+    return pipeline and version != OFP10 and cfg.tcp_teardown and action is Action.SHUNT and proto == TCP
 
 
 class Core:
@@ -300,23 +127,35 @@ class Core:
         self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
         self.pipeline_reads = 0  # reads of the switch's flows at connect that lacked table-1 flows
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
-        # Every pair by conntrack id (what its cookies name), keyed by an int the pair holds
-        # anyway: 100,000 pairs took 10 MB more as a table by original tuple and another
-        # by cookie (a new int each). `tuples` serves lookups by either direction.
-        self.by_id: dict[int, Conn] = {}
-        self.tuples: dict[FlowTuple, Conn] = {}  # both directions' tuples -> conn
+        self.conns = Connections()
         self.reconciled = False
-        self.shunts = 0  # shunt pairs in the table
-        self.blocks = 0  # block pairs in the table (with shunts: counted against the budget)
+        # The policy changed since the pairs on the switch were decided (set by the app at
+        # start, from policy_state.py): the first reconcile hands every adopted pair back.
+        self.stale_policy = False
         self.budget = cfg.max_shunts  # pairs allowed at once (0: no limit)
         self.table_max: int | None = None  # entries the switch's table 0 holds, as it reported them
-        self.entries = 0  # entries NFShunt's pairs take on the switch (defaults not included)
         # Connections refused for lack of room, oldest first; blocks go to the front.
         self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
-        # Operator overrides by tuple (both directions): "ignore" (unshunt) or "block".
+        # Operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK.
         self.pins: dict[FlowTuple, Pin] = {}
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
-        self._removing: set[Conn] = set()  # so tick() need not scan every connection
+
+    # Read by status, metrics and tests; the table itself is connection.py's.
+    @property
+    def by_id(self) -> dict[int, Conn]:
+        return self.conns.by_id
+
+    @property
+    def shunts(self) -> int:
+        return self.conns.shunts
+
+    @property
+    def blocks(self) -> int:
+        return self.conns.blocks
+
+    @property
+    def entries(self) -> int:
+        return self.conns.entries
 
     # --- switch lifecycle ---------------------------------------------------------------
 
@@ -340,20 +179,29 @@ class Core:
         out.append(RequestSwitchFlows())
         return out
 
-    def stopping(self) -> list[Command]:
+    def stopping(self, now: float, take_down: bool) -> list[Command]:
         """Shutting down: nothing new goes onto the switch from now on (a pair that leaves
-        must not let a queued connection take its place), and every pair is taken down."""
+        must not let a queued connection take its place). With `take_down`, every pair is
+        handed back to the firewall alive (connection.py's rule), pending ones rolled back;
+        without, the pairs stay on the switch for the next start to adopt."""
+        out: list[Command] = []
+        for conn in self.conns if take_down else ():
+            if conn.state is State.PENDING:
+                out.extend(self.conns.roll_back(conn, "controller stopped"))
+            elif conn.state in ACTIVE:
+                out.extend(self.conns.hand_back(conn, "controller stopped", now))
         self.version = None
         self.reconciled = False
-        return [RemoveFlows(conn, (False, True), "controller stopped") for conn in self.by_id.values()]
+        return out
 
     def stand_by(self) -> list[Command]:
         """In a pair, no longer master: the other controller programs the switch now and
-        owns every pair on it (it adopts them), so they are forgotten here, not removed.
-        Pending installs were never confirmed: their entries stay on the slow path."""
+        owns every pair on it (it adopts them, and its take-downs hand them back), so they
+        are forgotten here, not taken down. Pending installs were never confirmed: their
+        entries stay on the slow path."""
         out = self.switch_disconnected()
-        for conn in list(self.by_id.values()):
-            self._forget(conn)
+        for conn in self.conns:
+            self.conns.forget(conn)
         self.waiting.clear()
         self._sweeps.clear()
         self.reconciled = False
@@ -361,21 +209,26 @@ class Core:
         return out
 
     def switch_disconnected(self) -> list[Command]:
-        """Pending installs are abandoned: their conntrack entries were never deleted, so
-        the connections stay on the slow path and the resync on reconnect retries them."""
+        """Pending first installs are abandoned: their conntrack entries were never deleted,
+        so the connections stay on the slow path and the resync on reconnect retries them.
+        A pending re-install (its entry deleted) stays: the reconcile finds it."""
         self.version = None
         out: list[Command] = []
-        for conn in [c for c in self.by_id.values() if c.state is State.PENDING]:
-            self._forget(conn)
-            out.append(Refused(conn, "switch disconnected before confirming"))
+        for conn in self.conns:
+            if conn.state is State.PENDING and not conn.entry_deleted:
+                self.conns.forget(conn)
+                out.append(Refused(conn, "switch disconnected before confirming"))
         return out
+
+    # --- reconcile --------------------------------------------------------------------------
 
     def reconcile(self, flows: Iterable[SwitchFlow], now: float) -> list[Command]:
         """Bring the switch and the table into agreement after a (re)connect.
 
-        Complete shunt/block pairs that match the config are adopted (never bounced);
-        connections we know of that the switch lost are installed again; NFShunt flows
-        nobody accounts for are deleted when delete_flows_on_startup is set.
+        Complete shunt/block pairs of exactly the shape this version installs are adopted
+        (never bounced), unless the policy changed since they were decided: then they are
+        handed back to it. Connections we know of that the switch lost are installed again;
+        NFShunt flows nobody accounts for are deleted when delete_flows_on_startup is set.
         """
         if self.reconciled:  # a read asked for before a reconnect, answered after this one's
             return []
@@ -386,6 +239,35 @@ class Core:
             self.pipeline_reads += 1
             return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
         out: list[Command] = []
+        pairs, catchers = self._sort_flows(flows, out)
+        present: set[int] = set()
+        for (kind, ct_id), dirs in pairs.items():
+            conn = self.conns.named(kind, ct_id)
+            if conn is None and len(dirs) == 2:
+                conn = self._adopt(kind, ct_id, dirs, now)
+            if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
+                present.add(id(conn))
+                continue
+            if self.cfg.delete_flows_on_startup or conn is None:
+                for flow in dirs.values():
+                    out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
+        for ct_id, flow in catchers:
+            conn = self.conns.named(cookies.Kind.SHUNT, ct_id)
+            if conn is None or id(conn) not in present:
+                out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
+        for conn in self.conns:
+            out.extend(self._repair(conn, id(conn) in present, now))
+        if self.stale_policy:
+            self.stale_policy = False
+            out.append(ClearDecisions())
+        self.reconciled = True
+        out.append(ResyncConntrack())
+        return out
+
+    def _sort_flows(self, flows: list[SwitchFlow], out: list[Command]) -> tuple[
+            dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]], list[tuple[int, SwitchFlow]]]:
+        """NFShunt's flows by pair and the teardown catchers; defaults and table-1 flows
+        that are not this config's are deleted on the way."""
         pairs: dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]] = {}
         catchers: list[tuple[int, SwitchFlow]] = []
         expected_defaults = {(g.slow, g.fast) for g in self.cfg.ports} | {(g.fast, g.slow) for g in self.cfg.ports}
@@ -399,59 +281,44 @@ class Core:
                 if (flow.in_port, flow.out_port) not in expected_defaults and (
                         self.cfg.delete_flows_on_startup or self.cfg.pair is not None):
                     out.append(DeleteSwitchFlow(flow, "default flow not in config"))
-                continue
-            if kind is cookies.Kind.TEARDOWN:
+            elif kind is cookies.Kind.TEARDOWN:
                 catchers.append((ct_id, flow))
-                continue
-            if kind is cookies.Kind.PIPELINE:
+            elif kind is cookies.Kind.PIPELINE:
                 # Table-1 flows of a port group (re-installed at every connect), or of
                 # another layout or port list: those are only reachable by flows of ours
                 # that are deleted too, so they go whatever delete_flows_on_startup says.
                 if not self.pipeline or ct_id >= len(self.cfg.ports) or \
                         flow.out_port != self.cfg.ports[ct_id].fast:
                     out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
-                continue
-            pairs.setdefault((kind, ct_id), {})[reply] = flow
-        present: set[int] = set()
-        for (kind, ct_id), dirs in pairs.items():
-            conn = self._named(kind, ct_id)
-            if conn is None and len(dirs) == 2:
-                conn = self._adopt(kind, ct_id, dirs, now)
-            if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
-                present.add(id(conn))
-                continue
-            if self.cfg.delete_flows_on_startup or conn is None:
-                for flow in dirs.values():
-                    out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
-        for ct_id, flow in catchers:
-            conn = self._named(cookies.Kind.SHUNT, ct_id)
-            if conn is None or id(conn) not in present:
-                out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
-        for conn in list(self.by_id.values()):
-            if conn.state is State.REMOVING:
-                # Taken down while the switch was away (flush, unshunt, block, policy):
-                # the decision holds, whatever the switch still has.
-                if id(conn) in present:
-                    conn.removing_since = now
-                    out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "removal"))
-                else:
-                    out.extend(self._finish_removal(conn, conn.remove_reason or "removal"))
-            elif conn.state is State.ACTIVE and id(conn) not in present:
-                if conn.adopted:
-                    # Read back from a switch, never decided here: nothing to re-install.
-                    self._forget(conn)
-                    out.append(Removed(conn, "not on the switch after a reconnect"))
-                    continue
-                conn.state = State.PENDING
-                conn.event_time = now
-                out.append(InstallFlows(conn))
-        self.reconciled = True
-        out.append(ResyncConntrack())
-        return out
+            else:
+                pairs.setdefault((kind, ct_id), {})[reply] = flow
+        return pairs, catchers
+
+    def _repair(self, conn: Conn, present: bool, now: float) -> list[Command]:
+        """One known pair after a reconnect, by what the switch still has of it."""
+        if conn.state is State.TAKING_DOWN:
+            # Taken down while the switch was away (flush, unshunt, block, policy): the
+            # decision holds, whatever the switch still has.
+            if present:
+                return self.conns.hand_back(conn, conn.remove_reason or "removal", now)
+            return self._finish_removal(conn, conn.remove_reason or "removal")
+        if present:
+            if conn.adopted and self.stale_policy:
+                return self.conns.hand_back(conn, "policy changed while the controller was stopped", now)
+            return []
+        if conn.state not in ACTIVE and not conn.entry_deleted:
+            return []
+        if conn.adopted:
+            # Read back from a switch, never decided here: nothing to re-install. Its
+            # connection, if it lives, is back on the firewall: its entry comes back.
+            return [*self.conns.roll_back(conn, "not on the switch after a reconnect"),
+                    Removed(conn, "not on the switch after a reconnect")]
+        self.conns.reinstall(conn, now)
+        return [InstallFlows(conn)]
 
     def _table_1_complete(self, flows: list[SwitchFlow]) -> bool:
         """Every table-1 flow of this config is on the switch."""
-        found = collections.Counter()
+        found: collections.Counter[int] = collections.Counter()
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
             if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[1] < len(self.cfg.ports) \
@@ -465,7 +332,7 @@ class Core:
         return dirs[False].match == conn.orig and dirs[True].match == conn.reply and \
             self._shaped(conn.action, conn.orig.proto, dirs)
 
-    def _shaped(self, action: str, proto: int, dirs: dict[bool, SwitchFlow]) -> bool:
+    def _shaped(self, action: Action, proto: int, dirs: dict[bool, SwitchFlow]) -> bool:
         """Both flows go on to table 1 exactly when this layout sends the pair there: a pair
         of the other layout would meet table-1 flows that are not there (a drop) or keep
         catchers nobody removes."""
@@ -482,15 +349,17 @@ class Core:
             return None
         if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
             return None
-        if fwd.match in self.tuples or rev.match in self.tuples or ct_id in self.by_id:
+        if fwd.match in self.conns.tuples or rev.match in self.conns.tuples or ct_id in self.conns.by_id:
             return None  # (an id held by a pair of the other kind: its flows go as orphans)
         reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
         if rev.match != reply:
             return None  # not a pair NFShunt builds (it never shunts NAT)
-        if not self._shaped("shunt" if kind is cookies.Kind.SHUNT else "block", fwd.match.proto, dirs):
+        action = Action.SHUNT if kind is cookies.Kind.SHUNT else Action.BLOCK
+        if not self._shaped(action, fwd.match.proto, dirs):
             return None
-        conn = Conn(fwd.match, reply, ct_id, "shunt" if kind is cookies.Kind.SHUNT else "block",
-                    ingress, egress, now, state=State.ACTIVE, confirmed_time=now, adopted=True)
+        # Decided by an earlier run, which deleted its entry once the switch confirmed it.
+        conn = Conn(fwd.match, reply, ct_id, action, ingress, egress, now, state=State.LIVE, confirmed_time=now,
+                    adopted=True, entry_deleted=True)
         self._remember(conn)
         return conn
 
@@ -500,47 +369,23 @@ class Core:
         if ev.kind is EventKind.DESTROY:
             self.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
             pin = self.pins.get(ev.orig)
-            if pin is not None and pin.action == "ignore" and pin.ct_id == ev.ct_id:
+            if pin is not None and pin.action is Action.IGNORE and pin.ct_id == ev.ct_id:
                 self._unpin(ev.orig, ev.reply)  # the connection it held back has ended
             return [Ignored(R_DESTROY, ev)]
         # A connection we handle: either side may be the new entry's original direction.
-        existing = self.tuples.get(ev.orig)
+        existing = self.conns.tuples.get(ev.orig)
         if existing is not None:
-            if existing.state is State.ACTIVE and existing.ct_id != ev.ct_id:
+            if existing.state in ACTIVE and existing.ct_id != ev.ct_id:
                 # Packets still in the slow path when the flows went in re-created an entry
                 # (loose pickup); the connection runs on the fast path, so it is stale.
                 return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
-            if existing.state is not State.REMOVING:
+            if existing.state is not State.TAKING_DOWN:
                 return [Ignored(R_DUPLICATE, ev)]
-        if ev.mark & markcodec.NFSHUNT_BITS == 0:
-            return [Ignored(R_UNMARKED, ev)]
-        mark = markcodec.decode(ev.mark)
-        if not mark.complete:
-            return [Ignored(R_INCOMPLETE, ev)]
-        action = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
-        if action is None:
-            return [Ignored(R_UNKNOWN_ACTION, ev)]
-        pin = self.pins.get(ev.orig) if self.pins else None
-        if pin is not None:
-            pin.ct_id = ev.ct_id
-            if pin.action == "ignore":
-                return [Ignored(R_PINNED, ev)]
-            action = pin.action
-        if action == "ignore":
-            return [Ignored(R_POLICY_IGNORE, ev)]
-        ingress = self.cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
-        egress = self.cfg.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
-        if ingress is None or egress is None:
-            return [Ignored(R_UNKNOWN_PORT, ev)]
-        if ingress is egress:
-            return [Ignored(R_SAME_PORT, ev)]
-        if ev.orig.proto not in (TCP, UDP):
-            return [Ignored(R_PROTOCOL, ev)]
-        if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
-            return [Ignored(R_CLOSING, ev)]
-        if ev.reply != ev.orig.reversed():
-            return [Ignored(R_NAT, ev)]  # the switch would have to rewrite addresses
-        if existing is not None:  # REMOVING: handle once the old pair is gone
+        decided = self._decide(ev)
+        if isinstance(decided, Ignored):
+            return [decided]
+        action, ingress, egress = decided
+        if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
             if ev.kind is EventKind.DUMP:
                 # Most likely the entry whose deletion is still on its way. A connection
                 # that really resumes says so with live events of its own.
@@ -551,27 +396,61 @@ class Core:
             return [Ignored(R_BACKUP if self.backup else R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
-        if ev.ct_id in self.by_id:
+        if ev.ct_id in self.conns.by_id:
             # Ids are 32 bits and reused: a live pair has this one. The connection waits
             # on the slow path until that pair is gone, so no pair ever stands for two.
-            self._wait(ev, front=action == "block")
+            self._wait(ev, front=action is Action.BLOCK)
             return [Ignored(R_ID_COLLISION, ev)]
         out: list[Command] = []
         if self.budget and self.shunts + self.blocks >= self.budget:
-            if action == "shunt":
+            if action is Action.SHUNT:
                 self._wait(ev, front=False)
                 return [Ignored(R_BUDGET, ev)]
             victim = self._evict_for_block(ev.received) if self._blocks_may_evict() else None
             if victim is None:
                 self._wait(ev, front=True)
                 return [Ignored(R_BUDGET, ev)]
-            out.append(victim)
+            out.extend(victim)
         self.waiting.pop(ev.orig, None)
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
                     event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark)
         self._remember(conn)
         out.append(InstallFlows(conn))
         return out
+
+    def _decide(self, ev: ConnEvent) -> Ignored | tuple[Action, PortGroup, PortGroup]:
+        """What the mark (and an operator's pin) decided for a new or updated entry, and the
+        port groups it crossed; or why nothing is to be done."""
+        if ev.mark & markcodec.NFSHUNT_BITS == 0:
+            return Ignored(R_UNMARKED, ev)
+        mark = markcodec.decode(ev.mark)
+        if not mark.complete:
+            return Ignored(R_INCOMPLETE, ev)
+        name = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
+        if name is None:
+            return Ignored(R_UNKNOWN_ACTION, ev)
+        action = Action(name)
+        pin = self.pins.get(ev.orig) if self.pins else None
+        if pin is not None:
+            pin.ct_id = ev.ct_id
+            if pin.action is Action.IGNORE:
+                return Ignored(R_PINNED, ev)
+            action = pin.action
+        if action is Action.IGNORE:
+            return Ignored(R_POLICY_IGNORE, ev)
+        ingress = self.cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
+        egress = self.cfg.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
+        if ingress is None or egress is None:
+            return Ignored(R_UNKNOWN_PORT, ev)
+        if ingress is egress:
+            return Ignored(R_SAME_PORT, ev)
+        if ev.orig.proto not in (TCP, UDP):
+            return Ignored(R_PROTOCOL, ev)
+        if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
+            return Ignored(R_CLOSING, ev)
+        if ev.reply != ev.orig.reversed():
+            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
+        return action, ingress, egress
 
     # --- room on the switch -----------------------------------------------------------------
 
@@ -595,21 +474,19 @@ class Core:
         budget = self.budget or (self.shunts + self.blocks)
         return self.blocks < budget * self.cfg.max_block_share
 
-    def _evict_for_block(self, now: float) -> RemoveFlows | None:
+    def _evict_for_block(self, now: float) -> list[Command] | None:
         """Make room for a block: take down the newest active shunt (blocks come first)."""
         victim: Conn | None = None
-        for conn in self.by_id.values():
-            if conn.action == "shunt" and conn.state is State.ACTIVE and (
+        for conn in self.conns.by_id.values():
+            if conn.action is Action.SHUNT and conn.state in ACTIVE and (
                     victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
                 victim = conn
         if victim is None:
             return None
-        # The budget is freed now; the evicted connection returns to the slow path and,
-        # re-created there by its next packet, waits for room like any other shunt.
-        self._start_removal(victim, "evicted for a block", now)
-        self._count(victim, -1)
-        victim.action_counted = False
-        return RemoveFlows(victim, (False, True), "evicted for a block")
+        # The budget is freed now; the evicted connection returns to the slow path alive
+        # and, judged there again, waits for room like any other shunt.
+        self.conns.uncount(victim)
+        return self.conns.hand_back(victim, "evicted for a block", now)
 
     def _retry_waiting(self, room: int) -> list[Command]:
         out: list[Command] = []
@@ -629,49 +506,46 @@ class Core:
     # --- switch feedback ------------------------------------------------------------------
 
     def flows_confirmed(self, conn: Conn, now: float) -> list[Command]:
-        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.PENDING:
+        if not self.conns.holds(conn, State.PENDING):
             return []
-        conn.state = State.ACTIVE
-        conn.confirmed_time = now
+        cfg = self.cfg
+        counters = cfg.confirm == "counters" and conn.action is Action.SHUNT
+        wait = (cfg.confirm_delay if cfg.confirm == "delay" else 0.0) + cfg.drain
+        keep = conn.action is Action.SHUNT and (counters or wait > 0)
+        self.conns.confirmed(conn, now, keep_entry=keep)
         if conn.remove_reason is not None:
-            # Taken down (flush, unshunt, policy) while the switch was confirming: the
-            # entry is kept, so the connection goes on through the firewall.
-            reason = conn.remove_reason
-            self._start_removal(conn, reason, now)
-            return [RemoveFlows(conn, (False, True), reason)]
+            # Taken down (flush, unshunt, policy) while the switch was confirming.
+            return self.conns.hand_back(conn, conn.remove_reason, now)
         installed = Installed(conn, now - conn.event_time)
+        out: list[Command] = [installed]
         if conn.early is not None:
             early, conn.early = conn.early, None
-            out: list[Command] = [installed]
             for cookie, in_port in early:
                 out.extend(self.teardown_packet(cookie, in_port, now) or ())
-            if conn.state is State.REMOVING:
-                # It closed while the switch was confirming: its entry, never deleted, is
-                # put in the closing state and the flows go (teardown_packet's commands).
+            if conn.state is State.TAKING_DOWN:
+                # It closed while the switch was confirming: its entry is put in the closing
+                # state and the flows go (teardown_packet's commands).
                 return out
-        cfg = self.cfg
-        if cfg.confirm == "counters" and conn.action == "shunt":
-            conn.entry_kept = True
-            return [installed, ReadCounters(conn)]
-        wait = (cfg.confirm_delay if cfg.confirm == "delay" else 0.0) + cfg.drain
-        if wait and conn.action == "shunt":
-            conn.entry_kept = True
-            return [installed, self._entry_goes(conn, wait, now)]
-        return [self._delete_entry(conn, now), installed]
+        if conn.state is State.LIVE:
+            if conn.entry_deleted:  # a re-install after a reconnect: its entry went long ago
+                return out
+            return [self._delete_entry(conn, now), installed]
+        out.append(ReadCounters(conn) if counters else self._entry_goes(conn, wait, now))
+        return out
 
     def _entry_goes(self, conn: Conn, wait: float, now: float) -> Command:
         """The shunt's entry goes after `wait` (now, with none)."""
         return Later(wait, (EntryDue(conn),)) if wait > 0 else self._delete_entry(conn, now)
 
     def _delete_entry(self, conn: Conn, now: float) -> DeleteConntrack:
-        conn.entry_kept = False
+        self.conns.entry_gone(conn)
         self._sweeps.append((now + SWEEP_AFTER, conn))
         return DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id)
 
     def entry_due(self, conn: Conn, now: float) -> list[Command]:
         """The wait for a shunt's forwarding and drain is over: its entry goes, unless the
         pair was taken down meanwhile (then the entry carries the connection on)."""
-        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+        if not self.conns.holds(conn, State.DRAINING):
             return []
         return [self._delete_entry(conn, now)]
 
@@ -680,7 +554,7 @@ class Core:
         on the flows once both directions counted packets, or one did and confirm_delay has
         passed (the other direction is idle); then the slow path drains. Until then the
         counters are read again; a pair that carries nothing at all is read every second."""
-        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.ACTIVE or not conn.entry_kept:
+        if not self.conns.holds(conn, State.DRAINING):
             return []
         waited = now - (conn.confirmed_time or now)
         counted = sum(1 for n in packets.values() if n > 0)
@@ -691,28 +565,27 @@ class Core:
     def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
         """The switch refused a flow of this pair: withdraw the other, keep the entry. If
         its table was full, the connection waits for room (a block evicts a shunt)."""
-        if self.by_id.get(conn.ct_id) is not conn:
+        if not self.conns.holds(conn):
             return []
-        self._forget(conn)
-        out: list[Command] = [RemoveFlows(conn, (False, True), "rollback"), Refused(conn, reason)]
+        out: list[Command] = [*self.conns.roll_back(conn, "rollback"), Refused(conn, reason)]
         if table_full and conn.event_kind is not None:
-            if conn.action == "block" and self._blocks_may_evict():
+            if conn.action is Action.BLOCK and self._blocks_may_evict():
                 victim = self._evict_for_block(now)
                 if victim is not None:
-                    out.append(victim)
-            self._wait(self._created_by(conn), front=conn.action == "block")
+                    out.extend(victim)
+            self._wait(self._created_by(conn), front=conn.action is Action.BLOCK)
         return out
 
     def install_dropped(self, conn: Conn, reason: str, wait: bool) -> list[Command]:
         """An install that never went to the switch (its queue was full, or the pair was
-        taken down while it waited): nothing to roll back on the switch, the entry is kept.
-        With `wait`, the connection waits for room like one the table refused."""
-        if self.by_id.get(conn.ct_id) is not conn or conn.state is not State.PENDING:
+        taken down while it waited): nothing to roll back on the switch. A first install's
+        entry is kept; with `wait`, the connection waits for room like one the table refused."""
+        if not self.conns.holds(conn, State.PENDING):
             return []
-        self._forget(conn)
+        out: list[Command] = [c for c in self.conns.roll_back(conn, reason) if not isinstance(c, RemoveFlows)]
         if wait and conn.event_kind is not None:
-            self._wait(self._created_by(conn), front=conn.action == "block")
-        return [Refused(conn, reason)]
+            self._wait(self._created_by(conn), front=conn.action is Action.BLOCK)
+        return [*out, Refused(conn, reason)]
 
     def room_freed(self, room: int) -> list[Command]:
         """The switch can take `room` more installs (the flow-mod queue drained)."""
@@ -720,72 +593,50 @@ class Core:
             return []
         return self._retry_waiting(room)
 
-    def _start_removal(self, conn: Conn, reason: str, now: float) -> None:
-        conn.state = State.REMOVING
-        conn.removing_since = now
-        conn.remove_reason = conn.remove_reason or reason
-        self._removing.add(conn)
+    # --- take-downs -------------------------------------------------------------------------
 
-    def remove(self, conn: Conn, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
-        """Take a pair down (flush, manual unshunt, policy change); a pending one as soon
-        as the switch confirms it. With `reevaluate`, a TCP connection's entry is first
-        re-created ESTABLISHED with the policy decision cleared, so its next packet is
-        judged by the current policy and a strict firewall does not drop it as INVALID."""
-        if self.by_id.get(conn.ct_id) is not conn:
+    def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
+        """Take a pair down (flush, manual unshunt, policy change): handed back to the
+        firewall alive, its next packet judged by the current policy; a pending one as soon
+        as the switch confirms it."""
+        if not self.conns.holds(conn, HELD):
             return []
-        if conn.state is State.PENDING:
-            conn.remove_reason = reason
+        if conn.state is State.PENDING and not conn.entry_deleted:
+            conn.remove_reason = reason  # flows_confirmed takes it down
             return []
-        if conn.state is not State.ACTIVE:
-            return []
-        self._start_removal(conn, reason, now)
-        remove = RemoveFlows(conn, (False, True), reason)
-        if reevaluate and conn.orig.proto == TCP and self.version is not None:
-            return [self._reopen(conn, REEVALUATE_TIMEOUT, remove)]
-        return [remove]
+        return self.conns.hand_back(conn, reason, now)
 
-    @staticmethod
-    def _reopen(conn: Conn, timeout: int, then: Command) -> RestoreConntrack:
-        """The TCP connection's entry (re-)created ESTABLISHED with the policy's decision
-        cleared, then `then`: its next packet crosses the firewall, which judges it again."""
-        mark = conn.mark & ~markcodec.DECISION_MASK
-        return RestoreConntrack(conn, CT_TCP_ESTABLISHED, timeout, False, (then,), mark)
-
-    def flush(self, reason: str, now: float, reevaluate: bool = False) -> list[Command]:
+    def flush(self, reason: str, now: float) -> list[Command]:
         """Every shunt and block back to the slow path, where policy re-evaluates it;
         connections waiting for room are dropped from the queue (their next packet is
         judged again)."""
         out: list[Command] = []
         self.waiting.clear()
-        for conn in list(self.by_id.values()):
-            out.extend(self.remove(conn, reason, now, reevaluate))
+        for conn in self.conns:
+            out.extend(self.remove(conn, reason, now))
         return out
 
     def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
         """A handled connection by conntrack id or by either direction's tuple."""
         if tuple_ is not None:
-            return self.tuples.get(tuple_)
-        return self.by_id.get(ct_id) if ct_id is not None else None
+            return self.conns.tuples.get(tuple_)
+        return self.conns.by_id.get(ct_id) if ct_id is not None else None
 
-    def _named(self, kind: cookies.Kind, ct_id: int) -> Conn | None:
-        """The pair a cookie of this kind and conntrack id names."""
-        conn = self.by_id.get(ct_id)
-        return conn if conn is not None and conn.kind is kind else None
-
-    def pin(self, orig: FlowTuple, action: str, now: float) -> list[Command]:
-        """An operator's unshunt ("ignore") or block for a connection, by tuple: its flows
+    def pin(self, orig: FlowTuple, action: Action, now: float) -> list[Command]:
+        """An operator's unshunt (IGNORE) or block for a connection, by tuple: its flows
         go, and the entry its next packet re-creates on the slow path is held there
         (unshunt) or blocked. Dumping conntrack applies it to a connection that is on
         the slow path already."""
-        if action not in ("ignore", "block"):
+        if action not in (Action.IGNORE, Action.BLOCK):
             raise ValueError(action)
         pin = Pin(action, now + PIN_TTL)
         self.pins[orig] = self.pins[orig.reversed()] = pin
         out: list[Command] = []
-        conn = self.tuples.get(orig)
-        if conn is not None and not (action == "block" and conn.action == "block"):
-            out.extend(self.remove(conn, "unshunt by operator" if action == "ignore" else "blocked by operator", now))
-        if action == "block":
+        conn = self.conns.tuples.get(orig)
+        if conn is not None and not (action is Action.BLOCK and conn.action is Action.BLOCK):
+            out.extend(self.remove(conn, "unshunt by operator" if action is Action.IGNORE else "blocked by operator",
+                                   now))
+        if action is Action.BLOCK:
             out.append(ResyncConntrack())
         return out
 
@@ -803,17 +654,16 @@ class Core:
         if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
             return None
         _, ct_id, reply = parsed
-        conn = self._named(cookies.Kind.SHUNT, ct_id)
+        conn = self.conns.named(cookies.Kind.SHUNT, ct_id)
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
-        out: list[Command] = []
         if conn.state is State.PENDING:
             if conn.early is None:
                 conn.early = []
             conn.early.append((cookie, in_port))
-            return out
-        if conn.state is not State.ACTIVE:
-            return out
+            return []
+        if conn.state not in ACTIVE:
+            return []
         rst = cookies.is_rst(cookie)
         if rst:
             state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
@@ -822,19 +672,15 @@ class Core:
                 conn.first_fin_reply = reply
             conn.fins |= 2 if reply else 1
             if conn.fins != 3:
-                return out
+                return []
             state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
-        self._start_removal(conn, reason, now)
-        restore = RestoreConntrack(conn, state, TEARDOWN_TIMEOUT[state], closer,
-                                   (RemoveFlows(conn, (False, True), reason),), conn.mark)
+        down = self.conns.hand_back(conn, reason, now, closing(state, closer))
         if rst and self.cfg.rst_grace:
             # The side that reset may have data still coming (an aborted transfer has about
             # one RTT in flight): it stays on the fast path for a moment, as it would with
             # no firewall at all, instead of meeting a firewall that tracks a closed entry.
-            out.append(Later(self.cfg.rst_grace, (restore,)))
-        else:
-            out.append(restore)
-        return out
+            return [Later(self.cfg.rst_grace, tuple(down))]
+        return down
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
         """Catchers whose packet counters show a FIN or RST (read after the switch dropped
@@ -846,11 +692,11 @@ class Core:
             parsed = cookies.parse(cookie)
             if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
                 continue
-            conn = self._named(cookies.Kind.SHUNT, parsed[1])
-            if conn is None or conn.state is not State.ACTIVE:
+            conn = self.conns.named(cookies.Kind.SHUNT, parsed[1])
+            if conn is None or conn.state not in ACTIVE:
                 continue
             out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
-            ended += conn.state is not State.ACTIVE
+            ended += conn.state not in ACTIVE
         return out, ended
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
@@ -859,25 +705,18 @@ class Core:
         if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
             return []
         kind, ct_id, reply = parsed
-        conn = self._named(kind, ct_id)
+        conn = self.conns.named(kind, ct_id)
         if conn is None or conn.state is State.PENDING:
             return []
         if conn.gone is None:
             conn.gone, conn.stats = set(), {}
         conn.gone.add(reply)
-        conn.stats[reply] = (packets, nbytes, duration)  # type: ignore[index]
+        conn.stats[reply] = FlowCount(packets, nbytes, duration)  # type: ignore[index]
         out: list[Command] = []
-        if conn.state is State.ACTIVE:
-            kept = conn.entry_kept
-            self._start_removal(conn, reason, now)
-            partner = RemoveFlows(conn, (not reply,), f"partner {reason}")
-            if conn.action == "shunt" and conn.orig.proto == TCP and not kept and self.version is not None:
-                # The connection is back on the slow path, idle, and may resume: a firewall
-                # without loose pickup would drop its next packet as INVALID. Its entry comes
-                # back first (and the policy shunts it again).
-                out.append(self._reopen(conn, IDLE_RESTORE_TIMEOUT, partner))
-            else:
-                out.append(partner)
+        if conn.state in ACTIVE:
+            # Idled out (or deleted by someone else): the connection is back on the slow
+            # path, idle, and may resume; the partner flow follows it.
+            out.extend(self.conns.hand_back(conn, reason, now, IDLE, directions=(not reply,)))
         if len(conn.gone) == 2:
             out.extend(self._finish_removal(conn, conn.remove_reason or reason))
         return out
@@ -889,10 +728,10 @@ class Core:
         # (loose pickup) in a way no event reports as ours; one sweep by tuple clears them.
         while self._sweeps and self._sweeps[0][0] <= now:
             _, conn = self._sweeps.popleft()
-            if conn.state is State.ACTIVE and self.by_id.get(conn.ct_id) is conn:
+            if self.conns.holds(conn, State.LIVE):
                 out.append(DeleteConntrack(conn.orig.family, conn.orig, None))
         if self.version is not None:  # while the switch is away, removals wait for it
-            for conn in list(self._removing):
+            for conn in list(self.conns.removing):
                 if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
                     out.extend(self._finish_removal(conn, "removal not confirmed"))
         if self.pins:
@@ -901,7 +740,7 @@ class Core:
         return out
 
     def _finish_removal(self, conn: Conn, reason: str) -> list[Command]:
-        self._forget(conn)
+        self.conns.forget(conn)
         out: list[Command] = [Removed(conn, reason)]
         if conn.resume is not None:
             out.extend(self.conntrack_event(conn.resume))
@@ -910,12 +749,6 @@ class Core:
         return out
 
     # --- table ------------------------------------------------------------------------------
-
-    def _count(self, conn: Conn, delta: int) -> None:
-        if conn.action == "shunt":
-            self.shunts += delta
-        else:
-            self.blocks += delta
 
     def default_entries(self) -> int:
         """Entries of table 0 that are not any connection's."""
@@ -937,22 +770,7 @@ class Core:
 
     def max_pair_entries(self) -> int:
         """The most entries one pair takes with this switch: a TCP shunt with catchers."""
-        return 6 if self.version != OFP10 and self.cfg.tcp_teardown and not self.pipeline else 2
+        return max_pair_entries(self.version, self.cfg, self.pipeline)
 
     def _remember(self, conn: Conn) -> None:
-        self.by_id[conn.ct_id] = conn
-        self.tuples[conn.orig] = self.tuples[conn.reply] = conn
-        self._count(conn, 1)
-        conn.entries = pair_entries(self.version, self.cfg, conn, self.pipeline)
-        self.entries += conn.entries
-
-    def _forget(self, conn: Conn) -> None:
-        self._removing.discard(conn)
-        if self.by_id.get(conn.ct_id) is conn:
-            del self.by_id[conn.ct_id]
-            self.entries -= conn.entries
-            if conn.action_counted:
-                self._count(conn, -1)
-        for t in (conn.orig, conn.reply):
-            if self.tuples.get(t) is conn:
-                del self.tuples[t]
+        self.conns.remember(conn, pair_entries(self.version, self.cfg, conn, self.pipeline))

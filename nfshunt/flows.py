@@ -12,7 +12,8 @@ from typing import Any
 
 from . import cookies
 from .config import Config, PortGroup
-from .core import Conn, catches_teardown, goes_to_pipeline, pair_entries
+from .connection import Conn
+from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 

@@ -320,7 +320,9 @@ def reevaluate(cfg: Config) -> int:
         except OSError as exc:
             return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
         print(f"no running controller (no control socket); decisions cleared on {cleared} conntrack entries"
-              + (f", {failed} could not be updated" if failed else ""))
+              + (f", {failed} could not be updated" if failed else "")
+              + f". Shunts and blocks kept on the switch are handed back to this policy when the controller "
+              f"starts: it finds the policy changed since they were decided (state_dir {cfg.state_dir})")
         return 0 if not failed else EXIT_FAILED
     try:
         reply = request(cfg.control_socket, {"cmd": "reevaluate", "reason": "policy changed"}, timeout=30)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from os_ken.controller import event
 
-from . import core as c
+from . import commands as c
+from .connection import Action
 from . import markcodec
 from .accounting import conn_fields
 from .control import parse_tuple
@@ -137,8 +138,8 @@ class OperatorAPI:
                 return
             removed = 0
             for sw in self.switches:  # the connection's next entry may come to any switch's core
-                out = sw.core.pin(orig, "ignore" if cmd == "unshunt" else "block", now)
-                removed += sum(isinstance(c_, c.RemoveFlows) for c_ in out)
+                out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
+                removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
                 self.app._run(sw, out)
             self.counters.add("operator", cmd)
             LOG.warning("operator %s of %s", cmd, orig)
@@ -172,7 +173,7 @@ class OperatorAPI:
         the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
         block is taken down, a TCP one after its entry is re-created so it goes on through
         the firewall without a stall. Answered once the kernel has done its part."""
-        removed = self._each(lambda sw: sw.core.flush(reason, now, reevaluate=True))
+        removed = self._each(lambda sw: sw.core.flush(reason, now))
         self.counters.add("operator", "reevaluate")
         LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, removed)
         connected = self._connected()
@@ -181,6 +182,7 @@ class OperatorAPI:
             if error is not None:
                 ev.answer({"error": f"could not clear the decision marks: {error}"})
             else:
+                self.app.policy.reevaluated()  # the pairs from now on are the new policy's
                 ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
                            "switch_connected": connected})
         self.app.worker.clear_marks(markcodec.DECISION_MASK, done)

@@ -36,7 +36,7 @@ from os_ken.lib.packet import ethernet, ipv4, packet, udp
 from . import cookies
 from .channel import address_allowed
 from .config import Config, PortGroup
-from .core import Conn
+from .connection import Conn
 from .flows import FlowBuilder
 from .model import TCP, UDP, FlowTuple
 

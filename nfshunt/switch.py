@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import core as c
+from .commands import Ignored
+from .connection import Conn
+from .core import Core
 from . import markcodec
 from .config import Config
 from .flows import FlowBuilder
@@ -32,7 +34,7 @@ class Switch:
     def __init__(self, cfg: Config, index: int):
         self.cfg = cfg
         self.index = index
-        self.core = c.Core(cfg)
+        self.core = Core(cfg)
         self.dp: Any = None  # the connection served now (os-ken Datapath)
         self.fb: FlowBuilder | None = None
         self.send: SendPath | None = None
@@ -47,7 +49,7 @@ class Switch:
         self.catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
         self.sweep = TeardownSweep()
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
-        self.counter_reads: dict[int, tuple[c.Conn, dict[bool, int]]] = {}
+        self.counter_reads: dict[int, tuple[Conn, dict[bool, int]]] = {}
         self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
 
     @property
@@ -75,7 +77,7 @@ class Router:
         self.several = len(cfg.served) > 1
         self.by_physdevin = {g.physdevin: i for i, sw in enumerate(cfg.served) for g in sw.ports}
 
-    def route(self, ev: ConnEvent) -> int | c.Ignored:
+    def route(self, ev: ConnEvent) -> int | Ignored:
         """The index of the switch whose core takes the event, or why no switch does."""
         if not self.several:
             return 0
@@ -83,6 +85,6 @@ class Router:
         egress = self.by_physdevin.get((ev.mark & markcodec.EGRESS_MASK) >> markcodec.EGRESS_SHIFT)
         if (ingress is not None and egress is not None and ingress != egress
                 and ev.mark & markcodec.FLAGS == markcodec.FLAGS and ev.kind is not EventKind.DESTROY):
-            return c.Ignored(R_CROSSES_SWITCHES, ev)
+            return Ignored(R_CROSSES_SWITCHES, ev)
         # Unrecorded ports: the core of the first switch says why it ignores the event.
         return ingress if ingress is not None else egress if egress is not None else 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import json
 import logging
 import threading
 import time
@@ -33,18 +32,22 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
                                        set_ev_cls)
 from os_ken.lib import hub
 
+from . import commands as c
 from . import cookies
-from . import core as c
-from .accounting import audit_logger, audit_record, conn_fields
+from .accounting import Outcomes, audit_logger
 from .channel import ChannelDatapath, RateLimitedLog, SendPath, address_allowed, table_full
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer
 from .logs import BatchedFileHandler, flush_all
+from .connection import Conn, State
+from .core import PIPELINE_ENTRIES, PIPELINE_READ_AGAIN, PIPELINE_READS
+from .dispatch import Dispatcher
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
-from .model import TCP, ConnEvent
+from .model import ConnEvent
+from .policy_state import PolicyWatch
 from .roles import ROLE_NAMES, Change, RoleRequest
 from .switch import Router, Switch
 from .trim import Trimmer
@@ -78,10 +81,11 @@ class EventRun(event.EventBase):
     """A switch's core commands to run on the event loop (a worker's follow-up, a delayed
     command, paced installs whose turn came)."""
 
-    def __init__(self, switch: Switch, commands: tuple[c.Command, ...]):
+    def __init__(self, switch: Switch, commands: tuple[c.Command, ...], waiter: threading.Event | None = None):
         super().__init__()
         self.switch = switch
         self.commands = commands
+        self.waiter = waiter  # set once the switch has answered this turn's barrier
 
 
 class EventShutdown(event.EventBase):
@@ -115,11 +119,17 @@ class NFShuntApp(app_manager.OSKenApp):
         self.metrics = Metrics(self._metrics_snapshot)
         self.counters = self.metrics.counters
         self.audit = audit_logger(self.cfg.audit_log)
+        self.outcomes = Outcomes(self.metrics, self.audit)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
         if self.cfg.control_socket:
             self.control = ControlServer(self.cfg.control_socket, self._control_request)
         self.worker = ConntrackWorker(on_dump=self._post_dump, on_malformed=self._malformed)
+        self.dispatcher = Dispatcher(self.worker, self.outcomes, self._schedule,
+                                     lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
+        self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
+        for sw in self.switches:
+            sw.core.stale_policy = self.policy.stale
         self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self._post_events,
                                           self._post_overflow, self._malformed)
 
@@ -299,8 +309,8 @@ class NFShuntApp(app_manager.OSKenApp):
         return None
 
     def _send_path(self, sw: Switch) -> SendPath:
-        def wanted(conn: c.Conn) -> bool:  # a queued install the core still wants sent
-            return sw.core.by_id.get(conn.ct_id) is conn and conn.state is c.State.PENDING \
+        def wanted(conn: Conn) -> bool:  # a queued install the core still wants sent
+            return sw.core.by_id.get(conn.ct_id) is conn and conn.state is State.PENDING \
                 and conn.remove_reason is None
         return SendPath(sw.dp, sw.fb, sw.cfg.flow_mod_rate, sw.cfg.install_queue, wanted)
 
@@ -321,7 +331,7 @@ class NFShuntApp(app_manager.OSKenApp):
             log("flow_layout %s: %s, so the single-table layout (6 entries a TCP shunt)", layout, why)
             return False
         LOG.info("pipeline flow layout: TCP shunts go on to table 1 (2 entries a shunt, %d shared per port group; "
-                 "the switch has %d tables)", c.PIPELINE_ENTRIES, tables)
+                 "the switch has %d tables)", PIPELINE_ENTRIES, tables)
         return True
 
     def _disconnected(self, sw: Switch, why: str) -> None:
@@ -354,7 +364,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if batch is not None:
             self._settle(sw, batch.conns, batch.failed)
 
-    def _settle(self, sw: Switch, conns: list[c.Conn], failed: dict[int, tuple[str, bool]]) -> None:
+    def _settle(self, sw: Switch, conns: list[Conn], failed: dict[int, tuple[str, bool]]) -> None:
         now = time.monotonic()
         out: list[c.Command] = []
         for conn in conns:
@@ -531,10 +541,11 @@ class NFShuntApp(app_manager.OSKenApp):
         if not core.reconciled:  # table 1 not (yet) all on the switch: read again
             self._run(sw, out)
             return
-        if core.pipeline_reads >= c.PIPELINE_READS:
+        self.policy.reconciled(sw.index)
+        if core.pipeline_reads >= PIPELINE_READS:
             LOG.error("switch %s still lacks table 1's flows %.0f s after they were sent: TCP shunts may have "
                       "their packets dropped there; set flow_layout single if it cannot hold them", sw.name,
-                      c.PIPELINE_READS * c.PIPELINE_READ_AGAIN)
+                      PIPELINE_READS * PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
         LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
                  "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_id), kinds["InstallFlows"],
@@ -660,7 +671,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventRun)
     def _run_later(self, ev: "EventRun") -> None:
-        self._run(ev.switch, ev.commands)
+        self._run(ev.switch, ev.commands, ev.waiter)
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
@@ -695,39 +706,51 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:
+        """Every pair is taken down (delete_flows_on_shutdown) the one way there is: TCP
+        shunts' entries re-created first, by the worker, then the flows go. `done` is set
+        once the worker has answered every re-creation and the switch the last barrier."""
+        now = time.monotonic()
         waiting = [sw for sw in self.switches if sw.fb is not None and sw.cfg.delete_flows_on_shutdown]
         done = _AllSet(len(waiting), ev.done)
         for sw in self.switches:
-            removals = sw.core.stopping()  # from here on nothing new is installed
-            if sw not in waiting:
+            take_down = sw in waiting
+            commands = sw.core.stopping(now, take_down)  # from here on nothing new is installed
+            if not take_down:
                 continue
-            assert sw.fb is not None
-            for cmd in removals:
-                self._queue(sw, *sw.fb.remove(cmd.conn, cmd.directions))
-            LOG.info("shutting down: removing %d shunts and blocks from switch %s (delete_flows_on_shutdown)",
-                     len(removals), sw.name)
-            self._flush(sw, waiter=done)
+            LOG.info("shutting down: taking down %d shunts and blocks on switch %s (delete_flows_on_shutdown)",
+                     len(sw.core.conns.removing), sw.name)
+            self._run(sw, commands)
+            # The worker answers in order: its re-creations' follow-ups (the removals) are
+            # on the event queue before this.
+            self.worker.after(lambda sw=sw: self.send_event(self.name, EventRun(sw, (), done)))
 
     # --- the one send path ---------------------------------------------------------------------
 
-    def _run(self, sw: Switch, commands: Iterable[c.Command]) -> None:
+    def _run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands (and what executing them brings back from the
         core), then flush the batch to the switch."""
         work = collections.deque(commands)
         if sw.send is not None and sw.send.queued:
             work.extend(self._release(sw))
+        execute = self.dispatcher.execute
         with self.worker.batched():  # the turn's conntrack requests go to the worker at once
             while work:
                 cmd = work.popleft()
                 try:
-                    follow = self._execute(sw, cmd)
+                    follow = execute(sw, cmd)
                 except Exception:
                     self.counters.inc("internal_errors")
                     LOG.exception("failed to execute %s", type(cmd).__name__)
                     continue
                 if follow:
                     work.extend(follow)
-        self._flush(sw)
+        self._flush(sw, waiter)
+
+    def _schedule(self, delay: float, sw: Switch, commands: tuple[c.Command, ...]) -> None:
+        """Run `commands` after `delay` (the ticker posts them when due)."""
+        with self._later_lock:
+            self._later_seq += 1  # ties never compare the commands
+            heapq.heappush(self._later, (time.monotonic() + delay, self._later_seq, sw, commands))
 
     def _release(self, sw: Switch) -> list[c.Command]:
         """Paced installs whose turn has come go out; the queue's freed room goes to
@@ -742,99 +765,6 @@ class NFShuntApp(app_manager.OSKenApp):
         if drained and core.waiting:
             out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
         return out
-
-    def _execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
-        fb = sw.fb
-        if isinstance(cmd, c.Ignored):
-            self.counters.add("ignored", cmd.reason)
-            if LOG.isEnabledFor(logging.DEBUG):
-                LOG.debug("ignored %s %s ct_id=%d mark=0x%08x: %s", cmd.event.kind.value,
-                          cmd.event.orig, cmd.event.ct_id, cmd.event.mark, cmd.reason)
-        elif isinstance(cmd, c.InstallFlows):
-            if sw.send is not None and not sw.send.install(cmd.conn):
-                self.counters.inc("install_queue_full")
-                return sw.core.install_dropped(cmd.conn, "flow-mod queue full", wait=True)
-            conn = cmd.conn
-            if conn.action == "shunt" and conn.orig.proto == TCP:
-                # The switch applies the pair's flows one at a time (hardware: late, in any
-                # order): the firewall must not call INVALID the acknowledgements it then
-                # sees of data that already took the fast path.
-                self.worker.liberal(conn.orig.family, conn.orig, conn.ct_id)
-        elif isinstance(cmd, c.DeleteConntrack):
-            self.worker.delete(cmd.family, cmd.orig, cmd.ct_id)
-        elif isinstance(cmd, c.Installed):
-            self.counters.add("installed", cmd.conn.action)
-            self.metrics.observe_latency(cmd.conn.action, cmd.latency)
-            LOG.info("%s %s in %.2f ms", cmd.conn.action, cmd.conn.describe(), cmd.latency * 1000,
-                     extra={"fields": conn_fields(cmd.conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
-        elif isinstance(cmd, c.Refused):
-            self.counters.add("refused", cmd.conn.action)
-            LOG.warning("%s refused, stays on the slow path: %s: %s", cmd.conn.action,
-                        cmd.conn.describe(), cmd.reason)
-        elif isinstance(cmd, c.Removed):
-            self.counters.add("removed", cmd.conn.action, cmd.reason)
-            stats = (cmd.conn.stats or {}).values()
-            pk = sum(s[0] for s in stats)
-            by = sum(s[1] for s in stats)
-            LOG.info("%s removed (%s): %s, %d packets %d bytes", cmd.conn.action, cmd.reason,
-                     cmd.conn.describe(), pk, by,
-                     extra={"fields": conn_fields(cmd.conn, "removed", reason=cmd.reason, packets=pk, bytes=by)})
-            if self.audit.handlers:
-                self.audit.info(json.dumps(audit_record(cmd.conn, cmd.reason)))
-        elif isinstance(cmd, c.RemoveFlows):
-            if fb is not None:
-                self._queue(sw, *fb.remove(cmd.conn, cmd.directions))
-        elif isinstance(cmd, c.InstallDefaults):
-            if fb is not None:
-                self._queue(sw, *fb.defaults(cmd.groups))
-                LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups),
-                         sw.name)
-        elif isinstance(cmd, c.InstallPipeline):
-            if fb is not None:
-                self._queue(sw, *fb.pipeline_flows(cmd.groups))
-        elif isinstance(cmd, c.LimitPacketIns):
-            if fb is not None:
-                delete, add = fb.controller_meter(cmd.rate)
-                self._queue(sw, delete)
-                sw.meter_xid = sw.dp.set_xid(add)
-                self._queue(sw, add)
-                sw.meter_on = True
-        elif isinstance(cmd, c.DeleteAllFlows):
-            if fb is not None:
-                self._queue(sw, fb.delete_all())
-                LOG.warning("deleting every flow on switch %s (delete_foreign_flows_on_startup)", sw.name)
-        elif isinstance(cmd, c.DeleteSwitchFlow):
-            if fb is not None:
-                self._queue(sw, fb.delete_switch_flow(cmd.flow))
-                self.counters.inc("reconcile_deleted")
-                LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
-        elif isinstance(cmd, c.RequestTableSize):
-            if fb is not None:
-                msg = fb.table_size_request()
-                sw.table_xid = sw.dp.set_xid(msg)
-                self._queue(sw, msg)
-        elif isinstance(cmd, c.RequestSwitchFlows):
-            if fb is not None:
-                self._queue(sw, fb.owned_flow_stats_request())
-        elif isinstance(cmd, c.ResyncConntrack):
-            self.worker.dump()
-        elif isinstance(cmd, c.EntryDue):
-            return sw.core.entry_due(cmd.conn, time.monotonic())
-        elif isinstance(cmd, c.ReadCounters):
-            if fb is not None:
-                msg = fb.pair_stats_request(cmd.conn)
-                sw.counter_reads[sw.dp.set_xid(msg)] = (cmd.conn, {})
-                self._queue(sw, msg)
-        elif isinstance(cmd, c.Later):
-            with self._later_lock:
-                self._later_seq += 1  # ties never compare the commands
-                heapq.heappush(self._later, (time.monotonic() + cmd.delay, self._later_seq, sw, cmd.commands))
-        elif isinstance(cmd, c.RestoreConntrack):
-            conn = cmd.conn
-            self.counters.inc("teardowns" if cmd.tcp_state != c.CT_TCP_ESTABLISHED else "reevaluations")
-            then = cmd.then
-            self.worker.restore(conn.orig.family, conn.orig, conn.reply, cmd.tcp_state, cmd.timeout,
-                                cmd.closer_is_reply, cmd.mark, lambda: self.send_event(self.name, EventRun(sw, then)))
 
     def _queue(self, sw: Switch, *msgs: Any) -> None:
         if sw.send is not None:

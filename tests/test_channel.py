@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
+from nfshunt import commands as cm  # noqa: E402
 from nfshunt import core as c  # noqa: E402
 from nfshunt.channel import SendPath, address_allowed  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
@@ -162,10 +163,10 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due_for_their_switch
     switches = [SimpleNamespace(index=i, fb=None, send=None) for i in range(2)]
     app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), switches=switches,
                           name="nfshunt", send_event=lambda name, ev: posted.append((time.monotonic(), ev)))
-    marker = c.ResyncConntrack()
+    marker = cm.ResyncConntrack()
     t0 = time.monotonic()
-    NFShuntApp._execute(app, switches[0], c.Later(0.3, (marker,)))
-    NFShuntApp._execute(app, switches[1], c.Later(0.1, (marker, marker)))
+    NFShuntApp._schedule(app, 0.3, switches[0], (marker,))
+    NFShuntApp._schedule(app, 0.1, switches[1], (marker, marker))
     thread = threading.Thread(target=NFShuntApp._ticker, args=(app,))
     thread.start()
     try:

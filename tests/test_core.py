@@ -2,6 +2,8 @@
 import pytest
 
 from nfshunt import cookies
+from nfshunt import commands as cm
+from nfshunt import connection as cn
 from nfshunt import core as c
 from nfshunt.model import UDP, EventKind, SwitchFlow
 from tests.helpers import config, event
@@ -9,6 +11,17 @@ from tests.helpers import config, event
 
 def types(cmds):
     return [type(x).__name__ for x in cmds]
+
+
+def handed_back(cmds):
+    """The commands with each take-down's re-created entry opened up: a TCP shunt's
+    RestoreConntrack comes first and carries the flows' removal (connection.py's rule)."""
+    out = []
+    for x in cmds:
+        out.append(x)
+        if isinstance(x, cm.RestoreConntrack):
+            out.extend(x.then)
+    return out
 
 
 def connected(version=c.OFP13, **cfg):
@@ -34,7 +47,7 @@ def test_shunt_installs_then_deletes_conntrack_only_after_confirmation():
     # The entry stays while the slow path drains (packets queued there must still find it).
     assert types(out) == ["Installed", "Later"] and out[1].delay == core.cfg.drain
     assert out[0].latency == pytest.approx(0.002)
-    assert conn.entry_kept and conn.state is c.State.ACTIVE
+    assert conn.state is cn.State.DRAINING
     (delete,) = core.entry_due(conn, 100.06)
     assert type(delete).__name__ == "DeleteConntrack" and delete.ct_id == 7 and delete.orig == conn.orig
     assert core.entry_due(conn, 100.07) == []  # once
@@ -109,7 +122,7 @@ def test_udp_and_ipv6_on_openflow13_are_shunted():
 def test_events_that_must_not_touch_the_switch(kw, reason):
     core = connected()
     (cmd,) = core.conntrack_event(event(**kw))
-    assert isinstance(cmd, c.Ignored) and cmd.reason == reason
+    assert isinstance(cmd, cm.Ignored) and cmd.reason == reason
     assert not core.by_id
 
 
@@ -151,7 +164,7 @@ def test_refused_flow_rolls_back_and_keeps_the_conntrack_entry():
     (install,) = core.conntrack_event(event())
     cmds = core.flows_failed(install.conn, "table full")
     assert types(cmds) == ["RemoveFlows", "Refused"]
-    assert not any(isinstance(x, c.DeleteConntrack) for x in cmds)
+    assert not any(isinstance(x, cm.DeleteConntrack) for x in cmds)
     assert core.flows_confirmed(install.conn, 101.0) == []  # a late barrier changes nothing
     assert types(core.conntrack_event(event())) == ["InstallFlows"]  # a later event may retry
 
@@ -166,8 +179,8 @@ def test_switch_disconnect_abandons_pending_installs():
 def test_removal_takes_the_pair_and_a_resumed_connection_is_shunted_again():
     core = connected()
     conn = shunted(core)
-    cmds = core.flow_removed(conn.cookie(True), "idle timeout", 5, 300, 10.0, 200.0)
-    assert types(cmds) == ["RemoveFlows"] and cmds[0].directions == (False,)
+    cmds = handed_back(core.flow_removed(conn.cookie(True), "idle timeout", 5, 300, 10.0, 200.0))
+    assert types(cmds) == ["RestoreConntrack", "RemoveFlows"] and cmds[1].directions == (False,)
     # The connection resumes through the slow path before the pair is gone: queued.
     assert core.conntrack_event(event(ct_id=50))[0].reason == c.R_QUEUED
     cmds = core.flow_removed(conn.cookie(False), "delete", 10, 9000, 10.0, 200.1)
@@ -211,7 +224,7 @@ def test_max_shunts_budget_keeps_the_connection_waiting_until_room_frees():
     assert core.conntrack_event(event(sport=1, ct_id=8))[0].reason == c.R_BUDGET
     assert list(core.waiting) == [event(sport=1).orig]
     out = _remove_pair(core, first)
-    assert types(out) == ["RemoveFlows", "Removed", "InstallFlows"]
+    assert types(out) == ["RestoreConntrack", "Removed", "InstallFlows"]
     assert out[-1].conn.orig.sport == 1 and out[-1].conn.ct_id == 8 and not core.waiting
 
 
@@ -220,18 +233,19 @@ def test_a_waiting_connection_whose_entry_is_destroyed_is_forgotten():
     first = shunted(core)
     core.conntrack_event(event(sport=1, ct_id=8))
     core.conntrack_event(event(sport=1, ct_id=8, kind=EventKind.DESTROY))
-    assert types(_remove_pair(core, first)) == ["RemoveFlows", "Removed"]
+    assert types(_remove_pair(core, first)) == ["RestoreConntrack", "Removed"]
 
 
 def test_a_block_evicts_the_newest_shunt_when_the_budget_is_full():
     core = connected(max_shunts=2)
     older = shunted(core, sport=1, ct_id=1)
     newer = shunted(core, sport=2, ct_id=2)
-    out = core.conntrack_event(event(sport=3, ct_id=3, action=2))
-    assert types(out) == ["RemoveFlows", "InstallFlows"]
-    assert out[0].conn is newer and out[0].directions == (False, True)
-    assert out[1].conn.action == "block"
-    assert older.state is c.State.ACTIVE and newer.state is c.State.REMOVING
+    out = handed_back(core.conntrack_event(event(sport=3, ct_id=3, action=2)))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "InstallFlows"]
+    assert out[0].orig == newer.orig and out[0].tcp_state == cn.CT_TCP_ESTABLISHED  # evicted alive
+    assert out[1].conn is newer and out[1].directions == (False, True)
+    assert out[2].conn.action == "block"
+    assert older.state is cn.State.DRAINING and newer.state is cn.State.TAKING_DOWN
     assert core.shunts + core.blocks == 2
     # The evicted pair leaving does not free budget twice.
     _remove_pair(core, newer)
@@ -268,8 +282,8 @@ def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
     core.conntrack_event(event(sport=5, ct_id=5))
     core.flows_failed(core.find(tuple_=event(sport=5).orig), "full", table_full=True)
     (install,) = core.conntrack_event(event(sport=2, ct_id=2, action=2))
-    out = core.flows_failed(install.conn, "full", table_full=True)
-    assert types(out) == ["RemoveFlows", "Refused", "RemoveFlows"] and out[2].conn is shunt
+    out = handed_back(core.flows_failed(install.conn, "full", table_full=True))
+    assert types(out) == ["RemoveFlows", "Refused", "RestoreConntrack", "RemoveFlows"] and out[3].conn is shunt
     assert list(core.waiting)[0] == install.conn.orig  # the block before the waiting shunt
     out = _remove_pair(core, shunt)
     assert out[-1].conn.action == "block"
@@ -278,8 +292,10 @@ def test_a_block_refused_for_a_full_table_evicts_a_shunt_and_goes_first():
 def test_flush_takes_every_active_pair_down_and_removal_reports_the_reason():
     core = connected()
     a, b = shunted(core, sport=1, ct_id=1), shunted(core, sport=2, ct_id=2, action=2)
-    out = core.flush("policy changed", 150.0)
-    assert types(out) == ["RemoveFlows", "RemoveFlows"] and {x.conn for x in out} == {a, b}
+    out = handed_back(core.flush("policy changed", 150.0))
+    # The TCP shunt's entry first; a block is not handed back (its next packet meets the firewall as it is).
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "RemoveFlows"]
+    assert {x.conn for x in out[1:]} == {a, b} and out[0].orig == a.orig
     removed = _remove_pair(core, a)
     assert [x.reason for x in removed if type(x).__name__ == "Removed"] == ["policy changed"]
     assert core.flush("again", 151.0) == []  # nothing active is left to take down
@@ -293,11 +309,11 @@ def test_the_second_direction_s_fin_ends_the_shunt():
     # The server closes first (the switch forwarded it): the shunt stays, the client may still send.
     assert core.teardown_packet(fin_reply, 3, 120.0) == []
     assert core.teardown_packet(fin_reply, 3, 120.1) == []  # retransmitted FIN
-    assert conn.state is c.State.ACTIVE
+    assert conn.state is cn.State.DRAINING
     out = core.teardown_packet(fin_orig, 1, 120.2)
     assert types(out) == ["RestoreConntrack"]
     restore = out[0]
-    assert restore.tcp_state == c.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
+    assert restore.tcp_state == cn.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
     assert restore.mark == event().mark  # the entry's mark as the policy set it
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
     # A late FIN while the pair is going: nothing restored twice.
@@ -315,11 +331,11 @@ def test_a_close_caught_before_the_barrier_reply_is_taken_once_the_flows_are_con
     conn = install.conn
     assert core.teardown_packet(cookies.make_teardown(conn.ct_id, False, False), 1, 1.0) == []
     assert core.teardown_packet(cookies.make_teardown(conn.ct_id, True, False), 3, 1.0) == []
-    assert conn.state is c.State.PENDING and conn.fins == 0  # nothing happens before the confirmation
+    assert conn.state is cn.State.PENDING and conn.fins == 0  # nothing happens before the confirmation
     out = core.flows_confirmed(conn, 1.1)
     kinds = [type(x).__name__ for x in out]
     assert kinds == ["Installed", "RestoreConntrack"]  # its entry, never deleted, goes to LAST_ACK
-    assert conn.state is c.State.REMOVING and out[1].tcp_state == c.CT_TCP_LAST_ACK
+    assert conn.state is cn.State.TAKING_DOWN and out[1].tcp_state == cn.CT_TCP_LAST_ACK
     assert [type(x).__name__ for x in out[1].then] == ["RemoveFlows"]
 
 
@@ -329,11 +345,11 @@ def test_one_fin_before_the_barrier_reply_is_remembered_and_the_shunt_goes_on():
     conn = install.conn
     core.teardown_packet(cookies.make_teardown(conn.ct_id, True, False), 3, 1.0)  # a half-close
     out = core.flows_confirmed(conn, 1.1)
-    assert conn.state is c.State.ACTIVE and conn.fins == 2 and conn.early is None
+    assert conn.state is cn.State.DRAINING and conn.fins == 2 and conn.early is None
     assert [type(x).__name__ for x in out] == ["Installed", "Later"]  # its entry goes after the drain
-    assert isinstance(out[1].commands[0], c.EntryDue)
+    assert isinstance(out[1].commands[0], cm.EntryDue)
     (restore,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, False), 1, 2.0)
-    assert isinstance(restore, c.RestoreConntrack) and restore.tcp_state == c.CT_TCP_LAST_ACK
+    assert isinstance(restore, cm.RestoreConntrack) and restore.tcp_state == cn.CT_TCP_LAST_ACK
 
 
 def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_not_ours():
@@ -341,9 +357,9 @@ def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_no
     conn = shunted(core)
     (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
     # Data still in flight towards the side that reset stays on the fast path a moment.
-    assert type(later).__name__ == "Later" and later.delay == 0.5 and conn.state is c.State.REMOVING
+    assert type(later).__name__ == "Later" and later.delay == 0.5 and conn.state is cn.State.TAKING_DOWN
     (restore,) = later.commands
-    assert restore.tcp_state == c.CT_TCP_CLOSE and restore.timeout == 10
+    assert restore.tcp_state == cn.CT_TCP_CLOSE and restore.timeout == 10
     assert types(restore.then) == ["RemoveFlows"]
     nograce = connected(rst_grace=0)
     conn0 = shunted(nograce)
@@ -370,9 +386,9 @@ def test_catchers_that_counted_end_shunts_their_dropped_packet_ins_would_have():
     out, ended = core.catchers_counted(counted, 2.0)
     assert ended == 3
     assert (closed.state, half.state, reset.state, already.state) == (
-        c.State.REMOVING, c.State.ACTIVE, c.State.REMOVING, c.State.REMOVING)
+        cn.State.TAKING_DOWN, cn.State.DRAINING, cn.State.TAKING_DOWN, cn.State.TAKING_DOWN)
     assert types(out) == ["RestoreConntrack", "Later", "RestoreConntrack"]
-    assert out[0].tcp_state == c.CT_TCP_LAST_ACK and not out[0].closer_is_reply
+    assert out[0].tcp_state == cn.CT_TCP_LAST_ACK and not out[0].closer_is_reply
     # The same counters read again (the next sweep) change nothing.
     assert core.catchers_counted(counted, 4.0) == ([], 0) and half.fins == 2
 
@@ -406,7 +422,7 @@ def test_reconcile_adopts_live_pairs_and_deletes_orphans():
     fresh.switch_connected(c.OFP13)
     cmds = fresh.reconcile(flows, 5.0)
     assert types(cmds) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "ResyncConntrack"]
-    assert fresh.find(tuple_=conn.orig).state is c.State.ACTIVE  # adopted, not bounced
+    assert fresh.find(tuple_=conn.orig).state is cn.State.LIVE  # adopted, not bounced
     assert fresh.find(tuple_=orphan.orig) is None
     # The adopted shunt's removal is handled like any other.
     (restore,) = fresh.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 9.0)
@@ -461,8 +477,8 @@ def test_entries_recreated_by_in_flight_packets_are_swept_once_by_tuple():
 def test_unshunt_pin_removes_the_pair_and_keeps_the_reappearing_entry_on_the_slow_path():
     core = connected()
     conn = shunted(core)
-    out = core.pin(conn.orig, "ignore", 200.0)
-    assert types(out) == ["RemoveFlows"] and out[0].reason == "unshunt by operator"
+    out = handed_back(core.pin(conn.orig, cn.Action.IGNORE, 200.0))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows"] and out[1].reason == "unshunt by operator"
     _remove_pair(core, conn)
     # Its next packet re-creates the entry (loose pickup), seen from either direction.
     (cmd,) = core.conntrack_event(event(ct_id=70))
@@ -475,8 +491,8 @@ def test_unshunt_pin_removes_the_pair_and_keeps_the_reappearing_entry_on_the_slo
 def test_block_pin_turns_a_shunt_into_a_block_and_expires():
     core = connected()
     conn = shunted(core)
-    out = core.pin(conn.orig, "block", 200.0)
-    assert types(out) == ["RemoveFlows", "ResyncConntrack"]
+    out = core.pin(conn.orig, cn.Action.BLOCK, 200.0)
+    assert types(handed_back(out)) == ["RestoreConntrack", "RemoveFlows", "ResyncConntrack"]
     assert core.conntrack_event(event(ct_id=80))[0].reason == c.R_QUEUED
     out = _remove_pair(core, conn)
     install = [x for x in out if type(x).__name__ == "InstallFlows"]
@@ -489,8 +505,8 @@ def test_stopping_takes_every_pair_down_and_installs_nothing_more():
     core = connected(max_shunts=1)
     conn = shunted(core)
     core.conntrack_event(event(sport=9, ct_id=9))  # waits for budget
-    out = core.stopping()
-    assert types(out) == ["RemoveFlows"] and out[0].conn is conn
+    out = handed_back(core.stopping(150.0, take_down=True))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows"] and out[1].conn is conn
     removed = _remove_pair(core, conn)
     assert "InstallFlows" not in types(removed)  # the waiting one is not shunted on the way out
     assert core.conntrack_event(event(sport=10, ct_id=10))[0].reason == c.R_NO_SWITCH
@@ -508,14 +524,16 @@ def test_a_pair_adopted_from_a_switch_is_never_installed_again():
     assert core.find(tuple_=conn.orig).adopted
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
-    out = core.reconcile([], 2.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and core.find(tuple_=conn.orig) is None
+    out = handed_back(core.reconcile([], 2.0))
+    # Its connection, if it lives, is back on the firewall: the entry comes back first.
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "Removed", "ResyncConntrack"]
+    assert core.find(tuple_=conn.orig) is None
     # A policy decision, by contrast, is re-installed after the same loss.
     mine = shunted(core, sport=5)
     core.switch_disconnected()
     core.switch_connected(c.OFP13)
     assert types(core.reconcile([], 3.0)) == ["InstallFlows", "ResyncConntrack"]
-    assert core.find(tuple_=mine.orig).state is c.State.PENDING
+    assert core.find(tuple_=mine.orig).state is cn.State.PENDING
 
 
 def test_a_switch_pair_under_our_cookie_with_another_tuple_is_not_taken_for_ours():
@@ -589,11 +607,12 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     core = connected()
     conn = shunted(core)
     core.switch_disconnected()
-    assert types(core.flush("flush by operator", 10.0)) == ["RemoveFlows"]  # not sent: no switch
+    # The entry comes back now; the removal is not sent: no switch.
+    assert types(handed_back(core.flush("flush by operator", 10.0))) == ["RestoreConntrack", "RemoveFlows"]
     assert core.tick(100.0) == []  # the removal waits for the switch, however long
     core.switch_connected(c.OFP13)
-    out = core.reconcile(_flows_for(conn), 101.0)
-    assert types(out) == ["RemoveFlows", "ResyncConntrack"]  # not adopted again
+    out = handed_back(core.reconcile(_flows_for(conn), 101.0))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "ResyncConntrack"]  # not adopted again
     _remove_pair(core, conn, "delete")
     assert core.find(tuple_=conn.orig) is None
     # And when the switch lost the pair meanwhile, the removal simply completes.
@@ -609,8 +628,9 @@ def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_e
     core = connected()
     (install,) = core.conntrack_event(event())
     assert core.flush("policy changed", 100.0) == []
-    out = core.flows_confirmed(install.conn, 100.001)
-    assert types(out) == ["RemoveFlows"]  # no DeleteConntrack: the firewall keeps tracking it
+    out = handed_back(core.flows_confirmed(install.conn, 100.001))
+    # No DeleteConntrack: the firewall keeps tracking it, its decision cleared.
+    assert types(out) == ["RestoreConntrack", "RemoveFlows"]
 
 
 def test_a_flush_forgets_connections_waiting_for_room():
@@ -627,10 +647,10 @@ def test_reevaluation_recreates_a_tcp_entry_with_the_decision_cleared_before_the
     core = connected()
     tcp = shunted(core, sport=1, ct_id=1)
     udp = shunted(core, sport=2, ct_id=2, proto=UDP)
-    out = core.flush("policy changed", 5.0, reevaluate=True)
+    out = core.flush("policy changed", 5.0)
     restore, remove = out
-    assert type(restore).__name__ == "RestoreConntrack" and restore.conn is tcp
-    assert restore.tcp_state == c.CT_TCP_ESTABLISHED and types(restore.then) == ["RemoveFlows"]
+    assert type(restore).__name__ == "RestoreConntrack" and restore.orig == tcp.orig
+    assert restore.tcp_state == cn.CT_TCP_ESTABLISHED and types(restore.then) == ["RemoveFlows"]
     assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.FLAG_INGRESS
     assert restore.mark & 0xFFFF == event().mark & 0xFFFF  # the admin's bits are kept
     assert type(remove).__name__ == "RemoveFlows" and remove.conn is udp  # UDP: picked up afresh
@@ -642,7 +662,7 @@ def test_blocks_evict_shunts_only_up_to_their_share_of_the_budget():
         shunted(core, sport=i + 1, ct_id=i + 1)
     for i in range(2):  # two blocks may push two shunts out ...
         out = core.conntrack_event(event(sport=100 + i, ct_id=100 + i, action=2))
-        assert types(out) == ["RemoveFlows", "InstallFlows"]
+        assert types(out) == ["RestoreConntrack", "InstallFlows"]
         core.flows_confirmed(out[1].conn, 102.0)
     out = core.conntrack_event(event(sport=102, ct_id=102, action=2))  # ... a third waits
     assert types(out) == ["Ignored"] and out[0].reason == c.R_BUDGET
@@ -693,7 +713,7 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
     # With delete_flows_on_startup off, still: a default from another firewall's port goes.
     assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"] and cmds[0].flow.in_port == 6
     adopted = core.find(tuple_=conn.orig)
-    assert adopted.adopted and adopted.state is c.State.ACTIVE
+    assert adopted.adopted and adopted.state is cn.State.LIVE
     # A committed entry of the adopted shunt (conntrackd's copy, a new id) is deleted again.
     assert types(core.conntrack_event(event(ct_id=99))) == ["DeleteConntrack", "Ignored"]
 
@@ -706,7 +726,7 @@ def test_standing_by_forgets_every_pair_without_touching_the_switch():
     (pending,) = core.conntrack_event(event(sport=2, ct_id=8))
     out = core.stand_by()
     assert types(out) == ["Refused"] and out[0].conn is pending.conn  # its entry stays on the slow path
-    assert not any(isinstance(x, c.RemoveFlows) for x in out)
+    assert not any(isinstance(x, cm.RemoveFlows) for x in out)
     assert core.by_id == {} and core.shunts == 0 and core.entries == 0 and core.backup
     assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == c.R_BACKUP
     assert core.flow_removed(active.cookie(False), "idle timeout", 1, 1, 1, 9.0) == []
@@ -719,7 +739,7 @@ def test_an_idled_out_tcp_shunt_gets_its_entry_back_before_the_partner_flow_goes
     (restore,) = core.flow_removed(conn.cookie(True), "idle timeout", 3, 300, 10.0, 120.0)
     # ESTABLISHED with the decision cleared: a firewall without loose pickup lets the next
     # packet through, and the policy judges (and shunts) it again.
-    assert restore.tcp_state == c.CT_TCP_ESTABLISHED and restore.timeout == c.IDLE_RESTORE_TIMEOUT
+    assert restore.tcp_state == cn.CT_TCP_ESTABLISHED and restore.timeout == cn.IDLE_RESTORE_TIMEOUT
     assert restore.mark & markcodec.DECISION_MASK == 0 and restore.mark & markcodec.NFSHUNT_BITS
     assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False,)
     udp = shunted(core, proto=UDP, sport=9, ct_id=9)

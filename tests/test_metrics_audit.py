@@ -8,6 +8,7 @@ from prometheus_client import generate_latest  # noqa: E402
 from nfshunt import core as c  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
 from nfshunt.accounting import audit_record  # noqa: E402
+from nfshunt.connection import FlowCount  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def test_audit_record_has_both_directions_duration_tuple_ports_id_and_reason():
     core.switch_connected(c.OFP13)
     core.reconcile([], 0)
     conn = core.conntrack_event(event())[0].conn
-    conn.stats = {False: (100, 150000, 4.5), True: (50, 3300, 4.4)}
+    conn.stats = {False: FlowCount(100, 150000, 4.5), True: FlowCount(50, 3300, 4.4)}
     rec = audit_record(conn, "idle timeout")
     assert rec["event"] == "removed" and rec["reason"] == "idle timeout" and rec["ct_id"] == 7
     assert (rec["src"], rec["sport"], rec["dst"], rec["dport"], rec["proto"]) == (

@@ -1,4 +1,5 @@
 """Which switch's core a conntrack event goes to (switch.Router), from its mark's port groups."""
+from nfshunt import commands as cm
 from nfshunt import core as c
 from nfshunt import markcodec
 from nfshunt.config import from_dict
@@ -19,7 +20,7 @@ def test_a_connection_goes_to_the_switch_whose_groups_it_crossed():
 
 def test_a_connection_across_two_switches_stays_on_the_firewall_with_its_reason():
     out = Router(TWO).route(event(ingress=2, egress=3))
-    assert isinstance(out, c.Ignored) and out.reason == R_CROSSES_SWITCHES
+    assert isinstance(out, cm.Ignored) and out.reason == R_CROSSES_SWITCHES
     # Its end goes to the ingress switch's core, which has nothing of it to clean up.
     assert Router(TWO).route(event(ingress=2, egress=3, kind=EventKind.DESTROY)) == 0
 
@@ -40,7 +41,7 @@ def test_the_routed_core_shunts_and_the_other_never_sees_the_connection():
         core.reconcile([], 0.0)
     ev = event(ingress=3, egress=4, ct_id=11)
     out = cores[router.route(ev)].conntrack_event(ev)
-    install = [cmd for cmd in out if isinstance(cmd, c.InstallFlows)]
+    install = [cmd for cmd in out if isinstance(cmd, cm.InstallFlows)]
     assert len(install) == 1 and install[0].conn.ingress.physdevin == 3 and install[0].conn.egress.fast == 3
     assert len(cores[1].by_id) == 1 and not cores[0].by_id
 

@@ -6,7 +6,7 @@ import sys
 
 from os_ken.ofproto import ofproto_protocol
 
-from nfshunt.core import Conn
+from nfshunt.connection import Conn
 from nfshunt.flows import FlowBuilder
 from nfshunt.probe import RATE_ID
 from tests.helpers import config
