@@ -190,6 +190,8 @@ class Core:
                 out.extend(self.conns.roll_back(conn, "controller stopped"))
             elif conn.state in ACTIVE:
                 out.extend(self.conns.hand_back(conn, "controller stopped", now))
+            else:  # already being taken down (its entry handed back): the removal goes now
+                out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "controller stopped"))
         self.version = None
         self.reconciled = False
         return out

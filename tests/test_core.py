@@ -818,3 +818,14 @@ def test_no_shunt_goes_to_table_1_before_the_switch_shows_all_of_it():
     for _ in range(c.PIPELINE_READS):
         assert not stuck.reconciled and types(stuck.reconcile([], 0.0)) == ["Later"]
     assert types(stuck.reconcile([], 0.0)) == ["ResyncConntrack"]
+
+
+def test_stopping_removes_a_pair_whose_rst_grace_is_still_running():
+    # The RST's hand-back waits in a Later that a stopping controller never runs: the
+    # flows go with the others (it was adopted by the next start, 1.2 M packets later).
+    core = connected(rst_grace=0.5)
+    conn = shunted(core)
+    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
+    assert type(later).__name__ == "Later" and conn.state is cn.State.TAKING_DOWN
+    out = core.stopping(120.1, take_down=True)
+    assert types(out) == ["RemoveFlows"] and out[0].conn is conn and out[0].directions == (False, True)

@@ -108,7 +108,7 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_and_block(t
             st = json.loads(tb.nfshunt("status", "--json", "--socket", sock))
             return [c for c in st["connections"] if c["sport"] == 45010 and c["packets"][0]]
         first = tb.wait_for(live, 10, "the transfer in `nfshunt status --json`")[0]
-        assert first["action"] == "shunt" and first["state"] == "active"
+        assert first["action"] == "shunt" and first["state"] in ("draining", "live")
         assert first["tuple"].startswith("tcp 10.0.0.1:45010")
         tb.wait_for(lambda: live() and live()[0]["bytes"][0] > first["bytes"][0], 5, "its byte counter to move")
         table = tb.nfshunt("status", "--socket", sock)
