@@ -272,6 +272,7 @@ class Core:
         that are not this config's are deleted on the way."""
         pairs: dict[tuple[cookies.Kind, int], dict[bool, SwitchFlow]] = {}
         catchers: list[tuple[int, SwitchFlow]] = []
+        crowded: dict[tuple[cookies.Kind, int], list[SwitchFlow]] = {}
         expected_defaults = {(g.slow, g.fast) for g in self.cfg.ports} | {(g.fast, g.slow) for g in self.cfg.ports}
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
@@ -293,7 +294,15 @@ class Core:
                         flow.out_port != self.cfg.ports[ct_id].fast:
                     out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
             else:
-                pairs.setdefault((kind, ct_id), {})[reply] = flow
+                dirs = pairs.setdefault((kind, ct_id), {})
+                if reply in dirs or not flow.exact:
+                    # A second flow under one cookie, or one of another shape (an older
+                    # release's, a wildcarded one): none of them is adopted, all go.
+                    crowded.setdefault((kind, ct_id), []).extend((flow, dirs.get(reply, flow)))
+                dirs[reply] = flow
+        for key, odd in crowded.items():
+            for flow in {id(f): f for f in (*pairs.pop(key).values(), *odd)}.values():
+                out.append(DeleteSwitchFlow(flow, "not exactly the shape of a pair this version installs"))
         return pairs, catchers
 
     def _repair(self, conn: Conn, present: bool, now: float) -> list[Command]:

@@ -10,6 +10,8 @@ import socket
 import struct
 from typing import Any
 
+from os_ken.ofproto import ofproto_v1_0
+
 from . import cookies
 from .config import Config, PortGroup
 from .connection import Conn
@@ -435,8 +437,10 @@ class FlowBuilder:
         if isinstance(stats, FlowEntry):
             in_port, t = self._parse_oxm(stats.fields.get, canonical=False)  # inet_ntop text already
             outs, goto, metadata = stats.outs, stats.goto, stats.metadata
+            exact = self._exact_oxm(stats.fields.keys(), stats.fields.get("vlan_vid"))
         else:
             in_port, t = self.parse_match(stats.match)
+            exact = self._exact_match(stats.match)
             if self.version == OFP10:
                 actions = stats.actions
             else:
@@ -446,12 +450,34 @@ class FlowBuilder:
                                  if isinstance(i, self.parser.OFPInstructionWriteMetadata)), None)
             outs = [a.port for a in actions if hasattr(a, "port")]
         out_port = outs[0] if outs else None
+        exact = t is not None and in_port is not None and exact
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
             group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
             out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
+            # The catchers name the connection by the metadata: it must be this pair's.
+            exact = exact and metadata is not None and metadata & (META_REPLY | 0xFFFFFFFF) == (
+                stats.cookie & (cookies.DIRECTION_BIT | 0xFFFFFFFF))
         return SwitchFlow(cookie=stats.cookie, priority=stats.priority, in_port=in_port, match=t,
                           out_port=out_port, packets=stats.packet_count, bytes=stats.byte_count,
-                          duration=stats.duration_sec + stats.duration_nsec / 1e9, goto=goto)
+                          duration=stats.duration_sec + stats.duration_nsec / 1e9, goto=goto, exact=exact)
+
+    # The OXM fields of a pair's match, by IP version and transport (see match()).
+    PAIR_FIELDS = {frozenset(("in_port", "vlan_vid", "eth_type", "ip_proto", f"ipv{v}_src", f"ipv{v}_dst",
+                              f"{l4}_src", f"{l4}_dst")) for v in (4, 6) for l4 in ("tcp", "udp")}
+    # OpenFlow 1.0: the fields NFShunt matches are not wildcarded (addresses: no bit of them).
+    OFP10_PAIR_FIELDS = (ofproto_v1_0.OFPFW_IN_PORT | ofproto_v1_0.OFPFW_DL_VLAN | ofproto_v1_0.OFPFW_DL_TYPE
+                         | ofproto_v1_0.OFPFW_NW_PROTO | ofproto_v1_0.OFPFW_NW_SRC_MASK
+                         | ofproto_v1_0.OFPFW_NW_DST_MASK | ofproto_v1_0.OFPFW_TP_SRC | ofproto_v1_0.OFPFW_TP_DST)
+
+    def _exact_oxm(self, names: Any, vlan_vid: Any) -> bool:
+        return vlan_vid == OFP13_VID_NONE and frozenset(names) in self.PAIR_FIELDS
+
+    def _exact_match(self, m: Any) -> bool:
+        if self.version == OFP10:
+            return not m.wildcards & self.OFP10_PAIR_FIELDS and m.dl_vlan == OFP10_VLAN_NONE
+        fields = dict(m.items())
+        return not any(isinstance(v, tuple) for v in fields.values()) and \
+            self._exact_oxm(fields.keys(), fields.get("vlan_vid"))
 
     def parse_match(self, m: Any) -> tuple[int | None, FlowTuple | None]:
         """(in_port, tuple) of an exact NFShunt match; tuple is None for other matches."""

@@ -26,11 +26,12 @@ _U32 = struct.Struct("!I")
 _U64 = struct.Struct("!Q")
 OXM_BASIC = 0x8000
 # OXM basic fields NFShunt reads: name, value size
-_FIELDS = {0: ("in_port", 4), 2: ("metadata", 8), 5: ("eth_type", 2), 10: ("ip_proto", 1),
+_FIELDS = {0: ("in_port", 4), 2: ("metadata", 8), 5: ("eth_type", 2), 6: ("vlan_vid", 2), 10: ("ip_proto", 1),
            11: ("ipv4_src", 4), 12: ("ipv4_dst", 4), 13: ("tcp_src", 2), 14: ("tcp_dst", 2),
            15: ("udp_src", 2), 16: ("udp_dst", 2), 26: ("ipv6_src", 16), 27: ("ipv6_dst", 16)}
 IT_GOTO_TABLE, IT_WRITE_METADATA, IT_WRITE_ACTIONS, IT_APPLY_ACTIONS = 1, 2, 3, 4
 AT_OUTPUT = 0
+OTHER = "other"  # a key of FlowEntry.fields: a field NFShunt does not install (or a masked one) was there
 
 
 class FlowEntry:
@@ -87,6 +88,7 @@ def _oxm_fields(buf: Any, at: int, end: int) -> dict[str, Any]:
         known = _HEADERS.get(header)
         if known is None:
             _other_field(header)
+            fields[OTHER] = True  # the match has more than NFShunt's fields: not a pair of ours
             continue
         name, address = known
         if address:

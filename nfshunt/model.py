@@ -100,3 +100,7 @@ class SwitchFlow(NamedTuple):
     bytes: int = 0
     duration: float = 0.0
     goto: bool = False  # goes on to table 1 (the pipeline layout's TCP shunts)
+    # The match is exactly the shape this version installs for a pair (every field exact,
+    # untagged, nothing more) and a goto writes this pair's metadata: only such flows are
+    # adopted; an older release's, a wildcarded or a foreign one carrying our cookie is not.
+    exact: bool = True

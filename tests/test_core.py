@@ -829,3 +829,30 @@ def test_stopping_removes_a_pair_whose_rst_grace_is_still_running():
     assert type(later).__name__ == "Later" and conn.state is cn.State.TAKING_DOWN
     out = core.stopping(120.1, take_down=True)
     assert types(out) == ["RemoveFlows"] and out[0].conn is conn and out[0].directions == (False, True)
+
+
+@pytest.mark.parametrize("odd", ["older shape", "second flow"])
+def test_only_pairs_of_exactly_this_shape_are_adopted_and_the_rest_goes_whatever_the_config(odd):
+    """Issue 26.6: a pair of another shape (an older release's, a wildcarded one) or with a
+    second flow under its cookie is neither adopted nor left: every such flow is deleted,
+    also with delete_flows_on_startup off."""
+    conn = shunted(connected(), sport=2222, ct_id=0x1234)
+    flows = _flows_for(conn)
+    if odd == "older shape":
+        flows[1] = flows[1]._replace(exact=False)
+    else:
+        flows.append(SwitchFlow(conn.cookie(False), 33000, 1, conn.orig._replace(sport=1), 3))
+    core = c.Core(config(delete_flows_on_startup=False))
+    core.switch_connected(c.OFP13)
+    out = core.reconcile(flows, 1.0)
+    deleted = [x.flow for x in out if isinstance(x, cm.DeleteSwitchFlow)]
+    assert sorted(map(id, deleted)) == sorted(map(id, flows)) and core.find(tuple_=conn.orig) is None
+    # A pair of ours with such company is installed again, after the deletes.
+    core = connected()
+    mine = shunted(core, sport=5)
+    core.switch_disconnected()
+    core.switch_connected(c.OFP13)
+    flows = _flows_for(mine)
+    flows[0] = flows[0]._replace(exact=False)
+    out = core.reconcile(flows, 2.0)
+    assert types(out) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "InstallFlows", "ResyncConntrack"]

@@ -246,3 +246,25 @@ def test_pipeline_templated_messages_are_byte_for_byte_what_os_ken_builds(kw):
         conn = conn_for(**{**kw, "sport": kw.get("sport", sport), "ct_id": kw.get("ct_id", ct_id)})
         assert _wire(fast.install(conn)) == _wire(slow.install(conn))
         assert _wire(fast.remove(conn, (False, True))) == _wire(slow.remove(conn, (False, True)))
+
+
+def test_an_openflow10_pair_with_wildcarded_addresses_is_not_read_as_exact():
+    """Issue 26.6: OpenFlow 1.0 reports wildcarded nw_src/nw_dst as 0.0.0.0; such a flow
+    under a pair's cookie is not a pair this version installs (nor one without dl_vlan)."""
+    from types import SimpleNamespace
+    fb = builder(c.OFP10)
+    fb.templated = False
+    mod = fb.install(conn_for(proto=17))[0]
+
+    def read(match):
+        return fb.parse_stats(SimpleNamespace(match=match, actions=mod.actions, cookie=mod.cookie,
+                                              priority=mod.priority, packet_count=0, byte_count=0,
+                                              duration_sec=0, duration_nsec=0))
+    ofp = fb.ofp
+    assert read(mod.match).exact
+    wild = fb.parser.OFPMatch(wildcards=mod.match.wildcards | ofp.OFPFW_NW_SRC_ALL | ofp.OFPFW_NW_DST_ALL,
+                              in_port=1, dl_vlan=0xFFFF, dl_type=0x800, nw_proto=17, tp_src=40000, tp_dst=5201)
+    assert read(wild).match is not None and not read(wild).exact
+    untagged_any = fb.parser.OFPMatch(in_port=1, dl_type=0x800, nw_proto=17, nw_src="10.0.0.1", nw_dst="10.0.0.2",
+                                      tp_src=40000, tp_dst=5201)
+    assert not read(untagged_any).exact

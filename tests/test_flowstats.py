@@ -10,7 +10,7 @@ from os_ken.ofproto import ofproto_parser, ofproto_protocol, ofproto_v1_3_parser
 
 from nfshunt import core as c  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.flowstats import FlowEntry  # noqa: E402
+from nfshunt.flowstats import OTHER, FlowEntry  # noqa: E402
 from nfshunt.model import UDP  # noqa: E402
 from tests.helpers import config  # noqa: E402
 from tests.test_flows import conn_for  # noqa: E402
@@ -117,14 +117,15 @@ def test_only_basic_class_fields_are_read_whatever_their_number():
     # of that number and size is another field, skipped.
     entry = FlowEntry.parser(_with_match(_oxm(0x0001, 11, bytes([10, 0, 0, 1])) + _oxm(0x8000, 12, bytes([10, 0, 0, 2]))
                                          + _oxm(0x8000, 0, struct.pack("!I", 3))), 0)
-    assert entry.fields == {"ipv4_dst": "10.0.0.2", "in_port": 3}
+    # ... and marks the entry as holding a field NFShunt does not install (never adopted).
+    assert entry.fields == {"ipv4_dst": "10.0.0.2", "in_port": 3, OTHER: True}
 
 
 def test_a_field_of_the_wrong_size_is_refused():
     with pytest.raises(ValueError, match="OXM udp_src of 4 bytes"):
         FlowEntry.parser(_with_match(_oxm(0x8000, 15, struct.pack("!I", 5201))), 0)
-    # A masked field of its own size is skipped, not refused.
-    assert FlowEntry.parser(_with_match(_oxm(0x8000, 11, bytes(8), hasmask=1)), 0).fields == {}
+    # A masked field of its own size is skipped, not refused (and never an exact match).
+    assert FlowEntry.parser(_with_match(_oxm(0x8000, 11, bytes(8), hasmask=1)), 0).fields == {OTHER: True}
 
 
 @pytest.mark.parametrize("cut", [1, 8, 20, 47])
@@ -176,3 +177,28 @@ def test_the_channel_installs_the_fast_flow_removed_parser():
     from nfshunt.flowstats import flow_removed
     install_connection_factory()
     assert ofproto_v1_3_parser._MSG_PARSERS[OFP.OFPT_FLOW_REMOVED] is flow_removed
+
+
+def test_only_pairs_of_exactly_the_installed_shape_read_as_exact():
+    """Issue 26.6: an older release's pair (no VLAN match), one with a field more, and a
+    goto that writes another pair's metadata are not pairs this version adopts; every
+    pair flow it installs is, in both layouts, read either way."""
+    fb = FlowBuilder(DP, config())
+    pipe = FlowBuilder(DP, config(), pipeline=True)
+    pipe.templated = fb.templated = False
+    conn = conn_for()
+    ours = fb.install(conn)[:2] + pipe.install(conn)[:2]
+    fields = dict(in_port=1, eth_type=0x0800, ip_proto=6, ipv4_src="10.0.0.1", ipv4_dst="10.0.0.2", tcp_src=40000,
+                  tcp_dst=5201)
+    out = [P.OFPInstructionActions(OFP.OFPIT_APPLY_ACTIONS, [P.OFPActionOutput(3)])]
+    no_vlan = P.OFPFlowMod(DP, cookie=conn.cookie(False), priority=33000, match=P.OFPMatch(**fields), instructions=out)
+    extra = P.OFPFlowMod(DP, cookie=conn.cookie(False), priority=33000, instructions=out,
+                         match=P.OFPMatch(**fields, vlan_vid=0, ip_dscp=1))
+    goto = pipe.install(conn)[0]
+    other_meta = P.OFPFlowMod(DP, cookie=goto.cookie, priority=goto.priority, match=goto.match, instructions=[
+        P.OFPInstructionWriteMetadata(goto.instructions[0].metadata ^ 1, 0xFFFFFFFFFFFFFFFF),
+        P.OFPInstructionGotoTable(1)])
+    buf = _reply([_entry(m) for m in (*ours, no_vlan, extra, other_meta)])
+    for body in (FlowEntry, ofproto_v1_3_parser.OFPFlowStats):
+        flows = [fb.parse_stats(s) for s in _parse(buf, body)]
+        assert [f.exact for f in flows] == [True] * 4 + [False] * 3, body
