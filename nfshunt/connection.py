@@ -92,7 +92,7 @@ def closing(tcp_state: int, closer_is_reply: bool) -> Handback:
 class Conn:
     orig: FlowTuple
     reply: FlowTuple
-    ct_id: int
+    ct_id: int  # the kernel's id of its entry (32 bits, a hash: another live entry may share it)
     action: Action  # SHUNT or BLOCK
     ingress: PortGroup  # bridge port the original direction entered by
     egress: PortGroup
@@ -119,6 +119,12 @@ class Conn:
     # forward as soon as the switch has them, so a connection may close before the
     # controller knows its flows are in; they are taken once it does.
     early: list[tuple[int, int]] | None = None
+    slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
+
+    @property
+    def key(self) -> int:
+        """What the pair's cookies name, and what the table holds it by."""
+        return self.ct_id | self.slot << cookies.KEY_SLOT_SHIFT
 
     @property
     def kind(self) -> cookies.Kind:
@@ -136,7 +142,7 @@ class Conn:
         return self.action is Action.SHUNT and self.orig.proto == TCP
 
     def cookie(self, reply: bool) -> int:
-        return cookies.make(self.kind, self.ct_id, reply)
+        return cookies.make(self.kind, self.key, reply)
 
     def describe(self) -> str:
         return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
@@ -162,10 +168,10 @@ class Connections:
     take on the switch, and the state transitions with their guards."""
 
     def __init__(self) -> None:
-        # Every pair by conntrack id (what its cookies name), keyed by an int the pair holds
-        # anyway: 100,000 pairs took 10 MB more as a table by original tuple and another
-        # by cookie (a new int each). `tuples` serves lookups by either direction.
-        self.by_id: dict[int, Conn] = {}
+        # Every pair by key (conntrack id and slot: what its cookies name), an int the pair
+        # makes from what it holds anyway: 100,000 pairs took 10 MB more as a table by
+        # original tuple and another by cookie. `tuples` serves lookups by either direction.
+        self.by_key: dict[int, Conn] = {}
         self.tuples: dict[FlowTuple, Conn] = {}
         self.shunts = 0  # shunt pairs in the table
         self.blocks = 0  # block pairs (with shunts: counted against the budget)
@@ -173,27 +179,44 @@ class Connections:
         self.removing: set[Conn] = set()  # so a tick need not scan every connection
 
     def __iter__(self) -> Iterator[Conn]:
-        return iter(list(self.by_id.values()))
+        return iter(list(self.by_key.values()))
 
     def __len__(self) -> int:
-        return len(self.by_id)
+        return len(self.by_key)
 
     def holds(self, conn: Conn, states: frozenset[State] | State | None = None) -> bool:
         """The guard of every transition: `conn` is still the pair its id names (not one
         forgotten meanwhile, whose id a new pair may hold) and, given `states`, in one."""
-        if self.by_id.get(conn.ct_id) is not conn:
+        if self.by_key.get(conn.key) is not conn:
             return False
         if states is None:
             return True
         return conn.state is states if isinstance(states, State) else conn.state in states
 
-    def named(self, kind: cookies.Kind, ct_id: int) -> Conn | None:
-        """The pair a cookie of this kind and conntrack id names."""
-        conn = self.by_id.get(ct_id)
+    def named(self, kind: cookies.Kind, key: int) -> Conn | None:
+        """The pair a cookie of this kind and key names."""
+        conn = self.by_key.get(key)
         return conn if conn is not None and conn.kind is kind else None
 
+    def with_id(self, ct_id: int) -> Conn | None:
+        """A pair of this conntrack id (the first slot's there is)."""
+        for slot in range(cookies.SLOTS):
+            conn = self.by_key.get(cookies.key(ct_id, slot))
+            if conn is not None:
+                return conn
+            if slot >= 16:  # colliding ids take the lowest free slots: no further one in practice
+                return None
+        return None
+
+    def free_slot(self, ct_id: int) -> int | None:
+        """The lowest slot no live pair of this conntrack id holds; None if every one is."""
+        for slot in range(cookies.SLOTS):
+            if cookies.key(ct_id, slot) not in self.by_key:
+                return slot
+        return None
+
     def remember(self, conn: Conn, entries: int) -> None:
-        self.by_id[conn.ct_id] = conn
+        self.by_key[conn.key] = conn
         self.tuples[conn.orig] = self.tuples[conn.reply] = conn
         self._count(conn, 1)
         conn.entries = entries
@@ -201,8 +224,8 @@ class Connections:
 
     def forget(self, conn: Conn) -> None:
         self.removing.discard(conn)
-        if self.by_id.get(conn.ct_id) is conn:
-            del self.by_id[conn.ct_id]
+        if self.by_key.get(conn.key) is conn:
+            del self.by_key[conn.key]
             self.entries -= conn.entries
             if conn.action_counted:
                 self._count(conn, -1)

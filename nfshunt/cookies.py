@@ -3,6 +3,9 @@
     bits 56-63  0x4E ('N'): owned by NFShunt
     bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block, 4 TCP teardown catcher,
                 5 the pipeline layout's table-1 flow of a port group
+    bits 36-47  slot: tells apart live connections whose conntrack ids collide (ids are a
+                32-bit hash: about n^2/2^33 of n live entries share one; 1 in a 100,000
+                burst). The first pair of an id has slot 0, a second one slot 1 ...
     bit  33     teardown catchers: 0 FIN, 1 RST
     bit  32     direction: 0 original, 1 reply; table-1 flows: 1 catcher (FIN or RST by bit 33)
     bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows: port group index)
@@ -28,14 +31,24 @@ _KINDS = {int(kind): kind for kind in Kind}  # Kind(x) costs a microsecond; a re
 
 RST_BIT = 1 << 33
 DIRECTION_BIT = 1 << 32
+SLOT_SHIFT = 36
+SLOTS = 1 << 12
+# A pair's key: its conntrack id and its slot (bits 32-43), as one int.
+KEY_SLOT_SHIFT = 32
 
 
-def make(kind: Kind, ct_id: int = 0, reply: bool = False) -> int:
-    return OWNED_VALUE | (int(kind) << 48) | (int(reply) << 32) | (ct_id & 0xFFFFFFFF)
+def key(ct_id: int, slot: int = 0) -> int:
+    return slot << KEY_SLOT_SHIFT | ct_id
 
 
-def make_teardown(ct_id: int, reply: bool, rst: bool) -> int:
-    return make(Kind.TEARDOWN, ct_id, reply) | (RST_BIT if rst else 0)
+def make(kind: Kind, pair_key: int = 0, reply: bool = False) -> int:
+    """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows)."""
+    return (OWNED_VALUE | (int(kind) << 48) | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
+            | (int(reply) << 32) | (pair_key & 0xFFFFFFFF))
+
+
+def make_teardown(pair_key: int, reply: bool, rst: bool) -> int:
+    return make(Kind.TEARDOWN, pair_key, reply) | (RST_BIT if rst else 0)
 
 
 def make_pipeline(group: int, catcher: bool = False, rst: bool = False) -> int:
@@ -52,10 +65,10 @@ def owned(cookie: int) -> bool:
 
 
 def parse(cookie: int) -> tuple[Kind, int, bool] | None:
-    """(kind, conntrack id, reply direction) for an NFShunt cookie, else None."""
+    """(kind, pair key, reply direction) for an NFShunt cookie, else None."""
     if not owned(cookie):
         return None
     kind = _KINDS.get((cookie >> 48) & 0xFF)
     if kind is None:
         return None
-    return kind, cookie & 0xFFFFFFFF, bool((cookie >> 32) & 1)
+    return kind, key(cookie & 0xFFFFFFFF, (cookie >> SLOT_SHIFT) % SLOTS), bool((cookie >> 32) & 1)

@@ -142,8 +142,8 @@ class Core:
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
-    def by_id(self) -> dict[int, Conn]:
-        return self.conns.by_id
+    def by_key(self) -> dict[int, Conn]:
+        return self.conns.by_key
 
     @property
     def shunts(self) -> int:
@@ -243,18 +243,18 @@ class Core:
         out: list[Command] = []
         pairs, catchers = self._sort_flows(flows, out)
         present: set[int] = set()
-        for (kind, ct_id), dirs in pairs.items():
-            conn = self.conns.named(kind, ct_id)
+        for (kind, key), dirs in pairs.items():
+            conn = self.conns.named(kind, key)
             if conn is None and len(dirs) == 2:
-                conn = self._adopt(kind, ct_id, dirs, now)
+                conn = self._adopt(kind, key, dirs, now)
             if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
                 present.add(id(conn))
                 continue
             if self.cfg.delete_flows_on_startup or conn is None:
                 for flow in dirs.values():
                     out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
-        for ct_id, flow in catchers:
-            conn = self.conns.named(cookies.Kind.SHUNT, ct_id)
+        for key, flow in catchers:
+            conn = self.conns.named(cookies.Kind.SHUNT, key)
             if conn is None or id(conn) not in present:
                 out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
         for conn in self.conns:
@@ -278,27 +278,27 @@ class Core:
             parsed = cookies.parse(flow.cookie)
             if parsed is None:
                 continue
-            kind, ct_id, reply = parsed
+            kind, key, reply = parsed
             if kind is cookies.Kind.DEFAULT:
                 # In a pair, another firewall's defaults are the peer's: it no longer decides.
                 if (flow.in_port, flow.out_port) not in expected_defaults and (
                         self.cfg.delete_flows_on_startup or self.cfg.pair is not None):
                     out.append(DeleteSwitchFlow(flow, "default flow not in config"))
             elif kind is cookies.Kind.TEARDOWN:
-                catchers.append((ct_id, flow))
+                catchers.append((key, flow))
             elif kind is cookies.Kind.PIPELINE:
                 # Table-1 flows of a port group (re-installed at every connect), or of
                 # another layout or port list: those are only reachable by flows of ours
                 # that are deleted too, so they go whatever delete_flows_on_startup says.
-                if not self.pipeline or ct_id >= len(self.cfg.ports) or \
-                        flow.out_port != self.cfg.ports[ct_id].fast:
+                if not self.pipeline or key >= len(self.cfg.ports) or \
+                        flow.out_port != self.cfg.ports[key].fast:
                     out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
             else:
-                dirs = pairs.setdefault((kind, ct_id), {})
+                dirs = pairs.setdefault((kind, key), {})
                 if reply in dirs or not flow.exact:
                     # A second flow under one cookie, or one of another shape (an older
                     # release's, a wildcarded one): none of them is adopted, all go.
-                    crowded.setdefault((kind, ct_id), []).extend((flow, dirs.get(reply, flow)))
+                    crowded.setdefault((kind, key), []).extend((flow, dirs.get(reply, flow)))
                 dirs[reply] = flow
         for key, odd in crowded.items():
             for flow in {id(f): f for f in (*pairs.pop(key).values(), *odd)}.values():
@@ -350,7 +350,7 @@ class Core:
         goto = goes_to_pipeline(self.version, self.cfg, action, proto, self.pipeline)
         return dirs[False].goto == goto and dirs[True].goto == goto
 
-    def _adopt(self, kind: cookies.Kind, ct_id: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
+    def _adopt(self, kind: cookies.Kind, key: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
         fwd, rev = dirs[False], dirs[True]
         if fwd.match is None or rev.match is None:
             return None
@@ -360,7 +360,7 @@ class Core:
             return None
         if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
             return None
-        if fwd.match in self.conns.tuples or rev.match in self.conns.tuples or ct_id in self.conns.by_id:
+        if fwd.match in self.conns.tuples or rev.match in self.conns.tuples or key in self.conns.by_key:
             return None  # (an id held by a pair of the other kind: its flows go as orphans)
         reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
         if rev.match != reply:
@@ -369,8 +369,8 @@ class Core:
         if not self._shaped(action, fwd.match.proto, dirs):
             return None
         # Decided by an earlier run, which deleted its entry once the switch confirmed it.
-        conn = Conn(fwd.match, reply, ct_id, action, ingress, egress, now, state=State.LIVE, confirmed_time=now,
-                    adopted=True, entry_deleted=True)
+        conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
+                    confirmed_time=now, adopted=True, entry_deleted=True, slot=key >> cookies.KEY_SLOT_SHIFT)
         self._remember(conn)
         return conn
 
@@ -407,9 +407,10 @@ class Core:
             return [Ignored(R_BACKUP if self.backup else R_NO_SWITCH, ev)]
         if ev.orig.family == 6 and self.version < OFP13:
             return [Ignored(R_IPV6_OF10, ev)]
-        if ev.ct_id in self.conns.by_id:
-            # Ids are 32 bits and reused: a live pair has this one. The connection waits
-            # on the slow path until that pair is gone, so no pair ever stands for two.
+        slot = self.conns.free_slot(ev.ct_id)
+        if slot is None:
+            # Ids are a 32-bit hash: live pairs share one now and then and take the next
+            # slot; with every slot of this id taken, the connection waits on the slow path.
             self._wait(ev, front=action is Action.BLOCK)
             return [Ignored(R_ID_COLLISION, ev)]
         out: list[Command] = []
@@ -424,7 +425,7 @@ class Core:
             out.extend(victim)
         self.waiting.pop(ev.orig, None)
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
-                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark)
+                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark, slot=slot)
         self._remember(conn)
         out.append(InstallFlows(conn))
         return out
@@ -488,7 +489,7 @@ class Core:
     def _evict_for_block(self, now: float) -> list[Command] | None:
         """Make room for a block: take down the newest active shunt (blocks come first)."""
         victim: Conn | None = None
-        for conn in self.conns.by_id.values():
+        for conn in self.conns.by_key.values():
             if conn.action is Action.SHUNT and conn.state in ACTIVE and (
                     victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
                 victim = conn
@@ -631,7 +632,7 @@ class Core:
         """A handled connection by conntrack id or by either direction's tuple."""
         if tuple_ is not None:
             return self.conns.tuples.get(tuple_)
-        return self.conns.by_id.get(ct_id) if ct_id is not None else None
+        return self.conns.with_id(ct_id) if ct_id is not None else None
 
     def pin(self, orig: FlowTuple, action: Action, now: float) -> list[Command]:
         """An operator's unshunt (IGNORE) or block for a connection, by tuple: its flows
@@ -664,8 +665,8 @@ class Core:
         parsed = cookies.parse(cookie)
         if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
             return None
-        _, ct_id, reply = parsed
-        conn = self.conns.named(cookies.Kind.SHUNT, ct_id)
+        _, key, reply = parsed
+        conn = self.conns.named(cookies.Kind.SHUNT, key)
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
         if conn.state is State.PENDING:
@@ -715,8 +716,8 @@ class Core:
         parsed = cookies.parse(cookie)
         if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
             return []
-        kind, ct_id, reply = parsed
-        conn = self.conns.named(kind, ct_id)
+        kind, key, reply = parsed
+        conn = self.conns.named(kind, key)
         if conn is None or conn.state is State.PENDING:
             return []
         if conn.gone is None:

@@ -36,18 +36,22 @@ REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group 
 # and four catch FIN and RST (IPv4, IPv6: tcp_flags needs the protocol) for the controller.
 # 2 entries a shunt instead of 6; the packet-in's metadata names the connection.
 PIPELINE_TABLE = 1
-META_GROUP_SHIFT = 33  # bits 33-63: port group index + 1 (the egress); bit 32 direction; 0-31 conntrack id
-META_REPLY = 1 << 32
+META_GROUP_SHIFT = 48  # bits 48-63: port group index + 1 (the egress)
+# Bits 0-47 name the connection as its flows' cookies do: conntrack id, direction, slot.
+META_CONN_MASK = ((1 << META_GROUP_SHIFT) - 1) & ~cookies.RST_BIT
 META_GROUP_MASK = ALL_ONES_64 & ~((1 << META_GROUP_SHIFT) - 1)
 
 
-def pipeline_metadata(group: int, reply: bool, ct_id: int) -> int:
-    return ((group + 1) << META_GROUP_SHIFT) | (META_REPLY if reply else 0) | (ct_id & 0xFFFFFFFF)
+def pipeline_metadata(group: int, cookie: int) -> int:
+    """What a pair's table-0 flow (with this cookie) writes for table 1."""
+    return ((group + 1) << META_GROUP_SHIFT) | (cookie & META_CONN_MASK)
 
 
 def metadata_teardown(metadata: int) -> tuple[int, bool]:
-    """(conntrack id, reply direction) a table-1 catcher's packet-in carries."""
-    return metadata & 0xFFFFFFFF, bool(metadata & META_REPLY)
+    """(pair key, reply direction) a table-1 catcher's packet-in carries."""
+    parsed = cookies.parse(cookies.make(cookies.Kind.SHUNT) | (metadata & META_CONN_MASK))
+    assert parsed is not None
+    return parsed[1], parsed[2]
 
 
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
@@ -92,8 +96,8 @@ class _Template:
         self.dst_at = self._once(ipaddress.ip_address(s_dst).packed)
         self.sport_at = self._once(struct.pack("!H", _S_PORTS[0]))
         self.dport_at = self._once(struct.pack("!H", _S_PORTS[1]))
-        # The metadata's low 32 bits are the conntrack id, as the cookie's are.
-        self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta)) + 4
+        # The metadata names the connection as the cookie does (META_CONN_MASK).
+        self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta))
 
     def _once(self, pattern: bytes) -> int:
         at = self.buf.find(pattern)
@@ -105,7 +109,8 @@ class _Template:
         b = bytearray(self.buf)
         struct.pack_into("!Q", b, self.cookie_at, cookie)
         if self.meta_at is not None:
-            struct.pack_into("!I", b, self.meta_at, cookie & 0xFFFFFFFF)
+            meta = struct.unpack_from("!Q", b, self.meta_at)[0]
+            struct.pack_into("!Q", b, self.meta_at, (meta & META_GROUP_MASK) | (cookie & META_CONN_MASK))
         af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
         # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
         b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)
@@ -131,7 +136,7 @@ class FlowBuilder:
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
                    meta: Any = None) -> Any:
         """The message for (cookie, tuple) from the cached template of its shape; `meta`
-        (conntrack id -> metadata) for a flow that carries the connection into table 1."""
+        (cookie -> metadata) for a flow that carries the connection into table 1."""
         if not self.templated:
             return build(cookie, t)
         tpl = self._templates.get(key, False)
@@ -139,8 +144,7 @@ class FlowBuilder:
             s_src, s_dst = _S4 if family == 4 else _S6
             sentinel = FlowTuple(family, t.proto, s_src, s_dst, *_S_PORTS)
             try:
-                tpl = _Template(build(_S_COOKIE, sentinel), family,
-                                None if meta is None else meta(_S_COOKIE & 0xFFFFFFFF))
+                tpl = _Template(build(_S_COOKIE, sentinel), family, None if meta is None else meta(_S_COOKIE))
             except ValueError:
                 tpl = None  # a shape whose fields cannot be located: build it each time
             self._templates[key] = tpl
@@ -235,11 +239,11 @@ class FlowBuilder:
                 in_port, t, _ = self._direction(conn, reply)
                 group = self._group[conn.ingress if reply else conn.egress]
 
-                def meta(ct_id: int, group: int = group, reply: bool = reply) -> int:
-                    return pipeline_metadata(group, reply, ct_id)
+                def meta(cookie: int, group: int = group) -> int:
+                    return pipeline_metadata(group, cookie)
 
                 def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta) -> Any:
-                    return self._goto(self.match(in_port, tt), meta(cookie & 0xFFFFFFFF), cookie, prio, idle)
+                    return self._goto(self.match(in_port, tt), meta(cookie), cookie, prio, idle)
                 out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle), build_goto,
                                            t.family, conn.cookie(reply), t, meta))
             return out
@@ -257,7 +261,7 @@ class FlowBuilder:
 
     def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
         p, ofp = self.parser, self.ofp
-        inst = [p.OFPInstructionWriteMetadata(metadata, META_GROUP_MASK | META_REPLY | 0xFFFFFFFF),
+        inst = [p.OFPInstructionWriteMetadata(metadata, META_GROUP_MASK | META_CONN_MASK),
                 p.OFPInstructionGotoTable(PIPELINE_TABLE)]
         return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, idle_timeout=idle, priority=priority,
                             flags=ofp.OFPFF_SEND_FLOW_REM, match=match, instructions=inst)
@@ -304,7 +308,7 @@ class FlowBuilder:
                                         match=self.match(in_port, tt, tcp_flags=(bit, bit)),
                                         instructions=inst)
                 out.append(self._templated(("catch", t.family, in_port, peer, bit, prio), build, t.family,
-                                           cookies.make_teardown(conn.ct_id, reply, rst), t))
+                                           cookies.make_teardown(conn.key, reply, rst), t))
         return out
 
     def remove(self, conn: Conn, directions: tuple[bool, ...]) -> list[Any]:
@@ -322,7 +326,7 @@ class FlowBuilder:
             # cookie index, where a masked cookie would make it scan the whole table.
             for reply in (False, True):
                 for rst in (False, True):
-                    out.append(self._delete_cookie(cookies.make_teardown(conn.ct_id, reply, rst)))
+                    out.append(self._delete_cookie(cookies.make_teardown(conn.key, reply, rst)))
         return out
 
     def _delete_cookie(self, cookie: int) -> Any:
@@ -455,8 +459,7 @@ class FlowBuilder:
             group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
             out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
             # The catchers name the connection by the metadata: it must be this pair's.
-            exact = exact and metadata is not None and metadata & (META_REPLY | 0xFFFFFFFF) == (
-                stats.cookie & (cookies.DIRECTION_BIT | 0xFFFFFFFF))
+            exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
         return SwitchFlow(cookie=stats.cookie, priority=stats.priority, in_port=in_port, match=t,
                           out_port=out_port, packets=stats.packet_count, bytes=stats.byte_count,
                           duration=stats.duration_sec + stats.duration_nsec / 1e9, goto=goto, exact=exact)

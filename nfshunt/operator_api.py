@@ -215,7 +215,7 @@ class OperatorAPI:
         switches = []
         for sw in self.switches:
             by_cookie = {f.cookie: f for f in flows.get(sw.index) or []}
-            for conn in sw.core.by_id.values() if connections else ():
+            for conn in sw.core.by_key.values() if connections else ():
                 dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
                 conns.append({
                     **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),

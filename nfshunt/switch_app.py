@@ -310,7 +310,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     def _send_path(self, sw: Switch) -> SendPath:
         def wanted(conn: Conn) -> bool:  # a queued install the core still wants sent
-            return sw.core.by_id.get(conn.ct_id) is conn and conn.state is State.PENDING \
+            return sw.core.conns.holds(conn, State.PENDING) \
                 and conn.remove_reason is None
         return SendPath(sw.dp, sw.fb, sw.cfg.flow_mod_rate, sw.cfg.install_queue, wanted)
 
@@ -548,7 +548,7 @@ class NFShuntApp(app_manager.OSKenApp):
                       PIPELINE_READS * PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
         LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
-                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_id), kinds["InstallFlows"],
+                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_key), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
         self._run(sw, out)
 

@@ -187,6 +187,7 @@ def test_pipeline_tcp_shunt_is_two_flows_that_carry_the_connection_into_table_1(
     from nfshunt.flows import PIPELINE_TABLE, metadata_teardown
     fb = pipeline_builder()
     conn = conn_for(ct_id=2**32 - 1)
+    conn.slot = 4095  # the highest slot of a colliding id: the metadata names it too
     msgs = fb.install(conn)
     assert len(msgs) == 2 == fb.install_cost(conn)
     for msg, reply, group in ((msgs[0], False, 1), (msgs[1], True, 0)):
@@ -194,8 +195,8 @@ def test_pipeline_tcp_shunt_is_two_flows_that_carry_the_connection_into_table_1(
         assert msg.table_id == 0 and msg.idle_timeout == 12 and msg.flags & fb.ofp.OFPFF_SEND_FLOW_REM
         meta, goto = msg.instructions
         assert goto.table_id == PIPELINE_TABLE
-        assert metadata_teardown(meta.metadata) == (2**32 - 1, reply)
-        assert (meta.metadata >> 33) - 1 == group  # the egress port group's index
+        assert metadata_teardown(meta.metadata) == (conn.key, reply)
+        assert (meta.metadata >> 48) - 1 == group  # the egress port group's index
     # No catchers of its own to remove: two deletes.
     assert len(fb.remove(conn, (False, True))) == 2
 
@@ -217,7 +218,7 @@ def test_pipeline_table_1_has_an_output_and_four_catchers_per_port_group():
         assert msg.table_id == 1 and msg.idle_timeout == 0
         kind, group, catcher = cookies.parse(msg.cookie)
         assert kind is cookies.Kind.PIPELINE
-        assert msg.match["metadata"] == ((group + 1) << 33, 0xFFFFFFFFFFFFFFFF & ~((1 << 33) - 1))
+        assert msg.match["metadata"] == ((group + 1) << 48, 0xFFFF << 48)
         actions = msg.instructions[0].actions
         assert actions[0].port == ports[group].fast
         if catcher:

@@ -84,7 +84,7 @@ def test_flush_and_unshunt_act_on_every_switch():
     ev = EventControl({"cmd": "flush"})
     api.handle(ev)
     assert ev.reply["removed"] == 2 and ev.reply["switch_connected"]
-    assert all(conn.remove_reason for sw in switches for conn in sw.core.by_id.values())
+    assert all(conn.remove_reason for sw in switches for conn in sw.core.by_key.values())
     assert api.counters.flat()["operator_flush"] == 1
     api, switches, _ = _api()
     ev = EventControl({"cmd": "unshunt", "ct_id": 2})  # found on the second switch

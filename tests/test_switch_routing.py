@@ -43,7 +43,7 @@ def test_the_routed_core_shunts_and_the_other_never_sees_the_connection():
     out = cores[router.route(ev)].conntrack_event(ev)
     install = [cmd for cmd in out if isinstance(cmd, cm.InstallFlows)]
     assert len(install) == 1 and install[0].conn.ingress.physdevin == 3 and install[0].conn.egress.fast == 3
-    assert len(cores[1].by_id) == 1 and not cores[0].by_id
+    assert len(cores[1].by_key) == 1 and not cores[0].by_key
 
 
 def test_one_switch_takes_everything_as_before():
