@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Iterable, Protocol
 
 from os_ken.controller import event
 
@@ -19,11 +19,12 @@ from .connection import Action
 from . import markcodec
 from .accounting import conn_fields
 from .control import parse_tuple
+from .conntrack import ConntrackWorker
+from .metrics import Counters
 from .model import FlowTuple, SwitchFlow
+from .policy_state import PolicyWatch
+from .roles import Change
 from .switch import Switch
-
-if TYPE_CHECKING:
-    from .switch_app import NFShuntApp
 
 LOG = logging.getLogger("nfshunt")
 
@@ -51,8 +52,26 @@ class StatusRequest:
         self.asked: dict[int, int] = {}  # switch index -> xid of the read still open
 
 
+class Controller(Protocol):
+    """What the operator API needs of the controller, and nothing more."""
+    switches: list[Switch]
+    counters: Counters
+    started: float
+    worker: ConntrackWorker
+    policy: PolicyWatch
+
+    def run(self, sw: Switch, commands: Iterable[c.Command]) -> None:
+        """Execute a switch's core's commands and send what they make."""
+
+    def request(self, sw: Switch, msg: Any) -> None:
+        """Send one request to a switch now."""
+
+    def role_change(self, sw: Switch, change: Change) -> None:
+        """Act on a pair's role change."""
+
+
 class OperatorAPI:
-    def __init__(self, app: "NFShuntApp"):
+    def __init__(self, app: Controller):
         self.app = app
         self._requests: dict[tuple[int, int], StatusRequest] = {}  # by (switch index, xid)
 
@@ -115,8 +134,7 @@ class OperatorAPI:
                 request.flows[sw.index] = []
                 request.asked[sw.index] = xid
                 self._requests[(sw.index, xid)] = request
-                self.app._queue(sw, msg)
-                self.app._flush(sw)
+                self.app.request(sw, msg)
             if not request.asked:
                 ev.answer(self.status(request.flows))
             return
@@ -140,7 +158,7 @@ class OperatorAPI:
             for sw in self.switches:  # the connection's next entry may come to any switch's core
                 out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
                 removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
-                self.app._run(sw, out)
+                self.app.run(sw, out)
             self.counters.add("operator", cmd)
             LOG.warning("operator %s of %s", cmd, orig)
             ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
@@ -193,7 +211,7 @@ class OperatorAPI:
         for sw in self.switches:
             out = take_down(sw)
             removed += len(out)
-            self.app._run(sw, out)
+            self.app.run(sw, out)
         return removed
 
     def target(self, req: dict[str, Any]) -> FlowTuple:

@@ -293,7 +293,7 @@ class NFShuntApp(app_manager.OSKenApp):
                      dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
             sw.flow_stats = []
             if sw.roles is None:
-                self._run(sw, sw.core.switch_connected(dp.ofproto.OFP_VERSION, sw.fb.pipeline))
+                self.run(sw, sw.core.switch_connected(dp.ofproto.OFP_VERSION, sw.fb.pipeline))
             else:  # nothing is programmed before the switch grants MASTER
                 self._role_request(sw, sw.roles.connected())
         elif ev.state == DEAD_DISPATCHER:
@@ -341,7 +341,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw.roles is not None:
             sw.roles.disconnected()
         self.operator.switch_gone(sw)
-        self._run(sw, sw.core.switch_disconnected())
+        self.run(sw, sw.core.switch_disconnected())
 
     def _ours(self, msg: Any, what: str) -> Switch | None:
         """The switch of a message of a served connection; anything else is counted and dropped."""
@@ -373,7 +373,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 out.extend(sw.core.flows_confirmed(conn, now))
             else:
                 out.extend(sw.core.flows_failed(conn, *failure, now=now))
-        self._run(sw, out)
+        self.run(sw, out)
 
     # --- a pair's roles ------------------------------------------------------------------------
 
@@ -395,12 +395,12 @@ class NFShuntApp(app_manager.OSKenApp):
                         "controller's now", sw.name, change.demoted)
             if sw.dp is not None:  # what was queued for the switch is not ours to send any more
                 sw.send = self._send_path(sw)
-            self._run(sw, sw.core.stand_by())
+            self.run(sw, sw.core.stand_by())
         if change.promoted and sw.dp is not None:
             self.counters.inc("role_promotions")
             LOG.warning("master of switch %s with generation %d: programming it (defaults to this firewall, "
                         "adopting the pairs on the switch)", sw.name, roles.generation)
-            self._run(sw, sw.core.switch_connected(sw.dp.ofproto.OFP_VERSION, sw.fb.pipeline))
+            self.run(sw, sw.core.switch_connected(sw.dp.ofproto.OFP_VERSION, sw.fb.pipeline))
         if change.request is not None:
             self._role_request(sw, change.request)
 
@@ -484,7 +484,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self._unexpected_packet_in("no connection of ours", cookie)
             return
         self.counters.add("packet_in", "teardown")
-        self._run(sw, out)
+        self.run(sw, out)
 
     def _unexpected_packet_in(self, reason: str, cookie: int | None) -> None:
         self.counters.add("packet_in", reason)
@@ -498,7 +498,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw is None:
             return
         reason = REMOVED_REASONS.get(m.reason, f"reason {m.reason}")
-        self._run(sw, sw.core.flow_removed(m.cookie, reason, m.packet_count, m.byte_count,
+        self.run(sw, sw.core.flow_removed(m.cookie, reason, m.packet_count, m.byte_count,
                                          m.duration_sec + m.duration_nsec / 1e9, time.monotonic()))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
@@ -518,7 +518,7 @@ class NFShuntApp(app_manager.OSKenApp):
                 packets[reply] = packets.get(reply, 0) + stats.packet_count
             if not fb.more_follows(ev.msg):
                 del sw.counter_reads[ev.msg.xid]
-                self._run(sw, sw.core.counters_read(conn, packets, time.monotonic()))
+                self.run(sw, sw.core.counters_read(conn, packets, time.monotonic()))
             return
         status = self.operator.collecting(sw, ev.msg.xid)  # an operator's request, or a reconcile
         collected = status if status is not None else sw.flow_stats
@@ -539,7 +539,7 @@ class NFShuntApp(app_manager.OSKenApp):
             return  # a read asked for before this connection's reconcile, answered after it
         out = core.reconcile(flows, time.monotonic())
         if not core.reconciled:  # table 1 not (yet) all on the switch: read again
-            self._run(sw, out)
+            self.run(sw, out)
             return
         self.policy.reconciled(sw.index)
         if core.pipeline_reads >= PIPELINE_READS:
@@ -550,7 +550,7 @@ class NFShuntApp(app_manager.OSKenApp):
         LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
                  "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_key), kinds["InstallFlows"],
                  kinds["DeleteSwitchFlow"], kinds["Removed"])
-        self._run(sw, out)
+        self.run(sw, out)
 
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def _meter_stats(self, ev: Any) -> None:
@@ -591,7 +591,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
                               "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.cfg.packet_in_rate,
                               ended)
-        self._run(sw, out)
+        self.run(sw, out)
 
     @set_ev_cls(ofp_event.EventOFPTableFeaturesStatsReply, MAIN_DISPATCHER)
     def _table_features(self, ev: Any) -> None:
@@ -619,7 +619,7 @@ class NFShuntApp(app_manager.OSKenApp):
                          "%d entries for the defaults, at most %d a pair)", sw.name, max_entries, budget,
                          core.default_entries(), core.max_pair_entries())
             if budget:  # connections that waited for a budget the switch turned out to allow
-                self._run(sw, core.room_freed(max(0, budget - core.shunts - core.blocks)))
+                self.run(sw, core.room_freed(max(0, budget - core.shunts - core.blocks)))
 
     # --- conntrack and timers ---------------------------------------------------------------
 
@@ -647,7 +647,7 @@ class NFShuntApp(app_manager.OSKenApp):
             counters.inc("conntrack_resyncs")
         for sw, out in zip(switches, outs, strict=True):
             if out or (sw.send is not None and sw.send.queued):
-                self._run(sw, out)
+                self.run(sw, out)
 
     @set_ev_cls(EventOverflow)
     def _overflow(self, ev: EventOverflow) -> None:
@@ -671,7 +671,7 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventRun)
     def _run_later(self, ev: "EventRun") -> None:
-        self._run(ev.switch, ev.commands, ev.waiter)
+        self.run(ev.switch, ev.commands, ev.waiter)
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
@@ -702,7 +702,7 @@ class NFShuntApp(app_manager.OSKenApp):
             msg = sw.fb.controller_meter_stats_request()
             sw.meter_read = (sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
-        self._run(sw, sw.core.tick(now))
+        self.run(sw, sw.core.tick(now))
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:
@@ -719,14 +719,14 @@ class NFShuntApp(app_manager.OSKenApp):
                 continue
             LOG.info("shutting down: taking down %d shunts and blocks on switch %s (delete_flows_on_shutdown)",
                      len(sw.core.conns.removing), sw.name)
-            self._run(sw, commands)
+            self.run(sw, commands)
             # The worker answers in order: its re-creations' follow-ups (the removals) are
             # on the event queue before this.
             self.worker.after(lambda sw=sw: self.send_event(self.name, EventRun(sw, (), done)))
 
     # --- the one send path ---------------------------------------------------------------------
 
-    def _run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands (and what executing them brings back from the
         core), then flush the batch to the switch."""
         work = collections.deque(commands)
@@ -765,6 +765,11 @@ class NFShuntApp(app_manager.OSKenApp):
         if drained and core.waiting:
             out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
         return out
+
+    def request(self, sw: Switch, msg: Any) -> None:
+        """Send one request to the switch now (an operator's read)."""
+        self._queue(sw, msg)
+        self._flush(sw)
 
     def _queue(self, sw: Switch, *msgs: Any) -> None:
         if sw.send is not None:

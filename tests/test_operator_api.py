@@ -32,8 +32,7 @@ def _api(connected=(True, True)):
             sw.fb = FlowBuilder(sw.dp, sw.cfg)
     sent = []
     app = SimpleNamespace(switches=switches, counters=Metrics(lambda: {}).counters, started=time.time(),
-                          _queue=lambda sw, *msgs: sent.append((sw.index, msgs)), _flush=lambda sw: None,
-                          _run=lambda sw, out: None)
+                          request=lambda sw, msg: sent.append((sw.index, (msg,))), run=lambda sw, out: None)
     # One live shunt on each switch.
     for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),
                                  event(ingress=3, egress=4, ct_id=2, sport=2)), strict=True):
