@@ -194,8 +194,8 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             raise NotImplementedError(f"flow-mod command {msg.command}")
 
     def entry(self, msg: Any, buf: bytes) -> Entry:
+        match = self.match_of(msg)
         if self.version13:
-            match = {_PORT_FIELDS.get(k, k): _field(v) for k, v in msg.match.items()}
             actions: list[Any] = []
             goto = metadata = None
             for inst in msg.instructions:
@@ -205,15 +205,17 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 goto = getattr(inst, "table_id", goto)
             raw, table_id = buf[48:], msg.table_id  # after ofp_flow_mod's fixed part
         else:
-            match, actions, goto, metadata = self.match10(msg.match), msg.actions, None, None
+            actions, goto, metadata = msg.actions, None, None
             raw, table_id = buf[8:48] + buf[72:], 0  # its match, then its actions
         outputs = [(a.port, getattr(a, "max_len", 0)) for a in actions if hasattr(a, "port")]
         return Entry(table_id, msg.priority, match, msg.cookie, msg.idle_timeout, msg.hard_timeout, msg.flags,
                      outputs, goto, metadata, raw, self.now, self.now)
 
-    @staticmethod
-    def match10(m: Any) -> Match:
-        """An OpenFlow 1.0 match in the 1.3 names (untagged is vlan_vid 0 in both)."""
+    def match_of(self, msg: Any) -> Match:
+        """A flow-mod's match in the 1.3 names (untagged is vlan_vid 0 in both versions)."""
+        m = msg.match
+        if self.version13:
+            return {_PORT_FIELDS.get(k, k): _field(v) for k, v in m.items()}
         wc = m.wildcards
         out: Match = {name: (getattr(m, attr), None) for attr, bit, name in _OF10_FIELDS if not wc & bit}
         if not wc & (1 << 1):
@@ -239,8 +241,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     def select(self, msg: Any, strict: bool, out_port: int | None = None) -> list[Entry]:
         """The entries a modify or delete (or a stats request) names."""
         ofp = self.ofproto
-        match = {_PORT_FIELDS.get(k, k): _field(v) for k, v in msg.match.items()} if self.version13 \
-            else self.match10(msg.match)
+        match = self.match_of(msg)
         any_port = ofp.OFPP_ANY if self.version13 else ofp.OFPP_NONE
         table = getattr(msg, "table_id", 0) if self.version13 else 0
         mask = getattr(msg, "cookie_mask", 0)

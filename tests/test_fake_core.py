@@ -250,6 +250,30 @@ def test_a_pipeline_shunt_takes_two_entries_in_table_0_and_a_single_one_six():
         assert len(rig.switch.table(1)) == (10 if pipeline else 0)
 
 
+def test_confirm_counters_keeps_the_entry_until_the_switch_counts_packets_both_ways():
+    rig = Rig(OFP13, confirm="counters", openflow_versions=["1.3"])
+    conn = rig.event()
+    for _ in range(5):
+        rig.advance(0.05)  # read again and again: the pair has carried nothing yet
+    assert conn.state is State.DRAINING and rig.worker.deleted == []
+    assert fast(rig, conn)  # a packet each way, counted by the switch
+    rig.advance(0.05)
+    rig.advance(rig.core.cfg.drain)
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id)] and conn.state is State.LIVE
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_connections_whose_conntrack_ids_collide_are_shunted_and_closed_apart(pipeline):
+    rig = Rig(OFP13, pipeline)
+    a = shunted(rig, ct_id=5, sport=41000)
+    b = shunted(rig, ct_id=5, sport=42000)
+    assert (a.slot, b.slot) == (0, 1) and fast(rig, a) and fast(rig, b)
+    rig.packet(FAST_A, b.orig, tcp_flags=RST)
+    rig.advance(rig.core.cfg.rst_grace)
+    assert [r.orig for r in rig.kernel_answers()] == [b.orig]
+    assert slow(rig, b) and fast(rig, a)
+
+
 # --- TCP teardown -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
