@@ -131,9 +131,11 @@ def _field(value: Any) -> Field:
 
 class FakeSwitch(ofproto_protocol.ProtocolDesc):
     def __init__(self, version: int = OFP13, table_size: int | None = None, now: float = 0.0,
-                 stats_body: Any = None):
+                 reported_size: int = 1_000_000, stats_body: Any = None):
         super().__init__(version)
         self.table_size = table_size  # entries table 0 holds; None: no limit
+        # What it reports table 0 holds (Open vSwitch: 1,000,000, whatever its flow_limit)
+        self.reported_size = reported_size
         self.now = now
         self.stats_body = stats_body or (FlowEntry if version == OFP13 else self.ofproto_parser.OFPFlowStats)
         self.entries: list[Entry] = []
@@ -300,7 +302,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         ofp = self.ofproto
         kind = struct.unpack_from("!H", buf, 8)[0]
         if kind in (getattr(ofp, "OFPMP_TABLE_FEATURES", -1), getattr(ofp, "OFPST_TABLE", -1)):
-            self.replies.append(TableSizeReply(xid, self.table_size or 1_000_000))
+            self.replies.append(TableSizeReply(xid, self.reported_size))
             return
         if kind != (ofp.OFPMP_FLOW if self.version13 else ofp.OFPST_FLOW):
             return  # meter stats and others: not answered

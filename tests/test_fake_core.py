@@ -159,6 +159,15 @@ class Rig:
             return core.counters_read(read[0], packets, self.now)
         return core.reconcile([fb.parse_stats(s) for s in msg.body], self.now)
 
+    def reconnect(self, switch: fs.FakeSwitch) -> None:
+        """The switch's connection ends and one comes (the same switch, or another)."""
+        self.run(self.core.switch_disconnected())
+        self.sw.gone()
+        self.switch = self.sw.dp = switch
+        self.sw.fb = FlowBuilder(switch, self.sw.cfg, self.core.pipeline)
+        self.sw.send = SendPath(switch, self.sw.fb)
+        self.run(self.core.switch_connected(switch.ofproto.OFP_VERSION, self.sw.fb.pipeline))
+
     def advance(self, seconds: float) -> None:
         """Time passes: the switch's timeouts fire, due timers run, the core ticks."""
         self.now += seconds
@@ -358,12 +367,14 @@ def test_a_restarted_controller_adopts_exact_pairs_and_deletes_foreign_flows_und
         odd.append(_by_port(fb, cookies.make(cookies.Kind.SHUNT, 16)))
     first.switch.send(b"".join(_wire(m) for m in odd))
     foreign = len(first.switch.entries)
+    lost = first.switch.entries.pop(0)  # a default the crash took with it
 
     again = Rig(version, pipeline, switch=first.switch, now=first.now + 1)  # a new controller, the same switch
     core = again.core
     assert core.reconciled and {c.ct_id for c in core.by_key.values()} == {11, 12, 13}
     assert all(c.adopted and c.state is State.LIVE for c in core.by_key.values())
-    assert len(again.switch.entries) == foreign - len(odd)  # the odd ones went, nothing else
+    assert len(again.switch.entries) == foreign - len(odd)  # the odd ones went, the lost default is back
+    assert [e.match for e in again.flows(cookies.Kind.DEFAULT)].count(lost.match) == 1
     assert fast(again, tcp) and fast(again, udp)
     assert again.packet(FAST_A, block.orig).dropped
     assert again.worker.dumps == 1  # then the conntrack table is read to pick up the rest
@@ -409,15 +420,32 @@ def test_openflow10_reconcile_deletes_an_unreadable_flow_of_ours_and_nothing_els
     assert fast(again, conn)
 
 
-def test_a_reconnected_switch_that_lost_a_pair_gets_it_again():
+@pytest.mark.parametrize("wipe", [False, True], ids=["control-link-drop", "switch-restart"])
+def test_a_reconnected_switch_has_its_defaults_shunts_and_blocks_back(wipe):
     rig = Rig(OFP13)
     conn = shunted(rig)
-    rig.run(rig.core.switch_disconnected())
-    rig.switch.entries = [e for e in rig.switch.entries if cookies.parse(e.cookie)[0] is cookies.Kind.DEFAULT]
-    rig.sw.send = SendPath(rig.switch, rig.sw.fb)
-    rig.run(rig.core.switch_connected(OFP13))
-    assert conn.state is State.LIVE and fast(rig, conn)
-    assert rig.worker.deleted == [(conn.orig, conn.ct_id)]  # its entry went once, long ago
+    block = shunted(rig, ct_id=8, sport=6000, action=2)
+    pairs = [id(e) for e in rig.flows(cookies.Kind.SHUNT) + rig.flows(cookies.Kind.BLOCK)]
+    rig.reconnect(fs.FakeSwitch(OFP13, now=rig.now) if wipe else rig.switch)
+    if not wipe:  # found on the switch: nothing sent again
+        assert [id(e) for e in rig.flows(cookies.Kind.SHUNT) + rig.flows(cookies.Kind.BLOCK)] == pairs
+    assert fast(rig, conn) and rig.packet(FAST_A, block.orig).dropped
+    assert rig.packet(FAST_A, conn.orig._replace(sport=1)).outputs == (SLOW_A,)  # the defaults
+    assert conn.state is State.LIVE and block.state is State.LIVE
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id), (block.orig, block.ct_id)]  # once, before the drop
+
+
+def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
+    poser = fs.FakeSwitch(OFP13)
+    forged = event(ct_id=0x1234).orig
+    liar = Rig(OFP13, switch=poser)
+    liar.run(liar.core.conntrack_event(event(ct_id=0x1234)))  # the poser's table holds a pair nobody decided here
+    rig = Rig(OFP13, switch=poser)
+    assert rig.core.find(tuple_=forged).adopted
+    real = fs.FakeSwitch(OFP13, now=rig.now)
+    rig.reconnect(real)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=forged) is None
+    assert rig.counters.flat()["removed:shunt:not on the switch after a reconnect"] == 1
 
 
 # --- room on the switch -------------------------------------------------------------------------
@@ -449,6 +477,35 @@ def test_a_block_with_the_budget_full_evicts_the_newest_shunt_which_comes_back_a
     assert rig.counters.flat()["removed:shunt:evicted for a block"] == 1
 
 
+def test_blocks_take_precedence_over_shunts_within_max_shunts():
+    rig = Rig(OFP13, max_shunts=1)
+    first = shunted(rig, ct_id=1)
+    waiting = event(ct_id=2, sport=40002)
+    rig.run(rig.core.conntrack_event(waiting))
+    assert list(rig.core.waiting) == [waiting.orig] and rig.packet(FAST_A, waiting.orig).outputs == (SLOW_A,)
+    block = rig.event(ct_id=3, sport=40003, action=2)
+    rig.kernel_answers()
+    assert rig.packet(FAST_A, block.orig).dropped and rig.packet(FAST_B, block.reply).dropped
+    assert (rig.core.blocks, rig.core.shunts) == (1, 0) and list(rig.core.waiting) == [waiting.orig]
+    assert slow(rig, first)  # evicted, back on the firewall
+
+
+@pytest.mark.parametrize("pipeline, pair", [(True, 2), (False, 6)], ids=["pipeline", "single"])
+def test_a_full_table_keeps_the_connection_on_the_slow_path_until_a_close_frees_room(pipeline, pair):
+    rig = Rig(OFP13, pipeline, table_size=4 + pair)  # the defaults and one TCP shunt
+    first = shunted(rig, ct_id=1, sport=41001)
+    second = event(ct_id=2, sport=41002)
+    rig.run(rig.core.conntrack_event(second))
+    assert rig.counters.flat()["refused:shunt"] == 1 and list(rig.core.waiting) == [second.orig]
+    assert rig.packet(FAST_A, second.orig).outputs == (SLOW_A,)
+    assert (second.orig, second.ct_id) not in rig.worker.deleted  # its conntrack entry is kept
+    assert len(rig.switch.table(0)) == 4 + pair  # nothing of it left on the switch
+    rig.packet(FAST_A, first.orig, tcp_flags=FIN)
+    rig.packet(FAST_B, first.reply, tcp_flags=FIN)
+    rig.kernel_answers()
+    assert fast(rig, rig.core.find(tuple_=second.orig)) and slow(rig, first)
+
+
 def test_a_full_table_rolls_the_pair_back_and_the_connection_waits():
     # Room for the defaults (4), one UDP pair (2) and one flow more: the next pair's first
     # flow gets in, its second is refused.
@@ -466,7 +523,7 @@ def test_a_full_table_rolls_the_pair_back_and_the_connection_waits():
 
 
 def test_the_switch_reported_table_size_sets_the_budget():
-    rig = Rig(OFP13, table_size=4 + 6 * 3)
+    rig = Rig(OFP13, switch=fs.FakeSwitch(reported_size=4 + 6 * 3))
     assert rig.core.budget == 3
 
 
