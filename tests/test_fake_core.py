@@ -54,6 +54,7 @@ class FakeWorker:
         self.restores: list[Restore] = []
         self.unanswered: list[Restore] = []
         self.dumps = 0
+        self.cleared: list[int] = []  # clear_marks masks
 
     def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
         self.deleted.append((orig, ct_id))
@@ -70,7 +71,8 @@ class FakeWorker:
     def dump(self) -> None:
         self.dumps += 1
 
-    def clear_marks(self, _mask: int, done: Callable[[int, int, str | None], None]) -> None:
+    def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
+        self.cleared.append(mask)
         done(0, 0, None)
 
     def batched(self) -> contextlib.nullcontext:
@@ -383,6 +385,17 @@ def test_a_restarted_controller_adopts_exact_pairs_and_deletes_foreign_flows_und
     assert [r.orig for r in again.worker.restores] == [tcp.orig]
     again.kernel_answers()
     assert slow(again, tcp)
+
+
+def test_a_policy_changed_while_the_controller_was_stopped_hands_the_pairs_it_left_back():
+    first = Rig(OFP13)
+    conn = shunted(first)
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1)
+    again.core.stale_policy = True  # as policy_state finds it at start (the next reconcile reads it)
+    again.reconnect(again.switch)
+    assert again.worker.cleared == [DECISION_MASK] and [r.orig for r in again.worker.restores] == [conn.orig]
+    again.kernel_answers()
+    assert slow(again, conn) and not again.core.by_key
 
 
 def _wire(msg: Any) -> bytes:
