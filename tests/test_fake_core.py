@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class Rig:
         # dispatch.py reads time.monotonic() here; the rig's clock is injected.
         self.dispatcher.handlers[cm.EntryDue] = lambda sw, cmd: sw.core.entry_due(cmd.conn, self.now)
         self.timers: list[tuple[float, int, tuple[cm.Command, ...]]] = []
+        self.seq = itertools.count()
         self.work: collections.deque[cm.Command] = collections.deque()
         self.busy = False
         self.run(self.core.switch_connected(self.switch.ofproto.OFP_VERSION, self.sw.fb.pipeline))
@@ -109,7 +111,7 @@ class Rig:
         return self.sw.core
 
     def _schedule(self, delay: float, _sw: Switch, cmds: tuple[cm.Command, ...]) -> None:
-        heapq.heappush(self.timers, (self.now + delay, len(self.timers) + id(cmds), cmds))
+        heapq.heappush(self.timers, (self.now + delay, next(self.seq), cmds))  # ties never compare commands
 
     def run(self, cmds: Any = ()) -> None:
         """Execute commands and their follow-ups, write to the switch, and hand what it says
@@ -144,7 +146,7 @@ class Rig:
             return []
         if isinstance(msg, fs.FlowRemoved):
             return core.flow_removed(msg.cookie, REMOVED_REASONS[msg.reason], msg.packet_count, msg.byte_count,
-                                     msg.duration_sec, self.now)
+                                     msg.duration_sec + msg.duration_nsec / 1e9, self.now)
         if isinstance(msg, fs.TableSizeReply):
             core.table_size(msg.max_entries)
             return []
