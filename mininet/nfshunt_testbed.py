@@ -28,6 +28,7 @@ failure, and on SIGTERM/SIGINT through the context manager.
 """
 from __future__ import annotations
 
+import enum
 import fcntl
 import json
 import os
@@ -37,9 +38,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from mininet.log import setLogLevel
 from mininet.net import Mininet
@@ -93,6 +95,14 @@ RMEM_DEFAULT = "/proc/sys/net/core/rmem_default"
 STRICT_RULE = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
 class TestbedError(RuntimeError):
     pass
 
@@ -142,6 +152,62 @@ def set_userspace_tso(on: bool) -> None:
         raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
 
 
+class Service(enum.Enum):
+    """A firewall pair host's services, in the order `systemctl enable --now` names them."""
+    CONNTRACKD = "conntrackd"
+    KEEPALIVED = "keepalived"
+    CONTROLLER = "nfshunt"
+
+
+# The environment keepalived gives its notify scripts (and systemd its services).
+BARE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+NODE_NAMES = ("h1", "h2", "h3", "h4", "fw", "fw2", "s1", "s2")  # every node TwoHostTopo may build
+MGMT_IFS = ("nfsmgmt0", "nfsmgmt2")  # the control links' root-namespace ends
+
+
+def clear_leftovers(log: Callable[[str], None]) -> None:
+    """Remove what a testbed killed before its clean-up (SIGKILL, a machine's session
+    ending mid-run) left behind under the fixed names a new one needs: its nodes' shells and
+    every process in their network namespaces (controllers, daemons, traffic), its switch
+    ports' veths and control links in the root namespace, its bridges. Called with the
+    testbed lock held, so no live testbed owns these names."""
+    root_ns = os.stat("/proc/1/ns/net").st_ino
+    shells = re.compile(rb"^bash\x00--norc\x00.*mininet:(" + b"|".join(n.encode() for n in NODE_NAMES) + rb")\x00")
+    stale_ns: set[int] = set()
+    procs: list[tuple[int, int]] = []  # (pid, netns inode)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            ns = os.stat(f"/proc/{entry}/ns/net").st_ino
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        procs.append((int(entry), ns))
+        if ns != root_ns and shells.match(cmdline):
+            stale_ns.add(ns)
+    killed = 0
+    for pid, ns in procs:
+        if ns in stale_ns:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    links = [name for name in os.listdir("/sys/class/net")
+             if name in MGMT_IFS or re.fullmatch(r"s[12]-eth\d+", name)]
+    for name in links:
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+    bridges = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True, text=True).stdout.split()
+    stale_bridges = [br for br in ("s1", "s2") if br in bridges]
+    for br in stale_bridges:
+        subprocess.run(["ovs-vsctl", "--timeout=5", "--if-exists", "del-br", br], capture_output=True)
+    if killed or links or stale_bridges:
+        log(f"removed an earlier testbed's leftovers: {killed} processes in {len(stale_ns)} node namespaces, "
+            f"links {' '.join(links) or '-'}, bridges {' '.join(stale_bridges) or '-'}")
+
+
 def kernel_datapath_available() -> bool:
     return os.path.exists("/sys/module/openvswitch")
 
@@ -185,6 +251,7 @@ class Firewall:
     index: int = 0
     bridge_ports: int = 2  # fw-eth0 ... : 4 in mode two-switch
     controller: subprocess.Popen | None = None
+    log_start: int = 0  # where the running controller's output begins in controller_log
     daemons: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -214,7 +281,7 @@ class Testbed:
                  config: dict[str, Any] | None = None, policy: str | None = POLICY,
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
-                 switch_reorder: bool = False):
+                 switch_reorder: bool = False, host_offload: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
@@ -246,6 +313,11 @@ class Testbed:
         self._lag_proxy: subprocess.Popen | None = None
         self._rmem_default: str | None = None  # the machine's value while the switch ports open
         self._lock_fd: int | None = None
+        # The hosts' TSO and checksum offload (Linux's defaults) need Open vSwitch's
+        # userspace TSO support on; off by default, whatever the machine's setting, so packet
+        # sizes are the MTU's. The machine's setting is put back on stop.
+        self.host_offload = host_offload
+        self._tso_before: bool | None = None
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -368,6 +440,10 @@ class Testbed:
     def start(self) -> None:
         self._lock()
         ensure_ovs()
+        clear_leftovers(self.log)
+        if self.host_offload and self.datapath == "netdev" and not userspace_tso_enabled():
+            self._tso_before = False
+            set_userspace_tso(True)
         setLogLevel("error")
         ofproto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
         controller: Any = None
@@ -398,20 +474,20 @@ class Testbed:
             self._setup_firewall(fw)
             if self.controlled:
                 self._setup_mgmt(fw)
-                self._start_controller(fw)
+                if self.mode != "ha":  # a pair's controllers start with its other services
+                    self._start_controller(fw)
         if self.mode == "ha":
             self._setup_pair_links()
         self.net.start()
         self._restore_rmem_default()  # ovs-vsctl waited for vswitchd to open every port
         self._program_static_flows()
         if self.mode == "ha":
-            # One after the other, so the first firewall is the active one (keepalived's
-            # nopreempt: whoever is master first stays master).
-            for fw in self.firewalls:
-                self.start_pair_daemons(fw)
-                if fw.index == 0:
-                    self.wait_for(lambda: self.defaults_point_to(self.firewalls[0]), 20,
-                                  "the first firewall to take the switch over")
+            # Both hosts' services, each up before the next: the controllers have the switch
+            # before keepalived elects (the first firewall, by its priority), as when the pair
+            # boots with nfshunt ordered first; tests try the other orders too.
+            self.start_services(self.firewalls, (Service.CONTROLLER, Service.CONNTRACKD, Service.KEEPALIVED))
+            self.wait_for(lambda: (a := self.active_firewall()) is not None and self.defaults_point_to(a), 20,
+                          "keepalived to elect a firewall and its controller to take the switch over")
         elif self.controlled:
             self.wait_for(self._defaults_installed, 20, "controller to install the default flows")
         self._setup_emulation()
@@ -489,9 +565,8 @@ class Testbed:
             self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
             # The userspace datapath completes checksums of offloaded packets only with its
-            # own TSO support on (other_config:userspace-tso-enable, set when Open vSwitch
-            # starts); otherwise the hosts must not offload.
-            if not userspace_tso_enabled():
+            # own TSO support on (set in start() when host_offload asks for it).
+            if not self.host_offload:
                 self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
 
     def _setup_firewall(self, firewall: Firewall) -> None:
@@ -533,6 +608,7 @@ class Testbed:
     def _start_controller(self, fw: Firewall | None = None) -> None:
         fw = fw or self.firewalls[0]
         logf = open(fw.controller_log, "ab")
+        fw.log_start = logf.tell()
         fw.controller = self.node(fw).popen([PYTHON, "-m", "nfshunt", "run", "--config", fw.config_path],
                                             stdout=logf, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO)
         logf.close()
@@ -624,35 +700,105 @@ class Testbed:
                 fh.write(text)
         return out
 
-    def start_pair_daemons(self, fw: Firewall) -> None:
-        """conntrackd, then keepalived (whose notify script runs conntrackd and nfshunt)."""
-        paths = self.render_pair_config(fw)
-        node = self.node(fw)
-        for stale in ("conntrackd.lock", "conntrackd.ctl"):
-            if os.path.exists(os.path.join(fw.workdir, stale)):
-                os.unlink(os.path.join(fw.workdir, stale))
-        log = open(os.path.join(fw.workdir, "daemons.log"), "ab")
-        env = dict(self._env(), PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", ""))
-        try:
-            ctd = node.popen(["conntrackd", "-C", paths["conntrackd.conf"]], stdout=log, stderr=subprocess.STDOUT,
-                             env=env)
-            fw.daemons.append(ctd)
-            self.wait_for(lambda: ctd.poll() is not None or os.path.exists(os.path.join(fw.workdir, "conntrackd.ctl")),
-                          10, f"conntrackd on {fw.name}", interval=0.05)
-            if ctd.poll() is not None:
-                raise TestbedError(f"conntrackd on {fw.name} exited ({ctd.returncode}): see "
-                                   f"{os.path.join(fw.workdir, 'conntrackd.log')}")
-            pids = [f"--pid={fw.workdir}/keepalived.pid", f"--vrrp_pid={fw.workdir}/vrrp.pid",
-                    f"--checkers_pid={fw.workdir}/checkers.pid"]
-            fw.daemons.append(node.popen(["keepalived", "--dont-fork", "--log-console", "--vrrp", "-f",
-                                          paths["keepalived.conf"], *pids],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env))
-        finally:
-            log.close()
+    def start_services(self, firewalls: Sequence[Firewall], order: Sequence[Service] = ()) -> None:
+        """Start a pair's three services on each firewall, as `systemctl enable --now`
+        would: all at once (no order), or one after the other in `order`, each started
+        before the next without waiting for it to be ready."""
+        for fw in firewalls:
+            for stale in ("conntrackd.lock", "conntrackd.ctl", "keepalived.pid", "vrrp.pid"):
+                if os.path.exists(os.path.join(fw.workdir, stale)):
+                    os.unlink(os.path.join(fw.workdir, stale))
+        for service in order or tuple(Service):
+            for fw in firewalls:
+                {Service.CONNTRACKD: self._start_conntrackd, Service.KEEPALIVED: self._start_keepalived,
+                 Service.CONTROLLER: self._start_controller}[service](fw)
+            if order:
+                for fw in firewalls:
+                    self.wait_for(lambda fw=fw, service=service: self._service_ready(fw, service), 20,
+                                  f"{service.value} on {fw.name}", interval=0.05)
 
-    def stop_pair_daemons(self, fw: Firewall, sig: int = signal.SIGTERM) -> None:
+    def _service_ready(self, fw: Firewall, service: Service) -> bool:
+        """Up, read from what the service leaves behind (never by asking the controller)."""
+        if service is Service.CONTROLLER:
+            if fw.controller is not None and fw.controller.poll() is not None:
+                raise TestbedError(f"{fw.name}'s controller exited:\n" + self.controller_output(fw)[-3000:])
+            return " connected from " in self.controller_output(fw, since_start=True)
+        return os.path.exists(os.path.join(fw.workdir, "conntrackd.ctl" if service is Service.CONNTRACKD
+                                           else "vrrp.pid"))
+
+    def _start_conntrackd(self, fw: Firewall) -> None:
+        paths = self.render_pair_config(fw)
+        with open(os.path.join(fw.workdir, "daemons.log"), "ab") as log:
+            fw.daemons.append(self.node(fw).popen(["conntrackd", "-C", paths["conntrackd.conf"]], stdout=log,
+                                                  stderr=subprocess.STDOUT, env=BARE_ENV))
+
+    def _start_keepalived(self, fw: Firewall) -> None:
+        """keepalived runs the shipped notify script as installed: with keepalived's own
+        minimal environment, finding the `nfshunt` command the install put on the PATH."""
+        paths = self.render_pair_config(fw)
+        pids = [f"--pid={fw.workdir}/keepalived.pid", f"--vrrp_pid={fw.workdir}/vrrp.pid",
+                f"--checkers_pid={fw.workdir}/checkers.pid"]
+        with open(os.path.join(fw.workdir, "daemons.log"), "ab") as log:
+            fw.daemons.append(self.node(fw).popen(["keepalived", "--dont-fork", "--log-console", "--vrrp", "-f",
+                                                   paths["keepalived.conf"], *pids],
+                                                  stdout=log, stderr=subprocess.STDOUT, env=BARE_ENV))
+
+    def stop_services(self, fw: Firewall, sig: int = signal.SIGTERM) -> None:
+        """keepalived and conntrackd, then the controller."""
         while fw.daemons:
             stop_process(fw.daemons.pop(), 5, sig)
+        # A killed keepalived leaves its VRRP address behind; a host that died has none.
+        self.run(self.node(fw), "ip", "addr", "del", f"{VRRP_VIP}/24", "dev", f"{fw.name}-eth3", check=False)
+        self.stop_controller(sig, fw=fw)
+
+    def active_firewall(self) -> Firewall | None:
+        """The firewall keepalived made master (it holds the VRRP address); None: none or
+        both (a split brain)."""
+        masters = [fw for fw in self.firewalls
+                   if VRRP_VIP + "/" in self.run(self.node(fw), "ip", "-4", "-o", "addr", "show", "dev",
+                                                  f"{fw.name}-eth3", check=False)]
+        return masters[0] if len(masters) == 1 else None
+
+    def watch_first_packet(self, fw: Firewall) -> subprocess.Popen:
+        """tcpdump on the firewall's first bridge port, ready when this returns: its output
+        is the first TCP packet the bridge forwards (a backup's bridge sees none)."""
+        proc = self.node(fw).popen(["tcpdump", "-i", fw.intfs[0], "-n", "-tt", "-l", "-c", "1", "tcp"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._procs.append(proc)
+        line = proc.stderr.readline() if proc.stderr else ""
+        if "listening on" not in line:
+            raise TestbedError(f"tcpdump on {fw.name} did not start: {line}")
+        return proc
+
+    def takeover_timeline(self, fw: Firewall, failed_at: float, first_packet: subprocess.Popen,
+                          timeout: float = 10) -> list[tuple[str, float | None]]:
+        """When each step of fw's takeover happened, in seconds after failed_at (wall clock,
+        the one the notify script, the controller's log and tcpdump share); None: not seen."""
+        def after(times: list[float]) -> float | None:
+            later = [t - failed_at for t in times if t >= failed_at]
+            return min(later) if later else None
+
+        def notify(what: str) -> float | None:
+            return after([float(m.group(1)) for m in re.finditer(
+                rf"nfshunt-notify: ([0-9.]+) {re.escape(what)}", _read(os.path.join(fw.workdir, "daemons.log")))])
+
+        def logged(what: str) -> float | None:
+            return after([datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() for m in re.finditer(
+                rf"^(\S+ \S+) .*{re.escape(what)}", self.controller_output(fw, since_start=True), re.M)])
+        try:
+            out, _ = first_packet.communicate(timeout=timeout)
+            packet = after([float(out.split()[0])]) if out.strip() else None
+        except subprocess.TimeoutExpired:
+            first_packet.kill()
+            packet = None
+        return [("keepalived MASTER (notify script)", notify("keepalived state MASTER")),
+                ("conntrackd committed its cache", notify("conntrackd committed")),
+                ("controller claims MASTER", logged("claiming MASTER of switch")),
+                ("switch granted; defaults sent", logged("master of switch")),
+                (f"first packet through {fw.name}'s bridge", packet)]
+
+    def other(self, fw: Firewall) -> Firewall:
+        return self.firewalls[1 - fw.index]
 
     def fail_firewall(self, fw: Firewall) -> None:
         """The firewall host dies: every link down first (nothing it sends while dying gets
@@ -660,18 +806,16 @@ class Testbed:
         node = self.node(fw)
         for intf in fw.links:
             self.run(node, "ip", "link", "set", intf, "down")
-        self.stop_controller(signal.SIGKILL, fw=fw)
-        self.stop_pair_daemons(fw, signal.SIGKILL)
+        self.stop_services(fw, signal.SIGKILL)
 
-    def revive_firewall(self, fw: Firewall, daemons: bool = True) -> None:
-        """The firewall host comes back: links up, controller started (it reads its pair
-        state file), then (with `daemons`) conntrackd and keepalived."""
+    def revive_firewall(self, fw: Firewall, order: Sequence[Service] = ()) -> None:
+        """The firewall host comes back: links up, then its services (all at once, or in
+        `order`; a service left out of `order` is not started). The controller reads its
+        pair state file."""
         node = self.node(fw)
         for intf in fw.links:
             self.run(node, "ip", "link", "set", intf, "up")
-        self._start_controller(fw)
-        if daemons:
-            self.start_pair_daemons(fw)
+        self.start_services([fw], order)
 
     def defaults_point_to(self, fw: Firewall) -> bool:
         """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""
@@ -692,7 +836,8 @@ class Testbed:
     def stop(self) -> None:
         try:
             for fw in self.firewalls:  # keepalived first: no takeover while the pair is taken down
-                self.stop_pair_daemons(fw)
+                while fw.daemons:
+                    stop_process(fw.daemons.pop(), 5)
             for fw in self.firewalls:
                 self.stop_controller(fw=fw)
             while self._procs:
@@ -716,6 +861,9 @@ class Testbed:
                     subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
                 for bridge in self.bridges:
                     subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
+                if self._tso_before is not None:
+                    set_userspace_tso(self._tso_before)
+                    self._tso_before = None
                 for sig, old in self._old_signals.items():
                     signal.signal(sig, old)
                 self._old_signals.clear()
@@ -1011,9 +1159,13 @@ class Testbed:
                 raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(interval)
 
-    def controller_output(self, fw: Firewall | None = None) -> str:
+    def controller_output(self, fw: Firewall | None = None, since_start: bool = False) -> str:
+        """The controller's log; since_start: only the running controller's."""
+        fw = fw or self.firewalls[0]
         try:
-            with open((fw or self.firewalls[0]).controller_log, errors="replace") as fh:
-                return fh.read()
+            with open(fw.controller_log, "rb") as fh:
+                if since_start:
+                    fh.seek(fw.log_start)
+                return fh.read().decode(errors="replace")
         except OSError:
             return ""

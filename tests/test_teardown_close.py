@@ -22,20 +22,14 @@ def tb(request, integration_ready):
     userspace TSO support on, so the switch sees (and a catcher catches) segments of
     many packets' size: the bed where a re-injected FIN used to be lost."""
     from linkemu import Emulation
-    from nfshunt_testbed import Testbed, set_userspace_tso, userspace_tso_enabled
+    from nfshunt_testbed import STRICT_RULE, Testbed
     mtu, offload = request.param
-    before = userspace_tso_enabled()
-    set_userspace_tso(offload)
-    bed = Testbed(mode="nfshunt", of_version="1.3", emulation=Emulation(mtu=mtu),
+    bed = Testbed(mode="nfshunt", of_version="1.3", emulation=Emulation(mtu=mtu), host_offload=offload,
                   config={"default_shunt_timeout": 60, "delete_flows_on_shutdown": False})
-    try:
-        with bed:
-            bed.wait_for_controller()
-            from nfshunt_testbed import STRICT_RULE
-            bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT_RULE)
-            yield bed
-    finally:
-        set_userspace_tso(before)
+    with bed:
+        bed.wait_for_controller()
+        bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT_RULE)
+        yield bed
 
 
 def _bulk(tb, cport):
