@@ -42,17 +42,21 @@ def failover(emu: Emulation, seconds: float) -> int:
     """The pair: fw active, fw2 backup, a strict policy on both; fw dies mid-transfer."""
     rows = []
     with Testbed(mode="ha", emulation=emu, log=print, config={"default_shunt_timeout": 60}) as tb:
-        fw, fw2 = tb.firewalls
+        fw = tb.active_firewall()
+        assert fw is not None  # the testbed waited for keepalived's election
+        fw2 = tb.other(fw)
         tb.strict_firewalls()  # only conntrackd's synced state carries a connection across
         print(f"  pair up: {fw.name} active, {fw2.name} backup; starting a shunted and a slow-path transfer ...")
         shunted = tb.start_transfer(SHUNT_PORT, seconds)
         ignored = tb.start_transfer(IGNORE_PORT, seconds)
         time.sleep(seconds / 3)
+        first_packet = tb.watch_first_packet(fw2)
         print(f"  killing everything on {fw.name} and downing its links ...", flush=True)
-        t0 = time.monotonic()
+        t0, failed_at = time.monotonic(), time.time()
         tb.fail_firewall(fw)
         tb.wait_for(lambda: tb.defaults_point_to(fw2), 15, f"{fw2.name} to take the switch over")
         took = time.monotonic() - t0
+        timeline = tb.takeover_timeline(fw2, failed_at, first_packet)
         fresh = tb.iperf(5204, 2, cport=SHUNT_PORT)  # opened after the failover; shunted by source port
         after = tb.controller_output(fw2).split("master of switch")[-1]
         for label, (srv, cli), path in (("shunted", shunted, "switch flows, adopted by fw2"),
@@ -63,6 +67,9 @@ def failover(emu: Emulation, seconds: float) -> int:
                      else "NOT shunted", fresh, None))
     print(f"\nfailover: {fw2.name} had the switch {took:.2f} s after {fw.name} died "
           f"(VRRP advert 0.1 s; conntrackd commit; OpenFlow MASTER claim with a newer generation)")
+    print(f"takeover time line, s after {fw.name} died:")
+    for step, at in timeline:
+        print(f"  {'-' if at is None else f'{at:6.3f}':>6}  {step}")
     print(f"{'transfer':<14}{'path':<32}{'Gbit/s':>8}{'longest stall s':>17}  outcome")
     ok = True
     for label, path, r, stall in rows:

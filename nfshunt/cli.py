@@ -179,12 +179,57 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_role(args: argparse.Namespace) -> int:
-    reply = _ask(args, {"cmd": "role", "role": args.role})
-    if reply is None:
-        return 1
+    """A takeover or step-down; with the controller not running (keepalived may start
+    first) it is recorded in the pair's state file, and the controller acts on it when it
+    starts. The controller binds its socket before it reads that file, so asking the socket
+    again after the write leaves no moment in which the request could fall between them."""
+    from .control import ControlError, NotRunning, request
+    payload = {"cmd": "role", "role": args.role}
+    try:
+        reply = request(_socket(args), payload)
+    except NotRunning as exc:
+        recorded = _record_role(args, str(exc))
+        if recorded is None:
+            return EXIT_FAILED
+        try:
+            reply = request(_socket(args), payload)
+        except NotRunning:
+            print(f"nfshunt: the controller is not running: role {args.role} recorded in {recorded}; "
+                  f"it {'claims the switch' if args.role == 'master' else 'stays backup'} when it starts")
+            return 0
+        except ControlError as exc2:
+            print(f"nfshunt: role {args.role} recorded in {recorded}, but the controller: {exc2}", file=sys.stderr)
+            return EXIT_FAILED
+    except ControlError as exc:
+        print(f"nfshunt: role {args.role} failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if "error" in reply:
+        print(f"nfshunt: role {args.role} failed: {reply['error']}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"role {reply['wanted']} requested with generation {reply['generation']}"
           + ("" if reply["switch_connected"] else " (the switch is not connected: claimed when it is)"))
     return 0
+
+
+def _record_role(args: argparse.Namespace, why: str) -> str | None:
+    """Write the wanted role to the pair's state file for a controller that is not running;
+    its path, or None (said why) when that cannot be done."""
+    from .roles import Roles
+    cfg = _load(args.config) if args.config else None
+    if cfg is None or cfg.pair is None:
+        print(f"nfshunt: role {args.role} failed: {why}; without --config naming a `pair` it cannot be recorded "
+              "for the controller's start", file=sys.stderr)
+        return None
+    roles = Roles(cfg.pair.state_file, cfg.pair.start_role)
+    if args.role == "master":
+        roles.take_over()
+    else:
+        roles.stand_by()
+    if roles.save_error is not None:
+        print(f"nfshunt: role {args.role} failed: {why}, and the pair state file {cfg.pair.state_file} cannot be "
+              f"written ({roles.save_error})", file=sys.stderr)
+        return None
+    return cfg.pair.state_file
 
 
 def cmd_probe_switch(args: argparse.Namespace) -> int:

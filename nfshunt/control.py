@@ -34,6 +34,10 @@ class ControlError(RuntimeError):
     pass
 
 
+class NotRunning(ControlError):
+    """No controller listens on the socket (not started yet, or stopped)."""
+
+
 _TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*$",
                     re.ASCII)
 
@@ -162,11 +166,11 @@ def request(path: str, payload: dict[str, Any], timeout: float = 10) -> dict[str
                 break
             data += chunk
     except FileNotFoundError:
-        raise ControlError(f"no controller socket at {path} (is `nfshunt run` running?)") from None
+        raise NotRunning(f"no controller socket at {path} (is `nfshunt run` running?)") from None
     except PermissionError:
         raise ControlError(f"permission denied on {path}: the control socket is for root only") from None
     except ConnectionRefusedError:
-        raise ControlError(f"nothing listens on {path} (the controller is not running)") from None
+        raise NotRunning(f"nothing listens on {path} (the controller is not running)") from None
     except socket.timeout:
         raise ControlError(f"the controller did not answer on {path} within {timeout:.0f} s") from None
     finally:

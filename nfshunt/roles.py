@@ -9,8 +9,9 @@ switch enforces (it refuses a slave's flow-mods and sends it no packet-ins or
 flow-removed). Which one is active is decided outside NFShunt (keepalived's notify, or an
 admin) through `nfshunt role master|backup`.
 
-Generations: a takeover claims MASTER with a generation above any it has seen on the
-switch, and writes it to the state file before claiming. A master that reconnects (or
+Generations: a takeover first asks the switch for its generation (a backup that asked for
+SLAVE before the other controller's claim has never heard of it), then claims MASTER with
+one above it, written to the state file before the claim. A master that reconnects (or
 restarts: the file keeps the role) claims again with the generation it took over with, so
 a newer master's claim makes the switch refuse it as stale: the old master steps down
 instead of taking the switch back. Open vSwitch sends OpenFlow 1.3 controllers no role
@@ -19,9 +20,15 @@ or from the role query it sends every `role_check_interval`.
 
 Nothing is programmed before MASTER is granted: a controller that has not asked for a
 role is EQUAL, which the switch lets program.
+
+A takeover asked for while the controller is not running (keepalived started first, or the
+controller is restarting) is kept in the state file as pending (`takeover`): the controller
+makes it once the switch connects, so the order in which the pair's services start does
+not matter.
 """
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -33,6 +40,12 @@ LOG = logging.getLogger("nfshunt")
 NOCHANGE, EQUAL, MASTER, SLAVE = 0, 1, 2, 3
 ROLE_NAMES = {NOCHANGE: "nochange", EQUAL: "equal", MASTER: "master", SLAVE: "backup"}
 UNDEFINED_GENERATION = (1 << 64) - 1  # a role reply's generation_id before any was set (Open vSwitch)
+
+
+class Claim(enum.Enum):
+    """Where a takeover stands."""
+    QUERYING = "querying"  # asked the switch for its generation; the claim follows the answer
+    CLAIMED = "claimed"  # MASTER claimed; replies to what was sent before it are not its answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,8 @@ class Roles:
         self.switch_generation: int | None = None  # the newest the switch has reported
         self.granted: str | None = None  # the role the switch confirmed ("master", "backup")
         self.why: str | None = None  # why this controller is backup, when not asked to be
+        self.claim: Claim | None = None  # a takeover under way
+        self.save_error: str | None = None  # why the last write of the state file failed
         self._load()
 
     # --- the state file --------------------------------------------------------------------
@@ -73,10 +88,10 @@ class Roles:
         try:
             with open(self.state_file, encoding="utf-8") as fh:
                 state = json.load(fh)
-            role, generation = state["role"], state["generation"]
+            role, generation, takeover = state["role"], state["generation"], state.get("takeover", False)
             if role not in ("master", "backup") or not isinstance(generation, int) or isinstance(generation, bool) \
-                    or not 0 <= generation < UNDEFINED_GENERATION:
-                raise ValueError("role must be master or backup, generation a 64-bit integer")
+                    or not 0 <= generation < UNDEFINED_GENERATION or not isinstance(takeover, bool):
+                raise ValueError("role must be master or backup, generation a 64-bit integer, takeover true or false")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # Starting as backup is safe: the pair's other controller, or a takeover, decides.
             LOG.error("cannot read the pair state file %s (%s): starting as backup; `nfshunt role master` "
@@ -84,6 +99,8 @@ class Roles:
             self.wanted = "backup"
             return
         self.wanted, self.generation = role, generation
+        if takeover and role == "master":
+            self.claim = Claim.QUERYING
 
     def _save(self) -> None:
         if not self.state_file:
@@ -92,11 +109,14 @@ class Roles:
         try:
             os.makedirs(os.path.dirname(self.state_file), mode=0o700, exist_ok=True)
             with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"role": self.wanted, "generation": self.generation}, fh)
+                json.dump({"role": self.wanted, "generation": self.generation,
+                           "takeover": self.claim is Claim.QUERYING}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.state_file)
+            self.save_error = None
         except OSError as exc:
+            self.save_error = str(exc.strerror or exc)
             # Carry on: a restart then starts from the older state, which is refused as
             # stale if the other controller took over meanwhile (safe), never wins.
             LOG.error("cannot write the pair state file %s (%s): fix its directory; role %s generation %d "
@@ -111,6 +131,8 @@ class Roles:
 
     def disconnected(self) -> None:
         self.granted = None
+        if self.claim is Claim.CLAIMED:  # the claimed generation is saved: claimed again on connect
+            self.claim = None
 
     def _note_generation(self, generation: int) -> None:
         if generation != UNDEFINED_GENERATION and (self.switch_generation is None
@@ -121,6 +143,15 @@ class Roles:
         """The switch's role reply (to a claim, a step-down or a query)."""
         self._note_generation(generation)
         was_master = self.granted == "master"
+        if self.claim is Claim.QUERYING and self.wanted == "master":
+            # The switch's generation is known now: claim one above it.
+            self._new_generation()
+            return Change(request=RoleRequest(MASTER, self.generation))
+        if self.claim is Claim.CLAIMED and role != MASTER:
+            # Replies come in the order of the requests: this one answers something sent
+            # before the claim (a step-down, a query), not the claim.
+            return Change()
+        self.claim = None
         if role == MASTER:
             if self.wanted == "master":
                 self.granted = "master"
@@ -137,7 +168,8 @@ class Roles:
         # EQUAL (a new connection) or NOCHANGE: claim what we want.
         if self.wanted == "master":
             if self.generation == 0:  # master in the config, never took over: a takeover now
-                self._new_generation()
+                self._new_generation()  # (this reply told us the switch's generation)
+            self.claim = Claim.CLAIMED
             return Change(request=RoleRequest(MASTER, self.generation),
                           demoted="role query answered equal" if was_master else None)
         return Change(request=self._backup_request(), demoted="role query answered equal" if was_master else None)
@@ -146,6 +178,7 @@ class Roles:
         """The switch refused our claim as stale: a newer master holds it. Step down;
         the query that follows learns the generation a slave request needs."""
         was_master = self.granted == "master"
+        self.claim = None
         if self.wanted == "master":
             self._step_down(f"the switch refused generation {self.generation} as stale: a newer master holds it")
         self.granted = None
@@ -172,23 +205,30 @@ class Roles:
         return RoleRequest(SLAVE, gen)
 
     def _new_generation(self) -> None:
+        """A takeover's generation, above this controller's and the newest the switch reported;
+        saved before it is claimed."""
         self.generation = (max(self.generation, self.switch_generation or 0) + 1) & UNDEFINED_GENERATION
+        self.claim = Claim.CLAIMED
         self._save()
 
     # --- the operator (keepalived's notify) ---------------------------------------------------
 
     def take_over(self) -> Change:
-        """Become master with a generation newer than any seen: saved before it is claimed."""
+        """Become master: ask the switch for its generation first (the claim follows its
+        answer, see reply); pending in the state file until then, so a restart or a
+        controller that is not running yet still makes it."""
         self.wanted = "master"
         self.why = None
-        self._new_generation()
-        return Change(request=RoleRequest(MASTER, self.generation))
+        self.claim = Claim.QUERYING
+        self._save()
+        return Change(request=RoleRequest(NOCHANGE, 0))
 
     def stand_by(self) -> Change:
         """Become backup: a master stops programming at once, before the switch answers."""
         was_master = self.granted == "master"
         self.wanted = "backup"
         self.why = "asked to be backup"
+        self.claim = None
         self._save()
         if was_master:
             self.granted = None
@@ -196,4 +236,5 @@ class Roles:
 
     def status(self) -> dict[str, object]:
         return {"wanted": self.wanted, "granted": self.granted, "generation": self.generation,
-                "switch_generation": self.switch_generation, "why_backup": self.why}
+                "switch_generation": self.switch_generation, "why_backup": self.why,
+                "takeover": self.claim.value if self.claim is not None else None}

@@ -48,7 +48,7 @@ from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
 from .model import ConnEvent
 from .policy_state import PolicyWatch
-from .roles import ROLE_NAMES, Change, RoleRequest
+from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
 from .switch import Router, Switch
 from .trim import Trimmer
 
@@ -100,6 +100,12 @@ class NFShuntApp(app_manager.OSKenApp):
     def __init__(self, *args: Any, nfshunt_config: Config, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cfg = nfshunt_config
+        # The control socket is bound before the pair's state file is read (Switch): a role
+        # that `nfshunt role` recorded there because no socket answered is read, or else the
+        # command finds the socket when it asks again (served from start()).
+        self.control: ControlServer | None = None
+        if self.cfg.control_socket:
+            self.control = ControlServer(self.cfg.control_socket, self._control_request)
         self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
         self.router = Router(self.cfg)
         self.trimmer = Trimmer()
@@ -115,15 +121,12 @@ class NFShuntApp(app_manager.OSKenApp):
         self._handover_room = threading.BoundedSemaphore(HANDOVERS)
         self._dump_feed = threading.Lock()
         self.started = time.time()
-        self.control: ControlServer | None = None
         self.metrics = Metrics(self._metrics_snapshot)
         self.counters = self.metrics.counters
         self.audit = audit_logger(self.cfg.audit_log)
         self.outcomes = Outcomes(self.metrics, self.audit)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
-        if self.cfg.control_socket:
-            self.control = ControlServer(self.cfg.control_socket, self._control_request)
         self.worker = ConntrackWorker(on_dump=self._post_dump, on_malformed=self._malformed)
         self.dispatcher = Dispatcher(self.worker, self.outcomes, self._schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
@@ -382,6 +385,8 @@ class NFShuntApp(app_manager.OSKenApp):
             return
         msg = sw.dp.ofproto_parser.OFPRoleRequest(sw.dp, req.role, req.generation)
         sw.role_xids.add(sw.dp.set_xid(msg))
+        if req.role == MASTER:
+            LOG.info("claiming MASTER of switch %s with generation %d", sw.name, req.generation)
         self._queue(sw, msg)
         self._flush(sw)
 

@@ -29,6 +29,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]"
+# The command on the system PATH, where keepalived's notify script (run with a minimal PATH)
+# and admins find it; an nfshunt installed there some other way is left alone.
+if [ ! -e /usr/local/bin/nfshunt ] || [ -L /usr/local/bin/nfshunt ]; then
+    ln -sfn "$VENV/bin/nfshunt" /usr/local/bin/nfshunt
+fi
 # The testbed's NFQUEUE delay program, for kernels without netem.
 "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); import linkemu; linkemu.build_nfqdelay()'
 # Open vSwitch's daemons (no systemd needed; userspace datapath when the kernel has no module).

@@ -7,8 +7,10 @@ controller's status: asking a controller would wake it and could hide a takeover
 not noticed on its own."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -17,7 +19,7 @@ from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows
 
 pytestmark = pytest.mark.integration
 
-SHUNT, IGNORE = 5201, 5203
+SHUNT, IGNORE, UNPACED = 5201, 5203, 5205
 
 
 def _pair(config=None):
@@ -39,6 +41,14 @@ def _daemons_log(fw):
     return _log(os.path.join(fw.workdir, "daemons.log"))
 
 
+def _elected(tb):
+    """(active, backup): the pair's services started together, as at boot; keepalived
+    elected one of them."""
+    active = tb.active_firewall()
+    assert active is not None and tb.defaults_point_to(active)
+    return active, tb.other(active)
+
+
 def _has_conn_flow(tb, port):
     p = str(port)
     return [f for f in tb.flows() if int(f.get("cookie", "0"), 16) >> 48 == 0x4E02
@@ -46,9 +56,9 @@ def _has_conn_flow(tb, port):
 
 
 def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as_backup(integration_ready):
-    from nfshunt_testbed import STEADY_RATE
+    from nfshunt_testbed import STEADY_RATE, Service
     with _pair() as tb:
-        fw, fw2 = tb.firewalls
+        fw, fw2 = _elected(tb)
         tb.strict_firewalls()
         assert tb.defaults_point_to(fw)
         # Every transfer paced, the one opened after the failover too: an unpaced one starved
@@ -89,10 +99,10 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         flows_before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
         r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=STEADY_RATE)
         try:
-            tb.revive_firewall(fw, daemons=False)
+            tb.revive_firewall(fw, [Service.CONTROLLER])
             tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 15,
                         "the returning controller's stale claim to be refused")
-            tb.start_pair_daemons(fw)
+            tb.revive_firewall(fw, [Service.CONNTRACKD, Service.KEEPALIVED])
             tb.wait_for(lambda: "operator: role backup" in tb.controller_output(fw).split("as stale")[-1], 15,
                         "keepalived on the returning node to settle as backup")
         finally:
@@ -105,12 +115,30 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         assert st1["pair"]["granted"] == "backup" and st2["pair"]["granted"] == "master"
         assert st1["counters"].get("openflow_error:11:0") == 1  # ROLE_REQUEST_FAILED, STALE
 
+        # Now the survivor dies, under an unpaced transfer through the firewall: the returned
+        # node takes over with a generation above the survivor's, and the transfer resumes
+        # through it within 3 s.
+        u_srv, u_cli = tb.start_transfer(UNPACED, 12)
+        try:
+            time.sleep(3)  # under way at full speed, and conntrackd has it on the standby
+            first = tb.watch_first_packet(fw)
+            failed_at = time.time()
+            tb.fail_firewall(fw2)
+            tb.wait_for(lambda: tb.defaults_point_to(fw), 10, "the returned node to take the switch over")
+            timeline = tb.takeover_timeline(fw, failed_at, first)
+        finally:
+            unpaced = finish_iperf(u_srv, u_cli)
+        print("takeover time line, s after the survivor died:", timeline,
+              f"; the unpaced transfer's longest stall {longest_stall(unpaced):.1f} s")
+        assert "error" not in unpaced, unpaced.get("error")
+        assert longest_stall(unpaced) < 3.0, f"the unpaced slow-path transfer did not resume within 3 s: {timeline}"
+
 
 def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refused(integration_ready):
     # Role checks far apart: the old master can only learn of the takeover from the switch
     # refusing what it sends.
     with _pair({"pair": {"role_check_interval": 60}}) as tb:
-        fw, fw2 = tb.firewalls
+        fw, fw2 = _elected(tb)
         server = tb.conn_server(SHUNT)
         conns, _ = tb.open_conns(SHUNT, 1, cport_base=46000)
         try:
@@ -136,3 +164,28 @@ def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refus
         finally:
             conns.kill()
             server.kill()
+
+
+def test_the_pair_takes_the_switch_whatever_order_its_services_start_in(integration_ready):
+    """Both hosts boot (power cut: nothing resigns; the switch's table empty): their three
+    services start all at once, or one after the other in each order. Within a few seconds
+    of the last start, the host keepalived made master has the switch, the other none of it."""
+    from nfshunt_testbed import Service
+    took = {}
+    with _pair() as tb:
+        for order in [(), *itertools.permutations(Service)]:
+            name = "+".join(s.value for s in order) or "together"
+            for fw in tb.firewalls:
+                tb.stop_services(fw, signal.SIGKILL)
+                if os.path.exists(os.path.join(fw.workdir, "pair.json")):
+                    os.unlink(os.path.join(fw.workdir, "pair.json"))  # a first boot
+            tb.ofctl("del-flows")
+            logged = [len(_daemons_log(fw)) for fw in tb.firewalls]
+            tb.start_services(tb.firewalls, order)
+            started = time.monotonic()
+            tb.wait_for(lambda: (a := tb.active_firewall()) is not None and tb.defaults_point_to(a), 8,
+                        f"the keepalived master's controller to hold the switch (services started: {name})")
+            took[name] = round(time.monotonic() - started, 2)
+            for fw, start in zip(tb.firewalls, logged, strict=True):
+                assert "ERROR" not in _daemons_log(fw)[start:], _daemons_log(fw)[start:]
+    print(f"the keepalived master's controller had the switch, s after the last service started: {took}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from nfshunt.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, RoleRequest, Roles, newer
+from nfshunt.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, Change, RoleRequest, Roles, newer
 
 
 def test_generations_compare_as_the_switch_does_across_the_wrap():
@@ -25,8 +25,10 @@ def test_a_takeover_claims_a_newer_generation_saved_before_the_claim(tmp_path):
     roles = Roles(str(path))
     roles.reply(EQUAL, 7)
     change = roles.take_over()
-    assert change.request == RoleRequest(MASTER, 8)
-    assert json.loads(path.read_text()) == {"role": "master", "generation": 8}
+    assert change.request == RoleRequest(NOCHANGE, 0)  # first the switch's generation, now
+    assert json.loads(path.read_text()) == {"role": "master", "generation": 0, "takeover": True}
+    assert roles.reply(SLAVE, 7).request == RoleRequest(MASTER, 8)
+    assert json.loads(path.read_text()) == {"role": "master", "generation": 8, "takeover": False}
     assert roles.reply(MASTER, 8).promoted
     assert not roles.reply(MASTER, 8).promoted  # a periodic check: still master, nothing to do
     assert roles.check() == RoleRequest(NOCHANGE, 0)
@@ -50,6 +52,7 @@ def test_a_master_made_slave_by_another_claim_is_demoted_once(tmp_path):
     roles.connected()
     roles.reply(EQUAL, UNDEFINED_GENERATION)
     roles.take_over()
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 1)
     assert roles.reply(MASTER, 1).promoted
     change = roles.reply(SLAVE, 2)  # the periodic query: the other controller took over
     assert change.demoted and "generation 2" in change.demoted and roles.wanted == "backup"
@@ -61,6 +64,7 @@ def test_is_slave_error_demotes_a_master(tmp_path):
     roles.connected()
     roles.reply(EQUAL, 3)
     roles.take_over()
+    roles.reply(EQUAL, 3)
     roles.reply(MASTER, 4)
     assert roles.refused_as_slave().demoted
     assert roles.granted == "backup"
@@ -71,6 +75,7 @@ def test_stepping_down_stops_programming_before_the_switch_answers(tmp_path):
     roles.connected()
     roles.reply(EQUAL, 3)
     roles.take_over()
+    roles.reply(EQUAL, 3)
     roles.reply(MASTER, 4)
     change = roles.stand_by()
     assert change.demoted == "asked to be backup" and change.request == RoleRequest(SLAVE, 4)
@@ -96,6 +101,124 @@ def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, c
     blocker = tmp_path / "file"
     blocker.write_text("")
     roles = Roles(str(blocker / "pair.json"))  # its directory cannot exist: a file is in the way
-    change = roles.take_over()
-    assert change.request == RoleRequest(MASTER, 1)
-    assert "cannot write the pair state file" in caplog.text
+    roles.take_over()
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 1)
+    assert "cannot write the pair state file" in caplog.text and roles.save_error
+
+
+def test_a_takeover_claims_above_a_generation_the_backup_never_heard_of(tmp_path):
+    """Issue 30.2: the backup asked for SLAVE before the first master's claim (generation 1),
+    so it never learned it; its takeover asks the switch first and claims 2, not 1 (which
+    the switch would accept as well, and so would the returning old master's claim)."""
+    backup = Roles(str(tmp_path / "b.json"))
+    backup.connected()
+    assert backup.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(SLAVE, 0)
+    backup.reply(SLAVE, 0)
+    # ... the other controller claims generation 1 now; the switch tells the backup nothing.
+    assert backup.take_over().request == RoleRequest(NOCHANGE, 0)
+    assert backup.reply(SLAVE, 1).request == RoleRequest(MASTER, 2)
+    assert backup.reply(MASTER, 2).promoted
+
+
+def test_replies_to_what_was_sent_before_the_claim_do_not_demote_the_claimant(tmp_path):
+    roles = Roles(str(tmp_path / "pair.json"))
+    roles.connected()
+    roles.reply(EQUAL, 5)
+    roles.stand_by()  # a SLAVE request in flight
+    roles.take_over()  # and a query after it
+    assert roles.reply(SLAVE, 5).request == RoleRequest(MASTER, 6)  # the SLAVE request's answer
+    change = roles.reply(SLAVE, 5)  # the query's answer, sent before the claim
+    assert change == Change() and roles.wanted == "master"
+    assert roles.reply(MASTER, 6).promoted
+
+
+def test_a_takeover_recorded_while_the_controller_was_down_is_made_at_connect(tmp_path):
+    """Issue 30.1: keepalived ran `nfshunt role master` before the controller was up; the
+    command recorded it (nfshunt/cli.py) and the controller claims once the switch connects."""
+    path = tmp_path / "pair.json"
+    Roles(str(path)).take_over()  # what the command does without a controller
+    assert json.loads(path.read_text())["takeover"] is True
+    roles = Roles(str(path))  # the controller starts
+    assert roles.status()["takeover"] == "querying"
+    assert roles.connected() == RoleRequest(NOCHANGE, 0)
+    assert roles.reply(EQUAL, 41).request == RoleRequest(MASTER, 42)
+    assert roles.reply(MASTER, 42).promoted
+    assert json.loads(path.read_text()) == {"role": "master", "generation": 42, "takeover": False}
+
+
+def test_a_takeover_under_way_is_claimed_again_after_a_reconnect(tmp_path):
+    roles = Roles(str(tmp_path / "pair.json"))
+    roles.connected()
+    roles.reply(EQUAL, 3)
+    roles.take_over()
+    assert roles.reply(EQUAL, 3).request == RoleRequest(MASTER, 4)
+    roles.disconnected()  # the claim's answer lost with the connection
+    roles.connected()
+    assert roles.reply(EQUAL, 4).request == RoleRequest(MASTER, 4)  # the saved generation
+
+
+def test_a_returning_master_is_refused_and_stays_backup(tmp_path):
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 1}))  # before it died
+    roles = Roles(str(path))
+    roles.connected()
+    assert roles.reply(EQUAL, 2).request == RoleRequest(MASTER, 1)  # the survivor claimed 2
+    assert roles.stale().request == RoleRequest(NOCHANGE, 0)
+    assert roles.reply(EQUAL, 2).request == RoleRequest(SLAVE, 2)
+    assert roles.wanted == "backup" and roles.granted is None
+
+
+def _pair_config(tmp_path, pair=True):
+    cfg = {"ports": [{"fast": 1, "slow": 2, "physdevin": 1}, {"fast": 3, "slow": 4, "physdevin": 2}],
+           "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"}, "openflow_versions": ["1.3"],
+           "delete_flows_on_shutdown": False,
+           "control_socket": str(tmp_path / "run" / "nfshunt.sock")}
+    if pair:
+        cfg["pair"] = {"state_file": str(tmp_path / "lib" / "pair.json")}
+    path = tmp_path / "nfshunt.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_role_master_without_a_running_controller_is_recorded_for_its_start(tmp_path, capsys):
+    from nfshunt.cli import main
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 0
+    assert "recorded in" in capsys.readouterr().out
+    state = json.loads((tmp_path / "lib" / "pair.json").read_text())
+    assert state["role"] == "master" and state["takeover"] is True
+    assert main(["role", "backup", "--config", _pair_config(tmp_path)]) == 0
+    assert json.loads((tmp_path / "lib" / "pair.json").read_text())["role"] == "backup"
+
+
+def test_role_without_a_controller_or_a_pair_to_record_it_in_fails_loudly(tmp_path, capsys):
+    from nfshunt.cli import main
+    assert main(["role", "master", "--config", _pair_config(tmp_path, pair=False)]) == 1
+    assert "cannot be recorded" in capsys.readouterr().err
+    (tmp_path / "lib").write_text("")  # the state file's directory cannot be made
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 1
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_the_notify_script_finds_nfshunt_with_keepalived_minimal_path_or_fails_loudly(tmp_path):
+    """keepalived runs notify scripts with a minimal PATH (issue 26.3): the script finds the
+    installed command itself, and without one it exits non-zero, saying so."""
+    import os
+    import subprocess
+    script = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify")
+    bare = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    fake = tmp_path / "nfshunt"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/called\n")
+    fake.chmod(0o755)
+    args = [script, "/nonexistent/conntrackd.conf", "/etc/nfshunt/nfshunt.json", "INSTANCE", "NFSHUNT", "BACKUP", "100"]
+    done = subprocess.run(args, env={**bare, "NFSHUNT": str(fake)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "called").read_text().split() == ["role", "backup", "--config", "/etc/nfshunt/nfshunt.json"]
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\nexit 1\n")
+    failing.chmod(0o755)
+    done = subprocess.run(args[:5] + ["MASTER", "150"], env={**bare, "NFSHUNT": str(failing)},
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "ERROR: nfshunt role master failed" in done.stderr
+    if not any(os.access(p, os.X_OK) for p in ("/usr/local/bin/nfshunt", "/opt/nfshunt-venv/bin/nfshunt")):
+        done = subprocess.run(args, env=bare, capture_output=True, text=True)
+        assert done.returncode == 1 and "not installed" in done.stderr
