@@ -36,10 +36,10 @@ bench: deps
 bench-quick: deps
 	$(PY) bench/run.py all --quick
 
+# The pure tests (no root, no testbed): everything not marked integration (conftest marks
+# every test that needs the real parts).
 unit:
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_markcodec.py tests/test_config.py tests/test_core.py \
-		tests/test_flows.py tests/test_iptables_render.py tests/test_linkemu.py tests/test_bad_input.py \
-		tests/test_conntrack_parse.py tests/test_metrics_audit.py tests/test_service_files.py
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
 
 clean:
 	-ovs-vsctl --if-exists del-br s1

@@ -55,6 +55,15 @@ def netns(integration_ready):
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that needs the real parts (the integration_ready fixture, directly or
+    through another fixture) is an integration test, marked or not: `make unit` selects
+    the rest by that marker."""
+    for item in items:
+        if "integration_ready" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Lets fixtures see whether their test failed (item.rep_call), to print logs then."""
