@@ -367,9 +367,13 @@ class FlowBuilder:
         if self.version != OFP10:
             return self.delete_by_cookie(flow.cookie, ALL_ONES_64)
         t = flow.match
-        match = p.OFPMatch(in_port=flow.in_port or 0) if t is None else p.OFPMatch(
-            in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
-            tp_src=t.sport, tp_dst=t.dport)
+        if t is None:
+            # Strict, by port and priority: a loose delete on the port alone would take the
+            # port's default and every pair from it too (1.0 cannot filter by cookie).
+            return p.OFPFlowMod(self.dp, match=p.OFPMatch(in_port=flow.in_port or 0), command=ofp.OFPFC_DELETE_STRICT,
+                                priority=flow.priority, out_port=ofp.OFPP_NONE)
+        match = p.OFPMatch(in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
+                           tp_src=t.sport, tp_dst=t.dport)
         return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_NONE)
 
     def delete_all(self) -> Any:

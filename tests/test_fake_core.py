@@ -423,9 +423,6 @@ def _by_port(fb: FlowBuilder, cookie: int) -> Any:
     return fb._add(fb.parser.OFPMatch(in_port=FAST_A), FAST_B, cookie, 33000, 0, False)
 
 
-@pytest.mark.xfail(strict=True, reason="OpenFlow 1.0 cannot delete by cookie: FlowBuilder.delete_switch_flow "
-                   "deletes a flow it cannot read as a tuple by a loose match on its in_port, which takes the "
-                   "port's default slow-path flow and every pair from that port with it")
 def test_openflow10_reconcile_deletes_an_unreadable_flow_of_ours_and_nothing_else():
     first = Rig(OFP10)
     conn = shunted(first)
