@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import logging
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import markcodec
+from . import jsonfile, markcodec
 
 ACTIONS = ("ignore", "shunt", "block")
 OPENFLOW_VERSIONS = {"1.0": 0x01, "1.3": 0x04}
@@ -24,6 +23,7 @@ LOG_FORMATS = ("text", "json")
 
 
 DEFAULT_CONTROL_SOCKET = "/run/nfshunt/nfshunt.sock"
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; more is a wrong file
 
 
 class ConfigError(ValueError):
@@ -194,12 +194,13 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
 
 # Letters, digits, '_', '.', '-': what every tool accepts. Linux allows more, but '+' is
 # an iptables wildcard, '!' its negation, ':' an alias separator.
-_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$", re.ASCII)
+# (Linux itself refuses '/', whitespace, '.' and '..', and more than 15 bytes.)
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
 
 
 def _ifname(key: str, value: Any) -> str:
     value = _str(key, value)
-    if not _IFNAME.match(value) or value in (".", ".."):
+    if not _IFNAME.fullmatch(value) or value in (".", ".."):
         raise ConfigError(key, f"{value!r} is not a valid interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return value
 
@@ -237,8 +238,20 @@ def _address(key: str, value: Any) -> str:
     return value
 
 
-def _file(key: str, value: Any) -> str:
+def _path(key: str, value: Any) -> str:
+    """A file name the kernel can take: no NUL (it would cut the name), UTF-8 encodable."""
     value = _str(key, value)
+    if "\0" in value:
+        raise ConfigError(key, f"{value!r} contains a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(key, f"{value!r} is not UTF-8 text (a lone surrogate)") from None
+    return value
+
+
+def _file(key: str, value: Any) -> str:
+    value = _path(key, value)
     if not os.path.isfile(value):
         raise ConfigError(key, f"file {value!r} does not exist")
     return value
@@ -251,15 +264,15 @@ def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
 
 
 def _log_path(key: str, value: Any) -> str:
-    value = _str(key, value)
+    value = _path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
         raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
     return value
 
 
 def _dir_path(key: str, value: Any) -> str:
-    value = _str(key, value)
-    if not os.path.isabs(value) or "\0" in value or (os.path.exists(value) and not os.path.isdir(value)):
+    value = _path(key, value)
+    if not os.path.isabs(value) or (os.path.exists(value) and not os.path.isdir(value)):
         raise ConfigError(key, f"{value!r} must be an absolute path of a directory (created if missing)")
     return value
 
@@ -267,7 +280,7 @@ def _dir_path(key: str, value: Any) -> str:
 def _socket_path(key: str, value: Any) -> str | None:
     if value is None:
         return None
-    value = _str(key, value)
+    value = _path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or len(value.encode()) > 107:
         raise ConfigError(key, f"{value!r} must be an absolute file path of at most 107 bytes (or null: no socket)")
     if os.path.isdir(value):
@@ -275,14 +288,18 @@ def _socket_path(key: str, value: Any) -> str | None:
     return value
 
 
+# ASCII only: int(..., 16) alone would also take other scripts' digits, '_', signs and spaces.
+_DPID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}|[0-9a-fA-F]{1,2}(?::[0-9a-fA-F]{1,2}){1,7}", re.ASCII)
+
+
 def _dpid(key: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = int(value.replace(":", ""), 16)
-        except ValueError:
-            raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id") from None
+        if not _DPID.fullmatch(value):
+            raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id (up to 16 hex digits, "
+                              "0x-prefixed or not, or up to 8 colon-separated bytes)")
+        value = int(value.replace(":", ""), 16)
     return _int(0, 2**64 - 1)(key, value)
 
 
@@ -503,33 +520,12 @@ def from_dict(raw: Any) -> Config:
 
 
 def load(path: str) -> Config:
+    """Only a regular file of at most MAX_CONFIG_BYTES is read (a FIFO would hang)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh, object_pairs_hook=_no_duplicates)
-    except OSError as exc:
-        raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError("", f"{path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("", f"{path} is not UTF-8 text (byte {exc.start})") from None
-    except RecursionError:
-        raise ConfigError("", f"{path} is nested too deeply") from None
-    except _DuplicateKey as exc:
-        raise ConfigError(str(exc), "appears twice in one object (JSON would silently keep the last)") from None
+        raw = jsonfile.read(path, MAX_CONFIG_BYTES)
+    except jsonfile.JsonInputError as exc:
+        raise ConfigError(exc.key, exc.problem) from None
     return from_dict(raw)
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
 
 
 def log_level(cfg: Config) -> int:

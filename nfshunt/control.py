@@ -23,6 +23,7 @@ import struct
 import threading
 from typing import Any, Callable
 
+from . import jsonfile
 from .model import TCP, UDP, FlowTuple, canonical_address
 
 LOG = logging.getLogger("nfshunt.control")
@@ -126,13 +127,17 @@ class ControlServer:
                     self._reply(conn, {"error": "permission denied: the control socket is for root only"})
                     return
                 data = b""
-                while b"\n" not in data and len(data) < MAX_REQUEST:
+                while b"\n" not in data and len(data) <= MAX_REQUEST:
                     chunk = conn.recv(4096)
                     if not chunk:
                         break
                     data += chunk
+                line = data.split(b"\n", 1)[0]
+                if len(line) > MAX_REQUEST:
+                    self._refuse_too_large(conn)
+                    return
                 try:
-                    request = json.loads(data.split(b"\n", 1)[0] or b"null")
+                    request = jsonfile.parse(line or b"null", "the request")  # bounded depth and digits
                     if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
                         raise ValueError("expected a JSON object with a string 'cmd'")
                 except ValueError as exc:
@@ -146,6 +151,14 @@ class ControlServer:
                     self._reply(conn, {"error": f"internal error: {exc}"})
             except OSError as exc:
                 LOG.debug("control client went away: %s", exc)
+
+    def _refuse_too_large(self, conn: socket.socket) -> None:
+        """Answer, then read on (bounded) so a client still sending sees the answer, not a reset."""
+        self._reply(conn, {"error": f"request too large (limit {MAX_REQUEST} bytes)"})
+        conn.shutdown(socket.SHUT_WR)
+        left = 16 * MAX_REQUEST
+        while left > 0 and (chunk := conn.recv(min(left, 1 << 16))):
+            left -= len(chunk)
 
     @staticmethod
     def _reply(conn: socket.socket, reply: dict[str, Any]) -> None:

@@ -34,6 +34,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from . import jsonfile
+
 LOG = logging.getLogger("nfshunt")
 
 # OpenFlow 1.3 controller roles (ofp_controller_role)
@@ -86,8 +88,8 @@ class Roles:
         if not self.state_file or not os.path.exists(self.state_file):
             return
         try:
-            with open(self.state_file, encoding="utf-8") as fh:
-                state = json.load(fh)
+            # A regular file of a few bytes (one role, one generation): a FIFO must not hang the start.
+            state = jsonfile.read(self.state_file, 4096)
             role, generation, takeover = state["role"], state["generation"], state.get("takeover", False)
             if role not in ("master", "backup") or not isinstance(generation, int) or isinstance(generation, bool) \
                     or not 0 <= generation < UNDEFINED_GENERATION or not isinstance(takeover, bool):

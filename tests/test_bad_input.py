@@ -2,15 +2,22 @@
 ConfigError naming a key; malformed netlink datagrams are counted and skipped."""
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
+import threading
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nfshunt.config import TOP_LEVEL, ConfigError, from_dict
+from nfshunt import jsonfile
+from nfshunt.config import MAX_CONFIG_BYTES, TOP_LEVEL, ConfigError, from_dict, load
 from nfshunt.conntrack import parse_datagram
+from nfshunt.control import MAX_REQUEST, ControlServer, request
+from nfshunt.roles import Roles
+from tests.helpers import BASE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALID = json.load(open(os.path.join(REPO, "config", "nfshunt.json")))
@@ -90,3 +97,253 @@ def test_truncated_and_oversized_lengths_are_reported():
     assert parse_datagram(struct.pack("=IHHII", 4, 256, 0, 0, 0), 0.0, bad.append) == []
     assert parse_datagram(struct.pack("=IHHII", 9999, 256, 0, 0, 0), 0.0, bad.append) == []
     assert len(bad) == 2
+
+
+# --- issue 26.7: files, keys and control requests that used to crash or hang ---------------
+
+def _config_file(tmp_path, text):
+    path = tmp_path / "nfshunt.json"
+    path.write_text(text)
+    return str(path)
+
+
+def _refused(raw_or_path, key, *problems):
+    with pytest.raises(ConfigError) as info:
+        load(raw_or_path) if isinstance(raw_or_path, str) else from_dict(raw_or_path)
+    assert info.value.key == key, str(info.value)
+    for problem in problems:
+        assert problem in info.value.problem, str(info.value)
+
+
+def _with(**kw):
+    raw = json.loads(json.dumps(BASE))
+    raw.update(kw)
+    return raw
+
+
+@pytest.mark.parametrize("where,key", [
+    ('"listen_port": N', "listen_port"),
+    ('"ports": [{"fast": N, "slow": 2, "physdevin": 1}]', "ports[0].fast"),
+    ('"mark_actions": {"0": -N}', "mark_actions.0"),
+])
+def test_a_number_of_thousands_of_digits_is_refused_naming_its_key_and_the_limit(tmp_path, where, key):
+    raw = json.loads(json.dumps(BASE))
+    raw.pop(key.split("[")[0].split(".")[0], None)  # given once: a duplicate key is refused too
+    text = json.dumps(raw)[:-1] + ", " + where.replace("N", "9" * 5000) + "}"
+    _refused(_config_file(tmp_path, text), key, "5000 digits", f"limit is {jsonfile.MAX_DIGITS}")
+
+
+def test_the_check_config_command_names_the_key_of_a_huge_number(tmp_path):
+    path = _config_file(tmp_path, json.dumps(BASE)[:-1] + ', "listen_port": ' + "1" * 5000 + "}")
+    proc = subprocess.run([sys.executable, "-m", "nfshunt", "check-config", path], capture_output=True,
+                          text=True, cwd=REPO, timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'listen_port': a number of 5000 digits" in proc.stderr
+
+
+def test_a_fifo_as_the_config_file_is_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "nfshunt.json"
+    os.mkfifo(fifo)
+    # Nothing ever writes the FIFO: a blocking open would wait for ever (timeout fails the test).
+    proc = subprocess.run([sys.executable, "-m", "nfshunt", "check-config", str(fifo)], capture_output=True,
+                          text=True, cwd=REPO, timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is not a regular file" in proc.stderr
+
+
+@pytest.mark.parametrize("path", ["/dev/null", "DIR"])  # not /dev/zero: a regression would eat memory
+def test_only_a_regular_file_is_read_as_config(tmp_path, path):
+    _refused(str(tmp_path) if path == "DIR" else path, "", "is not a regular file")
+
+
+def test_a_config_file_over_the_size_limit_is_refused(tmp_path):
+    text = json.dumps(BASE)
+    path = _config_file(tmp_path, text + " " * (MAX_CONFIG_BYTES + 1 - len(text)))
+    _refused(path, "", f"larger than {MAX_CONFIG_BYTES} bytes")
+    path = _config_file(tmp_path, text + " " * (MAX_CONFIG_BYTES - len(text)))
+    load(path)  # at the limit: read
+
+
+def test_a_config_nested_past_the_limit_is_refused_naming_where(tmp_path):
+    _refused(_config_file(tmp_path, "[" * 60000), "", "nested deeper than")
+    deep = json.dumps(_with(listen_address=json.loads("[" * 40 + "]" * 40)))
+    _refused(_config_file(tmp_path, deep), "listen_address" + "[0]" * (jsonfile.MAX_DEPTH - 1),
+             f"nested deeper than {jsonfile.MAX_DEPTH} levels")
+
+
+PATH_KEYS = [
+    ({"control_socket": "/run/nfshunt/a\0b.sock"}, "control_socket"),
+    ({"audit_log": "/var/log/nfshunt/a\0b.log"}, "audit_log"),
+    ({"state_dir": "/var/lib/nfs\0hunt"}, "state_dir"),
+    ({"pair": {"state_file": "/var/lib/nfshunt/pa\0ir.json"}}, "pair.state_file"),
+    ({"tls": {"private_key": "/etc/nfshunt/k\0ey.pem", "certificate": "/etc/nfshunt/cert.pem"}},
+     "tls.private_key"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", PATH_KEYS)
+def test_a_nul_byte_in_a_path_key_is_refused(overrides, key):
+    _refused(_with(**overrides), key, "contains a NUL byte")
+
+
+@pytest.mark.parametrize("key", sorted(TOP_LEVEL))
+def test_no_key_takes_a_nul_byte(key):
+    # A path key added later is covered too: a NUL would cut the name the kernel sees.
+    with pytest.raises(ConfigError) as info:
+        from_dict(_with(**{key: "/var/lib/nfshunt/a\0b"}))
+    assert info.value.key == key
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ({"control_socket": "/run/nfshunt/\ud800.sock"}, "control_socket"),
+    ({"audit_log": "/var/log/\udcff.log"}, "audit_log"),
+])
+def test_a_path_that_is_not_utf8_text_is_refused(overrides, key):
+    _refused(_with(**overrides), key, "not UTF-8")
+
+
+@pytest.mark.parametrize("name", ["fw-eth0\n", "fw\neth0", " fw-eth0", "fw/eth0", "fw:0", "fw eth0", ".", "..",
+                                  "fw-eth0123456789", "", "fw-\u0661"])
+@pytest.mark.parametrize("where", ["bridge", "bridge_port", "switches"])
+def test_bad_interface_names_are_refused(where, name):
+    if where == "bridge":
+        raw, key = _with(bridge=name), "bridge"
+    elif where == "bridge_port":
+        raw = _with()
+        raw["ports"][1]["bridge_port"] = name
+        raw, key = raw, "ports[1].bridge_port"
+    else:
+        raw = _with()
+        ports = raw.pop("ports")
+        ports[0]["bridge_port"] = name
+        raw["switches"] = [{"datapath_id": "a1", "ports": ports}]
+        key = "switches[0].ports[0].bridge_port"
+    with pytest.raises(ConfigError) as info:
+        from_dict(raw)
+    assert info.value.key == key
+
+
+def test_an_interface_name_of_15_bytes_is_accepted():
+    assert from_dict(_with(bridge="b" * 15)).bridge == "b" * 15
+
+
+@pytest.mark.parametrize("dpid", ["0x_1_2", "1_2", "\u0661\u0662", "\uff11\uff12", " a1", "a1 ", "a1\n", "+a1",
+                                  "-1", "0x", "", "0x00000000000000001", "1:2:3:4:5:6:7:8:9", "a1::b2", ":a1",
+                                  "a1:", "001:02", "0xa1:b2"])
+def test_a_datapath_id_is_ascii_hex_only(dpid):
+    _refused(_with(datapath_id=dpid), "datapath_id", "not a hexadecimal datapath id")
+
+
+@pytest.mark.parametrize("dpid,value", [("a1", 0xA1), ("0xA1", 0xA1), ("00000000000000a1", 0xA1),
+                                        ("00:00:00:00:00:00:00:a1", 0xA1), ("ffffffffffffffff", 2**64 - 1),
+                                        (161, 161), ("0:1", 1)])
+def test_a_datapath_id_in_hex_or_as_an_integer_is_accepted(dpid, value):
+    assert from_dict(_with(datapath_id=dpid)).datapath_id == value
+
+
+# --- the pair state file ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, '{"role": "master", "generation": ' + "7" * 5000 + "}",
+                                  '{"role": "master", "role": "master", "generation": 3}',
+                                  '{"role": "master", "generation": 3}' + " " * 5000])
+def test_a_bad_pair_state_file_starts_as_backup(tmp_path, caplog, text):
+    path = tmp_path / "pair.json"
+    path.write_text(text)
+    roles = Roles(str(path), start_role="master")
+    assert roles.wanted == "backup" and roles.generation == 0
+    assert "cannot read the pair state file" in caplog.text
+
+
+def test_a_fifo_as_the_pair_state_file_starts_as_backup_without_hanging(tmp_path, caplog):
+    path = tmp_path / "pair.json"
+    os.mkfifo(path)
+    done: list[Roles] = []
+    worker = threading.Thread(target=lambda: done.append(Roles(str(path), start_role="master")), daemon=True)
+    worker.start()
+    worker.join(10)
+    if not done:  # unblock the open so the thread ends, then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a FIFO as the state file hung")
+    assert done[0].wanted == "backup" and "not a regular file" in caplog.text
+
+
+def test_a_good_pair_state_file_is_still_read(tmp_path):
+    path = tmp_path / "pair.json"
+    path.write_text('{"role": "master", "generation": 12}')
+    roles = Roles(str(path))
+    assert (roles.wanted, roles.generation) == ("master", 12)
+
+
+# --- the control socket -------------------------------------------------------------------
+
+@pytest.fixture
+def control(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the control socket answers root only")
+    seen: list[dict] = []
+
+    def handle(request):
+        seen.append(request)
+        return {"ok": True}
+    server = ControlServer(str(tmp_path / "ctl" / "nfshunt.sock"), handle)
+    server.start()
+    yield server, seen
+    server.stop()
+
+
+def _ask_raw(path, data: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(data)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = sock.recv(1 << 16)
+            assert chunk, f"the server closed without answering (got {answer!r})"
+            answer += chunk
+    return json.loads(answer)
+
+
+def test_a_deeply_nested_request_gets_an_error_and_the_server_goes_on(control):
+    server, seen = control
+    reply = _ask_raw(server.path, b"[" * 60000 + b"\n")
+    assert "nested deeper than" in reply["error"]
+    assert request(server.path, {"cmd": "status"}) == {"ok": True} and seen == [{"cmd": "status"}]
+
+
+def test_a_request_over_the_size_limit_is_answered_too_large(control):
+    server, seen = control
+    for size in (MAX_REQUEST + 1, 4 * MAX_REQUEST):
+        reply = _ask_raw(server.path, b'{"cmd": "status", "reason": "' + b"x" * size + b'"}\n')
+        assert reply == {"error": f"request too large (limit {MAX_REQUEST} bytes)"}
+    # Without a newline at all: the same answer, not a wait for more.
+    assert "too large" in _ask_raw(server.path, b"x" * (MAX_REQUEST + 1))["error"]
+    assert seen == []
+    # At the limit (the newline not counted): handled.
+    pad = MAX_REQUEST - len(b'{"cmd": "status", "reason": ""}')
+    assert _ask_raw(server.path, b'{"cmd": "status", "reason": "' + b"x" * pad + b'"}\n') == {"ok": True}
+
+
+def test_a_huge_number_in_a_request_is_refused_naming_its_key(control):
+    server, seen = control
+    reply = _ask_raw(server.path, b'{"cmd": "unshunt", "ct_id": ' + b"9" * 5000 + b"}\n")
+    assert reply["error"] == f"bad request: ct_id: a number of 5000 digits (the limit is {jsonfile.MAX_DIGITS})"
+    assert seen == []
+
+
+# --- the shared reader --------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,key,problem", [
+    ('{"a": [1, {"b": -' + "1" * 101 + "}]}", "a[1].b", "101 digits (the limit is 100)"),
+    ('{"a": 1, "a": 2}', "a", "appears twice"),
+    ('{"a": ' * 33 + "1" + "}" * 33, ".".join("a" * 32), "nested deeper than 32 levels"),
+    (b"\xff", "", "doc is not UTF-8"),
+])
+def test_the_shared_reader_names_where_and_the_limit(text, key, problem):
+    with pytest.raises(jsonfile.JsonInputError) as info:
+        jsonfile.parse(text, "doc")
+    assert info.value.key == key and problem in info.value.problem
+
+
+def test_the_shared_reader_keeps_numbers_up_to_the_limit():
+    assert jsonfile.parse("[" + "9" * jsonfile.MAX_DIGITS + ", 1.5e400]", "doc")[0] == int("9" * jsonfile.MAX_DIGITS)
