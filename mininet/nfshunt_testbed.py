@@ -171,7 +171,7 @@ def clear_leftovers(log: Callable[[str], None]) -> None:
     every process in their network namespaces (controllers, daemons, traffic), its switch
     ports' veths and control links in the root namespace, its bridges. Called with the
     testbed lock held, so no live testbed owns these names."""
-    root_ns = os.stat("/proc/1/ns/net").st_ino
+    root_ns = os.stat("/proc/self/ns/net").st_ino  # the testbed runs in the root namespace
     shells = re.compile(rb"^bash\x00--norc\x00.*mininet:(" + b"|".join(n.encode() for n in NODE_NAMES) + rb")\x00")
     stale_ns: set[int] = set()
     procs: list[tuple[int, int]] = []  # (pid, netns inode)

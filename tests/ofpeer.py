@@ -23,10 +23,11 @@ def _msg(mtype: int, xid: int, body: bytes = b"") -> bytes:
 
 def forged_flow(cookie: int, in_port: int, out_port: int, src: str, dst: str, sport: int, dport: int,
                 priority: int = 33000) -> bytes:
-    """One ofp_flow_stats entry: an exact TCP match forwarding to out_port."""
+    """One ofp_flow_stats entry: an exact TCP match forwarding to out_port, of the very
+    shape NFShunt installs (untagged: vlan_vid none), which is the only one it adopts."""
     dp = ofproto_protocol.ProtocolDesc(OFP13)
     p = dp.ofproto_parser
-    match = p.OFPMatch(in_port=in_port, eth_type=0x0800, ip_proto=6, ipv4_src=src, ipv4_dst=dst,
+    match = p.OFPMatch(in_port=in_port, vlan_vid=0x0000, eth_type=0x0800, ip_proto=6, ipv4_src=src, ipv4_dst=dst,
                        tcp_src=sport, tcp_dst=dport)
     mbuf = bytearray()
     match.serialize(mbuf, 0)
