@@ -17,14 +17,19 @@ def _rows(path):
         return list(csv.DictReader(fh))
 
 
-@pytest.fixture(scope="module")
-def quick_all(tmp_path_factory, integration_ready):
-    out = tmp_path_factory.mktemp("experiments")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "mininet", "experiments.py"), "all", "--quick",
+def _quick(tmp_path_factory, experiment):
+    """experiments.py EXPERIMENT --quick into a fresh directory: (the directory, its output)."""
+    out = tmp_path_factory.mktemp(experiment)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "mininet", "experiments.py"), experiment, "--quick",
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     assert proc.returncode == 0
     return out, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_all(tmp_path_factory, integration_ready):
+    return _quick(tmp_path_factory, "all")
 
 
 def _report_ok(path):
@@ -115,12 +120,7 @@ def test_hop_counters_count_only_once_every_counter_stood_still():
 
 @pytest.fixture(scope="module")
 def quick_jitter(tmp_path_factory, integration_ready):
-    out = tmp_path_factory.mktemp("jitter")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "mininet", "experiments.py"), "jitter", "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
-    print(proc.stdout[-3000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
-    return out
+    return _quick(tmp_path_factory, "jitter")[0]
 
 
 def test_jitter_quick_run(quick_jitter):
@@ -170,3 +170,12 @@ def test_delay_statistics_of_a_window():
     assert s.jitter_us == 765 and s.median_us == 25 and s.p999_us == 1040
     with pytest.raises(ValueError, match="no frame"):
         delay_stats(rec, cycle_us=1000, start_ns=7_000_000, end_ns=8_000_000)
+
+
+def test_sender_report_names_what_it_lacks():
+    from cyclicstream import SenderReport
+    line = ("sent=10 errors=0 wake_late_median_ns=5 wake_late_p999_ns=9 wake_late_max_ns=12 "
+            "wake_late_over_cycle=0 clock_res_ns=1")
+    assert SenderReport.parse(line).wake_late_max_ns == 12
+    with pytest.raises(ValueError, match="clock_res_ns"):
+        SenderReport.parse(line.replace(" clock_res_ns=1", ""))
