@@ -29,7 +29,8 @@ experiments: deps
 experiments-quick: deps
 	$(PY) mininet/experiments.py all --quick
 
-# Delay and jitter of a cyclic industrial stream by path and load on the firewall (about 40 min).
+# Delay and jitter of a cyclic industrial stream by path, load on the firewall and cycle (30 cells
+# of 60 s: about 35 min).
 jitter: deps
 	$(PY) mininet/experiments.py jitter
 
