@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo demo-failover test lint unit experiments experiments-quick bench bench-quick clean
+.PHONY: deps demo demo-failover test lint unit experiments experiments-quick jitter jitter-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -29,6 +29,14 @@ experiments: deps
 experiments-quick: deps
 	$(PY) mininet/experiments.py all --quick
 
+# Delay and jitter of a cyclic industrial stream by path, load on the firewall and cycle (30 cells
+# of 60 s: about 35 min).
+jitter: deps
+	$(PY) mininet/experiments.py jitter
+
+jitter-quick: deps
+	$(PY) mininet/experiments.py jitter --quick
+
 # Benchmarks of the shunting machinery (bench/run.py): results in bench/results/.
 bench: deps
 	$(PY) bench/run.py all
@@ -46,3 +54,4 @@ clean:
 	-ip link del nfsmgmt0 2>/dev/null
 	-mn -c >/dev/null 2>&1
 	-pkill -f build/nfqdelay
+	-pkill -f build/cyclic

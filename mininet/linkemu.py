@@ -83,23 +83,28 @@ class Emulation:
 Runner = Callable[..., str]   # Testbed.run(node, *args, check=..., timeout=...)
 
 
-def build_nfqdelay() -> str:
-    """Compile nfqdelay once (gcc + libnetfilter-queue-dev, installed by scripts/install-deps.sh)."""
-    if os.path.exists(NFQDELAY_BIN) and os.path.getmtime(NFQDELAY_BIN) >= os.path.getmtime(NFQDELAY_SRC):
-        return NFQDELAY_BIN
+def build_program(src: str, binary: str, libs: tuple[str, ...] = ()) -> str:
+    """Compile one C file of mininet/ into build/ unless the binary is newer than its source."""
+    if os.path.exists(binary) and os.path.getmtime(binary) >= os.path.getmtime(src):
+        return binary
+    name = os.path.basename(binary)
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise EmulationError("no C compiler to build nfqdelay (apt-get install gcc libnetfilter-queue-dev)")
+        raise EmulationError(f"no C compiler to build {name} (apt-get install gcc)")
+    os.makedirs(os.path.dirname(binary), exist_ok=True)
+    tmp = binary + ".tmp"
+    proc = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, src, *libs], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EmulationError(f"building {name} failed:\n{proc.stderr}")
+    os.replace(tmp, binary)
+    return binary
+
+
+def build_nfqdelay() -> str:
+    """Compile nfqdelay once (gcc + libnetfilter-queue-dev, installed by scripts/install-deps.sh)."""
     if not os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"):
         raise EmulationError("libnetfilter_queue headers missing (apt-get install libnetfilter-queue-dev)")
-    os.makedirs(os.path.dirname(NFQDELAY_BIN), exist_ok=True)
-    tmp = NFQDELAY_BIN + ".tmp"
-    proc = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, NFQDELAY_SRC, "-lnetfilter_queue", "-lnfnetlink"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise EmulationError(f"building nfqdelay failed:\n{proc.stderr}")
-    os.replace(tmp, NFQDELAY_BIN)
-    return NFQDELAY_BIN
+    return build_program(NFQDELAY_SRC, NFQDELAY_BIN, ("-lnetfilter_queue", "-lnfnetlink"))
 
 
 def netem_available(node) -> bool:
