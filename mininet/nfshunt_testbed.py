@@ -165,6 +165,19 @@ NODE_NAMES = ("h1", "h2", "h3", "h4", "fw", "fw2", "s1", "s2")  # every node Two
 MGMT_IFS = ("nfsmgmt0", "nfsmgmt2")  # the control links' root-namespace ends
 
 
+def processes_in_netns(ns: int) -> list[int]:
+    """The pids of the processes in the network namespace with this inode."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == ns:
+                    pids.append(int(entry))
+            except OSError:
+                continue  # gone meanwhile, or a kernel thread
+    return pids
+
+
 def clear_leftovers(log: Callable[[str], None]) -> None:
     """Remove what a testbed killed before its clean-up (SIGKILL, a machine's session
     ending mid-run) left behind under the fixed names a new one needs: its nodes' shells and
@@ -673,6 +686,17 @@ class Testbed:
                 self.run(node, "ip", "addr", "add", f"{addrs[fw.index]}/24", "dev", intf)
                 self.run(node, "ip", "link", "set", intf, "up")
 
+    @staticmethod
+    def _notify_wrapper(fw: Firewall) -> str:
+        """The shipped notify script run as keepalived runs it (same arguments, keepalived's
+        bare environment); only its stderr, a time-stamped line a step, is kept (keepalived
+        discards it) for the takeover's time line."""
+        path = os.path.join(fw.workdir, "nfshunt-notify")
+        with open(path, "w") as fh:
+            fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, "nfshunt-notify")} "$@" 2>>{fw.workdir}/notify.log\n')
+        os.chmod(path, 0o755)
+        return path
+
     def render_pair_config(self, fw: Firewall) -> dict[str, str]:
         """The shipped config/ha examples with this node's interfaces, addresses and paths:
         what the testbed runs is what an admin starts from. Returns the written paths."""
@@ -683,7 +707,7 @@ class Testbed:
             "192.0.2.1": VRRP_ADDRS[me], "192.0.2.2": VRRP_ADDRS[peer], "192.0.2.100": VRRP_VIP,
             "198.51.100.1": SYNC_ADDRS[me], "198.51.100.2": SYNC_ADDRS[peer],
             "priority 150": f"priority {150 if me == 0 else 100}",
-            "/usr/local/sbin/nfshunt-notify": os.path.join(HA_CONFIG, "nfshunt-notify"),
+            "/usr/local/sbin/nfshunt-notify": self._notify_wrapper(fw),
             "/etc/conntrackd/conntrackd.conf": os.path.join(fw.workdir, "conntrackd.conf"),
             "/etc/nfshunt/nfshunt.json": fw.config_path,
             "/var/log/conntrackd.log": os.path.join(fw.workdir, "conntrackd.log"),
@@ -744,7 +768,17 @@ class Testbed:
                                                   stdout=log, stderr=subprocess.STDOUT, env=BARE_ENV))
 
     def stop_services(self, fw: Firewall, sig: int = signal.SIGTERM) -> None:
-        """keepalived and conntrackd, then the controller."""
+        """keepalived and conntrackd, then the controller. SIGKILL is a power cut: every
+        process on the node dies at once (keepalived's VRRP child and a notify script under
+        way too, which would otherwise outlive it and act on the next start)."""
+        if sig == signal.SIGKILL:
+            node = self.node(fw)
+            for pid in processes_in_netns(os.stat(f"/proc/{node.pid}/ns/net").st_ino):
+                if pid != node.pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
         while fw.daemons:
             stop_process(fw.daemons.pop(), 5, sig)
         # A killed keepalived leaves its VRRP address behind; a host that died has none.
@@ -765,9 +799,12 @@ class Testbed:
         proc = self.node(fw).popen(["tcpdump", "-i", fw.intfs[0], "-n", "-tt", "-l", "-c", "1", "tcp"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._procs.append(proc)
-        line = proc.stderr.readline() if proc.stderr else ""
-        if "listening on" not in line:
-            raise TestbedError(f"tcpdump on {fw.name} did not start: {line}")
+        said = ""
+        while proc.stderr is not None and "listening on" not in said:
+            line = proc.stderr.readline()
+            if not line:
+                raise TestbedError(f"tcpdump on {fw.name} did not start: {said}")
+            said += line
         return proc
 
     def takeover_timeline(self, fw: Firewall, failed_at: float, first_packet: subprocess.Popen,
@@ -780,7 +817,7 @@ class Testbed:
 
         def notify(what: str) -> float | None:
             return after([float(m.group(1)) for m in re.finditer(
-                rf"nfshunt-notify: ([0-9.]+) {re.escape(what)}", _read(os.path.join(fw.workdir, "daemons.log")))])
+                rf"nfshunt-notify: ([0-9.]+) {re.escape(what)}", _read(os.path.join(fw.workdir, "notify.log")))])
 
         def logged(what: str) -> float | None:
             return after([datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() for m in re.finditer(
