@@ -148,6 +148,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
+    statics = reply.get("static_shunts") or []
+    if statics:
+        print(f"static shunts: {len(statics)} flows")
+        print(f"{'name':<20}{'dir':<6}{'flow':<64}{'packets':>12}{'bytes':>12}")
+        for row in statics:
+            where = "" if row["on_switch"] else "  (not on the switch at the last read)"
+            print(f"{row['name'][:19]:<20}{row['direction'][:4]:<6}{row['flow']:<64}{_size(row['packets']):>12}"
+                  f"{_size(row['bytes']):>12}{where}")
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")

@@ -52,6 +52,7 @@ from .config import Config, PortGroup
 from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Action, Conn, Connections,
                          FlowCount, State, closing)
 from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
+from .static import StaticTable
 
 OFP10 = 0x01
 OFP13 = 0x04
@@ -139,6 +140,7 @@ class Core:
         # Operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK.
         self.pins: dict[FlowTuple, Pin] = {}
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
+        self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
@@ -169,6 +171,7 @@ class Core:
         out: list[Command] = []
         if self.cfg.delete_foreign_flows_on_startup:
             out.append(DeleteAllFlows())
+        out.extend(self.static.connected())  # before the defaults: their first frame never crosses the firewall
         if self.cfg.default_no_shunting:
             out.append(InstallDefaults(self.cfg.ports))
         if pipeline:
@@ -240,7 +243,7 @@ class Core:
             # 1 yet: a shunt sent there now would have its packets dropped at the table miss.
             self.pipeline_reads += 1
             return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
-        out: list[Command] = []
+        flows, out = self.static.reconcile(flows)
         pairs, catchers = self._sort_flows(flows, out)
         present: set[int] = set()
         for (kind, key), dirs in pairs.items():
@@ -763,8 +766,8 @@ class Core:
     # --- table ------------------------------------------------------------------------------
 
     def default_entries(self) -> int:
-        """Entries of table 0 that are not any connection's."""
-        return 2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0
+        """Entries of table 0 that are not any connection's: the defaults, the static shunts."""
+        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries
 
     def shared_entries(self) -> int:
         """The pipeline layout's table 1 (its own table: not counted against table 0)."""

@@ -18,6 +18,7 @@ from .connection import Conn
 from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+from .static import StaticFlow
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -258,6 +259,29 @@ class FlowBuilder:
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
         return out
+
+    def static_add(self, flow: StaticFlow) -> Any:
+        """A static shunt's flow (OpenFlow 1.3, config.py checks): its prefixes masked,
+        an omitted port any, untagged frames only; no idle timeout, no flow-removed."""
+        fields: dict[str, Any] = {"in_port": flow.in_port, "vlan_vid": OFP13_VID_NONE,
+                                  "ip_proto": flow.shunt.protocol}
+        v = flow.family
+        fields["eth_type"] = ETH_IPV4 if v == 4 else ETH_IPV6
+        for side, net in (("src", flow.src), ("dst", flow.dst)):
+            full = net.prefixlen == net.max_prefixlen
+            fields[f"ipv{v}_{side}"] = str(net.network_address) if full else \
+                (str(net.network_address), str(net.netmask))
+        l4 = "tcp" if flow.shunt.protocol == TCP else "udp"
+        for side, port in (("src", flow.src_port), ("dst", flow.dst_port)):
+            if port is not None:
+                fields[f"{l4}_{side}"] = port
+        return self._add(self.parser.OFPMatch(**fields), flow.out_port, flow.cookie, flow.priority, 0, False)
+
+    def static_stats_request(self) -> Any:
+        """The counters of every static flow (by cookie kind, on the switch)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, 0, ofp.OFPP_ANY, ofp.OFPG_ANY, cookies.make(cookies.Kind.STATIC),
+                                     cookies.OWNED_MASK | (0xFF << 48), p.OFPMatch())
 
     def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
         p, ofp = self.parser, self.ofp

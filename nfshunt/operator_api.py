@@ -253,7 +253,8 @@ class OperatorAPI:
                 "pending": send.pending() if send is not None else 0,
                 "queued": len(send.queued) if send is not None else 0,
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
-                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None})
+                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
+                "static_shunts": sw.core.static.status()})
         first = switches[0]
         return {
             "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
@@ -263,4 +264,5 @@ class OperatorAPI:
                                                           "max_shunts")},
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
-            "counters": self.counters.flat(), "connections": conns}
+            "counters": self.counters.flat(), "connections": conns,
+            "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}

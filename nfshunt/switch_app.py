@@ -224,7 +224,7 @@ class NFShuntApp(app_manager.OSKenApp):
             per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
                                "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
                                "table_max": table["max_entries"], "table_used": table["used"],
-                               "table_1": table["table_1"]})
+                               "table_1": table["table_1"], "static": sw.core.static.status()})
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
         return {"switches": per_switch,
@@ -233,7 +233,8 @@ class NFShuntApp(app_manager.OSKenApp):
                 "waiting": sum(len(sw.core.waiting) for sw in self.switches),
                 "queued": sum(len(sw.send.queued) for sw in self.switches if sw.send is not None),
                 "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
-                "pair": roles.status() if roles is not None else None}
+                "pair": roles.status() if roles is not None else None,
+                "static": [row for sw in per_switch for row in sw["static"]]}
 
     # --- switch lifecycle -----------------------------------------------------------------
 
@@ -510,6 +511,12 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
             self._catchers_read(sw, ev.msg)
             return
+        if ev.msg.xid == sw.static_read:  # the static flows' counters (status, metrics)
+            sw.static_flows.extend(fb.parse_stats(stats) for stats in ev.msg.body)
+            if not fb.more_follows(ev.msg):
+                sw.core.static.counted(sw.static_flows)
+                sw.static_read, sw.static_flows = None, []
+            return
         read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
             conn, packets = read
@@ -702,6 +709,8 @@ class NFShuntApp(app_manager.OSKenApp):
             msg = sw.fb.controller_meter_stats_request()
             sw.meter_read = (sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
+        if sw.core.static.entries and sw.fb is not None and sw.static_read is None:
+            self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         self.run(sw, sw.core.tick(now))
 
     @set_ev_cls(EventShutdown)
