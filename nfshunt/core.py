@@ -653,6 +653,9 @@ class Core:
                                    now))
         if action is Action.BLOCK:
             out.append(ResyncConntrack())
+            out.extend(self.static.block(orig, now, int(PIN_TTL)))
+        else:
+            out.extend(self.static.unblock(orig))
         return out
 
     def _unpin(self, *tuples: FlowTuple) -> None:
@@ -752,6 +755,7 @@ class Core:
         if self.pins:
             for t in [t for t, p in self.pins.items() if p.expires <= now]:
                 del self.pins[t]
+        self.static.expire(now)
         return out
 
     def _finish_removal(self, conn: Conn, reason: str) -> list[Command]:

@@ -275,7 +275,9 @@ class FlowBuilder:
         for side, port in (("src", flow.src_port), ("dst", flow.dst_port)):
             if port is not None:
                 fields[f"{l4}_{side}"] = port
-        return self._add(self.parser.OFPMatch(**fields), flow.out_port, flow.cookie, flow.priority, 0, False)
+        msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, flow.cookie, flow.priority, 0, False)
+        msg.hard_timeout = flow.hard_timeout
+        return msg
 
     def static_stats_request(self) -> Any:
         """The counters of every static flow (by cookie kind, on the switch)."""

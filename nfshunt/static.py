@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import cookies
-from .model import TCP, UDP, SwitchFlow
+from .model import TCP, UDP, FlowTuple, SwitchFlow
 
 if TYPE_CHECKING:
     from .config import Config
@@ -57,13 +57,14 @@ class StaticFlow:
     shunt: StaticShunt
     reply: bool
     in_port: int
-    out_port: int
+    out_port: int | None  # None: drop (an operator's block of a tuple inside the stream)
     src: Network
     dst: Network
     src_port: int | None
     dst_port: int | None
     priority: int
     cookie: int
+    hard_timeout: int = 0  # a block's lifetime (the operator's pin); a static shunt never times out
 
     @property
     def family(self) -> int:
@@ -71,7 +72,20 @@ class StaticFlow:
 
     def describe(self) -> str:
         return describe(self.shunt.protocol, self.src, self.dst, self.src_port, self.dst_port) + \
-            f" port {self.in_port} -> {self.out_port}"
+            (f" port {self.in_port} -> {self.out_port}" if self.out_port is not None else f" port {self.in_port} drop")
+
+    def covers(self, t: FlowTuple) -> bool:
+        """A packet of this tuple arriving on in_port would take this flow."""
+        return (t.proto == self.shunt.protocol and t.family == self.family
+                and ipaddress.ip_address(t.src) in self.src and ipaddress.ip_address(t.dst) in self.dst
+                and _meet(self.src_port, t.sport) and _meet(self.dst_port, t.dport))
+
+    def block(self, t: FlowTuple, priority: int, lifetime: int) -> "StaticFlow":
+        """This flow's exact drop for tuple t, above it (an operator's block wins)."""
+        key = zlib.crc32(repr(("block", self.in_port, t)).encode())
+        net = ipaddress.ip_network
+        return StaticFlow(self.shunt, self.reply, self.in_port, None, net(t.src), net(t.dst), t.sport, t.dport,
+                          priority, cookies.make(cookies.Kind.STATIC, key, self.reply), lifetime)
 
     def overlaps(self, other: "StaticFlow") -> bool:
         """Some frame could match both (same in_port and protocol): the switch would pick one."""
@@ -229,6 +243,10 @@ class StaticTable:
     def __init__(self, cfg: "Config"):
         self.flows = switch_flows(cfg)
         self.counts: dict[int, Counts] = {}
+        self.block_priority = cfg.block_priority
+        # Operators' blocks of tuples inside a static stream, by cookie: (flow, expires). The
+        # stream never reaches conntrack, so a block by policy or pin would never be decided.
+        self.blocks: dict[int, tuple[StaticFlow, float]] = {}
 
     @property
     def entries(self) -> int:
@@ -238,7 +256,35 @@ class StaticTable:
         """At connect, before anything else: every static flow (an identical one on the
         switch is overwritten in place)."""
         from .commands import InstallStatic
-        return [InstallStatic(tuple(self.flows.values()), "switch connected")] if self.flows else []
+        flows = (*self.flows.values(), *(f for f, _ in self.blocks.values()))
+        return [InstallStatic(flows, "switch connected")] if flows else []
+
+    def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Any]:
+        """An operator's block of a tuple (either direction) some static flow carries: an
+        exact drop above it, for the pin's lifetime (the switch's hard timeout ends it)."""
+        from .commands import InstallStatic
+        flows = [f.block(u, self.block_priority, lifetime) for f in self.flows.values() for u in (t, t.reversed())
+                 if f.covers(u)]
+        new = [f for f in flows if f.cookie not in self.blocks]
+        for f in flows:
+            self.blocks[f.cookie] = (f, now + lifetime)
+        return [InstallStatic(tuple(new), "blocked by operator")] if new else []
+
+    def unblock(self, t: FlowTuple) -> list[Any]:
+        """An operator's unshunt lifts its block of a static stream's tuple."""
+        from .commands import RemoveStatic
+        gone = [f for f, _ in self.blocks.values() if FlowTuple(t.family, t.proto, str(f.src.network_address),
+                                                                str(f.dst.network_address), f.src_port or 0,
+                                                                f.dst_port or 0) in (t, t.reversed())]
+        for f in gone:
+            del self.blocks[f.cookie]
+        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), "unshunt by operator")
+                ] if gone else []
+
+    def expire(self, now: float) -> None:
+        """Blocks the switch's hard timeout has ended."""
+        for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
+            del self.blocks[cookie]
 
     def reconcile(self, flows: Iterable[SwitchFlow]) -> tuple[list[SwitchFlow], list[Any]]:
         """Split the switch's static flows from the rest. One of ours exactly right is
@@ -253,7 +299,7 @@ class StaticTable:
                 found.setdefault(flow.cookie, []).append(flow)
             else:
                 rest.append(flow)
-        stale = [cookie for cookie in found if cookie not in self.flows]
+        stale = [cookie for cookie in found if cookie not in self.flows and cookie not in self.blocks]
         wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
         missing = [f for cookie, f in self.flows.items() if cookie not in found]
         out: list[Any] = []

@@ -181,3 +181,30 @@ def test_reload_applies_the_difference_only():
     assert len(remove.cookies) == 2 and not kept & set(remove.cookies)
     assert not kept & {f.cookie for f in install.flows}
     assert table.reload(static_config(STREAM, changed, added)) == []
+
+
+def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream_until_unshunt():
+    from nfshunt.model import FlowTuple
+    cfg = static_config(STREAM)
+    core = c.Core(cfg)
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0)
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)
+    out = core.pin(t, c.Action.BLOCK, 10.0)
+    (install,) = [x for x in out if isinstance(x, cmds.InstallStatic)]
+    drops = sorted(install.flows, key=lambda f: f.in_port)
+    assert [(f.in_port, f.out_port, f.priority) for f in drops] == [(1, None, cfg.block_priority),
+                                                                    (3, None, cfg.block_priority)]
+    msg = builder(cfg).static_add(drops[0])
+    assert msg.instructions == [] and msg.hard_timeout == int(c.PIN_TTL)
+    assert dict(msg.match.items())["udp_src"] == 40000
+    # kept across a reconnect, not deleted as stale
+    again = core.switch_connected(c.OFP13)
+    assert {f.cookie for f in drops} <= {f.cookie for x in again if isinstance(x, cmds.InstallStatic) for f in x.flows}
+    rest = core.reconcile([as_read(f) for f in (*core.static.flows.values(), *drops)], 1)
+    assert not any(isinstance(x, cmds.RemoveStatic) for x in rest)
+    # a tuple outside every stream: nothing
+    outside = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 1)
+    assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, c.Action.BLOCK, 11))
+    (remove,) = [x for x in core.pin(t, c.Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
+    assert set(remove.cookies) == {f.cookie for f in drops}
