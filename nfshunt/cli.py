@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -53,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     setup_logging(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     from . import controller
-    return controller.run(cfg)
+    return controller.run(cfg, os.path.abspath(args.config))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -186,6 +187,20 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    reply = _ask(args, {"cmd": "reload"})
+    if reply is None:
+        return 1
+    st = reply["static"]
+    print(f"reloaded: changed {', '.join(reply['changed']) or 'nothing'}; static flows {st['added']} added, "
+          f"{st['removed']} removed, {st['flows']} in all; "
+          + (f"confirmed by the switch in {reply['confirmed_ms']:.1f} ms" if reply["confirmed"]
+             else "NOT confirmed by every switch yet"))
+    for key, why in reply["kept"].items():
+        print(f"  {key}: {why}")
+    return 0 if reply["confirmed"] else 1
+
+
 def cmd_role(args: argparse.Namespace) -> int:
     reply = _ask(args, {"cmd": "role", "role": args.role})
     if reply is None:
@@ -235,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     control_args(fl)
     fl.add_argument("--reason", default="flush by operator")
     fl.set_defaults(func=cmd_control)
+
+    rl = sub.add_parser("reload", help="read the config again: static shunts and the live keys change, "
+                        "a bad config changes nothing (also SIGHUP)")
+    control_args(rl)
+    rl.set_defaults(func=cmd_reload)
 
     ro = sub.add_parser("role", help="a firewall pair's takeover (master) or step-down (backup): keepalived's notify")
     control_args(ro)

@@ -182,6 +182,16 @@ class Core:
         out.append(RequestSwitchFlows())
         return out
 
+    def reload(self, cfg: Config) -> list[Command]:
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts
+        change as the difference only; the packet-in meter takes a new rate."""
+        old, self.cfg = self.cfg, cfg
+        out: list[Command] = self.static.reload(cfg)
+        if self.version is not None and self.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
+                cfg.packet_in_rate != old.packet_in_rate:
+            out.append(LimitPacketIns(cfg.packet_in_rate))
+        return out
+
     def stopping(self, now: float, take_down: bool) -> list[Command]:
         """Shutting down: nothing new goes onto the switch from now on (a pair that leaves
         must not let a queued connection take its place). With `take_down`, every pair is

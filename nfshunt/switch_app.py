@@ -97,9 +97,10 @@ class EventShutdown(event.EventBase):
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
 
-    def __init__(self, *args: Any, nfshunt_config: Config, **kwargs: Any):
+    def __init__(self, *args: Any, nfshunt_config: Config, nfshunt_config_path: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cfg = nfshunt_config
+        self.config_path = nfshunt_config_path  # read again by a reload (operator_api)
         self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
         self.router = Router(self.cfg)
         self.trimmer = Trimmer()
@@ -210,11 +211,13 @@ class NFShuntApp(app_manager.OSKenApp):
         self.worker.stop()
 
     def reopen_logs(self) -> None:
-        """SIGHUP: reopen the audit log (after logrotate moved it)."""
+        """SIGHUP: reopen the audit log (after logrotate moved it), then reload the config
+        (the reload logs its outcome; nobody waits for the answer)."""
         for handler in self.audit.handlers:
             if isinstance(handler, BatchedFileHandler):
                 handler.reopen()
         LOG.info("reopened the audit log")
+        self.send_event(self.name, EventControl({"cmd": "reload", "by": "SIGHUP"}))
 
     def _metrics_snapshot(self) -> dict[str, Any]:
         """The gauges' values, read on the scrape thread (plain reads of the event loop's state)."""
