@@ -76,6 +76,9 @@ def test_overlapping_entries_and_a_name_used_twice_are_refused():
     with pytest.raises(ConfigError) as err:
         static_config(STREAM, wide)
     assert err.value.key == "static_shunts[1]" and "overlaps static_shunts[0]" in err.value.problem
+    with pytest.raises(ConfigError) as err:  # the prefix first, the host inside it after
+        static_config(wide, {**STREAM, "name": "host"})
+    assert err.value.key == "static_shunts[1]" and "overlaps static_shunts[0]" in err.value.problem
     # the reverse direction of one overlaps the forward of the other: refused too
     back = {"protocol": "udp", "src": "10.0.0.2", "dst": "10.0.0.1", "src_port": 34964, "fast_ports": [3, 1]}
     with pytest.raises(ConfigError, match="overlaps"):
