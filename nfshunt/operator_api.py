@@ -195,13 +195,14 @@ class OperatorAPI:
         if path is None:
             ev.answer({"error": "this controller was not started from a config file"})
             return
+        started = time.monotonic()
         try:
             new = config.load(path)
         except config.ConfigError as exc:
             LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
             ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}"})
             return
-        started = time.monotonic()
+        validated = time.monotonic()
         change = reload.plan(self.app.cfg, new)
         self.app.cfg = change.config
         if "log_level" in change.changed:  # else a --log-level given at start stays
@@ -228,7 +229,7 @@ class OperatorAPI:
             last = max((w.at for w in waiters if w.at is not None), default=started)
             ev.answer({"ok": True, "changed": list(change.changed), "static": static,
                        "kept": {key: "needs a restart: running value kept" for key in change.kept},
-                       "confirmed": confirmed,
+                       "confirmed": confirmed, "validated_ms": round((validated - started) * 1000, 3),
                        "confirmed_ms": round((last - started) * 1000, 3) if confirmed else None})
         threading.Thread(target=answer, name="reload-answer", daemon=True).start()
 
