@@ -621,6 +621,10 @@ class NFShuntApp(app_manager.OSKenApp):
             if table_id != 0:
                 continue
             budget = core.table_size(max_entries)
+            if core.default_entries() >= max_entries:
+                LOG.error("switch %s table 0 holds %d entries: the defaults and %d static shunt flows take %d, "
+                          "the switch refuses what does not fit and no shunt has room", sw.name, max_entries,
+                          core.static.entries, core.default_entries())
             if budget is None:
                 LOG.info("switch %s table 0 holds %d entries; max_shunts %d is the budget", sw.name, max_entries,
                          sw.cfg.max_shunts)

@@ -1,5 +1,6 @@
 """Static shunts (static.py): their config checks, their flows, and how one switch's
 table of them is installed, reconciled and reloaded."""
+import json
 import os
 
 import pytest
@@ -211,3 +212,43 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
     assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, c.Action.BLOCK, 11))
     (remove,) = [x for x in core.pin(t, c.Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
     assert set(remove.cookies) == {f.cookie for f in drops}
+
+
+def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
+    import logging
+
+    from prometheus_client import generate_latest
+
+    from nfshunt.accounting import Outcomes
+    from nfshunt.metrics import Metrics
+    table = StaticTable(static_config(STREAM))
+    fwd = next(f for f in table.flows.values() if not f.reply)
+    table.counted([as_read(fwd, packets=7, bytes=3584, duration=2.5)])
+    rows = table.status()
+    assert [(r["direction"], r["packets"], r["on_switch"]) for r in sorted(rows, key=lambda r: r["direction"])] == [
+        ("original", 7, True), ("reply", None, False)]
+    metrics = Metrics(lambda: {"shunts": 0, "blocks": 0, "connected": 1, "max_shunts": 0, "waiting": 0,
+                               "static": rows})
+    text = generate_latest(metrics.registry).decode()
+    assert 'nfshunt_static_packets_total{direction="original",name="plc-cycle"} 7.0' in text
+    assert 'nfshunt_static_bytes_total{direction="original",name="plc-cycle"} 3584.0' in text
+    assert "nfshunt_static_flows_missing 1.0" in text
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+    audit = logging.getLogger("nfshunt.audit.test")
+    audit.propagate = False
+    audit.setLevel(logging.INFO)
+    lines = Lines()
+    audit.addHandler(lines)
+    Outcomes(metrics, audit).static("static_installed", "s1", [(f.cookie, f.describe()) for f in table.flows.values()],
+                                    "switch connected")
+    records = [json.loads(line) for line in lines.lines]
+    assert [r["event"] for r in records] == ["static_installed"] * 2
+    assert {r["flow"] for r in records} == {f.describe() for f in table.flows.values()}
+    assert metrics.counters.flat()["static_flows:installed:switch connected"] == 2
