@@ -132,7 +132,7 @@ class Dispatcher:
 
     def read_static_counters(self, sw: Switch, _cmd: c.ReadStaticCounters) -> None:
         msg = sw.fb.static_stats_request()
-        sw.static_read = sw.dp.set_xid(msg)
+        sw.static_read = (sw.dp.set_xid(msg), time.monotonic())
         self.send(sw, msg)
 
     # --- the kernel ---------------------------------------------------------------------------

@@ -45,6 +45,12 @@ class StaticShunt:
     dst_port: int | None = None
     both_directions: bool = True
     name: str | None = None
+    datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
+
+    def on(self, cfg: "Config") -> bool:
+        """This entry's flows go on that switch (one switch's config)."""
+        return set(self.fast_ports) <= {g.fast for g in cfg.ports} and (
+            self.datapath_id is None or self.datapath_id == cfg.datapath_id)
 
     @property
     def label(self) -> str:
@@ -109,13 +115,13 @@ def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: i
 
 def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
-    from .config import ConfigError, _bool, _choice, _int, _object, _str
+    from .config import ConfigError, _bool, _choice, _dpid, _int, _object, _str
     if not isinstance(value, list):
         raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
                           "\"fast_ports\": [a, b]})")
     fields = {"name": _str, "protocol": _choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
               "src_port": _int(1, 65535), "dst_port": _int(1, 65535), "fast_ports": _port_pair,
-              "both_directions": _bool}
+              "both_directions": _bool, "datapath_id": _dpid}
     out = []
     names: dict[str, int] = {}
     for i, raw in enumerate(value):
@@ -175,6 +181,7 @@ def check(cfg: "Config") -> None:
                           f"({cfg.shunt_priority + 1}: the TCP catchers) and below block_priority "
                           f"({cfg.block_priority}): an operator's block must still win")
     groups = [{g.fast for g in sw.ports} for sw in cfg.served]
+    dpids = {sw.datapath_id for sw in cfg.served}
     seen = _Seen()
     for i, shunt in enumerate(shunts):
         at = f"static_shunts[{i}]"
@@ -183,6 +190,14 @@ def check(cfg: "Config") -> None:
                 raise ConfigError(f"{at}.fast_ports[{j}]", f"{port} is not the fast port of a configured port group")
         if not any(set(shunt.fast_ports) <= fast for fast in groups):
             raise ConfigError(f"{at}.fast_ports", "both ports must be on the same switch")
+        if shunt.datapath_id is not None and shunt.datapath_id not in dpids:
+            raise ConfigError(f"{at}.datapath_id", f"{shunt.datapath_id:016x} is not a served switch")
+        served = [sw.datapath_id for sw in cfg.served if shunt.on(sw)]
+        if not served:
+            raise ConfigError(f"{at}.fast_ports", "not the fast ports of that switch")
+        if len(served) > 1:
+            raise ConfigError(f"{at}.datapath_id", "the fast ports are on several switches: name the one "
+                              "(a stream declared for one must not bypass the firewall on another)")
         limit = cfg.static_shunt_max_prefix[shunt.src.version]
         for side in ("src", "dst"):
             net = getattr(shunt, side)
@@ -248,10 +263,9 @@ def _key(shunt: StaticShunt, priority: int) -> int:
 
 def switch_flows(cfg: "Config") -> dict[int, StaticFlow]:
     """Every static flow of one switch's config (its entries: those on its ports), by cookie."""
-    fast = {g.fast for g in cfg.ports}
     out: dict[int, StaticFlow] = {}
     keys: set[int] = set()
-    for shunt in sorted((s for s in cfg.static_shunts if set(s.fast_ports) <= fast), key=repr):
+    for shunt in sorted((s for s in cfg.static_shunts if s.on(cfg)), key=repr):
         key = _key(shunt, cfg.static_priority)
         while key in keys:  # two entries of one hash (1 in 2^32 a pair): the later one probes on
             key = (key + 1) & 0xFFFFFFFF

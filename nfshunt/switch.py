@@ -51,7 +51,7 @@ class Switch:
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
         self.counter_reads: dict[int, tuple[Conn, dict[bool, int]]] = {}
         self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
-        self.static_read: int | None = None  # xid of the read of the static flows' counters
+        self.static_read: tuple[int, float] | None = None  # (xid, asked at) of the static flows' counters read
         self.static_flows: list[SwitchFlow] = []  # ... its flows so far
 
     @property

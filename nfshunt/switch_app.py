@@ -55,6 +55,7 @@ from .trim import Trimmer
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
 METER_READ_TIMEOUT = 5.0  # a meter read unanswered this long is asked again
+STATIC_READ_TIMEOUT = 5.0  # a read of the static flows' counters unanswered this long is asked again
 DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
 HANDOVERS = 2  # conntrack hand-overs (the listener's or a dump's) in the event queue at most
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
@@ -514,7 +515,7 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
             self._catchers_read(sw, ev.msg)
             return
-        if ev.msg.xid == sw.static_read:  # the static flows' counters (status, metrics)
+        if sw.static_read is not None and ev.msg.xid == sw.static_read[0]:  # static flows' counters (status, metrics)
             sw.static_flows.extend(fb.parse_stats(stats) for stats in ev.msg.body)
             if not fb.more_follows(ev.msg):
                 sw.core.static.counted(sw.static_flows)
@@ -716,7 +717,9 @@ class NFShuntApp(app_manager.OSKenApp):
             msg = sw.fb.controller_meter_stats_request()
             sw.meter_read = (sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
-        if sw.core.static.entries and sw.fb is not None and sw.static_read is None:
+        if sw.core.static.entries and sw.fb is not None and (sw.static_read is None or
+                                                             now - sw.static_read[1] > STATIC_READ_TIMEOUT):
+            sw.static_flows = []  # a read the switch never answered is given up
             self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         self.run(sw, sw.core.tick(now))
 

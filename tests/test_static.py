@@ -252,3 +252,20 @@ def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
     assert [r["event"] for r in records] == ["static_installed"] * 2
     assert {r["flow"] for r in records} == {f.describe() for f in table.flows.values()}
     assert metrics.counters.flat()["static_flows:installed:switch connected"] == 2
+
+
+def test_with_several_switches_an_entry_names_its_switch_when_its_ports_are_on_more_than_one():
+    from nfshunt.config import from_dict
+    from tests.helpers import BASE
+    two = {"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"], "switches": [
+        {"datapath_id": "a1", "ports": BASE["ports"]},
+        {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}, {"fast": 3, "slow": 4,
+                                                                                 "physdevin": 4}]}]}
+    with pytest.raises(ConfigError) as err:
+        from_dict({**two, "static_shunts": [STREAM]})
+    assert err.value.key == "static_shunts[0].datapath_id" and "several switches" in err.value.problem
+    with pytest.raises(ConfigError) as err:
+        from_dict({**two, "static_shunts": [{**STREAM, "datapath_id": "b7"}]})
+    assert err.value.key == "static_shunts[0].datapath_id" and "not a served switch" in err.value.problem
+    cfg = from_dict({**two, "static_shunts": [{**STREAM, "datapath_id": "a2"}]})
+    assert [StaticTable(sw).entries for sw in cfg.served] == [0, 2]
