@@ -12,7 +12,10 @@
   burst    N marked entries created at once: time until every pair is confirmed on the switch
            and every conntrack entry deleted, beside the switch's own limit for the same
            flow-mods written straight to it (bench/switchlimit.py) in the same run
-  all      the four
+  reload   static shunts changed by a reload (`nfshunt reload`): 1, 100 and 1,000 streams added,
+           then removed; time from the request to every new flow confirmed (barrier), beside
+           the switch's own time for as many flow-mods written straight to it
+  all      the four (not reload)
 
 --quick runs each small (the test suite does). Results: bench/results/<bench>-<time>/
 <bench>.md and CSV, with the machine (cores, kernel, Open vSwitch, datapath).
@@ -506,6 +509,64 @@ def bench_burst(args: argparse.Namespace) -> int:
     return 0
 
 
+def _streams(n: int, run: int) -> list[dict[str, Any]]:
+    """n engineered streams, host to host, distinct from every other run's."""
+    return [{"name": f"r{run}-{i}", "protocol": "udp", "src": f"10.{100 + run}.{i // 250}.{i % 250 + 1}",
+             "dst": "10.0.0.2", "dst_port": 30000, "fast_ports": [1, 3]} for i in range(n)]
+
+
+def bench_reload(args: argparse.Namespace) -> int:
+    sizes = args.sizes or ([1, 10] if args.quick else [1, 100, 1000])
+    runs = args.runs or (1 if args.quick else 5)
+    res = Results(args.out, "reload", {
+        "streams changed": sizes, "runs per size": runs,
+        "stream": "UDP host to host, both directions (2 flows a stream), OpenFlow 1.3",
+        "measured": "controller: request on its event loop -> file read and validated -> flow-mods sent -> "
+                    "barrier reply; client: `reload` request sent on the control socket -> answer",
+        "switch alone": "2N flow-mods of exact-match pairs, serialised beforehand, written to s1's management "
+                        "socket behind one barrier (bench/switchlimit.py), in the same testbed"})
+    with Testbed(mode="nfshunt", config={"log_level": "INFO"}, log=print) as tb:
+        tb.wait_for_controller()
+        base = tb.nfshunt_config()
+
+        def reload_to(streams: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
+            with open(tb.config_path, "w") as fh:
+                json.dump({**base, "static_shunts": streams}, fh)
+            t0 = time.monotonic()
+            reply = tb.control({"cmd": "reload"}, timeout=30)
+            return reply, time.monotonic() - t0
+        for size in sizes:
+            limit = switchlimit.measure(nfconfig.load(tb.config_path), "s1", size)
+            for run in range(runs):
+                streams = _streams(size, run)
+                for change, target in (("add", streams), ("remove", [])):
+                    reply, client_s = reload_to(target)
+                    if not reply.get("confirmed"):
+                        raise TestbedError(f"reload of {size} streams not confirmed: {reply}")
+                    row = {"streams": size, "run": run, "change": change, "flows": 2 * size,
+                           "validated_ms": reply["validated_ms"], "confirmed_ms": reply["confirmed_ms"],
+                           "client_ms": client_s * 1000, "switch_alone_ms": size / limit["pairs_per_s"] * 1000}
+                    res.add(row)
+                    print(f"[{size} #{run + 1} {change}] confirmed in {row['confirmed_ms']:.1f} ms "
+                          f"(validated {row['validated_ms']:.1f} ms, client {row['client_ms']:.1f} ms); "
+                          f"switch alone {row['switch_alone_ms']:.1f} ms", flush=True)
+    rows = []
+    for size in sizes:
+        for change in ("add", "remove"):
+            sel = [r for r in res.rows if r["streams"] == size and r["change"] == change]
+            conf = summary([r["confirmed_ms"] for r in sel])
+            rows.append([f"{size}", change, f"{2 * size}", f(summary([r['validated_ms'] for r in sel])['median']),
+                         f(conf["median"]), f(conf["max"]), f(summary([r['client_ms'] for r in sel])['median']),
+                         f(sel[0]["switch_alone_ms"]) if sel else "–"])
+    body = ["Milliseconds, median (and max) over the runs. Confirmed: from the request reaching the controller's "
+            "event loop to the switch's barrier reply after the last flow-mod. Switch alone: the switch's own time "
+            "for as many flow-mods (adds), written straight to it.", "",
+            *md_table(["streams", "change", "flows", "validated", "confirmed", "confirmed max", "client",
+                       "switch alone"], rows)]
+    print(f"report: {res.report('Reload: static shunts changed without a restart', body, False)}")
+    return 0
+
+
 def _shunts_or_none(tb: Testbed) -> int | None:
     try:
         return counts(tb)["shunts"]
@@ -515,7 +576,7 @@ def _shunts_or_none(tb: Testbed) -> int | None:
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "all"])
+    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "all"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
@@ -544,7 +605,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             if name == "rate-tcp":
                 sub.feed = "tcp"
             {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale,
-             "burst": bench_burst}[name](sub)
+             "burst": bench_burst, "reload": bench_reload}[name](sub)
     except TestbedError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -31,13 +31,16 @@ def audit_record(conn: Conn, reason: str) -> dict[str, Any]:
     stats = conn.stats or {}
     fwd, rev = stats.get(False), stats.get(True)
     durations = [s.duration for s in (fwd, rev) if s]
-    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
-            **conn_fields(conn, "removed", reason=reason),
+    return {"time": _stamp(), **conn_fields(conn, "removed", reason=reason),
             "switch_ports": [conn.ingress.fast, conn.egress.fast],
             "duration": round(max(durations), 3) if durations else None,
             "orig_packets": fwd.packets if fwd else None, "orig_bytes": fwd.bytes if fwd else None,
             "reply_packets": rev.packets if rev else None, "reply_bytes": rev.bytes if rev else None,
             **carried(conn)}
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
 
 
 def carried(conn: Conn) -> dict[str, int]:
@@ -70,6 +73,19 @@ class Outcomes:
         self.audit = audit
         self.handlers = {c.Ignored: self.ignored, c.Installed: self.installed, c.Refused: self.refused,
                          c.Removed: self.removed}
+
+    def static(self, event: str, switch: str, flows: list[tuple[int, str]], reason: str) -> None:
+        """Static flows written to or deleted from a switch: one log line, one audit line each."""
+        if not flows:
+            return
+        self.counters.add("static_flows", event.removeprefix("static_"), reason, amount=len(flows))
+        LOG.info("%s on switch %s (%s): %d flows: %s", event.replace("_", " "), switch, reason, len(flows),
+                 "; ".join(what for _, what in flows[:5]) + (" ..." if len(flows) > 5 else ""))
+        if self.audit.handlers:
+            stamp = _stamp()
+            for cookie, what in flows:
+                self.audit.info(json.dumps({"time": stamp, "event": event, "switch": switch,
+                                            "cookie": f"0x{cookie:016x}", "flow": what, "reason": reason}))
 
     def ignored(self, cmd: c.Ignored) -> None:
         self.counters.add("ignored", cmd.reason)

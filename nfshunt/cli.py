@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -53,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     setup_logging(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     from . import controller
-    return controller.run(cfg)
+    return controller.run(cfg, os.path.abspath(args.config))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -148,6 +149,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
+    statics = reply.get("static_shunts") or []
+    if statics:
+        print(f"static shunts: {len(statics)} flows")
+        print(f"{'name':<20}{'dir':<6}{'flow':<64}{'packets':>12}{'bytes':>12}")
+        for row in statics:
+            where = "" if row["on_switch"] else "  (not on the switch at the last read)"
+            print(f"{row['name'][:19]:<20}{row['direction'][:4]:<6}{row['flow']:<64}{_size(row['packets']):>12}"
+                  f"{_size(row['bytes']):>12}{where}")
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")
@@ -176,6 +185,20 @@ def cmd_control(args: argparse.Namespace) -> int:
         print(f"{args.cmd}: {reply['tuple']}" + ("" if reply.get("flows_removed") or args.cmd == "block"
                                                  else " (not shunted now; held for its next appearance)"))
     return 0
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    reply = _ask(args, {"cmd": "reload"})
+    if reply is None:
+        return 1
+    st = reply["static"]
+    print(f"reloaded: changed {', '.join(reply['changed']) or 'nothing'}; static flows {st['added']} added, "
+          f"{st['removed']} removed, {st['flows']} in all; "
+          + (f"confirmed by the switch in {reply['confirmed_ms']:.1f} ms" if reply["confirmed"]
+             else "NOT confirmed by every switch yet"))
+    for key, why in reply["kept"].items():
+        print(f"  {key}: {why}")
+    return 0 if reply["confirmed"] else 1
 
 
 def cmd_role(args: argparse.Namespace) -> int:
@@ -272,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     control_args(fl)
     fl.add_argument("--reason", default="flush by operator")
     fl.set_defaults(func=cmd_control)
+
+    rl = sub.add_parser("reload", help="read the config again: static shunts and the live keys change, "
+                        "a bad config changes nothing (also SIGHUP)")
+    control_args(rl)
+    rl.set_defaults(func=cmd_reload)
 
     ro = sub.add_parser("role", help="a firewall pair's takeover (master) or step-down (backup): keepalived's notify")
     control_args(ro)

@@ -14,6 +14,7 @@ from typing import Union
 from .config import PortGroup
 from .connection import Conn
 from .model import ConnEvent, FlowTuple, SwitchFlow
+from .static import StaticFlow
 
 
 @dataclass(slots=True)
@@ -120,6 +121,26 @@ class DeleteConntrack:
 
 
 @dataclass(slots=True)
+class InstallStatic:
+    """Static shunts' flows (static.py): written as they are, audited."""
+    flows: tuple[StaticFlow, ...]
+    reason: str
+
+
+@dataclass(slots=True)
+class RemoveStatic:
+    """Static flows by cookie: deleted, audited (`what`: each one's description)."""
+    cookies: tuple[int, ...]
+    what: tuple[str, ...]
+    reason: str
+
+
+@dataclass(slots=True)
+class ReadStaticCounters:
+    """Read the static flows' counters (answer with the table's counted())."""
+
+
+@dataclass(slots=True)
 class Ignored:
     reason: str
     event: ConnEvent
@@ -145,4 +166,5 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
                 RequestTableSize, ResyncConntrack, ClearDecisions, InstallFlows, RemoveFlows, DeleteConntrack, Later,
-                EntryDue, ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack]
+                EntryDue, ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack, InstallStatic,
+                RemoveStatic, ReadStaticCounters]

@@ -12,9 +12,12 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import jsonfile, markcodec
+
+if TYPE_CHECKING:
+    from .static import StaticShunt
 
 ACTIONS = ("ignore", "shunt", "block")
 OPENFLOW_VERSIONS = {"1.0": 0x01, "1.3": 0x04}
@@ -116,6 +119,10 @@ class Config:
     # datapath_id, ports and overrides; `ports` above then holds every switch's groups
     # (the firewall's bridge ports, for the iptables plumbing). Empty: one switch, this one.
     switches: tuple["Config", ...] = ()
+    # Engineered streams on the fast path from their first frame (static.py).
+    static_shunts: tuple["StaticShunt", ...] = ()
+    static_shunt_max_prefix: dict[int, int] = field(default_factory=lambda: {4: 24, 6: 64})
+    static_priority: int = 33050
     by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -433,7 +440,15 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "log_format": _choice(LOG_FORMATS),
     "bridge": _ifname,
     "pair": _pair,
+    "static_shunts": lambda key, value: _static().parse(key, value),
+    "static_shunt_max_prefix": lambda key, value: _static().max_prefix(key, value),
+    "static_priority": _int(1, 65534),
 }
+
+
+def _static() -> Any:
+    from . import static  # it reads this module's checks
+    return static
 
 
 # What each entry of `switches` may set; the other keys are the controller's (or, at the
@@ -504,6 +519,7 @@ def from_dict(raw: Any) -> Config:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
     _check(cfg)
+    _static().check(cfg)
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

@@ -7,6 +7,7 @@ request to a callback (the app answers it on its event loop). Requests:
   {"cmd": "flush", "reason": "..."}                   every shunt and block back to the slow path
   {"cmd": "unshunt"|"block", "ct_id": N}              one connection, by conntrack id ...
   {"cmd": "unshunt"|"block", "tuple": "tcp 10.0.0.1:40000 -> 10.0.0.2:5201"}   ... or tuple
+  {"cmd": "reload"}                                   read the config again (operator_api.reload)
 
 Refusals (not root, bad request) come back as {"error": "..."}; the socket file is mode
 0600 in a 0700 directory, and the peer's credentials are checked as well.

@@ -47,7 +47,7 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
 
 
-def run(cfg: Config) -> int:
+def run(cfg: Config, path: str | None = None) -> int:
     tune_gc()
     _configure_osken(cfg)
     from os_ken.base.app_manager import AppManager
@@ -72,7 +72,7 @@ def run(cfg: Config) -> int:
     contexts = manager.create_contexts()
     from .control import ControlError
     try:
-        manager.instantiate_apps(nfshunt_config=cfg, **contexts)
+        manager.instantiate_apps(nfshunt_config=cfg, nfshunt_config_path=path, **contexts)
     except (OSError, ControlError) as exc:
         LOG.error("cannot start: %s", exc)
         return 1

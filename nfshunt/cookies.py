@@ -2,13 +2,14 @@
 
     bits 56-63  0x4E ('N'): owned by NFShunt
     bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block, 4 TCP teardown catcher,
-                5 the pipeline layout's table-1 flow of a port group
+                5 the pipeline layout's table-1 flow of a port group, 6 static shunt
     bits 36-47  slot: tells apart live connections whose conntrack ids collide (ids are a
                 32-bit hash: about n^2/2^33 of n live entries share one; 1 in a 100,000
                 burst). The first pair of an id has slot 0, a second one slot 1 ...
     bit  33     teardown catchers: 0 FIN, 1 RST
     bit  32     direction: 0 original, 1 reply; table-1 flows: 1 catcher (FIN or RST by bit 33)
-    bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows: port group index)
+    bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows: port group index;
+                static shunts: a hash of the entry's fields, static.py)
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Kind(enum.IntEnum):
     BLOCK = 3
     TEARDOWN = 4
     PIPELINE = 5
+    STATIC = 6
 
 
 _KINDS = {int(kind): kind for kind in Kind}  # Kind(x) costs a microsecond; a reconcile reads 200,000

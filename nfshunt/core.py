@@ -52,6 +52,7 @@ from .config import Config, PortGroup
 from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Action, Conn, Connections,
                          FlowCount, State, closing)
 from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
+from .static import StaticTable
 
 OFP10 = 0x01
 OFP13 = 0x04
@@ -139,6 +140,7 @@ class Core:
         # Operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK.
         self.pins: dict[FlowTuple, Pin] = {}
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
+        self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
@@ -169,6 +171,7 @@ class Core:
         out: list[Command] = []
         if self.cfg.delete_foreign_flows_on_startup:
             out.append(DeleteAllFlows())
+        out.extend(self.static.connected())  # before the defaults: their first frame never crosses the firewall
         if self.cfg.default_no_shunting:
             out.append(InstallDefaults(self.cfg.ports))
         if pipeline:
@@ -177,6 +180,16 @@ class Core:
             out.append(LimitPacketIns(self.cfg.packet_in_rate))
         out.append(RequestTableSize())
         out.append(RequestSwitchFlows())
+        return out
+
+    def reload(self, cfg: Config) -> list[Command]:
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts
+        change as the difference only; the packet-in meter takes a new rate."""
+        old, self.cfg = self.cfg, cfg
+        out: list[Command] = self.static.reload(cfg)
+        if self.version is not None and self.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
+                cfg.packet_in_rate != old.packet_in_rate:
+            out.append(LimitPacketIns(cfg.packet_in_rate))
         return out
 
     def stopping(self, now: float, take_down: bool) -> list[Command]:
@@ -240,7 +253,7 @@ class Core:
             # 1 yet: a shunt sent there now would have its packets dropped at the table miss.
             self.pipeline_reads += 1
             return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
-        out: list[Command] = []
+        flows, out = self.static.reconcile(flows)
         pairs, catchers = self._sort_flows(flows, out)
         present: set[int] = set()
         for (kind, key), dirs in pairs.items():
@@ -650,6 +663,9 @@ class Core:
                                    now))
         if action is Action.BLOCK:
             out.append(ResyncConntrack())
+            out.extend(self.static.block(orig, now, int(PIN_TTL)))
+        else:
+            out.extend(self.static.unblock(orig))
         return out
 
     def _unpin(self, *tuples: FlowTuple) -> None:
@@ -749,6 +765,7 @@ class Core:
         if self.pins:
             for t in [t for t, p in self.pins.items() if p.expires <= now]:
                 del self.pins[t]
+        self.static.expire(now)
         return out
 
     def _finish_removal(self, conn: Conn, reason: str) -> list[Command]:
@@ -763,8 +780,8 @@ class Core:
     # --- table ------------------------------------------------------------------------------
 
     def default_entries(self) -> int:
-        """Entries of table 0 that are not any connection's."""
-        return 2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0
+        """Entries of table 0 that are not any connection's: the defaults, the static shunts."""
+        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries
 
     def shared_entries(self) -> int:
         """The pipeline layout's table 1 (its own table: not counted against table 0)."""

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from . import commands as c
 from .accounting import Outcomes
 from .conntrack import ConntrackWorker
+from .flows import ALL_ONES_64
 from .connection import CT_TCP_ESTABLISHED, Action
 from .markcodec import DECISION_MASK
 from .model import TCP
@@ -52,12 +53,16 @@ class Dispatcher:
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
             c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
+            c.InstallStatic: self.install_static,
+            c.RemoveStatic: self.remove_static,
+            c.ReadStaticCounters: self.read_static_counters,
         }
         # Commands that write to the switch: dropped while it is away (the core knows, and
         # its reconcile repairs what they would have done).
         self.switch_bound = frozenset((c.RemoveFlows, c.InstallDefaults, c.InstallPipeline,
                                        c.LimitPacketIns, c.DeleteAllFlows, c.DeleteSwitchFlow, c.RequestTableSize,
-                                       c.RequestSwitchFlows, c.ReadCounters))
+                                       c.RequestSwitchFlows, c.ReadCounters, c.InstallStatic, c.RemoveStatic,
+                                       c.ReadStaticCounters))
 
     def execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
         kind = type(cmd)
@@ -115,6 +120,19 @@ class Dispatcher:
     def read_counters(self, sw: Switch, cmd: c.ReadCounters) -> None:
         msg = sw.fb.pair_stats_request(cmd.conn)
         sw.counter_reads[sw.dp.set_xid(msg)] = (cmd.conn, {})
+        self.send(sw, msg)
+
+    def install_static(self, sw: Switch, cmd: c.InstallStatic) -> None:
+        self.send(sw, *(sw.fb.static_add(f) for f in cmd.flows))
+        self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows], cmd.reason)
+
+    def remove_static(self, sw: Switch, cmd: c.RemoveStatic) -> None:
+        self.send(sw, *(sw.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies))
+        self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
+
+    def read_static_counters(self, sw: Switch, _cmd: c.ReadStaticCounters) -> None:
+        msg = sw.fb.static_stats_request()
+        sw.static_read = (sw.dp.set_xid(msg), time.monotonic())
         self.send(sw, msg)
 
     # --- the kernel ---------------------------------------------------------------------------

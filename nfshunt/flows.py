@@ -18,6 +18,7 @@ from .connection import Conn
 from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
 from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+from .static import StaticFlow
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -85,7 +86,7 @@ class PatchedMsg:
 class _Template:
     __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at")
 
-    def __init__(self, msg: Any, family: int, meta: int | None = None):
+    def __init__(self, msg: Any, family: int, meta: int | None = None, ports: tuple[bool, bool] = (True, True)):
         msg.set_xid(0)
         msg.serialize()
         self.buf = bytes(msg.buf)
@@ -94,8 +95,9 @@ class _Template:
         self.cookie_at = self._once(struct.pack("!Q", _S_COOKIE))
         self.src_at = self._once(ipaddress.ip_address(s_src).packed)
         self.dst_at = self._once(ipaddress.ip_address(s_dst).packed)
-        self.sport_at = self._once(struct.pack("!H", _S_PORTS[0]))
-        self.dport_at = self._once(struct.pack("!H", _S_PORTS[1]))
+        # A static shunt's flow may match any port (ports: which the message has).
+        self.sport_at = self._once(struct.pack("!H", _S_PORTS[0])) if ports[0] else None
+        self.dport_at = self._once(struct.pack("!H", _S_PORTS[1])) if ports[1] else None
         # The metadata names the connection as the cookie does (META_CONN_MASK).
         self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta))
 
@@ -115,8 +117,10 @@ class _Template:
         # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
         b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)
         b[self.dst_at:self.dst_at + size] = socket.inet_pton(af, t.dst)
-        struct.pack_into("!H", b, self.sport_at, t.sport)
-        struct.pack_into("!H", b, self.dport_at, t.dport)
+        if self.sport_at is not None:
+            struct.pack_into("!H", b, self.sport_at, t.sport)
+        if self.dport_at is not None:
+            struct.pack_into("!H", b, self.dport_at, t.dport)
         return PatchedMsg(b)
 
 
@@ -134,7 +138,7 @@ class FlowBuilder:
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
-                   meta: Any = None) -> Any:
+                   meta: Any = None, ports: tuple[bool, bool] = (True, True)) -> Any:
         """The message for (cookie, tuple) from the cached template of its shape; `meta`
         (cookie -> metadata) for a flow that carries the connection into table 1."""
         if not self.templated:
@@ -144,7 +148,7 @@ class FlowBuilder:
             s_src, s_dst = _S4 if family == 4 else _S6
             sentinel = FlowTuple(family, t.proto, s_src, s_dst, *_S_PORTS)
             try:
-                tpl = _Template(build(_S_COOKIE, sentinel), family, None if meta is None else meta(_S_COOKIE))
+                tpl = _Template(build(_S_COOKIE, sentinel), family, None if meta is None else meta(_S_COOKIE), ports)
             except ValueError:
                 tpl = None  # a shape whose fields cannot be located: build it each time
             self._templates[key] = tpl
@@ -258,6 +262,37 @@ class FlowBuilder:
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
         return out
+
+    def static_add(self, flow: StaticFlow) -> Any:
+        """A static shunt's flow (OpenFlow 1.3, config.py checks): its prefixes masked,
+        an omitted port any, untagged frames only; no idle timeout, no flow-removed.
+        Templated by shape as a pair's flows are (a reload of 1,000 streams writes 2,000)."""
+        sport, dport = flow.src_port is not None, flow.dst_port is not None
+        t = FlowTuple(flow.family, flow.shunt.protocol, str(flow.src.network_address),
+                      str(flow.dst.network_address), flow.src_port or 0, flow.dst_port or 0)
+
+        def build(cookie: int, tt: FlowTuple) -> Any:
+            fields: dict[str, Any] = {"in_port": flow.in_port, "vlan_vid": OFP13_VID_NONE, "ip_proto": tt.proto,
+                                      "eth_type": ETH_IPV4 if tt.family == 4 else ETH_IPV6}
+            for side, address, net in (("src", tt.src, flow.src), ("dst", tt.dst, flow.dst)):
+                full = net.prefixlen == net.max_prefixlen
+                fields[f"ipv{tt.family}_{side}"] = address if full else (address, str(net.netmask))
+            l4 = "tcp" if tt.proto == TCP else "udp"
+            for side, port, given in (("src", tt.sport, sport), ("dst", tt.dport, dport)):
+                if given:
+                    fields[f"{l4}_{side}"] = port
+            msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, cookie, flow.priority, 0, False)
+            msg.hard_timeout = flow.hard_timeout
+            return msg
+        shape = ("static", t.family, t.proto, flow.in_port, flow.out_port, flow.src.prefixlen, flow.dst.prefixlen,
+                 sport, dport, flow.priority, flow.hard_timeout)
+        return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport))
+
+    def static_stats_request(self) -> Any:
+        """The counters of every static flow (by cookie kind, on the switch)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, 0, ofp.OFPP_ANY, ofp.OFPG_ANY, cookies.make(cookies.Kind.STATIC),
+                                     cookies.OWNED_MASK | (0xFF << 48), p.OFPMatch())
 
     def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
         p, ofp = self.parser, self.ofp

@@ -12,7 +12,7 @@ import logging
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LOG = logging.getLogger("nfshunt.metrics")
@@ -34,6 +34,8 @@ LABELLED = {
     "packet_in": ("nfshunt_packet_ins", "Packet-ins from the switch, by what they were (teardown or why "
                   "unexpected)", ("reason",)),
     "switch_refused": ("nfshunt_switch_refused", "OpenFlow peers refused, by reason", ("reason",)),
+    "static_flows": ("nfshunt_static_flow_changes", "Static shunt flows written or deleted, by what and why",
+                     ("change", "reason")),
     "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "
                          "the served switch connection", ("message",)),
 }
@@ -140,6 +142,21 @@ class AppCollector(Collector):
         yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
         yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
                                 value=snap.get("queued", 0))
+        statics = snap.get("static") or []
+        if statics:
+            packets = CounterMetricFamily("nfshunt_static_packets", "Packets a static shunt's flow forwarded "
+                                          "(as last read from the switch)", labels=("name", "direction"))
+            nbytes = CounterMetricFamily("nfshunt_static_bytes", "Bytes a static shunt's flow forwarded "
+                                         "(as last read from the switch)", labels=("name", "direction"))
+            for row in statics:
+                if row["packets"] is not None:
+                    packets.add_metric([row["name"], row["direction"]], row["packets"])
+                    nbytes.add_metric([row["name"], row["direction"]], row["bytes"])
+            yield from (packets, nbytes)
+            yield GaugeMetricFamily("nfshunt_static_flows", "Static shunt flows configured",
+                                    value=len(statics))
+            yield GaugeMetricFamily("nfshunt_static_flows_missing", "Static shunt flows not found on the switch "
+                                    "at the last read", value=sum(not row["on_switch"] for row in statics))
         pair = snap.get("pair")
         if pair is not None:
             yield GaugeMetricFamily("nfshunt_pair_master", "1 while the switch has granted this controller MASTER "

@@ -16,8 +16,9 @@ from os_ken.controller import event
 
 from . import commands as c
 from .connection import Action
-from . import markcodec
+from . import config, markcodec, reload
 from .accounting import conn_fields
+from .config import Config
 from .control import parse_tuple
 from .conntrack import ConntrackWorker
 from .metrics import Counters
@@ -52,16 +53,31 @@ class StatusRequest:
         self.asked: dict[int, int] = {}  # switch index -> xid of the read still open
 
 
+class _Stamped(threading.Event):
+    """A barrier's waiter that remembers when the switch answered."""
+    at: float | None = None
+
+    def set(self) -> None:
+        self.at = time.monotonic()
+        super().set()
+
+
+RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
+
+
 class Controller(Protocol):
     """What the operator API needs of the controller, and nothing more."""
+    cfg: Config
+    config_path: str | None
     switches: list[Switch]
     counters: Counters
     started: float
     worker: ConntrackWorker
     policy: PolicyWatch
 
-    def run(self, sw: Switch, commands: Iterable[c.Command]) -> None:
-        """Execute a switch's core's commands and send what they make."""
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
+        """Execute a switch's core's commands and send what they make (then a barrier
+        whose answer sets `waiter`)."""
 
     def request(self, sw: Switch, msg: Any) -> None:
         """Send one request to a switch now."""
@@ -166,7 +182,56 @@ class OperatorAPI:
         if cmd == "role":
             self.role(ev, req.get("role"))
             return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, role)"})
+        if cmd == "reload":
+            self.reload(ev, str(req.get("by") or "control socket"))
+            return
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, role, reload)"})
+
+    def reload(self, ev: EventControl, by: str) -> None:
+        """Read and validate the config file again (reload.py): a bad one changes nothing;
+        of a good one the live keys apply, static shunts as the difference only. Answered
+        once every connected switch has confirmed the new flows (a barrier)."""
+        path = self.app.config_path
+        if path is None:
+            ev.answer({"error": "this controller was not started from a config file"})
+            return
+        started = time.monotonic()
+        try:
+            new = config.load(path)
+        except config.ConfigError as exc:
+            LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
+            ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}"})
+            return
+        validated = time.monotonic()
+        change = reload.plan(self.app.cfg, new)
+        self.app.cfg = change.config
+        if "log_level" in change.changed:  # else a --log-level given at start stays
+            logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
+        waiters, static = [], {"added": 0, "removed": 0}
+        for sw, cfg in zip(self.switches, change.config.served, strict=True):
+            sw.cfg = cfg
+            if sw.fb is not None:
+                sw.fb.cfg = cfg
+            out = sw.core.reload(cfg)
+            static["added"] += sum(len(x.flows) for x in out if isinstance(x, c.InstallStatic))
+            static["removed"] += sum(len(x.cookies) for x in out if isinstance(x, c.RemoveStatic))
+            waiter = _Stamped()
+            waiters.append(waiter)
+            self.app.run(sw, out, waiter)
+        static["flows"] = sum(sw.core.static.entries for sw in self.switches)
+        self.counters.add("operator", "reload")
+        LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
+                    ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
+                    f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
+
+        def answer() -> None:  # on a thread of its own: the barriers come back on the event loop
+            confirmed = all(w.wait(RELOAD_WAIT) for w in waiters)
+            last = max((w.at for w in waiters if w.at is not None), default=started)
+            ev.answer({"ok": True, "changed": list(change.changed), "static": static,
+                       "kept": {key: "needs a restart: running value kept" for key in change.kept},
+                       "confirmed": confirmed, "validated_ms": round((validated - started) * 1000, 3),
+                       "confirmed_ms": round((last - started) * 1000, 3) if confirmed else None})
+        threading.Thread(target=answer, name="reload-answer", daemon=True).start()
 
     def role(self, ev: EventControl, role: Any) -> None:
         """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the
@@ -253,7 +318,8 @@ class OperatorAPI:
                 "pending": send.pending() if send is not None else 0,
                 "queued": len(send.queued) if send is not None else 0,
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
-                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None})
+                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
+                "static_shunts": sw.core.static.status()})
         first = switches[0]
         return {
             "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
@@ -263,4 +329,5 @@ class OperatorAPI:
                                                           "max_shunts")},
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
-            "counters": self.counters.flat(), "connections": conns}
+            "counters": self.counters.flat(), "connections": conns,
+            "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}

@@ -51,6 +51,8 @@ class Switch:
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
         self.counter_reads: dict[int, tuple[Conn, dict[bool, int]]] = {}
         self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
+        self.static_read: tuple[int, float] | None = None  # (xid, asked at) of the static flows' counters read
+        self.static_flows: list[SwitchFlow] = []  # ... its flows so far
 
     @property
     def name(self) -> str:
@@ -67,6 +69,7 @@ class Switch:
         self.counter_reads.clear()
         self.meter_on, self.meter_read, self.catcher_read = False, None, None
         self.flow_stats = []
+        self.static_read, self.static_flows = None, []
         self.sweep.reset()
 
 

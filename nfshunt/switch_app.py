@@ -55,6 +55,7 @@ from .trim import Trimmer
 LOG = logging.getLogger("nfshunt")
 PENDING_TIMEOUT = 5.0  # seconds an install may wait for its barrier reply before it is rolled back
 METER_READ_TIMEOUT = 5.0  # a meter read unanswered this long is asked again
+STATIC_READ_TIMEOUT = 5.0  # a read of the static flows' counters unanswered this long is asked again
 DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
 HANDOVERS = 2  # conntrack hand-overs (the listener's or a dump's) in the event queue at most
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
@@ -97,9 +98,10 @@ class EventShutdown(event.EventBase):
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
 
-    def __init__(self, *args: Any, nfshunt_config: Config, **kwargs: Any):
+    def __init__(self, *args: Any, nfshunt_config: Config, nfshunt_config_path: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cfg = nfshunt_config
+        self.config_path = nfshunt_config_path  # read again by a reload (operator_api)
         # The control socket is bound before the pair's state file is read (Switch): a role
         # that `nfshunt role` recorded there because no socket answered is read, or else the
         # command finds the socket when it asks again (served from start()).
@@ -213,11 +215,13 @@ class NFShuntApp(app_manager.OSKenApp):
         self.worker.stop()
 
     def reopen_logs(self) -> None:
-        """SIGHUP: reopen the audit log (after logrotate moved it)."""
+        """SIGHUP: reopen the audit log (after logrotate moved it), then reload the config
+        (the reload logs its outcome; nobody waits for the answer)."""
         for handler in self.audit.handlers:
             if isinstance(handler, BatchedFileHandler):
                 handler.reopen()
         LOG.info("reopened the audit log")
+        self.send_event(self.name, EventControl({"cmd": "reload", "by": "SIGHUP"}))
 
     def _metrics_snapshot(self) -> dict[str, Any]:
         """The gauges' values, read on the scrape thread (plain reads of the event loop's state)."""
@@ -227,7 +231,7 @@ class NFShuntApp(app_manager.OSKenApp):
             per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.dp is not None else 0,
                                "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
                                "table_max": table["max_entries"], "table_used": table["used"],
-                               "table_1": table["table_1"]})
+                               "table_1": table["table_1"], "static": sw.core.static.status()})
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
         return {"switches": per_switch,
@@ -236,7 +240,8 @@ class NFShuntApp(app_manager.OSKenApp):
                 "waiting": sum(len(sw.core.waiting) for sw in self.switches),
                 "queued": sum(len(sw.send.queued) for sw in self.switches if sw.send is not None),
                 "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
-                "pair": roles.status() if roles is not None else None}
+                "pair": roles.status() if roles is not None else None,
+                "static": [row for sw in per_switch for row in sw["static"]]}
 
     # --- switch lifecycle -----------------------------------------------------------------
 
@@ -515,6 +520,12 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
             self._catchers_read(sw, ev.msg)
             return
+        if sw.static_read is not None and ev.msg.xid == sw.static_read[0]:  # static flows' counters (status, metrics)
+            sw.static_flows.extend(fb.parse_stats(stats) for stats in ev.msg.body)
+            if not fb.more_follows(ev.msg):
+                sw.core.static.counted(sw.static_flows)
+                sw.static_read, sw.static_flows = None, []
+            return
         read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
             conn, packets = read
@@ -616,6 +627,10 @@ class NFShuntApp(app_manager.OSKenApp):
             if table_id != 0:
                 continue
             budget = core.table_size(max_entries)
+            if core.default_entries() >= max_entries:
+                LOG.error("switch %s table 0 holds %d entries: the defaults and %d static shunt flows take %d, "
+                          "the switch refuses what does not fit and no shunt has room", sw.name, max_entries,
+                          core.static.entries, core.default_entries())
             if budget is None:
                 LOG.info("switch %s table 0 holds %d entries; max_shunts %d is the budget", sw.name, max_entries,
                          sw.cfg.max_shunts)
@@ -707,6 +722,10 @@ class NFShuntApp(app_manager.OSKenApp):
             msg = sw.fb.controller_meter_stats_request()
             sw.meter_read = (sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
+        if sw.core.static.entries and sw.fb is not None and (sw.static_read is None or
+                                                             now - sw.static_read[1] > STATIC_READ_TIMEOUT):
+            sw.static_flows = []  # a read the switch never answered is given up
+            self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         self.run(sw, sw.core.tick(now))
 
     @set_ev_cls(EventShutdown)

@@ -74,3 +74,15 @@ def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path,
                 "switch_alone_main_thread_cpu_pct"):
         assert float(row[col]) > 0
     assert "the switch alone" in report(tmp_path / "rate-netlink.md")
+
+
+def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "reload", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    print(proc.stdout[-4000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    data = rows(tmp_path / "reload.csv")
+    assert {(int(r["streams"]), r["change"]) for r in data} == {(1, "add"), (1, "remove"), (10, "add"),
+                                                                 (10, "remove")}
+    assert all(0 < float(r["validated_ms"]) <= float(r["confirmed_ms"]) for r in data)
+    assert "switch alone" in report(tmp_path / "reload.md")
