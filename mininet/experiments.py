@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from cyclicstream import FRAME_BYTES, CyclicStream, delay_stats  # noqa: E402
 from linkemu import DELAY_MECHANISMS, Emulation, stop_process  # noqa: E402
-from nfshunt_testbed import (H2_IP, IGNORE_PORT, REPO, SHUNT_PORT, SWITCH_RX_BUFFER, Testbed, TestbedError,  # noqa: E402
-                             machine_info)
+from nfshunt_testbed import (FAST1, FAST2, H1_IP, H2_IP, IGNORE_PORT, REPO, SHUNT_PORT,  # noqa: E402
+                             SWITCH_RX_BUFFER, Testbed, TestbedError, machine_info)
 
 MODES = ("direct", "nfshunt", "firewall")
 MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}
@@ -621,6 +621,10 @@ JITTER_PATHS = (
     JitterPath("direct", "direct", "direct switching", "tab:green"),
     JitterPath("reactive", "nfshunt", "reactive shunt", "tab:blue", shunted=True),
     JitterPath("firewall", "firewall", "firewall only", "tab:red"),
+    # Declared in the config (static_shunts): on the fast path from its first frame.
+    JitterPath("static", "nfshunt", "static shunt", "tab:purple", shunted=True,
+               config=(("static_shunts", ({"name": "cyclic", "protocol": "udp", "src": H1_IP, "dst": H2_IP,
+                                           "dst_port": SHUNT_PORT, "fast_ports": [FAST1, FAST2]},)),)),
 )
 
 
