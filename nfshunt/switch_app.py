@@ -579,9 +579,9 @@ class NFShuntApp(app_manager.OSKenApp):
         if new and sw.core.pipeline:
             # The shared catchers' counters cannot say which connections closed.
             self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
-                              "%d/s): in the pipeline layout their shunts end at the idle timeout (%d s); "
-                              "flow_layout single finds them from per-connection catchers", new,
-                              sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
+                              "%d/s): in the pipeline layout a shunt that lost one FIN's ends as half-closed, one "
+                              "that lost both at the idle timeout (%d s); flow_layout single finds them from "
+                              "per-connection catchers", new, sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
         if sw.fb is not None and not sw.core.pipeline and sw.sweep.due(time.monotonic()):
             msg = sw.fb.catcher_stats_request()
             sw.catcher_read = (sw.dp.set_xid(msg), [])
