@@ -40,7 +40,7 @@ switch cannot get a forged pair onto the real one.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from . import cookies, markcodec
@@ -53,6 +53,7 @@ from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Acti
                          FlowCount, State, closing)
 from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
 from .static import StaticTable
+from .teardown_sweep import HalfClosed
 
 OFP10 = 0x01
 OFP13 = 0x04
@@ -91,6 +92,14 @@ PIN_TTL = 3600.0  # seconds an operator's unshunt/block holds for a tuple
 R_NO_SHUNTING = "default_no_shunting is false"
 R_NAT = "nat: reply tuple is not the original reversed"
 R_ID_COLLISION = "conntrack id of a live pair"
+
+
+@dataclass(slots=True)
+class HalfClosedDue:
+    """What the half-closed shunts due a look call for (Core.half_closed_due)."""
+    catchers: list[int] = field(default_factory=list)  # cookies of catchers to read (single layout)
+    commands: list[Command] = field(default_factory=list)  # hand-backs (pipeline layout)
+    ended: int = 0
 
 
 def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
@@ -141,6 +150,8 @@ class Core:
         self.pins: dict[FlowTuple, Pin] = {}
         self._sweeps: collections.deque[tuple[float, Conn]] = collections.deque()
         self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
+        # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
+        self.half_closed = HalfClosed()
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
@@ -219,6 +230,7 @@ class Core:
             self.conns.forget(conn)
         self.waiting.clear()
         self._sweeps.clear()
+        self.half_closed.clear()
         self.reconciled = False
         self.backup = True
         return out
@@ -700,8 +712,10 @@ class Core:
                 conn.first_fin_reply = reply
             conn.fins |= 2 if reply else 1
             if conn.fins != 3:
+                self.half_closed.add(conn.key, now)
                 return []
             state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
+        self.half_closed.discard(conn.key)
         down = self.conns.hand_back(conn, reason, now, closing(state, closer))
         if rst and self.cfg.rst_grace:
             # The side that reset may have data still coming (an aborted transfer has about
@@ -726,6 +740,36 @@ class Core:
             out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
             ended += conn.state not in ACTIVE
         return out, ended
+
+    def _half_closed(self, key: int) -> Conn | None:
+        """The half-closed shunt of this key still live, else None (and the key is dropped)."""
+        conn = self.conns.named(cookies.Kind.SHUNT, key)
+        if conn is None or conn.state not in ACTIVE or conn.fins not in (1, 2):
+            self.half_closed.discard(key)
+            return None
+        return conn
+
+    def half_closed_due(self, now: float) -> HalfClosedDue:
+        """Half-closed shunts due a look (teardown_sweep): in the single layout the catchers
+        to read, of each the other direction's FIN and both RSTs; in the pipeline layout
+        (shared catchers, no per-connection evidence) each is handed back in the closing state,
+        as if its second FIN had been heard of (see teardown_sweep). Ended pairs are dropped
+        from the watch."""
+        due = HalfClosedDue()
+        fins = []
+        for key in self.half_closed.due(now):
+            conn = self._half_closed(key)
+            if conn is None:
+                continue
+            fin = cookies.make_teardown(key, conn.fins == 1, False)
+            if self.pipeline:
+                fins.append(fin)
+                continue
+            due.catchers.append(fin)
+            due.catchers.extend(cookies.make_teardown(key, reply, True) for reply in (False, True))
+        if fins:
+            due.commands, due.ended = self.catchers_counted(fins, now)
+        return due
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:

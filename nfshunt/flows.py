@@ -439,6 +439,13 @@ class FlowBuilder:
                                      cookies.make(cookies.Kind.TEARDOWN), cookies.OWNED_MASK | (0xFF << 48),
                                      p.OFPMatch())
 
+    def catcher_stats_request_exact(self, cookie: int) -> Any:
+        """One catcher's counters, by its exact cookie: the switch finds it through its
+        cookie index, however many flows it holds."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, ALL_ONES_64,
+                                     p.OFPMatch())
+
     def table_size_request(self) -> Any:
         """What reports table 0's max_entries: table features in 1.3 (an empty body asks,
         never sets), table stats in 1.0."""

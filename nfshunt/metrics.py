@@ -52,6 +52,8 @@ PLAIN = {
     "packet_in_dropped": "Packet-ins the switch's controller meter dropped (packet_in_rate)",
     "teardowns_from_counters": "Shunts ended from their FIN/RST catchers' counters after the switch dropped "
                                "their packet-ins",
+    "teardowns_half_closed": "Shunts (pipeline layout) taken as closed while half-closed: the packet-in of their "
+                             "second FIN not heard of 0.3 s after the first",
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",

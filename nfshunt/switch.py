@@ -48,6 +48,8 @@ class Switch:
         self.meter_read: tuple[int, float] | None = None  # (xid, asked at)
         self.catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
         self.sweep = TeardownSweep()
+        # Half-closed shunts' catcher reads (teardown_sweep): by xid, the cookies that counted.
+        self.watch_reads: dict[int, list[int]] = {}
         # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
         self.counter_reads: dict[int, tuple[Conn, dict[bool, int]]] = {}
         self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
@@ -71,6 +73,7 @@ class Switch:
         self.flow_stats = []
         self.static_read, self.static_flows = None, []
         self.sweep.reset()
+        self.watch_reads.clear()
 
 
 class Router:

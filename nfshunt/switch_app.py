@@ -50,6 +50,7 @@ from .model import ConnEvent
 from .policy_state import PolicyWatch
 from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
 from .switch import Router, Switch
+from .teardown_sweep import CHECK_AFTER, WATCH_PERIOD
 from .trim import Trimmer
 
 LOG = logging.getLogger("nfshunt")
@@ -59,6 +60,7 @@ STATIC_READ_TIMEOUT = 5.0  # a read of the static flows' counters unanswered thi
 DUMP_SLICE = 2000  # dumped entries the event loop takes in one turn
 HANDOVERS = 2  # conntrack hand-overs (the listener's or a dump's) in the event queue at most
 TIMER_RESOLUTION = 0.05  # seconds: how late a delayed command (an RST's grace) may run
+WATCH_READS_MAX = 1000  # catcher reads in flight at most (teardown_sweep)
 
 
 
@@ -76,6 +78,10 @@ class EventOverflow(event.EventBase):
 
 class EventTick(event.EventBase):
     pass
+
+
+class EventWatch(event.EventBase):
+    """A look at the catchers for lost packet-ins (teardown_sweep), every WATCH_PERIOD."""
 
 
 class EventRun(event.EventBase):
@@ -151,7 +157,7 @@ class NFShuntApp(app_manager.OSKenApp):
     def _ticker(self) -> None:
         """The 1 s housekeeping tick, and the core's delayed commands (Later) when due: one
         thread however many are waiting (an RST storm must not start a thread per RST)."""
-        next_tick = time.monotonic() + 1.0
+        next_tick = next_watch = time.monotonic() + 1.0
         while self._running:
             time.sleep(TIMER_RESOLUTION)
             now = time.monotonic()
@@ -164,6 +170,9 @@ class NFShuntApp(app_manager.OSKenApp):
                 send = sw.send
                 if sw.index in due or (send is not None and send.queued):  # paced installs wait for their turn
                     self.send_event(self.name, EventRun(sw, tuple(due.get(sw.index, ()))))
+            if now >= next_watch:
+                next_watch = now + WATCH_PERIOD
+                self.send_event(self.name, EventWatch())
             if now >= next_tick:
                 next_tick = now + 1.0
                 self.send_event(self.name, EventTick())
@@ -526,6 +535,9 @@ class NFShuntApp(app_manager.OSKenApp):
                 sw.core.static.counted(sw.static_flows)
                 sw.static_read, sw.static_flows = None, []
             return
+        if ev.msg.xid in sw.watch_reads:
+            self._watch_read(sw, ev.msg)
+            return
         read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
             conn, packets = read
@@ -583,9 +595,9 @@ class NFShuntApp(app_manager.OSKenApp):
         if new and sw.core.pipeline:
             # The shared catchers' counters cannot say which connections closed.
             self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
-                              "%d/s): in the pipeline layout their shunts end at the idle timeout (%d s); "
-                              "flow_layout single finds them from per-connection catchers", new,
-                              sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
+                              "%d/s): in the pipeline layout a shunt that lost one FIN's ends as half-closed, one "
+                              "that lost both at the idle timeout (%d s); flow_layout single finds them from "
+                              "per-connection catchers", new, sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
         if sw.fb is not None and not sw.core.pipeline and sw.sweep.due(time.monotonic()):
             msg = sw.fb.catcher_stats_request()
             sw.catcher_read = (sw.dp.set_xid(msg), [])
@@ -607,6 +619,43 @@ class NFShuntApp(app_manager.OSKenApp):
             self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
                               "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.cfg.packet_in_rate,
                               ended)
+        self.run(sw, out)
+
+    @set_ev_cls(EventWatch)
+    def _watch(self, ev: EventWatch) -> None:
+        """Half-closed shunts whose second FIN's packet-in may have been lost (teardown_sweep):
+        their catchers are read (single layout), or they are handed back (pipeline layout)."""
+        now = time.monotonic()
+        for sw in self.switches:
+            fb = sw.fb
+            if fb is None or not sw.core.reconciled or not sw.core.half_closed:
+                continue
+            due = sw.core.half_closed_due(now)
+            if due.ended:
+                self.counters.inc("teardowns_half_closed", due.ended)
+                self.rlog.warning("teardowns-half-closed", "%d half-closed shunts handed back: their second FIN not "
+                               "heard of within %.1f s (a lost packet-in, or a long half-close)", due.ended,
+                               CHECK_AFTER)
+            msgs = [fb.catcher_stats_request_exact(cookie) for cookie in due.catchers
+                    if len(sw.watch_reads) < WATCH_READS_MAX]  # a switch that does not answer is not asked more
+            for msg in msgs:
+                sw.watch_reads[sw.dp.set_xid(msg)] = []
+            self._queue(sw, *msgs)
+            self.run(sw, due.commands)
+
+    def _watch_read(self, sw: Switch, msg: Any) -> None:
+        """A part of a half-closed shunt's catcher read; once complete, what it says."""
+        assert sw.fb is not None
+        counted = sw.watch_reads[msg.xid]
+        counted.extend(stats.cookie for stats in msg.body if stats.packet_count)
+        if sw.fb.more_follows(msg):
+            return
+        del sw.watch_reads[msg.xid]
+        out, ended = sw.core.catchers_counted(counted, time.monotonic())
+        if ended:
+            self.counters.inc("teardowns_from_counters", ended)
+            self.rlog.warning("teardowns-lost", "the switch lost teardown packet-ins: %d shunts ended from their "
+                              "FIN/RST catchers' counters", ended)
         self.run(sw, out)
 
     @set_ev_cls(ofp_event.EventOFPTableFeaturesStatsReply, MAIN_DISPATCHER)

@@ -864,3 +864,38 @@ def test_only_pairs_of_exactly_this_shape_are_adopted_and_the_rest_goes_whatever
     flows[0] = flows[0]._replace(exact=False)
     out = core.reconcile(flows, 2.0)
     assert types(out) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "InstallFlows", "ResyncConntrack"]
+
+
+def test_a_half_closed_shunt_has_its_missing_catchers_read_in_the_single_layout():
+    core = connected()
+    half, done = shunted(core, sport=1, ct_id=1), shunted(core, sport=2, ct_id=2)
+    assert core.teardown_packet(cookies.make_teardown(1, False, False), 1, 10.0) == []  # one FIN: half-closed
+    core.teardown_packet(cookies.make_teardown(2, True, False), 3, 10.0)
+    core.teardown_packet(cookies.make_teardown(2, False, False), 1, 10.01)  # both: ended, not watched
+    assert len(core.half_closed) == 1 and done.state is cn.State.TAKING_DOWN
+    assert core.half_closed_due(10.1).catchers == []  # the other FIN has a moment to come
+    due = core.half_closed_due(10.5)
+    # The reply direction's FIN (the one not heard of) and either direction's RST.
+    assert due.catchers == [cookies.make_teardown(1, True, False), cookies.make_teardown(1, False, True),
+                            cookies.make_teardown(1, True, True)] and due.commands == [] and due.ended == 0
+    # The read finds the FIN its packet-in would have brought: the shunt ends as a close.
+    out, ended = core.catchers_counted([cookies.make_teardown(1, True, False)], 10.6)
+    assert ended == 1 and out[0].tcp_state == cn.CT_TCP_LAST_ACK and not out[0].closer_is_reply
+    assert half.state is cn.State.TAKING_DOWN
+    assert core.half_closed_due(20.0).catchers == [] and not core.half_closed  # gone from the watch
+
+
+def test_a_half_closed_shunt_is_taken_as_closed_in_the_pipeline_layout():
+    core = c.Core(config())
+    core.switch_connected(c.OFP13, pipeline=True)
+    core.reconcile(_table_1(), 0.0)
+    half, alive = shunted(core, sport=1, ct_id=1), shunted(core, sport=2, ct_id=2)
+    core.teardown_packet(cookies.make_teardown(1, True, False), 3, 10.0)  # the reply's FIN, the other lost
+    assert core.half_closed_due(10.1).ended == 0
+    due = core.half_closed_due(10.4)
+    assert due.catchers == [] and due.ended == 1 and half.state is cn.State.TAKING_DOWN
+    (restore,) = due.commands
+    # The closing state a second FIN leaves, closed by the reply side: the firewall carries
+    # on a connection that was really only half-closed.
+    assert restore.tcp_state == cn.CT_TCP_LAST_ACK and restore.closer_is_reply
+    assert alive.state is cn.State.DRAINING and not core.half_closed
