@@ -45,6 +45,7 @@ PLAIN = {
     "conntrack_resyncs": "Conntrack table dumps processed (start-up, reconnect, after lost events)",
     "netlink_malformed": "Conntrack netlink messages skipped as malformed",
     "openflow_malformed": "OpenFlow messages or flows skipped as unreadable",
+    "handler_errors": "Events whose handler raised (logged with its traceback; the event loop goes on)",
     "switch_disconnects": "Switch connections that ended (closed, echoes unanswered, replaced)",
     "install_timeouts": "Installs rolled back because the switch did not answer their barrier",
     "install_queue_full": "Installs refused because the paced flow-mod queue was full (they wait for room)",

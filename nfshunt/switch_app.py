@@ -146,6 +146,24 @@ class NFShuntApp(app_manager.OSKenApp):
 
     # --- threads feeding the event loop --------------------------------------------------
 
+    def _event_loop(self) -> None:
+        """os-ken's event loop, except that a handler that raises is counted and logged and
+        the loop goes on. os-ken's own re-raises hub.TaskExit to leave the loop, and with its
+        threading hub TaskExit is Exception: any error in any handler ended the loop for good,
+        and the controller stopped answering without a word."""
+        while self.is_active or not self.events.empty():
+            ev, state = self.events.get()
+            self._events_sem.release()
+            if ev == self._event_stop:
+                continue
+            for handler in self.get_handlers(ev, state):
+                try:
+                    handler(ev)
+                except Exception:
+                    self.counters.inc("handler_errors")
+                    LOG.exception("handler %s failed on %s: the event is dropped, the controller goes on",
+                                  getattr(handler, "__name__", handler), type(ev).__name__)
+
     def start(self) -> Any:
         super().start()
         self.worker.start()
