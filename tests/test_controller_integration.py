@@ -54,7 +54,7 @@ def wait_idle(tb, port):
 def test_shunted_connection_bypasses_the_firewall(tb, udp):
     wait_idle(tb, 5201)
     srv = server(tb, 5201)
-    cli = client(tb, 5201, 5, udp=udp)
+    cli = client(tb, 5201, 3, udp=udp)
     try:
         flows = tb.wait_for(lambda: [f for f in tb.conn_flows(5201)
                                      if (("udp" in f) if udp else ("tcp" in f))], 10, "shunt flows")
