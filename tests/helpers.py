@@ -1,4 +1,4 @@
-"""Builders shared by the unit tests."""
+"""Builders shared by the unit tests, and waits shared by the integration tests."""
 from nfshunt import markcodec
 from nfshunt.config import from_dict
 from nfshunt.model import TCP, ConnEvent, EventKind, FlowTuple
@@ -28,3 +28,10 @@ def event(action=1, ingress=1, egress=2, proto=TCP, state=3, family=4, ct_id=7, 
     if mark is None:
         mark = markcodec.encode(ingress, egress, action, admin=0x1234)
     return ConnEvent(kind, ct_id, orig, orig.reversed(), mark, state if proto == TCP else None, received)
+
+
+def wait_listening(tb, node, port):
+    """A server in a testbed node has bound its TCP port (iperf3's control connection is TCP
+    for UDP tests too): a client started now is not refused."""
+    tb.wait_for(lambda: tb.run(node, "ss", "-Hltn", "sport", "=", f":{port}", check=False).strip(), 5,
+                f"{node.name} to listen on {port}", interval=0.05)

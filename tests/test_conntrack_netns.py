@@ -31,7 +31,7 @@ entry(1004, 0x71210000 | 0xBEEF)     # decided: shunt
 deadline = time.monotonic() + 2
 while time.monotonic() < deadline and len(events) < 2:
     time.sleep(0.05)
-time.sleep(0.3)
+time.sleep(0.3)  # a negative: the filtered entries' events would have come by now (asserted: seen)
 listener.stop()
 seen = sorted(e.orig.sport for e in events)
 dumped = sorted(e.orig.sport for e in conntrack.raw_dump(print, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)))

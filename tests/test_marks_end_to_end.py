@@ -2,11 +2,11 @@
 numbers and policy action, in both directions (firewall-only testbed: no controller, so the
 marks stay in conntrack to be read)."""
 import subprocess
-import time
 
 import pytest
 
 from nfshunt import markcodec
+from tests.helpers import wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ def test_conntrack_marks_carry_ports_and_action(integration_ready):
         for server, client, dst, port in ((tb.h2, tb.h1, H2_IP, 5201), (tb.h1, tb.h2, H1_IP, 5203),
                                           (tb.h2, tb.h1, H2_IP, 5202)):
             srv = server.popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL)
-            time.sleep(0.3)  # let the server bind; not an assertion
+            wait_listening(tb, server, port)
             tb.run(client, "iperf3", "-c", dst, "-p", str(port), "-t", "1", timeout=20)
             srv.wait(timeout=10)
 

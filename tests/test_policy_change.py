@@ -58,7 +58,9 @@ def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stal
     try:
         tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4 and tb.slow_path_packets(), 10, "the first shunted")
         assert shunt_flows(tb, IGNORE) == []
-        time.sleep(1.0)  # both transfers well under way before the change
+        slow0 = tb.slow_path_packets()
+        tb.wait_for(lambda: sum(int(f["n_packets"]) for f in shunt_flows(tb, SHUNT)) > 1000
+                    and tb.slow_path_packets() > slow0 + 1000, 5, "both transfers well under way before the change")
         out = _apply(tb, _swapped_policy(tmp_path))
         t0 = time.monotonic()
         assert "decisions cleared on" in out

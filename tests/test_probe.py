@@ -24,10 +24,24 @@ def _probe(tb):
     return out, settings
 
 
+def _refused_while_the_controller_holds_the_port(tb):
+    import subprocess
+    from nfshunt_testbed import PYTHON
+    proc = tb.fw.popen([PYTHON, "-m", "nfshunt", "probe-switch", "--config", tb.config_path, "--wait", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tb._env())
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "stop the controller first" in out, out
+    assert tb.controller is not None and tb.controller.poll() is None  # untouched
+
+
 def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(integration_ready):
+    """First, while the controller holds the port, the probe says what to do and leaves it
+    alone (checked on this testbed rather than on one of its own); then, with it stopped,
+    the probe's report."""
     from nfshunt_testbed import Testbed
     with Testbed(mode="nfshunt", of_version="1.3") as tb:
         tb.wait_for_controller()
+        _refused_while_the_controller_holds_the_port(tb)
         out, settings = _probe(tb)
     print(out)
     for shape in ("TCP shunt + FIN/RST catchers", "IPv6 UDP shunt", "block (no actions)", "packet-in meter",
@@ -50,15 +64,3 @@ def test_probe_switch_sees_a_hardware_lag_and_recommends_confirming_by_counters(
     lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])
     assert 250 < lag < 1000
     assert settings["confirm"] == "counters" and settings["confirm_delay"] >= 0.4
-
-
-def test_probe_switch_says_what_to_do_while_the_controller_holds_the_port(integration_ready):
-    import subprocess
-    from nfshunt_testbed import PYTHON, Testbed
-    with Testbed(mode="nfshunt", of_version="1.3") as tb:
-        tb.wait_for_controller()
-        proc = tb.fw.popen([PYTHON, "-m", "nfshunt", "probe-switch", "--config", tb.config_path, "--wait", "1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tb._env())
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 1 and "stop the controller first" in out, out
-        assert tb.controller is not None and tb.controller.poll() is None  # untouched

@@ -69,30 +69,6 @@ def _peer(tb, dpid):
     return ForgedSwitch((MGMT_FW, OF_PORT), dpid, _forged_pair(), source=MGMT_OTHER)
 
 
-def test_a_pair_claimed_by_a_peer_posing_as_the_absent_switch_never_reaches_the_real_one(fresh):
-    tb = fresh
-    controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
-                                check=True).stdout.split()
-    subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
-    mark = len(tb.controller_output())
-    peer = _peer(tb, _dpid())
-    try:
-        # Served (no TLS, no allow-list: the configuration the warnings are about); it
-        # reports a shunt pair the policy never decided.
-        tb.wait_for(lambda: "connected from 169.254.66.3" in tb.controller_output()[mark:], 5, "the peer served")
-        tb.wait_for(lambda: "reconciled with switch 00000000000000a1: 2 NFShunt flows read, 1 pairs held"
-                    in tb.controller_output()[mark:], 5, "the forged pair adopted")
-    finally:
-        peer.close()
-    tb.wait_for(lambda: "disconnected" in tb.controller_output()[mark:], 3, "the peer's end noticed")
-    subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
-    tb.wait_for(lambda: len(_defaults(tb)) == 4, 2, "the real switch served", interval=0.05)
-    time.sleep(1.0)  # any re-install would have been sent with the defaults; asserted below
-    assert _forged_on_switch(tb) == []
-    out = tb.controller_output()[mark:]
-    assert "not on the switch after a reconnect" in out  # forgotten, not re-installed
-
-
 def test_a_second_peer_is_refused_while_the_switch_is_served(fresh):
     tb = fresh
     before = {f["cookie"] for f in _defaults(tb)}
@@ -179,6 +155,8 @@ def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
     # Every connection of the good switch over (one it had in flight may still log its
     # connect): only then is a "connected from" the rogue switch's.
     tb.wait_for(lambda: "disconnected" in tb.controller_output()[before:], 5, "the good switch's connection to end")
+    # A fixed wait for a negative: no connect of the good switch still in flight (one logged
+    # after the mark below would be taken for the rogue's); nothing to poll for its absence.
     time.sleep(0.5)
     tb.wait_for(lambda: not tb.control({"cmd": "status"})["switch"]["connected"], 5, "no switch served")
     # A switch whose certificate another CA signed: never served.
