@@ -357,9 +357,9 @@ class Core:
         found: collections.Counter[int] = collections.Counter()
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[1] < len(self.cfg.ports) \
-                    and flow.out_port == self.cfg.ports[parsed[1]].fast:
-                found[parsed[1]] += 1
+            if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.key < len(self.cfg.ports) \
+                    and flow.out_port == self.cfg.ports[parsed.key].fast:
+                found[parsed.key] += 1
         return all(found[i] >= PIPELINE_ENTRIES for i in range(len(self.cfg.ports)))
 
     def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
@@ -691,10 +691,10 @@ class Core:
         (half-close), and the sender's retransmissions of data in flight are still due, so
         the fast path stays. None: the packet-in names no connection of ours."""
         parsed = cookies.parse(cookie)
-        if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+        if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
             return None
-        _, key, reply = parsed
-        conn = self.conns.named(cookies.Kind.SHUNT, key)
+        reply = parsed.reply
+        conn = self.conns.named(cookies.Kind.SHUNT, parsed.key)
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
         if conn.state is State.PENDING:
@@ -732,12 +732,12 @@ class Core:
         ended = 0
         for cookie in counted:
             parsed = cookies.parse(cookie)
-            if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+            if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
                 continue
-            conn = self.conns.named(cookies.Kind.SHUNT, parsed[1])
+            conn = self.conns.named(cookies.Kind.SHUNT, parsed.key)
             if conn is None or conn.state not in ACTIVE:
                 continue
-            out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
+            out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed.reply else conn.ingress.fast, now) or ())
             ended += conn.state not in ACTIVE
         return out, ended
 
@@ -774,7 +774,7 @@ class Core:
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:
         parsed = cookies.parse(cookie)
-        if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
+        if parsed is None or parsed.kind is cookies.Kind.DEFAULT:
             return []
         kind, key, reply = parsed
         conn = self.conns.named(kind, key)

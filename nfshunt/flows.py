@@ -52,7 +52,7 @@ def metadata_teardown(metadata: int) -> tuple[int, bool]:
     """(pair key, reply direction) a table-1 catcher's packet-in carries."""
     parsed = cookies.parse(cookies.make(cookies.Kind.SHUNT) | (metadata & META_CONN_MASK))
     assert parsed is not None
-    return parsed[1], parsed[2]
+    return parsed.key, parsed.reply
 
 
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
@@ -392,7 +392,8 @@ class FlowBuilder:
         every default has the same cookie (a pair's takeover removes only the peer's)."""
         p, ofp = self.parser, self.ofp
         parsed = cookies.parse(flow.cookie)
-        if parsed is not None and parsed[0] is cookies.Kind.DEFAULT and flow.in_port is not None and flow.match is None:
+        if parsed is not None and parsed.kind is cookies.Kind.DEFAULT and flow.in_port is not None \
+                and flow.match is None:
             if self.version == OFP10:
                 return p.OFPFlowMod(self.dp, match=self.match(flow.in_port), command=ofp.OFPFC_DELETE_STRICT,
                                     priority=flow.priority, out_port=ofp.OFPP_NONE)

@@ -509,7 +509,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self._unexpected_packet_in("no cookie or in_port", cookie)
             return
         parsed = cookies.parse(cookie)
-        if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[2]:
+        if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.reply:
             # A shared table-1 catcher: the metadata names the connection and direction.
             metadata = msg.match.get("metadata")
             if metadata is None:
