@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import jsonfile, markcodec
+from .model import OPENFLOW_VERSIONS
 
 if TYPE_CHECKING:
     from .static import StaticShunt
 
 ACTIONS = ("ignore", "shunt", "block")
-OPENFLOW_VERSIONS = {"1.0": 0x01, "1.3": 0x04}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 

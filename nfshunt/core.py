@@ -51,12 +51,10 @@ from .commands import (ClearDecisions, Command, DeleteAllFlows, DeleteConntrack,
 from .config import Config, PortGroup
 from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Action, Conn, Connections,
                          FlowCount, State, closing)
-from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
+from .model import OFP10, OFP13, TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
 from .static import StaticTable
 from .teardown_sweep import HalfClosed
 
-OFP10 = 0x01
-OFP13 = 0x04
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets

@@ -17,13 +17,11 @@ from .config import Config, PortGroup
 from .connection import Conn
 from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
-from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+from .model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 from .static import StaticFlow
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
-OFP10 = 0x01
-OFP13 = 0x04
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 
 TCP_FIN, TCP_RST = 0x01, 0x04

@@ -22,7 +22,7 @@ from .config import Config
 from .control import parse_tuple
 from .conntrack import ConntrackWorker
 from .metrics import Counters
-from .model import FlowTuple, SwitchFlow
+from .model import FlowTuple, SwitchFlow, openflow_label
 from .policy_state import PolicyWatch
 from .roles import Change
 from .switch import Switch
@@ -311,7 +311,7 @@ class OperatorAPI:
                 "connected": dp is not None,
                 "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
                 (sw.name if sw.cfg.datapath_id is not None else None),
-                "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
+                "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
                 "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
                 "ports": [g.physdevin for g in sw.cfg.ports],
                 "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),

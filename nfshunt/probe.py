@@ -38,7 +38,7 @@ from .channel import address_allowed
 from .config import Config, PortGroup
 from .connection import Conn
 from .flows import FlowBuilder
-from .model import TCP, UDP, FlowTuple
+from .model import OFP10, TCP, UDP, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
@@ -123,7 +123,7 @@ class Prober:
     def __init__(self, app: ProbeApp, dp: Any, cfg: Config):
         self.app, self.dp, self.cfg = app, dp, cfg
         self.p, self.ofp = dp.ofproto_parser, dp.ofproto
-        self.of13 = dp.ofproto.OFP_VERSION != 1
+        self.of13 = dp.ofproto.OFP_VERSION != OFP10
         self.fb = FlowBuilder(dp, cfg)
 
     def ask(self, msg: Any, timeout: float = TIMEOUT) -> list[Any]:

@@ -46,7 +46,7 @@ from .dispatch import Dispatcher
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
 from .operator_api import EventControl, OperatorAPI
-from .model import ConnEvent
+from .model import OFP10, ConnEvent, openflow_label
 from .policy_state import PolicyWatch
 from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
 from .switch import Router, Switch
@@ -325,7 +325,7 @@ class NFShuntApp(app_manager.OSKenApp):
             sw.send = self._send_path(sw)
             self.counters.inc("switch_connects")
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
-                     dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
+                     dp.address[1], openflow_label(dp.ofproto.OFP_VERSION))
             sw.flow_stats = []
             if sw.roles is None:
                 self.run(sw, sw.core.switch_connected(dp.ofproto.OFP_VERSION, sw.fb.pipeline))
@@ -360,8 +360,8 @@ class NFShuntApp(app_manager.OSKenApp):
         layout, tables = cfg.flow_layout, getattr(dp, "nfshunt_tables", 0)
         if layout == "single" or not cfg.tcp_teardown:
             return False
-        if dp.ofproto.OFP_VERSION == 1 or tables < 2:
-            why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == 1 else f"the switch reports {tables} table(s)"
+        if dp.ofproto.OFP_VERSION == OFP10 or tables < 2:
+            why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == OFP10 else f"the switch reports {tables} table(s)"
             log = LOG.warning if layout == "pipeline" else LOG.info
             log("flow_layout %s: %s, so the single-table layout (6 entries a TCP shunt)", layout, why)
             return False
@@ -685,7 +685,7 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPTableStatsReply, MAIN_DISPATCHER)
     def _table_stats(self, ev: Any) -> None:
         sw = self._ours(ev.msg, "table stats")
-        if sw is not None and ev.msg.datapath.ofproto.OFP_VERSION == 1:
+        if sw is not None and ev.msg.datapath.ofproto.OFP_VERSION == OFP10:
             self._table_reported(sw, [(t.table_id, t.max_entries) for t in ev.msg.body])
 
     def _table_reported(self, sw: Switch, tables: list[tuple[int, int]]) -> None:

@@ -23,7 +23,7 @@ from nfshunt.channel import SendPath, table_full  # noqa: E402
 from nfshunt.connection import (CT_TCP_CLOSE, CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, IDLE_RESTORE_TIMEOUT,  # noqa: E402
                                 Action, State)
 from nfshunt.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.core import OFP10, OFP13  # noqa: E402
+from nfshunt.model import OFP10, OFP13  # noqa: E402
 from nfshunt.dispatch import Dispatcher  # noqa: E402
 from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
