@@ -111,15 +111,20 @@ PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say
 SINGLE_TCP_ENTRIES = 6  # a TCP shunt in the single layout: its two flows and four catchers
 
 
-def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
-    """The most entries one pair takes in table 0: a TCP shunt with its catchers in the
+def entries_per_pair(teardown: bool, pipeline: bool) -> int:
+    """Entries a pair takes in table 0: a TCP shunt with its catchers (`teardown`) in the
     single layout, else its two flows (the pipeline layout shares its catchers)."""
-    return SINGLE_TCP_ENTRIES if version != OFP10 and cfg.tcp_teardown and not pipeline else 2
+    return SINGLE_TCP_ENTRIES if teardown and not pipeline else 2
+
+
+def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
+    """The most entries one pair takes in table 0."""
+    return entries_per_pair(version != OFP10 and cfg.tcp_teardown, pipeline)
 
 
 def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
     """Flow entries this pair takes on the switch."""
-    return max_pair_entries(version, cfg, pipeline) if catches_teardown(version, cfg, conn) else 2
+    return entries_per_pair(catches_teardown(version, cfg, conn), pipeline)
 
 
 def goes_to_pipeline(version: int | None, cfg: Config, action: Action, proto: int, pipeline: bool) -> bool:

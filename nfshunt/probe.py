@@ -37,6 +37,7 @@ from . import cookies
 from .channel import address_allowed
 from .config import Config, PortGroup
 from .connection import Conn
+from .core import entries_per_pair
 from .flows import FlowBuilder
 from .model import OFP10, TCP, UDP, FlowTuple
 
@@ -370,8 +371,7 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
             s["confirm"] = "counters" if of13 else "delay"
             s["confirm_delay"] = round(max(0.1, worst * 1.5), 1)
     if size is not None:
-        per_pair = 6 if teardown and not pipeline else 2
-        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // per_pair)
+        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // entries_per_pair(teardown, pipeline))
     if not shapes or not all(ok for name, ok in shapes.items() if name in REQUIRED):
         report.ok = False
 
