@@ -62,6 +62,11 @@ class _Stamped(threading.Event):
         super().set()
 
 
+def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """The controller's figures: the sums of its switches' (status and metrics both show them)."""
+    return {k: sum(row[k] for row in rows) for k in keys}
+
+
 RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
 
 
@@ -325,8 +330,7 @@ class OperatorAPI:
             "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
             "switches": switches,
             "uptime": round(time.time() - self.app.started, 1),
-            **{k: sum(sw[k] for sw in switches) for k in ("shunts", "blocks", "waiting", "pending", "queued",
-                                                          "max_shunts")},
+            **totals(switches, ("shunts", "blocks", "waiting", "pending", "queued", "max_shunts")),
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
             "counters": self.counters.flat(), "connections": conns,

@@ -45,7 +45,7 @@ from .core import PIPELINE_ENTRIES, PIPELINE_READ_AGAIN, PIPELINE_READS
 from .dispatch import Dispatcher
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
-from .operator_api import EventControl, OperatorAPI
+from .operator_api import EventControl, OperatorAPI, totals
 from .model import OFP10, ConnEvent, openflow_label
 from .policy_state import PolicyWatch
 from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
@@ -262,8 +262,7 @@ class NFShuntApp(app_manager.OSKenApp):
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
         return {"switches": per_switch,
-                **{k: sum(sw[k] for sw in per_switch) for k in ("shunts", "blocks", "connected", "max_shunts",
-                                                                 "table_used", "table_1")},
+                **totals(per_switch, ("shunts", "blocks", "connected", "max_shunts", "table_used", "table_1")),
                 "waiting": sum(len(sw.core.waiting) for sw in self.switches),
                 "queued": sum(len(sw.send.queued) for sw in self.switches if sw.send is not None),
                 "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
