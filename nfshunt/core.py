@@ -466,10 +466,9 @@ class Core:
         mark = markcodec.decode(ev.mark)
         if not mark.complete:
             return Ignored(R_INCOMPLETE, ev)
-        name = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
-        if name is None:
+        action = self.cfg.action_for(mark.action)  # type: ignore[arg-type]
+        if action is None:
             return Ignored(R_UNKNOWN_ACTION, ev)
-        action = Action(name)
         pin = self.pins.get(ev.orig) if self.pins else None
         if pin is not None:
             pin.ct_id = ev.ct_id

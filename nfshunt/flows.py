@@ -14,7 +14,7 @@ from os_ken.ofproto import ofproto_v1_0
 
 from . import cookies
 from .config import Config, PortGroup
-from .connection import Conn
+from .connection import Action, Conn
 from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
 from .model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
@@ -218,7 +218,7 @@ class FlowBuilder:
         return conn.ingress.fast, conn.orig, conn.egress.fast
 
     def _priority(self, conn: Conn) -> int:
-        return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
+        return self.cfg.shunt_priority if conn.action is Action.SHUNT else self.cfg.block_priority
 
     def catchers_of_its_own(self, conn: Conn) -> bool:
         """A TCP shunt of the single-table layout: four catchers beside its two flows."""
@@ -232,7 +232,7 @@ class FlowBuilder:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
         (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST
         catchers one priority above, which forward the packet and tell the controller."""
-        shunt = conn.action == "shunt"
+        shunt = conn.action is Action.SHUNT
         idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
         out = []
         prio = self._priority(conn)
