@@ -49,7 +49,7 @@ from .operator_api import EventControl, OperatorAPI, totals
 from .model import OFP10, ConnEvent, openflow_label
 from .policy_state import PolicyWatch
 from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
-from .switch import Router, Switch
+from .switch import Asked, CatcherRead, Router, Switch
 from .teardown_sweep import CHECK_AFTER, WATCH_PERIOD
 from .trim import Trimmer
 
@@ -482,7 +482,7 @@ class NFShuntApp(app_manager.OSKenApp):
             LOG.warning("switch %s did not report its table size (%s): set max_shunts to what its table holds "
                         "(a pair takes up to %d entries)", sw.name, reason, sw.core.max_pair_entries())
             return
-        if msg.xid in (sw.meter_xid, sw.meter_read and sw.meter_read[0]):
+        if msg.xid in (sw.meter_xid, sw.meter_read and sw.meter_read.xid):
             sw.meter_on = False
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
                         "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
@@ -543,10 +543,10 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw is None or sw.fb is None:
             return
         fb = sw.fb
-        if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
+        if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read.xid:
             self._catchers_read(sw, ev.msg)
             return
-        if sw.static_read is not None and ev.msg.xid == sw.static_read[0]:  # static flows' counters (status, metrics)
+        if sw.static_read is not None and ev.msg.xid == sw.static_read.xid:  # static flows' counters (status, metrics)
             sw.static_flows.extend(fb.parse_stats(stats) for stats in ev.msg.body)
             if not fb.more_follows(ev.msg):
                 sw.core.static.counted(sw.static_flows)
@@ -557,7 +557,7 @@ class NFShuntApp(app_manager.OSKenApp):
             return
         read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
-            conn, packets = read
+            conn, packets = read.conn, read.packets
             for stats in ev.msg.body:
                 reply = bool(stats.cookie & cookies.DIRECTION_BIT)
                 packets[reply] = packets.get(reply, 0) + stats.packet_count
@@ -600,7 +600,7 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def _meter_stats(self, ev: Any) -> None:
         sw = self._ours(ev.msg, "meter stats")
-        if sw is None or sw.meter_read is None or ev.msg.xid != sw.meter_read[0]:
+        if sw is None or sw.meter_read is None or ev.msg.xid != sw.meter_read.xid:
             return
         sw.meter_read = None
         ofp = ev.msg.datapath.ofproto
@@ -617,14 +617,14 @@ class NFShuntApp(app_manager.OSKenApp):
                               "per-connection catchers", new, sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
         if sw.fb is not None and not sw.core.pipeline and sw.sweep.due(time.monotonic()):
             msg = sw.fb.catcher_stats_request()
-            sw.catcher_read = (sw.dp.set_xid(msg), [])
+            sw.catcher_read = CatcherRead(sw.dp.set_xid(msg), [])
             self._queue(sw, msg)
             self._flush(sw)
 
     def _catchers_read(self, sw: Switch, msg: Any) -> None:
         """A part of the catcher read after dropped packet-ins (see teardown_sweep)."""
         assert sw.catcher_read is not None and sw.fb is not None
-        counted = sw.catcher_read[1]
+        counted = sw.catcher_read.counted
         counted.extend(stats.cookie for stats in msg.body if stats.packet_count)
         if sw.fb.more_follows(msg):
             return
@@ -784,12 +784,12 @@ class NFShuntApp(app_manager.OSKenApp):
             if check is not None:
                 self._role_request(sw, check)
         if sw.meter_on and sw.fb is not None and (sw.meter_read is None or
-                                                  now - sw.meter_read[1] > METER_READ_TIMEOUT):
+                                                  now - sw.meter_read.at > METER_READ_TIMEOUT):
             msg = sw.fb.controller_meter_stats_request()
-            sw.meter_read = (sw.dp.set_xid(msg), now)
+            sw.meter_read = Asked(sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
         if sw.core.static.entries and sw.fb is not None and (sw.static_read is None or
-                                                             now - sw.static_read[1] > STATIC_READ_TIMEOUT):
+                                                             now - sw.static_read.at > STATIC_READ_TIMEOUT):
             sw.static_flows = []  # a read the switch never answered is given up
             self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         self.run(sw, sw.core.tick(now))
