@@ -28,7 +28,7 @@ from typing import Any, Callable
 from os_ken.ofproto import ofproto_protocol
 
 from nfshunt.config import Config
-from nfshunt.connection import Conn
+from nfshunt.connection import Action, Conn
 from nfshunt.flows import FlowBuilder
 from nfshunt.model import UDP, FlowTuple
 from nfshunt.probe import PROBE_FLOWS, RATE_ID
@@ -66,7 +66,7 @@ def pair_mods(cfg: Config, n: int, removed: bool = False) -> list[bytes]:
     out = []
     for i in range(n):
         t = pair_tuple(i)
-        conn = Conn(t, t.reversed(), RATE_ID + i, "shunt", a, b, 0.0)
+        conn = Conn(t, t.reversed(), RATE_ID + i, Action.SHUNT, a, b, 0.0)
         buf = bytearray()
         for msg in fb.install(conn):
             msg.set_xid(i + 1)

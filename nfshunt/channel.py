@@ -30,6 +30,7 @@ from os_ken.lib import hub
 from .connection import Conn
 from .flows import FlowBuilder
 from .flowstats import FlowEntry, flow_removed
+from .model import OFP10
 
 LOG = logging.getLogger("nfshunt.channel")
 TCPI_BYTES_ACKED = 120  # offset in struct tcp_info (include/uapi/linux/tcp.h); bytes_received follows
@@ -409,6 +410,6 @@ class SendPath:
 
 def table_full(msg: Any) -> bool:
     ofp = msg.datapath.ofproto
-    if ofp.OFP_VERSION == 1:
+    if ofp.OFP_VERSION == OFP10:
         return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_ALL_TABLES_FULL
     return msg.type == ofp.OFPET_FLOW_MOD_FAILED and msg.code == ofp.OFPFMFC_TABLE_FULL

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import jsonfile, markcodec
+from .model import OPENFLOW_VERSIONS, Action
 
 if TYPE_CHECKING:
     from .static import StaticShunt
 
-ACTIONS = ("ignore", "shunt", "block")
-OPENFLOW_VERSIONS = {"1.0": 0x01, "1.3": 0x04}
+ACTIONS = tuple(a.value for a in Action)  # ("ignore", "shunt", "block")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -64,7 +64,7 @@ class PairConfig:
 @dataclass(frozen=True)
 class Config:
     ports: tuple[PortGroup, ...]
-    mark_actions: dict[int, str]
+    mark_actions: dict[int, Action]
     delete_flows_on_startup: bool = True
     delete_flows_on_shutdown: bool = True
     default_shunt_timeout: int = 10
@@ -152,7 +152,7 @@ class Config:
             out.append("no 'datapath_id': the first switch to connect is served")
         return out
 
-    def action_name(self, number: int) -> str | None:
+    def action_for(self, number: int) -> Action | None:
         return self.mark_actions.get(number)
 
     def action_number(self, name: str) -> int:
@@ -361,16 +361,16 @@ def _unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
             seen[(attr, v)] = path
 
 
-def _mark_actions(key: str, value: Any) -> dict[int, str]:
+def _mark_actions(key: str, value: Any) -> dict[int, Action]:
     if not isinstance(value, dict) or not value:
         raise ConfigError(key, "expected a non-empty object mapping numbers to actions")
-    result: dict[int, str] = {}
+    result: dict[int, Action] = {}
     for number, action in value.items():
         sub = f"{key}.{number}"
         if not (isinstance(number, str) and re.fullmatch(r"0|[1-9][0-9]?", number, re.ASCII)
                 and int(number) <= markcodec.NIBBLE):
             raise ConfigError(sub, f"{number!r} is not an action number 0-15 (decimal, no leading zero)")
-        result[int(number)] = _choice(ACTIONS)(sub, action)
+        result[int(number)] = Action(_choice(ACTIONS)(sub, action))  # an enum from here on
     return result
 
 

@@ -37,17 +37,10 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from . import cookies, markcodec
 from .config import PortGroup
-from .model import TCP, ConnEvent, EventKind, FlowTuple
+from .model import TCP, Action, ConnEvent, EventKind, FlowTuple
 
 if TYPE_CHECKING:
     from .commands import Command
-
-
-class Action(enum.StrEnum):
-    """What the policy (or an operator) decided for a connection."""
-    IGNORE = "ignore"
-    SHUNT = "shunt"
-    BLOCK = "block"
 
 
 class State(enum.Enum):

@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
@@ -405,6 +406,54 @@ class ConntrackListener:
         return since
 
 
+# The worker's requests. Deletes, liberal marks and restores go in lists (a turn's worth
+# in one netlink write); a clear, a callback, a dump and the stop (None) go on their own.
+@dataclass(frozen=True, slots=True)
+class Delete:
+    family: int
+    orig: FlowTuple
+    ct_id: int | None  # with an id the kernel deletes only that entry
+
+
+@dataclass(frozen=True, slots=True)
+class Liberal:
+    family: int
+    orig: FlowTuple
+    ct_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    family: int
+    orig: FlowTuple
+    reply: FlowTuple
+    tcp_state: int
+    timeout: int
+    closer_is_reply: bool
+    mark: int
+    done: Callable[[], None]  # runs after the kernel answered, whatever it answered
+
+
+@dataclass(frozen=True, slots=True)
+class ClearMarks:
+    mask: int
+    done: Callable[[int, int, str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    callback: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    pass
+
+
+Request = Delete | Liberal | Restore  # batched: one netlink message each
+_DUMP = Dump()
+
+
 class ConntrackWorker:
     """Deletes and dumps on a thread of their own; results come back through callbacks."""
 
@@ -434,7 +483,7 @@ class ConntrackWorker:
         self._thread.join(timeout=5)
         self.sock.close()
 
-    def _put(self, item: tuple) -> None:
+    def _put(self, item: Request) -> None:
         held = getattr(self._local, "held", None)
         if held is not None:
             held.append(item)
@@ -458,7 +507,7 @@ class ConntrackWorker:
                 self.q.put(held)
 
     def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
-        self._put(("del", family, orig, ct_id))
+        self._put(Delete(family, orig, ct_id))
 
     def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
                 closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
@@ -466,22 +515,22 @@ class ConntrackWorker:
         shunts), or bring the entry that exists to it (one kept until the slow path drained,
         or one a straggler re-created); `done` runs after the kernel answered, whatever it
         answered."""
-        self._put(("add", family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
+        self._put(Restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
 
     def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
         """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
         applies a pair's flows one direction at a time, the firewall sees acknowledgements
         of data that took the fast path, which it would otherwise call INVALID."""
-        self._put(("liberal", family, orig, ct_id))
+        self._put(Liberal(family, orig, ct_id))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
         failed, error)` runs on this thread once the kernel has answered."""
-        self.q.put(("clear", mask, done))
+        self.q.put(ClearMarks(mask, done))
 
     def after(self, callback: Callable[[], None]) -> None:
         """Run `callback` on this thread once every request queued before it is answered."""
-        self.q.put(("call", callback))
+        self.q.put(Call(callback))
 
     def dump(self) -> None:
         """Ask for a dump; requests made while one is already queued share it (a burst of
@@ -490,33 +539,31 @@ class ConntrackWorker:
             if self._dump_queued:
                 return
             self._dump_queued = True
-        self.q.put(("dump",))
+        self.q.put(_DUMP)
 
     def _run(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
                 return
-            if isinstance(item, list):  # deletes, liberal marks and restores
-                self._requests(item)
-                continue
-            if item[0] == "dump":
-                with self._dump_lock:
-                    self._dump_queued = False  # losses from now on need a dump of their own
-                self._dump()
-                continue
-            if item[0] == "call":
-                item[1]()
-                continue
-            if item[0] == "clear":
-                try:
-                    cleared, failed = clear_marks(item[1], self.on_malformed)
-                except OSError as exc:
-                    item[2](0, 0, str(exc))
-                else:
-                    item[2](cleared, failed, None)
+            match item:
+                case list():  # deletes, liberal marks and restores
+                    self._requests(item)
+                case Dump():
+                    with self._dump_lock:
+                        self._dump_queued = False  # losses from now on need a dump of their own
+                    self._dump()
+                case Call(callback):
+                    callback()
+                case ClearMarks(mask, done):
+                    try:
+                        cleared, failed = clear_marks(mask, self.on_malformed)
+                    except OSError as exc:
+                        done(0, 0, str(exc))
+                    else:
+                        done(cleared, failed, None)
 
-    def _requests(self, batch: list[tuple]) -> None:
+    def _requests(self, batch: list[Request]) -> None:
         """Requests queued together, and those queued meanwhile, in netlink writes of at
         most `batch` messages (their acknowledgements must fit the socket's buffer)."""
         while len(batch) < self.batch:
@@ -535,15 +582,16 @@ class ConntrackWorker:
             except OSError as exc:
                 LOG.error("conntrack update failed: %s", exc)
             for item in part:
-                if item[0] == "add":
+                if isinstance(item, Restore):
                     try:
-                        item[-1]()
+                        item.done()
                     except Exception:
                         LOG.exception("restore callback failed")
 
-    def _message(self, item: tuple) -> nfct_msg:
-        if item[0] == "del":
-            _, family, t, ct_id = item
+    def _message(self, item: Delete | Restore) -> nfct_msg:
+        family = item.family
+        if isinstance(item, Delete):
+            t, ct_id = item.orig, item.ct_id
             msg = nfct_msg.create_from(
                 tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst,
                                          proto=t.proto, sport=t.sport, dport=t.dport),
@@ -551,7 +599,8 @@ class ConntrackWorker:
             msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
         else:
-            _, family, o, r, state, timeout, closer_is_reply, mark, _ = item
+            o, r, state, timeout, closer_is_reply, mark = (item.orig, item.reply, item.tcp_state, item.timeout,
+                                                           item.closer_is_reply, item.mark)
             liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
             closer = (IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,) * 2
             msg = nfct_msg.create_from(
@@ -571,15 +620,15 @@ class ConntrackWorker:
         msg["nfgen_family"] = AF[family]
         return msg
 
-    def _send_batch(self, batch: list[tuple]) -> None:
+    def _send_batch(self, batch: list[Request]) -> None:
         out = bytearray()
-        pending: dict[int, tuple] = {}
+        pending: dict[int, Request] = {}
         for item in batch:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
-            if item[0] == "del":  # the common cases, at the shunt rate: packed directly
-                out += delete_message(item[1], item[2], item[3], self._seq)
-            elif item[0] == "liberal":
-                out += liberal_message(item[1], item[2], item[3], self._seq)
+            if isinstance(item, Delete):  # the common cases, at the shunt rate: packed directly
+                out += delete_message(item.family, item.orig, item.ct_id, self._seq)
+            elif isinstance(item, Liberal):
+                out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
             else:
                 msg = self._message(item)
                 msg["header"]["sequence_number"] = self._seq
@@ -600,21 +649,21 @@ class ConntrackWorker:
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
 
-    def _account(self, item: tuple, err: int) -> None:
-        if item[0] == "del":
+    def _account(self, item: Request, err: int) -> None:
+        if isinstance(item, Delete):
             if err == 0:
                 self.deleted += 1
                 if LOG.isEnabledFor(logging.DEBUG):  # benchmarks time the deletion from this
-                    t = item[2]
+                    t = item.orig
                     LOG.debug("conntrack entry %s deleted", t, extra={"fields": {
-                        "event": "ct_deleted", "ct_id": item[3], "src": t.src, "sport": t.sport, "dport": t.dport}})
+                        "event": "ct_deleted", "ct_id": item.ct_id, "src": t.src, "sport": t.sport, "dport": t.dport}})
             elif err == errno.ENOENT:
                 self.delete_missing += 1  # already gone: nothing to free
             else:
                 LOG.warning("conntrack delete refused: %s", errno.errorcode.get(err, err))
-        elif item[0] == "liberal":
+        elif isinstance(item, Liberal):
             if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
-                LOG.warning("conntrack entry %s not made liberal: %s", item[2], errno.errorcode.get(err, err))
+                LOG.warning("conntrack entry %s not made liberal: %s", item.orig, errno.errorcode.get(err, err))
         elif err == 0:
             self.restored += 1
         else:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 MAGIC = 0x4E
 OWNED_MASK = 0xFF << 56
@@ -66,11 +67,22 @@ def owned(cookie: int) -> bool:
     return cookie & OWNED_MASK == OWNED_VALUE
 
 
-def parse(cookie: int) -> tuple[Kind, int, bool] | None:
+class Parsed(NamedTuple):
+    """An NFShunt cookie read back (a tuple: a reconcile parses 200,000)."""
+    kind: Kind
+    key: int  # the pair's key (conntrack id and slot); table-1 flows: the port group
+    reply: bool  # reply direction; table-1 flows: a catcher
+
+
+_new_parsed = tuple.__new__  # Parsed(...) goes through a Python-level __new__: 140 ns against 85
+
+
+def parse(cookie: int) -> Parsed | None:
     """(kind, pair key, reply direction) for an NFShunt cookie, else None."""
     if not owned(cookie):
         return None
     kind = _KINDS.get((cookie >> 48) & 0xFF)
     if kind is None:
         return None
-    return kind, key(cookie & 0xFFFFFFFF, (cookie >> SLOT_SHIFT) % SLOTS), bool((cookie >> 32) & 1)
+    pair_key = key(cookie & 0xFFFFFFFF, (cookie >> SLOT_SHIFT) % SLOTS)
+    return _new_parsed(Parsed, (kind, pair_key, bool((cookie >> 32) & 1)))

@@ -51,12 +51,10 @@ from .commands import (ClearDecisions, Command, DeleteAllFlows, DeleteConntrack,
 from .config import Config, PortGroup
 from .connection import (ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, HELD, IDLE, Action, Conn, Connections,
                          FlowCount, State, closing)
-from .model import TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
+from .model import OFP10, OFP13, TCP, TCP_CLOSING, UDP, ConnEvent, EventKind, FlowTuple, SwitchFlow
 from .static import StaticTable
 from .teardown_sweep import HalfClosed
 
-OFP10 = 0x01
-OFP13 = 0x04
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 SWEEP_AFTER = 1.0  # seconds after confirmation to sweep entries re-created by in-flight packets
@@ -113,15 +111,20 @@ PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say
 SINGLE_TCP_ENTRIES = 6  # a TCP shunt in the single layout: its two flows and four catchers
 
 
-def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
-    """The most entries one pair takes in table 0: a TCP shunt with its catchers in the
+def entries_per_pair(teardown: bool, pipeline: bool) -> int:
+    """Entries a pair takes in table 0: a TCP shunt with its catchers (`teardown`) in the
     single layout, else its two flows (the pipeline layout shares its catchers)."""
-    return SINGLE_TCP_ENTRIES if version != OFP10 and cfg.tcp_teardown and not pipeline else 2
+    return SINGLE_TCP_ENTRIES if teardown and not pipeline else 2
+
+
+def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
+    """The most entries one pair takes in table 0."""
+    return entries_per_pair(version != OFP10 and cfg.tcp_teardown, pipeline)
 
 
 def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
     """Flow entries this pair takes on the switch."""
-    return max_pair_entries(version, cfg, pipeline) if catches_teardown(version, cfg, conn) else 2
+    return entries_per_pair(catches_teardown(version, cfg, conn), pipeline)
 
 
 def goes_to_pipeline(version: int | None, cfg: Config, action: Action, proto: int, pipeline: bool) -> bool:
@@ -357,9 +360,9 @@ class Core:
         found: collections.Counter[int] = collections.Counter()
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[1] < len(self.cfg.ports) \
-                    and flow.out_port == self.cfg.ports[parsed[1]].fast:
-                found[parsed[1]] += 1
+            if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.key < len(self.cfg.ports) \
+                    and flow.out_port == self.cfg.ports[parsed.key].fast:
+                found[parsed.key] += 1
         return all(found[i] >= PIPELINE_ENTRIES for i in range(len(self.cfg.ports)))
 
     def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
@@ -463,10 +466,9 @@ class Core:
         mark = markcodec.decode(ev.mark)
         if not mark.complete:
             return Ignored(R_INCOMPLETE, ev)
-        name = self.cfg.action_name(mark.action)  # type: ignore[arg-type]
-        if name is None:
+        action = self.cfg.action_for(mark.action)  # type: ignore[arg-type]
+        if action is None:
             return Ignored(R_UNKNOWN_ACTION, ev)
-        action = Action(name)
         pin = self.pins.get(ev.orig) if self.pins else None
         if pin is not None:
             pin.ct_id = ev.ct_id
@@ -691,10 +693,10 @@ class Core:
         (half-close), and the sender's retransmissions of data in flight are still due, so
         the fast path stays. None: the packet-in names no connection of ours."""
         parsed = cookies.parse(cookie)
-        if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+        if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
             return None
-        _, key, reply = parsed
-        conn = self.conns.named(cookies.Kind.SHUNT, key)
+        reply = parsed.reply
+        conn = self.conns.named(cookies.Kind.SHUNT, parsed.key)
         if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
             return None  # an orphan catcher (reconcile removes it), or not its port
         if conn.state is State.PENDING:
@@ -732,12 +734,12 @@ class Core:
         ended = 0
         for cookie in counted:
             parsed = cookies.parse(cookie)
-            if parsed is None or parsed[0] is not cookies.Kind.TEARDOWN:
+            if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
                 continue
-            conn = self.conns.named(cookies.Kind.SHUNT, parsed[1])
+            conn = self.conns.named(cookies.Kind.SHUNT, parsed.key)
             if conn is None or conn.state not in ACTIVE:
                 continue
-            out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed[2] else conn.ingress.fast, now) or ())
+            out.extend(self.teardown_packet(cookie, conn.egress.fast if parsed.reply else conn.ingress.fast, now) or ())
             ended += conn.state not in ACTIVE
         return out, ended
 
@@ -774,7 +776,7 @@ class Core:
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:
         parsed = cookies.parse(cookie)
-        if parsed is None or parsed[0] is cookies.Kind.DEFAULT:
+        if parsed is None or parsed.kind is cookies.Kind.DEFAULT:
             return []
         kind, key, reply = parsed
         conn = self.conns.named(kind, key)

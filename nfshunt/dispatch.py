@@ -18,7 +18,7 @@ from .flows import ALL_ONES_64
 from .connection import CT_TCP_ESTABLISHED, Action
 from .markcodec import DECISION_MASK
 from .model import TCP
-from .switch import Switch
+from .switch import Asked, CounterRead, Switch
 
 LOG = logging.getLogger("nfshunt")
 
@@ -119,7 +119,7 @@ class Dispatcher:
 
     def read_counters(self, sw: Switch, cmd: c.ReadCounters) -> None:
         msg = sw.fb.pair_stats_request(cmd.conn)
-        sw.counter_reads[sw.dp.set_xid(msg)] = (cmd.conn, {})
+        sw.counter_reads[sw.dp.set_xid(msg)] = CounterRead(cmd.conn, {})
         self.send(sw, msg)
 
     def install_static(self, sw: Switch, cmd: c.InstallStatic) -> None:
@@ -132,7 +132,7 @@ class Dispatcher:
 
     def read_static_counters(self, sw: Switch, _cmd: c.ReadStaticCounters) -> None:
         msg = sw.fb.static_stats_request()
-        sw.static_read = (sw.dp.set_xid(msg), time.monotonic())
+        sw.static_read = Asked(sw.dp.set_xid(msg), time.monotonic())
         self.send(sw, msg)
 
     # --- the kernel ---------------------------------------------------------------------------

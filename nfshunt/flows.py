@@ -14,16 +14,14 @@ from os_ken.ofproto import ofproto_v1_0
 
 from . import cookies
 from .config import Config, PortGroup
-from .connection import Conn
+from .connection import Action, Conn
 from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
-from .model import TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+from .model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 from .static import StaticFlow
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
-OFP10 = 0x01
-OFP13 = 0x04
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 
 TCP_FIN, TCP_RST = 0x01, 0x04
@@ -52,7 +50,7 @@ def metadata_teardown(metadata: int) -> tuple[int, bool]:
     """(pair key, reply direction) a table-1 catcher's packet-in carries."""
     parsed = cookies.parse(cookies.make(cookies.Kind.SHUNT) | (metadata & META_CONN_MASK))
     assert parsed is not None
-    return parsed[1], parsed[2]
+    return parsed.key, parsed.reply
 
 
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
@@ -220,7 +218,7 @@ class FlowBuilder:
         return conn.ingress.fast, conn.orig, conn.egress.fast
 
     def _priority(self, conn: Conn) -> int:
-        return self.cfg.shunt_priority if conn.action == "shunt" else self.cfg.block_priority
+        return self.cfg.shunt_priority if conn.action is Action.SHUNT else self.cfg.block_priority
 
     def catchers_of_its_own(self, conn: Conn) -> bool:
         """A TCP shunt of the single-table layout: four catchers beside its two flows."""
@@ -234,7 +232,7 @@ class FlowBuilder:
         """The two exact-match flows of a shunt (output to the peer fast port) or a block
         (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST
         catchers one priority above, which forward the packet and tell the controller."""
-        shunt = conn.action == "shunt"
+        shunt = conn.action is Action.SHUNT
         idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
         out = []
         prio = self._priority(conn)
@@ -392,7 +390,8 @@ class FlowBuilder:
         every default has the same cookie (a pair's takeover removes only the peer's)."""
         p, ofp = self.parser, self.ofp
         parsed = cookies.parse(flow.cookie)
-        if parsed is not None and parsed[0] is cookies.Kind.DEFAULT and flow.in_port is not None and flow.match is None:
+        if parsed is not None and parsed.kind is cookies.Kind.DEFAULT and flow.in_port is not None \
+                and flow.match is None:
             if self.version == OFP10:
                 return p.OFPFlowMod(self.dp, match=self.match(flow.in_port), command=ofp.OFPFC_DELETE_STRICT,
                                     priority=flow.priority, out_port=ofp.OFPP_NONE)

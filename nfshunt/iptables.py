@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from . import markcodec
 from .config import ACTIONS, Config, ConfigError
+from .model import Action
 
 EXIT_FAILED = 1
 
 # Decision chains: a policy rule `-g NFSHUNT_SHUNT` marks and ends NFSHUNT_POLICY for that
 # packet (first match wins). A bare `-j MARK` rule does not end the chain: a later
 # matching rule would overwrite its decision.
-DECISIONS = {"shunt": "NFSHUNT_SHUNT", "block": "NFSHUNT_BLOCK", "ignore": "NFSHUNT_IGNORE"}
+DECISIONS = {Action.SHUNT: "NFSHUNT_SHUNT", Action.BLOCK: "NFSHUNT_BLOCK", Action.IGNORE: "NFSHUNT_IGNORE"}
 CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_POST", "NFSHUNT_POST_PD_OUT",
           *DECISIONS.values(), "NFSHUNT_POLICY")
 JUMPS = (("PREROUTING", "NFSHUNT_PRE"), ("POSTROUTING", "NFSHUNT_POST"))
@@ -81,8 +82,8 @@ def plumbing_rules(cfg: Config) -> list[str]:
     return rules
 
 
-def _action_number(cfg: Config, action: str) -> int | None:
-    numbers = [n for n, a in cfg.mark_actions.items() if a == action]
+def _action_number(cfg: Config, action: Action) -> int | None:
+    numbers = [n for n, a in cfg.mark_actions.items() if a is action]
     return min(numbers) if numbers else None
 
 

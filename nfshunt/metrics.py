@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .model import Action
+
 LOG = logging.getLogger("nfshunt.metrics")
 
 # Event to confirmed flows, in seconds: from well under a millisecond to a slow switch.
@@ -180,9 +182,9 @@ class Metrics:
                                  labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(AppCollector(snapshot))
         self.server: Any = None
-        self._by_action: dict[str, Any] = {}  # labelled children, looked up once
+        self._by_action: dict[Action, Any] = {}  # labelled children, looked up once
 
-    def observe_latency(self, action: str, seconds: float) -> None:
+    def observe_latency(self, action: Action, seconds: float) -> None:
         child = self._by_action.get(action)
         if child is None:
             child = self._by_action[action] = self.latency.labels(action)

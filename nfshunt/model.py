@@ -9,6 +9,23 @@ from typing import NamedTuple
 TCP = 6
 UDP = 17
 
+OFP10 = 0x01  # OpenFlow wire versions
+OFP13 = 0x04
+OPENFLOW_VERSIONS = {"1.0": OFP10, "1.3": OFP13}  # as the config and the operator name them
+
+
+class Action(enum.StrEnum):
+    """What the policy (or an operator) decided for a connection; the config's
+    mark_actions names them by their values."""
+    IGNORE = "ignore"
+    SHUNT = "shunt"
+    BLOCK = "block"
+
+
+def openflow_label(version: int) -> str:
+    """The name ("1.0", "1.3") of a negotiated OpenFlow version."""
+    return "1.0" if version == OFP10 else "1.3"
+
 # Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h).
 TCP_STATES = ("NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT",
               "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2")

@@ -22,7 +22,7 @@ from .config import Config
 from .control import parse_tuple
 from .conntrack import ConntrackWorker
 from .metrics import Counters
-from .model import FlowTuple, SwitchFlow
+from .model import FlowTuple, SwitchFlow, openflow_label
 from .policy_state import PolicyWatch
 from .roles import Change
 from .switch import Switch
@@ -60,6 +60,11 @@ class _Stamped(threading.Event):
     def set(self) -> None:
         self.at = time.monotonic()
         super().set()
+
+
+def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """The controller's figures: the sums of its switches' (status and metrics both show them)."""
+    return {k: sum(row[k] for row in rows) for k in keys}
 
 
 RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
@@ -311,7 +316,7 @@ class OperatorAPI:
                 "connected": dp is not None,
                 "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
                 (sw.name if sw.cfg.datapath_id is not None else None),
-                "openflow": None if dp is None else ("1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3"),
+                "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
                 "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
                 "ports": [g.physdevin for g in sw.cfg.ports],
                 "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
@@ -325,8 +330,7 @@ class OperatorAPI:
             "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
             "switches": switches,
             "uptime": round(time.time() - self.app.started, 1),
-            **{k: sum(sw[k] for sw in switches) for k in ("shunts", "blocks", "waiting", "pending", "queued",
-                                                          "max_shunts")},
+            **totals(switches, ("shunts", "blocks", "waiting", "pending", "queued", "max_shunts")),
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
             "counters": self.counters.flat(), "connections": conns,

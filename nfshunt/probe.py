@@ -36,9 +36,10 @@ from os_ken.lib.packet import ethernet, ipv4, packet, udp
 from . import cookies
 from .channel import address_allowed
 from .config import Config, PortGroup
-from .connection import Conn
+from .connection import Action, Conn
+from .core import entries_per_pair
 from .flows import FlowBuilder
-from .model import TCP, UDP, FlowTuple
+from .model import OFP10, TCP, UDP, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
@@ -123,7 +124,7 @@ class Prober:
     def __init__(self, app: ProbeApp, dp: Any, cfg: Config):
         self.app, self.dp, self.cfg = app, dp, cfg
         self.p, self.ofp = dp.ofproto_parser, dp.ofproto
-        self.of13 = dp.ofproto.OFP_VERSION != 1
+        self.of13 = dp.ofproto.OFP_VERSION != OFP10
         self.fb = FlowBuilder(dp, cfg)
 
     def ask(self, msg: Any, timeout: float = TIMEOUT) -> list[Any]:
@@ -210,7 +211,7 @@ class Prober:
                    f"{size if size is not None else 'an unknown number of'} entries")
         return size
 
-    def _conn(self, n: int, proto: int, family: int, action: str, a: PortGroup, b: PortGroup, base: int) -> Conn:
+    def _conn(self, n: int, proto: int, family: int, action: Action, a: PortGroup, b: PortGroup, base: int) -> Conn:
         net = ipaddress.ip_network("198.51.100.0/24" if family == 4 else "2001:db8::/64")
         t = FlowTuple(family, proto, str(net[1]), str(net[2]), 40000 + n, 9)
         return Conn(t, t.reversed(), base + n, action, a, b, 0.0)
@@ -222,11 +223,11 @@ class Prober:
             report.say("shapes: skipped (one port group: a pair needs two)")
             return {}
         a, b = groups[0], groups[-1]
-        tcp = self._conn(0, TCP, 4, "shunt", a, b, SHAPE_ID)
-        block = self._conn(1, UDP, 4, "block", a, b, SHAPE_ID)
+        tcp = self._conn(0, TCP, 4, Action.SHUNT, a, b, SHAPE_ID)
+        block = self._conn(1, UDP, 4, Action.BLOCK, a, b, SHAPE_ID)
         shapes: list[tuple[str, list[Any], Conn | None, list[Any]]]  # name, install, pair, undo
         if self.of13:
-            udp6 = self._conn(2, UDP, 6, "shunt", a, b, SHAPE_ID)
+            udp6 = self._conn(2, UDP, 6, Action.SHUNT, a, b, SHAPE_ID)
             meter_delete, meter_add = self.fb.controller_meter(self.cfg.packet_in_rate or 1000)
             shapes = [(SHAPE_TCP, self.fb.install(tcp), tcp, []),
                       (SHAPE_IPV6, self.fb.install(udp6), udp6, []),
@@ -278,7 +279,7 @@ class Prober:
         a, b = groups[0], groups[-1]
         if a is b:
             return None
-        msgs = [m for i in range(pairs) for m in self.fb.install(self._conn(i, UDP, 4, "shunt", a, b, RATE_ID))]
+        msgs = [m for i in range(pairs) for m in self.fb.install(self._conn(i, UDP, 4, Action.SHUNT, a, b, RATE_ID))]
         buf = bytearray()
         for m in msgs:  # serialised before the clock starts: the switch's rate, not ours
             self.dp.set_xid(m)
@@ -370,8 +371,7 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
             s["confirm"] = "counters" if of13 else "delay"
             s["confirm_delay"] = round(max(0.1, worst * 1.5), 1)
     if size is not None:
-        per_pair = 6 if teardown and not pipeline else 2
-        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // per_pair)
+        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // entries_per_pair(teardown, pipeline))
     if not shapes or not all(ok for name, ok in shapes.items() if name in REQUIRED):
         report.ok = False
 

@@ -339,7 +339,7 @@ class StaticTable:
         found: dict[int, list[SwitchFlow]] = {}
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed[0] is cookies.Kind.STATIC:
+            if parsed is not None and parsed.kind is cookies.Kind.STATIC:
                 found.setdefault(flow.cookie, []).append(flow)
             else:
                 rest.append(flow)

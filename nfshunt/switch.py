@@ -12,6 +12,7 @@ connected to each other): it stays on the slow path, counted as crossing two swi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .commands import Ignored
@@ -26,6 +27,27 @@ from .channel import SendPath
 from .teardown_sweep import TeardownSweep
 
 R_CROSSES_SWITCHES = "crosses two switches"
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A periodic read in flight (meter, static flows): asked again once it is overdue."""
+    xid: int
+    at: float  # when it was asked (monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class CatcherRead:
+    """The catcher read after dropped packet-ins (teardown_sweep), filled part by part."""
+    xid: int
+    counted: list[int]  # cookies of the catchers that counted
+
+
+@dataclass(frozen=True, slots=True)
+class CounterRead:
+    """A new shunt's flow counters (confirm: counters), summed over the reply's parts."""
+    conn: Conn
+    packets: dict[bool, int]  # by direction (reply: True)
 
 
 class Switch:
@@ -45,15 +67,15 @@ class Switch:
         self.meter_xid: int | None = None
         # The controller meter's drops, read every tick, and the catcher read they call for.
         self.meter_on = False
-        self.meter_read: tuple[int, float] | None = None  # (xid, asked at)
-        self.catcher_read: tuple[int, list[int]] | None = None  # (xid, cookies of catchers that counted)
+        self.meter_read: Asked | None = None
+        self.catcher_read: CatcherRead | None = None
         self.sweep = TeardownSweep()
         # Half-closed shunts' catcher reads (teardown_sweep): by xid, the cookies that counted.
         self.watch_reads: dict[int, list[int]] = {}
-        # confirm: counters: flow-stats requests of new shunts, by xid: (conn, packets by direction)
-        self.counter_reads: dict[int, tuple[Conn, dict[bool, int]]] = {}
+        # confirm: counters: flow-stats requests of new shunts, by xid
+        self.counter_reads: dict[int, CounterRead] = {}
         self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
-        self.static_read: tuple[int, float] | None = None  # (xid, asked at) of the static flows' counters read
+        self.static_read: Asked | None = None  # the static flows' counters read
         self.static_flows: list[SwitchFlow] = []  # ... its flows so far
 
     @property

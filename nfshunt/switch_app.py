@@ -45,11 +45,11 @@ from .core import PIPELINE_ENTRIES, PIPELINE_READ_AGAIN, PIPELINE_READS
 from .dispatch import Dispatcher
 from .flows import REMOVED_REASONS, FlowBuilder, metadata_teardown
 from .metrics import Metrics
-from .operator_api import EventControl, OperatorAPI
-from .model import ConnEvent
+from .operator_api import EventControl, OperatorAPI, totals
+from .model import OFP10, ConnEvent, openflow_label
 from .policy_state import PolicyWatch
 from .roles import MASTER, ROLE_NAMES, Change, RoleRequest
-from .switch import Router, Switch
+from .switch import Asked, CatcherRead, Router, Switch
 from .teardown_sweep import CHECK_AFTER, WATCH_PERIOD
 from .trim import Trimmer
 
@@ -262,8 +262,7 @@ class NFShuntApp(app_manager.OSKenApp):
         maxes = [sw["table_max"] for sw in per_switch]
         roles = self.switches[0].roles
         return {"switches": per_switch,
-                **{k: sum(sw[k] for sw in per_switch) for k in ("shunts", "blocks", "connected", "max_shunts",
-                                                                 "table_used", "table_1")},
+                **totals(per_switch, ("shunts", "blocks", "connected", "max_shunts", "table_used", "table_1")),
                 "waiting": sum(len(sw.core.waiting) for sw in self.switches),
                 "queued": sum(len(sw.send.queued) for sw in self.switches if sw.send is not None),
                 "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
@@ -325,7 +324,7 @@ class NFShuntApp(app_manager.OSKenApp):
             sw.send = self._send_path(sw)
             self.counters.inc("switch_connects")
             LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
-                     dp.address[1], "1.0" if dp.ofproto.OFP_VERSION == 1 else "1.3")
+                     dp.address[1], openflow_label(dp.ofproto.OFP_VERSION))
             sw.flow_stats = []
             if sw.roles is None:
                 self.run(sw, sw.core.switch_connected(dp.ofproto.OFP_VERSION, sw.fb.pipeline))
@@ -360,8 +359,8 @@ class NFShuntApp(app_manager.OSKenApp):
         layout, tables = cfg.flow_layout, getattr(dp, "nfshunt_tables", 0)
         if layout == "single" or not cfg.tcp_teardown:
             return False
-        if dp.ofproto.OFP_VERSION == 1 or tables < 2:
-            why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == 1 else f"the switch reports {tables} table(s)"
+        if dp.ofproto.OFP_VERSION == OFP10 or tables < 2:
+            why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == OFP10 else f"the switch reports {tables} table(s)"
             log = LOG.warning if layout == "pipeline" else LOG.info
             log("flow_layout %s: %s, so the single-table layout (6 entries a TCP shunt)", layout, why)
             return False
@@ -483,7 +482,7 @@ class NFShuntApp(app_manager.OSKenApp):
             LOG.warning("switch %s did not report its table size (%s): set max_shunts to what its table holds "
                         "(a pair takes up to %d entries)", sw.name, reason, sw.core.max_pair_entries())
             return
-        if msg.xid in (sw.meter_xid, sw.meter_read and sw.meter_read[0]):
+        if msg.xid in (sw.meter_xid, sw.meter_read and sw.meter_read.xid):
             sw.meter_on = False
             LOG.warning("the switch refused the packet-in rate limit (controller meter: %s): a host sending "
                         "FIN/RST segments can load the controller; on Open vSwitch set the Controller "
@@ -509,7 +508,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self._unexpected_packet_in("no cookie or in_port", cookie)
             return
         parsed = cookies.parse(cookie)
-        if parsed is not None and parsed[0] is cookies.Kind.PIPELINE and parsed[2]:
+        if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.reply:
             # A shared table-1 catcher: the metadata names the connection and direction.
             metadata = msg.match.get("metadata")
             if metadata is None:
@@ -544,10 +543,10 @@ class NFShuntApp(app_manager.OSKenApp):
         if sw is None or sw.fb is None:
             return
         fb = sw.fb
-        if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read[0]:
+        if sw.catcher_read is not None and ev.msg.xid == sw.catcher_read.xid:
             self._catchers_read(sw, ev.msg)
             return
-        if sw.static_read is not None and ev.msg.xid == sw.static_read[0]:  # static flows' counters (status, metrics)
+        if sw.static_read is not None and ev.msg.xid == sw.static_read.xid:  # static flows' counters (status, metrics)
             sw.static_flows.extend(fb.parse_stats(stats) for stats in ev.msg.body)
             if not fb.more_follows(ev.msg):
                 sw.core.static.counted(sw.static_flows)
@@ -558,7 +557,7 @@ class NFShuntApp(app_manager.OSKenApp):
             return
         read = sw.counter_reads.get(ev.msg.xid)
         if read is not None:  # a new shunt's counters (confirm: counters)
-            conn, packets = read
+            conn, packets = read.conn, read.packets
             for stats in ev.msg.body:
                 reply = bool(stats.cookie & cookies.DIRECTION_BIT)
                 packets[reply] = packets.get(reply, 0) + stats.packet_count
@@ -601,7 +600,7 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def _meter_stats(self, ev: Any) -> None:
         sw = self._ours(ev.msg, "meter stats")
-        if sw is None or sw.meter_read is None or ev.msg.xid != sw.meter_read[0]:
+        if sw is None or sw.meter_read is None or ev.msg.xid != sw.meter_read.xid:
             return
         sw.meter_read = None
         ofp = ev.msg.datapath.ofproto
@@ -618,14 +617,14 @@ class NFShuntApp(app_manager.OSKenApp):
                               "per-connection catchers", new, sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
         if sw.fb is not None and not sw.core.pipeline and sw.sweep.due(time.monotonic()):
             msg = sw.fb.catcher_stats_request()
-            sw.catcher_read = (sw.dp.set_xid(msg), [])
+            sw.catcher_read = CatcherRead(sw.dp.set_xid(msg), [])
             self._queue(sw, msg)
             self._flush(sw)
 
     def _catchers_read(self, sw: Switch, msg: Any) -> None:
         """A part of the catcher read after dropped packet-ins (see teardown_sweep)."""
         assert sw.catcher_read is not None and sw.fb is not None
-        counted = sw.catcher_read[1]
+        counted = sw.catcher_read.counted
         counted.extend(stats.cookie for stats in msg.body if stats.packet_count)
         if sw.fb.more_follows(msg):
             return
@@ -685,7 +684,7 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPTableStatsReply, MAIN_DISPATCHER)
     def _table_stats(self, ev: Any) -> None:
         sw = self._ours(ev.msg, "table stats")
-        if sw is not None and ev.msg.datapath.ofproto.OFP_VERSION == 1:
+        if sw is not None and ev.msg.datapath.ofproto.OFP_VERSION == OFP10:
             self._table_reported(sw, [(t.table_id, t.max_entries) for t in ev.msg.body])
 
     def _table_reported(self, sw: Switch, tables: list[tuple[int, int]]) -> None:
@@ -785,12 +784,12 @@ class NFShuntApp(app_manager.OSKenApp):
             if check is not None:
                 self._role_request(sw, check)
         if sw.meter_on and sw.fb is not None and (sw.meter_read is None or
-                                                  now - sw.meter_read[1] > METER_READ_TIMEOUT):
+                                                  now - sw.meter_read.at > METER_READ_TIMEOUT):
             msg = sw.fb.controller_meter_stats_request()
-            sw.meter_read = (sw.dp.set_xid(msg), now)
+            sw.meter_read = Asked(sw.dp.set_xid(msg), now)
             self._queue(sw, msg)
         if sw.core.static.entries and sw.fb is not None and (sw.static_read is None or
-                                                             now - sw.static_read[1] > STATIC_READ_TIMEOUT):
+                                                             now - sw.static_read.at > STATIC_READ_TIMEOUT):
             sw.static_flows = []  # a read the switch never answered is given up
             self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         self.run(sw, sw.core.tick(now))

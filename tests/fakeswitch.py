@@ -22,9 +22,8 @@ from typing import Any
 from os_ken.ofproto import ofproto_parser, ofproto_protocol
 
 from nfshunt.flowstats import FlowEntry
-from nfshunt.model import TCP, FlowTuple
+from nfshunt.model import OFP13, TCP, FlowTuple
 
-OFP10, OFP13 = 0x01, 0x04
 ETH_IPV4, ETH_IPV6 = 0x0800, 0x86DD
 VID_PRESENT = 0x1000
 TABLE_ALL = 0xFF  # OFPTT_ALL (1.3); 1.0 has one table

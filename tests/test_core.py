@@ -899,3 +899,14 @@ def test_a_half_closed_shunt_is_taken_as_closed_in_the_pipeline_layout():
     # on a connection that was really only half-closed.
     assert restore.tcp_state == cn.CT_TCP_LAST_ACK and restore.closer_is_reply
     assert alive.state is cn.State.DRAINING and not core.half_closed
+
+
+@pytest.mark.parametrize("teardown,pipeline", [(True, False), (True, True), (False, False)])
+def test_probe_recommends_the_budget_the_core_derives_from_the_same_table(teardown, pipeline):
+    from nfshunt import probe  # imports os-ken: only here
+    report = probe.Report()
+    shapes = {probe.SHAPE_TCP: teardown, probe.SHAPE_PIPELINE: pipeline}
+    probe.recommend(report, config(), True, 1000, shapes, None, [])
+    core = connected(tcp_teardown=teardown)
+    core.pipeline = pipeline
+    assert report.settings["max_shunts"] == core.table_size(1000)

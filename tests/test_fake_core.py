@@ -23,7 +23,7 @@ from nfshunt.channel import SendPath, table_full  # noqa: E402
 from nfshunt.connection import (CT_TCP_CLOSE, CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, IDLE_RESTORE_TIMEOUT,  # noqa: E402
                                 Action, State)
 from nfshunt.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.core import OFP10, OFP13  # noqa: E402
+from nfshunt.model import OFP10, OFP13  # noqa: E402
 from nfshunt.dispatch import Dispatcher  # noqa: E402
 from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
@@ -152,7 +152,7 @@ class Rig:
             return []
         if isinstance(msg, fs.PacketIn):
             cookie, parsed = msg.cookie, cookies.parse(msg.cookie)
-            if parsed is not None and parsed[0] is cookies.Kind.PIPELINE:
+            if parsed is not None and parsed.kind is cookies.Kind.PIPELINE:
                 cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
             return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
         assert isinstance(msg, fs.FlowStatsReply)
@@ -160,7 +160,7 @@ class Rig:
         if read is not None:
             packets = {r: sum(s.packet_count for s in msg.body if bool(s.cookie & cookies.DIRECTION_BIT) == r)
                        for r in (False, True)}
-            return core.counters_read(read[0], packets, self.now)
+            return core.counters_read(read.conn, packets, self.now)
         return core.reconcile([fb.parse_stats(s) for s in msg.body], self.now)
 
     def reconnect(self, switch: fs.FakeSwitch) -> None:

@@ -9,7 +9,7 @@ os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_v1_3_parser as P13  # noqa: E402
 
 from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import TCP, UDP, FlowTuple  # noqa: E402
+from nfshunt.model import OFP10, TCP, UDP, FlowTuple  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
@@ -152,7 +152,7 @@ def test_flow_stats_filter_by_cookie_and_read_back_as_nfshunt_reads_them():
 
 
 def test_openflow10_matches_with_wildcards_and_masked_addresses():
-    sw = fs.FakeSwitch(fs.OFP10)
+    sw = fs.FakeSwitch(OFP10)
     p, ofp = sw.ofproto_parser, sw.ofproto
     wide = p.OFPMatch(in_port=1, dl_type=0x800, nw_src="10.0.0.0")
     wide.wildcards = (wide.wildcards & ~ofp.OFPFW_NW_SRC_MASK) | (8 << ofp.OFPFW_NW_SRC_SHIFT)  # a /24

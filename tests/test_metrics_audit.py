@@ -123,19 +123,19 @@ def test_the_worker_runs_what_was_queued_before_it_stops():
     from nfshunt.conntrack import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
     done = []
-    worker._send_batch = lambda batch: done.extend(item[0] for item in batch)  # no kernel needed
+    worker._send_batch = lambda batch: done.extend(type(item).__name__ for item in batch)  # no kernel needed
     worker.start()
     for i in range(300):
         worker.delete(4, None, i)
     worker.stop()
-    assert done == ["del"] * 300
+    assert done == ["Delete"] * 300
 
 
 def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_most_batch():
     from nfshunt.conntrack import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None, batch=100)
     writes = []
-    worker._send_batch = lambda batch: writes.append([item[3] for item in batch])  # no kernel needed
+    worker._send_batch = lambda batch: writes.append([item.ct_id for item in batch])  # no kernel needed
     with worker.batched():
         for i in range(250):
             worker.delete(4, None, i)
@@ -148,3 +148,23 @@ def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_
     worker.stop()
     assert [len(w) for w in writes] == [100, 100, 51, 1]
     assert [i for w in writes for i in w] == list(range(252))
+
+
+def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_encoded_as_a_create():
+    from nfshunt.conntrack import IPCTNL_MSG_CT_NEW, ConntrackWorker, Restore
+    from nfshunt.model import TCP, FlowTuple
+    worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
+    orig = FlowTuple(4, TCP, "10.0.0.1", "10.0.0.2", 40000, 80)
+    reply = FlowTuple(4, TCP, "10.0.0.2", "10.0.0.1", 80, 40000)
+    calls = []
+    item = Restore(4, orig, reply, 8, 10, True, 0x5, lambda: calls.append("done"))
+    msg = worker._message(item)
+    msg.encode()
+    assert msg["header"]["type"] & 0xFF == IPCTNL_MSG_CT_NEW and msg.get_attr("CTA_MARK") == 5
+
+    def refused(batch):
+        raise OSError("no kernel here")
+    worker._send_batch = refused
+    worker._requests([item])
+    worker.sock.close()
+    assert calls == ["done"]

@@ -6,7 +6,7 @@ import sys
 
 from os_ken.ofproto import ofproto_protocol
 
-from nfshunt.connection import Conn
+from nfshunt.connection import Action, Conn
 from nfshunt.flows import FlowBuilder
 from nfshunt.probe import RATE_ID
 from tests.helpers import config
@@ -32,7 +32,7 @@ def test_the_measurement_writes_the_controllers_flow_mods_without_the_removed_fl
     want = []
     for i in range(3):
         t = switchlimit.pair_tuple(i)
-        for msg in fb.install(Conn(t, t.reversed(), RATE_ID + i, "shunt", CFG.ports[0], CFG.ports[-1], 0.0)):
+        for msg in fb.install(Conn(t, t.reversed(), RATE_ID + i, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)):
             msg.set_xid(i + 1)
             msg.serialize()
             want.append(bytes(msg.buf))
@@ -50,9 +50,9 @@ def test_the_cleanup_deletes_exactly_the_measurement_cookies():
     msg = switchlimit.delete_all_pairs(CFG)
     cookie, mask = struct.unpack_from("!QQ", msg, 8)
     t = switchlimit.pair_tuple(7)
-    conn = Conn(t, t.reversed(), RATE_ID + 7, "shunt", CFG.ports[0], CFG.ports[-1], 0.0)
+    conn = Conn(t, t.reversed(), RATE_ID + 7, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)
     assert conn.cookie(True) & mask == cookie & mask
-    other = Conn(t, t.reversed(), 0x12345678, "shunt", CFG.ports[0], CFG.ports[-1], 0.0)
+    other = Conn(t, t.reversed(), 0x12345678, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)
     assert other.cookie(False) & mask != cookie & mask
 
 
