@@ -155,12 +155,6 @@ class Config:
     def action_for(self, number: int) -> Action | None:
         return self.mark_actions.get(number)
 
-    def action_number(self, name: str) -> int:
-        for number, action in sorted(self.mark_actions.items()):
-            if action == name:
-                return number
-        raise ConfigError("mark_actions", f"no number maps to action '{name}'")
-
 
 # --- validation helpers -------------------------------------------------------------
 
