@@ -141,8 +141,10 @@ def userspace_tso_enabled() -> bool:
 
 
 def set_userspace_tso(on: bool) -> None:
-    """Turn Open vSwitch's userspace TSO support on or off: it is read when the daemon
-    starts, so this restarts Open vSwitch (no testbed may be up)."""
+    """Turn Open vSwitch's userspace TSO support on or off. Always with a restart (no
+    testbed may be up): a running daemon turns it on as soon as the key says true, but
+    never off again, and ports it opened before then mangle every frame (each side
+    expects the other's virtio-net header)."""
     if userspace_tso_enabled() == on:
         return
     subprocess.run(["ovs-vsctl", "set", "Open_vSwitch", ".", f"other_config:userspace-tso-enable={str(on).lower()}"],
@@ -294,7 +296,7 @@ class Testbed:
                  config: dict[str, Any] | None = None, policy: str | None = POLICY,
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
-                 switch_reorder: bool = False, host_offload: bool = False):
+                 switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
@@ -328,8 +330,11 @@ class Testbed:
         self._lock_fd: int | None = None
         # The hosts' TSO and checksum offload (Linux's defaults) need Open vSwitch's
         # userspace TSO support on; off by default, whatever the machine's setting, so packet
-        # sizes are the MTU's. The machine's setting is put back on stop.
+        # sizes are the MTU's. userspace_tso: Open vSwitch runs with it on (as a machine
+        # carrying real traffic may), the hosts offloading or not. Open vSwitch reads the
+        # setting once, so it is restarted to change it, and put back on stop.
         self.host_offload = host_offload
+        self.userspace_tso = userspace_tso or host_offload
         self._tso_before: bool | None = None
 
     # --- nodes ----------------------------------------------------------------------------
@@ -454,7 +459,7 @@ class Testbed:
         self._lock()
         ensure_ovs()
         clear_leftovers(self.log)
-        if self.host_offload and self.datapath == "netdev" and not userspace_tso_enabled():
+        if self.userspace_tso and self.datapath == "netdev" and not userspace_tso_enabled():
             self._tso_before = False
             set_userspace_tso(True)
         setLogLevel("error")

@@ -56,30 +56,22 @@ def test_the_userspace_switch_ports_get_a_switch_like_buffer_and_the_machine_kee
 
 
 def test_the_hosts_never_offload_whatever_the_machines_userspace_tso_setting(integration_ready):
-    """A machine whose Open vSwitch has other_config:userspace-tso-enable=true (common where
-    the userspace datapath carries real traffic) once made the testbed leave the hosts' TSO
-    on, and five tests failed on packet sizes. The hosts offload only when a test asks
-    (host_offload), and the machine's setting is left as it was. (The key is written to the
-    database only: Open vSwitch reads it at its next start, which this test does not cause.)"""
-    import subprocess
-    from nfshunt_testbed import SHUNT_PORT, Testbed
-    key = "other_config:userspace-tso-enable"
-    get = ["ovs-vsctl", "--if-exists", "get", "Open_vSwitch", "."]
-    before = subprocess.run([*get, key], capture_output=True, text=True).stdout.strip()
-    subprocess.run(["ovs-vsctl", "set", "Open_vSwitch", ".", f"{key}=true"], check=True)
-    try:
-        with Testbed(mode="direct") as tb:
-            for host in tb.hosts:
-                features = tb.run(host, "ethtool", "-k", f"{host.name}-eth0")
-                assert "tcp-segmentation-offload: off" in features, features
-            assert "error" not in tb.iperf(SHUNT_PORT, 1)
-        assert subprocess.run([*get, key], capture_output=True, text=True).stdout.strip() == '"true"'
-    finally:
-        if before:
-            subprocess.run(["ovs-vsctl", "set", "Open_vSwitch", ".", f"{key}={before}"], check=True)
-        else:
-            subprocess.run(["ovs-vsctl", "remove", "Open_vSwitch", ".", "other_config", "userspace-tso-enable"],
-                           check=True)
+    """A machine whose Open vSwitch runs with other_config:userspace-tso-enable=true (common
+    where the userspace datapath carries real traffic) once made the testbed leave the
+    hosts' TSO on, and five tests failed on packet sizes. The hosts offload only when a test
+    asks (host_offload), and the machine's setting is put back on stop."""
+    from nfshunt_testbed import SHUNT_PORT, Testbed, userspace_tso_enabled
+    before = userspace_tso_enabled()
+    with Testbed(mode="direct", userspace_tso=True) as tb:
+        if tb.datapath != "netdev":
+            pytest.skip("kernel datapath: no userspace TSO")
+        assert userspace_tso_enabled()
+        for host in tb.hosts:
+            features = tb.run(host, "ethtool", "-k", f"{host.name}-eth0")
+            assert "\ttx-tcp-segmentation: off" in features and "tx-checksumming: off" in features, features
+        result = tb.iperf(SHUNT_PORT, 1)
+        assert "error" not in result, result.get("error")
+    assert userspace_tso_enabled() == before
 
 
 @pytest.mark.parametrize("mechanism", ["nfqueue", "netem"])
