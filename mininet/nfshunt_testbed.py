@@ -134,21 +134,31 @@ def ensure_ovs() -> None:
         raise TestbedError("Open vSwitch did not start (ovs-ctl start)")
 
 
-def userspace_tso_enabled() -> bool:
-    out = subprocess.run(["ovs-vsctl", "--if-exists", "get", "Open_vSwitch", ".", "other_config:userspace-tso-enable"],
+TSO_KEY = "userspace-tso-enable"
+
+
+def userspace_tso_setting() -> str | None:
+    """The machine's other_config:userspace-tso-enable as written ("true", "false"), or
+    None where it is not set (Open vSwitch's default: off)."""
+    out = subprocess.run(["ovs-vsctl", "--if-exists", "get", "Open_vSwitch", ".", f"other_config:{TSO_KEY}"],
                          capture_output=True, text=True).stdout.strip().strip('"')
-    return out == "true"
+    return out or None
 
 
-def set_userspace_tso(on: bool) -> None:
-    """Turn Open vSwitch's userspace TSO support on or off. Always with a restart (no
-    testbed may be up): a running daemon turns it on as soon as the key says true, but
-    never off again, and ports it opened before then mangle every frame (each side
-    expects the other's virtio-net header)."""
-    if userspace_tso_enabled() == on:
+def userspace_tso_enabled() -> bool:
+    return userspace_tso_setting() == "true"
+
+
+def set_userspace_tso(setting: str | None) -> None:
+    """Write Open vSwitch's userspace TSO setting ("true", "false", or None: the key
+    removed) and restart it (no testbed may be up): a running daemon turns TSO on as soon
+    as the key says true, but never off again, and ports it opened before then mangle every
+    frame (each side expects the other's virtio-net header)."""
+    if userspace_tso_setting() == setting:
         return
-    subprocess.run(["ovs-vsctl", "set", "Open_vSwitch", ".", f"other_config:userspace-tso-enable={str(on).lower()}"],
-                   check=True, capture_output=True)
+    change = (["remove", "Open_vSwitch", ".", "other_config", TSO_KEY] if setting is None
+              else ["set", "Open_vSwitch", ".", f"other_config:{TSO_KEY}={setting}"])
+    subprocess.run(["ovs-vsctl", *change], check=True, capture_output=True)
     subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "restart", "--system-id=random"], capture_output=True)
     if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode != 0:
         raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
@@ -335,7 +345,8 @@ class Testbed:
         # setting once, so it is restarted to change it, and put back on stop.
         self.host_offload = host_offload
         self.userspace_tso = userspace_tso or host_offload
-        self._tso_before: bool | None = None
+        self._tso_before: str | None = None
+        self._tso_changed = False  # the machine's setting, to put back as it was (absent included)
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -460,8 +471,8 @@ class Testbed:
         ensure_ovs()
         clear_leftovers(self.log)
         if self.userspace_tso and self.datapath == "netdev" and not userspace_tso_enabled():
-            self._tso_before = False
-            set_userspace_tso(True)
+            self._tso_before, self._tso_changed = userspace_tso_setting(), True
+            set_userspace_tso("true")
         setLogLevel("error")
         ofproto = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}[self.of_version]
         controller: Any = None
@@ -903,9 +914,9 @@ class Testbed:
                     subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
                 for bridge in self.bridges:
                     subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
-                if self._tso_before is not None:
+                if self._tso_changed:
                     set_userspace_tso(self._tso_before)
-                    self._tso_before = None
+                    self._tso_changed = False
                 for sig, old in self._old_signals.items():
                     signal.signal(sig, old)
                 self._old_signals.clear()
