@@ -101,7 +101,7 @@ def test_emulated_rtt_matches_the_request(integration_ready, mechanism):
 
 
 def test_auto_delay_reports_the_mechanism_and_refuses_a_wrong_rtt(integration_ready, monkeypatch):
-    import nfshunt_testbed
+    import testbed_topology
     from linkemu import Emulation
     from nfshunt_testbed import Testbed, TestbedError
     with Testbed(mode="direct", emulation=Emulation(rtt_ms=40)) as tb:
@@ -109,7 +109,7 @@ def test_auto_delay_reports_the_mechanism_and_refuses_a_wrong_rtt(integration_re
         assert abs(tb.rtt_measured - 40) <= 2
     # If the emulation delivers half the delay (the bug a kernel-timestamped ping hides),
     # the run is refused before anything is measured.
-    monkeypatch.setattr(nfshunt_testbed, "measure_rtt", lambda *a, **k: 20.3)
+    monkeypatch.setattr(testbed_topology, "measure_rtt", lambda *a, **k: 20.3)
     with pytest.raises(TestbedError, match="refusing to run"):
         with Testbed(mode="direct", emulation=Emulation(rtt_ms=40)):
             pass

@@ -1,0 +1,196 @@
+"""The testbed's controllers: each firewall's config and iptables plumbing, its controller
+process and control socket, and what the switch connects to (a controller each, or the
+OpenFlow lag proxy in front of the first)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from typing import Any
+
+from mininet.node import RemoteController
+
+from linkemu import stop_process
+from testbed_topology import (FAST1, FAST2, HERE, MGMT_FW, OF_PORT, PYTHON, REPO, S1_DPID, S2_DPID, SLOW1, SLOW2,
+                              Firewall, TestbedError, Topology)
+
+LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
+# A strict firewall: what conntrack calls INVALID is dropped (a packet of a connection it
+# does not track, an ACK outside the window it knows).
+STRICT_RULE = ("FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+
+
+class Controllers(Topology):
+    extra_config: dict[str, Any]
+    policy: str | None
+    config_path: str  # the first firewall's
+    controller_log: str  # the first firewall's
+    # Hardware-like barrier lag (oflag.py between s1 and the first firewall's controller).
+    switch_lag_ms: float | None
+    switch_reorder: bool
+    _lag_proxy: subprocess.Popen | None
+
+    # --- config ---------------------------------------------------------------------------
+
+    def nfshunt_config(self, fw: Firewall | None = None) -> dict[str, Any]:
+        fw = fw or self.firewalls[0]
+        eth0, eth1 = fw.intfs[:2]
+        ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
+                 {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
+        groups: dict[str, Any] = {"ports": ports}
+        if self.mode == "two-switch":
+            groups = {"switches": [
+                {"datapath_id": S1_DPID, "ports": ports},
+                {"datapath_id": S2_DPID, "ports": [
+                    {"fast": FAST1, "slow": SLOW1, "physdevin": 3, "bridge_port": fw.intfs[2]},
+                    {"fast": FAST2, "slow": SLOW2, "physdevin": 4, "bridge_port": fw.intfs[3]}]}]}
+        cfg: dict[str, Any] = {
+            "delete_flows_on_startup": True,
+            "delete_flows_on_shutdown": True,
+            "default_shunt_timeout": 10,
+            "default_block_timeout": 10,
+            "default_no_shunting": True,
+            **groups,
+            "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"},
+            "openflow_versions": [self.of_version],
+            "listen_address": fw.mgmt_fw,
+            "listen_port": OF_PORT,
+            "log_level": "DEBUG",
+            "control_socket": fw.control_socket,
+            "state_dir": fw.workdir,
+        }
+        extra = dict(self.extra_config)
+        if self.mode == "ha":  # the other controller adopts what this one leaves
+            cfg["delete_flows_on_shutdown"] = False
+            cfg["pair"] = {"state_file": os.path.join(fw.workdir, "pair.json"), **(extra.pop("pair", None) or {})}
+        cfg.update(extra)
+        return cfg
+
+    def _write_config(self, fw: Firewall) -> None:
+        with open(fw.config_path, "w") as fh:
+            json.dump(self.nfshunt_config(fw), fh, indent=2)
+
+    def _apply_plumbing(self, fw: Firewall) -> None:
+        """The firewall's iptables plumbing and policy, as `nfshunt iptables apply` installs them."""
+        if self.mode != "direct":
+            args = ["iptables", "apply", "--config", fw.config_path]
+            if self.policy:
+                args += ["--policy", self.policy]
+            self.nfshunt(*args, fw=fw)
+
+    def _remove_plumbing(self) -> None:
+        if self.mode != "direct":
+            for fw in self.firewalls:
+                self.nfshunt("iptables", "remove", "--config", fw.config_path, check=False, fw=fw)
+
+    def strict_firewalls(self) -> None:
+        """Every firewall strict: INVALID dropped, and no loose pickup (a TCP connection
+        the firewall does not track is not picked up mid-stream)."""
+        for fw in self.firewalls:
+            node = self.node(fw)
+            self.run(node, "iptables", "-w", "5", "-I", *STRICT_RULE)
+            self.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+
+    # --- what the switch connects to ------------------------------------------------------
+
+    def _switch_controllers(self) -> Any:
+        """Mininet's controller argument: none, or every firewall's controller (Open vSwitch
+        connects to each); the first through the lag proxy, started here, when asked for."""
+        if not self.controlled:
+            return None
+        controller = [lambda name, ip=f.mgmt_fw: RemoteController(name, ip=ip, port=OF_PORT)
+                      for f in self.firewalls]
+        if self.switch_lag_ms is not None:
+            self._start_lag_proxy()
+            controller[0] = lambda name: RemoteController(name, ip="127.0.0.1", port=LAG_PROXY_PORT)
+        return controller
+
+    def _start_lag_proxy(self) -> None:
+        args = [PYTHON, os.path.join(HERE, "oflag.py"), "127.0.0.1", str(LAG_PROXY_PORT), MGMT_FW, str(OF_PORT),
+                "--lag", str(self.switch_lag_ms)]
+        if self.switch_reorder:
+            args.append("--reorder")
+        proxy = self._lag_proxy = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proxy.stdout.readline() if proxy.stdout else ""
+        if not line.startswith("listening"):
+            err = proxy.stderr.read() if proxy.stderr and proxy.poll() is not None else ""
+            raise TestbedError(f"the OpenFlow lag proxy did not start: {line}{err}")
+        self.log(f"switch emulates hardware: barriers answered at once, flow-mods applied {self.switch_lag_ms:g} ms "
+                 f"later{' and reordered' if self.switch_reorder else ''} (oflag.py)")
+
+    def _stop_lag_proxy(self) -> None:
+        if self._lag_proxy is not None:
+            stop_process(self._lag_proxy)
+            self._lag_proxy = None
+
+    # --- the controller process -------------------------------------------------------------
+
+    @property
+    def controller(self) -> subprocess.Popen | None:
+        """The first firewall's controller (the only one outside mode "ha")."""
+        return self.firewalls[0].controller
+
+    def _start_controller(self, fw: Firewall | None = None) -> None:
+        fw = fw or self.firewalls[0]
+        logf = open(fw.controller_log, "ab")
+        fw.log_start = logf.tell()
+        fw.controller = self.node(fw).popen([PYTHON, "-m", "nfshunt", "run", "--config", fw.config_path],
+                                            stdout=logf, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO)
+        logf.close()
+
+    def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 10, fw: Firewall | None = None) -> int | None:
+        fw = fw or self.firewalls[0]
+        proc, fw.controller = fw.controller, None
+        return stop_process(proc, timeout, sig) if proc is not None else None
+
+    def restart_controller(self, fw: Firewall | None = None) -> None:
+        self.stop_controller(fw=fw)
+        self._start_controller(fw)
+
+    def reconfigure(self, wait: bool = True, **overrides: Any) -> None:
+        """Restart the controller with config keys changed (None: back to the default);
+        wait=False: do not wait for it to have the switch."""
+        for key, value in overrides.items():
+            if value is None:
+                self.extra_config.pop(key, None)
+            else:
+                self.extra_config[key] = value
+        self.stop_controller()
+        self._write_config(self.firewalls[0])
+        self._start_controller()
+        if wait:
+            self.wait_for_controller()
+
+    def _check_running(self, fw: Firewall) -> None:
+        """A controller that was started and has exited fails the wait for it at once."""
+        if fw.controller is not None and fw.controller.poll() is not None:
+            raise TestbedError(f"{fw.name}'s controller exited:\n" + self.controller_output(fw)[-3000:])
+
+    def wait_for_controller(self, timeout: float = 20, fw: Firewall | None = None) -> None:
+        """The controller answers on its control socket and has the switch."""
+        fw = fw or self.firewalls[0]
+
+        def ready() -> bool:
+            self._check_running(fw)
+            try:
+                return bool(self.control({"cmd": "status"}, fw=fw)["switch"]["connected"])
+            except Exception:
+                return False
+        self.wait_for(ready, timeout, f"{fw.name}'s controller to answer with the switch connected")
+
+    def control(self, payload: dict[str, Any], timeout: float = 10, fw: Firewall | None = None) -> dict[str, Any]:
+        """One request on a controller's control socket (a path: reachable from any netns)."""
+        from nfshunt.control import request
+        return request((fw or self.firewalls[0]).control_socket, payload, timeout)
+
+    def controller_output(self, fw: Firewall | None = None, since_start: bool = False) -> str:
+        """The controller's log; since_start: only the running controller's."""
+        fw = fw or self.firewalls[0]
+        try:
+            with open(fw.controller_log, "rb") as fh:
+                if since_start:
+                    fh.seek(fw.log_start)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,150 @@
+"""Reading the testbed: the switches' flows, per-hop packet counters and where packets were
+lost, a firewall's conntrack table."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from mininet.node import Host
+
+from testbed_topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, Firewall, Topology
+
+DEFAULT_COOKIE = "0x4e01000000000000"  # the controller's default flows (patching fast to slow ports)
+
+
+class Observation(Topology):
+
+    # --- the switch's flows -----------------------------------------------------------------
+
+    def flows(self, bridge: str = "s1") -> list[dict[str, str]]:
+        """A switch's flows as dicts (cookie, priority, match fields, actions, n_packets ...)."""
+        out = []
+        for line in self.ofctl("dump-flows", bridge=bridge).splitlines():
+            line = line.strip()
+            if not line.startswith("cookie="):
+                continue
+            head, _, actions = line.partition(" actions=")
+            flow: dict[str, str] = {"actions": actions}
+            for part in head.replace(", ", ",").split(","):
+                part = part.strip()
+                if not part:
+                    continue
+                key, eq, value = part.partition("=")
+                flow[key.strip()] = value if eq else ""
+            out.append(flow)
+        return out
+
+    def conn_flows(self, port: int, bridge: str = "s1") -> list[dict[str, str]]:
+        """The per-connection (shunt or block) flows that involve L4 port `port`."""
+        p = str(port)
+        return [f for f in self.flows(bridge)
+                if int(f.get("cookie", "0"), 16) >> 56 == 0x4E and int(f["cookie"], 16) >> 48 & 0xFF in (2, 3)
+                and p in (f.get("tp_src"), f.get("tp_dst"), f.get("tcp_src"), f.get("tcp_dst"),
+                          f.get("udp_src"), f.get("udp_dst"))]
+
+    def _defaults_installed(self) -> bool:
+        """Every switch has the controller's four default flows."""
+        return all(sum(1 for f in self.flows(br) if f.get("cookie") == DEFAULT_COOKIE) == 4 for br in self.bridges)
+
+    def defaults_point_to(self, fw: Firewall) -> bool:
+        """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""
+        want = {(FAST1, fw.slow[0]), (fw.slow[0], FAST1), (FAST2, fw.slow[1]), (fw.slow[1], FAST2)}
+        got = {(int(f["in_port"]), int(f["actions"].split("output:")[1].split(",")[0]))
+               for f in self.flows() if f.get("cookie") == DEFAULT_COOKIE and "output:" in f["actions"]}
+        return got == want
+
+    # --- packet counters --------------------------------------------------------------------
+
+    def slow_path_packets(self) -> int:
+        """Packets the switch has sent towards the firewall bridge (both slow ports)."""
+        total = 0
+        for port in (SLOW1, SLOW2):
+            with open(f"/sys/class/net/s1-eth{port}/statistics/tx_packets") as fh:
+                total += int(fh.read())
+        return total
+
+    def _host_counters(self, c: dict[str, int], node: Host, intf: str) -> None:
+        st = json.loads(self.run(node, "ip", "-s", "-j", "link", "show", "dev", intf))[0]["stats64"]
+        c[f"{intf}.tx"], c[f"{intf}.rx"] = st["tx"]["packets"], st["rx"]["packets"]
+        c[f"{intf}.rx_dropped"] = st["rx"]["dropped"]
+        qd = json.loads(self.run(node, "tc", "-s", "-j", "qdisc", "show", "dev", intf) or "[]")
+        c[f"{intf}.qdisc_drops"] = sum(q.get("drops", 0) for q in qd if q.get("root") or q.get("parent"))
+
+    @staticmethod
+    def _switch_counters(c: dict[str, int], *ports: int) -> None:
+        for port in ports:
+            for d in ("tx", "rx"):
+                with open(f"/sys/class/net/s1-eth{port}/statistics/{d}_packets") as fh:
+                    c[f"s1-eth{port}.{d}"] = int(fh.read())
+
+    def hop_counters(self) -> dict[str, int]:
+        """Packet counters along h1 -> h2 (the data direction) to locate loss, one per hop.
+
+        h1 sends; s1 receives on port 1 and sends either to h2 (port 3, fast) or to the
+        firewall (port 2), whose bridge forwards out fw-eth1 back into s1 port 4; h2
+        receives, and its delay queue (NFQUEUE or netem) may drop.
+        """
+        c: dict[str, int] = {}
+        # Read against the data's direction, h2 first and h1 last: a packet moving during
+        # the reads is then counted before a hop and not after it (in flight), never after
+        # it and not before (a negative loss at that hop).
+        self._host_counters(c, self.h2, "h2-eth0")
+        self._switch_counters(c, FAST2, SLOW2)
+        self._host_counters(c, self.fw, "fw-eth1")
+        self._host_counters(c, self.fw, "fw-eth0")
+        self._switch_counters(c, SLOW1, FAST1)
+        self._host_counters(c, self.h1, "h1-eth0")
+        for node in (self.h1, self.h2):
+            c[f"{node.name}.nfqueue_drops"] = 0
+            for line in self.run(node, "cat", "/proc/net/netfilter/nfnetlink_queue", check=False).splitlines():
+                f = line.split()
+                if len(f) >= 7:
+                    c[f"{node.name}.nfqueue_drops"] += int(f[5]) + int(f[6])
+        return c
+
+    def settled_hop_counters(self, timeout: float = 3.0) -> dict[str, int]:
+        """hop_counters() once the data path is quiet: packets still in flight between the
+        reads (a close at 400 ms RTT) would count as lost on one hop and found on another.
+        Quiet means two reads 0.25 s apart agree on every counter: a single packet (an ARP
+        probe) crossing the switch while its ports are read one after another counts on the
+        ports it left by and not on the one it came in by, a negative loss at that hop."""
+        last = self.hop_counters()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self.hop_counters()
+            if now == last:
+                return now
+            last = now
+        return last
+
+    @staticmethod
+    def locate_loss(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+        """Packets of the h1 -> h2 direction lost at each hop between two hop_counters()."""
+        d = {k: after[k] - before.get(k, 0) for k in after}
+        delivered = d["h2-eth0.rx"] - d["h2.nfqueue_drops"]
+        return {
+            "sent": d["h1-eth0.tx"],
+            "delivered": delivered,
+            "lost": d["h1-eth0.tx"] - delivered,
+            "host_link": d["h1-eth0.tx"] - d["s1-eth1.rx"],
+            "switch": (d["s1-eth1.rx"] + d["s1-eth4.rx"]) - (d["s1-eth2.tx"] + d["s1-eth3.tx"]),
+            "firewall": d["fw-eth0.rx"] - d["fw-eth1.tx"],
+            "firewall_buffer": d["fw-eth1.qdisc_drops"],
+            "receiver_delay_queue": d["h2.nfqueue_drops"],
+            "sender_qdisc": d["h1-eth0.qdisc_drops"],
+            "slow_path_packets": d["s1-eth2.tx"],
+        }
+
+    # --- conntrack ----------------------------------------------------------------------------
+
+    def conntrack(self, fw: Firewall | None = None) -> list[dict[str, Any]]:
+        """A firewall's conntrack table, read over netlink inside its node."""
+        out = self.run(self.node(fw or self.firewalls[0]), PYTHON, "-c",
+                       "import json,sys; sys.path.insert(0, sys.argv[1]);"
+                       "from nfshunt.conntrack import dump_entries;"
+                       "print(json.dumps([dict(id=e.ct_id, mark=e.mark, state=e.tcp_state, proto=e.orig.proto,"
+                       " src=e.orig.src, dst=e.orig.dst, sport=e.orig.sport, dport=e.orig.dport)"
+                       " for e in dump_entries()]))", REPO)
+        return json.loads(out)

@@ -1,0 +1,339 @@
+"""The testbed's topology: its fixed names and addresses, the nodes and links, and what
+every other job of the testbed reads (a node, a command run in it, a wait).
+
+`Topology` is the base of the testbed's job classes (testbed_controller, testbed_pair,
+testbed_observe, testbed_traffic); nfshunt_testbed.Testbed combines them and holds the
+state declared here. This is the only place that builds nodes and links.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch
+from mininet.topo import Topo
+
+from linkemu import (Emulation, EmulationError, check_rtt, choose_delay_mechanism, measure_rtt, nfqueue_rules,
+                     shape_host_egress, shape_slow_path, start_nfqdelay, stop_process, tune_host)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+POLICY = os.path.join(REPO, "iptables", "policy-example.rules")
+PYTHON = sys.executable
+
+H1_IP, H2_IP = "10.0.0.1", "10.0.0.2"
+H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
+# Control link between the root namespace (where Open vSwitch runs) and fw.
+MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
+MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (tests add it)
+OF_PORT = 6653
+OPENFLOW_PROTOCOLS = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}  # Open vSwitch's names for the versions
+FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
+SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
+MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch")
+H3_IP, H4_IP = "10.0.0.3", "10.0.0.4"
+S1_DPID, S2_DPID = "00000000000000a1", "00000000000000a2"
+# The pair's second firewall (mode "ha"): its slow ports, control link, and the pair's links.
+SLOW1_B, SLOW2_B = 5, 6
+MGMT_ROOT2, MGMT_FW2 = "169.254.66.9", "169.254.66.10"
+SYNC_ADDRS = ("10.255.1.1", "10.255.1.2")  # conntrackd's link, fw-eth2 <-> fw2-eth2
+VRRP_ADDRS = ("10.255.2.1", "10.255.2.2")  # keepalived's link, fw-eth3 <-> fw2-eth3
+VRRP_VIP = "10.255.2.100"
+NODE_NAMES = ("h1", "h2", "h3", "h4", "fw", "fw2", "s1", "s2")  # every node TwoHostTopo may build
+MGMT_IFS = ("nfsmgmt0", "nfsmgmt2")  # the control links' root-namespace ends
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+class TwoHostTopo(Topo):
+    def build(self, ha: bool = False, two_switch: bool = False) -> None:  # type: ignore[override]
+        h1 = self.addHost("h1", ip=f"{H1_IP}/24")
+        h2 = self.addHost("h2", ip=f"{H2_IP}/24")
+        fw = self.addHost("fw", ip=None)
+        s1 = self.addSwitch("s1", dpid=S1_DPID)
+        self.addLink(h1, s1, port2=FAST1)
+        self.addLink(fw, s1, port1=0, port2=SLOW1)
+        self.addLink(h2, s1, port2=FAST2)
+        self.addLink(fw, s1, port1=1, port2=SLOW2)
+        if ha:
+            fw2 = self.addHost("fw2", ip=None)
+            self.addLink(fw2, s1, port1=0, port2=SLOW1_B)
+            self.addLink(fw2, s1, port1=1, port2=SLOW2_B)
+            self.addLink(fw, fw2, port1=2, port2=2)  # conntrackd's sync link
+            self.addLink(fw, fw2, port1=3, port2=3)  # VRRP
+        if two_switch:
+            h3 = self.addHost("h3", ip=f"{H3_IP}/24")
+            h4 = self.addHost("h4", ip=f"{H4_IP}/24")
+            s2 = self.addSwitch("s2", dpid=S2_DPID)
+            self.addLink(h3, s2, port2=FAST1)
+            self.addLink(fw, s2, port1=2, port2=SLOW1)
+            self.addLink(h4, s2, port2=FAST2)
+            self.addLink(fw, s2, port1=3, port2=SLOW2)
+
+
+@dataclass
+class Firewall:
+    """One firewall node: the switch ports of its bridge, its control link, its controller
+    and (in a pair) its conntrackd and keepalived."""
+    name: str
+    slow: tuple[int, int]
+    mgmt_root: str  # the control link's address in the root namespace (Open vSwitch's side)
+    mgmt_fw: str  # the controller's address
+    mgmt_ifs: tuple[str, str]  # the control link's veth ends: root side, node side
+    workdir: str
+    index: int = 0
+    bridge_ports: int = 2  # fw-eth0 ... : 4 in mode two-switch
+    controller: subprocess.Popen | None = None
+    log_start: int = 0  # where the running controller's output begins in controller_log
+    daemons: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.workdir, "nfshunt.json")
+
+    @property
+    def controller_log(self) -> str:
+        return os.path.join(self.workdir, "controller.log")
+
+    @property
+    def control_socket(self) -> str:
+        return os.path.join(self.workdir, "control", "nfshunt.sock")
+
+    @property
+    def intfs(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}-eth{i}" for i in range(self.bridge_ports))
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """Every link of the node: bridge ports, (in a pair) sync and VRRP, control."""
+        return tuple(dict.fromkeys((*self.intfs, f"{self.name}-eth2", f"{self.name}-eth3", self.mgmt_ifs[1])))
+
+
+class Topology:
+    """The nodes and links, and running things in the nodes. The state below is the
+    testbed's (set by Testbed.__init__), shared by its jobs."""
+    mode: str
+    of_version: str
+    datapath: str  # Open vSwitch's: "system" (kernel) or "netdev" (userspace)
+    net: Mininet | None
+    firewalls: list[Firewall]
+    bridges: tuple[str, ...]
+    host_offload: bool
+    emulation: Emulation
+    delay_mechanism: str
+    rtt_measured: float | None
+    log: Callable[[str], None]
+    _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
+    _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    @property
+    def h1(self) -> Host:
+        return self.net.get("h1")  # type: ignore[union-attr]
+
+    @property
+    def h2(self) -> Host:
+        return self.net.get("h2")  # type: ignore[union-attr]
+
+    @property
+    def hosts(self) -> list[Host]:
+        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch)."""
+        return [self.net.get(h) for h in ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)]]  # type: ignore[union-attr]
+
+    @property
+    def fw(self) -> Host:
+        return self.net.get("fw")  # type: ignore[union-attr]
+
+    def node(self, fw: Firewall) -> Host:
+        return self.net.get(fw.name)  # type: ignore[union-attr]
+
+    @property
+    def controlled(self) -> bool:
+        return self.mode in ("nfshunt", "ha", "two-switch")
+
+    @property
+    def switch_ports(self) -> tuple[int, ...]:
+        return (FAST1, FAST2) + tuple(p for fw in self.firewalls for p in fw.slow)
+
+    @property
+    def switch_intfs(self) -> list[str]:
+        """The switches' ports' interfaces in the root namespace (s1-eth1 ...)."""
+        return [f"{br}-eth{port}" for br in self.bridges for port in self.switch_ports]
+
+    # --- running things in the nodes -----------------------------------------------------
+
+    def run(self, node: Host, *args: str, check: bool = True, timeout: float = 30) -> str:
+        """Run a command (argument list, no shell) inside a node's namespace."""
+        proc = node.popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=self._env(), cwd=REPO)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise TestbedError(f"{node.name}: {' '.join(args)} timed out") from None
+        if check and proc.returncode != 0:
+            raise TestbedError(f"{node.name}: {' '.join(args)} failed ({proc.returncode}): {err.strip()}")
+        return out
+
+    def spawn(self, node: Host, *args: str, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
+              ) -> subprocess.Popen:
+        """A background process in a node; stop() kills it if it is still running then."""
+        proc = node.popen(list(args), stdout=stdout, stderr=stderr, text=True, env=self._env(), cwd=REPO)
+        self._procs = [p for p in self._procs if p.poll() is None] + [proc]
+        return proc
+
+    def _stop_processes(self) -> None:
+        while self._procs:
+            stop_process(self._procs.pop(), timeout=2)
+
+    def ofctl(self, *args: str, bridge: str = "s1") -> str:
+        """ovs-ofctl on a switch: its command, the switch, the command's arguments."""
+        return subprocess.run(["ovs-ofctl", "-O", OPENFLOW_PROTOCOLS[self.of_version], *args[:1], bridge, *args[1:]],
+                              check=True, capture_output=True, text=True).stdout
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def nfshunt(self, *args: str, check: bool = True, timeout: float = 30, fw: Firewall | None = None) -> str:
+        """Run the nfshunt CLI inside a firewall node (the first by default)."""
+        return self.run(self.node(fw or self.firewalls[0]), PYTHON, "-m", "nfshunt", *args, check=check,
+                        timeout=timeout)
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(interval)
+
+    # --- building ---------------------------------------------------------------------------
+
+    def _build_net(self, controller: Any) -> Mininet:
+        """The network, not built yet: every node, link and switch; the switches connect to
+        `controller` (Mininet's argument: None, or one controller factory a firewall)."""
+        ofproto = OPENFLOW_PROTOCOLS[self.of_version]
+        return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch"),
+                       controller=controller, autoSetMacs=True,
+                       switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
+                                                           else "kernel", failMode="secure",
+                                                           protocols=ofproto, **kw),
+                       build=False)
+
+    def _quiet_switch_ports(self) -> None:
+        """The switch ports' kernel side (root namespace) would send neighbour and multicast
+        listener messages of its own onto the links: traffic no host sent."""
+        for intf in self.switch_intfs:
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1"], check=False)
+
+    def _setup_hosts(self) -> None:
+        for i, host in enumerate(self.hosts):
+            intf = f"{host.name}-eth0"
+            self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
+            self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
+            # The userspace datapath completes checksums of offloaded packets only with its
+            # own TSO support on (set in start() when host_offload asks for it).
+            if not self.host_offload:
+                self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
+
+    def _setup_bridge(self, firewall: Firewall) -> None:
+        """The firewall node's bridge br0 over its switch ports, netfilter on bridged traffic."""
+        fw = self.node(firewall)
+        self.run(fw, "ip", "link", "add", "br0", "type", "bridge")
+        # A transparent bridge sends nothing of its own: no addresses, no IPv6 on the bridge
+        # or its ports (their neighbour and multicast-listener messages would be counted
+        # as traffic leaving the firewall and make the per-hop loss accounting negative).
+        # Bridged IPv6 is still forwarded and filtered (bridge-nf-call-ip6tables).
+        for intf in ("br0", *firewall.intfs):
+            self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1")
+        for intf in firewall.intfs:
+            self.run(fw, "ip", "addr", "flush", "dev", intf)
+            self.run(fw, "ip", "link", "set", intf, "master", "br0")
+            self.run(fw, "ip", "link", "set", intf, "up")
+        self.run(fw, "ip", "link", "set", "br0", "up")
+        for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
+            self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
+        self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+
+    def _setup_mgmt(self, fw: Firewall) -> None:
+        root_if, fw_if = fw.mgmt_ifs
+        node = self.node(fw)
+        subprocess.run(["ip", "link", "add", root_if, "type", "veth", "peer", "name", fw_if], check=True)
+        subprocess.run(["ip", "link", "set", fw_if, "netns", str(node.pid)], check=True)
+        subprocess.run(["ip", "addr", "add", f"{fw.mgmt_root}/29", "dev", root_if], check=True)
+        subprocess.run(["ip", "link", "set", root_if, "up"], check=True)
+        self.run(node, "ip", "addr", "add", f"{fw.mgmt_fw}/29", "dev", fw_if)
+        self.run(node, "ip", "link", "set", fw_if, "up")
+        self.run(node, "ip", "link", "set", "lo", "up")
+
+    def _setup_pair_links(self) -> None:
+        """Mode "ha": the pair's sync (conntrackd) and VRRP (keepalived) links addressed."""
+        for fw in self.firewalls:
+            node = self.node(fw)
+            for intf, addrs in ((f"{fw.name}-eth2", SYNC_ADDRS), (f"{fw.name}-eth3", VRRP_ADDRS)):
+                self.run(node, "ip", "addr", "flush", "dev", intf)
+                self.run(node, "ip", "addr", "add", f"{addrs[fw.index]}/24", "dev", intf)
+                self.run(node, "ip", "link", "set", intf, "up")
+
+    def _program_static_flows(self) -> None:
+        """Direct and firewall modes have no controller: their patching is static."""
+        if self.controlled:
+            return
+        pairs = [(FAST1, FAST2)] if self.mode == "direct" else [(FAST1, SLOW1), (FAST2, SLOW2)]
+        for a, b in pairs:
+            for src, dst in ((a, b), (b, a)):
+                self.ofctl("add-flow", f"priority=100,in_port={src},actions=output:{dst}")
+
+    def _remove_links(self) -> None:
+        """What Mininet's stop does not remove: the control links and the switches."""
+        for fw in self.firewalls:
+            subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
+        for bridge in self.bridges:
+            subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
+
+    # --- link emulation -------------------------------------------------------------------
+
+    def _setup_emulation(self) -> None:
+        """Link rates, MTU, host tuning, slow path, delay; then check the RTT before any run."""
+        emu = self.emulation
+        for intf in self.switch_intfs:
+            subprocess.run(["ovs-vsctl", "set", "interface", intf, f"mtu_request={emu.mtu}"],
+                           check=True, capture_output=True)
+        for fw in self.firewalls:
+            shape_slow_path(self.run, self.node(fw), fw.intfs, emu)
+        half = emu.rtt_ms / 2
+        try:
+            mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"
+            for host in (self.h1, self.h2):
+                intf = f"{host.name}-eth0"
+                tune_host(self.run, host, intf, emu)
+                shape_host_egress(self.run, host, intf, emu, half, mechanism)
+                if mechanism == "nfqueue":
+                    self._delayers.append(start_nfqdelay(host, half))
+                    for rule in nfqueue_rules(intf, add=True):
+                        self.run(host, *rule)
+            self.delay_mechanism = mechanism
+            if half > 0 or emu.link_mbit:
+                self.rtt_measured = measure_rtt(self.run, self.h1, H2_IP)
+                self.log(f"RTT requested {emu.rtt_ms:g} ms, measured {self.rtt_measured:.2f} ms "
+                         f"(delay mechanism: {mechanism})")
+                check_rtt(emu.rtt_ms, self.rtt_measured)
+        except EmulationError as exc:
+            raise TestbedError(str(exc)) from None
+
+    def _stop_emulation(self) -> None:
+        while self._delayers:
+            stop_process(self._delayers.pop())
