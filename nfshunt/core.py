@@ -189,6 +189,7 @@ class Core:
     # --- conntrack (admission.py) -----------------------------------------------------------
 
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
+        """A conntrack event: the install it calls for, or why there is none."""
         return self._admission.conntrack_event(ev)
 
     def room_freed(self, room: int) -> list[Command]:
@@ -198,30 +199,38 @@ class Core:
     # --- switch feedback (confirmation.py, removal.py) --------------------------------------
 
     def flows_confirmed(self, conn: Conn, now: float) -> list[Command]:
+        """The switch confirmed the pair's flows (its barrier reply)."""
         return self._confirmation.flows_confirmed(conn, now)
 
     def entry_due(self, conn: Conn, now: float) -> list[Command]:
+        """The wait for a shunt's forwarding and drain is over: its entry goes."""
         return self._confirmation.entry_due(conn, now)
 
     def counters_read(self, conn: Conn, packets: dict[bool, int], now: float) -> list[Command]:
+        """The pair's packet counters by direction (confirm: counters)."""
         return self._confirmation.counters_read(conn, packets, now)
 
     def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
+        """The switch refused a flow of this pair; with `table_full`, it waits for room."""
         return self._confirmation.flows_failed(conn, reason, table_full, now)
 
     def install_dropped(self, conn: Conn, reason: str, wait: bool) -> list[Command]:
+        """An install that never went to the switch; with `wait`, it waits for room."""
         return self._confirmation.install_dropped(conn, reason, wait)
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
                      duration: float, now: float) -> list[Command]:
+        """The switch removed a flow of a pair: an idle-out hands it back; both gone, it ends."""
         return self._removal.flow_removed(cookie, reason, packets, nbytes, duration, now)
 
     # --- take-downs and the operator (removal.py, pins.py) ----------------------------------
 
     def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
+        """Take a pair down (flush, manual unshunt, policy change), handed back alive."""
         return self._removal.remove(conn, reason, now)
 
     def flush(self, reason: str, now: float) -> list[Command]:
+        """Every pair back to the slow path; the connections waiting for room forgotten."""
         return self._removal.flush(reason, now)
 
     def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
@@ -253,12 +262,15 @@ class Core:
     # --- TCP teardown (teardown.py) ---------------------------------------------------------
 
     def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
+        """A FIN or RST seen by a catcher. None: the packet-in names no connection of ours."""
         return self._teardown.packet(cookie, in_port, now)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
+        """Catchers whose counters show a FIN or RST: the commands, and the shunts ended."""
         return self._teardown.catchers_counted(counted, now)
 
     def half_closed_due(self, now: float) -> HalfClosedDue:
+        """Half-closed shunts due a look for a lost packet-in (teardown_sweep)."""
         return self._teardown.half_closed_due(now)
 
     def tick(self, now: float) -> list[Command]:
