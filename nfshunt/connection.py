@@ -13,7 +13,7 @@ States of a pair (a shunt or a block), and the only transitions there are:
 - PENDING: flows sent, the switch has not confirmed them. A take-down asked for now waits
   for the confirmation (the switch may still be applying the flows).
 - DRAINING: confirmed; the conntrack entry is kept until the switch forwards on the flows
-  and the slow path has drained (core: `confirm`, `drain`).
+  and the slow path has drained (confirmation.py: `confirm`, `drain`).
 - LIVE: confirmed, its conntrack entry deleted: the firewall no longer tracks it.
 - TAKING_DOWN: its flows are being removed (one direction's flow-removed may have come).
 - A LIVE pair that a reconnected switch lost goes back to PENDING to be installed again;

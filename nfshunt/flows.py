@@ -15,8 +15,8 @@ from os_ken.ofproto import ofproto_v1_0
 from . import cookies
 from .config import Config, PortGroup
 from .connection import Action, Conn
-from .core import catches_teardown, goes_to_pipeline, pair_entries
 from .flowstats import FlowEntry
+from .layout import catches_teardown, goes_to_pipeline, pair_entries
 from .model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
 from .static import StaticFlow
 

@@ -37,8 +37,8 @@ from . import cookies
 from .channel import address_allowed
 from .config import Config, PortGroup
 from .connection import Action, Conn
-from .core import entries_per_pair
 from .flows import FlowBuilder
+from .layout import entries_per_pair
 from .model import OFP10, TCP, UDP, FlowTuple
 
 LOG = logging.getLogger("nfshunt")

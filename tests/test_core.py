@@ -4,8 +4,10 @@ import pytest
 from nfshunt import cookies
 from nfshunt import commands as cm
 from nfshunt import connection as cn
+from nfshunt import admission as adm
+from nfshunt import confirmation, layout, pins, removal
 from nfshunt import core as c
-from nfshunt.model import UDP, EventKind, SwitchFlow
+from nfshunt.model import OFP10, OFP13, UDP, EventKind, SwitchFlow
 from tests.helpers import config, event
 
 
@@ -24,7 +26,7 @@ def handed_back(cmds):
     return out
 
 
-def connected(version=c.OFP13, **cfg):
+def connected(version=OFP13, **cfg):
     core = c.Core(config(**cfg))
     core.switch_connected(version)
     core.reconcile([], 0.0)
@@ -104,20 +106,20 @@ def test_udp_and_ipv6_on_openflow13_are_shunted():
 
 
 @pytest.mark.parametrize("kw,reason", [
-    (dict(mark=0), c.R_UNMARKED),
-    (dict(mark=0x0000BEEF), c.R_UNMARKED),  # only the admin's bits
-    (dict(mark=0x61200000), c.R_INCOMPLETE),  # ports recorded, policy not decided yet
-    (dict(mark=0x50010000), c.R_INCOMPLETE),  # no egress flag
-    (dict(action=0), c.R_POLICY_IGNORE),
-    (dict(action=9), c.R_UNKNOWN_ACTION),
-    (dict(ingress=5), c.R_UNKNOWN_PORT),
-    (dict(egress=5), c.R_UNKNOWN_PORT),
-    (dict(egress=1), c.R_SAME_PORT),
-    (dict(proto=1), c.R_PROTOCOL),
-    (dict(state=4), c.R_CLOSING),  # FIN_WAIT
-    (dict(state=7), c.R_CLOSING),  # TIME_WAIT
-    (dict(state=8), c.R_CLOSING),  # CLOSE
-    (dict(kind=EventKind.DESTROY), c.R_DESTROY),
+    (dict(mark=0), adm.R_UNMARKED),
+    (dict(mark=0x0000BEEF), adm.R_UNMARKED),  # only the admin's bits
+    (dict(mark=0x61200000), adm.R_INCOMPLETE),  # ports recorded, policy not decided yet
+    (dict(mark=0x50010000), adm.R_INCOMPLETE),  # no egress flag
+    (dict(action=0), adm.R_POLICY_IGNORE),
+    (dict(action=9), adm.R_UNKNOWN_ACTION),
+    (dict(ingress=5), adm.R_UNKNOWN_PORT),
+    (dict(egress=5), adm.R_UNKNOWN_PORT),
+    (dict(egress=1), adm.R_SAME_PORT),
+    (dict(proto=1), adm.R_PROTOCOL),
+    (dict(state=4), adm.R_CLOSING),  # FIN_WAIT
+    (dict(state=7), adm.R_CLOSING),  # TIME_WAIT
+    (dict(state=8), adm.R_CLOSING),  # CLOSE
+    (dict(kind=EventKind.DESTROY), adm.R_DESTROY),
 ])
 def test_events_that_must_not_touch_the_switch(kw, reason):
     core = connected()
@@ -127,18 +129,18 @@ def test_events_that_must_not_touch_the_switch(kw, reason):
 
 
 def test_ipv6_on_openflow10_stays_on_slow_path():
-    core = connected(version=c.OFP10)
+    core = connected(version=OFP10)
     (cmd,) = core.conntrack_event(event(family=6))
-    assert cmd.reason == c.R_IPV6_OF10
+    assert cmd.reason == adm.R_IPV6_OF10
     assert types(core.conntrack_event(event(family=4))) == ["InstallFlows"]
 
 
 def test_duplicates_are_suppressed_while_pending_and_active():
     core = connected()
     (install,) = core.conntrack_event(event())
-    assert core.conntrack_event(event())[0].reason == c.R_DUPLICATE  # pending
+    assert core.conntrack_event(event())[0].reason == adm.R_DUPLICATE  # pending
     core.flows_confirmed(install.conn, 101.0)
-    assert core.conntrack_event(event())[0].reason == c.R_DUPLICATE  # active, same entry
+    assert core.conntrack_event(event())[0].reason == adm.R_DUPLICATE  # active, same entry
 
 
 def test_stale_entry_recreated_for_an_active_shunt_is_deleted():
@@ -151,10 +153,10 @@ def test_stale_entry_recreated_for_an_active_shunt_is_deleted():
 
 def test_no_switch_means_no_action_until_connected_and_reconciled():
     core = c.Core(config())
-    assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH
-    cmds = core.switch_connected(c.OFP13)
+    assert core.conntrack_event(event())[0].reason == adm.R_NO_SWITCH
+    cmds = core.switch_connected(OFP13)
     assert types(cmds) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize", "RequestSwitchFlows"]
-    assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH  # not reconciled yet
+    assert core.conntrack_event(event())[0].reason == adm.R_NO_SWITCH  # not reconciled yet
     assert types(core.reconcile([], 0.0)) == ["ResyncConntrack"]
     assert types(core.conntrack_event(event())) == ["InstallFlows"]
 
@@ -173,7 +175,7 @@ def test_switch_disconnect_abandons_pending_installs():
     core = connected()
     (install,) = core.conntrack_event(event())
     assert types(core.switch_disconnected()) == ["Refused"]
-    assert core.conntrack_event(event())[0].reason == c.R_NO_SWITCH
+    assert core.conntrack_event(event())[0].reason == adm.R_NO_SWITCH
 
 
 def test_removal_takes_the_pair_and_a_resumed_connection_is_shunted_again():
@@ -182,7 +184,7 @@ def test_removal_takes_the_pair_and_a_resumed_connection_is_shunted_again():
     cmds = handed_back(core.flow_removed(conn.cookie(True), "idle timeout", 5, 300, 10.0, 200.0))
     assert types(cmds) == ["RestoreConntrack", "RemoveFlows"] and cmds[1].directions == (False,)
     # The connection resumes through the slow path before the pair is gone: queued.
-    assert core.conntrack_event(event(ct_id=50))[0].reason == c.R_QUEUED
+    assert core.conntrack_event(event(ct_id=50))[0].reason == adm.R_QUEUED
     cmds = core.flow_removed(conn.cookie(False), "delete", 10, 9000, 10.0, 200.1)
     assert types(cmds) == ["Removed", "InstallFlows"]
     assert cmds[0].conn.stats == {True: (5, 300, 10.0), False: (10, 9000, 10.0)}
@@ -202,7 +204,7 @@ def test_half_removed_pair_is_forgotten_after_grace():
     conn = shunted(core)
     core.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 200.0)
     assert core.tick(201.0) == []
-    assert types(core.tick(200.0 + c.REMOVAL_GRACE + 1)) == ["Removed"]
+    assert types(core.tick(200.0 + removal.REMOVAL_GRACE + 1)) == ["Removed"]
     assert not core.by_key
 
 
@@ -221,7 +223,7 @@ def _remove_pair(core, conn, reason="idle timeout"):
 def test_max_shunts_budget_keeps_the_connection_waiting_until_room_frees():
     core = connected(max_shunts=1)
     first = shunted(core)
-    assert core.conntrack_event(event(sport=1, ct_id=8))[0].reason == c.R_BUDGET
+    assert core.conntrack_event(event(sport=1, ct_id=8))[0].reason == adm.R_BUDGET
     assert list(core.waiting) == [event(sport=1).orig]
     out = _remove_pair(core, first)
     assert types(out) == ["RestoreConntrack", "Removed", "InstallFlows"]
@@ -399,7 +401,7 @@ def test_reconcile_keeps_catchers_of_live_pairs_and_deletes_orphan_ones():
     flows = _flows_for(conn) + [
         SwitchFlow(cookies.make_teardown(conn.ct_id, False, False), 33001, 1, conn.orig, None),
         SwitchFlow(cookies.make_teardown(4242, True, True), 33001, 3, conn.reply, None)]
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = core.reconcile(flows, 300.0)
     deletes = [x for x in out if type(x).__name__ == "DeleteSwitchFlow"]
     assert [cookies.parse(d.flow.cookie)[1] for d in deletes] == [4242]
@@ -419,7 +421,7 @@ def test_reconcile_adopts_live_pairs_and_deletes_orphans():
         SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 1, None, 2),
     ]
     fresh = c.Core(config())  # a restarted controller knows nothing
-    fresh.switch_connected(c.OFP13)
+    fresh.switch_connected(OFP13)
     cmds = fresh.reconcile(flows, 5.0)
     assert types(cmds) == ["DeleteSwitchFlow", "DeleteSwitchFlow", "ResyncConntrack"]
     assert fresh.find(tuple_=conn.orig).state is cn.State.LIVE  # adopted, not bounced
@@ -433,25 +435,25 @@ def test_reconcile_reinstalls_what_the_switch_lost():
     core = connected()
     conn = shunted(core)
     core.switch_disconnected()
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     cmds = core.reconcile([], 300.0)
     assert types(cmds) == ["InstallFlows", "ResyncConntrack"] and cmds[0].conn is conn
 
 
 def test_reconcile_keeps_owned_flows_when_startup_deletion_is_off():
     core = c.Core(config(delete_flows_on_startup=False))
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     conn = shunted(connected())
     cmds = core.reconcile(_flows_for(conn)[:1], 0.0)
     assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"]  # unaccountable half pair
     core2 = c.Core(config(delete_flows_on_startup=False))
-    core2.switch_connected(c.OFP13)
+    core2.switch_connected(OFP13)
     assert types(core2.reconcile(_flows_for(conn), 0.0)) == ["ResyncConntrack"]
 
 
 def test_foreign_wipe_only_on_request():
     core = c.Core(config(delete_foreign_flows_on_startup=True))
-    assert types(core.switch_connected(c.OFP10))[0] == "DeleteAllFlows"
+    assert types(core.switch_connected(OFP10))[0] == "DeleteAllFlows"
 
 
 def test_stale_entry_recreated_in_reverse_direction_is_deleted_even_unmarked():
@@ -469,7 +471,7 @@ def test_entries_recreated_by_in_flight_packets_are_swept_once_by_tuple():
     (install,) = core.conntrack_event(event())
     core.flows_confirmed(install.conn, 100.0)
     assert core.tick(100.5) == []
-    cmds = core.tick(100.0 + c.SWEEP_AFTER)
+    cmds = core.tick(100.0 + confirmation.SWEEP_AFTER)
     assert types(cmds) == ["DeleteConntrack"] and cmds[0].ct_id is None
     assert core.tick(110.0) == []
 
@@ -482,7 +484,7 @@ def test_unshunt_pin_removes_the_pair_and_keeps_the_reappearing_entry_on_the_slo
     _remove_pair(core, conn)
     # Its next packet re-creates the entry (loose pickup), seen from either direction.
     (cmd,) = core.conntrack_event(event(ct_id=70))
-    assert cmd.reason == c.R_PINNED
+    assert cmd.reason == adm.R_PINNED
     # The connection ending ends the pin: a later connection on the tuple is shunted again.
     core.conntrack_event(event(ct_id=70, kind=EventKind.DESTROY))
     assert types(core.conntrack_event(event(ct_id=72))) == ["InstallFlows"]
@@ -493,11 +495,11 @@ def test_block_pin_turns_a_shunt_into_a_block_and_expires():
     conn = shunted(core)
     out = core.pin(conn.orig, cn.Action.BLOCK, 200.0)
     assert types(handed_back(out)) == ["RestoreConntrack", "RemoveFlows", "ResyncConntrack"]
-    assert core.conntrack_event(event(ct_id=80))[0].reason == c.R_QUEUED
+    assert core.conntrack_event(event(ct_id=80))[0].reason == adm.R_QUEUED
     out = _remove_pair(core, conn)
     install = [x for x in out if type(x).__name__ == "InstallFlows"]
     assert install and install[0].conn.action == "block"
-    core.tick(200.0 + c.PIN_TTL + 1)
+    core.tick(200.0 + pins.PIN_TTL + 1)
     assert not core.pins
 
 
@@ -509,7 +511,7 @@ def test_stopping_takes_every_pair_down_and_installs_nothing_more():
     assert types(out) == ["RestoreConntrack", "RemoveFlows"] and out[1].conn is conn
     removed = _remove_pair(core, conn)
     assert "InstallFlows" not in types(removed)  # the waiting one is not shunted on the way out
-    assert core.conntrack_event(event(sport=10, ct_id=10))[0].reason == c.R_NO_SWITCH
+    assert core.conntrack_event(event(sport=10, ct_id=10))[0].reason == adm.R_NO_SWITCH
 
 
 # --- trust, policy changes, collisions (issue 11) ---------------------------------------------
@@ -519,11 +521,11 @@ def test_a_pair_adopted_from_a_switch_is_never_installed_again():
     forgotten, not re-installed (only policy decisions are ever installed)."""
     conn = shunted(connected(), sport=2222, ct_id=0x1234)
     core = c.Core(config())
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     core.reconcile(_flows_for(conn), 1.0)
     assert core.find(tuple_=conn.orig).adopted
     core.switch_disconnected()
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = handed_back(core.reconcile([], 2.0))
     # Its connection, if it lives, is back on the firewall: the entry comes back first.
     assert types(out) == ["RestoreConntrack", "RemoveFlows", "Removed", "ResyncConntrack"]
@@ -531,7 +533,7 @@ def test_a_pair_adopted_from_a_switch_is_never_installed_again():
     # A policy decision, by contrast, is re-installed after the same loss.
     mine = shunted(core, sport=5)
     core.switch_disconnected()
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     assert types(core.reconcile([], 3.0)) == ["InstallFlows", "ResyncConntrack"]
     assert core.find(tuple_=mine.orig).state is cn.State.PENDING
 
@@ -541,7 +543,7 @@ def test_a_switch_pair_under_our_cookie_with_another_tuple_is_not_taken_for_ours
     conn = shunted(core)
     other = shunted(connected(), sport=9)  # same ct_id 7, another tuple
     core.switch_disconnected()
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = core.reconcile(_flows_for(other), 5.0)
     assert types(out).count("DeleteSwitchFlow") == 2 and "InstallFlows" in types(out)
     assert [x.conn for x in out if type(x).__name__ == "InstallFlows"] == [conn]
@@ -573,7 +575,7 @@ def test_a_waiting_event_is_counted_as_ignored_once_not_at_every_retry():
     core = connected(max_shunts=1)
     first = shunted(core, sport=1, ct_id=42)
     (ignored,) = core.conntrack_event(event(sport=2, ct_id=43))
-    assert ignored.reason == c.R_BUDGET
+    assert ignored.reason == adm.R_BUDGET
     for _ in range(3):  # the queue drained, but the budget is still full: it waits on, uncounted
         assert core.room_freed(5) == [] and len(core.waiting) == 1
     installs = [x for x in _remove_pair(core, first) if type(x).__name__ == "InstallFlows"]
@@ -589,12 +591,12 @@ def test_one_pair_per_key_whatever_its_kind():
     (install,) = core.conntrack_event(event(sport=2, ct_id=42, action=2))
     assert install.conn.slot == 1 and install.conn.kind is cookies.Kind.BLOCK
     other = c.Core(config())
-    other.switch_connected(c.OFP13)
+    other.switch_connected(OFP13)
     other.reconcile([], 0.0)
     (install,) = other.conntrack_event(event(sport=2, ct_id=42, action=2))
     block = install.conn
     fresh = c.Core(config())
-    fresh.switch_connected(c.OFP13)
+    fresh.switch_connected(OFP13)
     out = fresh.reconcile(_flows_for(shunt) + _flows_for(block, out_fwd=None, out_rev=None), 5.0)
     deleted = [x.flow.cookie for x in out if type(x).__name__ == "DeleteSwitchFlow"]
     assert sorted(deleted) == sorted([block.cookie(False), block.cookie(True)])
@@ -608,7 +610,7 @@ def test_a_nat_entry_stays_on_the_slow_path():
     ev = event()
     nat = replace(ev, reply=FlowTuple(4, ev.orig.proto, "192.0.2.9", ev.orig.src, ev.orig.dport, ev.orig.sport))
     out = core.conntrack_event(nat)
-    assert types(out) == ["Ignored"] and out[0].reason == c.R_NAT
+    assert types(out) == ["Ignored"] and out[0].reason == adm.R_NAT
 
 
 def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
@@ -618,7 +620,7 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     # The entry comes back now; the removal is not sent: no switch.
     assert types(handed_back(core.flush("flush by operator", 10.0))) == ["RestoreConntrack", "RemoveFlows"]
     assert core.tick(100.0) == []  # the removal waits for the switch, however long
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = handed_back(core.reconcile(_flows_for(conn), 101.0))
     assert types(out) == ["RestoreConntrack", "RemoveFlows", "ResyncConntrack"]  # not adopted again
     _remove_pair(core, conn, "delete")
@@ -627,7 +629,7 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     other = shunted(core, sport=3)
     core.switch_disconnected()
     core.flush("again", 200.0)
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = core.reconcile([], 201.0)
     assert types(out) == ["Removed", "ResyncConntrack"] and core.find(tuple_=other.orig) is None
 
@@ -673,15 +675,15 @@ def test_blocks_evict_shunts_only_up_to_their_share_of_the_budget():
         assert types(out) == ["RestoreConntrack", "InstallFlows"]
         core.flows_confirmed(out[1].conn, 102.0)
     out = core.conntrack_event(event(sport=102, ct_id=102, action=2))  # ... a third waits
-    assert types(out) == ["Ignored"] and out[0].reason == c.R_BUDGET
+    assert types(out) == ["Ignored"] and out[0].reason == adm.R_BUDGET
     assert core.blocks == 2 and len(core.waiting) == 1
 
 
 def test_the_switch_is_asked_to_rate_limit_packet_ins_on_openflow13_only():
     core = c.Core(config(packet_in_rate=300))
-    assert [x.rate for x in core.switch_connected(c.OFP13) if type(x).__name__ == "LimitPacketIns"] == [300]
-    assert "LimitPacketIns" not in types(core.switch_connected(c.OFP10))
-    assert "LimitPacketIns" not in types(c.Core(config(packet_in_rate=0)).switch_connected(c.OFP13))
+    assert [x.rate for x in core.switch_connected(OFP13) if type(x).__name__ == "LimitPacketIns"] == [300]
+    assert "LimitPacketIns" not in types(core.switch_connected(OFP10))
+    assert "LimitPacketIns" not in types(c.Core(config(packet_in_rate=0)).switch_connected(OFP13))
 
 
 def test_the_budget_is_derived_from_the_switch_table_size_when_max_shunts_is_unset():
@@ -697,7 +699,7 @@ def test_the_budget_is_derived_from_the_switch_table_size_when_max_shunts_is_uns
     assert core.entries == 2
     pinned = connected(max_shunts=3)
     assert pinned.table_size(1000) is None and pinned.budget == 3 and pinned.table_max == 1000
-    assert connected(c.OFP10).table_size(4 + 20) == 10  # no catchers on OpenFlow 1.0
+    assert connected(OFP10).table_size(4 + 20) == 10  # no catchers on OpenFlow 1.0
 
 
 PAIR_CFG = dict(openflow_versions=["1.3"], delete_flows_on_startup=False, delete_flows_on_shutdown=False,
@@ -714,8 +716,8 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
     core = c.Core(config(**PAIR_CFG))
     assert core.backup
     assert types(core.conntrack_event(event())) == ["Ignored"]
-    assert core.conntrack_event(event())[0].reason == c.R_BACKUP
-    assert types(core.switch_connected(c.OFP13)) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize",
+    assert core.conntrack_event(event())[0].reason == adm.R_BACKUP
+    assert types(core.switch_connected(OFP13)) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize",
                                                      "RequestSwitchFlows"]
     cmds = core.reconcile(flows, 5.0)
     # With delete_flows_on_startup off, still: a default from another firewall's port goes.
@@ -728,7 +730,7 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
 
 def test_standing_by_forgets_every_pair_without_touching_the_switch():
     core = c.Core(config(**PAIR_CFG))
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     core.reconcile([], 0.0)
     active = shunted(core)
     (pending,) = core.conntrack_event(event(sport=2, ct_id=8))
@@ -736,7 +738,7 @@ def test_standing_by_forgets_every_pair_without_touching_the_switch():
     assert types(out) == ["Refused"] and out[0].conn is pending.conn  # its entry stays on the slow path
     assert not any(isinstance(x, cm.RemoveFlows) for x in out)
     assert core.by_key == {} and core.shunts == 0 and core.entries == 0 and core.backup
-    assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == c.R_BACKUP
+    assert core.conntrack_event(event(sport=3, ct_id=9))[0].reason == adm.R_BACKUP
     assert core.flow_removed(active.cookie(False), "idle timeout", 1, 1, 1, 9.0) == []
 
 
@@ -765,16 +767,16 @@ def _table_1(ports=None):
 
 def test_pipeline_layout_counts_two_entries_a_tcp_shunt_and_its_shared_table():
     core = c.Core(config())
-    cmds = core.switch_connected(c.OFP13, pipeline=True)
+    cmds = core.switch_connected(OFP13, pipeline=True)
     assert "InstallPipeline" in types(cmds)
     core.reconcile(_table_1(), 0.0)
     shunted(core)
     assert core.entries == 2 and core.max_pair_entries() == 2
-    assert core.default_entries() == 4 and core.shared_entries() == c.PIPELINE_ENTRIES * 2
+    assert core.default_entries() == 4 and core.shared_entries() == layout.PIPELINE_ENTRIES * 2
     assert core.table_size(4 + 2 * 10) == 10  # table 1 is a table of its own
     single = connected()
     shunted(single)
-    assert single.entries == 6 and "InstallPipeline" not in types(single.switch_connected(c.OFP13))
+    assert single.entries == 6 and "InstallPipeline" not in types(single.switch_connected(OFP13))
 
 
 def _pipeline_flows_for(conn, goto=True):
@@ -786,28 +788,28 @@ def test_reconcile_adopts_only_pairs_of_the_layout_in_use():
     old = connected()
     conn = shunted(old)
     piped = c.Core(config())
-    piped.switch_connected(c.OFP13, pipeline=True)
+    piped.switch_connected(OFP13, pipeline=True)
     # A single-layout pair (output in table 0) is not adopted by a pipeline controller ...
     assert types(piped.reconcile(_flows_for(conn) + _table_1(), 1.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
     assert piped.find(tuple_=conn.orig) is None
     # ... a pipeline pair is, and a single-layout controller leaves that one alone.
-    piped.switch_connected(c.OFP13, pipeline=True)
+    piped.switch_connected(OFP13, pipeline=True)
     assert types(piped.reconcile(_pipeline_flows_for(conn) + _table_1(), 2.0)) == ["ResyncConntrack"]
     assert piped.find(tuple_=conn.orig).adopted and piped.entries == 2
     single = c.Core(config())
-    single.switch_connected(c.OFP13)
+    single.switch_connected(OFP13)
     assert types(single.reconcile(_pipeline_flows_for(conn), 3.0)) == ["DeleteSwitchFlow"] * 2 + ["ResyncConntrack"]
 
 
 def test_reconcile_keeps_table_1_flows_of_the_config_and_deletes_others():
     core = c.Core(config())
-    core.switch_connected(c.OFP13, pipeline=True)
+    core.switch_connected(OFP13, pipeline=True)
     stale = [SwitchFlow(cookies.make_pipeline(1), 1, None, None, 9),  # not group 1's port
              SwitchFlow(cookies.make_pipeline(5), 1, None, None, 1)]  # no such group
     deletes = [x.flow for x in core.reconcile(_table_1() + stale, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]
     assert deletes == stale
     single = c.Core(config())
-    single.switch_connected(c.OFP13)
+    single.switch_connected(OFP13)
     assert len([x for x in single.reconcile(_table_1() + stale, 0.0) if type(x).__name__ == "DeleteSwitchFlow"]) == 12
 
 
@@ -815,14 +817,14 @@ def test_no_shunt_goes_to_table_1_before_the_switch_shows_all_of_it():
     """A lagging switch (hardware) answers the flow read before it applied table 1: the
     read is repeated, and nothing is installed or adopted meanwhile."""
     core = c.Core(config())
-    core.switch_connected(c.OFP13, pipeline=True)
+    core.switch_connected(OFP13, pipeline=True)
     (again,) = core.reconcile(_table_1()[:7], 0.0)
     assert types(again.commands) == ["RequestSwitchFlows"] and again.delay == c.PIPELINE_READ_AGAIN
     assert not core.reconciled and "InstallFlows" not in types(core.conntrack_event(event()))
     assert "ResyncConntrack" in types(core.reconcile(_table_1(), 0.3)) and core.reconciled
     # A switch that never shows it: after PIPELINE_READS reads the controller goes on.
     stuck = c.Core(config())
-    stuck.switch_connected(c.OFP13, pipeline=True)
+    stuck.switch_connected(OFP13, pipeline=True)
     for _ in range(c.PIPELINE_READS):
         assert not stuck.reconciled and types(stuck.reconcile([], 0.0)) == ["Later"]
     assert types(stuck.reconcile([], 0.0)) == ["ResyncConntrack"]
@@ -851,7 +853,7 @@ def test_only_pairs_of_exactly_this_shape_are_adopted_and_the_rest_goes_whatever
     else:
         flows.append(SwitchFlow(conn.cookie(False), 33000, 1, conn.orig._replace(sport=1), 3))
     core = c.Core(config(delete_flows_on_startup=False))
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     out = core.reconcile(flows, 1.0)
     deleted = [x.flow for x in out if isinstance(x, cm.DeleteSwitchFlow)]
     assert sorted(map(id, deleted)) == sorted(map(id, flows)) and core.find(tuple_=conn.orig) is None
@@ -859,7 +861,7 @@ def test_only_pairs_of_exactly_this_shape_are_adopted_and_the_rest_goes_whatever
     core = connected()
     mine = shunted(core, sport=5)
     core.switch_disconnected()
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     flows = _flows_for(mine)
     flows[0] = flows[0]._replace(exact=False)
     out = core.reconcile(flows, 2.0)
@@ -887,7 +889,7 @@ def test_a_half_closed_shunt_has_its_missing_catchers_read_in_the_single_layout(
 
 def test_a_half_closed_shunt_is_taken_as_closed_in_the_pipeline_layout():
     core = c.Core(config())
-    core.switch_connected(c.OFP13, pipeline=True)
+    core.switch_connected(OFP13, pipeline=True)
     core.reconcile(_table_1(), 0.0)
     half, alive = shunted(core, sport=1, ct_id=1), shunted(core, sport=2, ct_id=2)
     core.teardown_packet(cookies.make_teardown(1, True, False), 3, 10.0)  # the reply's FIN, the other lost

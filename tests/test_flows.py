@@ -8,8 +8,9 @@ from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
 from nfshunt import cookies  # noqa: E402
 from nfshunt import core as c  # noqa: E402
+from nfshunt import layout  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import UDP  # noqa: E402
+from nfshunt.model import OFP10, OFP13, UDP  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def builder(version, templated=False):
 
 def conn_for(**kw):
     core = c.Core(config())
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     core.reconcile([], 0)
     return core.conntrack_event(event(**kw))[0].conn
 
@@ -38,7 +39,7 @@ def test_a_cookie_names_its_kind_connection_and_direction_and_foreign_ones_nothi
     assert cookies.parse(0x4F02000000000007) is None and cookies.parse(0) is None
 
 
-@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_shunt_is_two_exact_flows_to_the_peer_fast_port(version):
     fb = builder(version)
     fwd, rev = fb.install(conn_for())[:2]
@@ -52,21 +53,21 @@ def test_shunt_is_two_exact_flows_to_the_peer_fast_port(version):
     in_rev, t_rev = fb.parse_match(rev.match)
     assert (in_fwd, t_fwd.src, t_fwd.dst, t_fwd.sport, t_fwd.dport) == (1, "10.0.0.1", "10.0.0.2", 40000, 5201)
     assert (in_rev, t_rev.src, t_rev.sport) == (3, "10.0.0.2", 5201)
-    actions = fwd.actions if version == c.OFP10 else fwd.instructions[0].actions
+    actions = fwd.actions if version == OFP10 else fwd.instructions[0].actions
     assert [a.port for a in actions] == [3]
 
 
-@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_block_has_no_actions_and_block_timeout(version):
     fb = builder(version)
     for msg in fb.install(conn_for(action=2, proto=UDP)):
         msg.serialize()
         assert msg.idle_timeout == 30
-        assert (msg.actions if version == c.OFP10 else msg.instructions) == []
+        assert (msg.actions if version == OFP10 else msg.instructions) == []
 
 
 def test_ipv6_match_on_openflow13():
-    fb = builder(c.OFP13)
+    fb = builder(OFP13)
     fwd = fb.install(conn_for(family=6))[0]
     fwd.serialize()
     assert fwd.match["eth_type"] == 0x86DD and fwd.match["ipv6_src"] == "fd00::1"
@@ -75,10 +76,10 @@ def test_ipv6_match_on_openflow13():
 
 def test_ipv6_cannot_be_built_for_openflow10():
     with pytest.raises(ValueError):
-        builder(c.OFP10).install(conn_for(family=6))
+        builder(OFP10).install(conn_for(family=6))
 
 
-@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_defaults_removal_and_requests_serialise(version):
     fb = builder(version)
     msgs = fb.defaults(config().ports) + fb.remove(conn_for(), (False, True)) + [
@@ -89,7 +90,7 @@ def test_defaults_removal_and_requests_serialise(version):
 
 
 def test_tcp_shunt_on_openflow13_gets_catchers_that_forward_and_tell_the_controller():
-    fb = builder(c.OFP13)
+    fb = builder(OFP13)
     conn = conn_for()
     msgs = fb.install(conn)
     assert len(msgs) == 6
@@ -116,9 +117,9 @@ def test_tcp_shunt_on_openflow13_gets_catchers_that_forward_and_tell_the_control
 
 @pytest.mark.parametrize("kw", [dict(proto=UDP), dict(action=2)])
 def test_no_catchers_for_udp_blocks_openflow10_or_when_disabled(kw):
-    assert len(builder(c.OFP13).install(conn_for(**kw))) == 2
-    assert len(builder(c.OFP10).install(conn_for())) == 2
-    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(c.OFP13), config(tcp_teardown=False))
+    assert len(builder(OFP13).install(conn_for(**kw))) == 2
+    assert len(builder(OFP10).install(conn_for())) == 2
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), config(tcp_teardown=False))
     assert len(fb.install(conn_for())) == 2
 
 
@@ -136,8 +137,8 @@ SHAPES = [dict(), dict(proto=UDP), dict(action=2), dict(sport=1, dport=65535, ct
           dict(ingress=2, egress=1), dict(family=6), dict(family=6, proto=UDP)]
 
 
-@pytest.mark.parametrize("version, kw", [(v, kw) for v in (c.OFP10, c.OFP13) for kw in SHAPES
-                                         if not (v == c.OFP10 and kw.get("family") == 6)])  # no IPv6 in 1.0
+@pytest.mark.parametrize("version, kw", [(v, kw) for v in (OFP10, OFP13) for kw in SHAPES
+                                         if not (v == OFP10 and kw.get("family") == 6)])  # no IPv6 in 1.0
 def test_templated_messages_are_byte_for_byte_what_os_ken_builds(version, kw):
     fast, slow = builder(version, templated=True), builder(version, templated=False)
     for sport in (40000, 40001, 7):  # the second and third come from the cached template
@@ -146,22 +147,22 @@ def test_templated_messages_are_byte_for_byte_what_os_ken_builds(version, kw):
         assert _wire(fast.remove(conn, (False, True))) == _wire(slow.remove(conn, (False, True)))
 
 
-@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_shunt_and_block_flows_match_untagged_frames_only(version):
     fb = builder(version)
     for msg in fb.install(conn_for()) + fb.install(conn_for(action=2, proto=UDP)):
         msg.serialize()
-        if version == c.OFP10:
+        if version == OFP10:
             assert msg.match.dl_vlan == 0xFFFF and not msg.match.wildcards & fb.ofp.OFPFW_DL_VLAN
         else:
             assert msg.match["vlan_vid"] == 0  # OFPVID_NONE
 
 
-@pytest.mark.parametrize("version", [c.OFP10, c.OFP13])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_the_table_size_request_asks_and_never_sets(version):
     msg = builder(version).table_size_request()
     msg.serialize()
-    if version == c.OFP13:
+    if version == OFP13:
         assert msg.body == [] and len(msg.buf) == 16  # a header and the multipart header only
 
 
@@ -177,7 +178,7 @@ def test_a_default_flow_is_deleted_by_its_port_not_by_the_cookie_every_default_s
 # --- the pipeline layout (flow_layout) -------------------------------------------------------
 
 def pipeline_builder(templated=False):
-    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(c.OFP13),
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13),
                      config(shunt_priority=33000, default_shunt_timeout=12), pipeline=True)
     fb.templated = templated
     return fb
@@ -212,7 +213,7 @@ def test_pipeline_table_1_has_an_output_and_four_catchers_per_port_group():
     fb = pipeline_builder()
     ports = config().ports
     msgs = fb.pipeline_flows(ports)
-    assert len(msgs) == c.PIPELINE_ENTRIES * len(ports)
+    assert len(msgs) == layout.PIPELINE_ENTRIES * len(ports)
     for msg in msgs:
         msg.serialize()
         assert msg.table_id == 1 and msg.idle_timeout == 0
@@ -253,7 +254,7 @@ def test_an_openflow10_pair_with_wildcarded_addresses_is_not_read_as_exact():
     """Issue 26.6: OpenFlow 1.0 reports wildcarded nw_src/nw_dst as 0.0.0.0; such a flow
     under a pair's cookie is not a pair this version installs (nor one without dl_vlan)."""
     from types import SimpleNamespace
-    fb = builder(c.OFP10)
+    fb = builder(OFP10)
     fb.templated = False
     mod = fb.install(conn_for(proto=17))[0]
 

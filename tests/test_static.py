@@ -13,7 +13,8 @@ from nfshunt import cookies  # noqa: E402
 from nfshunt import core as c  # noqa: E402
 from nfshunt.config import ConfigError  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import UDP, SwitchFlow  # noqa: E402
+from nfshunt.model import OFP13, UDP, Action, SwitchFlow  # noqa: E402
+from nfshunt.pins import PIN_TTL  # noqa: E402
 from nfshunt.static import StaticTable  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
@@ -107,7 +108,7 @@ def test_the_prefix_limit_priority_and_openflow_version_are_checked():
 
 def builder(cfg, templated=False):
     """templated=False: os-ken message objects, whose fields the tests inspect."""
-    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(c.OFP13), cfg)
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), cfg)
     fb.templated = templated
     return fb
 
@@ -160,7 +161,7 @@ def test_ipv6_flow():
 
 def test_installed_at_connect_before_the_defaults_and_counted_in_the_table_not_the_budget():
     core = c.Core(static_config(STREAM))
-    out = core.switch_connected(c.OFP13)
+    out = core.switch_connected(OFP13)
     kinds = [type(x) for x in out]
     assert kinds.index(cmds.InstallStatic) < kinds.index(cmds.InstallDefaults)
     assert len(out[kinds.index(cmds.InstallStatic)].flows) == 2
@@ -177,7 +178,7 @@ def as_read(flow, **kw):
 
 def test_reconcile_keeps_right_flows_repairs_wrong_and_missing_and_deletes_stale_ones():
     core = c.Core(static_config(STREAM))
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     fwd, rev = sorted(core.static.flows.values(), key=lambda f: f.reply)
     stale = cookies.make(cookies.Kind.STATIC, 12345)
     out = core.reconcile([as_read(fwd), SwitchFlow(stale, 33050, 1, None, 3, exact=False)], 0)
@@ -188,13 +189,13 @@ def test_reconcile_keeps_right_flows_repairs_wrong_and_missing_and_deletes_stale
     assert [i.flows for i in installs] == [(rev,)]
     # a flow under our cookie that outputs elsewhere is replaced
     core2 = c.Core(static_config(STREAM))
-    core2.switch_connected(c.OFP13)
+    core2.switch_connected(OFP13)
     out = core2.reconcile([as_read(fwd, out_port=4), as_read(rev)], 0)
     assert [x.cookies for x in out if isinstance(x, cmds.RemoveStatic)] == [(fwd.cookie,)]
     assert [x.flows for x in out if isinstance(x, cmds.InstallStatic)] == [(fwd,)]
     # both right: nothing to do
     core3 = c.Core(static_config(STREAM))
-    core3.switch_connected(c.OFP13)
+    core3.switch_connected(OFP13)
     out = core3.reconcile([as_read(fwd), as_read(rev)], 0)
     assert not any(isinstance(x, (cmds.RemoveStatic, cmds.InstallStatic)) for x in out)
 
@@ -218,26 +219,26 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
     from nfshunt.model import FlowTuple
     cfg = static_config(STREAM)
     core = c.Core(cfg)
-    core.switch_connected(c.OFP13)
+    core.switch_connected(OFP13)
     core.reconcile([], 0)
     t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)
-    out = core.pin(t, c.Action.BLOCK, 10.0)
+    out = core.pin(t, Action.BLOCK, 10.0)
     (install,) = [x for x in out if isinstance(x, cmds.InstallStatic)]
     drops = sorted(install.flows, key=lambda f: f.in_port)
     assert [(f.in_port, f.out_port, f.priority) for f in drops] == [(1, None, cfg.block_priority),
                                                                     (3, None, cfg.block_priority)]
     msg = builder(cfg).static_add(drops[0])
-    assert msg.instructions == [] and msg.hard_timeout == int(c.PIN_TTL)
+    assert msg.instructions == [] and msg.hard_timeout == int(PIN_TTL)
     assert dict(msg.match.items())["udp_src"] == 40000
     # kept across a reconnect, not deleted as stale
-    again = core.switch_connected(c.OFP13)
+    again = core.switch_connected(OFP13)
     assert {f.cookie for f in drops} <= {f.cookie for x in again if isinstance(x, cmds.InstallStatic) for f in x.flows}
     rest = core.reconcile([as_read(f) for f in (*core.static.flows.values(), *drops)], 1)
     assert not any(isinstance(x, cmds.RemoveStatic) for x in rest)
     # a tuple outside every stream: nothing
     outside = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 1)
-    assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, c.Action.BLOCK, 11))
-    (remove,) = [x for x in core.pin(t, c.Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
+    assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, Action.BLOCK, 11))
+    (remove,) = [x for x in core.pin(t, Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
     assert set(remove.cookies) == {f.cookie for f in drops}
 
 

@@ -1,0 +1,42 @@
+"""What the decision core's parts share for one switch: the switch as the core knows it,
+the pairs on it, the connections waiting for room, the operator's pins, the static
+shunts and the half-closed watch. Each part (admission, confirmation, teardown, removal,
+reconcile) is given this object, never the Core. No I/O."""
+from __future__ import annotations
+
+import collections
+
+from .config import Config
+from .connection import Conn, Connections
+from .layout import pair_entries
+from .model import ConnEvent, FlowTuple
+from .pins import Pins
+from .static import StaticTable
+from .teardown_sweep import HalfClosed
+
+
+class CoreState:
+    __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "stale_policy", "budget", "conns", "waiting",
+                 "pins", "static", "half_closed")
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
+        self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
+        self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
+        self.reconciled = False
+        # The policy changed since the pairs on the switch were decided (set by the app at
+        # start, from policy_state.py): the first reconcile hands every adopted pair back.
+        self.stale_policy = False
+        self.budget = cfg.max_shunts  # pairs allowed at once (0: no limit)
+        self.conns = Connections()
+        # Connections refused for lack of room, oldest first; blocks go to the front.
+        self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
+        self.pins = Pins()  # operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK
+        self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
+        # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
+        self.half_closed = HalfClosed()
+
+    def remember(self, conn: Conn) -> None:
+        """A new or adopted pair joins the table, with the entries it takes in this layout."""
+        self.conns.remember(conn, pair_entries(self.version, self.cfg, conn, self.pipeline))
