@@ -4,7 +4,7 @@ plain values and `now` to the object whose job it is; what comes back is run by 
 dispatcher and sent on the switch's send path (one write and one barrier per batch).
 
 Threads and timers that feed the event loop: feeds.py. Who may be the switch and each
-one's session: admission.py. Replies, errors, packet-ins, flow-removed: replies.py
+one's session: peers.py. Replies, errors, packet-ins, flow-removed: replies.py
 (requests in flight: inflight.py). A pair's roles: role_link.py. Periodic work:
 housekeeping.py. Control requests: operator_api.py.
 """
@@ -20,7 +20,7 @@ from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_D
 from os_ken.lib import hub
 
 from .accounting import Outcomes, audit_logger
-from .admission import Admission
+from .peers import Peers
 from .channel import ChannelDatapath, RateLimitedLog
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
@@ -85,10 +85,10 @@ class NFShuntApp(app_manager.OSKenApp):
         self.roles = RoleLink(self.counters, self.run)
         self.replies = Replies(self.counters, rlog, self.policy, self.roles, self.run)
         self.housekeeping = Housekeeping(self.counters, rlog, self.replies, self.roles, self.run)
-        self.admission = Admission(self.switches, self.cfg.tls is not None, self.counters, rlog, self.replies,
+        self.peers = Peers(self.switches, self.cfg.tls is not None, self.counters, rlog, self.replies,
                                    self.roles, self.run)
-        ChannelDatapath.admit = self.admission.admit
-        ChannelDatapath.failed = self.admission.failed
+        ChannelDatapath.admit = self.peers.admit
+        ChannelDatapath.failed = self.peers.failed
         self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
                                           self._malformed)
 
@@ -152,36 +152,36 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev: Any) -> None:
         if ev.state == MAIN_DISPATCHER:
-            self.admission.connected(ev.datapath)
+            self.peers.connected(ev.datapath)
         elif ev.state == DEAD_DISPATCHER:
-            self.admission.dead(ev.datapath)
+            self.peers.dead(ev.datapath)
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _features(self, ev: Any) -> None:
-        self.admission.features(ev.msg.datapath, ev.msg.n_tables)
+        self.peers.features(ev.msg.datapath, ev.msg.n_tables)
 
     @set_ev_cls(list(REPLIES), MAIN_DISPATCHER)
     def _reply(self, ev: Any) -> None:
         what, parts = REPLIES[type(ev)]
-        sw = self.admission.ours(ev.msg.datapath, what)
+        sw = self.peers.ours(ev.msg.datapath, what)
         if sw is not None:
             (self.replies.stats if parts else self.replies.reply)(sw, ev.msg, time.monotonic())
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev: Any) -> None:
-        sw = self.admission.ours(ev.msg.datapath, "error")
+        sw = self.peers.ours(ev.msg.datapath, "error")
         if sw is not None:  # before the handshake or from a refused peer: no key per type and code
             self.replies.error(sw, ev.msg, time.monotonic())
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
-        sw = self.admission.ours(ev.msg.datapath, "packet-in")
+        sw = self.peers.ours(ev.msg.datapath, "packet-in")
         if sw is not None:
             self.replies.packet_in(sw, ev.msg, time.monotonic())
 
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
     def _flow_removed(self, ev: Any) -> None:
-        sw = self.admission.ours(ev.msg.datapath, "flow-removed")
+        sw = self.peers.ours(ev.msg.datapath, "flow-removed")
         if sw is not None:
             self.replies.flow_removed(sw, ev.msg, time.monotonic())
 

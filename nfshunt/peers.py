@@ -34,7 +34,7 @@ def _wanted(core: Core) -> Callable[[Conn], bool]:
     return lambda conn: core.conns.holds(conn, State.PENDING) and conn.remove_reason is None
 
 
-class Admission:
+class Peers:
     def __init__(self, switches: list[Switch], tls: bool, counters: Counters, rlog: RateLimitedLog,
                  replies: Replies, roles: RoleLink, run: Run):
         self.switches = switches
