@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import fcntl
 import ipaddress
 import logging
@@ -30,6 +29,7 @@ from os_ken.lib import hub
 from .connection import Conn
 from .flows import FlowBuilder
 from .flowstats import FlowEntry, flow_removed
+from .inflight import Barrier, Batch, InFlight
 from .model import OFP10
 
 LOG = logging.getLogger("nfshunt.channel")
@@ -257,16 +257,6 @@ def address_allowed(address: str, allowed: tuple[str, ...]) -> bool:
     return any(ip in ipaddress.ip_network(a, strict=False) for a in allowed)
 
 
-@dataclasses.dataclass(slots=True)
-class Batch:
-    """Installs sent behind one barrier; errors for their flow-mods name them by xid (the
-    map goes with the batch: one table of every xid in flight kept its peak size)."""
-    conns: list[Conn]
-    xids: dict[int, Conn]
-    sent: float
-    failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
-
-
 class Pacer:
     """A token bucket of flow-mods a second (a hardware switch takes hundreds to a few
     thousand). Removals and defaults always go out and may overdraw it: installs wait."""
@@ -284,14 +274,15 @@ class Pacer:
 
 class SendPath:
     """Messages of one event-loop turn, concatenated and written once, with a barrier when
-    an install needs confirming. Owns the xid bookkeeping of installs and barriers, and,
+    an install needs confirming (registered in flight with its batch: inflight.py), and,
     with a flow-mod rate, the queue of installs waiting for their turn (their connections
     stay on the slow path meanwhile, conntrack entries kept)."""
 
-    def __init__(self, dp: Any, fb: FlowBuilder, rate: float = 0, queue_max: int = 0,
+    def __init__(self, dp: Any, fb: FlowBuilder, inflight: InFlight, rate: float = 0, queue_max: int = 0,
                  wanted: Callable[[Conn], bool] = lambda conn: True):
         self.dp = dp
         self.fb = fb
+        self.inflight = inflight
         self.pacer = Pacer(rate, time.monotonic()) if rate else None
         self.queue_max = queue_max
         self.wanted = wanted  # a queued install the core no longer wants is dropped, not sent
@@ -299,9 +290,6 @@ class SendPath:
         self.out: list[Any] = []
         self._conns: list[Conn] = []  # installs waiting for the next barrier
         self._xids: dict[int, Conn] = {}  # their flow-mods' xids
-        self._batches: dict[int, Batch] = {}  # barrier xid -> batch
-        self._waiters: dict[int, threading.Event] = {}
-        self._answered = 0.0  # when the switch last answered a barrier
 
     def queue(self, msgs: list[Any]) -> None:
         self.out.extend(msgs)
@@ -352,45 +340,26 @@ class SendPath:
         barrier = self.fb.barrier()
         xid = self.dp.set_xid(barrier)
         self.out.append(barrier)
+        batch = None
         if self._conns:
-            self._batches[xid] = Batch(self._conns, self._xids, time.monotonic())
+            batch = Batch(self._conns, self._xids)
             self._conns, self._xids = [], {}
-        if waiter is not None:
-            self._waiters[xid] = waiter
+        self.inflight.ask(xid, Barrier(time.monotonic(), batch, waiter))
 
     def error(self, xid: int, reason: str, table_full: bool) -> Conn | None:
         """An error message: the install it concerns (recorded as failed in its batch), if
         any. Only sent batches can draw errors, and few are in flight."""
-        for batch in self._batches.values():
-            conn = batch.xids.get(xid)
-            if conn is not None:
+        for _, barrier in self.inflight.of(Barrier):
+            batch = barrier.batch
+            if batch is not None and (conn := batch.xids.get(xid)) is not None:
                 batch.failed[id(conn)] = (reason, table_full)
                 return conn
         return None
 
-    def barrier_reply(self, xid: int) -> Batch | None:
-        self._answered = time.monotonic()
-        waiter = self._waiters.pop(xid, None)
-        if waiter is not None:
-            waiter.set()
-        # Every error of the batch came before its barrier reply.
-        return self._batches.pop(xid, None)
-
-    def expired(self, now: float, timeout: float) -> list[Batch]:
-        """Batches whose barrier reply is overdue: the switch answered none for `timeout`.
-        A switch still answering is working through what it was sent (barriers are
-        answered in order): a burst it takes 16 s to apply must not be rolled back at 5."""
-        late = [x for x, b in self._batches.items() if now - max(b.sent, self._answered) > timeout]
-        out = []
-        for x in late:
-            batch = self.barrier_reply(x)
-            if batch is not None:
-                out.append(batch)
-        return out
-
     def pending(self) -> int:
         """Installs sent and not yet confirmed, and installs waiting for their turn."""
-        return sum(len(b.conns) for b in self._batches.values()) + len(self._conns) + len(self.queued)
+        return sum(len(b.batch.conns) for _, b in self.inflight.of(Barrier) if b.batch is not None) \
+            + len(self._conns) + len(self.queued)
 
     def flush(self, waiter: threading.Event | None = None) -> None:
         dp = self.dp

@@ -1,15 +1,18 @@
 """The dispatcher: one handler for each command type the core returns.
 
-A command acts on the switch (through its send path: flow-mods, requests), on the
-kernel (through the conntrack worker), on time (a timer), or reports an outcome
-(accounting.Outcomes). A handler may return commands of its own (a core answer), which
-the caller runs in the same turn. A new kind of command adds one handler here.
+A command acts on the switch (through its session's send path: flow-mods, and requests
+registered in flight), on the kernel (through the conntrack worker), on time (a timer), or
+reports an outcome (accounting.Outcomes). A handler may return commands of its own (a
+core answer), which `run` executes in the same turn before it writes the turn to the
+switch. A new kind of command adds one handler here.
 """
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import commands as c
 from .accounting import Outcomes
@@ -18,11 +21,14 @@ from .flows import ALL_ONES_64
 from .connection import CT_TCP_ESTABLISHED, Action
 from .markcodec import DECISION_MASK
 from .model import TCP
-from .switch import Asked, CounterRead, Switch
+from .inflight import CounterRead, MeterSet, ReconcileRead, StaticRead, TableSize
+from .session import Session
+from .switch import Switch
 
 LOG = logging.getLogger("nfshunt")
 
 Handler = Callable[[Switch, Any], "list[c.Command] | None"]
+OnSwitch = Callable[[Switch, Session, Any], None]
 Schedule = Callable[[float, Switch, tuple[c.Command, ...]], None]
 Post = Callable[[Switch, tuple[c.Command, ...]], None]
 
@@ -38,48 +44,84 @@ class Dispatcher:
         self.handlers: dict[type, Handler] = {
             **report,
             c.InstallFlows: self.install_flows,
-            c.RemoveFlows: self.remove_flows,
-            c.InstallDefaults: self.install_defaults,
-            c.InstallPipeline: lambda sw, cmd: self.send(sw, *sw.fb.pipeline_flows(cmd.groups)),
-            c.LimitPacketIns: self.limit_packet_ins,
-            c.DeleteAllFlows: self.delete_all_flows,
-            c.DeleteSwitchFlow: self.delete_switch_flow,
-            c.RequestTableSize: self.request_table_size,
-            c.RequestSwitchFlows: lambda sw, _cmd: self.send(sw, sw.fb.owned_flow_stats_request()),
-            c.ReadCounters: self.read_counters,
             c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id),
             c.RestoreConntrack: self.restore_conntrack,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
             c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
-            c.InstallStatic: self.install_static,
-            c.RemoveStatic: self.remove_static,
-            c.ReadStaticCounters: self.read_static_counters,
         }
         # Commands that write to the switch: dropped while it is away (the core knows, and
         # its reconcile repairs what they would have done).
-        self.switch_bound = frozenset((c.RemoveFlows, c.InstallDefaults, c.InstallPipeline,
-                                       c.LimitPacketIns, c.DeleteAllFlows, c.DeleteSwitchFlow, c.RequestTableSize,
-                                       c.RequestSwitchFlows, c.ReadCounters, c.InstallStatic, c.RemoveStatic,
-                                       c.ReadStaticCounters))
+        self.on_switch: dict[type, OnSwitch] = {
+            c.RemoveFlows: lambda _sw, s, cmd: s.send.queue(s.fb.remove(cmd.conn, cmd.directions)),
+            c.InstallDefaults: self.install_defaults,
+            c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
+            c.LimitPacketIns: self.limit_packet_ins,
+            c.DeleteAllFlows: self.delete_all_flows,
+            c.DeleteSwitchFlow: self.delete_switch_flow,
+            c.RequestTableSize: lambda _sw, s, _cmd: s.ask(s.fb.table_size_request(), TableSize(time.monotonic())),
+            c.RequestSwitchFlows: lambda _sw, s, _cmd: s.ask(s.fb.owned_flow_stats_request(),
+                                                             ReconcileRead(time.monotonic())),
+            c.ReadCounters: lambda _sw, s, cmd: s.ask(s.fb.pair_stats_request(cmd.conn),
+                                                      CounterRead(time.monotonic(), cmd.conn)),
+            c.InstallStatic: self.install_static,
+            c.RemoveStatic: self.remove_static,
+            c.ReadStaticCounters: lambda _sw, s, _cmd: s.ask(s.fb.static_stats_request(),
+                                                             StaticRead(time.monotonic())),
+        }
 
     def execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
         kind = type(cmd)
-        if kind in self.switch_bound and sw.fb is None:
-            return None
-        return self.handlers[kind](sw, cmd)
+        on_switch = self.on_switch.get(kind)
+        if on_switch is None:
+            return self.handlers[kind](sw, cmd)
+        if sw.session is not None:
+            on_switch(sw, sw.session, cmd)
+        return None
+
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
+        """Execute a switch's core's commands (and what executing them brings back from the
+        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`."""
+        work = collections.deque(commands)
+        session = sw.session
+        if session is not None and session.send.queued:
+            work.extend(self._release(sw, session))
+        with self.worker.batched():  # the turn's conntrack requests go to the worker at once
+            while work:
+                cmd = work.popleft()
+                try:
+                    follow = self.execute(sw, cmd)
+                except Exception:
+                    self.counters.inc("internal_errors")
+                    LOG.exception("failed to execute %s", type(cmd).__name__)
+                    continue
+                if follow:
+                    work.extend(follow)
+        if sw.session is not None:
+            sw.session.send.flush(waiter)
+        elif waiter is not None:
+            waiter.set()
 
     @staticmethod
-    def send(sw: Switch, *msgs: Any) -> None:
-        if sw.send is not None:
-            sw.send.queue(list(msgs))
+    def _release(sw: Switch, session: Session) -> list[c.Command]:
+        """Paced installs whose turn has come go out; the queue's freed room goes to
+        connections that waited for it."""
+        send, core = session.send, sw.core
+        before = len(send.queued)
+        out: list[c.Command] = []
+        for conn in send.release(time.monotonic()):
+            out.extend(core.install_dropped(conn, "taken down before it was sent", wait=False))
+        drained = before - len(send.queued)
+        if drained and core.waiting:
+            out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
+        return out
 
     # --- the switch -------------------------------------------------------------------------
 
     def install_flows(self, sw: Switch, cmd: c.InstallFlows) -> list[c.Command] | None:
         conn = cmd.conn
-        if sw.send is not None and not sw.send.install(conn):
+        if sw.session is not None and not sw.session.send.install(conn):
             self.counters.inc("install_queue_full")
             return sw.core.install_dropped(conn, "flow-mod queue full", wait=True)
         if conn.action is Action.SHUNT and conn.orig.proto == TCP:
@@ -89,51 +131,35 @@ class Dispatcher:
             self.worker.liberal(conn.orig.family, conn.orig, conn.ct_id)
         return None
 
-    def remove_flows(self, sw: Switch, cmd: c.RemoveFlows) -> None:
-        self.send(sw, *sw.fb.remove(cmd.conn, cmd.directions))
-
-    def install_defaults(self, sw: Switch, cmd: c.InstallDefaults) -> None:
-        self.send(sw, *sw.fb.defaults(cmd.groups))
+    @staticmethod
+    def install_defaults(sw: Switch, s: Session, cmd: c.InstallDefaults) -> None:
+        s.send.queue(s.fb.defaults(cmd.groups))
         LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups), sw.name)
 
-    def limit_packet_ins(self, sw: Switch, cmd: c.LimitPacketIns) -> None:
-        delete, add = sw.fb.controller_meter(cmd.rate)
-        self.send(sw, delete)
-        sw.meter_xid = sw.dp.set_xid(add)
-        self.send(sw, add)
-        sw.meter_on = True
+    @staticmethod
+    def limit_packet_ins(_sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:
+        delete, add = s.fb.controller_meter(cmd.rate)
+        s.send.queue([delete])
+        s.ask(add, MeterSet(time.monotonic()))
+        s.meter_on = True
 
-    def delete_all_flows(self, sw: Switch, _cmd: c.DeleteAllFlows) -> None:
-        self.send(sw, sw.fb.delete_all())
+    @staticmethod
+    def delete_all_flows(sw: Switch, s: Session, _cmd: c.DeleteAllFlows) -> None:
+        s.send.queue([s.fb.delete_all()])
         LOG.warning("deleting every flow on switch %s (delete_foreign_flows_on_startup)", sw.name)
 
-    def delete_switch_flow(self, sw: Switch, cmd: c.DeleteSwitchFlow) -> None:
-        self.send(sw, sw.fb.delete_switch_flow(cmd.flow))
+    def delete_switch_flow(self, sw: Switch, s: Session, cmd: c.DeleteSwitchFlow) -> None:
+        s.send.queue([s.fb.delete_switch_flow(cmd.flow)])
         self.counters.inc("reconcile_deleted")
         LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
 
-    def request_table_size(self, sw: Switch, _cmd: c.RequestTableSize) -> None:
-        msg = sw.fb.table_size_request()
-        sw.table_xid = sw.dp.set_xid(msg)
-        self.send(sw, msg)
-
-    def read_counters(self, sw: Switch, cmd: c.ReadCounters) -> None:
-        msg = sw.fb.pair_stats_request(cmd.conn)
-        sw.counter_reads[sw.dp.set_xid(msg)] = CounterRead(cmd.conn, {})
-        self.send(sw, msg)
-
-    def install_static(self, sw: Switch, cmd: c.InstallStatic) -> None:
-        self.send(sw, *(sw.fb.static_add(f) for f in cmd.flows))
+    def install_static(self, sw: Switch, s: Session, cmd: c.InstallStatic) -> None:
+        s.send.queue([s.fb.static_add(f) for f in cmd.flows])
         self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows], cmd.reason)
 
-    def remove_static(self, sw: Switch, cmd: c.RemoveStatic) -> None:
-        self.send(sw, *(sw.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies))
+    def remove_static(self, sw: Switch, s: Session, cmd: c.RemoveStatic) -> None:
+        s.send.queue([s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies])
         self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
-
-    def read_static_counters(self, sw: Switch, _cmd: c.ReadStaticCounters) -> None:
-        msg = sw.fb.static_stats_request()
-        sw.static_read = Asked(sw.dp.set_xid(msg), time.monotonic())
-        self.send(sw, msg)
 
     # --- the kernel ---------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ LABELLED = {
                      ("change", "reason")),
     "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "
                          "the served switch connection", ("message",)),
+    "openflow_unasked": ("nfshunt_openflow_unasked", "Replies from the switch to nothing in flight (a request "
+                         "given up, or never asked), dropped", ("message",)),
 }
 PLAIN = {
     "switch_connects": "Switch connections accepted (the first and every reconnect)",

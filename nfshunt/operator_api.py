@@ -7,6 +7,7 @@ switch's flows and answers once all have replied (or gone); flush, reevaluate, u
 and block act on every switch's pairs."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -47,10 +48,21 @@ class EventControl(event.EventBase):
 class StatusRequest:
     """A status request waiting for the flow stats of every switch it asked."""
 
-    def __init__(self, ev: EventControl):
+    def __init__(self, ev: EventControl, status: Callable[[dict[int, list[SwitchFlow] | None]], dict[str, Any]]):
         self.ev = ev
+        self.status = status
         self.flows: dict[int, list[SwitchFlow] | None] = {}  # by switch index (None: no read)
-        self.asked: dict[int, int] = {}  # switch index -> xid of the read still open
+        self.asked: set[int] = set()  # switch indexes whose read is still open
+
+    def got(self, index: int, flows: list[SwitchFlow] | None) -> None:
+        """A switch's flows (None: it went away, or did not answer)."""
+        self.flows[index] = flows
+        self.asked.discard(index)
+        self.answer_if_complete()
+
+    def answer_if_complete(self) -> None:
+        if not self.asked:
+            self.ev.answer(self.status(self.flows))
 
 
 class _Stamped(threading.Event):
@@ -84,9 +96,6 @@ class Controller(Protocol):
         """Execute a switch's core's commands and send what they make (then a barrier
         whose answer sets `waiter`)."""
 
-    def request(self, sw: Switch, msg: Any) -> None:
-        """Send one request to a switch now."""
-
     def role_change(self, sw: Switch, change: Change) -> None:
         """Act on a pair's role change."""
 
@@ -94,7 +103,6 @@ class Controller(Protocol):
 class OperatorAPI:
     def __init__(self, app: Controller):
         self.app = app
-        self._requests: dict[tuple[int, int], StatusRequest] = {}  # by (switch index, xid)
 
     @property
     def counters(self) -> Any:
@@ -105,26 +113,7 @@ class OperatorAPI:
         return self.app.switches
 
     def _connected(self) -> bool:
-        return any(sw.dp is not None for sw in self.switches)
-
-    def collecting(self, sw: Switch, xid: int) -> list[SwitchFlow] | None:
-        """The flows gathered so far for a status request's flow-stats reply (None: not one)."""
-        request = self._requests.get((sw.index, xid))
-        return request.flows.get(sw.index) if request is not None else None
-
-    def answer_status(self, sw: Switch, xid: int) -> None:
-        request = self._requests.pop((sw.index, xid))
-        del request.asked[sw.index]
-        if not request.asked:
-            request.ev.answer(self.status(request.flows))
-
-    def switch_gone(self, sw: Switch) -> None:
-        for key in [k for k in self._requests if k[0] == sw.index]:
-            request = self._requests.pop(key)
-            request.flows[sw.index] = None
-            del request.asked[sw.index]
-            if not request.asked:
-                request.ev.answer(self.status(request.flows))
+        return any(sw.session is not None for sw in self.switches)
 
     @staticmethod
     def table(sw: Switch) -> dict[str, Any]:
@@ -145,19 +134,13 @@ class OperatorAPI:
             if req.get("connections") is False:  # counts only: cheap with 100k shunts
                 ev.answer(self.status({}, connections=False))
                 return
-            request = StatusRequest(ev)
+            request = StatusRequest(ev, self.status)
             for sw in self.switches:
-                if sw.dp is None or sw.fb is None:
-                    request.flows[sw.index] = None
-                    continue
-                msg = sw.fb.owned_flow_stats_request()
-                xid = sw.dp.set_xid(msg)
-                request.flows[sw.index] = []
-                request.asked[sw.index] = xid
-                self._requests[(sw.index, xid)] = request
-                self.app.request(sw, msg)
-            if not request.asked:
-                ev.answer(self.status(request.flows))
+                request.flows[sw.index] = None
+                if sw.session is not None:
+                    request.asked.add(sw.index)
+                    sw.session.read_flows(functools.partial(request.got, sw.index), now)
+            request.answer_if_complete()  # nobody to ask: at once
             return
         if cmd == "flush":
             reason = str(req.get("reason") or "flush by operator")
@@ -215,8 +198,8 @@ class OperatorAPI:
         waiters, static = [], {"added": 0, "removed": 0}
         for sw, cfg in zip(self.switches, change.config.served, strict=True):
             sw.cfg = cfg
-            if sw.fb is not None:
-                sw.fb.cfg = cfg
+            if sw.session is not None:
+                sw.session.fb.cfg = cfg
             out = sw.core.reload(cfg)
             static["added"] += sum(len(x.flows) for x in out if isinstance(x, c.InstallStatic))
             static["removed"] += sum(len(x.cookies) for x in out if isinstance(x, c.RemoveStatic))
@@ -254,7 +237,7 @@ class OperatorAPI:
         self.counters.add("operator", f"role_{role}")
         LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
         self.app.role_change(sw, change)
-        ev.answer({"ok": True, **roles.status(), "switch_connected": sw.dp is not None})
+        ev.answer({"ok": True, **roles.status(), "switch_connected": sw.session is not None})
 
     def reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
         """A new policy: every connection is judged again. Decided marks are cleared in
@@ -311,7 +294,8 @@ class OperatorAPI:
                     "age": round(now - (conn.confirmed_time or conn.event_time), 3),
                     "packets": [d.packets if d else None for d in dirs],
                     "bytes": [d.bytes if d else None for d in dirs]})
-            dp, core, send = sw.dp, sw.core, sw.send
+            core, session = sw.core, sw.session
+            dp, send = (session.dp, session.send) if session is not None else (None, None)
             switches.append({
                 "connected": dp is not None,
                 "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
@@ -335,3 +319,23 @@ class OperatorAPI:
             "table": first["table"], "pair": first["pair"],
             "counters": self.counters.flat(), "connections": conns,
             "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}
+
+
+def gauges(switches: list[Switch]) -> dict[str, Any]:
+    """The metrics' gauges, read on the scrape thread (plain reads of the event loop's state)."""
+    per_switch = []
+    for sw in switches:
+        table = OperatorAPI.table(sw)  # what status shows, the same numbers
+        per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.session is not None else 0,
+                           "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
+                           "table_max": table["max_entries"], "table_used": table["used"],
+                           "table_1": table["table_1"], "static": sw.core.static.status()})
+    maxes = [sw["table_max"] for sw in per_switch]
+    roles = switches[0].roles
+    return {"switches": per_switch,
+            **totals(per_switch, ("shunts", "blocks", "connected", "max_shunts", "table_used", "table_1")),
+            "waiting": sum(len(sw.core.waiting) for sw in switches),
+            "queued": sum(len(sw.session.send.queued) for sw in switches if sw.session is not None),
+            "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
+            "pair": roles.status() if roles is not None else None,
+            "static": [row for sw in per_switch for row in sw["static"]]}

@@ -1,7 +1,7 @@
 """The switches one controller serves (config `switches`), and which one a connection is for.
 
 A `Switch` is one configured datapath: its own config (ports, datapath id, pacing,
-layout), decision core, connection, send path and the reads it has in flight. The app
+layout), decision core, pair roles and, while connected, its session (session.py). The app
 keeps one per configured switch and hands each switch message to the switch whose
 connection it came on.
 
@@ -12,42 +12,17 @@ connected to each other): it stays on the slow path, counted as crossing two swi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from .commands import Ignored
-from .connection import Conn
+from .commands import Command, Ignored
 from .core import Core
 from . import markcodec
 from .config import Config
-from .flows import FlowBuilder
-from .model import ConnEvent, EventKind, SwitchFlow
+from .metrics import Counters
+from .model import ConnEvent, EventKind
 from .roles import Roles
-from .channel import SendPath
+from .session import Session
 from .teardown_sweep import TeardownSweep
 
 R_CROSSES_SWITCHES = "crosses two switches"
-
-
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """A periodic read in flight (meter, static flows): asked again once it is overdue."""
-    xid: int
-    at: float  # when it was asked (monotonic)
-
-
-@dataclass(frozen=True, slots=True)
-class CatcherRead:
-    """The catcher read after dropped packet-ins (teardown_sweep), filled part by part."""
-    xid: int
-    counted: list[int]  # cookies of the catchers that counted
-
-
-@dataclass(frozen=True, slots=True)
-class CounterRead:
-    """A new shunt's flow counters (confirm: counters), summed over the reply's parts."""
-    conn: Conn
-    packets: dict[bool, int]  # by direction (reply: True)
 
 
 class Switch:
@@ -57,45 +32,24 @@ class Switch:
         self.cfg = cfg
         self.index = index
         self.core = Core(cfg)
-        self.dp: Any = None  # the connection served now (os-ken Datapath)
-        self.fb: FlowBuilder | None = None
-        self.send: SendPath | None = None
+        self.session: Session | None = None  # the connection served now
         self.roles = Roles(cfg.pair.state_file, cfg.pair.start_role) if cfg.pair else None
-        self.role_xids: set[int] = set()
         self.role_checked = 0.0
-        self.table_xid: int | None = None
-        self.meter_xid: int | None = None
-        # The controller meter's drops, read every tick, and the catcher read they call for.
-        self.meter_on = False
-        self.meter_read: Asked | None = None
-        self.catcher_read: CatcherRead | None = None
+        # The controller meter's drops and the catcher reads they call for (across reconnects).
         self.sweep = TeardownSweep()
-        # Half-closed shunts' catcher reads (teardown_sweep): by xid, the cookies that counted.
-        self.watch_reads: dict[int, list[int]] = {}
-        # confirm: counters: flow-stats requests of new shunts, by xid
-        self.counter_reads: dict[int, CounterRead] = {}
-        self.flow_stats: list[SwitchFlow] = []  # a reconcile's flows read so far
-        self.static_read: Asked | None = None  # the static flows' counters read
-        self.static_flows: list[SwitchFlow] = []  # ... its flows so far
 
     @property
     def name(self) -> str:
         """How logs name the switch: its configured datapath id (or the connected one's)."""
-        dpid = self.cfg.datapath_id if self.cfg.datapath_id is not None else getattr(self.dp, "id", None)
+        dpid = self.cfg.datapath_id if self.cfg.datapath_id is not None else \
+            getattr(self.session.dp, "id", None) if self.session is not None else None
         return f"{dpid:016x}" if dpid is not None else "(any datapath id)"
 
-    def gone(self) -> None:
-        """The connection ended: what belonged to it is void."""
-        self.dp = None
-        self.fb = None
-        self.send = None
-        self.role_xids.clear()
-        self.counter_reads.clear()
-        self.meter_on, self.meter_read, self.catcher_read = False, None, None
-        self.flow_stats = []
-        self.static_read, self.static_flows = None, []
+    def gone(self) -> Session | None:
+        """The connection ended: its session is dropped (returned: what it had asked)."""
+        session, self.session = self.session, None
         self.sweep.reset()
-        self.watch_reads.clear()
+        return session
 
 
 class Router:
@@ -116,3 +70,17 @@ class Router:
             return Ignored(R_CROSSES_SWITCHES, ev)
         # Unrecorded ports: the core of the first switch says why it ignores the event.
         return ingress if ingress is not None else egress if egress is not None else 0
+
+    def dispatch(self, events: list[ConnEvent], cores: list[Core], counters: Counters) -> list[list[Command]]:
+        """Each event to its switch's core (counted by kind): each switch's commands (an
+        event no switch takes is reported among the first's)."""
+        outs: list[list[Command]] = [[] for _ in cores]
+        route = self.route
+        for ev in events:
+            counters.add("conntrack_event", ev.kind.value)
+            to = route(ev)
+            if isinstance(to, Ignored):
+                outs[0].append(to)
+            else:
+                outs[to].extend(cores[to].conntrack_event(ev))
+        return outs

@@ -9,6 +9,7 @@ from nfshunt import commands as cm  # noqa: E402
 from nfshunt import core as c  # noqa: E402
 from nfshunt.channel import SendPath, address_allowed  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
+from nfshunt.inflight import Barrier, InFlight  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -33,7 +34,22 @@ def _setup():
     core = c.Core(config())
     core.switch_connected(c.OFP13)
     core.reconcile([], 0.0)
-    return dp, SendPath(dp, FlowBuilder(dp, core.cfg)), core
+    return dp, SendPath(dp, FlowBuilder(dp, core.cfg), InFlight()), core
+
+
+def _barrier_reply(send, xid, now=None):
+    """The switch answers a barrier: the batch it confirms (None: no batch by that xid)."""
+    import time
+    barrier = send.inflight.answer(xid, time.monotonic() if now is None else now)
+    return barrier.answered() if barrier is not None else None
+
+
+def _batches(send):
+    return sorted((xid, b.batch) for xid, b in send.inflight.of(Barrier))
+
+
+def _expired(send, now):
+    return [b.answered() for b in send.inflight.expired(now)]
 
 
 def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_install():
@@ -48,9 +64,9 @@ def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_i
     first_of_b = barrier_xid - 6  # b's six flow-mods (pair and catchers) precede it
     assert send.error(first_of_b, "switch error type=5 code=1", True) is b
     assert send.error(9999, "unrelated", False) is None
-    batch = send.barrier_reply(barrier_xid)
+    batch = _barrier_reply(send, barrier_xid)
     assert batch.conns == [a, b] and batch.failed == {id(b): ("switch error type=5 code=1", True)}
-    assert send.pending() == 0 and send.barrier_reply(barrier_xid) is None
+    assert send.pending() == 0 and _barrier_reply(send, barrier_xid) is None
     # Nothing of the batch outlives its barrier reply: a late error names no install.
     assert send.error(first_of_b, "late", False) is None
 
@@ -64,12 +80,12 @@ def test_a_burst_goes_out_in_one_write_with_a_barrier_every_batch_pairs(monkeypa
         send.install(conn)
     send.flush()
     assert len(dp.sent) == 1
-    batches = sorted(send._batches.items())
+    batches = _batches(send)
     assert [b.conns for _, b in batches] == [conns[0:2], conns[2:4], conns[4:5]]
     # Each barrier follows its own batch's flow-mods in the stream.
     for xid, batch in batches:
         assert max(batch.xids) < xid
-    assert [send.barrier_reply(xid).conns for xid, _ in batches] == [conns[0:2], conns[2:4], conns[4:5]]
+    assert [_barrier_reply(send, xid).conns for xid, _ in batches] == [conns[0:2], conns[2:4], conns[4:5]]
 
 
 def test_an_unanswered_barrier_expires_its_installs():
@@ -77,9 +93,9 @@ def test_an_unanswered_barrier_expires_its_installs():
     conn = core.conntrack_event(event())[0].conn
     send.install(conn)
     send.flush()
-    sent_at = next(iter(send._batches.values())).sent
-    assert send.expired(sent_at + 1.0, 5.0) == []
-    (batch,) = send.expired(sent_at + 5.1, 5.0)
+    sent_at = next(send.inflight.of(Barrier))[1].asked
+    assert _expired(send, sent_at + 1.0) == []
+    (batch,) = _expired(send, sent_at + 5.1)
     assert batch.conns == [conn] and send.pending() == 0
     # Rolled back by the core like a refusal: the entry stays, the connection on the slow path.
     out = core.flows_failed(conn, "no answer from the switch")
@@ -97,11 +113,12 @@ def test_installs_behind_a_switch_still_answering_barriers_wait_and_expire_once_
     send.flush()
     sent = time.monotonic()
     # A busy switch: the first barrier is answered 4.9 s after both were sent ...
-    send._batches[first_barrier].sent = send._batches[dp.xid].sent = sent - 4.9
-    assert send.barrier_reply(first_barrier).conns == [first]
+    for _, barrier in send.inflight.of(Barrier):
+        barrier.asked = sent - 4.9
+    assert _barrier_reply(send, first_barrier, sent).conns == [first]
     # ... so the second waits past its own 5 s: the switch is working through it.
-    assert send.expired(sent + 4.0, 5.0) == []
-    (batch,) = send.expired(sent + 5.1, 5.0)  # and expires 5 s after the switch last answered
+    assert _expired(send, sent + 4.0) == []
+    (batch,) = _expired(send, sent + 5.1)  # and expires 5 s after the switch last answered
     assert batch.conns == [second]
 
 
@@ -158,28 +175,27 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due_for_their_switch
     import time
     from types import SimpleNamespace
 
-    from nfshunt.switch_app import EventRun, EventTick, NFShuntApp
+    from nfshunt.feeds import EventRun, EventTick, Feeds
     posted = []
-    switches = [SimpleNamespace(index=i, fb=None, send=None) for i in range(2)]
-    app = SimpleNamespace(_running=True, _later=[], _later_seq=0, _later_lock=threading.Lock(), switches=switches,
-                          name="nfshunt", send_event=lambda name, ev: posted.append((time.monotonic(), ev)))
+    switches = [SimpleNamespace(index=i, session=None) for i in range(2)]
+    feeds = Feeds(switches, lambda ev: posted.append((time.monotonic(), ev)))
     marker = cm.ResyncConntrack()
     t0 = time.monotonic()
-    NFShuntApp._schedule(app, 0.3, switches[0], (marker,))
-    NFShuntApp._schedule(app, 0.1, switches[1], (marker, marker))
-    thread = threading.Thread(target=NFShuntApp._ticker, args=(app,))
+    feeds.schedule(0.3, switches[0], (marker,))
+    feeds.schedule(0.1, switches[1], (marker, marker))
+    thread = threading.Thread(target=feeds.ticker)
     thread.start()
     try:
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and not any(isinstance(ev, EventTick) for _, ev in posted):
             time.sleep(0.02)
     finally:
-        app._running = False
+        feeds.stop()
         thread.join()
     runs = [(t - t0, ev.switch.index, ev.commands) for t, ev in posted if isinstance(ev, EventRun)]
     assert [(i, len(cmds)) for _, i, cmds in runs] == [(1, 2), (0, 1)]  # the earlier one first, each once
     assert 0.1 <= runs[0][0] < 0.25 and 0.3 <= runs[1][0] < 0.45
-    assert app._later == []
+    assert feeds.later == []
 
 
 def _paced(rate, queue_max, wanted=lambda conn: True):
@@ -187,7 +203,7 @@ def _paced(rate, queue_max, wanted=lambda conn: True):
     core = c.Core(config(flow_mod_rate=rate, install_queue=queue_max))
     core.switch_connected(c.OFP13)
     core.reconcile([], 0.0)
-    send = SendPath(dp, FlowBuilder(dp, core.cfg), rate, queue_max, wanted)
+    send = SendPath(dp, FlowBuilder(dp, core.cfg), InFlight(), rate, queue_max, wanted)
     return dp, send, core
 
 

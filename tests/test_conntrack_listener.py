@@ -4,6 +4,7 @@ so a dump asked for earlier can miss an entry for good. A socketpair stands in f
 netlink socket: these are the listener's own decisions, not the kernel's."""
 import errno
 import socket
+import threading
 import time
 
 import pytest
@@ -110,24 +111,20 @@ def test_events_queued_together_reach_the_event_loop_in_one_hand_over_and_a_lone
 def test_conntrack_hand_overs_wait_for_room_and_give_up_when_the_controller_stops():
     """The event queue is shared with the switch's replies: conntrack events never hold
     more than HANDOVERS places in it; a hand-over waiting for room ends with the controller."""
-    import threading
-    from types import SimpleNamespace
-
-    from nfshunt.switch_app import HANDOVERS, NFShuntApp
-    app = SimpleNamespace(name="nfshunt", _running=True, sent=[],
-                          _handover_room=threading.BoundedSemaphore(HANDOVERS))
-    app.send_event = lambda name, ev: app.sent.append(ev)
-    assert all(NFShuntApp._hand_over(app, i) for i in range(HANDOVERS))
+    from nfshunt.feeds import HANDOVERS, Feeds
+    sent = []
+    feeds = Feeds([], sent.append)
+    assert all(feeds.hand_over(i) for i in range(HANDOVERS))
     results = []
-    waiting = threading.Thread(target=lambda: results.append(NFShuntApp._hand_over(app, "next")))
+    waiting = threading.Thread(target=lambda: results.append(feeds.hand_over("next")))
     waiting.start()
     waiting.join(0.3)
-    assert waiting.is_alive() and app.sent == list(range(HANDOVERS))
-    app._handover_room.release()  # the event loop took one
+    assert waiting.is_alive() and sent == list(range(HANDOVERS))
+    feeds.taken()  # the event loop took one
     waiting.join(5)
-    assert results == [True] and app.sent[-1] == "next"
-    stopped = threading.Thread(target=lambda: results.append(NFShuntApp._hand_over(app, "late")))
+    assert results == [True] and sent[-1] == "next"
+    stopped = threading.Thread(target=lambda: results.append(feeds.hand_over("late")))
     stopped.start()
-    app._running = False
+    feeds.stop()
     stopped.join(5)
-    assert not stopped.is_alive() and results == [True, False] and "late" not in app.sent
+    assert not stopped.is_alive() and results == [True, False] and "late" not in sent

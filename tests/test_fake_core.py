@@ -19,7 +19,7 @@ os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt import commands as cm  # noqa: E402
 from nfshunt import cookies  # noqa: E402
 from nfshunt.accounting import Outcomes  # noqa: E402
-from nfshunt.channel import SendPath, table_full  # noqa: E402
+from nfshunt.channel import table_full  # noqa: E402
 from nfshunt.connection import (CT_TCP_CLOSE, CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, IDLE_RESTORE_TIMEOUT,  # noqa: E402
                                 Action, State)
 from nfshunt.markcodec import DECISION_MASK  # noqa: E402
@@ -28,6 +28,8 @@ from nfshunt.dispatch import Dispatcher  # noqa: E402
 from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
 from nfshunt.model import UDP, FlowTuple  # noqa: E402
+from nfshunt.inflight import Barrier, CounterRead  # noqa: E402
+from nfshunt.session import Session  # noqa: E402
 from nfshunt.switch import Switch  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
@@ -91,9 +93,7 @@ class Rig:
         self.switch.now = now
         self.worker = FakeWorker()
         self.sw = Switch(config(**cfg), 0)
-        self.sw.dp = self.switch
-        self.sw.fb = FlowBuilder(self.switch, self.sw.cfg, pipeline)
-        self.sw.send = SendPath(self.switch, self.sw.fb)
+        self.sw.session = Session(self.switch, self.sw.cfg, pipeline)
         metrics = Metrics(lambda: {})
         self.counters = metrics.counters
         self.dispatcher = Dispatcher(self.worker, Outcomes(metrics, logging.getLogger("nfshunt.fake-audit")),
@@ -104,7 +104,12 @@ class Rig:
         self.seq = itertools.count()
         self.work: collections.deque[cm.Command] = collections.deque()
         self.busy = False
-        self.run(self.core.switch_connected(self.switch.ofproto.OFP_VERSION, self.sw.fb.pipeline))
+        self.run(self.core.switch_connected(self.switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
+
+    @property
+    def s(self) -> Session:
+        assert self.sw.session is not None
+        return self.sw.session
 
     @property
     def core(self):
@@ -124,7 +129,7 @@ class Rig:
             while True:
                 while self.work:
                     self.work.extend(self.dispatcher.execute(self.sw, self.work.popleft()) or ())
-                self.sw.send.flush()
+                self.s.send.flush()
                 if not self.switch.replies:
                     return
                 self.work.extend(self.reply(self.switch.replies.pop(0)))
@@ -132,9 +137,10 @@ class Rig:
             self.busy = False
 
     def reply(self, msg: Any) -> list[cm.Command]:
-        core, send, fb = self.core, self.sw.send, self.sw.fb
+        core, send, fb = self.core, self.s.send, self.s.fb
+        asked = self.s.inflight.answer(msg.xid, self.now) if hasattr(msg, "xid") else None
         if isinstance(msg, fs.BarrierReply):
-            batch = send.barrier_reply(msg.xid)
+            batch = asked.answered() if isinstance(asked, Barrier) else None
             out: list[cm.Command] = []
             for conn in batch.conns if batch else ():
                 failure = batch.failed.get(id(conn))
@@ -156,21 +162,19 @@ class Rig:
                 cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
             return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
         assert isinstance(msg, fs.FlowStatsReply)
-        read = self.sw.counter_reads.pop(msg.xid, None)
-        if read is not None:
+        if isinstance(asked, CounterRead):
             packets = {r: sum(s.packet_count for s in msg.body if bool(s.cookie & cookies.DIRECTION_BIT) == r)
                        for r in (False, True)}
-            return core.counters_read(read.conn, packets, self.now)
+            return core.counters_read(asked.conn, packets, self.now)
         return core.reconcile([fb.parse_stats(s) for s in msg.body], self.now)
 
     def reconnect(self, switch: fs.FakeSwitch) -> None:
         """The switch's connection ends and one comes (the same switch, or another)."""
         self.run(self.core.switch_disconnected())
         self.sw.gone()
-        self.switch = self.sw.dp = switch
-        self.sw.fb = FlowBuilder(switch, self.sw.cfg, self.core.pipeline)
-        self.sw.send = SendPath(switch, self.sw.fb)
-        self.run(self.core.switch_connected(switch.ofproto.OFP_VERSION, self.sw.fb.pipeline))
+        self.switch = switch
+        self.sw.session = Session(switch, self.sw.cfg, self.core.pipeline)
+        self.run(self.core.switch_connected(switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
 
     def advance(self, seconds: float) -> None:
         """Time passes: the switch's timeouts fire, due timers run, the core ticks."""
@@ -323,7 +327,7 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
     rig = Rig(OFP13)
     conn = rig.core.conntrack_event(event())[0].conn
     rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
-    rig.sw.send.flush()  # flows in, barrier reply not yet read
+    rig.s.send.flush()  # flows in, barrier reply not yet read
     barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
     rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
     rig.switch.packet(FAST_A, conn.orig, tcp_flags=RST)
@@ -364,7 +368,7 @@ def test_a_restarted_controller_adopts_exact_pairs_and_deletes_foreign_flows_und
     block = shunted(first, ct_id=13, action=2, sport=6000)
     # Half a pair, and flows under pairs' cookies of shapes NFShunt does not install: for
     # tagged frames, and on in_port alone (1.3 only: see the 1.0 test below).
-    fb = first.sw.fb
+    fb = first.s.fb
     half = fb.install(first.core.conntrack_event(event(ct_id=14, sport=7000))[0].conn)[0]
     odd = [half, _tagged(fb, cookies.make(cookies.Kind.SHUNT, 15), event(sport=7001).orig)]
     if version == OFP13:
@@ -426,7 +430,7 @@ def _by_port(fb: FlowBuilder, cookie: int) -> Any:
 def test_openflow10_reconcile_deletes_an_unreadable_flow_of_ours_and_nothing_else():
     first = Rig(OFP10)
     conn = shunted(first)
-    first.switch.send(_wire(_by_port(first.sw.fb, cookies.make(cookies.Kind.SHUNT, 16))))
+    first.switch.send(_wire(_by_port(first.s.fb, cookies.make(cookies.Kind.SHUNT, 16))))
     again = Rig(OFP10, switch=first.switch, now=first.now + 1)
     assert again.packet(FAST_A, conn.orig._replace(sport=1)).outputs == (SLOW_A,)  # the port's default
     assert fast(again, conn)

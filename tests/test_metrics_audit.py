@@ -111,12 +111,12 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
 
     from nfshunt.switch_app import NFShuntApp
     calls = []
-    app = SimpleNamespace(_running=True, control=None,
+    app = SimpleNamespace(feeds=SimpleNamespace(stop=lambda: calls.append("feeds")), control=None,
                           metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
                           listener=SimpleNamespace(stop=lambda: calls.append("listener")),
                           worker=SimpleNamespace(stop=lambda: calls.append("worker")))
     NFShuntApp.close(app)
-    assert calls == ["metrics", "listener", "worker"] and app._running is False
+    assert calls == ["feeds", "metrics", "listener", "worker"]
 
 
 def test_the_worker_runs_what_was_queued_before_it_stops():

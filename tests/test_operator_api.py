@@ -9,9 +9,10 @@ os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 from nfshunt import core as c  # noqa: E402
 from nfshunt.config import from_dict  # noqa: E402
-from nfshunt.flows import FlowBuilder  # noqa: E402
+from nfshunt.inflight import FlowsRead  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
 from nfshunt.operator_api import EventControl, OperatorAPI  # noqa: E402
+from nfshunt.session import Session  # noqa: E402
 from nfshunt.switch import Switch  # noqa: E402
 from tests.helpers import BASE, event  # noqa: E402
 from tests.test_channel import FakeDatapath  # noqa: E402
@@ -27,17 +28,21 @@ def _api(connected=(True, True)):
         sw.core.switch_connected(c.OFP13)
         sw.core.reconcile([], 0.0)
         if up:
-            sw.dp = FakeDatapath()
-            sw.dp.id, sw.dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
-            sw.fb = FlowBuilder(sw.dp, sw.cfg)
-    sent = []
+            dp = FakeDatapath()
+            dp.id, dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
+            sw.session = Session(dp, sw.cfg)
     app = SimpleNamespace(switches=switches, counters=Metrics(lambda: {}).counters, started=time.time(),
-                          request=lambda sw, msg: sent.append((sw.index, (msg,))), run=lambda sw, out: None)
+                          run=lambda sw, out: None)
     # One live shunt on each switch.
     for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),
                                  event(ingress=3, egress=4, ct_id=2, sport=2)), strict=True):
         sw.core.flows_confirmed(sw.core.conntrack_event(ev)[0].conn, 1.0)
-    return OperatorAPI(app), switches, sent
+    return OperatorAPI(app), switches
+
+
+def _reads(sw):
+    """The status reads in flight to a switch, by xid."""
+    return dict(sw.session.inflight.of(FlowsRead)) if sw.session is not None else {}
 
 
 def _status(api):
@@ -47,16 +52,15 @@ def _status(api):
 
 
 def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_for_itself():
-    api, (a1, a2), sent = _api()
+    api, (a1, a2) = _api()
     ev = _status(api)
-    assert [index for index, _ in sent] == [0, 1] and not ev.done.is_set()
-    xid1, xid2 = sent[0][1][0].xid, sent[1][1][0].xid
-    assert xid1 == xid2  # each switch counts its own xids: requests are kept by (switch, xid)
-    assert api.collecting(a1, xid1) == [] and api.collecting(a1, xid1) is not api.collecting(a2, xid2)
-    assert api.collecting(a1, xid1 + 1) is None
-    api.answer_status(a1, xid1)
+    (xid1, read1), = _reads(a1).items()
+    (xid2, read2), = _reads(a2).items()
+    assert len(a1.session.dp.sent) == 1 and len(a2.session.dp.sent) == 1 and not ev.done.is_set()
+    assert xid1 == xid2  # each switch counts its own xids: each session keeps its own reads
+    read1.done(read1.flows)
     assert not ev.done.is_set()  # a2 has not replied
-    api.switch_gone(a2)
+    read2.done(None)  # a2 went away
     assert ev.done.is_set()
     reply = ev.reply
     assert [sw["datapath_id"] for sw in reply["switches"]] == ["00000000000000a1", "00000000000000a2"]
@@ -68,24 +72,25 @@ def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_
 
 
 def test_status_with_a_switch_away_asks_only_the_connected_one():
-    api, (a1, _), sent = _api(connected=(True, False))
+    api, (a1, a2) = _api(connected=(True, False))
     ev = _status(api)
-    assert [index for index, _ in sent] == [0]
-    api.answer_status(a1, sent[0][1][0].xid)
+    (read,) = _reads(a1).values()
+    assert not _reads(a2)
+    read.done([])
     assert ev.done.is_set() and [sw["connected"] for sw in ev.reply["switches"]] == [True, False]
-    api2, _, sent2 = _api(connected=(False, False))
+    api2, _ = _api(connected=(False, False))
     ev2 = _status(api2)
-    assert ev2.done.is_set() and not sent2  # nobody to ask: answered at once
+    assert ev2.done.is_set()  # nobody to ask: answered at once
 
 
 def test_flush_and_unshunt_act_on_every_switch():
-    api, switches, _ = _api()
+    api, switches = _api()
     ev = EventControl({"cmd": "flush"})
     api.handle(ev)
     assert ev.reply["removed"] == 2 and ev.reply["switch_connected"]
     assert all(conn.remove_reason for sw in switches for conn in sw.core.by_key.values())
     assert api.counters.flat()["operator_flush"] == 1
-    api, switches, _ = _api()
+    api, switches = _api()
     ev = EventControl({"cmd": "unshunt", "ct_id": 2})  # found on the second switch
     api.handle(ev)
     assert ev.reply["ok"] and ev.reply["flows_removed"]
@@ -93,13 +98,13 @@ def test_flush_and_unshunt_act_on_every_switch():
 
 
 def test_the_shutdown_waiter_is_set_once_every_switch_confirmed():
-    from nfshunt.switch_app import _AllSet
+    from nfshunt.housekeeping import AllSet
     done = threading.Event()
-    waiter = _AllSet(2, done)
+    waiter = AllSet(2, done)
     waiter.set()
     assert not done.is_set()
     waiter.set()
     assert done.is_set()
     none = threading.Event()
-    _AllSet(0, none)
+    AllSet(0, none)
     assert none.is_set()
