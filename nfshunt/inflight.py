@@ -138,6 +138,7 @@ class InFlight:
         if request is not None:
             self.answered = now
         return request
+
     def expired(self, now: float) -> list[Request]:
         """Requests given up (the one rule, see above), taken out."""
         late = [xid for xid, r in self._by_xid.items() if now - max(r.asked, self.answered) > EXPIRY]
