@@ -98,12 +98,23 @@ def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_
     assert proc.returncode == 130, "".join(lines) + rest
     assert "**Interrupted**" in open(out / "throughput.md").read()
     assert len(_rows(out / "throughput.csv")) >= 1
-    # Nothing is left behind: no switch, no management link, no namespace processes.
-    assert subprocess.run(["ovs-vsctl", "br-exists", "s1"]).returncode == 2
-    assert subprocess.run(["ip", "link", "show", "nfsmgmt0"], capture_output=True).returncode != 0
-    time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "nfqdelay|iperf3 -s|nfshunt run"], capture_output=True, text=True).stdout
-    assert leftovers.strip() == ""
+    # Nothing is left behind: no switch, no management link, no namespace processes. Looked
+    # at under the testbed lock, so a testbed that another run starts meanwhile is not taken
+    # for a leftover of this one.
+    import fcntl
+
+    from testbed_machine import LOCK_PATH
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert subprocess.run(["ovs-vsctl", "br-exists", "s1"]).returncode == 2
+        assert subprocess.run(["ip", "link", "show", "nfsmgmt0"], capture_output=True).returncode != 0
+        time.sleep(0.5)  # a fixed wait: processes killed at the end must be gone (a negative)
+        leftovers = subprocess.run(["pgrep", "-f", "nfqdelay|iperf3 -s|nfshunt run"], capture_output=True,
+                                   text=True).stdout
+        assert leftovers.strip() == ""
+    finally:
+        os.close(fd)
 
 
 def test_hop_counters_count_only_once_every_counter_stood_still():
