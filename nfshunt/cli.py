@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from . import __version__
 from .config import DEFAULT_CONTROL_SOCKET, Config, ConfigError, load
@@ -262,11 +263,13 @@ def cmd_probe_switch(args: argparse.Namespace) -> int:
     return probe.run(cfg, args.wait, args.pairs, args.lag_runs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nfshunt", description="OpenFlow hybrid shunting firewall controller")
-    p.add_argument("--version", action="version", version=f"nfshunt {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _control_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--config", "-c", help="config naming the control_socket")
+    sp.add_argument("--socket", help=f"control socket path (default {DEFAULT_CONTROL_SOCKET})")
 
+
+def _controller_commands(sub: Any) -> None:
+    """run, check-config, probe-switch: the controller itself and what is read before it runs."""
     run = sub.add_parser("run", help="run the controller")
     run.add_argument("--config", "-c", required=True)
     run.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -277,35 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("config")
     chk.set_defaults(func=cmd_check_config)
 
-    def control_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", "-c", help="config naming the control_socket")
-        sp.add_argument("--socket", help=f"control socket path (default {DEFAULT_CONTROL_SOCKET})")
-
-    st = sub.add_parser("status", help="the running controller's switch and connections")
-    control_args(st)
-    st.add_argument("--json", action="store_true", help="machine-readable output")
-    st.set_defaults(func=cmd_status)
-    for name, text in (("unshunt", "send a shunted connection back through the firewall and keep it there"),
-                       ("block", "drop a connection in the switch")):
-        sp = sub.add_parser(name, help=text)
-        control_args(sp)
-        sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
-        sp.set_defaults(func=cmd_control)
-    fl = sub.add_parser("flush", help="remove every shunt and block (connections re-evaluated by policy)")
-    control_args(fl)
-    fl.add_argument("--reason", default="flush by operator")
-    fl.set_defaults(func=cmd_control)
-
-    rl = sub.add_parser("reload", help="read the config again: static shunts and the live keys change, "
-                        "a bad config changes nothing (also SIGHUP)")
-    control_args(rl)
-    rl.set_defaults(func=cmd_reload)
-
-    ro = sub.add_parser("role", help="a firewall pair's takeover (master) or step-down (backup): keepalived's notify")
-    control_args(ro)
-    ro.add_argument("role", choices=["master", "backup"])
-    ro.set_defaults(func=cmd_role)
-
     pr = sub.add_parser("probe-switch", help="what a new switch can do, and the settings to use with it "
                         "(the controller must be stopped: the switch connects to the probe)")
     pr.add_argument("--config", "-c", required=True)
@@ -314,6 +288,36 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--lag-runs", type=int, default=5, help="flows timed from barrier to forwarding (default 5)")
     pr.set_defaults(func=cmd_probe_switch)
 
+
+def _control_commands(sub: Any) -> None:
+    """Requests to the running controller over its control socket."""
+    st = sub.add_parser("status", help="the running controller's switch and connections")
+    _control_args(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_status)
+    for name, text in (("unshunt", "send a shunted connection back through the firewall and keep it there"),
+                       ("block", "drop a connection in the switch")):
+        sp = sub.add_parser(name, help=text)
+        _control_args(sp)
+        sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
+        sp.set_defaults(func=cmd_control)
+    fl = sub.add_parser("flush", help="remove every shunt and block (connections re-evaluated by policy)")
+    _control_args(fl)
+    fl.add_argument("--reason", default="flush by operator")
+    fl.set_defaults(func=cmd_control)
+
+    rl = sub.add_parser("reload", help="read the config again: static shunts and the live keys change, "
+                        "a bad config changes nothing (also SIGHUP)")
+    _control_args(rl)
+    rl.set_defaults(func=cmd_reload)
+
+    ro = sub.add_parser("role", help="a firewall pair's takeover (master) or step-down (backup): keepalived's notify")
+    _control_args(ro)
+    ro.add_argument("role", choices=["master", "backup"])
+    ro.set_defaults(func=cmd_role)
+
+
+def _iptables_commands(sub: Any) -> None:
     ipt = sub.add_parser("iptables", help="render, apply or remove the NFSHUNT iptables chains")
     isub = ipt.add_subparsers(dest="ipt_cmd", required=True)
     r = isub.add_parser("render", help="print the iptables-restore text")
@@ -335,6 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("action", help="ignore, shunt, block, or an action number 0-15")
     mk.add_argument("--config", "-c", help="config whose mark_actions maps names to numbers")
     ipt.set_defaults(func=cmd_iptables)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nfshunt", description="OpenFlow hybrid shunting firewall controller")
+    p.add_argument("--version", action="version", version=f"nfshunt {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _controller_commands(sub)
+    _control_commands(sub)
+    _iptables_commands(sub)
     return p
 
 
