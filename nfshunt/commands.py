@@ -3,18 +3,20 @@
 
 Commands that act (install, remove, restore, delete, read) and commands that report an
 outcome (Ignored, Installed, Refused, Removed: counted, logged and audited in one place,
-outcomes.py). Not frozen: several are made a shunt, and a frozen dataclass costs three
+accounting.py). Not frozen: several are made a shunt, and a frozen dataclass costs three
 times as much to build. Nothing changes a command once made.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from .config import PortGroup
-from .connection import Conn
 from .model import ConnEvent, FlowTuple, SwitchFlow
 from .static import StaticFlow
+
+if TYPE_CHECKING:  # connection.py makes the take-down's commands: it imports this module
+    from .connection import Conn
 
 
 @dataclass(slots=True)

@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from . import cookies, markcodec
+from .commands import Command, RemoveFlows, RestoreConntrack
 from .config import PortGroup
 from .model import TCP, Action, ConnEvent, EventKind, FlowTuple
-
-if TYPE_CHECKING:
-    from .commands import Command
 
 
 class State(enum.Enum):
@@ -259,11 +257,10 @@ class Connections:
         conn.event_time = now
 
     def hand_back(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE,
-                  directions: tuple[bool, ...] = (False, True)) -> list["Command"]:
+                  directions: tuple[bool, ...] = (False, True)) -> list[Command]:
         """The one take-down: the pair's flows (`directions` of them) leave the switch, and
         a TCP connection's entry is re-created first (see the module's docstring). The
         pair is TAKING_DOWN until both flow-removed messages came (or a tick gives up)."""
-        from .commands import RemoveFlows, RestoreConntrack
         conn.state = State.TAKING_DOWN
         conn.removing_since = now
         conn.remove_reason = conn.remove_reason or reason
@@ -275,11 +272,10 @@ class Connections:
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
                                  conn.handback_mark(how), (remove,))]
 
-    def roll_back(self, conn: Conn, reason: str) -> list["Command"]:
+    def roll_back(self, conn: Conn, reason: str) -> list[Command]:
         """Flows the switch did not confirm (refused, unanswered, or never sent) are
         withdrawn and the pair forgotten. A first install's entry was never deleted and
         carries on as it is; a re-install's was, so it is handed back like any take-down."""
-        from .commands import RemoveFlows, RestoreConntrack
         self.forget(conn)
         remove = RemoveFlows(conn, (False, True), reason)
         if not conn.entry_deleted or not conn.owed_entry:
