@@ -41,12 +41,12 @@ def _report_ok(path):
 def test_timing_quick_run(quick_all):
     out, stdout = quick_all
     rows = _rows(out / "timing" / "timing.csv")
-    assert len(rows) >= 3  # of 5 runs; a run missing a capture is reported, not invented
+    assert len(rows) >= 2  # of 3 runs; a run missing a capture is reported, not invented
     for r in rows:
         assert 0 < float(r["event_ms"]) < float(r["confirmed_ms"])
     assert os.path.getsize(out / "timing" / "timing.png") > 1000
     assert "switch confirms the flows" in _report_ok(out / "timing" / "timing.md")
-    assert "[5/5]" in stdout  # progress is shown
+    assert "[3/3]" in stdout  # progress is shown
 
 
 def test_throughput_quick_run(quick_all):
