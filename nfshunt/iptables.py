@@ -8,7 +8,6 @@ through the same front-end commands the system has selected.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -311,22 +310,16 @@ def reevaluate(cfg: Config) -> int:
     """A new policy applies to connections that already have a decision too: the running
     controller clears the decision bits of every conntrack entry (so the next packet of
     each crosses NFSHUNT_POLICY again) and takes the shunts and blocks down. Without a
-    controller the marks are cleared here. Non-zero when that could not happen."""
-    from .control import ControlError, request
+    controller (no socket, or a socket a stopped or crashed one left behind) the marks are
+    cleared here. Non-zero when that could not happen."""
+    from .control import ControlError, NotRunning, request
     reason = "use --no-reevaluate to apply a policy to new connections only"
-    if not cfg.control_socket or not os.path.exists(cfg.control_socket):
-        from .conntrack import clear_marks
-        try:
-            cleared, failed = clear_marks(markcodec.DECISION_MASK)
-        except OSError as exc:
-            return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
-        print(f"no running controller (no control socket); decisions cleared on {cleared} conntrack entries"
-              + (f", {failed} could not be updated" if failed else "")
-              + f". Shunts and blocks kept on the switch are handed back to this policy when the controller "
-              f"starts: it finds the policy changed since they were decided (state_dir {cfg.state_dir})")
-        return 0 if not failed else EXIT_FAILED
+    if not cfg.control_socket:
+        return _clear_without_controller(cfg, "no control socket configured", reason)
     try:
         reply = request(cfg.control_socket, {"cmd": "reevaluate", "reason": "policy changed"}, timeout=30)
+    except NotRunning as exc:
+        return _clear_without_controller(cfg, str(exc), reason)
     except ControlError as exc:
         return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
     if "error" in reply:
@@ -335,6 +328,19 @@ def reevaluate(cfg: Config) -> int:
           f" taken down, decisions cleared on {reply.get('cleared', 0)} conntrack entries"
           + ("" if reply.get("switch_connected", True) else " (switch away: its flows go when it returns)"))
     return 0 if not reply.get("clear_failed") else EXIT_FAILED
+
+
+def _clear_without_controller(cfg: Config, why: str, reason: str) -> int:
+    from .conntrack import clear_marks
+    try:
+        cleared, failed = clear_marks(markcodec.DECISION_MASK)
+    except OSError as exc:
+        return _fail(f"policy applied, but existing connections were not re-evaluated: {exc} ({reason})")
+    print(f"no running controller ({why}); decisions cleared on {cleared} conntrack entries"
+          + (f", {failed} could not be updated" if failed else "")
+          + f". Shunts and blocks kept on the switch are handed back to this policy when the controller "
+          f"starts: it finds the policy changed since they were decided (state_dir {cfg.state_dir})")
+    return 0 if not failed else EXIT_FAILED
 
 
 def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:

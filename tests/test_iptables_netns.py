@@ -43,7 +43,8 @@ def fw(request, netns, tmp_path):
     for v in ("call-iptables", "call-ip6tables", "filter-vlan-tagged"):
         netns("sysctl", "-qw", f"net.bridge.bridge-nf-{v}=1")
     cfg = tmp_path / "nfshunt.json"
-    cfg.write_text(json.dumps(BASE))
+    # A socket path of its own: the machine's default may belong to a controller running here.
+    cfg.write_text(json.dumps({**BASE, "control_socket": str(tmp_path / "nfshunt.sock")}))
     netns.config = str(cfg)
 
     def nfshunt(*args, check=True):
