@@ -9,16 +9,15 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from . import jsonfile, markcodec
+from . import jsonfile, markcodec, static
 from .model import OPENFLOW_VERSIONS, Action
+from .validate import (ConfigError, _address, _bool, _choice, _dir_path, _dpid, _file, _ifname, _int, _log_path,
+                       _networks, _number, _object, _optional, _socket_path)
 
-if TYPE_CHECKING:
-    from .static import StaticShunt
 
 ACTIONS = tuple(a.value for a in Action)  # ("ignore", "shunt", "block")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -27,15 +26,6 @@ LOG_FORMATS = ("text", "json")
 
 DEFAULT_CONTROL_SOCKET = "/run/nfshunt/nfshunt.sock"
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; more is a wrong file
-
-
-class ConfigError(ValueError):
-    """A config problem, with the dotted key path it concerns."""
-
-    def __init__(self, key: str, problem: str):
-        self.key = key
-        self.problem = problem
-        super().__init__(f"config key '{key}': {problem}" if key else problem)
 
 
 @dataclass(frozen=True)
@@ -120,7 +110,7 @@ class Config:
     # (the firewall's bridge ports, for the iptables plumbing). Empty: one switch, this one.
     switches: tuple["Config", ...] = ()
     # Engineered streams on the fast path from their first frame (static.py).
-    static_shunts: tuple["StaticShunt", ...] = ()
+    static_shunts: tuple[static.StaticShunt, ...] = ()
     static_shunt_max_prefix: dict[int, int] = field(default_factory=lambda: {4: 24, 6: 64})
     static_priority: int = 33050
     by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
@@ -154,168 +144,6 @@ class Config:
 
     def action_for(self, number: int) -> Action | None:
         return self.mark_actions.get(number)
-
-
-# --- validation helpers -------------------------------------------------------------
-
-def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", str: "string", list: "list",
-            dict: "object", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, f"expected true or false, got {_type_name(value)} {value!r}")
-    return value
-
-
-def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
-    def check(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {_type_name(value)} {value!r}")
-        if not lo <= value <= hi:
-            raise ConfigError(key, f"{value} is outside {lo}-{hi}")
-        return value
-    return check
-
-
-def _str(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(key, f"expected a non-empty string, got {_type_name(value)} {value!r}")
-    return value
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    def check(key: str, value: Any) -> str:
-        if value not in choices:
-            raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
-        return value
-    return check
-
-
-# Letters, digits, '_', '.', '-': what every tool accepts. Linux allows more, but '+' is
-# an iptables wildcard, '!' its negation, ':' an alias separator.
-# (Linux itself refuses '/', whitespace, '.' and '..', and more than 15 bytes.)
-_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
-
-
-def _ifname(key: str, value: Any) -> str:
-    value = _str(key, value)
-    if not _IFNAME.fullmatch(value) or value in (".", ".."):
-        raise ConfigError(key, f"{value!r} is not a valid interface name (1-15 of A-Z a-z 0-9 _ . -)")
-    return value
-
-
-def _number(lo: float, hi: float) -> Callable[[str, Any], float]:
-    def check(key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {_type_name(value)} {value!r}")
-        if not lo <= value <= hi:
-            raise ConfigError(key, f"{value} is outside {lo:g}-{hi:g}")
-        return float(value)
-    return check
-
-
-def _networks(key: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ConfigError(key, f"expected a list of addresses or networks, got {_type_name(value)}")
-    out = []
-    for i, v in enumerate(value):
-        v = _str(f"{key}[{i}]", v)
-        try:
-            ipaddress.ip_network(v, strict=False)
-        except ValueError:
-            raise ConfigError(f"{key}[{i}]", f"{v!r} is not an IP address or network") from None
-        out.append(v)
-    return tuple(out)
-
-
-def _address(key: str, value: Any) -> str:
-    value = _str(key, value)
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        raise ConfigError(key, f"{value!r} is not an IP address") from None
-    return value
-
-
-def _path(key: str, value: Any) -> str:
-    """A file name the kernel can take: no NUL (it would cut the name), UTF-8 encodable."""
-    value = _str(key, value)
-    if "\0" in value:
-        raise ConfigError(key, f"{value!r} contains a NUL byte")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(key, f"{value!r} is not UTF-8 text (a lone surrogate)") from None
-    return value
-
-
-def _file(key: str, value: Any) -> str:
-    value = _path(key, value)
-    if not os.path.isfile(value):
-        raise ConfigError(key, f"file {value!r} does not exist")
-    return value
-
-
-def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
-    def optional(key: str, value: Any) -> Any:
-        return None if value is None else check(key, value)
-    return optional
-
-
-def _log_path(key: str, value: Any) -> str:
-    value = _path(key, value)
-    if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
-        raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
-    return value
-
-
-def _dir_path(key: str, value: Any) -> str:
-    value = _path(key, value)
-    if not os.path.isabs(value) or (os.path.exists(value) and not os.path.isdir(value)):
-        raise ConfigError(key, f"{value!r} must be an absolute path of a directory (created if missing)")
-    return value
-
-
-def _socket_path(key: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    value = _path(key, value)
-    if not os.path.isabs(value) or value.endswith("/") or len(value.encode()) > 107:
-        raise ConfigError(key, f"{value!r} must be an absolute file path of at most 107 bytes (or null: no socket)")
-    if os.path.isdir(value):
-        raise ConfigError(key, f"{value!r} is a directory")
-    return value
-
-
-# ASCII only: int(..., 16) alone would also take other scripts' digits, '_', signs and spaces.
-_DPID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}|[0-9a-fA-F]{1,2}(?::[0-9a-fA-F]{1,2}){1,7}", re.ASCII)
-
-
-def _dpid(key: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if not _DPID.fullmatch(value):
-            raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id (up to 16 hex digits, "
-                              "0x-prefixed or not, or up to 8 colon-separated bytes)")
-        value = int(value.replace(":", ""), 16)
-    return _int(0, 2**64 - 1)(key, value)
-
-
-def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
-            required: tuple[str, ...] = ()) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(key, f"expected an object, got {_type_name(value)}")
-    prefix = f"{key}." if key else ""
-    for name in value:
-        if name not in fields:
-            raise ConfigError(f"{prefix}{name}", "unknown key (allowed: " + ", ".join(sorted(fields)) + ")")
-    for name in required:
-        if name not in value:
-            raise ConfigError(f"{prefix}{name}", "required key is missing")
-    return {name: fields[name](f"{prefix}{name}", raw) for name, raw in value.items()}
 
 
 def _port_group(key: str, value: Any) -> PortGroup:
@@ -434,15 +262,10 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "log_format": _choice(LOG_FORMATS),
     "bridge": _ifname,
     "pair": _pair,
-    "static_shunts": lambda key, value: _static().parse(key, value),
-    "static_shunt_max_prefix": lambda key, value: _static().max_prefix(key, value),
+    "static_shunts": static.parse,
+    "static_shunt_max_prefix": static.max_prefix,
     "static_priority": _int(1, 65534),
 }
-
-
-def _static() -> Any:
-    from . import static  # it reads this module's checks
-    return static
 
 
 # What each entry of `switches` may set; the other keys are the controller's (or, at the
@@ -513,7 +336,7 @@ def from_dict(raw: Any) -> Config:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
     _check(cfg)
-    _static().check(cfg)
+    static.check(cfg)
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

@@ -11,7 +11,7 @@ from .connection import Conn, Connections
 from .layout import pair_entries
 from .model import ConnEvent, FlowTuple
 from .pins import Pins
-from .static import StaticTable
+from .static_table import StaticTable
 from .teardown_sweep import HalfClosed
 
 

@@ -6,11 +6,9 @@ connects, and the firewall never sees one (it cannot track, log or police them).
 the trade for cyclic control traffic whose deadlines a CPU-based firewall's delay and
 jitter would break; keep each entry as narrow as the stream it is for.
 
-Here: the config records and their checks, the flows each entry makes (one a direction,
-in table 0 between reactive shunts and blocks, no idle timeout), and `StaticTable`, one
-switch's static flows: installed first at every connect, kept by reconcile, changed by a
-reload as the difference only, their counters read for status and metrics. Pure: the
-core returns this module's commands, the dispatcher sends them.
+Here: the config records and their checks, and the flows each entry makes (one a
+direction, in table 0 between reactive shunts and blocks, no idle timeout). One switch's
+table of them, as the core keeps it, is static_table.py. Pure.
 """
 from __future__ import annotations
 
@@ -20,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import cookies
-from .model import TCP, UDP, FlowTuple, SwitchFlow
+from .validate import ConfigError, _bool, _choice, _dpid, _int, _object, _str
+from .model import TCP, UDP, FlowTuple
 
 if TYPE_CHECKING:
     from .config import Config
@@ -115,7 +114,6 @@ def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: i
 
 def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
-    from .config import ConfigError, _bool, _choice, _dpid, _int, _object, _str
     if not isinstance(value, list):
         raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
                           "\"fast_ports\": [a, b]})")
@@ -141,7 +139,6 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
 
 
 def _network(key: str, value: Any) -> Network:
-    from .config import ConfigError, _str
     value = _str(key, value)
     try:
         return ipaddress.ip_network(value, strict=True)
@@ -150,7 +147,6 @@ def _network(key: str, value: Any) -> Network:
 
 
 def _port_pair(key: str, value: Any) -> tuple[int, int]:
-    from .config import ConfigError, _int
     if not isinstance(value, list) or len(value) != 2:
         raise ConfigError(key, "expected [source side fast port, destination side fast port]")
     a, b = (_int(1, 0xFFFFFF00)(f"{key}[{i}]", v) for i, v in enumerate(value))
@@ -161,7 +157,6 @@ def _port_pair(key: str, value: Any) -> tuple[int, int]:
 
 def max_prefix(key: str, value: Any) -> dict[int, int]:
     """`static_shunt_max_prefix`: {"ipv4": 24, "ipv6": 64}, the widest prefix an entry may name."""
-    from .config import _int, _object
     given = _object(key, value, {"ipv4": _int(0, 32), "ipv6": _int(0, 128)})
     return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
 
@@ -169,7 +164,6 @@ def max_prefix(key: str, value: Any) -> dict[int, int]:
 def check(cfg: "Config") -> None:
     """What an entry must agree on with the rest of the config: its ports, the prefix
     limit, the priorities, the OpenFlow version; and no two entries' flows overlap."""
-    from .config import ConfigError
     shunts = cfg.static_shunts
     if not shunts:
         return
@@ -272,127 +266,3 @@ def switch_flows(cfg: "Config") -> dict[int, StaticFlow]:
         keys.add(key)
         out.update((f.cookie, f) for f in flows_of(shunt, cfg.static_priority, key))
     return out
-
-
-@dataclass(frozen=True)
-class Counts:
-    packets: int
-    bytes: int
-    duration: float
-
-
-class StaticTable:
-    """One switch's static flows: what the config wants, and their counters as last read."""
-
-    def __init__(self, cfg: "Config"):
-        self.flows = switch_flows(cfg)
-        self.counts: dict[int, Counts] = {}
-        self.block_priority = cfg.block_priority
-        # Operators' blocks of tuples inside a static stream, by cookie: (flow, expires). The
-        # stream never reaches conntrack, so a block by policy or pin would never be decided.
-        self.blocks: dict[int, tuple[StaticFlow, float]] = {}
-
-    @property
-    def entries(self) -> int:
-        return len(self.flows)
-
-    def connected(self) -> list[Any]:
-        """At connect, before anything else: every static flow (an identical one on the
-        switch is overwritten in place)."""
-        from .commands import InstallStatic
-        flows = (*self.flows.values(), *(f for f, _ in self.blocks.values()))
-        return [InstallStatic(flows, "switch connected")] if flows else []
-
-    def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Any]:
-        """An operator's block of a tuple (either direction) some static flow carries: an
-        exact drop above it, for the pin's lifetime (the switch's hard timeout ends it)."""
-        from .commands import InstallStatic
-        flows = [f.block(u, self.block_priority, lifetime) for f in self.flows.values() for u in (t, t.reversed())
-                 if f.covers(u)]
-        new = [f for f in flows if f.cookie not in self.blocks]
-        for f in flows:
-            self.blocks[f.cookie] = (f, now + lifetime)
-        return [InstallStatic(tuple(new), "blocked by operator")] if new else []
-
-    def unblock(self, t: FlowTuple) -> list[Any]:
-        """An operator's unshunt lifts its block of a static stream's tuple."""
-        from .commands import RemoveStatic
-        gone = [f for f, _ in self.blocks.values() if FlowTuple(t.family, t.proto, str(f.src.network_address),
-                                                                str(f.dst.network_address), f.src_port or 0,
-                                                                f.dst_port or 0) in (t, t.reversed())]
-        for f in gone:
-            del self.blocks[f.cookie]
-        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), "unshunt by operator")
-                ] if gone else []
-
-    def expire(self, now: float) -> None:
-        """Blocks the switch's hard timeout has ended."""
-        for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
-            del self.blocks[cookie]
-
-    def reconcile(self, flows: Iterable[SwitchFlow]) -> tuple[list[SwitchFlow], list[Any]]:
-        """Split the switch's static flows from the rest. One of ours exactly right is
-        kept; one under our cookie that differs, or a second one, goes and is installed
-        again; a missing one is installed; a static flow no entry names any more goes."""
-        from .commands import InstallStatic, RemoveStatic
-        rest: list[SwitchFlow] = []
-        found: dict[int, list[SwitchFlow]] = {}
-        for flow in flows:
-            parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.STATIC:
-                found.setdefault(flow.cookie, []).append(flow)
-            else:
-                rest.append(flow)
-        stale = [cookie for cookie in found if cookie not in self.flows and cookie not in self.blocks]
-        wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
-        missing = [f for cookie, f in self.flows.items() if cookie not in found]
-        out: list[Any] = []
-        if stale:
-            out.append(RemoveStatic(tuple(stale), tuple(f"cookie 0x{c:016x}" for c in stale), "not in the config"))
-        if wrong:
-            out.append(RemoveStatic(tuple(f.cookie for f in wrong), tuple(f.describe() for f in wrong),
-                                    "not as configured"))
-        if wrong or missing:
-            out.append(InstallStatic((*wrong, *missing), "missing after connect"))
-        return rest, out
-
-    def reload(self, cfg: "Config") -> list[Any]:
-        """A new config's static flows, as the difference only: new ones first, then the
-        old ones go (an entry that changed in place is overwritten by its new flow); an
-        unchanged flow is not touched."""
-        from .commands import InstallStatic, RemoveStatic
-        new = switch_flows(cfg)
-        added = tuple(f for cookie, f in new.items() if cookie not in self.flows)
-        removed = tuple(f for cookie, f in self.flows.items() if cookie not in new)
-        self.flows = new
-        for f in removed:
-            self.counts.pop(f.cookie, None)
-        out: list[Any] = []
-        if added:
-            out.append(InstallStatic(added, "reload"))
-        if removed:
-            out.append(RemoveStatic(tuple(f.cookie for f in removed), tuple(f.describe() for f in removed), "reload"))
-        return out
-
-    def counted(self, flows: Iterable[SwitchFlow]) -> None:
-        """A read of the static flows' counters (flow stats by cookie)."""
-        self.counts = {f.cookie: Counts(f.packets, f.bytes, f.duration) for f in flows if f.cookie in self.flows}
-
-    def status(self) -> list[dict[str, Any]]:
-        rows = []
-        for cookie, f in self.flows.items():
-            got = self.counts.get(cookie)
-            rows.append({"name": f.shunt.label, "direction": "reply" if f.reply else "original",
-                         "flow": f.describe(), "cookie": f"0x{cookie:016x}", "on_switch": got is not None,
-                         "packets": got.packets if got else None, "bytes": got.bytes if got else None,
-                         "duration": round(got.duration, 3) if got else None})
-        return rows
-
-
-def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
-    """The switch's flow under this cookie is the one we install (the masked match is not
-    read back: the cookie names the entry's fields, the rest is checked here)."""
-    if len(found) != 1:
-        return False
-    f = found[0]
-    return f.priority == flow.priority and f.in_port == flow.in_port and f.out_port == flow.out_port and not f.goto

@@ -15,7 +15,7 @@ from nfshunt.config import ConfigError  # noqa: E402
 from nfshunt.flows import FlowBuilder  # noqa: E402
 from nfshunt.model import OFP13, UDP, Action, SwitchFlow  # noqa: E402
 from nfshunt.pins import PIN_TTL  # noqa: E402
-from nfshunt.static import StaticTable  # noqa: E402
+from nfshunt.static_table import StaticTable  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
 STREAM = {"name": "plc-cycle", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,
