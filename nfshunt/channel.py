@@ -70,16 +70,29 @@ class RateLimitedLog:
         self.logger.warning(msg, *args)
 
 
+Admit = Callable[[tuple[str, int]], str | None]  # the peer's address -> None to admit, or why not
+Failed = Callable[[tuple[str, int], Exception], None]  # a connection failed on what the peer sent
+
+
+def _admit_any(address: tuple[str, int]) -> str | None:
+    return None
+
+
+def _ignore_failure(address: tuple[str, int], exc: Exception) -> None:
+    return None
+
+
 class ChannelDatapath(osken_controller.Datapath):
     """os-ken's Datapath with an admission check and an end that does not hang."""
 
-    # Set by the app: the peer address -> None to admit, or the reason to refuse; and what
-    # to do when a connection fails on something the peer sent (count it, log it).
-    admit: Callable[[tuple[str, int]], str | None] = staticmethod(lambda address: None)
-    failed: Callable[[tuple[str, int], Exception], None] = staticmethod(lambda address, exc: None)
+    def __init__(self, sock: Any, address: tuple[str, int], admit: Admit = _admit_any,
+                 failed: Failed = _ignore_failure):
+        super().__init__(sock, address)
+        self._admit = admit
+        self._failed = failed
 
     def serve(self) -> None:
-        refusal = ChannelDatapath.admit(self.address)
+        refusal = self._admit(self.address)
         if refusal is not None:
             self.is_active = False
             try:
@@ -182,15 +195,6 @@ class ChannelDatapath(osken_controller.Datapath):
                 self._send_q_sem.release()
 
 
-def _connection(sock: Any, address: tuple[str, int]) -> None:
-    """Serve one accepted OpenFlow connection (os-ken's factory, with ChannelDatapath)."""
-    with contextlib.closing(ChannelDatapath(sock, address)) as dp:
-        try:
-            dp.serve()
-        except Exception as exc:  # a malformed message from the peer: this connection ends
-            ChannelDatapath.failed(address, exc)
-
-
 class TableSize:
     """Table features with only the fixed part read (table id, max_entries): os-ken reads
     every property of every table, about a second for Open vSwitch's 254 tables on the
@@ -213,15 +217,16 @@ class TableSize:
 
 class _ParseErrors(logging.Filter):
     """os-ken logs each message it cannot parse with a traceback and a hex dump, and drops
-    it: a peer could fill the log. Each is counted (ChannelDatapath.failed) and at most one
-    in 10 s is logged."""
+    it: a peer could fill the log. Each is counted (`failed`) and at most one in 10 s is
+    logged."""
 
-    def __init__(self) -> None:
+    def __init__(self, failed: Failed) -> None:
         super().__init__()
         self._limit = RateLimitedLog(LOG)
+        self._failed = failed
 
     def filter(self, record: logging.LogRecord) -> bool:
-        ChannelDatapath.failed(("?", 0), ValueError("an OpenFlow message os-ken could not parse"))
+        self._failed(("?", 0), ValueError("an OpenFlow message os-ken could not parse"))
         held = self._limit.allow("parse")
         if held is None:
             return False
@@ -230,15 +235,25 @@ class _ParseErrors(logging.Filter):
         return True
 
 
-def install_connection_factory() -> None:
-    """os-ken's listener looks its connection factory up by name for every connection.
-    (Rebinding its Datapath name instead would break that class's own super() calls.)
-    Table features replies are read with TableSize, flow stats with FlowEntry, flow-removed
-    without its match; os-ken's parse errors are counted."""
-    osken_controller.datapath_connection_factory = _connection
+def install_connection_factory(admit: Admit = _admit_any, failed: Failed = _ignore_failure) -> None:
+    """os-ken's listener takes its connection factory by name from its module when it
+    starts; this one serves each connection with ChannelDatapath, asking `admit` first and
+    telling `failed` of what the peer broke. (Rebinding its Datapath name instead would
+    break that class's own super() calls.) os-ken's parse errors are counted through
+    `failed` too. Table features replies are read with TableSize, flow stats with
+    FlowEntry, flow-removed without its match: os-ken keeps its parsers in module tables,
+    so these are set for the process, whose one os-ken application is NFShunt's."""
+    def connection(sock: Any, address: tuple[str, int]) -> None:
+        with contextlib.closing(ChannelDatapath(sock, address, admit, failed)) as dp:
+            try:
+                dp.serve()
+            except Exception as exc:  # a malformed message from the peer: this connection ends
+                failed(address, exc)
+    osken_controller.datapath_connection_factory = connection
     parse_log = logging.getLogger("os_ken.ofproto.ofproto_parser")
-    if not any(isinstance(f, _ParseErrors) for f in parse_log.filters):
-        parse_log.addFilter(_ParseErrors())
+    for old in [f for f in parse_log.filters if isinstance(f, _ParseErrors)]:
+        parse_log.removeFilter(old)
+    parse_log.addFilter(_ParseErrors(failed))
     from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
     ofproto_v1_3_parser.OFPTableFeaturesStatsReply.cls_stats_body_cls = TableSize
     ofproto_v1_3_parser.OFPFlowStatsReply.cls_stats_body_cls = FlowEntry

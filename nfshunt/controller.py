@@ -54,8 +54,6 @@ def run(cfg: Config, path: str | None = None) -> int:
     from . import switch_app
 
     switch_app.NFShuntApp.OFP_VERSIONS = cfg.ofp_versions
-    from .channel import install_connection_factory
-    install_connection_factory()
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

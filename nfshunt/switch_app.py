@@ -21,7 +21,7 @@ from os_ken.lib import hub
 
 from .accounting import Outcomes, audit_logger
 from .peers import Peers
-from .channel import ChannelDatapath, RateLimitedLog
+from .channel import RateLimitedLog, install_connection_factory
 from .config import Config
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer
@@ -87,8 +87,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.housekeeping = Housekeeping(self.counters, rlog, self.replies, self.roles, self.run)
         self.peers = Peers(self.switches, self.cfg.tls is not None, self.counters, rlog, self.replies,
                                    self.roles, self.run)
-        ChannelDatapath.admit = self.peers.admit
-        ChannelDatapath.failed = self.peers.failed
+        install_connection_factory(self.peers.admit, self.peers.failed)  # before os-ken's listener starts
         self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
                                           self._malformed)
 

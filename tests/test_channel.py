@@ -357,3 +357,24 @@ def test_a_switch_that_stopped_reading_its_backlog_is_given_up():
 
 def test_a_silent_switch_that_answers_no_echo_is_given_up():
     assert _echo_loop_ends()
+
+
+def test_the_factory_asks_its_own_admission_and_reports_to_its_own_failure_hook():
+    """The app hands its admission to the connection factory it installs (no class-wide
+    state): a refused peer is closed before any hello, and a refusal is no failure."""
+    from os_ken.controller import controller as osken_controller
+
+    from nfshunt.channel import install_connection_factory
+    asked, failed = [], []
+    install_connection_factory(lambda address: asked.append(address) or "not a configured switch",
+                               lambda address, exc: failed.append((address, exc)))
+    try:
+        ours, peer = _tcp_pair()
+        osken_controller.datapath_connection_factory(ours, ("192.0.2.7", 6653))
+        assert asked == [("192.0.2.7", 6653)]
+        peer.settimeout(2)
+        assert peer.recv(100) == b""  # closed, nothing sent
+        peer.close()
+        assert failed == []
+    finally:
+        install_connection_factory()
