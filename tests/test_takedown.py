@@ -67,12 +67,24 @@ def _evict(tb):
         srv.kill()
 
 
-# Two take-downs end to end: the controller's own exit (its restores must reach the kernel
-# before the process ends) and a block's eviction. Every take-down (operator unshunt and flush
-# too) is checked in both layouts against the fake switch
-# (test_fake_core.py::test_every_take_down_recreates_the_entry_before_the_flows_go_and_leaves_the_slow_path);
-# the operator commands run end to end in test_operate.py.
-PATHS = {"shutdown": (_shutdown, {}), "eviction": (_evict, {"max_shunts": 1, "max_block_share": 0.5})}
+def _unshunt(tb):
+    """The operator sends every shunted connection of the transfer back to the firewall."""
+    sock = tb.nfshunt_config()["control_socket"]
+    for conn in tb.control({"cmd": "status"})["connections"]:
+        if conn["action"] == "shunt" and conn["tuple"].endswith(f":{SHUNT}"):
+            tb.nfshunt("unshunt", "--socket", sock, conn["tuple"])
+
+
+def _flush(tb):
+    tb.nfshunt("flush", "--socket", tb.nfshunt_config()["control_socket"])
+
+
+# The take-downs a user sees, end to end: an operator's unshunt and flush, the controller's
+# own exit (its restores must reach the kernel before the process ends) and a block's
+# eviction. Every take-down is also checked in both layouts against the fake switch
+# (test_fake_core.py::test_every_take_down_recreates_the_entry_before_the_flows_go_and_leaves_the_slow_path).
+PATHS = {"unshunt": (_unshunt, {}), "flush": (_flush, {}), "shutdown": (_shutdown, {}),
+         "eviction": (_evict, {"max_shunts": 1, "max_block_share": 0.5})}
 
 
 def _entries_deleted(tb):
