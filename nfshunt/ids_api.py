@@ -358,6 +358,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _handle(self) -> None:
         api = self.server.api
         scipass = self.path.startswith("/scipass/")
+        length = self.headers.get("Content-Length", "0").strip()
+        self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
         try:
             if not api.limit.allow(self.client_address[0], time.monotonic()):
                 raise _Refused(Reject.RATE_LIMITED, "rate limit: too many requests from this address "
@@ -367,8 +369,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._route(requester, body, scipass)
         except _Refused as refused:
             # An unread body would be taken for the next request: close instead.
-            self._refuse(refused.why, refused.reason, scipass,
-                         close=refused.why in (Reject.TOO_LARGE, Reject.LENGTH_REQUIRED, Reject.MALFORMED))
+            self._refuse(refused.why, refused.reason, scipass, close=self._unread)
         except TimeoutError:
             raise  # the base class cuts the connection
         except Exception:  # a bug must not leave the client unanswered
@@ -406,6 +407,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if length == 0:
             return None
         data = self.rfile.read(length)
+        self._unread = False
         if len(data) < length:
             raise TimeoutError("the body ended early")
         try:
@@ -603,7 +605,7 @@ class IdsApi:
 
     def start(self) -> None:
         self._server = _Server(self)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="nfshunt-ids-api", daemon=True)
         self._thread.start()
         LOG.info("IDS API listening on %s port %d (%s)", *self.address, "TLS" if self.tls else "loopback, no TLS")
