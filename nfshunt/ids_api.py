@@ -57,6 +57,7 @@ from .ids_rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError, parse, 
 LOG = logging.getLogger("nfshunt")
 REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this
 WRITE_SECONDS = 10.0  # an answer must be taken within this
+HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
 MAX_TOKEN_FILE = 65536
 MIN_TOKEN = 16  # characters: a shorter token is guessable
 CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
@@ -246,10 +247,13 @@ class RateLimit:
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The socket read so that the whole request must arrive by `deadline`, however it trickles."""
+    """The socket read so that the whole request must arrive by `deadline`, however it
+    trickles, and be at most `limit` bytes (past it the client's stream ends here: the
+    headers http.server would take, 100 lines of 64 KiB, are not read into memory)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, limit: int):
         self.sock = sock
+        self.limit = limit
         self.deadline = math.inf
         self.received = 0  # bytes of the current request
 
@@ -257,11 +261,14 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buf: Any) -> int:
+        room = self.limit - self.received
+        if room <= 0:
+            return 0
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request did not arrive in time")
         self.sock.settimeout(left)
-        n = self.sock.recv_into(buf)
+        n = self.sock.recv_into(memoryview(buf)[:room])
         self.received += n
         return n
 
@@ -275,7 +282,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own file: replaced by one that keeps the deadline
-        self._reader = _DeadlineReader(self.connection)
+        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + self.server.api.cfg.max_body_bytes)
         self.rfile = io.BufferedReader(self._reader)
 
     def handle_one_request(self) -> None:
@@ -307,8 +314,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """http.server's own refusals (a bad request line or headers, an unknown method), as JSON."""
         why = Reject.METHOD if code == 501 else Reject.MALFORMED
         self.server.api.count(why)
-        self._send(code, {"result": "error", "error": why.value, "reason": message or self.responses.get(
-            code, ("",))[0]}, close=True)
+        reason = (message or self.responses.get(code, ("",))[0])[:200]  # it may quote the client's bytes
+        self._send(code, {"result": "error", "error": why.value, "reason": reason}, close=True)
 
     def _refuse(self, why: Reject, reason: str, scipass: bool = False, close: bool = False) -> None:
         self.server.api.count(why)
@@ -361,6 +368,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0").strip()
         self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
         try:
+            if self._reader.received >= self._reader.limit:
+                self._unread = True  # what is left of it
+                raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
+                               "bytes")
             if not api.limit.allow(self.client_address[0], time.monotonic()):
                 raise _Refused(Reject.RATE_LIMITED, "rate limit: too many requests from this address "
                                f"(ids.rate_limit is {api.cfg.rate_limit} a second)")

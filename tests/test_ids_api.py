@@ -157,10 +157,29 @@ def test_oversized_and_unframed_bodies(served):
     assert counted == [Reject.TOO_LARGE, Reject.TOO_LARGE, Reject.LENGTH_REQUIRED] and len(backend.store) == 0
 
 
+def test_header_flood_is_cut_off(served):
+    api, backend, counted = served
+    with socket.create_connection(api.address, timeout=5) as s:
+        s.sendall(b"GET /v1/rules HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for i in range(100):
+                s.sendall(b"X-Filler-%d: %s\r\n" % (i, b"y" * 4000))
+        except OSError:
+            pass  # cut off while sending: that is the point
+        answer = recv_all(s)
+    # The client may see the answer, or a reset (the server closed with the flood unread).
+    assert answer == b"" or (b" 413 " in answer.split(b"\r\n")[0] and b"Connection: close" in answer)
+    assert counted == [Reject.TOO_LARGE]
+    assert call(api, "GET", "/v1/rules")[0] == 200
+
+
 def recv_all(s):
     out = b""
-    while chunk := s.recv(65536):
-        out += chunk
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        return b""
     return out
 
 
@@ -197,7 +216,7 @@ def test_slow_client_holds_nothing_up(token_file):
         for _ in range(5):
             t0 = time.monotonic()
             assert call(api, "GET", "/v1/rules")[0] == 200
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < 1.0  # the slow client takes 2 s, and it is not waited for
         slow.settimeout(5)
         assert slow.recv(100) == b""  # the server closed it...
         assert time.monotonic() - started < 4  # ...at the deadline, long before the request was sent
