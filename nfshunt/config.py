@@ -507,6 +507,20 @@ def _ids(key: str, value: Any) -> IdsConfig | None:
     return ids
 
 
+def _ids_port_free(cfg: Config) -> None:
+    """The IDS API's port is not one the controller's other listeners bind on the same address."""
+    assert cfg.ids is not None
+    ids = ipaddress.ip_address(cfg.ids.listen_address)
+    others = [("listen_port", cfg.listen_address, cfg.listen_port)]
+    if cfg.metrics_address is not None:
+        others.append(("metrics_port", cfg.metrics_address, cfg.metrics_port))
+    for key, address, port in others:
+        other = ipaddress.ip_address(address)
+        if port == cfg.ids.listen_port and other.version == ids.version and (
+                other == ids or other.is_unspecified or ids.is_unspecified):
+            raise ConfigError("ids.listen_port", f"{port} is also '{key}' on {address}: one listener a port")
+
+
 TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "ports": _ports,
     "mark_actions": _mark_actions,
@@ -633,6 +647,8 @@ def from_dict(raw: Any) -> Config:
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
     _check(cfg)
     _static().check(cfg)
+    if cfg.ids is not None:
+        _ids_port_free(cfg)
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

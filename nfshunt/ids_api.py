@@ -434,11 +434,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._allow(("GET", "POST"))
             if self.command == "POST":
                 rule = self._parse(lambda: parse(body, requester, api.now(), api.cfg))
-                self._outcome(api.backend.submit(rule, api.cfg.answer_timeout), rule.id)
+                self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id)
                 return
             self._no_body(body)
             source, kind, address = _filters(url.query)
-            self._send(200, {"rules": [v.to_json() for v in api.backend.rules(source, kind, address)]})
+            self._send(200, {"rules": [v.to_json() for v in self._ask(api.backend.rules, source, kind, address)]})
             return
         if path.startswith("/v1/rules/"):
             self._allow(("GET", "DELETE"))
@@ -447,9 +447,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if not RULE_ID.fullmatch(rule_id):
                 raise _Refused(Reject.INVALID, "id: not 1-128 of A-Z a-z 0-9 . _ : @ ~ -")
             if self.command == "DELETE":
-                self._outcome(api.backend.remove(requester, rule_id), rule_id)
+                self._outcome(self._ask(api.backend.remove, requester, rule_id), rule_id)
                 return
-            view = api.backend.rule(requester, rule_id)
+            view = self._ask(api.backend.rule, requester, rule_id)
             if view is None:
                 raise _Refused(Reject.NOT_FOUND, f"no rule {rule_id} of {requester}")
             self._send(200, view.to_json())
@@ -459,19 +459,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._allow(("PUT", "DELETE"))
             rule = self._parse(lambda: parse_scipass(body, flow, requester, api.now(), api.cfg))
             if self.command == "PUT":
-                self._outcome(api.backend.submit(rule, api.cfg.answer_timeout), rule.id, scipass=True)
+                self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id, scipass=True)
             else:
                 assert rule.connection is not None
-                self._outcome(api.backend.remove(requester, scipass_id(rule.kind, rule.connection)), rule.id,
+                self._outcome(self._ask(api.backend.remove, requester, scipass_id(rule.kind, rule.connection)), rule.id,
                               scipass=True)
             return
         listing = {"/scipass/flows/get_good_flows": Kind.SHUNT, "/scipass/flows/get_bad_flows": Kind.BLOCK}.get(path)
         if listing is not None:
             self._allow(("GET",))
             self._no_body(body)
-            self._send(200, [scipass_json(v.rule) for v in api.backend.rules(None, listing, None)])
+            self._send(200, [scipass_json(v.rule) for v in self._ask(api.backend.rules, None, listing, None)])
             return
         raise _Refused(Reject.NOT_FOUND, f"no such resource: {path[:100]}")
+
+    def _ask(self, call: Callable[..., Any], *args: Any) -> Any:
+        """A backend call; its TimeoutError is the controller's, not the client's (which cuts the connection)."""
+        try:
+            return call(*args)
+        except TimeoutError:
+            raise _Refused(Reject.UNANSWERED, "the controller did not answer in time (an added rule, if it was "
+                           "kept, expires as any rule; list the rules to see)") from None
 
     def _allow(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:

@@ -26,11 +26,11 @@ class FakeBackend:
         self.allowed = cfg.may_shunt
         self.policy = {}
         self.lock = threading.Lock()
-        self.fail = False
+        self.fail = None  # an exception submit raises
 
     def submit(self, rule, timeout):
-        if self.fail:
-            raise RuntimeError("backend bug")
+        if self.fail is not None:
+            raise self.fail
         with self.lock:
             conn = rule.connection
             policy = self.policy.get(min(conn, conn.reversed())) if conn is not None else None

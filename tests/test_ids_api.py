@@ -254,9 +254,12 @@ def test_methods_paths_queries(served):
     assert call(api, "GET", "/v1/rules?kind=shunt&kind=block")[0] == 400
     assert call(api, "GET", "/v1/rules/a%2Fb")[0] == 400
     assert counted == [Reject.METHOD, Reject.NOT_FOUND, Reject.METHOD] + [Reject.INVALID] * 4
-    backend.fail = True
+    backend.fail = RuntimeError("a bug")
     status, body = add(api)
     assert status == 500 and body["error"] == "internal"
+    backend.fail = TimeoutError()  # the controller's, not the client's: answered all the same
+    status, body = add(api)
+    assert status == 504 and body["error"] == "unanswered" and "expires" in body["reason"]
 
 
 def test_scipass_aliases(served):

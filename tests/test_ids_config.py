@@ -92,3 +92,13 @@ def test_token_file_must_be_0600(token):
     with pytest.raises(ConfigError) as info:
         config(ids={"token_file": token})
     assert info.value.key == "ids.token_file" and token in info.value.problem and "0640" in info.value.problem
+
+
+def test_ids_port_not_another_listeners(token):
+    with pytest.raises(ConfigError) as info:
+        config(ids={"token_file": token, "listen_port": 6653})  # the OpenFlow port on 0.0.0.0
+    assert info.value.key == "ids.listen_port" and "listen_port" in info.value.problem
+    with pytest.raises(ConfigError) as info:
+        config(metrics_address="127.0.0.1", ids={"token_file": token, "listen_port": 9753})
+    assert "metrics_port" in info.value.problem
+    assert config(listen_address="192.0.2.1", ids={"token_file": token, "listen_port": 6653}).ids.listen_port == 6653
