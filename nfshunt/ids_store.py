@@ -113,6 +113,14 @@ class Store:
             return self._ended.get((source, rule_id))
         return self._drop(rule, "removed", now, counts(rule))
 
+    def due(self, now: float) -> list[Rule]:
+        """The rules whose hard expiry has come (their flows go before they are `end`ed)."""
+        return sorted((r for r in self.rules.values() if r.expires <= now), key=lambda r: r.expires)
+
+    def end(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
+        """An active rule taken out once its flows are gone, with their counters."""
+        return self._drop(rule, why, now, counts)
+
     def expire(self, now: float, counts: Callable[[Rule], Counts]) -> list[Ended]:
         """Every rule whose hard expiry has come, taken out, with its flows' counters."""
         due = [r for r in self.rules.values() if r.expires <= now]
