@@ -167,6 +167,8 @@ def test_rules_come_back_after_a_controller_restart(fresh):
     tb.wait_for(lambda: len(_address_flows(tb)) == 2, 10, "the address block back on the switch")
     ids = tb.wait_for(lambda: sorted(r["id"] for r in api(tb, "GET", "/v1/rules")[1]["rules"]), 10, "the rules")
     assert ids == ["d1", "d2"]
+    from nfshunt_testbed import H2_IP
+    tb.wait_for(lambda: _reaches(tb, tb.h1, H2_IP), 10, "h1 to reach h2 through the switch again")
     srv, clients = _held(tb, IGNORE, 47301)  # the connection comes: the kept rule shunts it
     try:
         tb.wait_for(lambda: len(_flows_of(tb, 2, IGNORE, 47301)) == 2, 10, "the pending shunt applied")
