@@ -275,17 +275,23 @@ class Core:
             return self.remove(conn, f"blocked by {source}", now)
         return []
 
-    def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float) -> list[Command]:
-        """An IDS's rule of a connection ended: its pin goes, and a pair it made (one the
-        policy did not decide so) is handed back to the firewall, whose policy judges it again."""
+    def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float,
+                    successor: tuple[Action, str] | None = None) -> list[Command]:
+        """An IDS's rule of a connection ended: its pin goes (to `successor`, another IDS
+        rule of the connection, if one is left), and a pair that neither it nor the policy
+        would make now is handed back to the firewall, where admission judges it again."""
         if not self.pins.release(orig, source):
             return []
+        if successor is not None:
+            self.pins.hold_for(orig, *successor)
         conn = self.conns.tuples.get(orig)
-        if conn is None or self.pins.get(orig) is not None:
+        if conn is None:
             return []
         mark = markcodec.decode(conn.mark)
-        if mark.action is not None and self.cfg.action_for(mark.action) is conn.action:
-            return []
+        policy = None if mark.action is None else self.cfg.action_for(mark.action)
+        wanted = successor[0] if successor is not None else policy
+        if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
+            return []  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
         return self.remove(conn, reason, now)
 
     def block_address(self, net: Network, expires: float, reason: str) -> list[Command]:

@@ -288,6 +288,7 @@ class IdsBackend:
             ending = self.ending_conns.pop(_key(conn.orig), None)
             if ending is not None:
                 ending.conn_counts = Counts(**carried(conn))
+                self._finish_due()
 
     def _remove(self, source: str, rule_id: str, ans: _Answer) -> None:
         rule = self.store.get(source, rule_id)
@@ -301,34 +302,48 @@ class IdsBackend:
             return
         self._end(rule, "removed", ans)
 
+    def end_by_operator(self, source: str, rule_id: str) -> bool:
+        """The operator beats every IDS (precedence 1): an IDS's rule taken out, as its
+        requester's removal would (its flows go, it is reported ended). False: no such rule."""
+        rule = self.store.get(source, rule_id)
+        if rule is None:
+            return False
+        self._audit("ids_rule_removed_by_operator", rule)
+        self._end(rule, "removed by the operator")
+        return True
+
     def _end(self, rule: Rule, why: str, ans: _Answer | None = None) -> None:
         """Take a rule's flows down; it ends once they are gone (tick)."""
         ending = self.ending.get(rule.key)
+        fresh = ending is None
         if ending is None:
             ending = self.ending[rule.key] = _Ending(rule, why, self.mono() + ENDING_GRACE)
-            self._take_down(rule, ending)
         if ans is not None:
             ending.answers.append(ans)
+        if fresh:
+            self._take_down(rule, ending)  # (may end it at once: a switch that answers in this turn)
         self._finish_due()
 
     def _take_down(self, rule: Rule, ending: _Ending) -> None:
         now = self.mono()
-        others = [r for r in self.store.holders(rule) if r.key != rule.key and r.key not in self.ending]
         reason = f"{rule.source} rule {rule.id} {ending.why}"
         if rule.kind is Kind.BLOCK_ADDRESS:
             assert rule.address is not None
-            if others:  # the flows serve another requester's rule too: they stay
-                return
+            if any(r.key != rule.key and r.key not in self.ending for r in self.store.holders(rule)):
+                return  # the flows serve another requester's rule too: they stay
             for sw in self.host.switches:
                 self.host.run(sw, sw.core.unblock_address(rule.address, reason))
         elif rule.connection is not None:
             self._answered((_key(rule.connection), _action(rule)), Outcome(
                 Result.ERROR, "the rule ended before its flows were confirmed", error=Reject.UNAVAILABLE))
+            # The pin passes to another rule of the connection, a block first (it beats a shunt).
+            key = _key(rule.connection)
+            left = sorted((r for r in self.store.rules.values() if r.connection is not None and r.key != rule.key
+                           and r.key not in self.ending and _key(r.connection) == key),
+                          key=lambda r: (r.kind is not Kind.BLOCK, r.created))
+            successor = (_action(left[0]), left[0].source) if left else None
             for sw in self.host.switches:
-                if others:  # the pin passes to another requester's same rule: the pair stays
-                    sw.core.pins.hold_for(rule.connection, _action(rule), others[0].source)
-                    continue
-                out = sw.core.ids_release(rule.connection, rule.source, reason, now)
+                out = sw.core.ids_release(rule.connection, rule.source, reason, now, successor)
                 if any(isinstance(cmd, (c.RemoveFlows, c.RestoreConntrack)) for cmd in out):
                     ending.waits_conn = True
                     self.ending_conns[_key(rule.connection)] = ending
@@ -338,9 +353,8 @@ class IdsBackend:
         now = self.mono()
         for key, ending in list(self.ending.items()):
             counts = self._counts(ending)
-            if counts is None and now < ending.deadline:
-                continue
-            del self.ending[key]
+            if counts is None and now < ending.deadline or self.ending.pop(key, None) is None:
+                continue  # (None: ended meanwhile, by a call this one's take-down made)
             rule = ending.rule
             if rule.connection is not None:
                 self.ending_conns.pop(_key(rule.connection), None)

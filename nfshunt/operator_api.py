@@ -1,5 +1,5 @@
 """The operator API: what the control socket's requests do (status, flush, reevaluate,
-unshunt, block), answered on the app's event loop. The app hands each request over
+unshunt, block, ids_remove: an IDS's rule taken out), answered on the app's event loop. The app hands each request over
 (EventControl) and lends this class its state; nothing here talks to a socket.
 
 With several switches every request concerns all of them: status reads each connected
@@ -169,13 +169,26 @@ class OperatorAPI:
             LOG.warning("operator %s of %s", cmd, orig)
             ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
             return
+        if cmd == "ids_remove":
+            ids = self.app.ids
+            source, rule_id = str(req.get("source") or ""), str(req.get("id") or "")
+            if ids is None:
+                ev.answer({"error": "this controller has no IDS API (no 'ids' in its config)"})
+            elif not ids.end_by_operator(source, rule_id):
+                ev.answer({"error": f"no active IDS rule {rule_id!r} of {source!r}"})
+            else:
+                self.counters.add("operator", cmd)
+                LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
+                ev.answer({"ok": True, "source": source, "id": rule_id})
+            return
         if cmd == "role":
             self.role(ev, req.get("role"))
             return
         if cmd == "reload":
             self.reload(ev, str(req.get("by") or "control socket"))
             return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, role, reload)"})
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, ids_remove, role, "
+                            "reload)"})
 
     def reload(self, ev: EventControl, by: str) -> None:
         """Read and validate the config file again (reload.py): a bad one changes nothing;

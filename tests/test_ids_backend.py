@@ -242,3 +242,28 @@ def test_rules_come_back_after_a_restart_and_those_expired_meanwhile_are_reporte
     assert records[0]["event"] == "ids_rule_ended" and records[0]["why"] == "expired while the controller was down"
     again.reconnect(again.switch)  # installed at connect
     assert again.packet(FAST_A, ORIG).dropped
+
+
+def test_when_an_ids_block_ends_another_requesters_shunt_of_the_connection_takes_over():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig, source="ids:a"), 1.0)
+    backend.submit(rule(rig, Kind.BLOCK, source="ids:b"), 0.01)  # a block beats the shunt: the pair goes
+    rig.kernel_answers()
+    assert rig.event(action=0, ct_id=8).action is Action.BLOCK
+    backend.remove("ids:b", "1")
+    rig.kernel_answers()
+    assert rig.core.pins[ORIG].source == "ids:a"
+    conn = rig.event(action=0, ct_id=9)
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def test_the_operator_takes_an_ids_address_block_out():
+    rig, backend, _, records = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
+    assert rig.packet(FAST_A, ORIG).dropped
+    assert backend.end_by_operator("ids:zeek", "1") and not backend.end_by_operator("ids:zeek", "1")
+    tick(rig, backend, 0)
+    assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)
+    assert backend.store.ended("ids:zeek", "1").why == "removed by the operator"
+    assert [r["event"] for r in records][-2:] == ["ids_rule_removed_by_operator", "ids_rule_ended"]
