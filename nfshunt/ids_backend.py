@@ -43,6 +43,7 @@ from .switch import Switch
 
 LOG = logging.getLogger("nfshunt")
 LATE = "the switch's confirmation (not in time: the rule is kept, and expires as any rule)"
+QUEUED = 32  # IDS calls in the event loop's queue at most
 ENDING_GRACE = 6.0  # seconds a rule's end waits for its flows' removal to be reported (the core's is 5)
 
 
@@ -115,14 +116,20 @@ class IdsBackend:
         self.waiting: dict[tuple[FlowTuple, Action], list[_Answer]] = {}  # adds waiting for their pair's install
         self.ending: dict[tuple[str, str], _Ending] = {}
         self.ending_conns: dict[FlowTuple, _Ending] = {}
+        # Calls in the event loop's queue at once: os-ken's queue (128 events) also carries the
+        # switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
+        self._room = threading.BoundedSemaphore(QUEUED)
 
     # --- the API's threads ----------------------------------------------------------------
 
     def _call(self, work: Callable[[_Answer], None], timeout: float) -> _Answer:
         """Run `work` on the event loop; TimeoutError if it did not take it in time."""
         ans = _Answer()
+        if not self._room.acquire(timeout=timeout):
+            raise TimeoutError("the controller's event loop has too many IDS requests queued")
 
         def run() -> None:
+            self._room.release()
             ans.taken.set()
             work(ans)
         self.host.post(EventIds(run))
@@ -391,7 +398,8 @@ class IdsBackend:
         LOG.info("IDS rule %s/%s (%s) ended: %s; %d packets %d bytes", rule.source, rule.id, rule.kind.value,
                  ended.why, ended.counts.packets, ended.counts.bytes)
         if self.audit.handlers:
-            self.audit.info(json.dumps({"time": _stamp(), "event": "ids_rule_ended", **ended.to_json()}))
+            self.audit.info(json.dumps({"time": _stamp(), "event": "ids_rule_ended", "requester": rule.source,
+                                        **ended.to_json()}))
 
     # --- the tick, start and stop ----------------------------------------------------------
 

@@ -9,6 +9,8 @@ import logging
 import os
 from typing import Any
 
+import pytest
+
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt import cookies  # noqa: E402
 from nfshunt.config import IdsConfig, MayShunt  # noqa: E402
@@ -267,3 +269,23 @@ def test_the_operator_takes_an_ids_address_block_out():
     assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)
     assert backend.store.ended("ids:zeek", "1").why == "removed by the operator"
     assert [r["event"] for r in records][-2:] == ["ids_rule_removed_by_operator", "ids_rule_ended"]
+
+
+def test_an_api_thread_waits_for_the_loop_and_a_loop_that_never_takes_it_is_a_timeout():
+    import threading
+    rig, backend, entries, _ = setup()
+    posted = []
+    backend.host.post = posted.append  # the loop takes nothing until the test runs it
+    with pytest.raises(TimeoutError):  # the API answers 504
+        backend.submit(rule(rig), 0.05)
+    entries[ORIG] = event(action=0)
+    got = []
+    taken = threading.Event()
+    posted.clear()
+    backend.host.post = lambda ev: (posted.append(ev), taken.set())
+    api = threading.Thread(target=lambda: got.append(backend.submit(rule(rig, rule_id="2"), 5.0)))
+    api.start()
+    assert taken.wait(5), "the API thread posted its call"
+    posted.pop().work()  # the event loop's turn: the pair installed and confirmed
+    api.join(5)
+    assert got[0].result is Result.ADDED and got[0].pending is None
