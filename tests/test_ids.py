@@ -192,3 +192,29 @@ def test_scipass_good_flow_shunts_with_scipass_own_body(fresh):
         tb.wait_for(lambda: not _flows_of(tb, 2, IGNORE, 47401), 10, "the shunt handed back")
     finally:
         _close(clients, srv)
+
+
+def test_a_policy_change_judges_an_ids_shunt_again(fresh, tmp_path):
+    """An IDS's shunt of a connection the new policy blocks becomes the policy's block
+    (a block beats a shunt), judged again as the policy's own shunts are."""
+    tb = fresh
+    from nfshunt_testbed import POLICY, PYTHON, STEADY_RATE
+    blocking = tmp_path / "blocks-5203.rules"
+    blocking.write_text(open(POLICY).read().replace("port 5202 ", f"port {IGNORE} "))
+
+    def apply(policy, *extra):  # (its exit status says whether every entry's decision was cleared: the
+        # entries of a transfer in flux may not be; the flows below are what this test is about)
+        return tb.run(tb.fw, PYTHON, "-m", "nfshunt", "iptables", "apply", "--config", tb.config_path,
+                      "--policy", policy, *extra, check=False)
+    srv, cli = tb.start_transfer(IGNORE, 8, cport=47501, bitrate=STEADY_RATE)
+    try:
+        status, body = api(tb, "POST", "/v1/rules", {"id": "f1", "action": "shunt", "expire": 60,
+                                                     "connection": connection(47501, IGNORE)})
+        assert status in (201, 202) and body["result"] == "added", body  # (202: its data connection not up yet)
+        tb.wait_for(lambda: len(_flows_of(tb, 2, IGNORE, 47501)) == 2, 5, "the IDS's shunt of the transfer")
+        assert "existing connections sent back through the new policy" in apply(str(blocking))
+        tb.wait_for(lambda: len(_flows_of(tb, 3, IGNORE, 47501)) == 2 and not _flows_of(tb, 2, IGNORE, 47501), 5,
+                    "the new policy's block in place of the IDS's shunt")
+    finally:
+        apply(POLICY, "--no-reevaluate")
+        finish_iperf(srv, cli, timeout=20)
