@@ -289,3 +289,25 @@ def test_an_api_thread_waits_for_the_loop_and_a_loop_that_never_takes_it_is_a_ti
     posted.pop().work()  # the event loop's turn: the pair installed and confirmed
     api.join(5)
     assert got[0].result is Result.ADDED and got[0].pending is None
+
+
+def test_the_metrics_show_rules_by_source_and_refusals_by_the_rule_that_refused():
+    from prometheus_client import generate_latest
+
+    from nfshunt.metrics import Metrics
+    from nfshunt.operator_api import gauges
+    rig, backend, entries, _ = setup()
+    rig.event(sport=41000)  # a policy shunt
+    rig.run(rig.core.pin(ORIG._replace(sport=42000), Action.BLOCK, rig.now))  # an operator's pin
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", source="ids:scipass", address="192.0.2.0/24"), 1.0)
+    outside = FlowTuple(4, 6, "198.51.100.1", "198.51.100.2", 40000, 80)
+    assert backend.submit(rule(rig, rule_id="3", connection=outside), 1.0).refusal is Refusal.OUTSIDE_MAY_SHUNT
+    metrics = Metrics(lambda: gauges([rig.sw], backend))
+    metrics.counters = rig.counters
+    text = generate_latest(metrics.registry).decode()
+    for source, n in (("policy", 1), ("operator", 1), ("ids:zeek", 1), ("ids:scipass", 1)):
+        assert f'nfshunt_rules{{source="{source}"}} {n}.0' in text, text
+    flat = rig.counters.flat()
+    assert flat["ids_rules:added:shunt"] == 1 and flat["ids_refused:refused:outside_may_shunt"] == 1
