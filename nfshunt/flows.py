@@ -488,6 +488,12 @@ class FlowBuilder:
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
                                      mask, p.OFPMatch())
 
+    def cookie_stats_request(self, cookie: int, mask: int) -> Any:
+        """Flow stats of the flows whose cookie matches under `mask` (OpenFlow 1.3)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, mask,
+                                     p.OFPMatch())
+
     def more_follows(self, msg: Any) -> bool:
         flag = self.ofp.OFPSF_REPLY_MORE if self.version == OFP10 else self.ofp.OFPMPF_REPLY_MORE
         return bool(msg.flags & flag)

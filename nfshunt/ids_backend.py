@@ -20,6 +20,7 @@ thread (conntrack.lookup: one netlink request), never on the event loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -31,14 +32,17 @@ from typing import Any, Callable, Iterable, Protocol
 from os_ken.controller import event
 
 from . import commands as c
-from . import markcodec
+from . import cookies, markcodec
+from .address_blocks import cookie_of
 from .accounting import _stamp, carried
 from .config import Config, IdsConfig
 from .connection import ACTIVE, Conn
 from .ids_api import Outcome, Reject, Result, RuleView, State
 from .ids_rules import Decision, Kind, Network, Rule, Situation, precedence
 from .ids_store import Added, Counts, Ended, Store
-from .model import Action, ConnEvent, FlowTuple
+from .flows import ALL_ONES_64
+from .inflight import FlowsRead
+from .model import OFP10, Action, ConnEvent, FlowTuple, SwitchFlow
 from .switch import Switch
 
 LOG = logging.getLogger("nfshunt")
@@ -173,13 +177,13 @@ class IdsBackend:
         def work(a: _Answer) -> None:
             r = self.store.get(source, rule_id)
             if r is not None:
-                view = self._view(r)
-            else:
-                ended = self.store.ended(source, rule_id)
-                view = None if ended is None else _ended_view(ended)
-            a.answer(Outcome(Result.ADDED, view=view))
+                self._read_counters(self._view(r), a)
+                return
+            ended = self.store.ended(source, rule_id)
+            a.answer(Outcome(Result.ADDED, view=None if ended is None else _ended_view(ended)))
         ans = self._call(work, self.cfg.answer_timeout)
-        ans.done.wait(self.cfg.answer_timeout)
+        if not ans.done.wait(self.cfg.answer_timeout):
+            raise TimeoutError("the switch did not answer the read of the rule's counters in time")
         return None if ans.outcome is None else ans.outcome.view
 
     # --- on the event loop ----------------------------------------------------------------
@@ -430,6 +434,38 @@ class IdsBackend:
         except OSError as exc:
             LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick",
                       self.store.path, exc)
+
+    def _read_counters(self, view: RuleView, ans: _Answer) -> None:
+        """An active rule's view with its flows' counters, read from every connected switch
+        (OpenFlow 1.3: by cookie); answered when all have replied (or gone: not counted)."""
+        rule, now = view.rule, self.mono()
+        reads: list[tuple[Switch, Any]] = []
+        for sw in self.host.switches:
+            s = sw.session
+            if s is None or s.fb.version == OFP10:
+                continue
+            if rule.address is not None and rule.kind is Kind.BLOCK_ADDRESS:
+                reads.append((sw, s.fb.cookie_stats_request(cookie_of(rule.address, False),
+                                                            ALL_ONES_64 & ~cookies.DIRECTION_BIT)))
+            elif rule.connection is not None:
+                conn = sw.core.find(tuple_=rule.connection)
+                if conn is not None and conn.action is _action(rule) and conn.state in ACTIVE:
+                    reads.append((sw, s.fb.pair_stats_request(conn)))
+        if not reads:
+            ans.answer(Outcome(Result.ADDED, view=view))
+            return
+        got: list[list[SwitchFlow] | None] = []
+
+        def done(flows: list[SwitchFlow] | None) -> None:
+            got.append(flows)
+            if len(got) == len(reads):
+                counted = [f for fl in got if fl for f in fl]
+                ans.answer(Outcome(Result.ADDED, view=dataclasses.replace(
+                    view, packets=sum(f.packets for f in counted), bytes=sum(f.bytes for f in counted))))
+        for sw, msg in reads:
+            assert sw.session is not None
+            sw.session.ask(msg, FlowsRead(now, done))
+            sw.session.send.flush()
 
     # --- observability --------------------------------------------------------------------
 

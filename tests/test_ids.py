@@ -147,6 +147,8 @@ def test_an_address_block_drops_a_hosts_traffic_in_the_switch_and_expires_on_tim
     assert (status, body["result"]) == (201, "added"), body
     assert len(_address_flows(tb)) == 2
     assert not _reaches(tb, tb.h1, H2_IP)
+    status, active = api(tb, "GET", "/v1/rules/c1")
+    assert active["state"] == "active" and active["packets"] >= 1, active  # read from the switch's counters
     tb.wait_for(lambda: _reaches(tb, tb.h1, H2_IP), 8, "h1's traffic to pass again after the expiry", interval=0.2)
     tb.wait_for(lambda: not _address_flows(tb), 3, "the address block's flows to go")
     ended = tb.wait_for(lambda: (r := api(tb, "GET", "/v1/rules/c1")[1]).get("state") == "expired" and r, 8,

@@ -42,6 +42,7 @@ class Host:
 
     def post(self, ev: Any) -> None:
         ev.work()
+        self.rig.run()  # the loop goes on: the switch's answers to what the call asked are read
 
     def feed(self, events: Any) -> None:
         for ev in events:
@@ -311,3 +312,16 @@ def test_the_metrics_show_rules_by_source_and_refusals_by_the_rule_that_refused(
         assert f'nfshunt_rules{{source="{source}"}} {n}.0' in text, text
     flat = rig.counters.flat()
     assert flat["ids_rules:added:shunt"] == 1 and flat["ids_refused:refused:outside_may_shunt"] == 1
+
+
+def test_an_active_rules_view_carries_its_flows_counters_read_from_the_switch():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    conn = rig.core.find(tuple_=ORIG)
+    assert fast(rig, conn)
+    view = backend.rule("ids:zeek", "1")
+    assert (view.state.value, view.packets) == ("active", 2)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.3/32"), 1.0)
+    rig.packet(FAST_A, FlowTuple(4, 17, "10.0.0.3", "10.0.0.2", 1000, 53))
+    assert backend.rule("ids:zeek", "2").packets == 1
