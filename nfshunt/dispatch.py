@@ -164,7 +164,9 @@ class Dispatcher:
         self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
 
     def install_address_blocks(self, sw: Switch, s: Session, cmd: c.InstallAddressBlocks) -> None:
-        if s.fb.version == OFP10:  # no prefix or IPv6 matches to build them from (the backend refuses them)
+        if s.fb.version == OFP10:  # no prefix or IPv6 matches (the backend refuses new ones; kept ones wait)
+            LOG.error("switch %s speaks OpenFlow 1.0: %d IDS address-block flows not installed (%s)", sw.name,
+                      len(cmd.flows), cmd.reason)
             return
         now = time.monotonic()
         s.send.queue([s.fb.address_block_add(f, now) for f in cmd.flows])

@@ -221,6 +221,11 @@ class IdsBackend:
             self._count("exists", rule)
             ans.answer(Outcome(Result.EXISTS, "the same rule is already active"))
             return
+        if rule.kind is Kind.BLOCK_ADDRESS and any(sw.session is not None and sw.session.fb.version == OFP10
+                                                    for sw in self.host.switches):
+            self._refuse(ans, rule, Reject.UNAVAILABLE, "an address block needs OpenFlow 1.3 (prefix and IPv6 "
+                         "matches): a served switch speaks 1.0")
+            return
         verdict = precedence(rule, self._situation(rule, entry), self.cfg.may_shunt)
         if verdict.decision is Decision.REFUSE:
             self.counters.add("ids_refused", f"refused:{verdict.refusal}")

@@ -325,3 +325,10 @@ def test_an_active_rules_view_carries_its_flows_counters_read_from_the_switch():
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.3/32"), 1.0)
     rig.packet(FAST_A, FlowTuple(4, 17, "10.0.0.3", "10.0.0.2", 1000, 53))
     assert backend.rule("ids:zeek", "2").packets == 1
+
+
+def test_an_address_block_is_refused_when_a_switch_speaks_openflow_1_0():
+    from nfshunt.model import OFP10
+    rig, backend, _, _ = setup(rig=Rig(OFP10))
+    out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
+    assert out.error is Reject.UNAVAILABLE and "OpenFlow 1.3" in out.reason and not backend.store.rules
