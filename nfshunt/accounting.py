@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from . import commands as c
 from .connection import Conn
@@ -64,6 +64,12 @@ def audit_logger(path: str | None) -> logging.Logger:
     return audit
 
 
+class Watch(Protocol):
+    def installed(self, conn: Conn) -> None: ...
+
+    def removed(self, conn: Conn) -> None: ...
+
+
 class Outcomes:
     """Counts, logs and audits what the core reports; acts on nothing."""
 
@@ -73,12 +79,15 @@ class Outcomes:
         self.audit = audit
         self.handlers = {c.Ignored: self.ignored, c.Installed: self.installed, c.Refused: self.refused,
                          c.Removed: self.removed}
+        self.watch: Watch | None = None  # the IDS backend: adds wait for installs, ends for removals
 
-    def static(self, event: str, switch: str, flows: list[tuple[int, str]], reason: str) -> None:
-        """Static flows written to or deleted from a switch: one log line, one audit line each."""
+    def static(self, event: str, switch: str, flows: list[tuple[int, str]], reason: str,
+               family: str = "static_flows") -> None:
+        """Static flows (or address blocks: `family`) written to or deleted from a switch:
+        one log line, one audit line each."""
         if not flows:
             return
-        self.counters.add("static_flows", event.removeprefix("static_"), reason, amount=len(flows))
+        self.counters.add(family, event.rsplit("_", 1)[1], reason, amount=len(flows))
         LOG.info("%s on switch %s (%s): %d flows: %s", event.replace("_", " "), switch, reason, len(flows),
                  "; ".join(what for _, what in flows[:5]) + (" ..." if len(flows) > 5 else ""))
         if self.audit.handlers:
@@ -99,6 +108,8 @@ class Outcomes:
         self.metrics.observe_latency(conn.action, cmd.latency)
         LOG.info("%s %s in %.2f ms", conn.action, conn.describe(), cmd.latency * 1000,
                  extra={"fields": conn_fields(conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
+        if self.watch is not None:
+            self.watch.installed(conn)
 
     def refused(self, cmd: c.Refused) -> None:
         self.counters.add("refused", cmd.conn.action)
@@ -113,3 +124,5 @@ class Outcomes:
                  extra={"fields": conn_fields(conn, "removed", reason=cmd.reason, **count)})
         if self.audit.handlers:
             self.audit.info(json.dumps(audit_record(conn, cmd.reason)))
+        if self.watch is not None:
+            self.watch.removed(conn)

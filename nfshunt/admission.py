@@ -121,7 +121,8 @@ class Admission:
             pin.ct_id = ev.ct_id
             if pin.action is Action.IGNORE:
                 return Ignored(R_PINNED, ev)
-            action = pin.action
+            if pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE:
+                action = pin.action  # an IDS's shunt only of what the policy accepted and left alone
         if action is Action.IGNORE:
             return Ignored(R_POLICY_IGNORE, ev)
         ingress = cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]

@@ -150,6 +150,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"shunts {reply['shunts']}, blocks {reply['blocks']}{budget}, waiting for room {reply['waiting']}, "
           f"waiting for the switch {reply.get('pending', 0)}, "
           f"up {reply['uptime']:.0f} s")
+    sources = reply.get("rules_by_source") or {}
+    if sources:
+        print("decided by: " + ", ".join(f"{source} {n}" for source, n in sources.items()))
     statics = reply.get("static_shunts") or []
     if statics:
         print(f"static shunts: {len(statics)} flows")
@@ -185,6 +188,14 @@ def cmd_control(args: argparse.Namespace) -> int:
     else:
         print(f"{args.cmd}: {reply['tuple']}" + ("" if reply.get("flows_removed") or args.cmd == "block"
                                                  else " (not shunted now; held for its next appearance)"))
+    return 0
+
+
+def cmd_ids_remove(args: argparse.Namespace) -> int:
+    reply = _ask(args, {"cmd": "ids_remove", "source": args.source, "id": args.id})
+    if reply is None:
+        return 1
+    print(f"removed IDS rule {reply['source']}/{reply['id']}")
     return 0
 
 
@@ -301,6 +312,12 @@ def _control_commands(sub: Any) -> None:
         _control_args(sp)
         sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
         sp.set_defaults(func=cmd_control)
+    ir = sub.add_parser("ids-remove", help="take an IDS's rule out (the operator beats every IDS), e.g. an "
+                        "address block: its flows go, it is reported ended")
+    _control_args(ir)
+    ir.add_argument("source", help="the requester, e.g. ids:zeek")
+    ir.add_argument("id", help="the requester's rule id")
+    ir.set_defaults(func=cmd_ids_remove)
     fl = sub.add_parser("flush", help="remove every shunt and block (connections re-evaluated by policy)")
     _control_args(fl)
     fl.add_argument("--reason", default="flush by operator")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from .address_flows import AddressFlow
 from .config import PortGroup
 from .model import ConnEvent, FlowTuple, SwitchFlow
 from .static import StaticFlow
@@ -138,6 +139,21 @@ class RemoveStatic:
 
 
 @dataclass(slots=True)
+class InstallAddressBlocks:
+    """An IDS's address blocks' drop flows (address_blocks.py): written, audited."""
+    flows: tuple[AddressFlow, ...]
+    reason: str
+
+
+@dataclass(slots=True)
+class RemoveAddressBlocks:
+    """Address-block flows by cookie: deleted (the switch reports their counters), audited."""
+    cookies: tuple[int, ...]
+    what: tuple[str, ...]
+    reason: str
+
+
+@dataclass(slots=True)
 class ReadStaticCounters:
     """Read the static flows' counters (answer with the table's counted())."""
 
@@ -169,4 +185,4 @@ class Removed:
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
                 RequestTableSize, ResyncConntrack, ClearDecisions, InstallFlows, RemoveFlows, DeleteConntrack, Later,
                 EntryDue, ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack, InstallStatic,
-                RemoveStatic, ReadStaticCounters]
+                RemoveStatic, ReadStaticCounters, InstallAddressBlocks, RemoveAddressBlocks]

@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import jsonfile, markcodec, static
 from .model import OPENFLOW_VERSIONS, Action
 from .validate import (ConfigError, _address, _bool, _choice, _dir_path, _dpid, _file, _ifname, _int, _log_path,
-                       _networks, _number, _object, _optional, _socket_path)
+                       _networks, _number, _object, _optional, _path, _socket_path, _type_name)
 
 
 ACTIONS = tuple(a.value for a in Action)  # ("ignore", "shunt", "block")
@@ -26,6 +28,7 @@ LOG_FORMATS = ("text", "json")
 
 DEFAULT_CONTROL_SOCKET = "/run/nfshunt/nfshunt.sock"
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; more is a wrong file
+MAX_IDS_EXPIRE = 30 * 86400  # the longest hard expiry of an IDS rule: a month
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,45 @@ class PairConfig:
     state_file: str  # the role and generation this controller last took (survives restarts)
     start_role: str = "backup"  # the role before the state file exists
     role_check_interval: float = 1.0  # seconds between a master's role queries (on the 1 s tick)
+
+
+@dataclass(frozen=True)
+class IdsTLS:
+    """The IDS API's TLS: its certificate and key; client_ca: client certificates it
+    accepts (then a client is named by its certificate's common name)."""
+    certificate: str
+    private_key: str
+    client_ca: str | None = None
+
+
+@dataclass(frozen=True)
+class MayShunt:
+    """Which connections an IDS may shunt (`ids.may_shunt`): one with an endpoint inside
+    one of the prefixes and, when ports are listed, a port inside one of the port ranges.
+    Empty (the default): none."""
+    prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    ports: tuple[tuple[int, int], ...] = ()  # inclusive ranges; empty: any port
+
+
+IDS_STATE_FILE = "ids-rules.json"  # under state_dir unless ids.state_file names another
+
+
+@dataclass(frozen=True)
+class IdsConfig:
+    """The IDS request API (ids_api.py), off unless the config has an `ids` section."""
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 9754
+    token_file: str | None = None  # "<client> <token>" lines (or one bare token: client "ids"), mode 0600
+    tls: IdsTLS | None = None
+    may_shunt: MayShunt = MayShunt()
+    max_rules: int = 10000  # active IDS rules, all clients together; more: `error: full`
+    rate_limit: int = 2000  # requests a second from one client address (a second's worth may come at once)
+    max_body_bytes: int = 16384  # a rule's body is ~300 bytes
+    max_prefix: dict[int, int] = field(default_factory=lambda: {4: 16, 6: 48})  # widest address block
+    max_connections: int = 64  # open at once; each holds one thread (a slow client holds only its own)
+    answer_timeout: float = 5.0  # seconds an add may wait for the switch before it is answered pending
+    default_expire: int = 3600  # for SciPass's bodies, which name no expiry
+    state_file: str = ""  # set from state_dir when not configured
 
 
 @dataclass(frozen=True)
@@ -113,6 +155,7 @@ class Config:
     static_shunts: tuple[static.StaticShunt, ...] = ()
     static_shunt_max_prefix: dict[int, int] = field(default_factory=lambda: {4: 24, 6: 64})
     static_priority: int = 33050
+    ids: IdsConfig | None = None  # the IDS request API; None: off
     by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -221,6 +264,92 @@ def _pair(key: str, value: Any) -> PairConfig | None:
     return PairConfig(**_object(key, value, fields, required=("state_file",)))
 
 
+def _ids_tls(key: str, value: Any) -> IdsTLS | None:
+    if value is None:
+        return None
+    fields = {"certificate": _file, "private_key": _file, "client_ca": _file}
+    return IdsTLS(**_object(key, value, fields, required=("certificate", "private_key")))
+
+
+def _port_range(key: str, value: Any) -> tuple[int, int]:
+    """5201, or "50000-51000"."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", value, re.ASCII)
+        if not m:
+            raise ConfigError(key, f"{value!r} is not a port or a range \"low-high\"")
+        lo, hi = (_int(1, 65535)(key, int(g)) for g in m.groups())
+        if lo > hi:
+            raise ConfigError(key, f"{value!r}: the low end is above the high end")
+        return lo, hi
+    port = _int(1, 65535)(key, value)
+    return port, port
+
+
+def _may_shunt(key: str, value: Any) -> MayShunt:
+    def prefixes(k: str, v: Any) -> tuple[Any, ...]:
+        return tuple(ipaddress.ip_network(n, strict=False) for n in _networks(k, v))
+
+    def ports(k: str, v: Any) -> tuple[tuple[int, int], ...]:
+        if not isinstance(v, list):
+            raise ConfigError(k, f"expected a list of ports or ranges, got {_type_name(v)}")
+        return tuple(_port_range(f"{k}[{i}]", p) for i, p in enumerate(v))
+    return MayShunt(**_object(key, value, {"prefixes": prefixes, "ports": ports}))
+
+
+def _ids_max_prefix(key: str, value: Any) -> dict[int, int]:
+    given = _object(key, value, {"ipv4": _int(0, 32), "ipv6": _int(0, 128)})
+    default = IdsConfig().max_prefix
+    return {4: given.get("ipv4", default[4]), 6: given.get("ipv6", default[6])}
+
+
+def _token_file(key: str, value: Any) -> str:
+    """A token file readable by its owner only: a token others can read is no secret."""
+    value = _path(key, value)
+    try:
+        st = os.stat(value)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {value!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(key, f"{value!r} is not a regular file")
+    if st.st_mode & 0o077:
+        raise ConfigError(key, f"{value!r} is mode {stat.S_IMODE(st.st_mode):04o}: it must be 0600 "
+                          "(readable by its owner only)")
+    return value
+
+
+def _ids(key: str, value: Any) -> IdsConfig | None:
+    if value is None:
+        return None
+    fields = {"listen_address": _address, "listen_port": _int(1, 65535), "token_file": _token_file,
+              "tls": _ids_tls, "may_shunt": _may_shunt, "max_rules": _int(1, 1_000_000),
+              "rate_limit": _int(1, 1_000_000), "max_body_bytes": _int(1024, 1 << 20),
+              "max_prefix": _ids_max_prefix, "max_connections": _int(1, 10_000),
+              "answer_timeout": _number(0.1, 60), "default_expire": _int(1, MAX_IDS_EXPIRE),
+              "state_file": _log_path}
+    ids = IdsConfig(**_object(key, value, fields))
+    if ids.tls is None and not ipaddress.ip_address(ids.listen_address).is_loopback:
+        raise ConfigError(f"{key}.listen_address", f"{ids.listen_address} is not a loopback address: the "
+                          f"API then needs TLS ({key}.tls), or rules and tokens cross the network in clear")
+    if ids.token_file is None and (ids.tls is None or ids.tls.client_ca is None):
+        raise ConfigError(f"{key}.token_file", "required: every request is authenticated, by a bearer token "
+                          f"from this file or by a client certificate ({key}.tls.client_ca)")
+    return ids
+
+
+def _ids_port_free(cfg: Config) -> None:
+    """The IDS API's port is not one the controller's other listeners bind on the same address."""
+    assert cfg.ids is not None
+    ids = ipaddress.ip_address(cfg.ids.listen_address)
+    others = [("listen_port", cfg.listen_address, cfg.listen_port)]
+    if cfg.metrics_address is not None:
+        others.append(("metrics_port", cfg.metrics_address, cfg.metrics_port))
+    for key, address, port in others:
+        other = ipaddress.ip_address(address)
+        if port == cfg.ids.listen_port and other.version == ids.version and (
+                other == ids or other.is_unspecified or ids.is_unspecified):
+            raise ConfigError("ids.listen_port", f"{port} is also '{key}' on {address}: one listener a port")
+
+
 TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "ports": _ports,
     "mark_actions": _mark_actions,
@@ -265,6 +394,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "static_shunts": static.parse,
     "static_shunt_max_prefix": static.max_prefix,
     "static_priority": _int(1, 65534),
+    "ids": _ids,
 }
 
 
@@ -318,6 +448,10 @@ def from_dict(raw: Any) -> Config:
             if name in values:
                 raise ConfigError(name, "goes into each entry of 'switches' when several are listed")
         values["ports"] = tuple(g for entry in switches for g in entry["ports"])
+    ids = values.get("ids")
+    if ids is not None and not ids.state_file:
+        values["ids"] = dataclasses.replace(ids, state_file=os.path.join(values.get("state_dir", Config.state_dir),
+                                                                         IDS_STATE_FILE))
     cfg = Config(**values)
     if switches is not None:
         if cfg.pair is not None and len(switches) > 1:
@@ -337,6 +471,8 @@ def from_dict(raw: Any) -> Config:
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
     _check(cfg)
     static.check(cfg)
+    if cfg.ids is not None:
+        _ids_port_free(cfg)
     if cfg.pair is not None:
         if cfg.openflow_versions != ("1.3",):
             raise ConfigError("pair", "controller roles need OpenFlow 1.3 only: set openflow_versions to [\"1.3\"]")

@@ -756,6 +756,29 @@ def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
     return cleared, failed
 
 
+def lookup(t: FlowTuple) -> ConnEvent | None:
+    """The live conntrack entry of a connection named by either direction's tuple (an IDS
+    names it as it saw it), or None; one request each way on a socket of its own (the
+    IDS API's threads call it, never the event loop)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        sock.bind((0, 0))
+        sock.settimeout(1.0)
+        for seq, tt in enumerate((t, t.reversed()), 1):
+            body = struct.pack("=BBH", AF[tt.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, tt)
+            sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+                                     NLM_F_REQUEST, seq, 0) + body)
+            data = sock.recv(1 << 16)
+            if len(data) < NLMSG_HDR.size:
+                continue
+            length, mtype, _flags, _seq, _pid = NLMSG_HDR.unpack_from(data, 0)
+            if mtype >> 8 == NFNL_SUBSYS_CTNETLINK and length <= len(data):
+                return parse_fast(data, 0, length, EventKind.DUMP, time.monotonic())
+        return None
+    finally:
+        sock.close()
+
+
 def dump_entries() -> Iterable[ConnEvent]:
     """A one-off synchronous dump (tests, status tools)."""
     return raw_dump(lambda what: LOG.warning("skipped malformed entry: %s", what))

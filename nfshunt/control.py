@@ -8,6 +8,7 @@ request to a callback (the app answers it on its event loop). Requests:
   {"cmd": "unshunt"|"block", "ct_id": N}              one connection, by conntrack id ...
   {"cmd": "unshunt"|"block", "tuple": "tcp 10.0.0.1:40000 -> 10.0.0.2:5201"}   ... or tuple
   {"cmd": "reload"}                                   read the config again (operator_api.reload)
+  {"cmd": "ids_remove", "source": "ids:zeek", "id": "12"}   an IDS's rule taken out by the operator
 
 Refusals (not root, bad request) come back as {"error": "..."}; the socket file is mode
 0600 in a 0700 directory, and the peer's credentials are checked as well.

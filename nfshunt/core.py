@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from . import markcodec
 from .admission import Admission
 from .commands import (Command, DeleteAllFlows, InstallDefaults, InstallPipeline, Later, LimitPacketIns, Refused,
                        RemoveFlows, RequestSwitchFlows, RequestTableSize, ResyncConntrack)
@@ -33,6 +34,7 @@ from .layout import PIPELINE_ENTRIES, max_pair_entries
 from .model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from .pins import PIN_TTL
 from .reconcile import Reconciler, table_1_complete
+from .static import Network
 from .removal import Removal
 from .teardown import HalfClosedDue, Teardown
 
@@ -107,6 +109,7 @@ class Core:
         if cfg.delete_foreign_flows_on_startup:
             out.append(DeleteAllFlows())
         out.extend(sh.static.connected())  # before the defaults: their first frame never crosses the firewall
+        out.extend(sh.address_blocks.connected())  # likewise: a blocked host's first frame is dropped
         if cfg.default_no_shunting:
             out.append(InstallDefaults(cfg.ports))
         if pipeline:
@@ -259,6 +262,45 @@ class Core:
             out.extend(self.static.unblock(orig))
         return out
 
+    # --- an IDS's rules (ids_backend.py decides with ids_rules.precedence; these act) -------
+
+    def ids_pin(self, orig: FlowTuple, action: Action, source: str, now: float) -> list[Command]:
+        """An IDS's shunt or block of a connection, held as a lower pin (pins.py): a pair
+        the policy shunted is taken down for a block (its next packet's entry is blocked);
+        an entry on the slow path is decided when the backend feeds it (or its next event)."""
+        if not self.pins.hold_for(orig, action, source):
+            return []
+        conn = self.conns.tuples.get(orig)
+        if action is Action.BLOCK and conn is not None and conn.action is not Action.BLOCK:
+            return self.remove(conn, f"blocked by {source}", now)
+        return []
+
+    def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float,
+                    successor: tuple[Action, str] | None = None) -> list[Command]:
+        """An IDS's rule of a connection ended: its pin goes (to `successor`, another IDS
+        rule of the connection, if one is left), and a pair that neither it nor the policy
+        would make now is handed back to the firewall, where admission judges it again."""
+        if not self.pins.release(orig, source):
+            return []
+        if successor is not None:
+            self.pins.hold_for(orig, *successor)
+        conn = self.conns.tuples.get(orig)
+        if conn is None:
+            return []
+        mark = markcodec.decode(conn.mark)
+        policy = None if mark.action is None else self.cfg.action_for(mark.action)
+        wanted = successor[0] if successor is not None else policy
+        if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
+            return []  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
+        return self.remove(conn, reason, now)
+
+    def block_address(self, net: Network, expires: float, reason: str) -> list[Command]:
+        """An IDS's block of every frame to or from a prefix, until `expires` (monotonic)."""
+        return self.shared.address_blocks.block(net, expires, reason)
+
+    def unblock_address(self, net: Network, reason: str) -> list[Command]:
+        return self.shared.address_blocks.unblock(net, reason)
+
     # --- TCP teardown (teardown.py) ---------------------------------------------------------
 
     def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
@@ -279,13 +321,16 @@ class Core:
         out.extend(self._removal.overdue(now))
         self.pins.expire(now)
         self.static.expire(now)
+        self.shared.address_blocks.expire(now)
         return out
 
     # --- table ------------------------------------------------------------------------------
 
     def default_entries(self) -> int:
-        """Entries of table 0 that are not any connection's: the defaults, the static shunts."""
-        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries
+        """Entries of table 0 that are not any connection's: the defaults, the static shunts,
+        the address blocks."""
+        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
+            self.shared.address_blocks.entries
 
     def shared_entries(self) -> int:
         """The pipeline layout's table 1 (its own table: not counted against table 0)."""

@@ -1,11 +1,12 @@
 """What the decision core's parts share for one switch: the switch as the core knows it,
-the pairs on it, the connections waiting for room, the operator's pins, the static
-shunts and the half-closed watch. Each part (admission, confirmation, teardown, removal,
+the pairs on it, the connections waiting for room, the pins, the static shunts, the
+address blocks and the half-closed watch. Each part (admission, confirmation, teardown, removal,
 reconcile) is given this object, never the Core. No I/O."""
 from __future__ import annotations
 
 import collections
 
+from .address_blocks import AddressBlocks
 from .config import Config
 from .connection import Conn, Connections
 from .layout import pair_entries
@@ -17,7 +18,7 @@ from .teardown_sweep import HalfClosed
 
 class CoreState:
     __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "stale_policy", "budget", "conns", "waiting",
-                 "pins", "static", "half_closed")
+                 "pins", "static", "address_blocks", "half_closed")
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -34,6 +35,7 @@ class CoreState:
         self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
         self.pins = Pins()  # operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK
         self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
+        self.address_blocks = AddressBlocks(cfg.block_priority)  # an IDS's prefix drops (address_blocks.py)
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()
 

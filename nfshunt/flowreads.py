@@ -59,6 +59,12 @@ class SwitchReads:
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, ALL_ONES_64,
                                      p.OFPMatch())
 
+    def cookie_stats_request(self, cookie: int, mask: int) -> Any:
+        """Flow stats of the flows whose cookie matches under `mask` (OpenFlow 1.3)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, mask,
+                                     p.OFPMatch())
+
     def table_size_request(self) -> Any:
         """What reports table 0's max_entries: table features in 1.3 (an empty body asks,
         never sets), table stats in 1.0."""

@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 from . import cookies
+from .address_flows import AddressFlow
 from .config import Config, PortGroup
 from .connection import Action, Conn
 from .flowreads import (ALL_ONES_64, ETH_IPV6, META_CONN_MASK, META_GROUP_SHIFT, OFP10_VLAN_NONE,
@@ -282,6 +283,20 @@ class FlowBuilder(SwitchReads):
         shape = ("static", t.family, t.proto, flow.in_port, flow.out_port, flow.src.prefixlen, flow.dst.prefixlen,
                  sport, dport, flow.priority, flow.hard_timeout)
         return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport))
+
+    def address_block_add(self, flow: AddressFlow, now: float) -> Any:
+        """An address block's drop (OpenFlow 1.3): any port, any IP protocol, the prefix
+        as source or destination; the hard timeout ends it on time, its flow-removed
+        reports the counters."""
+        p, ofp = self.parser, self.ofp
+        net = flow.net
+        side = "dst" if flow.to else "src"
+        address = str(net.network_address)
+        value = address if net.prefixlen == net.max_prefixlen else (address, str(net.netmask))
+        eth_type = ETH_IPV4 if net.version == 4 else ETH_IPV6
+        match = p.OFPMatch(**{"eth_type": eth_type, f"ipv{net.version}_{side}": value})
+        return p.OFPFlowMod(self.dp, cookie=flow.cookie, command=ofp.OFPFC_ADD, hard_timeout=flow.hard_timeout(now),
+                            priority=flow.priority, flags=ofp.OFPFF_SEND_FLOW_REM, match=match, instructions=[])
 
     def static_stats_request(self) -> Any:
         """The counters of every static flow (by cookie kind, on the switch)."""

@@ -38,6 +38,12 @@ LABELLED = {
     "switch_refused": ("nfshunt_switch_refused", "OpenFlow peers refused, by reason", ("reason",)),
     "static_flows": ("nfshunt_static_flow_changes", "Static shunt flows written or deleted, by what and why",
                      ("change", "reason")),
+    "address_blocks": ("nfshunt_address_block_flow_changes", "IDS address-block flows written or deleted, by "
+                       "what and why", ("change", "reason")),
+    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids_api.Reject; precedence "
+                    "refusals also by the rule that refused them, as refused:<rule>)", ("reason",)),
+    "ids_rules": ("nfshunt_ids_rule_changes", "IDS rules added, found existing, ended, by outcome and kind",
+                  ("outcome", "kind")),
     "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "
                          "the served switch connection", ("message",)),
     "openflow_unasked": ("nfshunt_openflow_unasked", "Replies from the switch to nothing in flight (a request "
@@ -164,6 +170,14 @@ class AppCollector(Collector):
                                     value=len(statics))
             yield GaugeMetricFamily("nfshunt_static_flows_missing", "Static shunt flows not found on the switch "
                                     "at the last read", value=sum(not row["on_switch"] for row in statics))
+        rules = snap.get("rules")
+        if rules is not None:
+            by_source = GaugeMetricFamily("nfshunt_rules", "What decides the switch now, by source: policy (pairs "
+                                          "it decided), operator (pinned connections), ids:<client> (active "
+                                          "IDS rules)", labels=("source",))
+            for source, n in sorted(rules.items()):
+                by_source.add_metric([source], n)
+            yield by_source
         pair = snap.get("pair")
         if pair is not None:
             yield GaugeMetricFamily("nfshunt_pair_master", "1 while the switch has granted this controller MASTER "

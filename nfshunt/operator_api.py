@@ -1,5 +1,5 @@
 """The operator API: what the control socket's requests do (status, flush, reevaluate,
-unshunt, block), answered on the app's event loop. The app hands each request over
+unshunt, block, ids_remove: an IDS's rule taken out), answered on the app's event loop. The app hands each request over
 (EventControl) and lends this class its state; nothing here talks to a socket.
 
 With several switches every request concerns all of them: status reads each connected
@@ -22,6 +22,7 @@ from .accounting import conn_fields
 from .config import Config
 from .control import parse_tuple
 from .conntrack import ConntrackWorker
+from .ids_backend import IdsBackend
 from .metrics import Counters
 from .model import FlowTuple, SwitchFlow, openflow_label
 from .policy_state import PolicyWatch
@@ -91,6 +92,7 @@ class Controller(Protocol):
     started: float
     worker: ConntrackWorker
     policy: PolicyWatch
+    ids: IdsBackend | None
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands and send what they make (then a barrier
@@ -167,13 +169,26 @@ class OperatorAPI:
             LOG.warning("operator %s of %s", cmd, orig)
             ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
             return
+        if cmd == "ids_remove":
+            ids = self.app.ids
+            source, rule_id = str(req.get("source") or ""), str(req.get("id") or "")
+            if ids is None:
+                ev.answer({"error": "this controller has no IDS API (no 'ids' in its config)"})
+            elif not ids.end_by_operator(source, rule_id):
+                ev.answer({"error": f"no active IDS rule {rule_id!r} of {source!r}"})
+            else:
+                self.counters.add("operator", cmd)
+                LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
+                ev.answer({"ok": True, "source": source, "id": rule_id})
+            return
         if cmd == "role":
             self.role(ev, req.get("role"))
             return
         if cmd == "reload":
             self.reload(ev, str(req.get("by") or "control socket"))
             return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, role, reload)"})
+        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, ids_remove, role, "
+                            "reload)"})
 
     def reload(self, ev: EventControl, by: str) -> None:
         """Read and validate the config file again (reload.py): a bad one changes nothing;
@@ -317,11 +332,28 @@ class OperatorAPI:
             **totals(switches, ("shunts", "blocks", "waiting", "pending", "queued", "max_shunts")),
             "flow_stats": all(sw["flow_stats"] for sw in switches),
             "table": first["table"], "pair": first["pair"],
+            "rules_by_source": rules_by_source(self.switches, self.app.ids),
             "counters": self.counters.flat(), "connections": conns,
             "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}
 
 
-def gauges(switches: list[Switch]) -> dict[str, Any]:
+def rules_by_source(switches: list[Switch], ids: IdsBackend | None) -> dict[str, int]:
+    """What decides the pairs and pins now: the policy (pairs it decided), the operator
+    (pinned tuples) and each IDS ("ids:<client>": its active rules). Pins hold both
+    directions: each counts once. Read on the event loop (status) or a scrape thread."""
+    pinned_pairs = operator = 0
+    for sw in switches:
+        tuples = sw.core.conns.tuples
+        for t, pin in list(sw.core.pins.items()):
+            if pin.source is None:
+                operator += 1
+            elif t in tuples:
+                pinned_pairs += 1
+    pairs = sum(sw.core.shunts + sw.core.blocks for sw in switches)
+    return {"policy": pairs - pinned_pairs // 2, "operator": operator // 2, **(ids.by_source() if ids else {})}
+
+
+def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, Any]:
     """The metrics' gauges, read on the scrape thread (plain reads of the event loop's state)."""
     per_switch = []
     for sw in switches:
@@ -338,4 +370,5 @@ def gauges(switches: list[Switch]) -> dict[str, Any]:
             "queued": sum(len(sw.session.send.queued) for sw in switches if sw.session is not None),
             "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
             "pair": roles.status() if roles is not None else None,
-            "static": [row for sw in per_switch for row in sw["static"]]}
+            "static": [row for sw in per_switch for row in sw["static"]],
+            "rules": rules_by_source(switches, ids)}

@@ -1,7 +1,13 @@
-"""An operator's pins: an unshunt (IGNORE) or a block held for a connection by its tuple
-(both directions), applied to the entry its next packet creates on the slow path. No I/O."""
+"""Pins: a decision held for a connection by its tuple (both directions), applied to the
+entry its next packet creates on the slow path (admission.decide). An operator's unshunt
+(IGNORE) or block beats everything; an IDS's shunt or block (source "ids:<client>",
+held until its rule ends: ids_backend.py) is a lower pin: an operator's pin replaces it
+and an IDS never replaces an operator's, and an IDS shunt takes effect only where the
+policy accepted the connection without deciding (ids_rules.precedence, rules 2 and 3).
+No I/O."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .model import Action, ConnEvent, FlowTuple
@@ -14,6 +20,7 @@ class Pin:
     action: Action  # IGNORE (unshunt) or BLOCK
     expires: float
     ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
+    source: str | None = None  # None: the operator's; else the IDS's ("ids:<client>"), held until its rule ends
 
 
 class Pins(dict[FlowTuple, Pin]):
@@ -22,6 +29,24 @@ class Pins(dict[FlowTuple, Pin]):
 
     def hold(self, orig: FlowTuple, action: Action, now: float) -> None:
         self[orig] = self[orig.reversed()] = Pin(action, now + PIN_TTL)
+
+    def hold_for(self, orig: FlowTuple, action: Action, source: str) -> bool:
+        """An IDS's SHUNT or BLOCK for a tuple, held until released; False (nothing held)
+        where an operator's pin is (it beats every IDS). A block replaces a shunt."""
+        had = self.get(orig)
+        if had is not None and (had.source is None or (had.action is Action.BLOCK and action is Action.SHUNT)):
+            return False
+        self[orig] = self[orig.reversed()] = Pin(action, math.inf, source=source)
+        return True
+
+    def release(self, orig: FlowTuple, source: str) -> bool:
+        """The IDS's rule ended: its pin goes (not an operator's or another IDS's)."""
+        had = self.get(orig)
+        if had is None or had.source != source:
+            return False
+        self.pop(orig, None)
+        self.pop(orig.reversed(), None)
+        return True
 
     def destroyed(self, ev: ConnEvent) -> None:
         """An entry left the firewall: an unshunt pin that held it back ends with it."""

@@ -48,6 +48,8 @@ class Reconciler:
         """The switch's flows (table 1 complete, or waited for long enough: Core.reconcile)."""
         sh = self.shared
         flows, out = sh.static.reconcile(flows)
+        flows, stale = sh.address_blocks.reconcile(flows)
+        out.extend(stale)
         pairs, catchers = self._sort_flows(flows, out)
         present: set[int] = set()
         for (kind, key), dirs in pairs.items():

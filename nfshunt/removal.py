@@ -45,6 +45,9 @@ class Removal:
         if parsed is None or parsed.kind is cookies.Kind.DEFAULT:
             return []
         kind, key, reply = parsed
+        if kind is cookies.Kind.ADDRESS_BLOCK:  # an IDS's address block: its counters, for the rule's end
+            self.shared.address_blocks.flow_removed(cookie, packets, nbytes)
+            return []
         conns = self.shared.conns
         conn = conns.named(kind, key)
         if conn is None or conn.state is State.PENDING:

@@ -23,13 +23,17 @@ from .accounting import Outcomes, audit_logger
 from .peers import Peers
 from .channel import RateLimitedLog, install_connection_factory
 from .config import Config
+from . import conntrack
 from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer
 from .dispatch import Dispatcher
 from .feeds import EventConntrack, EventOverflow, EventRun, EventShutdown, EventTick, EventWatch, Feeds
 from .housekeeping import Housekeeping
+from .ids_api import IdsApi
+from .ids_backend import EventIds, IdsBackend
 from .logs import BatchedFileHandler, flush_all
 from .metrics import Metrics
+from .model import ConnEvent
 from .operator_api import EventControl, OperatorAPI, gauges
 from .policy_state import PolicyWatch
 from .replies import Replies
@@ -68,8 +72,11 @@ class NFShuntApp(app_manager.OSKenApp):
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
         self.feeds = Feeds(self.switches, lambda ev: self.send_event(self.name, ev))
         self.operator = OperatorAPI(self)
+        # The IDS API (issue 28): its server's threads hand each call to this event loop.
+        self.ids: IdsBackend | None = None
+        self.ids_api: IdsApi | None = None
         self.started = time.time()
-        self.metrics = Metrics(lambda: gauges(self.switches))
+        self.metrics = Metrics(lambda: gauges(self.switches, self.ids))
         self.counters = self.metrics.counters
         self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
@@ -78,6 +85,12 @@ class NFShuntApp(app_manager.OSKenApp):
         self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
         self.run = self.dispatcher.run
+        if self.cfg.ids is not None:
+            self.ids = IdsBackend(self.cfg.ids, self, self.counters, self.audit, conntrack.lookup)
+            self.dispatcher.outcomes.watch = self.ids
+            self.ids.load()
+            self.ids_api = IdsApi(self.cfg.ids, self.ids,
+                                  count=lambda why: self.counters.add("ids_refused", why.value))
         self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale
@@ -117,7 +130,20 @@ class NFShuntApp(app_manager.OSKenApp):
         self.listener.start()
         if self.control is not None:
             self.control.start()
+        if self.ids_api is not None:
+            self.ids_api.start()
         self.threads.append(hub.spawn(self.feeds.ticker))
+
+    def post(self, ev: Any) -> None:
+        """Hand an event to the event loop (from any thread)."""
+        self.send_event(self.name, ev)
+
+    def feed(self, events: list[ConnEvent]) -> None:
+        """Entries read outside the listener (an IDS request's lookup), decided as events are."""
+        outs = self.router.dispatch(events, [sw.core for sw in self.switches], self.counters)
+        for sw, out in zip(self.switches, outs, strict=True):
+            if out:
+                self.run(sw, out)
 
     def _malformed(self, what: str) -> None:
         # Called from the listener thread; Counter increments are atomic enough for stats.
@@ -130,6 +156,10 @@ class NFShuntApp(app_manager.OSKenApp):
         self.metrics.stop()
         if self.control is not None:
             self.control.stop()
+        if self.ids_api is not None:
+            self.ids_api.stop()
+        if self.ids is not None:
+            self.ids.save()
         self.listener.stop()
         self.worker.stop()
 
@@ -217,6 +247,10 @@ class NFShuntApp(app_manager.OSKenApp):
     def _control(self, ev: EventControl) -> None:
         self.operator.handle(ev)
 
+    @set_ev_cls(EventIds)
+    def _ids(self, ev: EventIds) -> None:
+        ev.work()
+
     @set_ev_cls(EventRun)
     def _run_later(self, ev: EventRun) -> None:
         self.run(ev.switch, ev.commands, ev.waiter)
@@ -232,6 +266,8 @@ class NFShuntApp(app_manager.OSKenApp):
         now = time.monotonic()
         for sw in self.switches:
             self.housekeeping.tick(sw, now)
+        if self.ids is not None:
+            self.ids.tick()
         busy = any(sw.session is not None and sw.session.send.pending() > 0 for sw in self.switches)
         if self.trimmer.tick(self._events_read, busy):
             LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")

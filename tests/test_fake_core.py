@@ -28,7 +28,7 @@ from nfshunt.dispatch import Dispatcher  # noqa: E402
 from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
 from nfshunt.model import UDP, FlowTuple  # noqa: E402
-from nfshunt.inflight import Barrier, CounterRead  # noqa: E402
+from nfshunt.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
 from nfshunt.session import Session  # noqa: E402
 from nfshunt.switch import Switch  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
@@ -162,6 +162,9 @@ class Rig:
                 cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
             return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
         assert isinstance(msg, fs.FlowStatsReply)
+        if isinstance(asked, FlowsRead):  # a read for someone else (status, an IDS rule's counters)
+            asked.done([fb.parse_stats(s) for s in msg.body])
+            return []
         if isinstance(asked, CounterRead):
             packets = {r: sum(s.packet_count for s in msg.body if bool(s.cookie & cookies.DIRECTION_BIT) == r)
                        for r in (False, True)}

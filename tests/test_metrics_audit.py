@@ -111,8 +111,8 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
 
     from nfshunt.switch_app import NFShuntApp
     calls = []
-    app = SimpleNamespace(feeds=SimpleNamespace(stop=lambda: calls.append("feeds")), control=None,
-                          metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
+    app = SimpleNamespace(feeds=SimpleNamespace(stop=lambda: calls.append("feeds")), control=None, ids_api=None,
+                          ids=None, metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
                           listener=SimpleNamespace(stop=lambda: calls.append("listener")),
                           worker=SimpleNamespace(stop=lambda: calls.append("worker")))
     NFShuntApp.close(app)

@@ -31,7 +31,7 @@ def _api(connected=(True, True)):
             dp = FakeDatapath()
             dp.id, dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
             sw.session = Session(dp, sw.cfg)
-    app = SimpleNamespace(switches=switches, counters=Metrics(lambda: {}).counters, started=time.time(),
+    app = SimpleNamespace(switches=switches, ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
                           run=lambda sw, out: None)
     # One live shunt on each switch.
     for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),

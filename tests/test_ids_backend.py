@@ -1,0 +1,334 @@
+"""The IDS backend (ids_backend.py) against the fake switch table: what an IDS's rule does
+to packets, and what each add is answered. The core, flow builder and dispatcher as
+test_fake_core's Rig wires them; the event loop is the test's own thread."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+from nfshunt import cookies  # noqa: E402
+from nfshunt.config import IdsConfig, MayShunt  # noqa: E402
+from nfshunt.ids_api import Reject, Result  # noqa: E402
+from nfshunt.ids_backend import IdsBackend  # noqa: E402
+from nfshunt.ids_rules import Kind, Refusal, Rule  # noqa: E402
+from nfshunt.model import Action, FlowTuple  # noqa: E402
+from nfshunt.operator_api import rules_by_source  # noqa: E402
+from tests.helpers import event  # noqa: E402
+from tests.test_fake_core import FAST_A, FAST_B, SLOW_A, Rig, fast, slow  # noqa: E402
+
+WALL = 1_700_000_000.0
+ORIG = event().orig  # tcp 10.0.0.1:40000 -> 10.0.0.2:5201
+
+
+class Host:
+    """The app as the backend sees it: the rig's switch; posted work runs at once (the
+    test's thread is the event loop); a barrier is answered as the rig runs."""
+
+    def __init__(self, rig: Rig):
+        self.rig = rig
+        self.cfg = rig.sw.cfg
+        self.switches = [rig.sw]
+
+    def run(self, _sw: Any, commands: Any, waiter: Any = None) -> None:
+        self.rig.run(commands)
+        if waiter is not None:
+            waiter.set()
+
+    def post(self, ev: Any) -> None:
+        ev.work()
+        self.rig.run()  # the loop goes on: the switch's answers to what the call asked are read
+
+    def feed(self, events: Any) -> None:
+        for ev in events:
+            self.rig.run(self.rig.core.conntrack_event(ev))
+
+
+class Clock:
+    def __init__(self, rig: Rig):
+        self.rig = rig
+
+    def wall(self) -> float:
+        return WALL + self.rig.now
+
+    def mono(self) -> float:
+        return self.rig.now
+
+
+def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, **kw: Any):
+    rig = rig or Rig()
+    entries: dict[FlowTuple, Any] = {}
+    audit = logging.getLogger("nfshunt.test-ids-audit")
+    audit.handlers.clear()
+    audit.setLevel(logging.INFO)
+    audit.propagate = False
+    records: list[dict[str, Any]] = []
+    audit.addHandler(_Collect(records))
+    cfg = IdsConfig(may_shunt=MayShunt(prefixes=tuple(ipaddress.ip_network(p) for p in may_shunt)),
+                    state_file=str(tmp_path / "ids.json") if tmp_path is not None else "", **kw)
+    clock = Clock(rig)
+    backend = IdsBackend(cfg, Host(rig), rig.counters, audit,
+                         lambda t: entries.get(t) or entries.get(t.reversed()), clock.wall, clock.mono)
+    rig.dispatcher.outcomes.watch = backend
+    return rig, backend, entries, records
+
+
+class _Collect(logging.Handler):
+    def __init__(self, records: list[dict[str, Any]]):
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(json.loads(record.getMessage()))
+
+
+def rule(rig: Rig, kind: Kind = Kind.SHUNT, rule_id: str = "1", source: str = "ids:zeek", expire: int = 60,
+         connection: FlowTuple | None = ORIG, address: str | None = None) -> Rule:
+    if address is not None:
+        connection = None
+    return Rule(source, rule_id, kind, 0, expire, WALL + rig.now, connection=connection,
+                address=None if address is None else ipaddress.ip_network(address))
+
+
+def tick(rig: Rig, backend: IdsBackend, seconds: float) -> None:
+    rig.advance(seconds)
+    backend.tick()
+
+
+def test_a_connection_the_policy_ignores_is_shunted_inside_may_shunt_and_answered_once_confirmed():
+    rig, backend, entries, records = setup()
+    entries[ORIG] = event(action=0)  # accepted, left to the firewall by the policy
+    out = backend.submit(rule(rig), 1.0)
+    assert (out.result, out.pending) == (Result.ADDED, None)
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+    assert records[0]["event"] == "ids_rule_added" and records[0]["requester"] == "ids:zeek"
+    assert rules_by_source([rig.sw], backend) == {"policy": 0, "operator": 0, "ids:zeek": 1}
+
+
+def test_outside_may_shunt_or_blocked_by_the_policy_a_shunt_is_refused_naming_the_rule():
+    rig, backend, entries, _ = setup(may_shunt=("192.0.2.0/24",))
+    entries[ORIG] = event(action=0)
+    out = backend.submit(rule(rig), 1.0)
+    assert (out.result, out.error, out.refusal) == (Result.ERROR, Reject.REFUSED, Refusal.OUTSIDE_MAY_SHUNT)
+    assert rig.core.find(tuple_=ORIG) is None and not backend.store.rules
+    rig, backend, _, _ = setup()
+    rig.event(action=2)  # the policy blocks it
+    out = backend.submit(rule(rig), 1.0)
+    assert out.refusal is Refusal.BLOCKED
+    assert rig.counters.flat()["ids_refused:refused:blocked"] == 1
+
+
+def test_a_shunt_of_a_connection_not_seen_yet_is_pending_and_applied_when_its_entry_comes():
+    rig, backend, _, _ = setup()
+    out = backend.submit(rule(rig), 1.0)
+    assert out.result is Result.ADDED and "conntrack entry" in out.pending
+    conn = rig.event(action=0)  # the policy accepts it, leaves it alone: the IDS's pin shunts it
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
+    rig, backend, _, _ = setup()
+    conn = rig.event()  # the policy shunts it
+    rig.advance(rig.core.cfg.drain)
+    out = backend.submit(rule(rig, Kind.BLOCK), 0.01)
+    assert out.result is Result.ADDED and out.pending  # waits for the pair's take-down and the block
+    rig.kernel_answers()  # the entry re-created, decision cleared; the flows go
+    assert slow(rig, conn)
+    blocked = rig.event(ct_id=8)  # its next packet: the policy says shunt again, the IDS's block wins
+    assert blocked.action is Action.BLOCK and rig.packet(FAST_A, ORIG).dropped
+
+
+def test_an_operator_pin_beats_an_ids_rule_and_replaces_its_pin():
+    rig, backend, entries, _ = setup()
+    rig.run(rig.core.pin(ORIG, Action.IGNORE, rig.now))
+    entries[ORIG] = event(action=0)
+    out = backend.submit(rule(rig), 1.0)
+    assert out.refusal is Refusal.OPERATOR_PIN
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    conn = rig.core.find(tuple_=ORIG)
+    rig.run(rig.core.pin(ORIG, Action.IGNORE, rig.now))  # the operator unshunts it
+    rig.kernel_answers()
+    assert slow(rig, conn) and rig.core.pins[ORIG].source is None
+    assert rig.event(action=0, ct_id=9) is None  # held on the slow path: the IDS's shunt is gone with its pin
+
+
+def test_a_policy_change_judges_an_ids_shunt_again():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    rig.run(rig.core.flush("policy changed", rig.now))
+    rig.kernel_answers()
+    assert rig.event(action=2, ct_id=9).action is Action.BLOCK  # the new policy blocks it: a block beats a shunt
+
+
+def test_a_connection_rule_expires_hard_its_pair_handed_back_and_reported_with_counters():
+    rig, backend, entries, records = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig, expire=5), 1.0)
+    conn = rig.core.find(tuple_=ORIG)
+    rig.advance(rig.core.cfg.drain)
+    fast(rig, conn)
+    tick(rig, backend, 5)
+    rig.kernel_answers()  # re-created, decision cleared: the policy judges it again
+    tick(rig, backend, 0)
+    assert slow(rig, conn) and not backend.store.rules and ORIG not in rig.core.pins
+    ended = backend.store.ended("ids:zeek", "1")
+    assert ended.why == "expired" and ended.counts.packets == 2
+    assert records[-1]["event"] == "ids_rule_ended" and records[-1]["packets"] == 2
+
+
+def test_an_address_block_drops_to_and_from_the_prefix_above_shunts_and_expires_with_counters():
+    rig, backend, _, records = setup()
+    conn = rig.event()  # a policy shunt of 10.0.0.1
+    out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32", expire=5), 1.0)
+    assert (out.result, out.pending) == (Result.ADDED, None)
+    assert rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
+    other = FlowTuple(4, 17, "10.0.0.3", "10.0.0.2", 1000, 53)
+    assert rig.packet(FAST_A, other).outputs == (SLOW_A,)
+    flows = rig.flows(cookies.Kind.ADDRESS_BLOCK)
+    assert len(flows) == 2 and all(f.priority > rig.core.cfg.static_priority for f in flows)
+    tick(rig, backend, 5)  # the switch's hard timeout and the tick agree
+    tick(rig, backend, 0)
+    assert fast(rig, conn) and not rig.flows(cookies.Kind.ADDRESS_BLOCK)
+    ended = backend.store.ended("ids:zeek", "1")
+    assert ended.why == "expired" and ended.counts.packets == 2
+    assert records[-1]["event"] == "ids_rule_ended"
+
+
+def test_an_address_block_is_installed_again_at_a_reconnect_and_kept_by_reconcile():
+    from tests import fakeswitch as fs
+    rig, backend, _, _ = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.0/30"), 1.0)
+    rig.reconnect(fs.FakeSwitch(now=rig.now))
+    assert len(rig.flows(cookies.Kind.ADDRESS_BLOCK)) == 2
+    assert rig.packet(FAST_A, ORIG).dropped
+
+
+def test_a_whitelist_exempts_from_ids_blocks_and_lifts_one_in_place():
+    rig, backend, _, _ = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.0/30"), 1.0)
+    out = backend.submit(rule(rig, Kind.WHITELIST, "w", address="10.0.0.1/32"), 1.0)
+    assert out.result is Result.ADDED
+    tick(rig, backend, 0)
+    assert not rig.flows(cookies.Kind.ADDRESS_BLOCK) and backend.store.get("ids:zeek", "1") is None
+    out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.1/32"), 1.0)
+    assert out.refusal is Refusal.WHITELISTED
+
+
+def test_remove_answers_with_the_counters_and_an_unknown_id_is_not_found():
+    rig, backend, _, _ = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
+    rig.packet(FAST_A, ORIG)
+    out = backend.remove("ids:zeek", "1")
+    assert out.result is Result.REMOVED and out.view.packets == 1
+    assert backend.remove("ids:zeek", "nope").error is Reject.NOT_FOUND
+
+
+def test_rules_come_back_after_a_restart_and_those_expired_meanwhile_are_reported(tmp_path):
+    rig, backend, _, _ = setup(tmp_path)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32", expire=100), 1.0)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.2/32", expire=5), 1.0)
+    backend.tick()
+    assert not backend.store.dirty
+    again = Rig(now=rig.now + 10)  # a new controller, 10 s later
+    again, restarted, _, records = setup(tmp_path, rig=again)
+    restarted.load()
+    assert [r.id for r in restarted.store.rules.values()] == ["1"]
+    assert records[0]["event"] == "ids_rule_ended" and records[0]["why"] == "expired while the controller was down"
+    again.reconnect(again.switch)  # installed at connect
+    assert again.packet(FAST_A, ORIG).dropped
+
+
+def test_when_an_ids_block_ends_another_requesters_shunt_of_the_connection_takes_over():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig, source="ids:a"), 1.0)
+    backend.submit(rule(rig, Kind.BLOCK, source="ids:b"), 0.01)  # a block beats the shunt: the pair goes
+    rig.kernel_answers()
+    assert rig.event(action=0, ct_id=8).action is Action.BLOCK
+    backend.remove("ids:b", "1")
+    rig.kernel_answers()
+    assert rig.core.pins[ORIG].source == "ids:a"
+    conn = rig.event(action=0, ct_id=9)
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def test_the_operator_takes_an_ids_address_block_out():
+    rig, backend, _, records = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
+    assert rig.packet(FAST_A, ORIG).dropped
+    assert backend.end_by_operator("ids:zeek", "1") and not backend.end_by_operator("ids:zeek", "1")
+    tick(rig, backend, 0)
+    assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)
+    assert backend.store.ended("ids:zeek", "1").why == "removed by the operator"
+    assert [r["event"] for r in records][-2:] == ["ids_rule_removed_by_operator", "ids_rule_ended"]
+
+
+def test_an_api_thread_waits_for_the_loop_and_a_loop_that_never_takes_it_is_a_timeout():
+    import threading
+    rig, backend, entries, _ = setup()
+    posted = []
+    backend.host.post = posted.append  # the loop takes nothing until the test runs it
+    with pytest.raises(TimeoutError):  # the API answers 504
+        backend.submit(rule(rig), 0.05)
+    entries[ORIG] = event(action=0)
+    got = []
+    taken = threading.Event()
+    posted.clear()
+    backend.host.post = lambda ev: (posted.append(ev), taken.set())
+    api = threading.Thread(target=lambda: got.append(backend.submit(rule(rig, rule_id="2"), 5.0)))
+    api.start()
+    assert taken.wait(5), "the API thread posted its call"
+    posted.pop().work()  # the event loop's turn: the pair installed and confirmed
+    api.join(5)
+    assert got[0].result is Result.ADDED and got[0].pending is None
+
+
+def test_the_metrics_show_rules_by_source_and_refusals_by_the_rule_that_refused():
+    from prometheus_client import generate_latest
+
+    from nfshunt.metrics import Metrics
+    from nfshunt.operator_api import gauges
+    rig, backend, entries, _ = setup()
+    rig.event(sport=41000)  # a policy shunt
+    rig.run(rig.core.pin(ORIG._replace(sport=42000), Action.BLOCK, rig.now))  # an operator's pin
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", source="ids:scipass", address="192.0.2.0/24"), 1.0)
+    outside = FlowTuple(4, 6, "198.51.100.1", "198.51.100.2", 40000, 80)
+    assert backend.submit(rule(rig, rule_id="3", connection=outside), 1.0).refusal is Refusal.OUTSIDE_MAY_SHUNT
+    metrics = Metrics(lambda: gauges([rig.sw], backend))
+    metrics.counters = rig.counters
+    text = generate_latest(metrics.registry).decode()
+    for source, n in (("policy", 1), ("operator", 1), ("ids:zeek", 1), ("ids:scipass", 1)):
+        assert f'nfshunt_rules{{source="{source}"}} {n}.0' in text, text
+    flat = rig.counters.flat()
+    assert flat["ids_rules:added:shunt"] == 1 and flat["ids_refused:refused:outside_may_shunt"] == 1
+
+
+def test_an_active_rules_view_carries_its_flows_counters_read_from_the_switch():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig), 1.0)
+    conn = rig.core.find(tuple_=ORIG)
+    assert fast(rig, conn)
+    view = backend.rule("ids:zeek", "1")
+    assert (view.state.value, view.packets) == ("active", 2)
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.3/32"), 1.0)
+    rig.packet(FAST_A, FlowTuple(4, 17, "10.0.0.3", "10.0.0.2", 1000, 53))
+    assert backend.rule("ids:zeek", "2").packets == 1
+
+
+def test_an_address_block_is_refused_when_a_switch_speaks_openflow_1_0():
+    from nfshunt.model import OFP10
+    rig, backend, _, _ = setup(rig=Rig(OFP10))
+    out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
+    assert out.error is Reject.UNAVAILABLE and "OpenFlow 1.3" in out.reason and not backend.store.rules

@@ -1,0 +1,141 @@
+"""The IDS rule store: per requester, capped, hard expiry, the state file across restarts."""
+import ipaddress
+import json
+import os
+import stat
+
+from nfshunt.config import IdsConfig
+from nfshunt.ids_rules import Kind, parse
+from nfshunt.ids_store import Added, Counts, Store
+from nfshunt.model import Action, FlowTuple
+
+CFG = IdsConfig(token_file="/unused")
+NOW = 1_700_000_000.0
+CONN = {"protocol": "tcp", "src": "10.0.0.1", "sport": 40000, "dst": "10.0.0.2", "dport": 5201}
+
+
+def rule(rule_id="1", source="ids:zeek", action="shunt", address=None, expire=60, now=NOW, **conn):
+    raw = {"id": rule_id, "action": action, "expire": expire}
+    if address is None:
+        raw["connection"] = {**CONN, **conn}
+    else:
+        raw["address"] = address
+    return parse(raw, source, now, CFG)
+
+
+def counts(r):
+    return Counts(packets=10, bytes=1500)
+
+
+def test_add_exists_duplicate_full():
+    store = Store(None, max_rules=2)
+    assert store.add(rule()) is Added.ADDED
+    assert store.add(rule()) is Added.EXISTS  # the same id and target
+    assert store.add(rule(sport=1)) is Added.DUPLICATE  # the same id, another target
+    assert store.add(rule(source="ids:other")) is Added.ADDED  # ids are per requester
+    assert store.add(rule("2")) is Added.FULL
+    assert len(store) == 2 and store.dirty
+    assert sorted(r.source for r in store.holders(rule())) == ["ids:other", "ids:zeek"]
+
+
+def test_remove_and_expire_report_counts():
+    store = Store(None, max_rules=10)
+    store.add(rule("1", expire=10))
+    store.add(rule("2", expire=20, sport=2))
+    assert store.expire(NOW + 9.9, counts) == []
+    [ended] = store.expire(NOW + 10, counts)
+    assert ended.rule.id == "1" and ended.why == "expired" and ended.counts == Counts(10, 1500)
+    assert ended.to_json()["state"] == "expired" and ended.to_json()["packets"] == 10
+    # A DELETE racing the expiry is answered with how it ended.
+    assert store.remove("ids:zeek", "1", NOW + 11, counts) is ended
+    removed = store.remove("ids:zeek", "2", NOW + 11, lambda r: Counts(1, 2))
+    assert removed.why == "removed" and removed.counts == Counts(1, 2) and len(store) == 0
+    assert store.remove("ids:zeek", "3", NOW, counts) is None
+    assert store.remove("ids:other", "2", NOW, counts) is None  # another requester's id
+
+
+def test_ended_rules_remembered_within_bound():
+    store = Store(None, max_rules=10, remember=2)
+    for i in range(3):
+        store.add(rule(str(i), sport=i + 1, expire=1))
+    store.expire(NOW + 1, counts)
+    assert store.ended("ids:zeek", "0") is None and store.ended("ids:zeek", "2") is not None
+
+
+def test_select_filters():
+    store = Store(None, max_rules=10)
+    store.add(rule("1"))
+    store.add(rule("2", source="ids:b", action="block", sport=9))
+    store.add(rule("3", action="block", address="192.0.2.0/24"))
+    store.add(rule("4", action="whitelist", address="fd00::/64"))
+    assert [r.id for r in store.select(source="ids:b")] == ["2"]
+    assert [r.id for r in store.select(kind=Kind.BLOCK_ADDRESS)] == ["3"]
+    assert {r.id for r in store.select(address=ipaddress.ip_network("10.0.0.2"))} == {"1", "2"}
+    assert [r.id for r in store.select(address=ipaddress.ip_network("192.0.2.77"))] == ["3"]
+    assert [r.id for r in store.select(address=ipaddress.ip_network("fd00::9"))] == ["4"]
+    assert len(store.select()) == 4
+
+
+def test_situation_from_ids_blocks_and_whitelists():
+    store = Store(None, max_rules=10)
+    shunt = rule("s")
+    assert store.situation(shunt, policy=Action.IGNORE).ids_block is None
+    store.add(rule("b", source="ids:x", action="block", address="10.0.0.0/24"))
+    situation = store.situation(shunt, policy=Action.IGNORE, pin=Action.SHUNT)
+    assert situation.ids_block == "ids:x/b" and situation.pin is Action.SHUNT
+    store.add(rule("w", action="whitelist", address="10.0.0.2"))
+    assert store.situation(rule("c", action="block"), policy=Action.SHUNT).whitelist == "ids:zeek/w"
+    assert [r.id for r in store.exempted_by(store.get("ids:zeek", "w"))] == ["b"]
+    # A connection block of the reply direction covers the connection too.
+    other = Store(None, max_rules=10)
+    other.add(rule("r", action="block", src="10.0.0.2", dst="10.0.0.1", sport=5201, dport=40000))
+    assert other.blocking(FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 40000, 5201)).id == "r"
+
+
+def test_state_file_atomic_0600_and_reloaded_with_expiry(tmp_path):
+    path = str(tmp_path / "state" / "ids-rules.json")
+    store = Store(path, max_rules=10)
+    store.add(rule("short", expire=10))
+    store.add(rule("long", expire=100, sport=2))
+    store.add(rule("addr", action="block", address="fd00:1::/64", expire=100))
+    store.save()
+    assert not store.dirty
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.listdir(tmp_path / "state") == ["ids-rules.json"]  # no temporary left
+    # Restart 50 s later: the short rule expired while the controller was down.
+    again = Store(path, max_rules=10)
+    [gone] = again.load(NOW + 50)
+    assert gone.rule.id == "short" and gone.why == "expired while the controller was down"
+    assert {r.id for r in again.select()} == {"long", "addr"}
+    assert again.get("ids:zeek", "addr").address == ipaddress.ip_network("fd00:1::/64")
+    assert again.get("ids:zeek", "long") == store.get("ids:zeek", "long")
+    assert again.dirty  # the expired one is to be written out
+
+
+def test_state_file_bad_entries_dropped_bad_file_kept_aside(tmp_path):
+    path = tmp_path / "ids-rules.json"
+    good = rule("ok").to_json()
+    path.write_text(json.dumps({"version": 1, "rules": [good, {**good, "id": "x/y"}, {**good, "extra": 1}, good,
+                                                        {**good, "id": "p", "connection": {**CONN, "dport": 0}}]}))
+    store = Store(str(path), max_rules=10)
+    assert store.load(NOW) == [] and [r.id for r in store.select()] == ["ok"]
+    path.write_text("{not json")
+    fresh = Store(str(path), max_rules=10)
+    assert fresh.load(NOW) == [] and len(fresh) == 0
+    assert (tmp_path / "ids-rules.json.bad").exists() and not path.exists()
+
+
+def test_state_file_over_the_cap(tmp_path):
+    path = str(tmp_path / "ids-rules.json")
+    store = Store(path, max_rules=3)
+    for i in range(3):
+        store.add(rule(str(i), sport=i + 1))
+    store.save()
+    smaller = Store(path, max_rules=2)
+    smaller.load(NOW)
+    assert len(smaller) == 2
+
+
+def test_missing_state_file_is_an_empty_start(tmp_path):
+    store = Store(str(tmp_path / "none.json"), max_rules=3)
+    assert store.load(NOW) == [] and len(store) == 0
