@@ -45,6 +45,11 @@ class Kind(enum.StrEnum):
 CONNECTION_KINDS = frozenset({Kind.SHUNT, Kind.BLOCK})
 
 
+def pair_key(t: FlowTuple) -> FlowTuple:
+    """A connection named direction-blind (either direction's tuple gives the same key)."""
+    return min(t, t.reversed())
+
+
 class RuleError(ValueError):
     """A request the API refuses as malformed (a 400): field names where, problem what."""
 
@@ -75,10 +80,15 @@ class Rule:
         return self.created + self.expire
 
     @property
+    def action(self) -> Action:
+        """What a connection rule asks of its pair: SHUNT or BLOCK."""
+        return Action.SHUNT if self.kind is Kind.SHUNT else Action.BLOCK
+
+    @property
     def target(self) -> tuple[Any, ...]:
         """What the rule acts on, direction-blind: two rules with the same target are the same rule."""
         if self.connection is not None:
-            return self.kind, min(self.connection, self.connection.reversed())
+            return self.kind, pair_key(self.connection)
         return self.kind, self.address
 
     def networks(self) -> tuple[Network, ...]:
@@ -264,7 +274,7 @@ def parse_scipass(body: Any, good: bool, source: str, now: float, cfg: IdsConfig
 
 def scipass_id(kind: Kind, conn: FlowTuple) -> str:
     """The id a SciPass request's rule gets: the same for the same flow, either direction."""
-    digest = hashlib.sha256(repr((kind.value, min(conn, conn.reversed()))).encode()).hexdigest()
+    digest = hashlib.sha256(repr((kind.value, pair_key(conn))).encode()).hexdigest()
     return f"scipass-{kind.value}-{digest[:16]}"
 
 
@@ -329,7 +339,7 @@ def precedence(rule: Rule, situation: Situation, allowed: MayShunt) -> Verdict:
     if rule.kind is Kind.WHITELIST:
         return Verdict(Decision.APPLY, reason="a whitelist only exempts addresses from IDS blocks")
     if rule.kind in CONNECTION_KINDS and s.pin is not None:
-        wanted = Action.SHUNT if rule.kind is Kind.SHUNT else Action.BLOCK
+        wanted = rule.action
         if s.pin is wanted:
             return Verdict(Decision.EXISTS, reason=f"an operator's pin already {wanted.value}s it")
         return Verdict(Decision.REFUSE, Refusal.OPERATOR_PIN,

@@ -30,7 +30,8 @@ from .dispatch import Dispatcher
 from .feeds import EventConntrack, EventOverflow, EventRun, EventShutdown, EventTick, EventWatch, Feeds
 from .housekeeping import Housekeeping
 from .ids_api import IdsApi
-from .ids_backend import EventIds, IdsBackend
+from .ids_backend import IdsBackend
+from .ids_loop import EventIds
 from .logs import BatchedFileHandler, flush_all
 from .metrics import Metrics
 from .model import ConnEvent

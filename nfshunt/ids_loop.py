@@ -1,0 +1,80 @@
+"""An IDS call handed from the API's threads to the event loop, and its answer waited for.
+
+The API serves on its own threads; every call runs on the event loop (EventIds, as the
+control socket's requests do) and the API thread waits for its `Answer`. At most QUEUED
+calls are in the loop's queue at once: os-ken's queue (128 events) also carries the
+switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+from os_ken.controller import event
+
+from . import commands as c
+from .config import Config
+from .ids_api import Outcome, RuleView
+from .model import ConnEvent
+from .switch import Switch
+
+QUEUED = 32  # IDS calls in the event loop's queue at most
+
+
+class EventIds(event.EventBase):
+    """An IDS API call, run on the event loop."""
+
+    def __init__(self, work: Callable[[], None]):
+        super().__init__()
+        self.work = work
+
+
+@dataclass
+class Answer:
+    """One call's answer, from the event loop to the API thread that waits for it."""
+    taken: threading.Event = field(default_factory=threading.Event)  # the loop has it
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Outcome | None = None
+    barriers: list[threading.Event] = field(default_factory=list)  # then these switches' confirmations
+    views: list[RuleView] = field(default_factory=list)  # a list's answer
+
+    def answer(self, outcome: Outcome, barriers: Iterable[threading.Event] = ()) -> None:
+        self.outcome = outcome
+        self.barriers = list(barriers)
+        self.done.set()
+
+
+class Host(Protocol):
+    """What the IDS backend needs of the app: its switches, and its event loop's services."""
+    cfg: Config
+    switches: list[Switch]
+
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None: ...
+
+    def post(self, ev: event.EventBase) -> None: ...
+
+    def feed(self, events: list[ConnEvent]) -> None: ...
+
+
+class LoopCalls:
+    """Posts calls to the event loop (the host's) with room for QUEUED at once."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self._room = threading.BoundedSemaphore(QUEUED)
+
+    def call(self, work: Callable[[Answer], None], timeout: float) -> Answer:
+        """Run `work` on the event loop; TimeoutError if it did not take it in time."""
+        ans = Answer()
+        if not self._room.acquire(timeout=timeout):
+            raise TimeoutError("the controller's event loop has too many IDS requests queued")
+
+        def run() -> None:
+            self._room.release()
+            ans.taken.set()
+            work(ans)
+        self.host.post(EventIds(run))
+        if not ans.taken.wait(timeout):
+            raise TimeoutError("the controller's event loop did not take the request in time")
+        return ans
