@@ -129,47 +129,11 @@ class AppCollector(Collector):
                                 "connected, with one)", value=snap["connected"])
         per_switch = snap.get("switches") or []
         if len(per_switch) > 1:  # several switches: each one's own state, by datapath id
-            up = GaugeMetricFamily("nfshunt_switch_up", "1 while this switch is connected", labels=("datapath_id",))
-            pairs = GaugeMetricFamily("nfshunt_switch_active", "Shunt and block pairs on this switch now",
-                                      labels=("datapath_id", "action"))
-            used = GaugeMetricFamily("nfshunt_switch_table_entries_used", "Entries NFShunt's flows take in this "
-                                     "switch's table 0", labels=("datapath_id",))
-            for sw in per_switch:
-                up.add_metric([sw["datapath_id"]], sw["connected"])
-                pairs.add_metric([sw["datapath_id"], "shunt"], sw["shunts"])
-                pairs.add_metric([sw["datapath_id"], "block"], sw["blocks"])
-                used.add_metric([sw["datapath_id"]], sw["table_used"])
-            yield from (up, pairs, used)
-        yield GaugeMetricFamily("nfshunt_flow_budget_used", "Pairs counted against max_shunts",
-                                value=snap["shunts"] + snap["blocks"])
-        yield GaugeMetricFamily("nfshunt_flow_budget_max", "Pairs allowed at once: max_shunts, or derived from the "
-                                "switch's table size (0: no budget)", value=snap["max_shunts"])
-        if snap.get("table_max") is not None:
-            yield GaugeMetricFamily("nfshunt_table_entries_max", "Entries the switch's table 0 holds (as reported)",
-                                    value=snap["table_max"])
-        yield GaugeMetricFamily("nfshunt_table_entries_used", "Entries NFShunt's flows take in table 0 (defaults, "
-                                "pairs, teardown catchers)", value=snap.get("table_used", 0))
-        yield GaugeMetricFamily("nfshunt_table1_entries_used", "Entries of the pipeline layout's table 1 (shared "
-                                "outputs and teardown catchers; 0 in the single layout)",
-                                value=snap.get("table_1", 0))
-        yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
-        yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
-                                value=snap.get("queued", 0))
+            yield from _per_switch(per_switch)
+        yield from _table(snap)
         statics = snap.get("static") or []
         if statics:
-            packets = CounterMetricFamily("nfshunt_static_packets", "Packets a static shunt's flow forwarded "
-                                          "(as last read from the switch)", labels=("name", "direction"))
-            nbytes = CounterMetricFamily("nfshunt_static_bytes", "Bytes a static shunt's flow forwarded "
-                                         "(as last read from the switch)", labels=("name", "direction"))
-            for row in statics:
-                if row["packets"] is not None:
-                    packets.add_metric([row["name"], row["direction"]], row["packets"])
-                    nbytes.add_metric([row["name"], row["direction"]], row["bytes"])
-            yield from (packets, nbytes)
-            yield GaugeMetricFamily("nfshunt_static_flows", "Static shunt flows configured",
-                                    value=len(statics))
-            yield GaugeMetricFamily("nfshunt_static_flows_missing", "Static shunt flows not found on the switch "
-                                    "at the last read", value=sum(not row["on_switch"] for row in statics))
+            yield from _statics(statics)
         rules = snap.get("rules")
         if rules is not None:
             by_source = GaugeMetricFamily("nfshunt_rules", "What decides the switch now, by source: policy (pairs "
@@ -184,6 +148,56 @@ class AppCollector(Collector):
                                     "(a firewall pair's active side)", value=1 if pair["granted"] == "master" else 0)
             yield GaugeMetricFamily("nfshunt_pair_generation", "The generation this controller took the switch "
                                     "over with", value=pair["generation"])
+
+
+def _per_switch(per_switch: list[dict[str, Any]]) -> Iterable[Any]:
+    """Each served switch's own state, by datapath id."""
+    up = GaugeMetricFamily("nfshunt_switch_up", "1 while this switch is connected", labels=("datapath_id",))
+    pairs = GaugeMetricFamily("nfshunt_switch_active", "Shunt and block pairs on this switch now",
+                              labels=("datapath_id", "action"))
+    used = GaugeMetricFamily("nfshunt_switch_table_entries_used", "Entries NFShunt's flows take in this "
+                             "switch's table 0", labels=("datapath_id",))
+    for sw in per_switch:
+        up.add_metric([sw["datapath_id"]], sw["connected"])
+        pairs.add_metric([sw["datapath_id"], "shunt"], sw["shunts"])
+        pairs.add_metric([sw["datapath_id"], "block"], sw["blocks"])
+        used.add_metric([sw["datapath_id"]], sw["table_used"])
+    return (up, pairs, used)
+
+
+def _table(snap: dict[str, Any]) -> Iterable[Any]:
+    """The budget, the switch's table and what waits for room in it."""
+    yield GaugeMetricFamily("nfshunt_flow_budget_used", "Pairs counted against max_shunts",
+                            value=snap["shunts"] + snap["blocks"])
+    yield GaugeMetricFamily("nfshunt_flow_budget_max", "Pairs allowed at once: max_shunts, or derived from the "
+                            "switch's table size (0: no budget)", value=snap["max_shunts"])
+    if snap.get("table_max") is not None:
+        yield GaugeMetricFamily("nfshunt_table_entries_max", "Entries the switch's table 0 holds (as reported)",
+                                value=snap["table_max"])
+    yield GaugeMetricFamily("nfshunt_table_entries_used", "Entries NFShunt's flows take in table 0 (defaults, "
+                            "pairs, teardown catchers)", value=snap.get("table_used", 0))
+    yield GaugeMetricFamily("nfshunt_table1_entries_used", "Entries of the pipeline layout's table 1 (shared "
+                            "outputs and teardown catchers; 0 in the single layout)",
+                            value=snap.get("table_1", 0))
+    yield GaugeMetricFamily("nfshunt_waiting", "Connections waiting for room on the switch", value=snap["waiting"])
+    yield GaugeMetricFamily("nfshunt_install_queue", "Installs waiting for their turn under flow_mod_rate",
+                            value=snap.get("queued", 0))
+
+
+def _statics(statics: list[dict[str, Any]]) -> Iterable[Any]:
+    """The static shunts' flows: their counters, how many are configured and missing."""
+    packets = CounterMetricFamily("nfshunt_static_packets", "Packets a static shunt's flow forwarded "
+                                  "(as last read from the switch)", labels=("name", "direction"))
+    nbytes = CounterMetricFamily("nfshunt_static_bytes", "Bytes a static shunt's flow forwarded "
+                                 "(as last read from the switch)", labels=("name", "direction"))
+    for row in statics:
+        if row["packets"] is not None:
+            packets.add_metric([row["name"], row["direction"]], row["packets"])
+            nbytes.add_metric([row["name"], row["direction"]], row["bytes"])
+    yield from (packets, nbytes)
+    yield GaugeMetricFamily("nfshunt_static_flows", "Static shunt flows configured", value=len(statics))
+    yield GaugeMetricFamily("nfshunt_static_flows_missing", "Static shunt flows not found on the switch "
+                            "at the last read", value=sum(not row["on_switch"] for row in statics))
 
 
 class Metrics:

@@ -132,63 +132,70 @@ class OperatorAPI:
         req = ev.request
         cmd = req.get("cmd")
         now = time.monotonic()
-        if cmd == "status":
-            if req.get("connections") is False:  # counts only: cheap with 100k shunts
-                ev.answer(self.status({}, connections=False))
-                return
-            request = StatusRequest(ev, self.status)
-            for sw in self.switches:
-                request.flows[sw.index] = None
-                if sw.session is not None:
-                    request.asked.add(sw.index)
-                    sw.session.read_flows(functools.partial(request.got, sw.index), now)
-            request.answer_if_complete()  # nobody to ask: at once
+        match cmd:
+            case "status":
+                self.ask_status(ev, req, now)
+            case "flush":
+                reason = str(req.get("reason") or "flush by operator")
+                removed = self._each(lambda sw: sw.core.flush(reason, now))
+                self.counters.add("operator", "flush")
+                LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
+                ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
+            case "reevaluate":
+                self.reevaluate(ev, str(req.get("reason") or "policy changed"), now)
+            case "unshunt" | "block":
+                self.pin(ev, cmd, req, now)
+            case "ids_remove":
+                self.ids_remove(ev, req)
+            case "role":
+                self.role(ev, req.get("role"))
+            case "reload":
+                self.reload(ev, str(req.get("by") or "control socket"))
+            case _:
+                ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, "
+                                    "ids_remove, role, reload)"})
+
+    def ask_status(self, ev: EventControl, req: dict[str, Any], now: float) -> None:
+        """Status: with the connections, once every connected switch's flows are read back."""
+        if req.get("connections") is False:  # counts only: cheap with 100k shunts
+            ev.answer(self.status({}, connections=False))
             return
-        if cmd == "flush":
-            reason = str(req.get("reason") or "flush by operator")
-            removed = self._each(lambda sw: sw.core.flush(reason, now))
-            self.counters.add("operator", "flush")
-            LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
-            ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
+        request = StatusRequest(ev, self.status)
+        for sw in self.switches:
+            request.flows[sw.index] = None
+            if sw.session is not None:
+                request.asked.add(sw.index)
+                sw.session.read_flows(functools.partial(request.got, sw.index), now)
+        request.answer_if_complete()  # nobody to ask: at once
+
+    def pin(self, ev: EventControl, cmd: str, req: dict[str, Any], now: float) -> None:
+        """An operator's unshunt or block of a connection, on every switch."""
+        try:
+            orig = self.target(req)
+        except ValueError as exc:
+            ev.answer({"error": str(exc)})
             return
-        if cmd == "reevaluate":
-            self.reevaluate(ev, str(req.get("reason") or "policy changed"), now)
-            return
-        if cmd in ("unshunt", "block"):
-            try:
-                orig = self.target(req)
-            except ValueError as exc:
-                ev.answer({"error": str(exc)})
-                return
-            removed = 0
-            for sw in self.switches:  # the connection's next entry may come to any switch's core
-                out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
-                removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
-                self.app.run(sw, out)
-            self.counters.add("operator", cmd)
-            LOG.warning("operator %s of %s", cmd, orig)
-            ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
-            return
-        if cmd == "ids_remove":
-            ids = self.app.ids
-            source, rule_id = str(req.get("source") or ""), str(req.get("id") or "")
-            if ids is None:
-                ev.answer({"error": "this controller has no IDS API (no 'ids' in its config)"})
-            elif not ids.end_by_operator(source, rule_id):
-                ev.answer({"error": f"no active IDS rule {rule_id!r} of {source!r}"})
-            else:
-                self.counters.add("operator", cmd)
-                LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
-                ev.answer({"ok": True, "source": source, "id": rule_id})
-            return
-        if cmd == "role":
-            self.role(ev, req.get("role"))
-            return
-        if cmd == "reload":
-            self.reload(ev, str(req.get("by") or "control socket"))
-            return
-        ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, ids_remove, role, "
-                            "reload)"})
+        removed = 0
+        for sw in self.switches:  # the connection's next entry may come to any switch's core
+            out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
+            removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
+            self.app.run(sw, out)
+        self.counters.add("operator", cmd)
+        LOG.warning("operator %s of %s", cmd, orig)
+        ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
+
+    def ids_remove(self, ev: EventControl, req: dict[str, Any]) -> None:
+        """The operator takes an IDS's rule out (it beats every IDS)."""
+        ids = self.app.ids
+        source, rule_id = str(req.get("source") or ""), str(req.get("id") or "")
+        if ids is None:
+            ev.answer({"error": "this controller has no IDS API (no 'ids' in its config)"})
+        elif not ids.end_by_operator(source, rule_id):
+            ev.answer({"error": f"no active IDS rule {rule_id!r} of {source!r}"})
+        else:
+            self.counters.add("operator", "ids_remove")
+            LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
+            ev.answer({"ok": True, "source": source, "id": rule_id})
 
     def reload(self, ev: EventControl, by: str) -> None:
         """Read and validate the config file again (reload.py): a bad one changes nothing;
