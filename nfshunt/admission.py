@@ -68,7 +68,7 @@ class Admission:
         decided = self.decide(ev)
         if isinstance(decided, Ignored):
             return [decided]
-        action, ingress, egress = decided
+        action, ingress, egress, idle = decided
         if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
             if ev.kind is EventKind.DUMP:
                 # Most likely the entry whose deletion is still on its way. A connection
@@ -98,14 +98,15 @@ class Admission:
             out.extend(victim)
         sh.waiting.pop(ev.orig, None)
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
-                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark, slot=slot)
+                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle)
         sh.remember(conn)
         out.append(InstallFlows(conn))
         return out
 
-    def decide(self, ev: ConnEvent) -> Ignored | tuple[Action, PortGroup, PortGroup]:
-        """What the mark (and an operator's pin) decided for a new or updated entry, and the
-        port groups it crossed; or why nothing is to be done."""
+    def decide(self, ev: ConnEvent) -> Ignored | tuple[Action, PortGroup, PortGroup, int | None]:
+        """What the mark (and a pin) decided for a new or updated entry, the port groups it
+        crossed and the pin's idle timeout (an IDS rule's, where its action is taken;
+        None: the config's default); or why nothing is to be done."""
         if ev.mark & markcodec.NFSHUNT_BITS == 0:
             return Ignored(R_UNMARKED, ev)
         mark = markcodec.decode(ev.mark)
@@ -117,12 +118,15 @@ class Admission:
             return Ignored(R_UNKNOWN_ACTION, ev)
         pins = self.shared.pins
         pin = pins.get(ev.orig) if pins else None
+        idle = None
         if pin is not None:
             pin.ct_id = ev.ct_id
             if pin.action is Action.IGNORE:
                 return Ignored(R_PINNED, ev)
             if pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE:
                 action = pin.action  # an IDS's shunt only of what the policy accepted and left alone
+            if action is pin.action:
+                idle = pin.idle_timeout
         if action is Action.IGNORE:
             return Ignored(R_POLICY_IGNORE, ev)
         ingress = cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
@@ -137,7 +141,7 @@ class Admission:
             return Ignored(R_CLOSING, ev)
         if ev.reply != ev.orig.reversed():
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
-        return action, ingress, egress
+        return action, ingress, egress, idle
 
     # --- room on the switch -----------------------------------------------------------------
 

@@ -111,6 +111,7 @@ class Conn:
     # controller knows its flows are in; they are taken once it does.
     early: list[tuple[int, int]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
+    idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
 
     @property
     def key(self) -> int:

@@ -32,7 +32,7 @@ from .connection import ACTIVE, Action, Conn, State
 from .core_state import CoreState
 from .layout import PIPELINE_ENTRIES, max_pair_entries
 from .model import OFP13, ConnEvent, FlowTuple, SwitchFlow
-from .pins import PIN_TTL
+from .pins import PIN_TTL, IdsHold
 from .reconcile import Reconciler, table_1_complete
 from .static import Network
 from .removal import Removal
@@ -264,32 +264,33 @@ class Core:
 
     # --- an IDS's rules (ids_backend.py decides with ids_rules.precedence; these act) -------
 
-    def ids_pin(self, orig: FlowTuple, action: Action, source: str, now: float) -> list[Command]:
+    def ids_pin(self, orig: FlowTuple, hold: IdsHold, now: float) -> list[Command]:
         """An IDS's shunt or block of a connection, held as a lower pin (pins.py): a pair
         the policy shunted is taken down for a block (its next packet's entry is blocked);
-        an entry on the slow path is decided when the backend feeds it (or its next event)."""
-        if not self.pins.hold_for(orig, action, source):
+        an entry on the slow path is decided when the backend feeds it (or its next event).
+        A pair already on the switch keeps the idle timeout it was installed with."""
+        if not self.pins.hold_for(orig, hold):
             return []
         conn = self.conns.tuples.get(orig)
-        if action is Action.BLOCK and conn is not None and conn.action is not Action.BLOCK:
-            return self.remove(conn, f"blocked by {source}", now)
+        if hold.action is Action.BLOCK and conn is not None and conn.action is not Action.BLOCK:
+            return self.remove(conn, f"blocked by {hold.source}", now)
         return []
 
     def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float,
-                    successor: tuple[Action, str] | None = None) -> list[Command]:
+                    successor: IdsHold | None = None) -> list[Command]:
         """An IDS's rule of a connection ended: its pin goes (to `successor`, another IDS
         rule of the connection, if one is left), and a pair that neither it nor the policy
         would make now is handed back to the firewall, where admission judges it again."""
         if not self.pins.release(orig, source):
             return []
         if successor is not None:
-            self.pins.hold_for(orig, *successor)
+            self.pins.hold_for(orig, successor)
         conn = self.conns.tuples.get(orig)
         if conn is None:
             return []
         mark = markcodec.decode(conn.mark)
         policy = None if mark.action is None else self.cfg.action_for(mark.action)
-        wanted = successor[0] if successor is not None else policy
+        wanted = successor.action if successor is not None else policy
         if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
             return []  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
         return self.remove(conn, reason, now)

@@ -48,6 +48,13 @@ def metadata_teardown(metadata: int) -> tuple[int, bool]:
     return parsed.key, parsed.reply
 
 
+def idle_timeout(cfg: Config, conn: Conn) -> int:
+    """The idle timeout a pair's flows get: its IDS rule's, else the config's default for its action."""
+    if conn.idle_timeout is not None:
+        return conn.idle_timeout
+    return cfg.default_shunt_timeout if conn.action is Action.SHUNT else cfg.default_block_timeout
+
+
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
 _S_COOKIE = 0x4EA5C3E1D2B49687
 _S4 = ("10.201.202.203", "10.204.205.206")
@@ -231,7 +238,7 @@ class FlowBuilder(SwitchReads):
         (no actions: the switch drops); for a TCP shunt on OpenFlow 1.3, FIN and RST
         catchers one priority above, which forward the packet and tell the controller."""
         shunt = conn.action is Action.SHUNT
-        idle = self.cfg.default_shunt_timeout if shunt else self.cfg.default_block_timeout
+        idle = idle_timeout(self.cfg, conn)
         out = []
         prio = self._priority(conn)
         if goes_to_pipeline(self.version, self.cfg, conn.action, conn.orig.proto, self.pipeline):

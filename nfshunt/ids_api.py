@@ -114,11 +114,17 @@ class RuleView:
     waiting_for: str | None = None
     packets: int | None = None
     bytes: int | None = None
+    # An active connection rule's pair: the idle timeout its flows were installed with (the
+    # rule's, or the config's default where the pair was on the switch before the rule, or
+    # another rule of the connection holds it: ids_rules.holder).
+    flows_idle_timeout: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {**self.rule.to_json(), "state": self.state.value, "packets": self.packets, "bytes": self.bytes}
         if self.waiting_for is not None:
             out["waiting_for"] = self.waiting_for
+        if self.flows_idle_timeout is not None:
+            out["flows_idle_timeout"] = self.flows_idle_timeout
         return out
 
 

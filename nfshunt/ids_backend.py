@@ -34,7 +34,7 @@ from .ids_api import Outcome, Reject, Result, RuleView
 from .ids_ends import ENDING_GRACE, RuleEnds
 from .ids_log import RuleLog
 from .ids_loop import Answer, Host, LoopCalls
-from .ids_rules import Decision, Kind, Network, Rule, Situation, pair_key, precedence
+from .ids_rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence
 from .ids_store import Added, Store
 from .ids_view import ended_view, read_counters, view
 from .model import OFP10, Action, ConnEvent, FlowTuple
@@ -204,11 +204,18 @@ class IdsBackend:
                     waiters.append(waiter)
                 self.host.run(sw, out, waiter)
         elif rule.connection is not None:
-            for sw in self.host.switches:
-                self.host.run(sw, sw.core.ids_pin(rule.connection, rule.action, rule.source, now))
+            if self._holds(rule):
+                for sw in self.host.switches:
+                    self.host.run(sw, sw.core.ids_pin(rule.connection, rule.hold, now))
             if entry is not None:
                 self.host.feed([entry])
         return waiters
+
+    def _holds(self, rule: Rule) -> bool:
+        """A connection rule is the one its connection's pin follows (ids_rules.holder)."""
+        assert rule.connection is not None
+        held = holder(r for r in self.store.of_connection(rule.connection) if r.key not in self.ends)
+        return held is not None and held.key == rule.key
 
     def installed(self, conn: Conn) -> None:
         """The switch confirmed a pair (Outcomes' Installed): adds waiting for it are answered."""

@@ -13,7 +13,7 @@ from .connection import Conn
 from .ids_api import Outcome, Reject, Result
 from .ids_log import RuleLog
 from .ids_loop import Answer, Host
-from .ids_rules import Kind, Rule, pair_key
+from .ids_rules import Kind, Rule, holder, pair_key
 from .ids_store import Counts, Store
 from .ids_view import ended_view
 from .model import Action, FlowTuple
@@ -82,12 +82,11 @@ class RuleEnds:
         elif rule.connection is not None:
             self.answered((pair_key(rule.connection), rule.action), Outcome(
                 Result.ERROR, "the rule ended before its flows were confirmed", error=Reject.UNAVAILABLE))
-            # The pin passes to another rule of the connection, a block first (it beats a shunt).
+            # The pin passes to the connection's next holder (ids_rules.holder: a block first).
             key = pair_key(rule.connection)
-            left = sorted((r for r in self.store.rules.values() if r.connection is not None and r.key != rule.key
-                           and r.key not in self.ending and pair_key(r.connection) == key),
-                          key=lambda r: (r.kind is not Kind.BLOCK, r.created))
-            successor = (left[0].action, left[0].source) if left else None
+            left = holder(r for r in self.store.of_connection(rule.connection)
+                          if r.key != rule.key and r.key not in self.ending)
+            successor = None if left is None else left.hold
             for sw in self.host.switches:
                 out = sw.core.ids_release(rule.connection, rule.source, reason, now, successor)
                 if any(isinstance(cmd, (c.RemoveFlows, c.RestoreConntrack)) for cmd in out):

@@ -10,7 +10,11 @@ Precedence, written once here and nowhere else:
   3. an IDS may shunt only a connection the firewall accepted (a live conntrack entry the
      policy did not decide "block") and only inside `ids.may_shunt`;
   4. an IDS block is always allowed, except of a whitelisted address (WHITELIST rules
-     exempt their addresses from IDS blocks).
+     exempt their addresses from IDS blocks);
+  5. between an IDS's rules of one connection (`holder`), a block before a shunt, then
+     the higher `priority` (NetControl's meaning: higher wins), then the newer: the pair
+     built while that rule holds takes its action and idle timeout. Every such rule
+     still ends at its own expiry; the connection's pin passes to the next holder.
 A rule that a later policy change contradicts is judged again by the same function.
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Iterable
 
 from .config import MAX_IDS_EXPIRE, IdsConfig, MayShunt
 from .model import TCP, UDP, Action, FlowTuple, canonical_address
+from .pins import IdsHold
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 PROTOCOLS = {"tcp": TCP, "udp": UDP}
@@ -83,6 +88,11 @@ class Rule:
     def action(self) -> Action:
         """What a connection rule asks of its pair: SHUNT or BLOCK."""
         return Action.SHUNT if self.kind is Kind.SHUNT else Action.BLOCK
+
+    @property
+    def hold(self) -> IdsHold:
+        """What a connection rule's pin holds its connection to (pins.py)."""
+        return IdsHold(self.action, self.source, self.idle_timeout)
 
     @property
     def target(self) -> tuple[Any, ...]:
@@ -331,6 +341,12 @@ def inside_may_shunt(allowed: MayShunt, t: FlowTuple) -> bool:
     if not any(h in net for net in allowed.prefixes for h in hosts if h.version == net.version):
         return False
     return not allowed.ports or any(lo <= p <= hi for lo, hi in allowed.ports for p in (t.sport, t.dport))
+
+
+def holder(rules: Iterable[Rule]) -> Rule | None:
+    """Of the IDS rules of one connection, the one its pin follows (rule 5; rules made in
+    the same instant: by requester and id, so that a restart picks the same)."""
+    return max(rules, key=lambda r: (r.kind is Kind.BLOCK, r.priority, r.created, r.key), default=None)
 
 
 def precedence(rule: Rule, situation: Situation, allowed: MayShunt) -> Verdict:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from . import jsonfile
 from .config import MAX_IDS_EXPIRE
 from .ids_rules import (CONNECTION_KINDS, MAX_IDLE_TIMEOUT, MAX_PRIORITY, RULE_ID, Kind, Network, Rule,
-                        RuleError, Situation, _connection, _int)
+                        RuleError, Situation, _connection, _int, pair_key)
 from .model import Action, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
@@ -160,11 +160,16 @@ class Store:
 
     def blocking(self, conn: FlowTuple) -> Rule | None:
         """An active IDS block covering this connection: of it, or of an address of it."""
-        for key in self._by_target.get((Kind.BLOCK, min(conn, conn.reversed())), ()):
+        for key in self._by_target.get((Kind.BLOCK, pair_key(conn)), ()):
             return self.rules[key]
         hosts = (ipaddress.ip_address(conn.src), ipaddress.ip_address(conn.dst))
         return next((r for r in self.rules.values() if r.kind is Kind.BLOCK_ADDRESS and r.address is not None
                      and any(h.version == r.address.version and h in r.address for h in hosts)), None)
+
+    def of_connection(self, conn: FlowTuple) -> list[Rule]:
+        """The active shunts and blocks of this connection (either direction), of any requester."""
+        key = pair_key(conn)
+        return [self.rules[k] for kind in CONNECTION_KINDS for k in self._by_target.get((kind, key), ())]
 
     def exempted_by(self, whitelist: Rule) -> list[Rule]:
         """The active IDS blocks a new whitelist contradicts (precedence 4): to be lifted."""

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 from . import cookies
 from .address_flows import cookie_of
 from .connection import ACTIVE
-from .flows import ALL_ONES_64
+from .flows import ALL_ONES_64, idle_timeout
 from .ids_api import Outcome, Result, RuleView, State
 from .ids_rules import Kind, Rule
 from .ids_store import Ended
@@ -19,9 +19,10 @@ from .switch import Switch
 def view(rule: Rule, switches: Sequence[Switch]) -> RuleView:
     """An active rule's state: ACTIVE once its flows are on a switch, else PENDING and what for."""
     if rule.connection is not None:
-        conn = next((x for sw in switches if (x := sw.core.find(tuple_=rule.connection)) is not None), None)
-        if conn is not None and conn.action is rule.action and conn.state in ACTIVE:
-            return RuleView(rule, State.ACTIVE)
+        sw, conn = next(((sw, x) for sw in switches if (x := sw.core.find(tuple_=rule.connection)) is not None),
+                        (None, None))
+        if sw is not None and conn is not None and conn.action is rule.action and conn.state in ACTIVE:
+            return RuleView(rule, State.ACTIVE, flows_idle_timeout=idle_timeout(sw.cfg, conn))
         waits = "the connection's conntrack entry" if conn is None else "the switch's confirmation"
         return RuleView(rule, State.PENDING, waiting_for=waits)
     if rule.address is not None and not any(sw.session is not None for sw in switches):

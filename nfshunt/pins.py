@@ -4,6 +4,7 @@ entry its next packet creates on the slow path (admission.decide). An operator's
 held until its rule ends: ids_backend.py) is a lower pin: an operator's pin replaces it
 and an IDS never replaces an operator's, and an IDS shunt takes effect only where the
 policy accepted the connection without deciding (ids_rules.precedence, rules 2 and 3).
+An IDS's pin carries its rule's idle timeout: the pair built while it holds gets it.
 No I/O."""
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ class Pin:
     expires: float
     ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
     source: str | None = None  # None: the operator's; else the IDS's ("ids:<client>"), held until its rule ends
+    idle_timeout: int | None = None  # an IDS's: its pair's flows' (None: the config's default for the action)
+
+
+@dataclass(frozen=True, slots=True)
+class IdsHold:
+    """What an IDS's rule holds a connection to: its action (SHUNT or BLOCK), its
+    requester, and the idle timeout its pair's flows get (None: the config's default)."""
+    action: Action
+    source: str
+    idle_timeout: int | None = None
 
 
 class Pins(dict[FlowTuple, Pin]):
@@ -30,13 +41,14 @@ class Pins(dict[FlowTuple, Pin]):
     def hold(self, orig: FlowTuple, action: Action, now: float) -> None:
         self[orig] = self[orig.reversed()] = Pin(action, now + PIN_TTL)
 
-    def hold_for(self, orig: FlowTuple, action: Action, source: str) -> bool:
+    def hold_for(self, orig: FlowTuple, hold: IdsHold) -> bool:
         """An IDS's SHUNT or BLOCK for a tuple, held until released; False (nothing held)
         where an operator's pin is (it beats every IDS). A block replaces a shunt."""
         had = self.get(orig)
-        if had is not None and (had.source is None or (had.action is Action.BLOCK and action is Action.SHUNT)):
+        if had is not None and (had.source is None or (had.action is Action.BLOCK and hold.action is Action.SHUNT)):
             return False
-        self[orig] = self[orig.reversed()] = Pin(action, math.inf, source=source)
+        self[orig] = self[orig.reversed()] = Pin(hold.action, math.inf, source=hold.source,
+                                                 idle_timeout=hold.idle_timeout)
         return True
 
     def release(self, orig: FlowTuple, source: str) -> bool:

@@ -20,7 +20,7 @@ from nfshunt.ids_rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.model import Action, FlowTuple  # noqa: E402
 from nfshunt.operator_api import rules_by_source  # noqa: E402
 from tests.helpers import event  # noqa: E402
-from tests.test_fake_core import FAST_A, FAST_B, SLOW_A, Rig, fast, slow  # noqa: E402
+from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
 
 WALL = 1_700_000_000.0
 ORIG = event().orig  # tcp 10.0.0.1:40000 -> 10.0.0.2:5201
@@ -88,11 +88,12 @@ class _Collect(logging.Handler):
 
 
 def rule(rig: Rig, kind: Kind = Kind.SHUNT, rule_id: str = "1", source: str = "ids:zeek", expire: int = 60,
-         connection: FlowTuple | None = ORIG, address: str | None = None) -> Rule:
+         connection: FlowTuple | None = ORIG, address: str | None = None, priority: int = 0,
+         idle_timeout: int | None = None) -> Rule:
     if address is not None:
         connection = None
-    return Rule(source, rule_id, kind, 0, expire, WALL + rig.now, connection=connection,
-                address=None if address is None else ipaddress.ip_network(address))
+    return Rule(source, rule_id, kind, priority, expire, WALL + rig.now, connection=connection,
+                address=None if address is None else ipaddress.ip_network(address), idle_timeout=idle_timeout)
 
 
 def tick(rig: Rig, backend: IdsBackend, seconds: float) -> None:
@@ -332,3 +333,74 @@ def test_an_address_block_is_refused_when_a_switch_speaks_openflow_1_0():
     rig, backend, _, _ = setup(rig=Rig(OFP10))
     out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
     assert out.error is Reject.UNAVAILABLE and "OpenFlow 1.3" in out.reason and not backend.store.rules
+
+
+# --- a connection rule's idle timeout and priority ---------------------------------------------
+
+def _idle_timeouts(rig: Rig, kind: cookies.Kind) -> list[int]:
+    """The idle timeouts of the pair's flows the fake table holds (catchers have none)."""
+    return sorted(e.idle_timeout for e in rig.flows(kind))
+
+
+@pytest.mark.parametrize("version,pipeline", LAYOUTS)
+def test_an_ids_shunts_idle_timeout_is_its_flows_and_they_idle_out_by_it(version, pipeline):
+    rig, backend, entries, _ = setup(rig=Rig(version, pipeline))
+    assert rig.core.cfg.default_shunt_timeout == 10
+    entries[ORIG] = event(action=0)
+    assert backend.submit(rule(rig, idle_timeout=30), 1.0).result is Result.ADDED
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn.idle_timeout == 30 and _idle_timeouts(rig, cookies.Kind.SHUNT) == [30, 30]
+    view = backend.rule("ids:zeek", "1")
+    assert view.flows_idle_timeout == 30 and view.to_json()["flows_idle_timeout"] == 30
+    rig.advance(20)  # idle past the config's default: still on the switch
+    assert len(rig.flows(cookies.Kind.SHUNT)) == 2
+    rig.advance(11)  # idle past the rule's: the switch removes the flows
+    rig.kernel_answers()
+    assert not rig.flows(cookies.Kind.SHUNT) and rig.core.find(tuple_=ORIG) is None
+
+
+def test_an_ids_blocks_idle_timeout_is_its_flows_and_a_policy_shunt_keeps_the_default():
+    rig, backend, _, _ = setup()
+    conn = rig.event(sport=41000)  # a policy shunt of another connection: the config's default
+    assert conn.idle_timeout is None and _idle_timeouts(rig, cookies.Kind.SHUNT) == [10, 10]
+    assert backend.submit(rule(rig, Kind.BLOCK, idle_timeout=120), 1.0).pending
+    blocked = rig.event(action=0)  # its entry comes: the IDS's block, with the rule's idle timeout
+    assert blocked.action is Action.BLOCK and _idle_timeouts(rig, cookies.Kind.BLOCK) == [120, 120]
+
+
+def test_a_pair_on_the_switch_before_the_rule_keeps_the_idle_timeout_it_was_installed_with():
+    rig, backend, _, _ = setup()
+    rig.event()  # the policy shunts it
+    out = backend.submit(rule(rig, idle_timeout=30), 1.0)
+    assert out.result is Result.EXISTS
+    assert _idle_timeouts(rig, cookies.Kind.SHUNT) == [10, 10]
+    rig.advance(rig.core.cfg.drain)
+    assert backend.rule("ids:zeek", "1").flows_idle_timeout == 10  # the view says what the switch has
+
+
+def test_between_ids_rules_of_a_connection_the_higher_priority_holds_and_the_pin_passes_at_its_end():
+    rig, backend, _, _ = setup()
+    backend.submit(rule(rig, source="ids:a", priority=5, idle_timeout=100), 1.0)
+    backend.submit(rule(rig, source="ids:b", priority=1, idle_timeout=20), 1.0)  # newer, lower: does not take it
+    assert (rig.core.pins[ORIG].source, rig.core.pins[ORIG].idle_timeout) == ("ids:a", 100)
+    conn = rig.event(action=0)
+    assert conn.idle_timeout == 100 and _idle_timeouts(rig, cookies.Kind.SHUNT) == [100, 100]
+    backend.submit(rule(rig, source="ids:c", priority=5, idle_timeout=50), 1.0)  # as high and newer: it holds
+    assert rig.core.pins[ORIG].source == "ids:c"
+    assert backend.remove("ids:c", "1").result is Result.REMOVED
+    assert backend.remove("ids:a", "1").result is Result.REMOVED
+    assert (rig.core.pins[ORIG].source, rig.core.pins[ORIG].idle_timeout) == ("ids:b", 20)
+    assert rig.core.find(tuple_=ORIG) is conn and fast(rig, conn)  # still a shunt: it stays as installed
+    backend.submit(rule(rig, Kind.BLOCK, source="ids:d", priority=-9), 0.01)  # a block beats any shunt
+    assert rig.core.pins[ORIG].action is Action.BLOCK
+
+
+def test_after_a_restart_the_connections_holder_is_pinned_again_with_its_idle_timeout(tmp_path):
+    rig, backend, _, _ = setup(tmp_path)
+    backend.submit(rule(rig, source="ids:a", priority=3, idle_timeout=40), 1.0)
+    backend.submit(rule(rig, source="ids:b", priority=1, idle_timeout=20), 1.0)
+    backend.tick()
+    again, restarted, _, _ = setup(tmp_path, rig=Rig(now=rig.now + 1))
+    restarted.load()
+    assert (again.core.pins[ORIG].source, again.core.pins[ORIG].idle_timeout) == ("ids:a", 40)
+    assert again.event(action=0).idle_timeout == 40
