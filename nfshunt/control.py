@@ -126,7 +126,7 @@ class ControlServer:
                 if uid != 0:
                     self.refused += 1
                     LOG.warning("control request from uid %d refused: root only", uid)
-                    self._reply(conn, {"error": "permission denied: the control socket is for root only"})
+                    self._refuse(conn, {"error": "permission denied: the control socket is for root only"})
                     return
                 data = b""
                 while b"\n" not in data and len(data) <= MAX_REQUEST:
@@ -136,7 +136,7 @@ class ControlServer:
                     data += chunk
                 line = data.split(b"\n", 1)[0]
                 if len(line) > MAX_REQUEST:
-                    self._refuse_too_large(conn)
+                    self._refuse(conn, {"error": f"request too large (limit {MAX_REQUEST} bytes)"})
                     return
                 try:
                     request = jsonfile.parse(line or b"null", "the request")  # bounded depth and digits
@@ -154,9 +154,11 @@ class ControlServer:
             except OSError as exc:
                 LOG.debug("control client went away: %s", exc)
 
-    def _refuse_too_large(self, conn: socket.socket) -> None:
-        """Answer, then read on (bounded) so a client still sending sees the answer, not a reset."""
-        self._reply(conn, {"error": f"request too large (limit {MAX_REQUEST} bytes)"})
+    def _refuse(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+        """Answer without reading the request, then read on (bounded) so a client still
+        sending sees the answer: closed with its request unread, the socket would reset
+        and the client lose the answer."""
+        self._reply(conn, reply)
         conn.shutdown(socket.SHUT_WR)
         left = 16 * MAX_REQUEST
         while left > 0 and (chunk := conn.recv(min(left, 1 << 16))):

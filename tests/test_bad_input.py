@@ -347,3 +347,35 @@ def test_the_shared_reader_names_where_and_the_limit(text, key, problem):
 
 def test_the_shared_reader_keeps_numbers_up_to_the_limit():
     assert jsonfile.parse("[" + "9" * jsonfile.MAX_DIGITS + ", 1.5e400]", "doc")[0] == int("9" * jsonfile.MAX_DIGITS)
+
+
+def test_a_peer_that_is_not_root_gets_its_refusal_even_when_it_sends_after_the_answer(control, monkeypatch):
+    """The refusal is sent before the request is read: closed with the request unread, the
+    socket reset and the client (which sends, then reads) lost the answer now and then."""
+    import struct
+    import time
+
+    from nfshunt import control as ctl
+    server, seen = control
+
+    class NotRoot:
+        size = ctl.SO_PEERCRED_FMT.size
+
+        @staticmethod
+        def unpack(_data):
+            return (1, 1000, 1000)  # pid, uid, gid of an ordinary user
+    monkeypatch.setattr(ctl, "SO_PEERCRED_FMT", NotRoot)
+    assert struct.calcsize("3i") == NotRoot.size
+    for _ in range(5):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(server.path)
+            time.sleep(0.05)  # the server has answered and would have closed by now
+            sock.sendall(b'{"cmd": "status"}\n')
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = sock.recv(1 << 16)
+                assert chunk, f"the server closed without answering (got {answer!r})"
+                answer += chunk
+        assert json.loads(answer) == {"error": "permission denied: the control socket is for root only"}
+    assert seen == [] and server.refused == 5

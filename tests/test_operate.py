@@ -178,6 +178,7 @@ def test_control_socket_refuses_non_root(tb):
             os.chmod(d, 0o755)
         os.chmod(sock, 0o666)
         proc = subprocess.run(as_nobody, capture_output=True, text=True, cwd="/")
+        assert proc.stdout.strip(), proc.stderr
         reply = json.loads(proc.stdout)
         assert reply == {"error": "permission denied: the control socket is for root only"}
         assert tb.control({"cmd": "status"})["switch"]["connected"]
