@@ -28,10 +28,12 @@ not matter.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 
 from . import jsonfile
@@ -107,15 +109,21 @@ class Roles:
     def _save(self) -> None:
         if not self.state_file:
             return
-        tmp = f"{self.state_file}.tmp"
+        tmp = None
         try:
-            os.makedirs(os.path.dirname(self.state_file), mode=0o700, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
+            folder = os.path.dirname(self.state_file)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            # A temporary file of this writer's own: keepalived's notify script (`nfshunt role`)
+            # and a starting controller may write at once; with one shared name the second
+            # rename found it gone (ENOENT) and that role was lost.
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(self.state_file)}.")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump({"role": self.wanted, "generation": self.generation,
                            "takeover": self.claim is Claim.QUERYING}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.state_file)
+            tmp = None
             self.save_error = None
         except OSError as exc:
             self.save_error = str(exc.strerror or exc)
@@ -123,6 +131,10 @@ class Roles:
             # stale if the other controller took over meanwhile (safe), never wins.
             LOG.error("cannot write the pair state file %s (%s): fix its directory; role %s generation %d "
                       "is kept in memory only", self.state_file, exc.strerror or exc, self.wanted, self.generation)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
     # --- the switch --------------------------------------------------------------------------
 

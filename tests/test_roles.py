@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from nfshunt.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, Change, RoleRequest, Roles, newer
 
@@ -222,3 +223,27 @@ def test_the_notify_script_finds_nfshunt_with_keepalived_minimal_path_or_fails_l
     if not any(os.access(p, os.X_OK) for p in ("/usr/local/bin/nfshunt", "/opt/nfshunt-venv/bin/nfshunt")):
         done = subprocess.run(args, env=bare, capture_output=True, text=True)
         assert done.returncode == 1 and "not installed" in done.stderr
+
+
+def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
+    """keepalived's notify script (`nfshunt role` recording a role) and a starting controller
+    may write the state file at the same moment: each writes a temporary file of its own, so
+    neither rename finds the other's gone (one shared name lost a role with ENOENT)."""
+    import threading
+    path = str(tmp_path / "pair.json")
+    writers = [Roles(path), Roles(path)]
+    errors: list[str] = []
+
+    def write(roles: Roles) -> None:
+        for _ in range(200):
+            roles.stand_by()
+            if roles.save_error is not None:
+                errors.append(roles.save_error)
+    threads = [threading.Thread(target=write, args=(r,)) for r in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(open(path).read())["role"] == "backup"
+    assert sorted(os.listdir(tmp_path)) == ["pair.json"]  # no temporary file left behind
