@@ -92,8 +92,7 @@ class AddressBlocks:
         rest: list[SwitchFlow] = []
         stale: list[int] = []
         for flow in flows:
-            parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.ADDRESS_BLOCK:
+            if cookies.of_kind(flow.cookie, cookies.Kind.ADDRESS_BLOCK):
                 if flow.cookie not in ours:
                     stale.append(flow.cookie)
             else:

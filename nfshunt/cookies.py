@@ -70,6 +70,12 @@ def owned(cookie: int) -> bool:
     return cookie & OWNED_MASK == OWNED_VALUE
 
 
+def of_kind(cookie: int, kind: Kind) -> bool:
+    """An NFShunt cookie of this kind: parse(cookie).kind is kind, without building the
+    parse (a reconcile asks this of each of 200,000 flows, once per kind it sets apart)."""
+    return cookie >> 48 == MAGIC << 8 | kind
+
+
 class Parsed(NamedTuple):
     """An NFShunt cookie read back (a tuple: a reconcile parses 200,000)."""
     kind: Kind

@@ -76,8 +76,7 @@ class StaticTable:
         rest: list[SwitchFlow] = []
         found: dict[int, list[SwitchFlow]] = {}
         for flow in flows:
-            parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.STATIC:
+            if cookies.of_kind(flow.cookie, cookies.Kind.STATIC):
                 found.setdefault(flow.cookie, []).append(flow)
             else:
                 rest.append(flow)
