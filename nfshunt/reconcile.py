@@ -31,9 +31,7 @@ Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each d
 def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
     """Every table-1 flow of this config is on the switch."""
     found: collections.Counter[int] = collections.Counter()
-    for flow in flows:
-        if not cookies.of_kind(flow.cookie, cookies.Kind.PIPELINE):
-            continue
+    for flow in cookies.split(flows, cookies.Kind.PIPELINE)[0]:
         parsed = cookies.parse(flow.cookie)
         if parsed is not None and parsed.key < len(cfg.ports) and flow.out_port == cfg.ports[parsed.key].fast:
             found[parsed.key] += 1
