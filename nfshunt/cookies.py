@@ -48,9 +48,10 @@ def key(ct_id: int, slot: int = 0) -> int:
 
 
 def make(kind: Kind, pair_key: int = 0, reply: bool = False) -> int:
-    """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows)."""
-    return (OWNED_VALUE | (int(kind) << 48) | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
-            | (int(reply) << 32) | (pair_key & 0xFFFFFFFF))
+    """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows).
+    `kind` and `reply` shift as the ints they are (no int() calls: two a flow-mod)."""
+    return (OWNED_VALUE | kind << 48 | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
+            | reply << 32 | (pair_key & 0xFFFFFFFF))
 
 
 def make_teardown(pair_key: int, reply: bool, rst: bool) -> int:
