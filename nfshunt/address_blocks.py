@@ -11,7 +11,6 @@ themselves are address_flows.py's. Pure: the dispatcher sends the commands made 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
 
 from . import cookies
 from .address_flows import AddressFlow, cookie_of
@@ -85,19 +84,12 @@ class AddressBlocks:
         flows = tuple(f for pair in self.flows.values() for f in pair)
         return [InstallAddressBlocks(flows, "switch connected")] if flows else []
 
-    def reconcile(self, flows: Iterable[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
+    def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
         """Split the switch's address-block flows from the rest: ours are kept (installed at
         connect already), one no block names any more goes."""
         ours = self.by_cookie()
-        rest: list[SwitchFlow] = []
-        stale: list[int] = []
-        for flow in flows:
-            parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.ADDRESS_BLOCK:
-                if flow.cookie not in ours:
-                    stale.append(flow.cookie)
-            else:
-                rest.append(flow)
+        blocks, rest = cookies.split(flows, cookies.Kind.ADDRESS_BLOCK)
+        stale = [flow.cookie for flow in blocks if flow.cookie not in ours]
         out: list[Command] = []
         if stale:
             out.append(RemoveAddressBlocks(tuple(stale), tuple(f"cookie 0x{c:016x}" for c in stale),

@@ -202,7 +202,9 @@ class Connections:
 
     def free_slot(self, ct_id: int) -> int | None:
         """The lowest slot no live pair of this conntrack id holds; None if every one is."""
-        for slot in range(cookies.SLOTS):
+        if ct_id not in self.by_key:  # slot 0's key is the id itself: the common case, one lookup
+            return 0
+        for slot in range(1, cookies.SLOTS):
             if cookies.key(ct_id, slot) not in self.by_key:
                 return slot
         return None

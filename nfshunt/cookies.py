@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 
 MAGIC = 0x4E
 OWNED_MASK = 0xFF << 56
@@ -48,9 +48,10 @@ def key(ct_id: int, slot: int = 0) -> int:
 
 
 def make(kind: Kind, pair_key: int = 0, reply: bool = False) -> int:
-    """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows)."""
-    return (OWNED_VALUE | (int(kind) << 48) | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
-            | (int(reply) << 32) | (pair_key & 0xFFFFFFFF))
+    """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows).
+    `kind` and `reply` shift as the ints they are (no int() calls: two a flow-mod)."""
+    return (OWNED_VALUE | kind << 48 | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
+            | reply << 32 | (pair_key & 0xFFFFFFFF))
 
 
 def make_teardown(pair_key: int, reply: bool, rst: bool) -> int:
@@ -70,6 +71,24 @@ def owned(cookie: int) -> bool:
     return cookie & OWNED_MASK == OWNED_VALUE
 
 
+class Cookied(Protocol):
+    @property
+    def cookie(self) -> int: ...
+
+
+F = TypeVar("F", bound=Cookied)
+
+
+def split(flows: list[F], kind: Kind) -> tuple[list[F], list[F]]:
+    """The flows whose cookie is NFShunt's of `kind` (parse(cookie).kind is kind), and the
+    others, each in order. A reconcile sets three kinds apart in 200,000 flows: the test is
+    on the cookie's top 16 bits (no parse), a comprehension a side, and when none is of the
+    kind (as usual) the others are a plain copy."""
+    bits = MAGIC << 8 | kind
+    ours = [f for f in flows if f.cookie >> 48 == bits]
+    return ours, [f for f in flows if f.cookie >> 48 != bits] if ours else list(flows)
+
+
 class Parsed(NamedTuple):
     """An NFShunt cookie read back (a tuple: a reconcile parses 200,000)."""
     kind: Kind
@@ -82,10 +101,10 @@ _new_parsed = tuple.__new__  # Parsed(...) goes through a Python-level __new__: 
 
 def parse(cookie: int) -> Parsed | None:
     """(kind, pair key, reply direction) for an NFShunt cookie, else None."""
-    if not owned(cookie):
+    if cookie & OWNED_MASK != OWNED_VALUE:  # owned() and key() written out: a reconcile parses 200,000
         return None
     kind = _KINDS.get((cookie >> 48) & 0xFF)
     if kind is None:
         return None
-    pair_key = key(cookie & 0xFFFFFFFF, (cookie >> SLOT_SHIFT) % SLOTS)
+    pair_key = (cookie >> SLOT_SHIFT) % SLOTS << KEY_SLOT_SHIFT | cookie & 0xFFFFFFFF
     return _new_parsed(Parsed, (kind, pair_key, bool((cookie >> 32) & 1)))

@@ -84,7 +84,7 @@ class PatchedMsg:
 
 
 class _Template:
-    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at")
+    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at", "meta_group")
 
     def __init__(self, msg: Any, family: int, meta: int | None = None, ports: tuple[bool, bool] = (True, True)):
         msg.set_xid(0)
@@ -100,6 +100,7 @@ class _Template:
         self.dport_at = self._once(struct.pack("!H", _S_PORTS[1])) if ports[1] else None
         # The metadata names the connection as the cookie does (META_CONN_MASK).
         self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta))
+        self.meta_group = 0 if meta is None else meta & META_GROUP_MASK  # the shape's port group, kept
 
     def _once(self, pattern: bytes) -> int:
         at = self.buf.find(pattern)
@@ -111,8 +112,7 @@ class _Template:
         b = bytearray(self.buf)
         struct.pack_into("!Q", b, self.cookie_at, cookie)
         if self.meta_at is not None:
-            meta = struct.unpack_from("!Q", b, self.meta_at)[0]
-            struct.pack_into("!Q", b, self.meta_at, (meta & META_GROUP_MASK) | (cookie & META_CONN_MASK))
+            struct.pack_into("!Q", b, self.meta_at, self.meta_group | (cookie & META_CONN_MASK))
         af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
         # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
         b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)

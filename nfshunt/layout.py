@@ -29,8 +29,9 @@ def max_pair_entries(version: int | None, cfg: Config, pipeline: bool) -> int:
 
 
 def pair_entries(version: int | None, cfg: Config, conn: Conn, pipeline: bool = False) -> int:
-    """Flow entries this pair takes on the switch."""
-    return entries_per_pair(catches_teardown(version, cfg, conn), pipeline)
+    """Flow entries this pair takes on the switch (every new pair asks: the pipeline
+    layout's answer needs no look at the pair)."""
+    return entries_per_pair(not pipeline and catches_teardown(version, cfg, conn), pipeline)
 
 
 def goes_to_pipeline(version: int | None, cfg: Config, action: Action, proto: int, pipeline: bool) -> bool:

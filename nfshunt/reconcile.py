@@ -31,10 +31,9 @@ Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each d
 def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
     """Every table-1 flow of this config is on the switch."""
     found: collections.Counter[int] = collections.Counter()
-    for flow in flows:
+    for flow in cookies.split(flows, cookies.Kind.PIPELINE)[0]:
         parsed = cookies.parse(flow.cookie)
-        if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.key < len(cfg.ports) \
-                and flow.out_port == cfg.ports[parsed.key].fast:
+        if parsed is not None and parsed.key < len(cfg.ports) and flow.out_port == cfg.ports[parsed.key].fast:
             found[parsed.key] += 1
     return all(found[i] >= PIPELINE_ENTRIES for i in range(len(cfg.ports)))
 

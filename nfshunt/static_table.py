@@ -69,18 +69,14 @@ class StaticTable:
         for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
             del self.blocks[cookie]
 
-    def reconcile(self, flows: Iterable[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
+    def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
         """Split the switch's static flows from the rest. One of ours exactly right is
         kept; one under our cookie that differs, or a second one, goes and is installed
         again; a missing one is installed; a static flow no entry names any more goes."""
-        rest: list[SwitchFlow] = []
+        statics, rest = cookies.split(flows, cookies.Kind.STATIC)
         found: dict[int, list[SwitchFlow]] = {}
-        for flow in flows:
-            parsed = cookies.parse(flow.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.STATIC:
-                found.setdefault(flow.cookie, []).append(flow)
-            else:
-                rest.append(flow)
+        for flow in statics:
+            found.setdefault(flow.cookie, []).append(flow)
         stale = [cookie for cookie in found if cookie not in self.flows and cookie not in self.blocks]
         wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
         missing = [f for cookie, f in self.flows.items() if cookie not in found]
