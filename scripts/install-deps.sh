@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV=${NFSHUNT_VENV:-/opt/nfshunt-venv}
 PKGS=(openvswitch-switch mininet iptables conntrack iperf3 ethtool iproute2 iputils-ping
       python3-venv python3-pip tcpdump python3-scipy python3-matplotlib
-      gcc libc6-dev libnetfilter-queue-dev openssl systemd conntrackd keepalived)
+      gcc libc6-dev libnetfilter-queue-dev openssl systemd conntrackd keepalived curl)
 
 if [ "$(id -u)" != 0 ]; then
     echo "install-deps: run as root (it installs Debian packages and drives network namespaces)" >&2

@@ -14,7 +14,7 @@ def _missing_for_integration() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces, Open vSwitch, iptables)"
     for tool in ("ovs-vsctl", "ovs-ofctl", "iptables-restore", "ip6tables-restore", "iperf3", "ethtool",
-                 "tcpdump", "ping", "tc", "cc"):
+                 "tcpdump", "ping", "tc", "cc", "curl"):
         if shutil.which(tool) is None:
             return f"needs {tool} (run `make deps`)"
     if not os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"):
