@@ -275,6 +275,9 @@ class _DeadlineReader(io.RawIOBase):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a busy client needs no connection a request
+    # An answer is two writes (headers, body): with Nagle's algorithm the body waits for the
+    # ACK of the headers, which a keep-alive client delays by 40 ms (measured: bench `ids`).
+    disable_nagle_algorithm = True
     server: "_Server"
     server_version = "nfshunt-ids"
     sys_version = ""
