@@ -13,7 +13,8 @@ precedence rule (ids_rules.precedence) decide, and the core acts:
     above every shunt; `added` once each connected switch answered the barrier behind them.
 Expiry is hard, on the tick (wall clock: it holds across a restart): the flows go, and the
 rule is reported ended with what they counted (the flow-removed messages). The rules are
-kept in the state file, saved on the tick when changed and at stop, loaded at start.
+kept in the state file, saved on the tick when changed (written on a thread of its own: at
+60,000 rules a write is ~50 ms the event loop must not wait for) and at stop, loaded at start.
 
 The connection's live conntrack entry (what the policy decided) is read on the API's
 thread (conntrack.lookup: one netlink request), never on the event loop.
@@ -39,7 +40,7 @@ from .config import Config, IdsConfig
 from .connection import ACTIVE, Conn
 from .ids_api import Outcome, Reject, Result, RuleView, State
 from .ids_rules import Decision, Kind, Network, Rule, Situation, precedence
-from .ids_store import Added, Counts, Ended, Store
+from .ids_store import Added, Counts, Ended, Store, write
 from .flows import ALL_ONES_64
 from .inflight import FlowsRead
 from .model import OFP10, Action, ConnEvent, FlowTuple, SwitchFlow
@@ -123,6 +124,7 @@ class IdsBackend:
         # Calls in the event loop's queue at once: os-ken's queue (128 events) also carries the
         # switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
         self._room = threading.BoundedSemaphore(QUEUED)
+        self._writer: threading.Thread | None = None  # the tick's write of the state file
 
     # --- the API's threads ----------------------------------------------------------------
 
@@ -419,7 +421,7 @@ class IdsBackend:
             if rule.key not in self.ending:
                 self._end(rule, "expired")
         self._finish_due()
-        self.save()
+        self._save_later()
 
     def load(self) -> None:
         """At start (before the event loop runs): the kept rules back in effect, those that
@@ -431,7 +433,31 @@ class IdsBackend:
         if self.store.rules:
             LOG.info("IDS rules loaded from %s: %d active", self.store.path, len(self.store))
 
+    def _save_later(self) -> None:
+        """The state file written on a thread, one write at a time, of the rules as they are
+        now (a failed write leaves the store dirty: tried again next tick)."""
+        if not self.store.dirty or self._writer is not None and self._writer.is_alive():
+            return
+        path = self.store.path
+        if path is None:
+            self.store.save()  # (kept in memory only)
+            return
+        lines = self.store.snapshot()
+
+        def run() -> None:
+            try:
+                write(path, lines)
+            except OSError as exc:
+                self.store.dirty = True
+                LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", path,
+                          exc)
+        self._writer = threading.Thread(target=run, name="nfshunt-ids-save", daemon=True)
+        self._writer.start()
+
     def save(self) -> None:
+        """At stop (and start): the state file written now, after the tick's write if one runs."""
+        if self._writer is not None:
+            self._writer.join()
         if not self.store.dirty:
             return
         try:

@@ -236,8 +236,9 @@ def test_rules_come_back_after_a_restart_and_those_expired_meanwhile_are_reporte
     rig, backend, _, _ = setup(tmp_path)
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32", expire=100), 1.0)
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.2/32", expire=5), 1.0)
-    backend.tick()
+    backend.tick()  # writes the state file on a thread of its own
     assert not backend.store.dirty
+    backend.save()  # the stop: waits for that write (nothing changed since: nothing more to write)
     again = Rig(now=rig.now + 10)  # a new controller, 10 s later
     again, restarted, _, records = setup(tmp_path, rig=again)
     restarted.load()
