@@ -11,7 +11,8 @@ request in flight on each (the server answers a connection's requests in turn); 
 is free it waits, and its lateness (sent - due) is recorded. Each answer is timed from
 its send to its last byte. Every request ends in one row: its HTTP status and the
 body's result and error, or status 0 with why (the connection closed or failed, or no
-answer within --timeout). Prints one JSON summary line; --out writes the rows
+answer within --timeout, or still in flight when the run's time, its schedule and
+--timeout, is up). Prints one JSON summary line; --out writes the rows
 "index,due,sent,answered,status,result,error" (epoch seconds).
 """
 from __future__ import annotations
@@ -170,7 +171,7 @@ def main() -> int:
             nxt += 1
         for conn in conns:  # given up: no answer within the timeout
             if conn.row is not None and now - conn.row.sent > args.timeout:
-                fail(conn, "unanswered")
+                fail(conn, f"unanswered within {args.timeout:g} s")
         wait = 0.05 if nxt >= args.count or not free else max(0.0, rows[nxt].due - time.time())
         for key, mask in sel.select(min(wait, 0.05)):
             conn = key.data
@@ -186,7 +187,7 @@ def main() -> int:
                 fail(conn, f"answer: {exc}")
     for conn in conns:
         if conn.row is not None:
-            conn.row.error = "unanswered"
+            conn.row.error = "unanswered: in flight when the run's time was up"
         conn.close()
     sent = [r for r in rows if r.sent]
     for r in rows:
