@@ -617,8 +617,10 @@ def bench_ids(args: argparse.Namespace) -> int:
         "timed": "send -> the whole `201 added` answer (the switch confirmed the pair's flows); an answer of any "
                  "other status, a failed connection or no answer within 30 s is counted, never dropped",
         "flows per shunt": "2 (OpenFlow 1.3, pipeline layout: TCP catchers shared in table 1)",
-        "shunt idle timeout": "10 s (no traffic: from 10 s on, pairs idle out alongside the installs, each TCP "
-                              "entry re-created by the hand-back)", "rule expiry": "600 s (every rule stays active)",
+        "shunt idle timeout": f"{args.shunt_timeout} s" + (" (no traffic: from then on, pairs idle out alongside the "
+                                                             "installs, each TCP entry re-created by the hand-back)"
+                                                             if args.shunt_timeout < seconds else " (none idles out)"),
+        "rule expiry": "600 s (every rule stays active)",
         "logging": "INFO, JSON (one line per shunt)",
         "the switch alone": f"(1) {alone_pairs} pairs' flow-mods behind one barrier (its top rate); (2) the same "
                             "rate for as long, a batch and a barrier every 10 ms, flows idling out "
@@ -633,6 +635,7 @@ def bench_ids(args: argparse.Namespace) -> int:
             fh.write(f"{IDS_CLIENT} {os.urandom(16).hex()}\n")
         try:
             with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
+                                                 "default_shunt_timeout": args.shunt_timeout,
                                                  "ids": _ids_config(count, tokens)}, log=print) as tb:
                 tb.wait_for_controller()
                 cfg = nfconfig.load(tb.config_path)
@@ -757,6 +760,8 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=0)
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--connections", type=int, default=16, help="ids: the client's keep-alive connections")
+    ap.add_argument("--shunt-timeout", type=int, default=10, help="ids: the shunts' idle timeout (default 10 s, the "
+                    "testbed's)")
     return ap.parse_args(argv)
 
 
