@@ -12,7 +12,7 @@ is free it waits, and its lateness (sent - due) is recorded. Each answer is time
 its send to its last byte. Every request ends in one row: its HTTP status and the
 body's result and error, or status 0 with why (the connection closed or failed, or no
 answer within --timeout, or still in flight when the run's time, its schedule and
---timeout, is up). Prints one JSON summary line; --out writes the rows
+--timeout, is up). Prints one JSON summary line (with its own CPU seconds); --out writes the rows
 "index,due,sent,answered,status,result,error" (epoch seconds).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import selectors
 import socket
 import sys
@@ -200,8 +201,9 @@ def main() -> int:
                 fh.write(f"{r.index},{r.due:.6f},{r.sent:.6f},{r.answered:.6f},{r.status},{r.result},"
                          f"{r.error.replace(',', ';')}\n")
     last = max((r.sent for r in sent), default=start)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"rate": args.rate, "count": args.count, "sent": len(sent), "connections": args.connections,
-                      "start": start, "last_sent": last,
+                      "start": start, "last_sent": last, "cpu_s": usage.ru_utime + usage.ru_stime,
                       "achieved_rate": (len(sent) - 1) / (last - start) if last > start else None}), flush=True)
     return 0
 
