@@ -15,7 +15,10 @@
   reload   static shunts changed by a reload (`nfshunt reload`): 1, 100 and 1,000 streams added,
            then removed; time from the request to every new flow confirmed (barrier), beside
            the switch's own time for as many flow-mods written straight to it
-  all      the four (not reload)
+  ids      shunt requests to the IDS API (issue 28) at a rate, each against a live conntrack entry
+           the policy accepted and left alone: send -> `201 added` (after the switch's barrier),
+           every answer counted by status, beside the switch alone at the same rate and its top rate
+  all      the four (not reload, not ids)
 
 --quick runs each small (the test suite does). Results: bench/results/<bench>-<time>/
 <bench>.md and CSV, with the machine (cores, kernel, Open vSwitch, datapath).
@@ -29,7 +32,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from typing import Any, Iterable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,6 +43,7 @@ sys.path.insert(0, os.path.join(REPO, "mininet"))
 sys.path.insert(0, REPO)
 
 import switchlimit  # noqa: E402
+from ctfeed import address  # noqa: E402
 from nfshunt import config as nfconfig  # noqa: E402
 from experiments import Capture, Results, last_of_first_burst  # noqa: E402
 from nfshunt_testbed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
@@ -106,6 +112,13 @@ def proc_usage(pid: int) -> tuple[float, int]:
     with open(f"/proc/{pid}/status") as fh:
         rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
     return cpu, rss
+
+
+def machine_busy() -> float:
+    """CPU seconds every core of the machine spent busy (not idle, not waiting on I/O)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / CLK_TCK
 
 
 def ovs_vswitchd_pid() -> int:
@@ -568,6 +581,180 @@ def bench_reload(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- ids ---------------------------------------------------------------------------------------------
+
+IDS_PORT = 9754
+IDS_CLIENT = "bench"
+
+
+def _ids_config(count: int, tokens: str) -> dict[str, Any]:
+    """The testbed's IDS section: ctfeed's destination 10.65.0.1:5201 inside ids.may_shunt,
+    room for every rule of the run."""
+    return {"listen_port": IDS_PORT, "token_file": tokens, "max_rules": count + 1000, "answer_timeout": 5.0,
+            "may_shunt": {"prefixes": ["10.65.0.1/32"], "ports": [5201]}}
+
+
+def _ignored(tb: Testbed) -> int:
+    return sum(v for k, v in counts(tb)["counters"].items() if k.startswith("ignored:"))
+
+
+def _answers(path: str) -> list[dict[str, Any]]:
+    with open(path) as fh:
+        next(fh)
+        out = []
+        for line in fh:
+            i, due, sent, answered, status, result, error = line.rstrip("\n").split(",", 6)
+            out.append({"index": int(i), "due": float(due), "sent": float(sent), "answered": float(answered),
+                        "status": int(status), "result": result, "error": error})
+    return out
+
+
+def bench_ids(args: argparse.Namespace) -> int:
+    rates = args.rates or ([100] if args.quick else [1000])
+    seconds = args.seconds or (2 if args.quick else 60)
+    conns = args.connections
+    alone_pairs = 1000 if args.quick else 10000
+    res = Results(args.out, "ids", {
+        "requests": "POST /v1/rules, a TCP connection's shunt each (bench/idsload.py in fw: one thread, "
+                    f"{conns} keep-alive HTTP/1.1 connections on the loopback, one request in flight on each, "
+                    "bearer token), request i due at i/rate", "offered rates (/s)": rates, "seconds per rate": seconds,
+        "live connections": "one conntrack entry per request, created over netlink before the requests (ctfeed "
+                            "--rate 0 --action 0: ESTABLISHED, marked by the policy ignore between port groups 1 and "
+                            "2, i.e. accepted and left alone), 10.64.x.y:p -> 10.65.0.1:5201 inside ids.may_shunt",
+        "timed": "send -> the whole `201 added` answer (the switch confirmed the pair's flows); an answer of any "
+                 "other status, a failed connection or no answer within 30 s is counted, never dropped",
+        "flows per shunt": "2 (OpenFlow 1.3, pipeline layout: TCP catchers shared in table 1)",
+        "shunt idle timeout": f"{args.shunt_timeout} s" + (" (no traffic: from then on, pairs idle out alongside the "
+                                                             "installs, each TCP entry re-created by the hand-back)"
+                                                             if args.shunt_timeout < seconds else " (none idles out)"),
+        "rule expiry": "600 s (every rule stays active)",
+        "logging": "INFO, JSON (one line per shunt)",
+        "the switch alone": f"(1) {alone_pairs} pairs' flow-mods behind one barrier (its top rate); (2) the same "
+                            "rate for as long, a batch and a barrier every 10 ms, flows idling out "
+                            "(bench/switchlimit.py sustained), the controller stopped meanwhile; both before the "
+                            "requests, in the same testbed"})
+    for k, rate in enumerate(rates):
+        count = int(rate * seconds)
+        start_index = k * 10_000_000 // 8
+        folder = tempfile.mkdtemp(prefix="nfshunt-idsbench-")
+        tokens = os.path.join(folder, "tokens")
+        with open(os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+            fh.write(f"{IDS_CLIENT} {os.urandom(16).hex()}\n")
+        try:
+            with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
+                                                 "default_shunt_timeout": args.shunt_timeout,
+                                                 "ids": _ids_config(count, tokens)}, log=print) as tb:
+                tb.wait_for_controller()
+                cfg = nfconfig.load(tb.config_path)
+                limit = switchlimit.measure(cfg, "s1", alone_pairs)
+                print(f"[{k + 1}/{len(rates)}] the switch alone: {limit['pairs_per_s']:,.0f} pairs/s at most; at "
+                      f"{rate}/s for {seconds} s", flush=True)
+                alone = _switch_alone(tb, rate, seconds)
+                ignored0 = _ignored(tb)
+                feeder = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "ctfeed.py"), "--rate", "0", "--count",
+                                  str(count), "--start", str(start_index), "--action", "0", "--proto", "tcp",
+                                  stdout=subprocess.PIPE)
+                line, _ = feeder.communicate(timeout=600)
+                fed = json.loads(line.strip().splitlines()[-1])
+                if fed["created"] != count:
+                    raise TestbedError(f"ctfeed created {fed['created']} of {count} entries: {fed}")
+                # every entry's event decided (ignore) before the first request
+                until_settled(lambda base=ignored0: _ignored(tb) - base, lambda n, want=count: n >= want, 5, 120, 0.5)
+                pid = tb.controller.pid  # type: ignore[union-attr]
+                ovs_pid = ovs_vswitchd_pid()
+                cpu0, _ = proc_usage(pid)
+                ovs0, main0, busy0, t0 = (proc_usage(ovs_pid)[0], ovs_main_thread_cpu(ovs_pid), machine_busy(),
+                                          time.time())
+                print(f"    {count} live entries; {count} shunt requests at {rate}/s", flush=True)
+                out = os.path.join(tb.workdir, f"ids-{int(rate)}.csv")
+                load = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "idsload.py"), "--port", str(IDS_PORT),
+                                "--token-file", tokens, "--rate", str(rate), "--count", str(count), "--start",
+                                str(start_index), "--connections", str(conns), "--out", out, stdout=subprocess.PIPE)
+                line, _ = load.communicate(timeout=seconds + 120)
+                sent = json.loads(line.strip().splitlines()[-1])
+                cpu1, rss = proc_usage(pid)
+                ovs1, main1, busy1, t1 = (proc_usage(ovs_pid)[0], ovs_main_thread_cpu(ovs_pid), machine_busy(),
+                                          time.time())
+                answers = _answers(out)
+                st = counts(tb)
+                want = {address(start_index + i) for i in range(count)}
+                flushed = time.time() + 5  # log lines are written in batches
+                while len(inst := {(e["src"], e["sport"]): e for e in log_events(tb, "installed")
+                                   if (e["src"], e["sport"]) in want}) < count and time.time() < flushed:
+                    time.sleep(0.5)
+        finally:
+            os.unlink(tokens)
+            os.rmdir(folder)
+        added = [a for a in answers if a["status"] == 201 and a["result"] == "added"]
+        lat = [(a["answered"] - a["sent"]) * 1000 for a in added]
+        from_due = [(a["answered"] - a["due"]) * 1000 for a in added]
+        late = [(a["sent"] - a["due"]) * 1000 for a in answers if a["sent"]]
+        # The answer's legs, from the controller's `installed` line (ts: confirmed; latency_ms: lookup -> confirmed)
+        legs = [(a, inst[address(a["index"])]) for a in added if address(a["index"]) in inst]
+        before = [(e["ts"] - e["latency_ms"] / 1000 - a["sent"]) * 1000 for a, e in legs]
+        ctl = [e["latency_ms"] for _, e in legs]
+        after = [(a["answered"] - e["ts"]) * 1000 for a, e in legs]
+        outcomes = Counter(f"{a['status']} {a['result'] or '-'}{' ' + a['error'] if a['error'] else ''}"
+                           for a in answers)
+        span = max(a["answered"] for a in added) - sent["start"] if added else math.nan
+        wall = t1 - t0
+        row = {"offered_rate": rate, "seconds": seconds, "connections": conns, "requests": count,
+               "answered": sum(1 for a in answers if a["status"]), "added": len(added),
+               "not_added": count - len(added),
+               "outcomes": "; ".join(f"{k2}: {v}" for k2, v in sorted(outcomes.items())),
+               "sent_rate": sent["achieved_rate"], "added_rate": len(added) / span if added else 0.0,
+               **{f"{k2}_ms": v for k2, v in summary(lat).items() if k2 != "n"},
+               "from_due_p99_ms": pct(from_due, 0.99), "send_late_p99_ms": pct(late, 0.99),
+               "send_late_max_ms": max(late) if late else math.nan,
+               "to_lookup_median_ms": pct(before, 0.5), "to_lookup_p99_ms": pct(before, 0.99),
+               "lookup_to_confirmed_median_ms": pct(ctl, 0.5), "lookup_to_confirmed_p99_ms": pct(ctl, 0.99),
+               "confirmed_to_answer_median_ms": pct(after, 0.5), "confirmed_to_answer_p99_ms": pct(after, 0.99),
+               "installed": len(inst), "controller_cpu_pct": 100 * (cpu1 - cpu0) / wall,
+               "controller_rss_mb": rss / 2**20, "ovs_vswitchd_cpu_pct": 100 * (ovs1 - ovs0) / wall,
+               "ovs_main_thread_cpu_pct": 100 * (main1 - main0) / wall,
+               "client_cpu_pct": 100 * sent.get("cpu_s", math.nan) / wall,
+               # the machine's other work meanwhile (the cores are shared: another run of the test suite shows here)
+               "rest_of_machine_cpu_pct": 100 * ((busy1 - busy0) - (cpu1 - cpu0) - (ovs1 - ovs0)
+                                                 - sent.get("cpu_s", math.nan)) / wall,
+               "ids_refused": sum(v for k2, v in st["counters"].items() if k2.startswith("ids_refused")),
+               "handler_errors": st["counters"].get("handler_errors", 0),
+               "switch_max_pairs_per_s": limit["pairs_per_s"], "switch_alone_pairs_per_s": alone["pairs_per_s"],
+               "switch_alone_p99_ms": pct(alone["latencies_ms"], 0.99),
+               "switch_alone_main_thread_cpu_pct": alone["ovs_main_thread_cpu_pct"]}
+        res.add(row)
+        print(f"    added {row['added']}/{count} ({row['outcomes']}); send -> added p50 {f(row['median_ms'])} p99 "
+              f"{f(row['p99_ms'])} max {f(row['max_ms'])} ms; sent at {f(row['sent_rate'], 0)}/s, added at "
+              f"{f(row['added_rate'], 0)}/s; CPU controller {row['controller_cpu_pct']:.0f} % ovs main thread "
+              f"{row['ovs_main_thread_cpu_pct']:.0f} %; the switch alone {row['switch_alone_pairs_per_s']:,.0f} "
+              f"pairs/s (p99 {f(row['switch_alone_p99_ms'])} ms), at most {row['switch_max_pairs_per_s']:,.0f}",
+              flush=True)
+    body = ["Milliseconds. Send -> added: from the request's first byte sent to its whole `201 added` answer read "
+            "(the switch confirmed the pair's flows by barrier). From due: from when the request was due by the "
+            "schedule (a request waits when every connection has one in flight). The legs, from the controller's "
+            "`installed` log line: send -> the API thread's conntrack lookup (HTTP, token, parse), lookup -> the "
+            "switch's confirmation (event loop, flow-mods, barrier), confirmation -> the answer read by the client.",
+            "", *md_table(["offered /s", "requests", "added", "other answers", "sent /s", "added /s", "p50", "p99",
+                           "max", "p99 from due", "p99 late send", "legs p50: to lookup / to confirmed / to answer",
+                           "legs p99", "CPU % ctl", "CPU % OVS (main thread)", "CPU % client",
+                           "CPU % rest of machine", "the switch alone at this rate: pairs/s (p99 ms)",
+                           "the switch's top rate pairs/s"],
+                          ([f"{r['offered_rate']:g}", f"{r['requests']}", f"{r['added']}",
+                            r["outcomes"] if r["not_added"] else "none", f(r["sent_rate"], 0), f(r["added_rate"], 0),
+                            f(r["median_ms"]), f(r["p99_ms"]), f(r["max_ms"]), f(r["from_due_p99_ms"]),
+                            f(r["send_late_p99_ms"]),
+                            f"{f(r['to_lookup_median_ms'])} / {f(r['lookup_to_confirmed_median_ms'])} / "
+                            f"{f(r['confirmed_to_answer_median_ms'])}",
+                            f"{f(r['to_lookup_p99_ms'])} / {f(r['lookup_to_confirmed_p99_ms'])} / "
+                            f"{f(r['confirmed_to_answer_p99_ms'])}",
+                            f"{r['controller_cpu_pct']:.0f}",
+                            f"{r['ovs_vswitchd_cpu_pct']:.0f} ({r['ovs_main_thread_cpu_pct']:.0f})",
+                            f(r["client_cpu_pct"], 0), f(r["rest_of_machine_cpu_pct"], 0),
+                            f"{r['switch_alone_pairs_per_s']:,.0f} ({f(r['switch_alone_p99_ms'])})",
+                            f"{r['switch_max_pairs_per_s']:,.0f}"] for r in res.rows))]
+    print(f"report: {res.report('IDS requests: shunts of live connections over the API', body, False)}")
+    return 0
+
+
 def _shunts_or_none(tb: Testbed) -> int | None:
     try:
         return counts(tb)["shunts"]
@@ -577,7 +764,7 @@ def _shunts_or_none(tb: Testbed) -> int | None:
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "all"])
+    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "ids", "all"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
@@ -588,6 +775,9 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")])
     ap.add_argument("--seconds", type=float, default=0)
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--connections", type=int, default=16, help="ids: the client's keep-alive connections")
+    ap.add_argument("--shunt-timeout", type=int, default=10, help="ids: the shunts' idle timeout (default 10 s, the "
+                    "testbed's)")
     return ap.parse_args(argv)
 
 
@@ -606,7 +796,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             if name == "rate-tcp":
                 sub.feed = "tcp"
             {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale,
-             "burst": bench_burst, "reload": bench_reload}[name](sub)
+             "burst": bench_burst, "reload": bench_reload, "ids": bench_ids}[name](sub)
     except TestbedError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

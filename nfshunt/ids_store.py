@@ -7,13 +7,17 @@ expiry passed while the controller was down is reported expired at `load`.
 
 The state file (`ids.state_file`, under the state directory by default) is written
 atomically (a temporary file in the same directory, fsynced, renamed over it; mode 0600)
-by `save`, which the owner calls when `dirty` on its periodic tick and at stop: one write
-a tick, not one a request (at 1,000 requests a second a write each would be the bottleneck).
+by `write` (`save`), which the owner calls when `dirty` on its periodic tick and at stop:
+one write a tick, not one a request (at 1,000 requests a second a write each would be the
+bottleneck). Each rule's line is made once, when it is added (a rule never changes), so a
+tick's `snapshot` is a list of them and the write can run off the owner's thread (60,000
+rules: 14 MB, ~350 ms to encode afresh and ~50 ms to join and write, bench `ids`).
 A crash loses at most the last tick's changes; an IDS reconciles by listing its rules.
 """
 from __future__ import annotations
 
 import enum
+import heapq
 import ipaddress
 import json
 import logging
@@ -69,6 +73,10 @@ class Store:
         self.max_rules = max_rules
         self.rules: dict[tuple[str, str], Rule] = {}
         self._by_target: dict[tuple[Any, ...], set[tuple[str, str]]] = {}
+        self._lines: dict[tuple[str, str], bytes] = {}  # each active rule as the state file has it
+        # Rules of an address (blocks, whitelists: few), asked about on every request: not a scan of all.
+        self._addressed: dict[tuple[str, str], Rule] = {}
+        self._expiries: list[tuple[float, tuple[str, str]]] = []  # a heap: the next expiry, no scan a tick
         self._ended: OrderedDict[tuple[str, str], Ended] = OrderedDict()
         self._remember = remember
         self.dirty = False
@@ -92,9 +100,15 @@ class Store:
     def _put(self, rule: Rule) -> None:
         self.rules[rule.key] = rule
         self._by_target.setdefault(rule.target, set()).add(rule.key)
+        self._lines[rule.key] = json.dumps(rule.to_json(), separators=(",", ":")).encode()
+        if rule.address is not None:
+            self._addressed[rule.key] = rule
+        heapq.heappush(self._expiries, (rule.expires, rule.key))
 
     def _drop(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
         del self.rules[rule.key]
+        del self._lines[rule.key]
+        self._addressed.pop(rule.key, None)
         keys = self._by_target[rule.target]
         keys.discard(rule.key)
         if not keys:
@@ -115,6 +129,11 @@ class Store:
 
     def due(self, now: float) -> list[Rule]:
         """The rules whose hard expiry has come (their flows go before they are `end`ed)."""
+        heap = self._expiries
+        while heap and getattr(self.rules.get(heap[0][1]), "expires", None) != heap[0][0]:
+            heapq.heappop(heap)  # a rule that ended before its expiry
+        if not heap or heap[0][0] > now:
+            return []
         return sorted((r for r in self.rules.values() if r.expires <= now), key=lambda r: r.expires)
 
     def end(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
@@ -155,7 +174,7 @@ class Store:
     def whitelisting(self, networks: Iterable[Network]) -> Rule | None:
         """An active whitelist covering any address of these networks."""
         nets = tuple(networks)
-        return next((r for r in self.rules.values() if r.kind is Kind.WHITELIST and r.address is not None
+        return next((r for r in self._addressed.values() if r.kind is Kind.WHITELIST and r.address is not None
                      and any(_overlap(r.address, n) for n in nets)), None)
 
     def blocking(self, conn: FlowTuple) -> Rule | None:
@@ -163,7 +182,7 @@ class Store:
         for key in self._by_target.get((Kind.BLOCK, pair_key(conn)), ()):
             return self.rules[key]
         hosts = (ipaddress.ip_address(conn.src), ipaddress.ip_address(conn.dst))
-        return next((r for r in self.rules.values() if r.kind is Kind.BLOCK_ADDRESS and r.address is not None
+        return next((r for r in self._addressed.values() if r.kind is Kind.BLOCK_ADDRESS and r.address is not None
                      and any(h.version == r.address.version and h in r.address for h in hosts)), None)
 
     def of_connection(self, conn: FlowTuple) -> list[Rule]:
@@ -226,35 +245,45 @@ class Store:
         self.dirty = bool(gone)
         return gone
 
+    def snapshot(self) -> list[bytes]:
+        """The active rules' lines for `write`, as they are now; `dirty` is cleared (the
+        caller sets it again if the write fails)."""
+        self.dirty = False
+        return list(self._lines.values())
+
     def save(self) -> None:
         """Write the active rules atomically; OSError is the caller's to report (the rules
         stay in memory and `dirty`, so the next tick tries again)."""
         if self.path is None:
             self.dirty = False
             return
-        data = json.dumps({"version": FORMAT, "rules": [r.to_json() for r in self.rules.values()]},
-                          separators=(",", ":")).encode()
-        folder = os.path.dirname(self.path) or "."
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(self.path)}.")  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)  # the rename itself survives a power cut
-        finally:
-            os.close(dfd)
+        write(self.path, list(self._lines.values()))
         self.dirty = False
+
+
+def write(path: str, lines: list[bytes]) -> None:
+    """The state file of these rules' lines (`Store.snapshot`), written atomically; from any thread."""
+    data = b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}"
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)  # the rename itself survives a power cut
+    finally:
+        os.close(dfd)
 
 
 def _overlap(a: Network, b: Network) -> bool:

@@ -183,6 +183,24 @@ def recv_all(s):
     return out
 
 
+def test_keep_alive_answers_do_not_wait_for_a_delayed_ack(served):
+    """An answer goes out as two writes (headers, body); with Nagle's algorithm on, the
+    body waited for the client's delayed ACK of the headers: 40 ms an answer."""
+    api, _, _ = served
+    conn = http.client.HTTPConnection(*api.address, timeout=5)
+    try:
+        took = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            conn.request("GET", "/v1/rules", headers={"Authorization": f"Bearer {TOKEN}"})
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read()) == {"rules": []}
+            took.append(time.monotonic() - t0)
+    finally:
+        conn.close()
+    assert sorted(took)[10] < 0.02, took
+
+
 def test_rate_limit_per_client(token_file):
     api, _, counted = make_api(token_file, rate_limit=5)
     try:

@@ -237,8 +237,9 @@ def test_rules_come_back_after_a_restart_and_those_expired_meanwhile_are_reporte
     rig, backend, _, _ = setup(tmp_path)
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32", expire=100), 1.0)
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "2", address="10.0.0.2/32", expire=5), 1.0)
-    backend.tick()
+    backend.tick()  # writes the state file on a thread of its own
     assert not backend.store.dirty
+    backend.save()  # the stop: waits for that write (nothing changed since: nothing more to write)
     again = Rig(now=rig.now + 10)  # a new controller, 10 s later
     again, restarted, _, records = setup(tmp_path, rig=again)
     restarted.load()
@@ -400,6 +401,7 @@ def test_after_a_restart_the_connections_holder_is_pinned_again_with_its_idle_ti
     backend.submit(rule(rig, source="ids:a", priority=3, idle_timeout=40), 1.0)
     backend.submit(rule(rig, source="ids:b", priority=1, idle_timeout=20), 1.0)
     backend.tick()
+    backend.save()  # the stop: waits for the tick's write (made on a thread of its own)
     again, restarted, _, _ = setup(tmp_path, rig=Rig(now=rig.now + 1))
     restarted.load()
     assert (again.core.pins[ORIG].source, again.core.pins[ORIG].idle_timeout) == ("ids:a", 40)

@@ -6,7 +6,7 @@ import stat
 
 from nfshunt.config import IdsConfig
 from nfshunt.ids_rules import Kind, parse
-from nfshunt.ids_store import Added, Counts, Store
+from nfshunt.ids_store import Added, Counts, Store, write
 from nfshunt.model import Action, FlowTuple
 
 CFG = IdsConfig(token_file="/unused")
@@ -110,6 +110,36 @@ def test_state_file_atomic_0600_and_reloaded_with_expiry(tmp_path):
     assert again.get("ids:zeek", "addr").address == ipaddress.ip_network("fd00:1::/64")
     assert again.get("ids:zeek", "long") == store.get("ids:zeek", "long")
     assert again.dirty  # the expired one is to be written out
+
+
+def test_due_sees_only_rules_still_active():
+    """The next expiry is kept in a heap (no scan of every rule a tick): a rule that ended
+    before it, or whose id came back with a later expiry, is not due at the old time."""
+    store = Store(None, max_rules=10)
+    store.add(rule("1", expire=10))
+    store.add(rule("2", expire=20, sport=2))
+    store.remove("ids:zeek", "1", NOW + 5, counts)
+    assert store.due(NOW + 15) == []
+    store.add(rule("1", expire=30, now=NOW + 5))
+    assert [r.id for r in store.due(NOW + 25)] == ["2"]
+    assert [r.id for r in store.due(NOW + 35)] == ["2", "1"]
+
+
+def test_the_state_file_is_the_rules_json_written_from_their_lines(tmp_path):
+    """Each rule's line is made when it is added; a tick's snapshot of them can be written
+    off the event loop, and the file is the same JSON as the rules' own."""
+    path = str(tmp_path / "ids-rules.json")
+    store = Store(path, max_rules=10)
+    store.add(rule("a"))
+    store.add(rule("b", action="block", address="10.1.0.0/16"))
+    lines = store.snapshot()
+    assert not store.dirty
+    store.add(rule("c", sport=3))  # after the snapshot: not in this write
+    write(path, lines)
+    with open(path) as fh:
+        assert json.load(fh) == {"version": 1, "rules": [r.to_json() for r in store.select() if r.id != "c"]}
+    assert store.whitelisting(rule("x", action="block", address="10.1.2.3").networks()) is None
+    assert store.blocking(FlowTuple(4, 6, "10.1.2.3", "10.0.0.2", 1, 2)).id == "b"
 
 
 def test_state_file_bad_entries_dropped_bad_file_kept_aside(tmp_path):
