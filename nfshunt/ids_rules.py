@@ -30,6 +30,7 @@ from typing import Any, Iterable
 from .config import MAX_IDS_EXPIRE, IdsConfig, MayShunt
 from .model import TCP, UDP, Action, FlowTuple, canonical_address
 from .pins import IdsHold
+from .validate import _type_name, check_names
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 PROTOCOLS = {"tcp": TCP, "udp": UDP}
@@ -125,23 +126,8 @@ class Rule:
 
 # --- parsing ----------------------------------------------------------------------------------
 
-def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", str: "string", list: "list", dict: "object", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def _fields(where: str, body: Any, allowed: Iterable[str], required: Iterable[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise RuleError(where, f"expected an object, got {_type_name(body)}")
-    allowed = tuple(allowed)
-    prefix = f"{where}." if where else ""
-    for name in body:
-        if name not in allowed:
-            raise RuleError(f"{prefix}{name}", "unknown field (allowed: " + ", ".join(sorted(allowed)) + ")")
-    for name in required:
-        if name not in body:
-            raise RuleError(f"{prefix}{name}", "required field is missing")
-    return body
+    return check_names(where, body, allowed, required, RuleError, "field")
 
 
 def _int(field: str, value: Any, lo: int, hi: int, text: bool = False) -> int:

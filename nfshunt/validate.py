@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 
 class ConfigError(ValueError):
@@ -165,15 +165,25 @@ def _dpid(key: str, value: Any) -> int | None:
     return _int(0, 2**64 - 1)(key, value)
 
 
-def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
-            required: tuple[str, ...] = ()) -> dict[str, Any]:
+def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable[str],
+                error: Callable[[str, str], Exception] = ConfigError, noun: str = "key") -> dict[str, Any]:
+    """`value` is an object whose names are all `allowed` and include every `required` one;
+    else `error(path, problem)`. Shared by the config and the IDS API's request bodies."""
     if not isinstance(value, dict):
-        raise ConfigError(key, f"expected an object, got {_type_name(value)}")
+        raise error(key, f"expected an object, got {_type_name(value)}")
+    allowed = tuple(allowed)
     prefix = f"{key}." if key else ""
     for name in value:
-        if name not in fields:
-            raise ConfigError(f"{prefix}{name}", "unknown key (allowed: " + ", ".join(sorted(fields)) + ")")
+        if name not in allowed:
+            raise error(f"{prefix}{name}", f"unknown {noun} (allowed: " + ", ".join(sorted(allowed)) + ")")
     for name in required:
         if name not in value:
-            raise ConfigError(f"{prefix}{name}", "required key is missing")
+            raise error(f"{prefix}{name}", f"required {noun} is missing")
+    return value
+
+
+def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
+            required: tuple[str, ...] = ()) -> dict[str, Any]:
+    check_names(key, value, fields, required)
+    prefix = f"{key}." if key else ""
     return {name: fields[name](f"{prefix}{name}", raw) for name, raw in value.items()}
