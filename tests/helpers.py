@@ -35,3 +35,12 @@ def wait_listening(tb, node, port):
     for UDP tests too): a client started now is not refused."""
     tb.wait_for(lambda: tb.run(node, "ss", "-Hltn", "sport", "=", f":{port}", check=False).strip(), 5,
                 f"{node.name} to listen on {port}", interval=0.05)
+
+
+def show_log_if_failed(tb, request) -> None:
+    """After a test on the testbed: the controller's log, when the test failed (or
+    NFSHUNT_SHOW_LOG is set)."""
+    import os
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
+        print(tb.controller_output()[-6000:])

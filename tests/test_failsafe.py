@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.helpers import show_log_if_failed
+
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,9 +37,7 @@ BASE = {"default_shunt_timeout": 3, "default_block_timeout": 3}
 def fresh(tb, request):
     """Each test starts with the module's controller running, config as built, no shunts."""
     yield tb
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
-        print(tb.controller_output()[-6000:])
+    show_log_if_failed(tb, request)
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)

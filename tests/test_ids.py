@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf
 
 pytestmark = pytest.mark.integration
@@ -43,9 +44,7 @@ def tb(integration_ready):
 @pytest.fixture
 def fresh(tb, request):
     yield tb
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
-        print(tb.controller_output()[-6000:])
+    show_log_if_failed(tb, request)
     if tb.controller is None or tb.controller.poll() is not None:
         tb.restart_controller()
         tb.wait_for_controller()

@@ -6,12 +6,12 @@ Each take-down path runs a paced 6 s transfer that is shunted, taken down mid-wa
 must carry on with no stall over 1 s."""
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import pytest
 
+from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
 
 pytestmark = pytest.mark.integration
@@ -33,9 +33,7 @@ def tb(integration_ready):
 @pytest.fixture
 def fresh(tb, request):
     yield tb
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
-        print(tb.controller_output()[-6000:])
+    show_log_if_failed(tb, request)
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)
