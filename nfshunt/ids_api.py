@@ -344,7 +344,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _outcome(self, outcome: Outcome, rule_id: str, scipass: bool = False) -> None:
         if outcome.result is Result.ERROR:
             why = outcome.error or Reject.INTERNAL
-            self.server.api.count(why)
+            if outcome.refusal is None:  # a precedence refusal is counted by its rule where it is decided
+                self.server.api.count(why)
             if scipass:
                 self._send(STATUS[why], {"success": 0, "error": outcome.reason})
                 return

@@ -40,8 +40,8 @@ LABELLED = {
                      ("change", "reason")),
     "address_blocks": ("nfshunt_address_block_flow_changes", "IDS address-block flows written or deleted, by "
                        "what and why", ("change", "reason")),
-    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids_api.Reject; precedence "
-                    "refusals also by the rule that refused them, as refused:<rule>)", ("reason",)),
+    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids_api.Reject; a precedence "
+                    "refusal by the rule that refused it, as refused:<rule>)", ("reason",)),
     "ids_rules": ("nfshunt_ids_rule_changes", "IDS rules added, found existing, ended, by outcome and kind",
                   ("outcome", "kind")),
     "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "
