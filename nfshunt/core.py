@@ -230,7 +230,7 @@ class Core:
 
     def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
         """Take a pair down (flush, manual unshunt, policy change), handed back alive."""
-        return self._removal.remove(conn, reason, now)
+        return self.conns.take_down(conn, reason, now)
 
     def flush(self, reason: str, now: float) -> list[Command]:
         """Every pair back to the slow path; the connections waiting for room forgotten."""

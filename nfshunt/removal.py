@@ -1,4 +1,4 @@
-"""Pairs leaving the switch: a take-down asked for (flush, unshunt, block, policy change),
+"""Pairs leaving the switch: a flush (each pair through connection.py's `take_down`),
 a flow the switch removed (an idle-out, or our removal confirmed), and the pair's end,
 which lets a connection queued behind it and one waiting for room in. Every take-down
 goes through connection.py's `hand_back`. No I/O."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 from . import cookies
 from .admission import Admission
 from .commands import Command, Removed
-from .connection import ACTIVE, HELD, IDLE, Conn, FlowCount, State
+from .connection import ACTIVE, IDLE, Conn, FlowCount, State
 from .core_state import CoreState
 
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
@@ -18,17 +18,6 @@ class Removal:
         self.shared = shared
         self.admission = admission
 
-    def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
-        """Take a pair down (flush, manual unshunt, policy change): handed back to the
-        firewall alive, its next packet judged by the current policy; a pending one as soon
-        as the switch confirms it."""
-        if not self.shared.conns.holds(conn, HELD):
-            return []
-        if conn.state is State.PENDING and not conn.entry_deleted:
-            conn.remove_reason = reason  # flows_confirmed takes it down
-            return []
-        return self.shared.conns.hand_back(conn, reason, now)
-
     def flush(self, reason: str, now: float) -> list[Command]:
         """Every shunt and block back to the slow path, where policy re-evaluates it;
         connections waiting for room are dropped from the queue (their next packet is
@@ -36,7 +25,7 @@ class Removal:
         out: list[Command] = []
         self.shared.waiting.clear()
         for conn in self.shared.conns:
-            out.extend(self.remove(conn, reason, now))
+            out.extend(self.shared.conns.take_down(conn, reason, now))
         return out
 
     def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
