@@ -38,6 +38,17 @@ def integration_ready():
         pytest.skip(reason)
 
 
+@pytest.fixture(scope="module")
+def tb(request, integration_ready):
+    """The module's testbed, as its `TESTBED = Bed(...)` describes (tests/beds.py)."""
+    from tests.beds import running
+    bed = getattr(request.module, "TESTBED", None)
+    if bed is None:
+        pytest.fail(f"{request.module.__name__} uses the tb fixture without a TESTBED")
+    with running(bed) as built:
+        yield built
+
+
 @pytest.fixture
 def netns(integration_ready):
     """A fresh, empty network namespace, removed afterwards; yields a runner."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.beds import Bed, Strict, running
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
 
 pytestmark = pytest.mark.integration
@@ -37,10 +38,7 @@ def _shunted_transfer(tb, seconds=4):
 
 
 def test_without_lag_the_drain_keeps_queued_slow_path_packets_tracked(integration_ready):
-    from nfshunt_testbed import Testbed
-    with Testbed(mode="nfshunt", of_version="1.3") as bed:
-        bed.wait_for_controller()
-        bed.strict_firewalls()
+    with running(Bed(strict=Strict.FULL)) as bed:
         totals = []
         for _ in range(5):
             result, drops = _shunted_transfer(bed, seconds=2)
@@ -51,11 +49,8 @@ def test_without_lag_the_drain_keeps_queued_slow_path_packets_tracked(integratio
 
 @pytest.fixture(scope="module")
 def lagging(integration_ready):
-    from nfshunt_testbed import Testbed
-    with Testbed(mode="nfshunt", of_version="1.3", config={"confirm": "barrier"}, switch_lag_ms=400,
-                 switch_reorder=True) as bed:
-        bed.wait_for_controller()
-        bed.strict_firewalls()
+    with running(Bed(config={"confirm": "barrier"}, strict=Strict.FULL, switch_lag_ms=400,
+                     switch_reorder=True)) as bed:
         yield bed
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from nfshunt import markcodec
+from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
 pytestmark = pytest.mark.integration
@@ -14,10 +15,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module", params=["1.0", "1.3"])
 def tb(request, integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version=request.param,
-                  config={"default_shunt_timeout": 3, "default_block_timeout": 3})
-    with bed:
+    with running(Bed(of_version=request.param, config={"default_shunt_timeout": 3, "default_block_timeout": 3})) as bed:
         yield bed
     if request.node.session.testsfailed:
         print(bed.controller_output()[-4000:])

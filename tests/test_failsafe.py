@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.beds import Bed
 from tests.helpers import show_log_if_failed
 
 pytestmark = pytest.mark.integration
@@ -20,17 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHUNT, BLOCK, IGNORE = 5201, 5202, 5203
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3",
-                  config={"default_shunt_timeout": 3, "default_block_timeout": 3})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
-
-
 BASE = {"default_shunt_timeout": 3, "default_block_timeout": 3}
+TESTBED = Bed(config=BASE)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from tests.beds import Bed, running
 from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf
 
@@ -24,17 +25,14 @@ ADDRESS_BLOCK = 7  # cookie kind of an address block's flows
 
 @pytest.fixture(scope="module")
 def tb(integration_ready):
-    from nfshunt_testbed import Testbed
     folder = tempfile.mkdtemp(prefix="nfshunt-ids-")
     tokens = os.path.join(folder, "tokens")
     with open(os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
         fh.write(f"zeek {TOKEN}\n")
     ids = {"listen_port": API_PORT, "token_file": tokens, "answer_timeout": 3.0,
            "may_shunt": {"prefixes": ["10.0.0.2/32"], "ports": [IGNORE]}}
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 30, "ids": ids})
     try:
-        with bed:
-            bed.wait_for_controller()
+        with running(Bed(config={"default_shunt_timeout": 30, "ids": ids})) as bed:
             yield bed
     finally:
         os.unlink(tokens)

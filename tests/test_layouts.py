@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.beds import Bed
+
 pytestmark = pytest.mark.integration
 SHUNT = 5201
 N = 20
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 60})
 
 
 def _ours(tb) -> list[dict[str, str]]:

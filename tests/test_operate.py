@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests.beds import Bed, running
+
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,16 +21,11 @@ METRICS_PORT = 9753
 
 @pytest.fixture(scope="module")
 def tb(integration_ready, tmp_path_factory):
-    from linkemu import Emulation
-    from nfshunt_testbed import Testbed
     logdir = tmp_path_factory.mktemp("audit")
     # Jumbo frames, as in the thesis: Ethernet/IP/TCP headers are then < 1 % of the bytes.
-    bed = Testbed(mode="nfshunt", of_version="1.3", emulation=Emulation(mtu=9000),
-                  config={"default_shunt_timeout": 2, "default_block_timeout": 5,
-                          "metrics_address": "127.0.0.1", "metrics_port": METRICS_PORT,
-                          "audit_log": str(logdir / "audit.log")})
-    with bed:
-        bed.wait_for_controller()
+    with running(Bed(mtu=9000, config={"default_shunt_timeout": 2, "default_block_timeout": 5,
+                                       "metrics_address": "127.0.0.1", "metrics_port": METRICS_PORT,
+                                       "audit_log": str(logdir / "audit.log")})) as bed:
         yield bed
 
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.beds import Bed
 from tests.test_teardown_close import _bulk, _pair
 
 pytestmark = pytest.mark.integration
@@ -39,13 +40,7 @@ print(f"{int(n)} {time.monotonic() - t0:.3f}", flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60, "packet_in_rate": RATE})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 60, "packet_in_rate": RATE})
 
 
 def _teardown_packet_ins(tb):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.beds import Bed
 from tests.test_failsafe import _limit_table
 
 pytestmark = pytest.mark.integration
@@ -12,15 +13,8 @@ SHUNT = 5201
 RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each, single layout)
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3",
-                  config={"default_shunt_timeout": 60, "flow_mod_rate": RATE, "install_queue": 20,
-                          "flow_layout": "single"})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 60, "flow_mod_rate": RATE, "install_queue": 20,
+                      "flow_layout": "single"})
 
 
 def _port_flows(tb) -> list[dict[str, str]]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.beds import Bed, Strict
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
 
 pytestmark = pytest.mark.integration
@@ -18,15 +19,7 @@ pytestmark = pytest.mark.integration
 SHUNT, IGNORE = 5201, 5203
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 5})
-    with bed:
-        bed.wait_for_controller()
-        from nfshunt_testbed import STRICT_RULE
-        bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT_RULE)  # loose pickup stays on here
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 5}, strict=Strict.INVALID_DROPPED)  # loose pickup stays on here
 
 
 def _swapped_policy(tmp_path):

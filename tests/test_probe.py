@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from tests.beds import Bed, running
+
 pytestmark = pytest.mark.integration
 
 
@@ -38,9 +40,7 @@ def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(int
     """First, while the controller holds the port, the probe says what to do and leaves it
     alone (checked on this testbed rather than on one of its own); then, with it stopped,
     the probe's report."""
-    from nfshunt_testbed import Testbed
-    with Testbed(mode="nfshunt", of_version="1.3") as tb:
-        tb.wait_for_controller()
+    with running(Bed()) as tb:
         _refused_while_the_controller_holds_the_port(tb)
         out, settings = _probe(tb)
     print(out)
@@ -56,9 +56,7 @@ def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(int
 
 
 def test_probe_switch_sees_a_hardware_lag_and_recommends_confirming_by_counters(integration_ready):
-    from nfshunt_testbed import Testbed
-    with Testbed(mode="nfshunt", of_version="1.3", switch_lag_ms=300) as tb:
-        tb.wait_for_controller()
+    with running(Bed(switch_lag_ms=300)) as tb:
         out, settings = _probe(tb)
     print(out)
     lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])

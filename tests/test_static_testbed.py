@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.beds import Bed, running
+
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,10 +61,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"static_shunts": [STREAM]})
-    with bed:
-        bed.wait_for_controller()
+    with running(Bed(config={"static_shunts": [STREAM]})) as bed:
         # Neighbours known beforehand: no ARP crosses the slow path, so every frame it
         # counts would be the stream's.
         pairs = ((bed.h1, "h1-eth0", bed.h2), (bed.h2, "h2-eth0", bed.h1))

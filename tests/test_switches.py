@@ -9,18 +9,14 @@ import subprocess
 
 import pytest
 
+from tests.beds import Bed
+
 pytestmark = pytest.mark.integration
 SHUNT = 5201
 N = 3
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="two-switch", of_version="1.3", config={"default_shunt_timeout": 60})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
+TESTBED = Bed(mode="two-switch", config={"default_shunt_timeout": 60})
 
 
 def _client_ports(flows: list[dict[str, str]]) -> set[int]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.beds import Bed, Strict
 from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
 
@@ -20,14 +21,7 @@ SHUNT, BLOCK = 5201, 5202
 BASE = {"default_shunt_timeout": 30}
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config=dict(BASE))
-    with bed:
-        bed.wait_for_controller()
-        bed.strict_firewalls()
-        yield bed
+TESTBED = Bed(config=BASE, strict=Strict.FULL)
 
 
 @pytest.fixture

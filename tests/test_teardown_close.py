@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from tests.beds import Bed, Strict, running
 from tests.test_failsafe import catchers, shunt_flows
 
 pytestmark = pytest.mark.integration
@@ -21,14 +22,9 @@ def tb(request, integration_ready):
     """Offload: the hosts as Linux sets them up (TSO, checksum offload), with Open vSwitch's
     userspace TSO support on, so the switch sees (and a catcher catches) segments of
     many packets' size: the bed where a re-injected FIN used to be lost."""
-    from linkemu import Emulation
-    from nfshunt_testbed import STRICT_RULE, Testbed
     mtu, offload = request.param
-    bed = Testbed(mode="nfshunt", of_version="1.3", emulation=Emulation(mtu=mtu), host_offload=offload,
-                  config={"default_shunt_timeout": 60, "delete_flows_on_shutdown": False})
-    with bed:
-        bed.wait_for_controller()
-        bed.run(bed.fw, "iptables", "-w", "5", "-I", *STRICT_RULE)
+    with running(Bed(mtu=mtu, host_offload=offload, strict=Strict.INVALID_DROPPED,
+                     config={"default_shunt_timeout": 60, "delete_flows_on_shutdown": False})) as bed:
         yield bed
 
 

@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from tests.beds import Bed, Strict
+
 pytestmark = pytest.mark.integration
 SHUNT = 5201
 N = 20
@@ -28,14 +30,7 @@ CPORTS = 55001
 WITHIN = 1.0
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60})
-    with bed:
-        bed.wait_for_controller()
-        bed.strict_firewalls()
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 60}, strict=Strict.FULL)
 
 
 @pytest.mark.parametrize("layout", ["single"])

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.beds import Bed, running
 from tests.ofpeer import ForgedSwitch, forged_flow
 
 pytestmark = pytest.mark.integration
@@ -20,10 +21,8 @@ FORGED = 0x4E02000000001234
 
 @pytest.fixture(scope="module")
 def tb(integration_ready):
-    from nfshunt_testbed import MGMT_OTHER, Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 3})
-    with bed:
-        bed.wait_for_controller()
+    from nfshunt_testbed import MGMT_OTHER
+    with running(Bed(config={"default_shunt_timeout": 3})) as bed:
         # A second host on the control network (the attacker's address).
         subprocess.run(["ip", "addr", "add", f"{MGMT_OTHER}/29", "dev", "nfsmgmt0"], check=True)
         yield bed
@@ -175,7 +174,6 @@ def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
 def test_a_peer_sending_garbage_is_counted_and_the_switch_stays_served(fresh):
     import socket
     import struct
-
     from nfshunt_testbed import MGMT_FW, MGMT_OTHER, OF_PORT
     before = tb_counter(fresh, "openflow_malformed")
     for _ in range(3):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.beds import Bed
 from tests.test_overload import FLOOD
 from tests.test_teardown_close import _pair
 
@@ -16,13 +17,7 @@ TAGGED = FLOOD.replace('frame = mac(dmac) + mac(smac) + b"\\x08\\x00" + ip + tcp
                        'frame = mac(dmac) + mac(smac) + b"\\x81\\x00\\x00\\x64" + b"\\x08\\x00" + ip + tcp')
 
 
-@pytest.fixture(scope="module")
-def tb(integration_ready):
-    from nfshunt_testbed import Testbed
-    bed = Testbed(mode="nfshunt", of_version="1.3", config={"default_shunt_timeout": 60})
-    with bed:
-        bed.wait_for_controller()
-        yield bed
+TESTBED = Bed(config={"default_shunt_timeout": 60})
 
 
 def _packets(flows, in_port):
