@@ -8,7 +8,8 @@ and the core acts:
     the entry, every take-down goes through Connections.hand_back), an operator's pin
     beats it, and a later policy change judges it again in admission.decide. `added` is
     answered once the switch confirmed the pair (the Installed outcome), or `added`
-    pending when the connection has no live entry yet (its entry's event applies it);
+    pending when the connection has no live entry yet (its entry's event applies it; the
+    entry is looked up again once the pin is there, for events that went by meanwhile);
   - an address block is a pair of drop flows on every served switch (address_blocks.py),
     above every shunt; `added` once each connected switch answered the barrier behind them.
 Expiry is hard, on the tick (wall clock: it holds across a restart): the flows go, and the
@@ -42,6 +43,7 @@ from .model import OFP10, Action, ConnEvent, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
 LATE = "the switch's confirmation (not in time: the rule is kept, and expires as any rule)"
+NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
 
 
 class IdsBackend:
@@ -64,12 +66,7 @@ class IdsBackend:
 
     def submit(self, rule: Rule, timeout: float) -> Outcome:
         deadline = time.monotonic() + timeout
-        entry = None
-        if rule.connection is not None:
-            try:
-                entry = self.lookup(rule.connection)
-            except OSError as exc:
-                LOG.warning("conntrack lookup of %s failed: %s", rule.connection, exc)
+        entry = self._lookup(rule.connection)
         ans = self.loop.call(lambda a: self._submit(rule, entry, a), timeout)
         if not ans.done.wait(max(0.0, deadline - time.monotonic())):
             return Outcome(Result.ADDED, pending=LATE)
@@ -77,7 +74,24 @@ class IdsBackend:
             if not barrier.wait(max(0.0, deadline - time.monotonic())):
                 return Outcome(Result.ADDED, pending=LATE)
         assert ans.outcome is not None
+        if ans.outcome.pending == NO_ENTRY and (late := self._lookup(rule.connection)) is not None:
+            # The entry came between the first look and the pin: its events went by before
+            # the pin was there, and an established connection may send none for long.
+            self.loop.call(lambda a: self._feed_late(late, a), timeout)
         return ans.outcome
+
+    def _feed_late(self, entry: ConnEvent, ans: Answer) -> None:
+        self.host.feed([entry])
+        ans.answer(Outcome(Result.ADDED))
+
+    def _lookup(self, connection: FlowTuple | None) -> ConnEvent | None:
+        if connection is None:
+            return None
+        try:
+            return self.lookup(connection)
+        except OSError as exc:
+            LOG.warning("conntrack lookup of %s failed: %s", connection, exc)
+            return None
 
     def remove(self, source: str, rule_id: str) -> Outcome:
         ans = self.loop.call(lambda a: self._remove(source, rule_id, a), self.cfg.answer_timeout)
@@ -185,8 +199,7 @@ class IdsBackend:
         if any(conn.action is action and conn.state in ACTIVE for conn in conns):
             self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
         elif decision is Decision.WAIT or (entry is None and not conns):
-            self._answered(key, Outcome(Result.ADDED, pending="the connection's conntrack entry (applied when "
-                                        "its event comes)"))
+            self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY))
 
     def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome) -> None:
         for ans in self.waiting.pop(key, ()):

@@ -133,6 +133,27 @@ def test_a_shunt_of_a_connection_not_seen_yet_is_pending_and_applied_when_its_en
     assert conn.action is Action.SHUNT and fast(rig, conn)
 
 
+def test_a_connection_whose_events_went_by_between_the_look_and_the_pin_is_shunted_all_the_same():
+    """The API thread looks the connection up (not there yet); its entry's events reach the
+    loop and are judged (the policy leaves it alone) before the rule's pin is there; an
+    established connection may then send none for minutes. The second look finds it."""
+    rig, backend, entries, _ = setup()
+    looked: list[FlowTuple] = []
+
+    def lookup(t: FlowTuple) -> Any:
+        looked.append(t)
+        if len(looked) == 1:
+            entries[ORIG] = event(action=0, received=rig.now)
+            rig.event(action=0)  # meanwhile: ignored by the policy, no pin yet
+            return None
+        return entries.get(t)
+    backend.lookup = lookup
+    out = backend.submit(rule(rig), 1.0)
+    assert out.result is Result.ADDED and out.pending and len(looked) == 2
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
 def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
     rig, backend, _, _ = setup()
     conn = rig.event()  # the policy shunts it
