@@ -46,8 +46,9 @@ def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stal
     from nfshunt_testbed import POLICY
     assert "port 5203 " not in open(POLICY).read()  # 5203 falls through to the ignore rule
     from nfshunt_testbed import STEADY_RATE
-    s_srv, s_cli = start_iperf(tb, SHUNT, 8, bitrate=STEADY_RATE)
-    i_srv, i_cli = start_iperf(tb, IGNORE, 8, bitrate=STEADY_RATE)
+    # 5 s: the change is over about 2 s in, leaving 3 s in which a stall over 1 s shows.
+    s_srv, s_cli = start_iperf(tb, SHUNT, 5, bitrate=STEADY_RATE)
+    i_srv, i_cli = start_iperf(tb, IGNORE, 5, bitrate=STEADY_RATE)
     try:
         tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4 and tb.slow_path_packets(), 10, "the first shunted")
         assert shunt_flows(tb, IGNORE) == []

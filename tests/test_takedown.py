@@ -2,7 +2,7 @@
 a policy applied while the controller was stopped reaches the pairs it left on the switch
 (26.2). On the real testbed behind a strict firewall: INVALID dropped and no loose pickup,
 so a TCP connection whose conntrack entry is not re-created before its flows go is dead.
-Each take-down path runs a paced 6 s transfer that is shunted, taken down mid-way, and
+Each take-down path runs a paced 3 s transfer that is shunted, taken down mid-way, and
 must carry on with no stall over 1 s."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.beds import Bed, Strict
 from tests.helpers import show_log_if_failed
-from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
+from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf, wait_flows_gone
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def fresh(tb, request):
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)
-    tb.wait_for(lambda: not tb.conn_flows(SHUNT) and not tb.conn_flows(BLOCK), 20, "flows from the test to go")
+    wait_flows_gone(tb, (SHUNT, BLOCK))
 
 
 def _invalid_dropped(tb):
@@ -93,7 +93,10 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
     take_down, config = PATHS[path]
     if config:
         fresh.reconfigure(**BASE, **config)
-    srv, cli = start_iperf(fresh, SHUNT, 6, bitrate=STEADY_RATE)
+    # 3 s: the take-down is over within 0.5 s (printed below), leaving over 2 s in which a stall
+    # over 1 s (or a dead connection) shows.
+    srv, cli = start_iperf(fresh, SHUNT, 3, bitrate=STEADY_RATE)
+    started = time.monotonic()
     try:
         fresh.wait_for(lambda: len(shunt_flows(fresh, SHUNT)) >= 2, 10, "the transfer to be shunted")
         fresh.wait_for(lambda: _entries_deleted(fresh), 3, "the shunted pairs' conntrack entries to be deleted")
@@ -102,13 +105,15 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
         pair = {f["cookie"] for f in shunt_flows(fresh, SHUNT)}
         take_down(fresh)
         fresh.wait_for(lambda: not pair & {f["cookie"] for f in shunt_flows(fresh, SHUNT)}, 5, "the take-down")
+        taken_down = time.monotonic() - started
         # Back on the firewall (a flush's re-evaluation may shunt it again at once, as a new pair).
         fresh.wait_for(lambda: fresh.slow_path_packets() > slow, 5, "the transfer to cross the firewall")
     finally:
         result = finish_iperf(srv, cli)
     assert "error" not in result, result.get("error")
     stall = longest_stall(result)
-    print(f"\n{path}: longest stall {stall:.1f} s, {_invalid_dropped(fresh) - dropped} packets dropped as INVALID")
+    print(f"\n{path}: taken down {taken_down:.1f} s into the transfer; longest stall {stall:.1f} s, "
+          f"{_invalid_dropped(fresh) - dropped} packets dropped as INVALID")
     assert stall < 1.0
     if path == "shutdown":
         fresh.restart_controller()
