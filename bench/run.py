@@ -399,12 +399,12 @@ def bench_scale(args: argparse.Namespace) -> int:
             shunts, last = until_settled(lambda: _shunts_or_none(tb), lambda n, size=size: n >= size, 10, 600, 0.5)
             shunts = shunts or 0
             install_s = last - t0
-            idle_s = 2 if args.quick else 5  # the idle CPU's window
+            idle_s = 1 if args.quick else 5  # the idle CPU's window
             cpu1, rss1 = proc_usage(pid)
             time.sleep(idle_s)
             cpu2, rss2 = proc_usage(pid)
             idle_pct = 100 * (cpu2 - cpu1) / idle_s
-            time.sleep(3 if args.quick else 25)  # at rest: deletes' DESTROY events read, a quiet second, memory back
+            time.sleep(1 if args.quick else 25)  # at rest: deletes' DESTROY events read, a quiet second, memory back
             _, rss_rest = proc_usage(pid)
             # The switch alone reporting the flows a reconcile reads, to quote beside it.
             reads = [switchlimit.read_seconds(nfconfig.load(tb.config_path), "s1") for _ in range(3)]

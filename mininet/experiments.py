@@ -345,9 +345,11 @@ def interleaved(runs: int, block: int = BLOCK_RUNS) -> list[tuple[str, int, int]
 
 
 def exp_throughput(args: argparse.Namespace) -> int:
-    rtts = args.rtts or ([0, 100] if args.quick else [0, 100, 200, 400])
+    # Quick: the one RTT at which the paths differ (the firewall's buffer overflows), two
+    # runs a cell so the rank-sum test has numbers to rank, a second a transfer.
+    rtts = args.rtts or ([100] if args.quick else [0, 100, 200, 400])
     runs = args.runs or (2 if args.quick else 20)
-    seconds = args.seconds if args.seconds else (2 if args.quick else 12)
+    seconds = args.seconds if args.seconds else (1 if args.quick else 12)
     params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(MODES),
               "order": f"per RTT, the paths take turns in blocks of {BLOCK_RUNS} runs, each on a fresh testbed",
               "transfer": f"one iperf3 TCP stream h1 -> h2, {seconds:g} s, port {SHUNT_PORT} (shunted by the policy)",
@@ -512,7 +514,7 @@ def rx_rate(samples: list[tuple[float, int]], start: float, end: float) -> float
 def exp_cwnd(args: argparse.Namespace) -> int:
     rtt = (args.rtts or [100 if args.quick else 200])[0]
     runs = args.runs or (1 if args.quick else 3)
-    seconds = args.seconds if args.seconds else (2 if args.quick else 10)
+    seconds = args.seconds if args.seconds else (1 if args.quick else 10)  # quick: ten RTTs of slow start
     params = {"RTT": f"{rtt} ms", "runs per path": runs,
               "sampling": "every 100 ms: iperf3's sender snd_cwnd, and the bytes h2-eth0 received (interface counter)",
               "transfer": f"{seconds:g} s", **emulation_params(args)}
@@ -709,7 +711,7 @@ def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, second
 
 def exp_jitter(args: argparse.Namespace) -> int:
     cycles = args.cycles or ([1000] if args.quick else [1000, 100])
-    seconds = args.seconds if args.seconds else (2 if args.quick else 60)
+    seconds = args.seconds if args.seconds else (1 if args.quick else 60)  # quick: 1,000 frames a cell at 1 ms
     loads = [ld for ld in JITTER_LOADS if not args.quick or ld.key in JITTER_QUICK_LOADS]
     params = {"paths": ", ".join(p.label for p in JITTER_PATHS), "loads": ", ".join(ld.key for ld in loads),
               "stream": f"UDP h1 -> h2 port {SHUNT_PORT}, {FRAME_BYTES}-byte frames, cycle "

@@ -15,7 +15,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory, integration_ready):
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "all", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "all", "--quick", "--seconds", "1",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
@@ -63,7 +64,7 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
 
 def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "rate", "--quick", "--proto", "udp",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+                           "--seconds", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
     (row,) = rows(tmp_path / "rate-netlink.csv")
