@@ -32,7 +32,6 @@ R_NO_SWITCH = "no switch connected"
 R_BACKUP = "backup: the pair's other firewall is active"
 R_IPV6_OF10 = "ipv6 needs openflow 1.3"
 R_DUPLICATE = "duplicate"
-R_CLOSED_ON_FIREWALL = "closing on the firewall"
 R_QUEUED = "queued behind removal"
 R_BUDGET = "flow budget full"
 R_PINNED = "kept on the slow path by an operator"
@@ -65,13 +64,6 @@ class Admission:
                 # (loose pickup); the connection runs on the fast path, so it is stale.
                 return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
             if existing.state is not State.TAKING_DOWN:
-                if (existing.ct_id == ev.ct_id and ev.tcp_state in TCP_CLOSING and ev.orig.proto == TCP
-                        and existing.action is Action.SHUNT and not existing.entry_deleted):
-                    # Its FIN crossed the firewall before the flows took over: no catcher
-                    # will see the close, and the shunt would outlive the connection until
-                    # it idled out. The entry, closing, carries it to its end.
-                    existing.tcp_state = ev.tcp_state
-                    return [*sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received), Ignored(R_CLOSING, ev)]
                 return [Ignored(R_DUPLICATE, ev)]
         decided = self.decide(ev)
         if isinstance(decided, Ignored):

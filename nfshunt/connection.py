@@ -38,7 +38,7 @@ from typing import Iterator, NamedTuple
 from . import cookies, markcodec
 from .commands import Command, RemoveFlows, RestoreConntrack
 from .config import PortGroup
-from .model import TCP, TCP_CLOSING, Action, ConnEvent, EventKind, FlowTuple
+from .model import TCP, Action, ConnEvent, EventKind, FlowTuple
 
 
 class State(enum.Enum):
@@ -260,9 +260,9 @@ class Connections:
         conn.event_time = now
 
     def take_down(self, conn: Conn, reason: str, now: float) -> list[Command]:
-        """A take-down asked for (flush, unshunt, block, policy change, a close seen by the
-        firewall): handed back to the firewall alive; a pending pair as soon as the switch
-        confirms it (flows_confirmed), so its flows are not withdrawn while in flight."""
+        """A take-down asked for (flush, unshunt, block, policy change): handed back to the
+        firewall alive; a pending pair as soon as the switch confirms it (flows_confirmed),
+        so its flows are not withdrawn while in flight."""
         if not self.holds(conn, HELD):
             return []
         if conn.state is State.PENDING and not conn.entry_deleted:
@@ -280,9 +280,7 @@ class Connections:
         conn.remove_reason = conn.remove_reason or reason
         self.removing.add(conn)
         remove = RemoveFlows(conn, directions, reason)
-        if not conn.owed_entry or (not conn.entry_deleted and conn.tcp_state in TCP_CLOSING):
-            # An entry never deleted that is closing on the firewall is left as it is:
-            # brought back to ESTABLISHED it would outlive the connection, re-judged.
+        if not conn.owed_entry:
             return [remove]
         conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,

@@ -342,34 +342,9 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
     assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_CLOSE]
 
 
-@pytest.mark.parametrize("when", ["pending", "draining"])
-def test_a_connection_that_closes_on_the_firewall_before_its_flows_take_over_loses_its_shunt(when):
-    """Both FINs crossed the slow path while the flows went in (a short exchange that ends at
-    once): no catcher sees the close, so the conntrack update that says so takes the shunt
-    down, and the closing entry, never deleted, is left as it is (a re-created ESTABLISHED
-    one would outlive the connection and be shunted again)."""
-    rig = Rig(OFP13)
-    if when == "pending":
-        conn = rig.core.conntrack_event(event(received=rig.now))[0].conn
-        rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
-        rig.s.send.flush()  # flows in, barrier reply not yet read
-        barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
-        rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
-        rig.event(state=CT_TCP_LAST_ACK)
-        assert conn.state is State.PENDING  # its flows are not withdrawn while in flight
-        rig.switch.replies.extend(barrier)
-        rig.run()
-    else:
-        conn = rig.event()
-        assert conn.state is State.DRAINING
-        rig.event(state=CT_TCP_LAST_ACK)
-    assert rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, conn)
-    rig.advance(rig.core.cfg.drain + 1)
-    assert rig.worker.restores == [] and rig.worker.deleted == []  # the closing entry carries it to its end
-    assert not rig.core.by_key and rig.counters.flat()["removed:shunt:closing on the firewall"] == 1
-
-
 def test_a_closing_update_of_another_entry_or_of_a_block_changes_nothing():
+    """Updates of a handled connection are not decisions: a straggler's entry in a closing
+    state leaves the shunt, and a block stays until it idles out."""
     rig = Rig(OFP13)
     conn = rig.event()
     rig.event(state=CT_TCP_LAST_ACK, ct_id=conn.ct_id + 1)  # a straggler's entry, not the pair's

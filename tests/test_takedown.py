@@ -31,6 +31,10 @@ def fresh(tb, request):
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)
+    # A connection shunted again while its close crossed the firewall (iperf3's control
+    # connection after a flush) keeps its shunt until it idles out: no catcher saw the
+    # close. Known and not fixed yet; its leftovers go, so the next case starts clean.
+    tb.control({"cmd": "flush", "reason": "the previous case's leftovers"})
     wait_flows_gone(tb, (SHUNT, BLOCK))
 
 
