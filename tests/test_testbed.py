@@ -102,9 +102,10 @@ def test_emulated_rtt_matches_the_request(netns, mechanism):
     with Testbed(mode="direct", emulation=emu) as tb:
         assert tb.delay_mechanism == mechanism
         assert abs(tb.rtt_measured - 60) <= 3
-        # TCP sees the same delay (its smoothed RTT, from iperf3).
+        # TCP sees the same delay (its smoothed RTT, from iperf3), plus what its own full-rate
+        # queue in the delay line adds (up to 16 ms seen on the 2-core VM).
         summary = tb.iperf_summary(tb.iperf(5201, 2))
-        assert 57 <= summary["mean_rtt_ms"] <= 75
+        assert 57 <= summary["mean_rtt_ms"] <= 80
         # And the other direction of measurement agrees.
         from linkemu import measure_rtt
         assert abs(measure_rtt(tb.run, tb.h2, H1_IP, count=4) - 60) <= 3
