@@ -84,13 +84,14 @@ class Controllers(Topology):
             for fw in self.firewalls:
                 self.nfshunt("iptables", "remove", "--config", fw.config_path, check=False, fw=fw)
 
-    def strict_firewalls(self) -> None:
-        """Every firewall strict: INVALID dropped, and no loose pickup (a TCP connection
-        the firewall does not track is not picked up mid-stream)."""
+    def strict_firewalls(self, loose_pickup: bool = False) -> None:
+        """Every firewall strict: INVALID dropped, and (unless loose_pickup) no loose pickup
+        (a TCP connection the firewall does not track is not picked up mid-stream)."""
         for fw in self.firewalls:
             node = self.node(fw)
             self.run(node, "iptables", "-w", "5", "-I", *STRICT_RULE)
-            self.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+            if not loose_pickup:
+                self.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
 
     # --- what the switch connects to ------------------------------------------------------
 

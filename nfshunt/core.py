@@ -226,7 +226,7 @@ class Core:
         """The switch removed a flow of a pair: an idle-out hands it back; both gone, it ends."""
         return self._removal.flow_removed(cookie, reason, packets, nbytes, duration, now)
 
-    # --- take-downs and the operator (removal.py, pins.py) ----------------------------------
+    # --- take-downs and the operator (connection.py, pins.py) -------------------------------
 
     def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
         """Take a pair down (flush, manual unshunt, policy change), handed back alive."""

@@ -39,7 +39,7 @@ def running(bed: Bed) -> Iterator[Any]:
     """The testbed `bed` describes, ready: the controller has the switch, the firewall is as
     strict as asked. Torn down on exit, also on failure or Ctrl-C."""
     from linkemu import Emulation
-    from nfshunt_testbed import STRICT_RULE, Testbed
+    from nfshunt_testbed import Testbed
     emulation = Emulation(mtu=bed.mtu) if bed.mtu is not None else None
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
@@ -49,6 +49,5 @@ def running(bed: Bed) -> Iterator[Any]:
         if bed.strict is Strict.FULL:
             tb.strict_firewalls()
         elif bed.strict is Strict.INVALID_DROPPED:
-            for fw in tb.firewalls:
-                tb.run(tb.node(fw), "iptables", "-w", "5", "-I", *STRICT_RULE)
+            tb.strict_firewalls(loose_pickup=True)
         yield tb

@@ -6,14 +6,15 @@ import subprocess
 import pytest
 
 from nfshunt import markcodec
+from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
 pytestmark = pytest.mark.integration
 
 
 def test_conntrack_marks_carry_ports_and_action(integration_ready):
-    from nfshunt_testbed import H1_IP, H2_IP, Testbed
-    with Testbed(mode="firewall") as tb:
+    from nfshunt_testbed import H1_IP, H2_IP
+    with running(Bed(mode="firewall")) as tb:
         for server, client, dst, port in ((tb.h2, tb.h1, H2_IP, 5201), (tb.h1, tb.h2, H1_IP, 5203),
                                           (tb.h2, tb.h1, H2_IP, 5202)):
             srv = server.popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL)
