@@ -77,7 +77,10 @@ class IdsBackend:
         if ans.outcome.pending == NO_ENTRY and (late := self._lookup(rule.connection)) is not None:
             # The entry came between the first look and the pin: its events went by before
             # the pin was there, and an established connection may send none for long.
-            self.loop.call(lambda a: self._feed_late(late, a), timeout)
+            try:
+                self.loop.call(lambda a: self._feed_late(late, a), timeout)
+            except TimeoutError:  # the rule is kept and answered; its entry's next event applies it
+                LOG.warning("the event loop did not take the late entry of %s in time", rule.connection)
         return ans.outcome
 
     def _feed_late(self, entry: ConnEvent, ans: Answer) -> None:

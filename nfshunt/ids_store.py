@@ -113,6 +113,11 @@ class Store:
         keys.discard(rule.key)
         if not keys:
             del self._by_target[rule.target]
+        if len(self._expiries) > 2 * len(self.rules) + 64:
+            # Entries of rules removed before their expiry (up to 30 days away) are dropped
+            # from the heap now and then, or adds and removals would grow it without bound.
+            self._expiries = [(r.expires, r.key) for r in self.rules.values()]
+            heapq.heapify(self._expiries)
         ended = self._ended[rule.key] = Ended(rule, why, now, counts)
         while len(self._ended) > self._remember:
             self._ended.popitem(last=False)
@@ -130,11 +135,15 @@ class Store:
     def due(self, now: float) -> list[Rule]:
         """The rules whose hard expiry has come (their flows go before they are `end`ed)."""
         heap = self._expiries
-        while heap and getattr(self.rules.get(heap[0][1]), "expires", None) != heap[0][0]:
-            heapq.heappop(heap)  # a rule that ended before its expiry
-        if not heap or heap[0][0] > now:
-            return []
-        return sorted((r for r in self.rules.values() if r.expires <= now), key=lambda r: r.expires)
+        due: dict[tuple[str, str], Rule] = {}
+        while heap and heap[0][0] <= now:
+            expires, key = heapq.heappop(heap)
+            rule = self.rules.get(key)
+            if rule is not None and rule.expires == expires:  # else it ended before its expiry
+                due[key] = rule
+        for rule in due.values():  # active until `end`: due again on the next tick meanwhile
+            heapq.heappush(heap, (rule.expires, rule.key))
+        return list(due.values())
 
     def end(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
         """An active rule taken out once its flows are gone, with their counters."""
