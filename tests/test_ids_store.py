@@ -125,6 +125,17 @@ def test_due_sees_only_rules_still_active():
     assert [r.id for r in store.due(NOW + 35)] == ["2", "1"]
 
 
+def test_rules_added_and_removed_before_their_expiry_do_not_grow_the_expiry_heap():
+    """An IDS that adds and removes long-lived rules in a loop: the heap stays bounded."""
+    store = Store(None, max_rules=10)
+    store.add(rule("keep", expire=100, sport=9))
+    for i in range(1000):
+        store.add(rule(str(i), expire=86400))
+        store.remove("ids:zeek", str(i), NOW + 1, counts)
+    assert len(store._expiries) <= 2 * len(store.rules) + 65
+    assert [r.id for r in store.due(NOW + 100)] == ["keep"]
+
+
 def test_the_state_file_is_the_rules_json_written_from_their_lines(tmp_path):
     """Each rule's line is made when it is added; a tick's snapshot of them can be written
     off the event loop, and the file is the same JSON as the rules' own."""
