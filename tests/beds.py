@@ -50,4 +50,9 @@ def running(bed: Bed) -> Iterator[Any]:
             tb.strict_firewalls()
         elif bed.strict is Strict.INVALID_DROPPED:
             tb.strict_firewalls(loose_pickup=True)
-        yield tb
+        try:
+            yield tb
+        except BaseException:  # a test on a bed of its own failed: its controller's log, to read in CI
+            if tb.controlled:
+                print(tb.controller_output()[-6000:])
+            raise

@@ -49,6 +49,16 @@ def tb(request, integration_ready):
         yield built
 
 
+@pytest.fixture(autouse=True)
+def _controller_log_on_failure(request):
+    """After a test on a module's testbed (`tb`): the controller's log when the test failed
+    (or NFSHUNT_SHOW_LOG is set), so that a failure in CI can be read without a re-run."""
+    yield
+    if "tb" in request.fixturenames:
+        from tests.helpers import show_log_if_failed
+        show_log_if_failed(request.getfixturevalue("tb"), request)
+
+
 @pytest.fixture
 def netns(integration_ready):
     """A fresh, empty network namespace, removed afterwards; yields a runner."""

@@ -38,9 +38,15 @@ def wait_listening(tb, node, port):
 
 
 def show_log_if_failed(tb, request) -> None:
-    """After a test on the testbed: the controller's log, when the test failed (or
-    NFSHUNT_SHOW_LOG is set)."""
+    """After a test on the testbed: the end of the controller's log when the test failed
+    (or NFSHUNT_SHOW_LOG is set); the whole log into the folder NFSHUNT_KEEP_LOGS names, if set."""
     import os
     rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed or os.environ.get("NFSHUNT_SHOW_LOG"):
+    failed = rep is not None and rep.failed
+    if failed or os.environ.get("NFSHUNT_SHOW_LOG"):
         print(tb.controller_output()[-6000:])
+    keep = os.environ.get("NFSHUNT_KEEP_LOGS")
+    if failed and keep:
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+        with open(os.path.join(keep, f"{name}-{os.getpid()}.log"), "w") as fh:
+            fh.write(tb.controller_output())

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from tests.beds import Bed
-from tests.helpers import show_log_if_failed
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +25,9 @@ TESTBED = Bed(config=BASE)
 
 
 @pytest.fixture
-def fresh(tb, request):
+def fresh(tb):
     """Each test starts with the module's controller running, config as built, no shunts."""
     yield tb
-    show_log_if_failed(tb, request)
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)

@@ -12,7 +12,6 @@ import tempfile
 import pytest
 
 from tests.beds import Bed, running
-from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf
 
 pytestmark = pytest.mark.integration
@@ -40,9 +39,8 @@ def tb(integration_ready):
 
 
 @pytest.fixture
-def fresh(tb, request):
+def fresh(tb):
     yield tb
-    show_log_if_failed(tb, request)
     if tb.controller is None or tb.controller.poll() is not None:
         tb.restart_controller()
         tb.wait_for_controller()

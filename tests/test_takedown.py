@@ -12,7 +12,6 @@ import time
 import pytest
 
 from tests.beds import Bed, Strict
-from tests.helpers import show_log_if_failed
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf, wait_flows_gone
 
 pytestmark = pytest.mark.integration
@@ -25,9 +24,8 @@ TESTBED = Bed(config=BASE, strict=Strict.FULL)
 
 
 @pytest.fixture
-def fresh(tb, request):
+def fresh(tb):
     yield tb
-    show_log_if_failed(tb, request)
     if tb.extra_config != BASE or tb.controller is None or tb.controller.poll() is not None:
         tb.extra_config.clear()
         tb.reconfigure(**BASE)
