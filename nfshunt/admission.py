@@ -14,7 +14,7 @@ from .commands import Command, DeleteConntrack, Ignored, InstallFlows
 from .config import PortGroup
 from .connection import ACTIVE, Action, Conn, State
 from .core_state import CoreState
-from .model import OFP13, TCP, TCP_CLOSING, UDP, ConnEvent, EventKind
+from .model import OFP13, TCP, UDP, ConnEvent, EventKind
 
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 
@@ -52,6 +52,7 @@ class Admission:
 
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         sh = self.shared
+        closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
         if ev.kind is EventKind.DESTROY:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
             sh.pins.destroyed(ev)
@@ -65,7 +66,7 @@ class Admission:
                 return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
             if existing.state is not State.TAKING_DOWN:
                 return [Ignored(R_DUPLICATE, ev)]
-        decided = self.decide(ev)
+        decided = self.decide(ev, closing)
         if isinstance(decided, Ignored):
             return [decided]
         action, ingress, egress, idle = decided
@@ -103,10 +104,11 @@ class Admission:
         out.append(InstallFlows(conn))
         return out
 
-    def decide(self, ev: ConnEvent) -> Ignored | tuple[Action, PortGroup, PortGroup, int | None]:
+    def decide(self, ev: ConnEvent, closing: bool) -> Ignored | tuple[Action, PortGroup, PortGroup, int | None]:
         """What the mark (and a pin) decided for a new or updated entry, the port groups it
         crossed and the pin's idle timeout (an IDS rule's, where its action is taken;
-        None: the config's default); or why nothing is to be done."""
+        None: the config's default); or why nothing is to be done. `closing`: the entry is
+        a closing TCP one, as its event or an earlier one said (closing.py)."""
         if ev.mark & markcodec.NFSHUNT_BITS == 0:
             return Ignored(R_UNMARKED, ev)
         mark = markcodec.decode(ev.mark)
@@ -137,7 +139,7 @@ class Admission:
             return Ignored(R_SAME_PORT, ev)
         if ev.orig.proto not in (TCP, UDP):
             return Ignored(R_PROTOCOL, ev)
-        if ev.orig.proto == TCP and ev.tcp_state in TCP_CLOSING:
+        if closing:
             return Ignored(R_CLOSING, ev)
         if ev.reply != ev.orig.reversed():
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses

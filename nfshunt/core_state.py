@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 from .address_blocks import AddressBlocks
+from .closing import ClosingEntries
 from .config import Config
 from .connection import Conn, Connections
 from .layout import pair_entries
@@ -18,7 +19,7 @@ from .teardown_sweep import HalfClosed
 
 class CoreState:
     __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "stale_policy", "budget", "conns", "waiting",
-                 "pins", "static", "address_blocks", "half_closed")
+                 "pins", "static", "address_blocks", "half_closed", "closing")
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -38,6 +39,7 @@ class CoreState:
         self.address_blocks = AddressBlocks(cfg.block_priority)  # an IDS's prefix drops (address_blocks.py)
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()
+        self.closing = ClosingEntries()  # TCP entries seen closing, for events that omit the state
 
     def remember(self, conn: Conn) -> None:
         """A new or adopted pair joins the table, with the entries it takes in this layout."""

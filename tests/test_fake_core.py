@@ -27,7 +27,7 @@ from nfshunt.model import OFP10, OFP13  # noqa: E402
 from nfshunt.dispatch import Dispatcher  # noqa: E402
 from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
 from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.model import UDP, FlowTuple  # noqa: E402
+from nfshunt.model import UDP, EventKind, FlowTuple  # noqa: E402
 from nfshunt.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
 from nfshunt.session import Session  # noqa: E402
 from nfshunt.switch import Switch  # noqa: E402
@@ -311,6 +311,26 @@ def test_fins_both_ways_reach_the_controller_and_hand_the_connection_back_closin
     rig.kernel_answers()
     assert slow(rig, conn) and rig.flows(cookies.Kind.TEARDOWN) == [] and rig.flows(cookies.Kind.SHUNT) == []
     assert rig.counters.flat()["removed:shunt:tcp fin"] == 1 and not rig.core.by_key
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_an_update_without_a_state_for_the_closing_entry_a_close_left_shunts_nothing(pipeline):
+    """The entry a FIN teardown re-created keeps the shunt decision (nothing is left to
+    decide). Its later updates that do not carry the TCP state (the reply direction seen)
+    once shunted the ended connection again, and that shunt outlived it until its idle
+    timeout (seen on the testbed, reusing the tuples of connections just closed)."""
+    rig = Rig(OFP13, pipeline)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | 0x10)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN)
+    rig.event(ct_id=99, state=CT_TCP_LAST_ACK, kind=EventKind.NEW)  # the re-created entry, as the kernel tells it
+    rig.kernel_answers()
+    assert not rig.core.by_key
+    assert rig.event(ct_id=99, state=None) is None  # its next update, without protoinfo
+    assert rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, conn)
+    assert rig.counters.flat()["ignored:tcp closing"] == 2
+    # A new connection on the same ports (SYN on the closed entry: a new one) is shunted as ever.
+    assert fast(rig, rig.event(ct_id=100, state=CT_TCP_ESTABLISHED, kind=EventKind.NEW))
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
