@@ -18,8 +18,9 @@ demo-failover: deps
 lint: deps
 	$(VENV)/bin/ruff check .
 
+# The testbed's tests and the rest side by side (tests/run_suite.py).
 test: lint
-	$(PY) -m pytest -v -p no:cacheprovider
+	$(PY) tests/run_suite.py
 
 # The thesis experiments (mininet/experiments.py): full runs take about an hour;
 # results/<experiment>-<time>/ gets CSV, PNG and a markdown report.

@@ -81,8 +81,11 @@ def pytest_collection_modifyitems(items):
     through another fixture) is an integration test, marked or not: `make unit` selects
     the rest by that marker."""
     for item in items:
-        if "integration_ready" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "integration_ready" in fixtures:
             item.add_marker(pytest.mark.integration)
+        if "tb" in fixtures:
+            item.add_marker(pytest.mark.testbed)
 
 
 @pytest.hookimpl(hookwrapper=True)

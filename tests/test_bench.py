@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

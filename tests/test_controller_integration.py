@@ -10,7 +10,7 @@ from nfshunt import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 @pytest.fixture(scope="module", params=["1.0", "1.3"])

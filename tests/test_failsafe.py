@@ -14,7 +14,7 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHUNT, BLOCK, IGNORE = 5201, 5202, 5203

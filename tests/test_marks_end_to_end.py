@@ -9,7 +9,7 @@ from nfshunt import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 def test_conntrack_marks_carry_ports_and_action(integration_ready):

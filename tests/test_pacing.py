@@ -8,7 +8,7 @@ import pytest
 from tests.beds import Bed
 from tests.test_failsafe import _limit_table
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each, single layout)
 

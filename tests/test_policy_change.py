@@ -14,7 +14,7 @@ import pytest
 from tests.beds import Bed, Strict
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 SHUNT, IGNORE = 5201, 5203
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.beds import Bed, running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 def _probe(tb):

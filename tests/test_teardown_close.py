@@ -12,7 +12,7 @@ import pytest
 from tests.beds import Bed, Strict, running
 from tests.test_failsafe import catchers, shunt_flows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.beds import Bed, Strict
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 N = 20
 ROUNDS = 6

@@ -9,7 +9,7 @@ from tests.beds import Bed
 from tests.test_overload import FLOOD
 from tests.test_teardown_close import _pair
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 
 # FLOOD's frame with an 802.1Q tag (VLAN 100) between the MAC addresses and the EtherType.
