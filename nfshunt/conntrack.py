@@ -745,10 +745,15 @@ LOOKUP_SECONDS = 1.0  # for the kernel's answer to one lookup request
 
 
 def _lookup_socket() -> socket.socket:
+    """A blocking socket whose receive times out in the kernel (SO_RCVTIMEO): with a
+    Python timeout every send and receive is a poll and the call, each letting go of the
+    GIL, which 16 API threads and the event loop contend for."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:
         sock.bind((0, 0))
-        sock.settimeout(LOOKUP_SECONDS)
+        seconds = int(LOOKUP_SECONDS)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("@ll", seconds, int((LOOKUP_SECONDS - seconds) * 1e6)))
     except BaseException:
         sock.close()
         raise
@@ -778,7 +783,10 @@ class _Lookups:
                                       NLM_F_REQUEST, self.seq, 0) + body)
         deadline = time.monotonic() + LOOKUP_SECONDS
         while True:
-            data = self.sock.recv(1 << 16)
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:  # SO_RCVTIMEO passed
+                raise TimeoutError("conntrack lookup: no answer") from None
             offset = 0
             while offset + NLMSG_HDR.size <= len(data):
                 length, mtype, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
