@@ -1,12 +1,12 @@
-"""The conntrack side over netlink (pyroute2's ctnetlink messages, no CLI, no shell).
+"""The conntrack side over netlink (ctnetlink messages packed and parsed here, no CLI, no shell).
 
 ConntrackListener: a thread that reads NEW/UPDATE/DESTROY events from a multicast
 netlink socket with a large receive buffer and hands them over in batches. When the
 kernel reports ENOBUFS (events were dropped), it says so, so the owner can resync
 from a dump.
 
-ConntrackWorker: a thread that deletes entries (batched, acknowledged) and dumps the
-table, so that neither ever blocks the OpenFlow event loop.
+ConntrackWorker: a thread that deletes, updates and re-creates entries (batched,
+acknowledged) and dumps the table, so that none of it ever blocks the OpenFlow event loop.
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
-from pyroute2.netlink.nfnetlink.nfctsocket import (IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW,
-                                                   NFCTAttrTuple, nfct_msg)
+from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW, nfct_msg
 
 from . import markcodec
 from .model import ConnEvent, EventKind, FlowTuple, address_text
@@ -80,7 +79,7 @@ def _tuple(nla, family: int) -> FlowTuple | None:
 
 
 # ctnetlink attribute numbers (include/uapi/linux/netfilter/nfnetlink_conntrack.h).
-CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK, CTA_ID, CTA_MARK_MASK = 1, 2, 4, 8, 12, 21
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_TIMEOUT, CTA_MARK, CTA_ID, CTA_MARK_MASK = 1, 2, 4, 7, 8, 12, 21
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
@@ -214,21 +213,24 @@ def netlink_acks(data: bytes) -> Iterator[tuple[int, int]]:
 NLA_F_NESTED = 0x8000
 CTA_PROTO_NUM_ATTR = struct.Struct("=HHB3x")
 CTA_PORT_ATTR = struct.Struct("=HHH2x")
+TCP_FLAGS = struct.Struct("=BB")  # struct nf_ct_tcp_flags: the flags, the mask of those set
+LIBERAL_FLAGS = TCP_FLAGS.pack(IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
+CLOSER_FLAGS = TCP_FLAGS.pack(IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,
+                              IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT)
 
 
 def _nla(atype: int, payload: bytes) -> bytes:
     return NLA_HDR.pack(4 + len(payload), atype) + payload + b"\0" * (-len(payload) & 3)
 
 
-def tuple_attr(atype: int, t: FlowTuple) -> bytes:
+def tuple_attr(atype: int, t: FlowTuple, nested: int = NLA_F_NESTED) -> bytes:
     af = socket.AF_INET if t.family == 4 else socket.AF_INET6
     src_t, dst_t = (CTA_IP_V4_SRC, CTA_IP_V4_DST) if t.family == 4 else (CTA_IP_V6_SRC, CTA_IP_V6_DST)
     ip = _nla(src_t, socket.inet_pton(af, t.src)) + _nla(dst_t, socket.inet_pton(af, t.dst))
     proto = (CTA_PROTO_NUM_ATTR.pack(5, CTA_PROTO_NUM, t.proto)
              + CTA_PORT_ATTR.pack(6, CTA_PROTO_SRC_PORT, socket.htons(t.sport))
              + CTA_PORT_ATTR.pack(6, CTA_PROTO_DST_PORT, socket.htons(t.dport)))
-    return _nla(atype | NLA_F_NESTED,
-                _nla(CTA_TUPLE_IP | NLA_F_NESTED, ip) + _nla(CTA_TUPLE_PROTO | NLA_F_NESTED, proto))
+    return _nla(atype | nested, _nla(CTA_TUPLE_IP | nested, ip) + _nla(CTA_TUPLE_PROTO | nested, proto))
 
 
 def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int) -> bytes:
@@ -254,12 +256,29 @@ def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
     """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: set BE_LIBERAL on both directions of an
     existing TCP entry (struct nf_ct_tcp_flags: the flag and a mask of only that bit).
     Packed by hand: one goes with every TCP shunt."""
-    flags = struct.pack("=BB", IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
-    tcp = _nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags) + _nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
+    tcp = _nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, LIBERAL_FLAGS) + _nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, LIBERAL_FLAGS)
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + _nla(CTA_ID, BE32.pack(ct_id))
             + _nla(CTA_PROTOINFO | NLA_F_NESTED, _nla(CTA_PROTOINFO_TCP | NLA_F_NESTED, tcp)))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+
+
+def restore_message(family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
+                    closer_is_reply: bool, mark: int, seq: int) -> bytes:
+    """IPCTNL_MSG_CT_NEW with NLM_F_CREATE and without EXCL (an existing entry is brought to
+    the state instead): a TCP entry with both tuples, its timeout, mark and state, both
+    directions BE_LIBERAL and the closing one's CLOSE_INIT. No status bits: EBUSY on create
+    on 6.x kernels. Packed by hand: pyroute2's encoder cost ~230 us a message, and one goes
+    with every idled-out TCP shunt's hand-back. Byte for byte what that encoder sent (nests
+    without NLA_F_NESTED, attributes in its order; tests/test_conntrack_parse.py holds it)."""
+    tcp = (_nla(CTA_PROTOINFO_TCP_STATE, bytes((tcp_state,)))
+           + _nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, LIBERAL_FLAGS if closer_is_reply else CLOSER_FLAGS)
+           + _nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, CLOSER_FLAGS if closer_is_reply else LIBERAL_FLAGS))
+    body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, orig, 0)
+            + tuple_attr(CTA_TUPLE_REPLY, reply, 0) + _nla(CTA_TIMEOUT, BE32.pack(timeout))
+            + _nla(CTA_MARK, BE32.pack(mark)) + _nla(CTA_PROTOINFO, _nla(CTA_PROTOINFO_TCP, tcp)))
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
+                          NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, seq, 0) + body
 
 
 # A classic BPF program for the event socket: pass a message only if its CTA_MARK has the
@@ -588,52 +607,18 @@ class ConntrackWorker:
                     except Exception:
                         LOG.exception("restore callback failed")
 
-    def _message(self, item: Delete | Restore) -> nfct_msg:
-        family = item.family
-        if isinstance(item, Delete):
-            t, ct_id = item.orig, item.ct_id
-            msg = nfct_msg.create_from(
-                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst,
-                                         proto=t.proto, sport=t.sport, dport=t.dport),
-                id=ct_id)  # with an id the kernel deletes only that entry
-            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
-            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
-        else:
-            o, r, state, timeout, closer_is_reply, mark = (item.orig, item.reply, item.tcp_state, item.timeout,
-                                                           item.closer_is_reply, item.mark)
-            liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
-            closer = (IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,) * 2
-            msg = nfct_msg.create_from(
-                tuple_orig=NFCTAttrTuple(family=AF[family], saddr=o.src, daddr=o.dst, proto=o.proto,
-                                         sport=o.sport, dport=o.dport),
-                tuple_reply=NFCTAttrTuple(family=AF[family], saddr=r.src, daddr=r.dst, proto=r.proto,
-                                          sport=r.sport, dport=r.dport),
-                timeout=timeout, mark=mark,  # (status bits on create: EBUSY on 6.x kernels)
-                protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
-                    ["CTA_PROTOINFO_TCP_STATE", state],
-                    ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal if closer_is_reply else closer}],
-                    ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": closer if closer_is_reply else liberal}],
-                ]}]]})
-            msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
-            # CREATE without EXCL: an existing entry is updated to the state instead.
-            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE
-        msg["nfgen_family"] = AF[family]
-        return msg
-
     def _send_batch(self, batch: list[Request]) -> None:
         out = bytearray()
         pending: dict[int, Request] = {}
         for item in batch:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
-            if isinstance(item, Delete):  # the common cases, at the shunt rate: packed directly
+            if isinstance(item, Delete):
                 out += delete_message(item.family, item.orig, item.ct_id, self._seq)
             elif isinstance(item, Liberal):
                 out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
             else:
-                msg = self._message(item)
-                msg["header"]["sequence_number"] = self._seq
-                msg.encode()
-                out += msg.data
+                out += restore_message(item.family, item.orig, item.reply, item.tcp_state, item.timeout,
+                                       item.closer_is_reply, item.mark, self._seq)
             pending[self._seq] = item
         self.sock.send(bytes(out))
         deadline = time.monotonic() + 2.0
@@ -756,27 +741,84 @@ def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
     return cleared, failed
 
 
-def lookup(t: FlowTuple) -> ConnEvent | None:
-    """The live conntrack entry of a connection named by either direction's tuple (an IDS
-    names it as it saw it), or None; one request each way on a socket of its own (the
-    IDS API's threads call it, never the event loop)."""
+LOOKUP_SECONDS = 1.0  # for the kernel's answer to one lookup request
+
+
+def _lookup_socket() -> socket.socket:
+    """A blocking socket whose receive times out in the kernel (SO_RCVTIMEO): with a
+    Python timeout every send and receive is a poll and the call, each letting go of the
+    GIL, which 16 API threads and the event loop contend for."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:
         sock.bind((0, 0))
-        sock.settimeout(1.0)
-        for seq, tt in enumerate((t, t.reversed()), 1):
-            body = struct.pack("=BBH", AF[tt.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, tt)
-            sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
-                                     NLM_F_REQUEST, seq, 0) + body)
-            data = sock.recv(1 << 16)
-            if len(data) < NLMSG_HDR.size:
-                continue
-            length, mtype, _flags, _seq, _pid = NLMSG_HDR.unpack_from(data, 0)
-            if mtype >> 8 == NFNL_SUBSYS_CTNETLINK and length <= len(data):
-                return parse_fast(data, 0, length, EventKind.DUMP, time.monotonic())
-        return None
-    finally:
+        seconds = int(LOOKUP_SECONDS)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("@ll", seconds, int((LOOKUP_SECONDS - seconds) * 1e6)))
+    except BaseException:
         sock.close()
+        raise
+    return sock
+
+
+class _Lookups:
+    """One thread's lookup socket and its sequence numbers. Kept for the thread's life: a
+    socket opened, bound and closed for every lookup was ~15 % of the IDS API's threads'
+    time at 1,000 requests a second. Closed when the thread ends (threading.local drops
+    it), or when a lookup on it fails."""
+
+    def __init__(self) -> None:
+        self.sock = _lookup_socket()
+        self.seq = 0
+
+    def __del__(self) -> None:
+        self.sock.close()
+
+    def ask(self, t: FlowTuple) -> ConnEvent | None:
+        """The entry whose original tuple is `t`, or None (the kernel's error: none).
+        Only the answer carrying this request's sequence number is taken: anything else
+        on the socket is an earlier request's, late."""
+        self.seq = self.seq % 0xFFFFFFFF + 1
+        body = struct.pack("=BBH", AF[t.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
+        self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+                                      NLM_F_REQUEST, self.seq, 0) + body)
+        deadline = time.monotonic() + LOOKUP_SECONDS
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:  # SO_RCVTIMEO passed
+                raise TimeoutError("conntrack lookup: no answer") from None
+            offset = 0
+            while offset + NLMSG_HDR.size <= len(data):
+                length, mtype, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
+                if length < NLMSG_HDR.size or offset + length > len(data):
+                    raise OSError("conntrack lookup: bad netlink length")
+                if seq == self.seq:
+                    if mtype >> 8 == NFNL_SUBSYS_CTNETLINK:
+                        return parse_fast(data, offset, length, EventKind.DUMP, time.monotonic())
+                    return None
+                offset += (length + 3) & ~3
+            if time.monotonic() >= deadline:  # late answers only, for the whole wait
+                raise TimeoutError("conntrack lookup: no answer")
+
+
+_LOOKUPS = threading.local()
+
+
+def lookup(t: FlowTuple) -> ConnEvent | None:
+    """The live conntrack entry of a connection named by either direction's tuple (an IDS
+    names it as it saw it), or None; one request each way on the calling thread's own
+    socket (the IDS API's threads call it, never the event loop). After any error the
+    socket is dropped, and with it any answer still to come: the next lookup opens another."""
+    own: _Lookups | None = getattr(_LOOKUPS, "own", None)
+    if own is None:
+        own = _LOOKUPS.own = _Lookups()
+    try:
+        entry = own.ask(t)
+        return entry if entry is not None else own.ask(t.reversed())
+    except BaseException:
+        _LOOKUPS.own = None
+        own.sock.close()
+        raise
 
 
 def dump_entries() -> Iterable[ConnEvent]:

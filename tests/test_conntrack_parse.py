@@ -152,3 +152,60 @@ def test_hand_packed_liberal_update_equals_pyroute2s(family, data, sport, dport,
     for name in ("CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", "CTA_PROTOINFO_TCP_FLAGS_REPLY"):
         assert tcp_ours.get_attr(name) == tcp_theirs.get_attr(name)
         assert tcp_ours.get_attr(name) == liberal  # (flags, mask)
+
+
+def pyroute2_restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, seq):
+    """The re-creation as the worker encoded it with pyroute2 before it was packed by hand."""
+    from nfshunt.conntrack import AF, IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_CLOSE_INIT
+    liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
+    closer = (IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,) * 2
+    o, r = orig, reply
+    msg = nfct_msg.create_from(
+        tuple_orig=NFCTAttrTuple(family=AF[family], saddr=o.src, daddr=o.dst, proto=o.proto,
+                                 sport=o.sport, dport=o.dport),
+        tuple_reply=NFCTAttrTuple(family=AF[family], saddr=r.src, daddr=r.dst, proto=r.proto,
+                                  sport=r.sport, dport=r.dport),
+        timeout=timeout, mark=mark,
+        protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [
+            ["CTA_PROTOINFO_TCP_STATE", tcp_state],
+            ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": liberal if closer_is_reply else closer}],
+            ["CTA_PROTOINFO_TCP_FLAGS_REPLY", {"value": closer if closer_is_reply else liberal}],
+        ]}]]})
+    msg["header"]["type"] = (1 << 8) | 0  # NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_NEW
+    msg["header"]["flags"] = 0x1 | 0x4 | 0x400  # NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE
+    msg["header"]["sequence_number"] = seq
+    msg["nfgen_family"] = AF[family]
+    msg.encode()
+    return bytes(msg.data)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.sampled_from([4, 6]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
+       st.integers(0, 9), st.integers(0, 2**32 - 1), st.booleans(), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_hand_packed_restore_is_byte_for_byte_pyroute2s(family, data, sport, dport, state, timeout, closer_is_reply,
+                                                        mark, seq, nat):
+    """The re-creation of an entry at a TCP shunt's hand-back (every TCP state, either side
+    closing, any mark, timeout and sequence number, NAT'd or mirrored reply), against the
+    pyroute2 encoding it replaced."""
+    from nfshunt.conntrack import restore_message
+    from nfshunt.model import FlowTuple
+    addr = ipv4 if family == 4 else ipv6
+    orig = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
+    reply = FlowTuple(family, 6, data.draw(addr), orig.src, data.draw(st.integers(0, 65535)), sport) if nat \
+        else orig.reversed()
+    args = (family, orig, reply, state, timeout, closer_is_reply, mark, seq)
+    assert restore_message(*args) == pyroute2_restore(*args)
+
+
+@pytest.mark.parametrize("family,src,dst", [(4, "10.64.0.1", "10.65.0.1"), (6, "fd00::1", "fd00:65::1"),
+                                            (4, "0.0.0.0", "255.255.255.255"), (6, "::", "ffff:" * 7 + "ffff")])
+@pytest.mark.parametrize("state", [3, 4, 5, 6, 7, 8])  # ESTABLISHED and the closing states a hand-back restores
+@pytest.mark.parametrize("closer_is_reply", [False, True])
+def test_hand_packed_restore_of_the_hand_backs_states_is_pyroute2s(family, src, dst, state, closer_is_reply):
+    from nfshunt.conntrack import restore_message
+    from nfshunt.model import FlowTuple
+    orig = FlowTuple(family, 6, src, dst, 40000, 5201)
+    for timeout, mark in ((0, 0), (120, 0x71210000), (432000, 0xFFFFFFFF)):
+        args = (family, orig, orig.reversed(), state, timeout, closer_is_reply, mark, 1)
+        assert restore_message(*args) == pyroute2_restore(*args)

@@ -40,6 +40,27 @@ def test_a_block_pin_outlives_its_entry_until_it_expires():
     assert not pins
 
 
+def test_pins_expire_by_their_last_hold_and_an_ids_pin_never():
+    from nfshunt.pins import IdsHold
+    pins = Pins()
+    a, b, ids = event(sport=1), event(sport=2), event(sport=3)
+    pins.hold(a.orig, Action.BLOCK, 10.0)
+    pins.hold(b.orig, Action.IGNORE, 10.0)  # the same expiry: ties are fine
+    pins.hold_for(ids.orig, IdsHold(Action.SHUNT, "ids:zeek"))
+    pins.hold(a.reply, Action.BLOCK, 20.0)  # held again (by its other direction), for longer
+    pins.destroyed(event(sport=2, ct_id=99, kind=EventKind.DESTROY))  # not the entry b held back
+    pins[b.orig].ct_id = 7
+    pins.destroyed(event(sport=2, ct_id=7, kind=EventKind.DESTROY))  # b ends with its entry
+    pins.hold(b.orig, Action.BLOCK, 15.0)  # and is pinned again
+    pins.expire(10.0 + PIN_TTL)
+    assert set(pins) == {a.orig, a.reply, b.orig, b.reply, ids.orig, ids.reply}
+    pins.expire(15.0 + PIN_TTL)
+    assert set(pins) == {a.orig, a.reply, ids.orig, ids.reply}
+    pins.expire(20.0 + PIN_TTL)
+    pins.expire(1e12)
+    assert set(pins) == {ids.orig, ids.reply} and not pins._expiring
+
+
 def test_the_admission_decides_against_the_shared_state_alone():
     shared = CoreState(config(max_shunts=1))
     admission = adm.Admission(shared)

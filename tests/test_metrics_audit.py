@@ -150,21 +150,40 @@ def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_
     assert [i for w in writes for i in w] == list(range(252))
 
 
-def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_encoded_as_a_create():
-    from nfshunt.conntrack import IPCTNL_MSG_CT_NEW, ConntrackWorker, Restore
+def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_written_as_a_create():
+    import socket
+
+    from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
+
+    from nfshunt.conntrack import IPCTNL_MSG_CT_NEW, NLM_F_CREATE, ConntrackWorker, Restore
     from nfshunt.model import TCP, FlowTuple
+
+    class Unanswered:  # the kernel takes the write and never acknowledges it
+        def __init__(self):
+            self.sent = []
+
+        def send(self, data):
+            self.sent.append(data)
+
+        def recv(self, size):
+            raise socket.timeout
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
+    worker.sock.close()
+    worker.sock = sock = Unanswered()
     orig = FlowTuple(4, TCP, "10.0.0.1", "10.0.0.2", 40000, 80)
     reply = FlowTuple(4, TCP, "10.0.0.2", "10.0.0.1", 80, 40000)
     calls = []
     item = Restore(4, orig, reply, 8, 10, True, 0x5, lambda: calls.append("done"))
-    msg = worker._message(item)
-    msg.encode()
-    assert msg["header"]["type"] & 0xFF == IPCTNL_MSG_CT_NEW and msg.get_attr("CTA_MARK") == 5
+    worker._requests([item])
+    assert calls == ["done"]
+    (raw,) = sock.sent
+    msg = nfct_msg(raw)
+    msg.decode()
+    assert msg["header"]["type"] & 0xFF == IPCTNL_MSG_CT_NEW and msg["header"]["flags"] & NLM_F_CREATE
+    assert msg.get_attr("CTA_MARK") == 5
 
     def refused(batch):
         raise OSError("no kernel here")
     worker._send_batch = refused
     worker._requests([item])
-    worker.sock.close()
-    assert calls == ["done"]
+    assert calls == ["done", "done"]
