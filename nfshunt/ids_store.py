@@ -190,6 +190,8 @@ class Store:
         """An active IDS block covering this connection: of it, or of an address of it."""
         for key in self._by_target.get((Kind.BLOCK, pair_key(conn)), ()):
             return self.rules[key]
+        if not self._addressed:  # no address rule: the addresses are not parsed (3.9 -> 0.7 us a shunt request)
+            return None
         hosts = (ipaddress.ip_address(conn.src), ipaddress.ip_address(conn.dst))
         return next((r for r in self._addressed.values() if r.kind is Kind.BLOCK_ADDRESS and r.address is not None
                      and any(h.version == r.address.version and h in r.address for h in hosts)), None)
