@@ -154,14 +154,19 @@ def test_an_idle_tcp_connection_resumes_after_its_shunt_timed_out(tb):
     from nfshunt_testbed import H2_IP, PYTHON
     srv = tb.conn_server(SHUNT)
     tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+    # A 2 s shunt timeout (the bed's is 5 s): the idle connection waits 4 s instead of 7,
+    # still 2 s past the timeout for the switch to expire the flows and the controller to
+    # bring the entry back before the connection sends again.
+    tb.reload_config(default_shunt_timeout=2)
     try:
         mark = len(tb.controller_output())
-        out = tb.run(tb.h1, PYTHON, "-c", IDLE_CLIENT, H2_IP, str(SHUNT), "7", timeout=30)
+        out = tb.run(tb.h1, PYTHON, "-c", IDLE_CLIENT, H2_IP, str(SHUNT), "4", timeout=30)
         log = tb.controller_output()[mark:]
         assert "shunt removed (idle timeout)" in log, "the shunt did not idle out: the test proves nothing"
         assert out.strip() == "resumed", out
         tb.wait_for(lambda: tb.controller_output()[mark:].count(f"-> {H2_IP}:{SHUNT} ports") >= 3, 5,
                     "the resumed connection to be shunted again")  # shunted, removed, shunted again
     finally:
+        tb.reload_config(default_shunt_timeout=TESTBED.config["default_shunt_timeout"])
         tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
         srv.kill()
