@@ -703,7 +703,7 @@ def background_load(tb: Testbed, load: Load, link_mbit: float, seconds: float) -
 
 
 def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, seconds: float, link_mbit: float,
-                index: int, ramp: float = RAMP_S) -> dict[str, Any]:
+                index: int) -> dict[str, Any]:
     tb.run(tb.h1, "ping", "-n", "-c", "1", "-W", "2", H2_IP, check=False)  # ARP resolved before counting
     before = tb.slow_path_packets()
     started = time.monotonic()
@@ -712,8 +712,8 @@ def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, second
     procs: list[subprocess.Popen] = []
     try:
         before_shunt = wait_until_settled(tb, started) - before if path.shunted else None
-        procs = background_load(tb, load, link_mbit, seconds + ramp + 5)
-        time.sleep(ramp)
+        procs = background_load(tb, load, link_mbit, seconds + RAMP_S + 5)
+        time.sleep(RAMP_S)
         slow_start, window_start = tb.slow_path_packets(), time.time_ns()
         time.sleep(seconds)
         slow_end, window_end = tb.slow_path_packets(), time.time_ns()
@@ -761,11 +761,7 @@ def exp_jitter(args: argparse.Namespace) -> int:
                     for cycle_us in cycles:
                         for load in loads:
                             i += 1
-                            # Quick: no ramp where no load starts and the stream ran
-                            # 0.5 s already (waiting for its shunt): nothing to wait for.
-                            idle = path.shunted and not (load.background_pct or load.cpu_hog)
-                            ramp = 0.0 if args.quick and idle else RAMP_S
-                            row = jitter_cell(tb, path, load, cycle_us, seconds, args.link_mbit, i, ramp)
+                            row = jitter_cell(tb, path, load, cycle_us, seconds, args.link_mbit, i)
                             res.add(row)
                             progress(i, total, f"{path.key} {load.key} {cycle_us} µs: median "
                                                f"{row['median_us']:.1f} µs, max {row['max_us']:.1f} µs, jitter "
