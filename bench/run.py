@@ -149,7 +149,7 @@ def counts(tb: Testbed, within: float = 120) -> dict[str, Any]:
 # --- latency -----------------------------------------------------------------------------------
 
 def bench_latency(args: argparse.Namespace) -> int:
-    runs = args.runs or (3 if args.quick else 100)
+    runs = args.runs or (2 if args.quick else 100)
     res = Results(args.out, "latency", {"runs": runs, "transfer": f"iperf3 -t 1 -b {args.bitrate} on the shunted "
                                         "port, one per run (low load: the machine is not saturated)",
                                         "OpenFlow": "1.3", "capture": "tcpdump on s1-eth1 (SYN) and s1-eth2/4 (slow)"})
@@ -399,12 +399,12 @@ def bench_scale(args: argparse.Namespace) -> int:
             shunts, last = until_settled(lambda: _shunts_or_none(tb), lambda n, size=size: n >= size, 10, 600, 0.5)
             shunts = shunts or 0
             install_s = last - t0
-            idle_s = 1 if args.quick else 5  # the idle CPU's window
+            idle_s = 0.5 if args.quick else 5  # the idle CPU's window
             cpu1, rss1 = proc_usage(pid)
             time.sleep(idle_s)
             cpu2, rss2 = proc_usage(pid)
             idle_pct = 100 * (cpu2 - cpu1) / idle_s
-            time.sleep(1 if args.quick else 25)  # at rest: deletes' DESTROY events read, a quiet second, memory back
+            time.sleep(0.5 if args.quick else 25)  # at rest: deletes' DESTROY events read, a quiet second, memory back
             _, rss_rest = proc_usage(pid)
             # The switch alone reporting the flows a reconcile reads, to quote beside it.
             reads = [switchlimit.read_seconds(nfconfig.load(tb.config_path), "s1") for _ in range(3)]

@@ -668,6 +668,28 @@ def wait_until_settled(tb: Testbed, since: float, quiet: float = 0.3, timeout: f
             raise TestbedError(f"the stream still crosses the firewall after {timeout:g} s: no shunt")
 
 
+def jitter_beds(quick: bool) -> list[list[JitterPath]]:
+    """The paths in the order they run, by testbed: a fresh one a path, or in quick mode one
+    a testbed mode, the static path after the reactive one on its testbed (its shunts
+    declared by a reload: a testbed fewer to build)."""
+    if not quick:
+        return [[path] for path in JITTER_PATHS]
+    beds: dict[str, list[JitterPath]] = {}
+    for path in JITTER_PATHS:  # the reactive path first on its testbed (built without static shunts)
+        beds.setdefault(path.mode, []).append(path)
+    return list(beds.values())
+
+
+def reload_static_shunts(tb: Testbed, path: JitterPath) -> None:
+    """The running controller given the path's config keys by `reload` (static_shunts is a
+    live key); returns once the switch confirmed the flows."""
+    with open(tb.config_path, "w") as fh:
+        json.dump({**tb.nfshunt_config(), **dict(path.config)}, fh)
+    reply = tb.control({"cmd": "reload"}, timeout=30)
+    if not reply.get("confirmed"):
+        raise TestbedError(f"{path.key}: the reload of its config was not confirmed: {reply}")
+
+
 def background_load(tb: Testbed, load: Load, link_mbit: float, seconds: float) -> list[subprocess.Popen]:
     """The cell's load, as testbed processes (stopped by the cell, or by the testbed)."""
     procs = []
@@ -724,21 +746,26 @@ def exp_jitter(args: argparse.Namespace) -> int:
               "background": f"iperf3 UDP h1 -> h2, 1514-byte frames, port {IGNORE_PORT} (the policy leaves it "
                             f"on the slow path), as a share of a nominal {args.link_mbit:g} Mbit/s link",
               "cpu hog": f"{os.cpu_count()} busy loops (one per core) in the firewall's namespace",
-              "emulation": "none: no delay, no shaping, MTU 1500"}
+              "emulation": "none: no delay, no shaping, MTU 1500",
+              "testbeds": ("quick: one a testbed mode, the static path's shunts declared by a reload after the "
+                           "reactive path's cells" if args.quick else "a fresh one a path")}
     res = Results(args.out, "jitter", params)
     total, i = len(JITTER_PATHS) * len(loads) * len(cycles), 0
     interrupted = False
     try:
-        for path in JITTER_PATHS:
-            with Testbed(mode=path.mode, config=dict(path.config), log=print) as tb:
-                for cycle_us in cycles:
-                    for load in loads:
-                        i += 1
-                        row = jitter_cell(tb, path, load, cycle_us, seconds, args.link_mbit, i)
-                        res.add(row)
-                        progress(i, total, f"{path.key} {load.key} {cycle_us} µs: median {row['median_us']:.1f} "
-                                           f"µs, max {row['max_us']:.1f} µs, jitter {row['jitter_us']:.1f} µs, "
-                                           f"{row['late']} late, {row['lost']} lost")
+        for bed_paths in jitter_beds(args.quick):
+            with Testbed(mode=bed_paths[0].mode, config=dict(bed_paths[0].config), log=print) as tb:
+                for path in bed_paths:
+                    if path is not bed_paths[0]:
+                        reload_static_shunts(tb, path)
+                    for cycle_us in cycles:
+                        for load in loads:
+                            i += 1
+                            row = jitter_cell(tb, path, load, cycle_us, seconds, args.link_mbit, i)
+                            res.add(row)
+                            progress(i, total, f"{path.key} {load.key} {cycle_us} µs: median "
+                                               f"{row['median_us']:.1f} µs, max {row['max_us']:.1f} µs, jitter "
+                                               f"{row['jitter_us']:.1f} µs, {row['late']} late, {row['lost']} lost")
     except KeyboardInterrupt:
         interrupted = True
     body = jitter_report(res.rows, cycles, loads, seconds)

@@ -152,11 +152,24 @@ class Testbed(Pair, Observation, Traffic):
                     self._start_controller(fw)
         if self.mode == "ha":
             self._setup_pair_links()
+        elif self.controlled:
+            self._wait_for_listener()
         self.net.start()
         self._machine.restore_rmem_default()  # ovs-vsctl waited for vswitchd to open every port
         self._program_static_flows()
         self._wait_for_control()
         self._setup_emulation()
+
+    def _wait_for_listener(self) -> None:
+        """The controller listens before the switch starts: a switch that finds no listener
+        tries again only after a second (Open vSwitch's backoff), which cost every testbed
+        about half a second over the controller's own start."""
+        fw = self.firewalls[0]
+
+        def listening() -> bool:
+            self._check_running(fw)
+            return self.listening(self.node(fw), OF_PORT)
+        self.wait_for(listening, 20, "controller to listen for the switch", interval=0.02)
 
     def _wait_for_control(self) -> None:
         """The controllers have the switch and installed its default flows."""
@@ -176,7 +189,8 @@ class Testbed(Pair, Observation, Traffic):
     def stop(self) -> None:
         """Everything removed, each step also after an earlier one failed: processes first
         (keepalived before the controllers: no takeover while the pair is taken down), then
-        the plumbing and the network, then the machine's settings and the lock."""
+        the network (the firewalls' plumbing with their nodes), then the machine's settings
+        and the lock."""
         try:
             self._stop_daemons()
             for fw in self.firewalls:
@@ -187,7 +201,8 @@ class Testbed(Pair, Observation, Traffic):
         finally:
             try:
                 if self.net is not None:
-                    self._remove_plumbing()
+                    # The plumbing is in the firewall nodes' namespaces and goes with them
+                    # (`nfshunt iptables remove` there first cost a Python start a testbed).
                     self.net.stop()
             finally:
                 self.net = None

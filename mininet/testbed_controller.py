@@ -79,11 +79,6 @@ class Controllers(Topology):
                 args += ["--policy", self.policy]
             self.nfshunt(*args, fw=fw)
 
-    def _remove_plumbing(self) -> None:
-        if self.mode != "direct":
-            for fw in self.firewalls:
-                self.nfshunt("iptables", "remove", "--config", fw.config_path, check=False, fw=fw)
-
     def strict_firewalls(self, loose_pickup: bool = False) -> None:
         """Every firewall strict: INVALID dropped, and (unless loose_pickup) no loose pickup
         (a TCP connection the firewall does not track is not picked up mid-stream)."""
