@@ -43,6 +43,7 @@ import socket
 import socketserver
 import ssl
 import stat
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -272,6 +273,15 @@ class _DeadlineReader(io.RawIOBase):
         self.limit = limit
         self.deadline = math.inf
         self.received = 0  # bytes of the current request
+        # A plain socket is left blocking and waits in the kernel, its reads bounded by
+        # SO_RCVTIMEO and its writes by SO_SNDTIMEO: a socket with a Python timeout polls
+        # before every recv and send, two more syscalls and GIL hand-overs a request (and
+        # an ioctl for each settimeout). TLS keeps Python's timeouts: the ssl module does
+        # not report a kernel timeout as one.
+        self.kernel_timeouts = not isinstance(sock, ssl.SSLSocket)
+        if self.kernel_timeouts:
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(WRITE_SECONDS))
 
     def readable(self) -> bool:
         return True
@@ -283,10 +293,23 @@ class _DeadlineReader(io.RawIOBase):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request did not arrive in time")
-        self.sock.settimeout(left)
-        n = self.sock.recv_into(memoryview(buf)[:room])
+        if not self.kernel_timeouts:
+            self.sock.settimeout(left)
+            n = self.sock.recv_into(memoryview(buf)[:room])
+        else:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left))
+            try:
+                n = self.sock.recv_into(memoryview(buf)[:room])
+            except BlockingIOError:  # SO_RCVTIMEO passed
+                raise TimeoutError("the request did not arrive in time") from None
         self.received += n
         return n
+
+
+def _timeval(seconds: float) -> bytes:
+    """A struct timeval of `seconds` > 0, at least 1 us (a zero one would mean no limit)."""
+    micros = max(1, round(seconds * 1e6))
+    return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
 
 
 # A request's head in the strict form every client here sends (curl, Python, Zeek): the line
@@ -369,7 +392,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self._reader.deadline = time.monotonic() + self.server.api.request_seconds
         self._reader.received = 0
-        super().handle_one_request()
+        try:
+            super().handle_one_request()
+        except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
+            self.log_error("Request timed out: %r", exc)
+            self.close_connection = True
         if self.close_connection and self._reader.received and time.monotonic() >= self._reader.deadline:
             self.server.api.count(Reject.TIMEOUT)  # a request begun and not finished in time
 
@@ -405,7 +432,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         end_headers would make it, byte for byte, and written with the body at once (they
         cost ~20 us a request, the Date most: bench ids, harness)."""
         data = _ENCODE(body).encode() + b"\n"
-        self.connection.settimeout(WRITE_SECONDS)
+        if not self._reader.kernel_timeouts:
+            self.connection.settimeout(WRITE_SECONDS)
         self.log_request(status)
         if close:
             self.close_connection = True

@@ -3,6 +3,10 @@ cheaper: a strict request head's parse, and the answer's head."""
 import http.server
 import io
 import json
+import socket
+import struct
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,6 +14,7 @@ import pytest
 
 from nfshunt import ids_api
 from nfshunt.ids_api import _Handler, _strict_head
+from tests.idsfake import TOKEN, call, make_api, write_tokens
 
 
 class _Conn:
@@ -23,6 +28,7 @@ def _handler(version: str, command: str) -> _Handler:
     h.request_version, h.command, h.requestline = version, command, f"{command} / {version}"
     h.wfile, h.close_connection = io.BytesIO(), False
     h.connection, h.client_address = _Conn(), ("127.0.0.1", 1)
+    h._reader = SimpleNamespace(kernel_timeouts=False)
     return h
 
 
@@ -158,3 +164,39 @@ def test_an_odd_request_line_is_answered_before_the_head_is_read():
     def peek() -> bytes:
         raise AssertionError("read")
     assert _strict_head(b"GET / HTTP/2.0\r\n", peek) is None
+
+
+def test_a_client_that_takes_no_answers_is_cut_off_and_others_are_served(tmp_path, monkeypatch):
+    """A plain connection's writes are bounded by SO_SNDTIMEO (WRITE_SECONDS): a client that
+    sends requests and never reads the answers is closed once one waits that long."""
+    monkeypatch.setattr(ids_api, "WRITE_SECONDS", 0.5)
+    api, _, counted = make_api(write_tokens(tmp_path), rate_limit=10_000_000)
+    try:
+        hog = socket.socket()
+        hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        hog.connect(api.address)
+        request = b"GET /v1/rules/none HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
+        ended: list[BaseException] = []
+
+        def flood() -> None:
+            try:
+                while True:
+                    hog.sendall(request * 100)
+            except OSError as exc:  # the server reset the connection, its unread requests with it
+                ended.append(exc)
+        sender = threading.Thread(target=flood, daemon=True)
+        started = time.monotonic()
+        sender.start()
+        assert call(api, "GET", "/v1/rules")[0] == 200  # served meanwhile
+        sender.join(10)
+        assert ended and time.monotonic() - started < 8
+        assert call(api, "GET", "/v1/rules")[0] == 200
+        hog.close()
+    finally:
+        api.stop()
+
+
+def test_a_timeval_is_never_zero():
+    assert ids_api._timeval(10.0) == struct.pack("@ll", 10, 0)
+    assert ids_api._timeval(2.5) == struct.pack("@ll", 2, 500000)
+    assert ids_api._timeval(1e-9) == struct.pack("@ll", 0, 1)  # zero would be no limit at all
