@@ -68,7 +68,7 @@ class IdsBackend:
         deadline = time.monotonic() + timeout
         entry = self._lookup(rule.connection)
         ans = self.loop.call(lambda a: self._submit(rule, entry, a), timeout)
-        if not ans.done.wait(max(0.0, deadline - time.monotonic())):
+        if not self.loop.wait(ans, max(0.0, deadline - time.monotonic()), 0.0):
             return Outcome(Result.ADDED, pending=LATE)
         for barrier in ans.barriers:
             if not barrier.wait(max(0.0, deadline - time.monotonic())):
@@ -78,7 +78,7 @@ class IdsBackend:
             # The entry came between the first look and the pin: its events went by before
             # the pin was there, and an established connection may send none for long.
             try:
-                self.loop.call(lambda a: self._feed_late(late, a), timeout)
+                self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), timeout), timeout, 0.0)
             except TimeoutError:  # the rule is kept and answered; its entry's next event applies it
                 LOG.warning("the event loop did not take the late entry of %s in time", rule.connection)
         return ans.outcome
@@ -98,7 +98,7 @@ class IdsBackend:
 
     def remove(self, source: str, rule_id: str) -> Outcome:
         ans = self.loop.call(lambda a: self._remove(source, rule_id, a), self.cfg.answer_timeout)
-        if not ans.done.wait(ENDING_GRACE + 1.0):
+        if not self.loop.wait(ans, self.cfg.answer_timeout, ENDING_GRACE + 1.0):
             raise TimeoutError("the rule's flows were not removed in time")
         assert ans.outcome is not None
         return ans.outcome
@@ -108,7 +108,7 @@ class IdsBackend:
             a.views = [view(r, self.host.switches) for r in self.store.select(source, kind, address)]
             a.answer(Outcome(Result.ADDED))
         ans = self.loop.call(work, self.cfg.answer_timeout)
-        ans.done.wait(self.cfg.answer_timeout)
+        self.loop.wait(ans, self.cfg.answer_timeout, self.cfg.answer_timeout)
         return ans.views
 
     def rule(self, source: str, rule_id: str) -> RuleView | None:
@@ -120,7 +120,7 @@ class IdsBackend:
             ended = self.store.ended(source, rule_id)
             a.answer(Outcome(Result.ADDED, view=None if ended is None else ended_view(ended)))
         ans = self.loop.call(work, self.cfg.answer_timeout)
-        if not ans.done.wait(self.cfg.answer_timeout):
+        if not self.loop.wait(ans, self.cfg.answer_timeout, self.cfg.answer_timeout):
             raise TimeoutError("the switch did not answer the read of the rule's counters in time")
         return None if ans.outcome is None else ans.outcome.view
 

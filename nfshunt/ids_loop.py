@@ -32,9 +32,10 @@ class EventIds(event.EventBase):
 
 @dataclass
 class Answer:
-    """One call's answer, from the event loop to the API thread that waits for it."""
-    taken: threading.Event = field(default_factory=threading.Event)  # the loop has it
+    """One call's answer, from the event loop to the API thread that waits for it (on
+    `done` alone: LoopCalls.wait)."""
     done: threading.Event = field(default_factory=threading.Event)
+    taken: bool = False  # the loop has it; read only once `done` was not set in time
     outcome: Outcome | None = None
     barriers: list[threading.Event] = field(default_factory=list)  # then these switches' confirmations
     views: list[RuleView] = field(default_factory=list)  # a list's answer
@@ -65,16 +66,27 @@ class LoopCalls:
         self._room = threading.BoundedSemaphore(QUEUED)
 
     def call(self, work: Callable[[Answer], None], timeout: float) -> Answer:
-        """Run `work` on the event loop; TimeoutError if it did not take it in time."""
+        """Post `work` to the event loop (TimeoutError if there was no room in time); its
+        answer is waited for with `wait`."""
         ans = Answer()
         if not self._room.acquire(timeout=timeout):
             raise TimeoutError("the controller's event loop has too many IDS requests queued")
 
         def run() -> None:
             self._room.release()
-            ans.taken.set()
+            ans.taken = True
             work(ans)
         self.host.post(EventIds(run))
-        if not ans.taken.wait(timeout):
-            raise TimeoutError("the controller's event loop did not take the request in time")
         return ans
+
+    @staticmethod
+    def wait(ans: Answer, take: float, answer: float) -> bool:
+        """Whether `ans` was answered: within `take` seconds, or `answer` more if the loop
+        took the call by then; TimeoutError if it had not. One Event waited on, not one for
+        the taking and then one for the answer: the taking's woke the API thread while the
+        loop still ran the call, to contend with it for the GIL (bench ids)."""
+        if ans.done.wait(take):
+            return True
+        if not ans.taken:
+            raise TimeoutError("the controller's event loop did not take the request in time")
+        return ans.done.wait(answer)

@@ -37,6 +37,9 @@ PROTOCOLS = {"tcp": TCP, "udp": UDP}
 PROTOCOL_NAMES = {v: k for k, v in PROTOCOLS.items()}
 # URL-safe (a rule is named in /v1/rules/<id>), and what Zeek's ids look like ("12", "worker-1:12").
 RULE_ID = re.compile(r"[A-Za-z0-9._:@~-]{1,128}", re.ASCII)
+# An IPv4 address as ipaddress and inet_ntop write it (no leading zeros): always an address
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+DOTTED_QUAD = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}", re.ASCII)
 MAX_PRIORITY = 1 << 20  # NetControl's priorities are small (default 0, whitelists +5); either sign
 MAX_IDLE_TIMEOUT = 65535  # an OpenFlow idle timeout is 16 bits
 
@@ -163,10 +166,11 @@ def _host(field: str, value: Any, scipass: bool = False) -> str:
         if net.prefixlen != net.max_prefixlen:
             raise RuleError(field, f"{value} is a prefix: a connection's ends are single hosts (/{net.max_prefixlen})")
         text = str(net.network_address)
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        raise RuleError(field, f"{value!r:.60} is not an IPv4 or IPv6 address") from None
+    if not DOTTED_QUAD.fullmatch(text):  # one is an address: ipaddress's parse of it was ~5 us
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise RuleError(field, f"{value!r:.60} is not an IPv4 or IPv6 address") from None
     return canonical_address(text)
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from typing import Any
 
 MAX_DEPTH = 32  # our documents nest 4 levels; this keeps repr() and every walk far from recursion limits
 MAX_DIGITS = 100  # an integer literal's digits: 2**64 has 20; int() of thousands is slow or refused
+_LONG_RUN = re.compile(f"[0-9]{{{MAX_DIGITS + 1}}}", re.ASCII)
 
 
 class JsonInputError(ValueError):
@@ -77,7 +79,11 @@ def parse(data: bytes | str, what: str) -> Any:
             from None
     except RecursionError:
         raise JsonInputError("", f"{what} is nested deeper than {MAX_DEPTH} levels") from None
-    _check_tree(value)
+    # Only a text of more than MAX_DEPTH brackets can nest too deep, and only a run of more
+    # than MAX_DIGITS digits hold a long integer: a text with neither (an IDS request's body)
+    # needs no walk of its tree, which cost ~2 us and named every node (~15 us before).
+    if text.count("{") + text.count("[") > MAX_DEPTH or _LONG_RUN.search(text):
+        _check_tree(value)
     return value
 
 

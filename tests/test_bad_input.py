@@ -379,3 +379,26 @@ def test_a_peer_that_is_not_root_gets_its_refusal_even_when_it_sends_after_the_a
                 answer += chunk
         assert json.loads(answer) == {"error": "permission denied: the control socket is for root only"}
     assert seen == [] and server.refused == 5
+
+
+@pytest.mark.parametrize("depth", [1, 2, jsonfile.MAX_DEPTH - 2, jsonfile.MAX_DEPTH - 1, jsonfile.MAX_DEPTH,
+                                   jsonfile.MAX_DEPTH + 1, 40])
+@pytest.mark.parametrize("number", ["1", "9" * jsonfile.MAX_DIGITS, "-" + "9" * jsonfile.MAX_DIGITS,
+                                    "9" * (jsonfile.MAX_DIGITS + 1), '"' + "9" * 200 + '"', '"[[[{{{"'])
+@pytest.mark.parametrize("shape", ['{"a": [1, {"b": %s}], "c": [[], {}]}', '[{"x": 2}, "s", %s]', '{"n": %s}', "%s"])
+def test_a_document_is_walked_when_it_may_break_a_bound(depth, number, shape):
+    """parse walks the tree (_check_tree) only for a text of more than MAX_DEPTH brackets or
+    a run of more than MAX_DIGITS digits: it must answer as if it walked every document."""
+    text = "[" * depth + shape % number + "]" * depth
+    value = json.loads(text, parse_int=jsonfile._parse_int, object_pairs_hook=jsonfile._no_duplicates)
+    try:
+        jsonfile._check_tree(value)
+        named = None
+    except jsonfile.JsonInputError as exc:
+        named = str(exc)
+    if named is None:
+        assert jsonfile.parse(text, "t") == json.loads(text)
+    else:
+        with pytest.raises(jsonfile.JsonInputError) as caught:
+            jsonfile.parse(text, "t")
+        assert str(caught.value) == named

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt import cookies  # noqa: E402
 from nfshunt.config import IdsConfig, MayShunt  # noqa: E402
-from nfshunt.ids_api import Reject, Result  # noqa: E402
+from nfshunt.ids_api import Outcome, Reject, Result  # noqa: E402
 from nfshunt.ids_backend import IdsBackend  # noqa: E402
 from nfshunt.ids_rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.model import Action, FlowTuple  # noqa: E402
@@ -427,3 +427,22 @@ def test_after_a_restart_the_connections_holder_is_pinned_again_with_its_idle_ti
     restarted.load()
     assert (again.core.pins[ORIG].source, again.core.pins[ORIG].idle_timeout) == ("ids:a", 40)
     assert again.event(action=0).idle_timeout == 40
+
+
+def test_a_call_is_waited_for_on_its_answer_alone():
+    """LoopCalls.wait: answered (True); taken but not answered in time (False); not taken
+    in time (TimeoutError: the API answers 504)."""
+    from types import SimpleNamespace
+
+    from nfshunt.ids_loop import LoopCalls
+    posted: list = []
+    loop = LoopCalls(SimpleNamespace(post=posted.append))  # type: ignore[arg-type]
+    answered = loop.call(lambda a: a.answer(Outcome(Result.ADDED)), 1.0)
+    posted.pop().work()
+    assert loop.wait(answered, 0.0, 0.0) and answered.outcome == Outcome(Result.ADDED)
+    unanswered = loop.call(lambda a: None, 1.0)
+    posted.pop().work()
+    assert unanswered.taken and not loop.wait(unanswered, 0.01, 0.01)
+    untaken = loop.call(lambda a: None, 1.0)
+    with pytest.raises(TimeoutError, match="did not take"):
+        loop.wait(untaken, 0.01, 5.0)

@@ -4,8 +4,8 @@ import ipaddress
 import pytest
 
 from nfshunt.config import IdsConfig, MayShunt
-from nfshunt.ids_rules import (Decision, Kind, Refusal, RuleError, Situation, inside_may_shunt, parse, parse_scipass,
-                               precedence, scipass_id, scipass_json)
+from nfshunt.ids_rules import (DOTTED_QUAD, Decision, Kind, Refusal, RuleError, Situation, inside_may_shunt, parse,
+                               parse_scipass, precedence, scipass_id, scipass_json)
 from nfshunt.model import TCP, UDP, Action, FlowTuple
 
 CFG = IdsConfig(token_file="/unused")
@@ -194,3 +194,31 @@ def test_precedence_of_address_rules():
     verdict = precedence(block, Situation(whitelist="ids:x/w"), MayShunt())
     assert verdict.refusal is Refusal.WHITELISTED and "ids:x/w" in verdict.reason
     assert precedence(rule_of("whitelist", address="192.0.2.5"), Situation(), MayShunt()).decision is Decision.APPLY
+
+
+def test_a_dotted_quad_is_an_address_written_as_ipaddress_writes_it():
+    """DOTTED_QUAD spares _host ipaddress's parse: each text it takes must be one."""
+    octets = [str(i) for i in range(300)] + ["00", "01", "007", "010", "0256", "+1", "-1", " 1", "1 ", "1\n", "", "a",
+                                             "0x1", "\u0661"]
+    taken = 0
+    for octet in octets:
+        for text in (f"{octet}.1.2.3", f"1.{octet}.2.3", f"1.2.{octet}.3", f"1.2.3.{octet}", octet,
+                     f"1.2.{octet}", f"1.2.3.4.{octet}"):
+            if DOTTED_QUAD.fullmatch(text):
+                taken += 1
+                assert str(ipaddress.ip_address(text)) == text
+    assert taken == 4 * 256  # x.1.2.3 and its kin, for every octet 0-255 written plainly
+
+
+@pytest.mark.parametrize("text", ["010.1.2.3", "1.2.3.256", "1.2.3", "1.2.3.4 ", "1.2.3.4/32", "::ffff:1.2.3.4",
+                                  "1.2.3.\u0664"])
+def test_an_address_not_a_dotted_quad_is_judged_by_ipaddress(text):
+    conn = {"protocol": "tcp", "src": text, "sport": 1, "dst": "10.0.0.9", "dport": 2}
+    try:
+        expected = str(ipaddress.ip_address(text))
+    except ValueError:
+        with pytest.raises(RuleError, match="connection.src"):
+            parse({"id": "1", "action": "shunt", "connection": conn, "expire": 9}, "ids:x", NOW, CFG)
+        return
+    rule = parse({"id": "1", "action": "shunt", "connection": {**conn, "dst": "::9"}, "expire": 9}, "ids:x", NOW, CFG)
+    assert rule.connection is not None and ipaddress.ip_address(rule.connection.src) == ipaddress.ip_address(expected)
