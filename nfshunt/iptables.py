@@ -69,7 +69,12 @@ def plumbing_rules(cfg: Config) -> list[str]:
         "-A NFSHUNT_POST -m physdev ! --physdev-is-bridged -j RETURN",
         f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j RETURN",
         f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_EGRESS)} -j NFSHUNT_POST_PD_OUT",
-        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_DECIDED)} -j NFSHUNT_POLICY",
+        # A packet that came in decided (its entry's mark, restored) saves nothing back: one
+        # in flight when a policy change cleared the entry's decision would write the old
+        # decision over the cleared one, and every later packet would keep it (seen: a
+        # transfer left on the old policy's path after `iptables apply --policy`).
+        f"-A NFSHUNT_POST -m mark --mark {_hex(markcodec.FLAG_DECIDED)}/{_hex(markcodec.FLAG_DECIDED)} -j RETURN",
+        "-A NFSHUNT_POST -j NFSHUNT_POLICY",
         f"-A NFSHUNT_POST -j CONNMARK --save-mark --nfmask {OURS} --ctmask {OURS}",
     ]
     rules += [f"-A NFSHUNT_POST_PD_OUT -m physdev --physdev-is-bridged --physdev-out {ifname} "
