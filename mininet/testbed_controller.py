@@ -147,26 +147,26 @@ class Controllers(Topology):
     def reconfigure(self, wait: bool = True, **overrides: Any) -> None:
         """Restart the controller with config keys changed (None: back to the default);
         wait=False: do not wait for it to have the switch."""
-        for key, value in overrides.items():
-            if value is None:
-                self.extra_config.pop(key, None)
-            else:
-                self.extra_config[key] = value
+        self._override(overrides)
         self.stop_controller()
         self._write_config(self.firewalls[0])
         self._start_controller()
         if wait:
             self.wait_for_controller()
 
-    def reload_config(self, **overrides: Any) -> None:
-        """Change keys the running controller takes from a reload (nfshunt.reload.LIVE; None:
-        back to the default) without a restart, which costs a test about 2 s. New pairs get
-        the new values; a key that would need a restart fails here instead of being ignored."""
+    def _override(self, overrides: dict[str, Any]) -> None:
+        """The config's keys changed for the next write (None: back to the default)."""
         for key, value in overrides.items():
             if value is None:
                 self.extra_config.pop(key, None)
             else:
                 self.extra_config[key] = value
+
+    def reload_config(self, **overrides: Any) -> None:
+        """Change keys the running controller takes from a reload (nfshunt.reload.LIVE; None:
+        back to the default) without a restart, which costs a test about 2 s. New pairs get
+        the new values; a key that would need a restart fails here instead of being ignored."""
+        self._override(overrides)
         self._write_config(self.firewalls[0])
         reply = self.control({"cmd": "reload"})
         if not reply.get("ok") or reply.get("kept"):
