@@ -7,6 +7,7 @@ controller's status: asking a controller would wake it and could hide a takeover
 not noticed on its own."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -22,11 +23,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT, IGNORE, UNPACED = 5201, 5203, 5205
 
 
+@contextlib.contextmanager
 def _pair(config=None):
+    """The pair's testbed; on a failure, both controllers' logs (to read a CI flake)."""
     from nfshunt_testbed import Testbed
     # Shunts outlive the transfers' idle iperf3 control connections (an idled-out TCP shunt
     # behind a firewall without loose pickup would need its entry back).
-    return Testbed(mode="ha", of_version="1.3", config={"default_shunt_timeout": 60, **(config or {})})
+    with Testbed(mode="ha", of_version="1.3", config={"default_shunt_timeout": 60, **(config or {})}) as tb:
+        try:
+            yield tb
+        except BaseException:
+            for fw in tb.firewalls:
+                print(f"--- {fw.name}'s controller:\n{tb.controller_output(fw)[-6000:]}")
+            raise
 
 
 def _log(path):
