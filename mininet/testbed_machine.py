@@ -96,10 +96,29 @@ def processes_in_netns(ns: int) -> list[int]:
     return pids
 
 
+def _parents_in_other_namespaces(root_ns: int) -> set[int]:
+    """The pids whose parent runs in a network namespace other than ours: a node shell of a
+    live testbed on a machine of its own (own_machine.py), whose testbed process is its
+    parent. A stale node's shell lost its testbed process and belongs to init."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            if os.stat(f"/proc/{ppid}/ns/net").st_ino != root_ns:
+                found.add(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, a kernel thread, or the parent is
+    return found
+
+
 def _kill_stale_nodes() -> tuple[int, int]:
     """Kill every process in a namespace whose shell is one of the testbed's nodes;
     (processes killed, namespaces)."""
     root_ns = os.stat("/proc/self/ns/net").st_ino  # the testbed runs in the root namespace
+    live_elsewhere = _parents_in_other_namespaces(root_ns)
     shells = re.compile(rb"^bash\x00--norc\x00.*mininet:(" + b"|".join(n.encode() for n in NODE_NAMES) + rb")\x00")
     stale_ns: set[int] = set()
     procs: list[tuple[int, int]] = []  # (pid, netns inode)
@@ -113,7 +132,7 @@ def _kill_stale_nodes() -> tuple[int, int]:
         except OSError:
             continue  # gone meanwhile, or a kernel thread
         procs.append((int(entry), ns))
-        if ns != root_ns and shells.match(cmdline):
+        if ns != root_ns and shells.match(cmdline) and int(entry) not in live_elsewhere:
             stale_ns.add(ns)
     killed = 0
     for pid, ns in procs:
@@ -187,10 +206,17 @@ class MachineSettings:
 
     def raise_switch_rx_buffer(self) -> None:
         with open(RMEM_DEFAULT) as fh:
-            self._rmem_default = fh.read().strip()
-        if int(self._rmem_default) < SWITCH_RX_BUFFER:
+            machine = fh.read().strip()
+        if int(machine) >= SWITCH_RX_BUFFER:
+            return
+        try:
             with open(RMEM_DEFAULT, "w") as fh:
                 fh.write(str(SWITCH_RX_BUFFER))
+        except PermissionError:  # a network namespace of its own (own_machine.py): the kernel's one value
+            self.log(f"net.core.rmem_default is the machine's ({machine} bytes): it can be set only from the "
+                     "first network namespace, so the switch ports keep it")
+            return
+        self._rmem_default = machine
 
     def restore_rmem_default(self) -> None:
         old, self._rmem_default = self._rmem_default, None

@@ -1,42 +1,69 @@
-"""`make test`: the whole suite, as two pytest runs side by side.
+"""`make test`: the whole suite, as three pytest runs side by side.
 
-The tests marked `testbed` build the one testbed a machine can hold (the testbed lock
-serialises them), and most of their time is spent waiting on the network and on timers:
-the machine is about two thirds idle through them. Every other test (the pure ones and the
-integration tests that need no testbed: conntrack, iptables and the control channel in
-namespaces of their own) runs meanwhile in a second run, at a lower CPU priority so that
-the testbed's timing is not disturbed. That run's output follows the first's; the exit
-status is the first failure's. Extra arguments go to both runs.
+The tests marked `testbed` build the one testbed a set of namespaces can hold (the testbed
+lock serialises them), and most of their time is spent waiting on the network and on timers:
+the machine is about two thirds idle through them. So:
+- the testbed tests run in one run (their output is shown as it comes);
+- the ones also marked `second_bed` (the experiments' and benchmarks' programs, which build
+  beds of their own) run meanwhile on a second testbed, on a machine of their own
+  (mininet/own_machine.py: namespaces and an Open vSwitch of their own);
+- every other test (the pure ones and the integration tests that need no testbed: conntrack,
+  iptables and the control channel in namespaces of their own) runs meanwhile too, at a
+  lower CPU priority so that the testbeds' timing is not disturbed.
+The other two runs' output follows the first's; the exit status is the first failure's.
+Extra arguments go to every run.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
+from typing import IO
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Set in the side run: a testbed built there is a test that lacks its marker (testbed_machine).
 SIDE_ENV = "NFSHUNT_SIDE_RUN"
 SIDE_NICENESS = 10
 
 
+def _second_machine() -> list[str]:
+    """The prefix that runs the second testbed's tests on a machine of their own; none where
+    namespaces cannot be made (not root: those tests skip anyway)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return []
+    return [sys.executable, os.path.join(REPO, "mininet", "own_machine.py")]
+
+
 def main(extra: list[str]) -> int:
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra]
-    with tempfile.TemporaryFile("w+") as side_out:
-        side = subprocess.Popen(["nice", "-n", str(SIDE_NICENESS), *pytest, "-v", "-m", "not testbed"],
-                                stdout=side_out, stderr=subprocess.STDOUT, env=dict(os.environ, **{SIDE_ENV: "1"}))
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "-v"]
+    runs: list[tuple[str, subprocess.Popen[bytes], IO[str]]] = []
+    with ExitStack() as stack:
+        def beside(title: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+            out = stack.enter_context(tempfile.TemporaryFile("w+"))
+            runs.append((title, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                                 env=dict(os.environ, **(env or {}))), out))
+        beside("the tests on a second testbed, on a machine of their own (run alongside)",
+               [*_second_machine(), *pytest, "-m", "second_bed"])
+        beside("the tests that need no testbed (run alongside)",
+               ["nice", "-n", str(SIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
+        codes: list[int] = []
         try:
-            testbed_rc = subprocess.call([*pytest, "-v", "-m", "testbed"])
-            side_rc = side.wait()
+            codes.append(subprocess.call([*pytest, "-m", "testbed and not second_bed"]))
+            codes += [proc.wait() for _, proc, _ in runs]
         finally:
-            if side.poll() is None:  # interrupted: the side run goes too
-                side.terminate()
-                side.wait()
-        side_out.seek(0)
-        print("\n=== the tests that need no testbed (run alongside) ===", flush=True)
-        sys.stdout.write(side_out.read())
-    print(f"\ntestbed run: exit {testbed_rc}; the rest: exit {side_rc}")
-    return testbed_rc or side_rc
+            for _, proc, _ in runs:
+                if proc.poll() is None:  # interrupted: the runs alongside go too
+                    proc.terminate()
+                    proc.wait()
+        for title, _, out in runs:
+            out.seek(0)
+            print(f"\n=== {title} ===", flush=True)
+            sys.stdout.write(out.read())
+    print("\nexit status: testbed run {}; second testbed {}; the rest {}".format(*codes))
+    return next((code for code in codes if code), 0)
 
 
 if __name__ == "__main__":
