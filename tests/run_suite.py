@@ -4,9 +4,10 @@ The tests marked `testbed` build the one testbed a set of namespaces can hold (t
 lock serialises them), and most of their time is spent waiting on the network and on timers:
 the machine is about two thirds idle through them. So:
 - the testbed tests run in one run (their output is shown as it comes);
-- the ones also marked `second_bed` (the experiments' and benchmarks' programs, which build
-  beds of their own) run meanwhile on a second testbed, on a machine of their own
-  (mininet/own_machine.py: namespaces and an Open vSwitch of their own);
+- the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
+  probe and the testbed's own tests, which change Open vSwitch's configuration) run meanwhile
+  on a second testbed, on a machine of their own (mininet/own_machine.py: namespaces and an
+  Open vSwitch of their own);
 - every other test (the pure ones and the integration tests that need no testbed: conntrack,
   iptables and the control channel in namespaces of their own) runs meanwhile too, at a
   lower CPU priority so that the testbeds' timing is not disturbed.

@@ -9,7 +9,7 @@ import pytest
 
 from tests.beds import Bed, running
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 
 def _probe(tb):
