@@ -6,7 +6,7 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 SHUNT = 5201
 N = 20
 

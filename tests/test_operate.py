@@ -12,7 +12,7 @@ import pytest
 
 from tests.beds import Bed, running
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHUNT = 5201

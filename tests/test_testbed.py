@@ -2,7 +2,7 @@
 with each delay mechanism (netem where the kernel has it, the NFQUEUE fallback always)."""
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 def _transfer(tb, port, seconds=2):
