@@ -10,8 +10,10 @@ the machine is about two thirds idle through them. So:
   (mininet/own_machine.py: namespaces and an Open vSwitch of their own; its switch ports
   keep the machine's socket buffer, so the testbed's own tests stay on the first);
 - every other test (the pure ones and the integration tests that need no testbed: conntrack,
-  iptables and the control channel in namespaces of their own) runs meanwhile too, at a
-  lower CPU priority so that the testbeds' timing is not disturbed.
+  iptables and the control channel in namespaces of their own) runs meanwhile too.
+The runs alongside have a lower CPU priority, so that the first testbed's timing is not
+disturbed (the benchmarks load the machine flat out by design; a transfer there once took
+10 s to be shunted on the first testbed at an equal priority).
 The other two runs' output follows the first's; the exit status is the first failure's.
 Extra arguments go to every run.
 """
@@ -28,7 +30,7 @@ from typing import IO
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Set in the side run: a testbed built there is a test that lacks its marker (testbed_machine).
 SIDE_ENV = "NFSHUNT_SIDE_RUN"
-SIDE_NICENESS = 10
+BESIDE_NICENESS = 10
 
 
 def _second_machine() -> list[str]:
@@ -48,9 +50,9 @@ def main(extra: list[str]) -> int:
             runs.append((title, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                                  env=dict(os.environ, **(env or {}))), out))
         beside("the tests on a second testbed, on a machine of their own (run alongside)",
-               [*_second_machine(), *pytest, "-m", "second_bed"])
+               ["nice", "-n", str(BESIDE_NICENESS), *_second_machine(), *pytest, "-m", "second_bed"])
         beside("the tests that need no testbed (run alongside)",
-               ["nice", "-n", str(SIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
+               ["nice", "-n", str(BESIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
         codes: list[int] = []
         try:
             codes.append(subprocess.call([*pytest, "-m", "testbed and not second_bed"]))
