@@ -51,12 +51,16 @@ def tb(request, integration_ready):
 
 @pytest.fixture(autouse=True)
 def _controller_log_on_failure(request):
-    """After a test on a module's testbed (`tb`): the controller's log when the test failed
-    (or NFSHUNT_SHOW_LOG is set), so that a failure in CI can be read without a re-run."""
+    """After a test on a testbed (`tb`, or a module's own fixture that yields one): the
+    controller's log when the test failed (or NFSHUNT_SHOW_LOG is set), so that a failure in
+    CI can be read without a re-run."""
     yield
-    if "tb" in request.fixturenames:
+    beds = [value for value in request.node.funcargs.values()
+            if hasattr(value, "controller_output") and getattr(value, "controlled", False)]
+    if beds:
         from tests.helpers import show_log_if_failed
-        show_log_if_failed(request.getfixturevalue("tb"), request)
+        for bed in beds:
+            show_log_if_failed(bed, request)
 
 
 @pytest.fixture
