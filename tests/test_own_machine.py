@@ -8,8 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OWN_MACHINE = os.path.join(REPO, "mininet", "own_machine.py")
 
@@ -50,8 +48,7 @@ def test_a_killed_run_leaves_no_process(integration_ready):
         time.sleep(0.05)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a network namespace)")
-def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover():
+def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover(integration_ready):
     from testbed_machine import _parents_in_other_namespaces
     root_ns = os.stat("/proc/self/ns/net").st_ino
     # A shell in a new network namespace whose child stays there: the child's parent is in
