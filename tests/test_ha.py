@@ -113,7 +113,11 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=STEADY_RATE)
         try:
             tb.revive_firewall(fw, [Service.CONTROLLER])
-            tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 15,
+            # The claim waits for the switch to call again: its backoff (up to 8 s, Open
+            # vSwitch's max_backoff), and an attempt begun while the host was down waits on
+            # SYN retransmissions. CI once saw no refusal within 15 s; if one is ever missing
+            # for 30 s, both controllers' logs are printed (_pair).
+            tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 30,
                         "the returning controller's stale claim to be refused")
             tb.revive_firewall(fw, [Service.CONNTRACKD, Service.KEEPALIVED])
             tb.wait_for(lambda: "operator: role backup" in tb.controller_output(fw).split("as stale")[-1], 15,
