@@ -21,7 +21,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
+STOP_GRACE = 60.0  # seconds the command gets to end after a SIGTERM before everything is killed
 INSIDE_ENV = "NFSHUNT_OWN_MACHINE"  # set inside: the command runs in the new namespaces
 # Open vSwitch's state (conf.db, sockets and pid files, logs) and the testbed lock's directory.
 PRIVATE_DIRS = ("/etc/openvswitch", "/run/openvswitch", "/var/log/openvswitch", "/var/lib/openvswitch",
@@ -29,11 +31,38 @@ PRIVATE_DIRS = ("/etc/openvswitch", "/run/openvswitch", "/var/log/openvswitch", 
 
 
 def _enter(argv: list[str]) -> int:
-    """Re-run this program as PID 1 of new namespaces; the new PID namespace's processes are
-    killed when unshare itself is killed (--kill-child), also on Ctrl-C or SIGTERM."""
-    return subprocess.call(["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
-                            "--propagation", "private", sys.executable, os.path.abspath(__file__), *argv],
-                           env=dict(os.environ, **{INSIDE_ENV: "1"}))
+    """Run this program again as PID 1 of new namespaces (unshare), and wait for it.
+
+    unshare ignores SIGINT and SIGTERM while it waits, so they are dealt with here: SIGTERM
+    or SIGHUP is passed on to that PID 1, which passes it on to the command (a test run
+    then tears its testbed down); Ctrl-C reaches the command with its process group. If the
+    command has not ended STOP_GRACE seconds later, unshare is killed, and with it
+    (--kill-child) every process in the new PID namespace."""
+    proc = subprocess.Popen(["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+                             "--propagation", "private", sys.executable, os.path.abspath(__file__), *argv],
+                            env=dict(os.environ, **{INSIDE_ENV: "1"}))
+    deadline: list[threading.Timer] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if signum != signal.SIGINT:
+            for init in _children(proc.pid):
+                os.kill(init, signum)
+        if not deadline:
+            deadline.append(threading.Timer(STOP_GRACE, proc.kill))
+            deadline[0].daemon = True
+            deadline[0].start()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+    code = proc.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
 
 
 def _set_up() -> None:
@@ -52,8 +81,9 @@ def _run_as_init(argv: list[str]) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    signal.signal(signal.SIGINT, lambda *_: None)  # Ctrl-C reaches the command with its process group
     return child.wait()
 
 

@@ -31,11 +31,12 @@ def test_the_command_sees_only_its_own_links_state_and_processes(integration_rea
 
 
 def test_a_killed_run_leaves_no_process(integration_ready):
-    marker = f"nfshunt-own-machine-sleep-{os.getpid()}"
-    proc = subprocess.Popen([sys.executable, OWN_MACHINE, "sh", "-c", f"exec -a {marker} sleep 60 & wait"])
+    """SIGTERM to the process started (as tests/run_suite.py sends it) ends everything."""
+    nap = f"3600.{os.getpid()}"  # a sleep no one else runs
+    proc = subprocess.Popen([sys.executable, OWN_MACHINE, "sh", "-c", f"sleep {nap} & wait"])
 
-    def sleepers() -> list[str]:
-        return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    def sleepers() -> list[str]:  # anchored: the launcher's own command line names it too
+        return subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout.split()
     deadline = time.monotonic() + 10
     while not sleepers():
         assert time.monotonic() < deadline, "the command never started"
