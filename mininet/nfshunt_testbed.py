@@ -45,8 +45,9 @@ from mininet.log import setLogLevel
 
 from linkemu import Emulation
 from testbed_controller import STRICT_RULE
-from testbed_machine import (RMEM_DEFAULT, SWITCH_RX_BUFFER, MachineSettings, clear_leftovers, ensure_ovs,
-                             kernel_datapath_available, machine_info, userspace_tso_enabled, userspace_tso_setting)
+from testbed_machine import (RMEM_DEFAULT, SWITCH_RX_BUFFER, UNINTERRUPTIBLE, MachineSettings, clear_leftovers,
+                             ensure_ovs, kernel_datapath_available, machine_info, userspace_tso_enabled,
+                             userspace_tso_setting)
 from testbed_observe import Observation
 from testbed_pair import Pair, Service
 from testbed_topology import (BLOCK_PORT, FAST1, FAST2, H1_IP, H2_IP, H2_IP6, H4_IP, HERE, IGNORE_PORT, MGMT_FW,
@@ -124,7 +125,8 @@ class Testbed(Pair, Observation, Traffic):
         self.stop()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not UNINTERRUPTIBLE.defer(signum):  # an Open vSwitch restart finishes first
+            raise KeyboardInterrupt(f"signal {signum}")
 
     def start(self) -> None:
         self._machine.lock()

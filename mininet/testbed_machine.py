@@ -68,19 +68,55 @@ def userspace_tso_enabled() -> bool:
     return userspace_tso_setting() == "true"
 
 
+class Uninterruptible:
+    """A stretch a Ctrl-C must not cut short: the testbed's signal handler (Testbed) asks
+    `defer` first, and a signal that came meanwhile is raised as KeyboardInterrupt when the
+    stretch ends. An Open vSwitch restart killed halfway by a Ctrl-C left the machine's
+    userspace TSO on and its ovs-vswitchd without a database: every later testbed failed."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: int | None = None
+
+    def __enter__(self) -> "Uninterruptible":
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._pending is not None:
+            signum, self._pending = self._pending, None
+            if exc[0] is None:
+                raise KeyboardInterrupt(f"signal {signum} (after an Open vSwitch restart)")
+
+    def defer(self, signum: int) -> bool:
+        """Whether a signal that came now waits for the stretch's end."""
+        if self._depth == 0:
+            return False
+        self._pending = signum
+        return True
+
+
+UNINTERRUPTIBLE = Uninterruptible()
+
+
 def set_userspace_tso(setting: str | None) -> None:
     """Write Open vSwitch's userspace TSO setting ("true", "false", or None: the key
     removed) and restart it (no testbed may be up): a running daemon turns TSO on as soon
     as the key says true, but never off again, and ports it opened before then mangle every
-    frame (each side expects the other's virtio-net header)."""
+    frame (each side expects the other's virtio-net header). Not cut short by Ctrl-C: the
+    commands run in a session of their own (the terminal's SIGINT does not reach them) and
+    the testbed's handler waits (UNINTERRUPTIBLE)."""
     if userspace_tso_setting() == setting:
         return
     change = (["remove", "Open_vSwitch", ".", "other_config", TSO_KEY] if setting is None
               else ["set", "Open_vSwitch", ".", f"other_config:{TSO_KEY}={setting}"])
-    subprocess.run(["ovs-vsctl", *change], check=True, capture_output=True)
-    subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "restart", "--system-id=random"], capture_output=True)
-    if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode != 0:
-        raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
+    with UNINTERRUPTIBLE:
+        subprocess.run(["ovs-vsctl", *change], check=True, capture_output=True, start_new_session=True)
+        subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "restart", "--system-id=random"],
+                       capture_output=True, start_new_session=True)
+        if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode != 0:
+            raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
 
 
 def processes_in_netns(ns: int) -> list[int]:

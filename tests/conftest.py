@@ -55,7 +55,7 @@ def _controller_log_on_failure(request):
     controller's log when the test failed (or NFSHUNT_SHOW_LOG is set), so that a failure in
     CI can be read without a re-run."""
     yield
-    beds = [value for value in request.node.funcargs.values()
+    beds = [value for value in (request.node.funcargs or {}).values()  # None once pytest was interrupted
             if hasattr(value, "controller_output") and getattr(value, "controlled", False)]
     if beds:
         from tests.helpers import show_log_if_failed

@@ -6,31 +6,36 @@ the machine is about two thirds idle through them. So:
 - the testbed tests run in one run (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
   probe, and the modules that count flows and read logs rather than time packets: layouts,
-  operation, static shunts, several switches) run meanwhile on a second testbed, on a machine of their own
-  (mininet/own_machine.py: namespaces and an Open vSwitch of their own; its switch ports
-  keep the machine's socket buffer, so the testbed's own tests stay on the first);
+  operation, static shunts, several switches) run meanwhile on a second testbed, on a
+  machine of their own (mininet/own_machine.py: namespaces and an Open vSwitch of their
+  own; its switch ports keep the machine's socket buffer, so the testbed's own tests stay
+  on the first);
 - every other test (the pure ones and the integration tests that need no testbed: conntrack,
   iptables and the control channel in namespaces of their own) runs meanwhile too.
 The runs alongside have a lower CPU priority, so that the first testbed's timing is not
 disturbed (the benchmarks load the machine flat out by design; a transfer there once took
 10 s to be shunted on the first testbed at an equal priority).
 The other two runs' output follows the first's; the exit status is the first failure's.
-Extra arguments go to every run.
+Extra arguments go to every run. Ctrl-C or a SIGTERM stops every run the way Ctrl-C stops
+pytest, so that each testbed is torn down.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import IO
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Set in the side run: a testbed built there is a test that lacks its marker (testbed_machine).
 SIDE_ENV = "NFSHUNT_SIDE_RUN"
 BESIDE_NICENESS = 10
+STOP_GRACE = 60.0  # seconds an interrupted run gets to tear its testbed down
 
 
 def _second_machine() -> list[str]:
@@ -41,31 +46,57 @@ def _second_machine() -> list[str]:
     return [sys.executable, os.path.join(REPO, "mininet", "own_machine.py")]
 
 
+@dataclass
+class Run:
+    title: str
+    proc: subprocess.Popen[bytes]
+    out: IO[str] | None  # None: shown as it comes
+    stop: signal.Signals  # what ends it as Ctrl-C would: pytest tears its testbed down on SIGINT,
+                          # own_machine.py passes SIGTERM on into its namespaces
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(extra: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "-v"]
-    runs: list[tuple[str, subprocess.Popen[bytes], IO[str]]] = []
+    runs: list[Run] = []
     with ExitStack() as stack:
-        def beside(title: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-            out = stack.enter_context(tempfile.TemporaryFile("w+"))
-            runs.append((title, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                                 env=dict(os.environ, **(env or {}))), out))
-        beside("the tests on a second testbed, on a machine of their own (run alongside)",
-               ["nice", "-n", str(BESIDE_NICENESS), *_second_machine(), *pytest, "-m", "second_bed"])
-        beside("the tests that need no testbed (run alongside)",
-               ["nice", "-n", str(BESIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
-        codes: list[int] = []
+        def start(title: str, argv: list[str], env: dict[str, str] | None = None, shown: bool = False,
+                  stop: signal.Signals = signal.SIGINT) -> None:
+            out = None if shown else stack.enter_context(tempfile.TemporaryFile("w+"))
+            proc = subprocess.Popen(argv, stdout=out, stderr=None if shown else subprocess.STDOUT,
+                                    env=dict(os.environ, **(env or {})))
+            runs.append(Run(title, proc, out, stop))
+        start("the testbed tests", [*pytest, "-m", "testbed and not second_bed"], shown=True)
+        start("the tests on a second testbed, on a machine of their own (run alongside)",
+              ["nice", "-n", str(BESIDE_NICENESS), *_second_machine(), *pytest, "-m", "second_bed"],
+              stop=signal.SIGTERM if _second_machine() else signal.SIGINT)
+        start("the tests that need no testbed (run alongside)",
+              ["nice", "-n", str(BESIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
+
+        def stop(_signum: int, _frame: object) -> None:
+            """SIGTERM (a CI's timeout): every run stopped as Ctrl-C would stop it."""
+            for run in runs:
+                if run.proc.poll() is None:
+                    run.proc.send_signal(run.stop)
+        signal.signal(signal.SIGTERM, stop)
         try:
-            codes.append(subprocess.call([*pytest, "-m", "testbed and not second_bed"]))
-            codes += [proc.wait() for _, proc, _ in runs]
-        finally:
-            for _, proc, _ in runs:
-                if proc.poll() is None:  # interrupted: the runs alongside go too
-                    proc.terminate()
-                    proc.wait()
-        for title, _, out in runs:
-            out.seek(0)
-            print(f"\n=== {title} ===", flush=True)
-            sys.stdout.write(out.read())
+            codes = [run.proc.wait() for run in runs]
+        except KeyboardInterrupt:  # Ctrl-C reached every run with the process group: each tears down
+            for run in runs:
+                _wait_or_kill(run.proc)
+            raise
+        for run in runs:
+            if run.out is not None:
+                run.out.seek(0)
+                print(f"\n=== {run.title} ===", flush=True)
+                sys.stdout.write(run.out.read())
     print("\nexit status: testbed run {}; second testbed {}; the rest {}".format(*codes))
     return next((code for code in codes if code), 0)
 
