@@ -46,7 +46,10 @@ def _enter(argv: list[str]) -> int:
     def stop(signum: int, _frame: object) -> None:
         if signum != signal.SIGINT:
             for init in _children(proc.pid):
-                os.kill(init, signum)
+                try:
+                    os.kill(init, signum)
+                except ProcessLookupError:  # ended meanwhile
+                    pass
         if not deadline:
             deadline.append(threading.Timer(STOP_GRACE, proc.kill))
             deadline[0].daemon = True

@@ -32,6 +32,9 @@ H1_IP6, H2_IP6 = "fd00::1", "fd00::2"
 MGMT_ROOT, MGMT_FW = "169.254.66.1", "169.254.66.2"
 MGMT_OTHER = "169.254.66.3"  # free on the control link: a second host there (tests add it)
 OF_PORT = 6653
+# Client ports the tests and tools bind to explicitly (conngen --cport-base, iperf3 --cport),
+# kept out of the hosts' ephemeral range.
+FIXED_CLIENT_PORTS = "40000,41000-55999"
 OPENFLOW_PROTOCOLS = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}  # Open vSwitch's names for the versions
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
@@ -242,6 +245,9 @@ class Topology:
     def _setup_hosts(self) -> None:
         for i, host in enumerate(self.hosts):
             intf = f"{host.name}-eth0"
+            # The tests' fixed client ports are never some other connection's ephemeral one
+            # (a bind to 41002 failed "address in use" once in CI).
+            self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}")
             self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
             # The userspace datapath completes checksums of offloaded packets only with its

@@ -37,8 +37,10 @@ def _shunted_transfer(tb, seconds=3):
     """3 s: the slow-to-fast move (where drops happen) is about 1 s in, leaving 2 s in which
     a stall over 1 s shows. Counted from when the previous transfer's shunts are gone: its
     close (a FIN whose packet-in the busy switch lost is handed back after 0.3 s) once
-    dropped 2 packets inside the next transfer's count (CI, the fifth of five)."""
-    tb.wait_for(lambda: not shunt_flows(tb, SHUNT), 10, "the previous transfer's shunts gone")
+    dropped 2 packets inside the next transfer's count (CI, the fifth of five). A shunt whose
+    FINs' packet-ins the meter dropped both (a bulk close's RSTs can fill it) ends only at
+    the idle timeout, 10 s: the wait allows for it."""
+    tb.wait_for(lambda: not shunt_flows(tb, SHUNT), 15, "the previous transfer's shunts gone", interval=0.2)
     tb.run(tb.fw, "iptables", "-w", "5", "-Z", "FORWARD")
     srv, cli = start_iperf(tb, SHUNT, seconds)
     try:
