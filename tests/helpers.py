@@ -1,4 +1,9 @@
-"""Builders shared by the unit tests, and waits shared by the integration tests."""
+"""Builders shared by the unit tests, and waits and result readers shared by the integration tests."""
+import csv
+import os
+import subprocess
+import sys
+
 from nfshunt import markcodec
 from nfshunt.config import from_dict
 from nfshunt.model import TCP, ConnEvent, EventKind, FlowTuple
@@ -40,7 +45,6 @@ def wait_listening(tb, node, port):
 def show_log_if_failed(tb, request) -> None:
     """After a test on the testbed: the end of the controller's log when the test failed
     (or NFSHUNT_SHOW_LOG is set); the whole log into the folder NFSHUNT_KEEP_LOGS names, if set."""
-    import os
     rep = getattr(request.node, "rep_call", None)
     failed = rep is not None and rep.failed
     if failed or os.environ.get("NFSHUNT_SHOW_LOG"):
@@ -50,3 +54,28 @@ def show_log_if_failed(tb, request) -> None:
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
         with open(os.path.join(keep, f"{name}-{os.getpid()}.log"), "w") as fh:
             fh.write(tb.controller_output())
+
+
+def csv_rows(path):
+    """A results CSV's rows (bench/, mininet/experiments.py), as dicts."""
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def machine_report(path):
+    """A results report's text, checked to name the machine it was measured on."""
+    text = open(path).read()
+    for field in ("| cores |", "| kernel |", "Open vSwitch", "datapath"):
+        assert field in text
+    return text
+
+
+def quick_experiment(tmp_path_factory, experiment):
+    """mininet/experiments.py EXPERIMENT --quick into a fresh directory: (the directory, its output)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path_factory.mktemp(experiment)
+    proc = subprocess.run([sys.executable, os.path.join(repo, "mininet", "experiments.py"), experiment, "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    return out, proc.stdout

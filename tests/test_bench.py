@@ -1,11 +1,12 @@
 """The benchmarks in quick mode: they run on the real testbed and write well-formed
 results. No timing is asserted (speed is measured in bench/, not in tests)."""
-import csv
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers import csv_rows, machine_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
@@ -23,18 +24,6 @@ def quick(tmp_path_factory, integration_ready):
     return out
 
 
-def rows(path):
-    with open(path) as fh:
-        return list(csv.DictReader(fh))
-
-
-def report(path):
-    text = open(path).read()
-    for field in ("| cores |", "| kernel |", "Open vSwitch", "datapath"):
-        assert field in text
-    return text
-
-
 @pytest.mark.parametrize("name, csvname, columns", [
     ("latency", "latency", ("event_ms", "confirmed_ms", "ct_deleted_ms", "last_slow_ms", "controller_ms")),
     ("rate", "rate-netlink", ("offered_rate", "achieved_rate", "shunted", "lost", "e2e_p99_ms", "controller_p99_ms")),
@@ -44,7 +33,7 @@ def report(path):
     ("burst", "burst", ("burst", "confirmed_s", "shunts_per_s", "switch_pairs_per_s", "ratio", "deleted_s")),
 ])
 def test_quick_benchmark_writes_results(quick, name, csvname, columns):
-    data = rows(quick / name / f"{csvname}.csv")
+    data = csv_rows(quick / name / f"{csvname}.csv")
     assert data, f"{name}: no rows"
     for row in data:
         for col in columns:
@@ -59,7 +48,7 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert all(int(r["switch_read_entries"]) >= 2 * 1000 for r in data)  # the pairs the reconcile reads
     if name == "burst":  # every entry shunted and deleted; the switch's own rate measured beside it
         assert all(int(r["shunted"]) == int(r["created"]) == 2000 and int(r["entries_left"]) == 0 for r in data)
-    report(quick / name / f"{csvname}.md")
+    machine_report(quick / name / f"{csvname}.md")
 
 
 def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):
@@ -67,14 +56,14 @@ def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path,
                            "--seconds", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
-    (row,) = rows(tmp_path / "rate-netlink.csv")
+    (row,) = csv_rows(tmp_path / "rate-netlink.csv")
     assert int(row["shunted"]) == int(row["created"]) > 0
     # The same pairs written straight to the switch, beside the controller's run.
     assert int(row["switch_alone_errors"]) == 0
     for col in ("switch_alone_pairs_per_s", "switch_alone_median_ms", "switch_alone_p99_ms",
                 "switch_alone_main_thread_cpu_pct"):
         assert float(row[col]) > 0
-    assert "the switch alone" in report(tmp_path / "rate-netlink.md")
+    assert "the switch alone" in machine_report(tmp_path / "rate-netlink.md")
 
 
 def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready):
@@ -82,8 +71,8 @@ def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready)
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
-    data = rows(tmp_path / "reload.csv")
+    data = csv_rows(tmp_path / "reload.csv")
     assert {(int(r["streams"]), r["change"]) for r in data} == {(1, "add"), (1, "remove"), (10, "add"),
                                                                  (10, "remove")}
     assert all(0 < float(r["validated_ms"]) <= float(r["confirmed_ms"]) for r in data)
-    assert "switch alone" in report(tmp_path / "reload.md")
+    assert "switch alone" in machine_report(tmp_path / "reload.md")

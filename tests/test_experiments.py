@@ -1,57 +1,37 @@
 """A quick run of each thesis experiment on the real testbed: it completes and writes its
 CSV, PNG and markdown report with the machine and parameters. Timing is not asserted."""
-import csv
 import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.helpers import csv_rows, machine_report, quick_experiment
+
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _rows(path):
-    with open(path) as fh:
-        return list(csv.DictReader(fh))
-
-
-def _quick(tmp_path_factory, experiment):
-    """experiments.py EXPERIMENT --quick into a fresh directory: (the directory, its output)."""
-    out = tmp_path_factory.mktemp(experiment)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "mininet", "experiments.py"), experiment, "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
-    print(proc.stdout[-3000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
-    return out, proc.stdout
-
-
 @pytest.fixture(scope="module")
 def quick_all(tmp_path_factory, integration_ready):
-    return _quick(tmp_path_factory, "all")
-
-
-def _report_ok(path):
-    text = open(path).read()
-    assert "| cores |" in text and "| kernel |" in text and "Open vSwitch" in text and "datapath" in text
-    return text
+    return quick_experiment(tmp_path_factory, "all")
 
 
 def test_timing_quick_run(quick_all):
     out, stdout = quick_all
-    rows = _rows(out / "timing" / "timing.csv")
+    rows = csv_rows(out / "timing" / "timing.csv")
     assert len(rows) >= 2  # of 3 runs; a run missing a capture is reported, not invented
     for r in rows:
         assert 0 < float(r["event_ms"]) < float(r["confirmed_ms"])
     assert os.path.getsize(out / "timing" / "timing.png") > 1000
-    assert "switch confirms the flows" in _report_ok(out / "timing" / "timing.md")
+    assert "switch confirms the flows" in machine_report(out / "timing" / "timing.md")
     assert "[3/3]" in stdout  # progress is shown
 
 
 def test_throughput_quick_run(quick_all):
     out, _ = quick_all
-    rows = _rows(out / "throughput" / "throughput.csv")
+    rows = csv_rows(out / "throughput" / "throughput.csv")
     assert sorted((r["mode"], r["rtt_ms"], r["run"]) for r in rows) == sorted(
         (m, "100", run) for m in ("direct", "nfshunt", "firewall") for run in ("0", "1"))
     assert all(r["delay_mechanism"] in ("netem", "nfqueue") for r in rows)
@@ -67,21 +47,21 @@ def test_throughput_quick_run(quick_all):
                     "lost_receiver_delay_queue", "lost_sender_qdisc"):
             assert int(r[key]) >= 0, (r["mode"], r["rtt_ms"], r["run"], key, r[key])
         assert int(r["lost_firewall"]) == 0 or r["mode"] != "direct"  # direct never crosses the firewall
-    ranksum = _rows(out / "throughput" / "throughput-ranksum.csv")
+    ranksum = csv_rows(out / "throughput" / "throughput-ranksum.csv")
     assert {(r["a"], r["b"]) for r in ranksum} == {("nfshunt", "direct"), ("nfshunt", "firewall")}
     assert all(0 < float(r["p_throughput"]) <= 1 for r in ranksum)  # two runs a path: ranked, not left out
-    report = _report_ok(out / "throughput" / "throughput.md")
+    report = machine_report(out / "throughput" / "throughput.md")
     assert "rank-sum" in report and "Table 4.4 beside ours" in report
     assert os.path.getsize(out / "throughput" / "throughput.png") > 1000
 
 
 def test_cwnd_quick_run(quick_all):
     out, _ = quick_all
-    rows = _rows(out / "cwnd" / "cwnd.csv")
+    rows = csv_rows(out / "cwnd" / "cwnd.csv")
     assert {r["mode"] for r in rows} == {"direct", "nfshunt", "firewall"}
     assert max(float(r["cwnd_kb"]) for r in rows) > 100
     assert os.path.getsize(out / "cwnd" / "cwnd.png") > 1000
-    _report_ok(out / "cwnd" / "cwnd.md")
+    machine_report(out / "cwnd" / "cwnd.md")
 
 
 def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_path, integration_ready):
@@ -99,7 +79,7 @@ def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(lines) + rest
     assert "**Interrupted**" in open(out / "throughput.md").read()
-    assert len(_rows(out / "throughput.csv")) >= 1
+    assert len(csv_rows(out / "throughput.csv")) >= 1
     # Nothing is left behind: no switch, no management link, no namespace processes. Looked
     # at under the testbed lock, so a testbed that another run starts meanwhile is not taken
     # for a leftover of this one.

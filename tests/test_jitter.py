@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from tests.test_experiments import _quick, _report_ok, _rows
+from tests.helpers import csv_rows, machine_report, quick_experiment
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 @pytest.fixture(scope="module")
 def quick_jitter(tmp_path_factory, integration_ready):
-    return _quick(tmp_path_factory, "jitter")[0]
+    return quick_experiment(tmp_path_factory, "jitter")[0]
 
 
 def test_jitter_quick_run(quick_jitter):
@@ -22,7 +22,7 @@ def test_jitter_quick_run(quick_jitter):
     plausible, the reactive shunt's stream left the firewall after a few frames; CSV, box plot
     and report written. (Which path is faster is not asserted: on two shared cores a stall of
     the userspace switch moves a short cell's median more than the firewall's hop does.)"""
-    rows = {(r["path"], r["load"]): r for r in _rows(quick_jitter / "jitter.csv")}
+    rows = {(r["path"], r["load"]): r for r in csv_rows(quick_jitter / "jitter.csv")}
     assert set(rows) == {(p, ld) for p in ("direct", "reactive", "firewall", "static") for ld in ("0%", "10%")}
     for key, r in rows.items():
         frames, cycle = int(r["frames"]), int(r["cycle_us"])
@@ -49,7 +49,7 @@ def test_jitter_quick_run(quick_jitter):
     # The load crossed the firewall: about 100 Mbit/s of 1514-byte frames is 8,300 packets a second.
     assert float(rows["reactive", "10%"]["slow_path_pps"]) > 6000
     assert os.path.getsize(quick_jitter / "jitter.png") > 10_000
-    report = _report_ok(quick_jitter / "jitter.md")
+    report = machine_report(quick_jitter / "jitter.md")
     assert "The paper's numbers beside ours" in report and "switch chip" in report and "SO_TIMESTAMPNS" in report
 
 
