@@ -52,7 +52,8 @@ def running(bed: Bed) -> Iterator[Any]:
             tb.strict_firewalls(loose_pickup=True)
         try:
             yield tb
-        except BaseException:  # a test on a bed of its own failed: its controller's log, to read in CI
+        except BaseException:  # a test on a bed of its own failed: its controllers' logs, to read in CI
             if tb.controlled:
-                print(tb.controller_output()[-6000:])
+                for fw in tb.firewalls:
+                    print(f"--- {fw.name}'s controller:\n{tb.controller_output(fw)[-6000:]}")
             raise

@@ -7,7 +7,6 @@ controller's status: asking a controller would wake it and could hide a takeover
 not noticed on its own."""
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
@@ -23,19 +22,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT, IGNORE, UNPACED = 5201, 5203, 5205
 
 
-@contextlib.contextmanager
 def _pair(config=None):
-    """The pair's testbed; on a failure, both controllers' logs (to read a CI flake)."""
-    from nfshunt_testbed import Testbed
+    """The pair's testbed (on a failure, both controllers' logs are printed: beds.running)."""
+    from tests.beds import Bed, running
     # Shunts outlive the transfers' idle iperf3 control connections (an idled-out TCP shunt
     # behind a firewall without loose pickup would need its entry back).
-    with Testbed(mode="ha", of_version="1.3", config={"default_shunt_timeout": 60, **(config or {})}) as tb:
-        try:
-            yield tb
-        except BaseException:
-            for fw in tb.firewalls:
-                print(f"--- {fw.name}'s controller:\n{tb.controller_output(fw)[-6000:]}")
-            raise
+    return running(Bed(mode="ha", config={"default_shunt_timeout": 60, **(config or {})}))
 
 
 def _log(path):
@@ -116,7 +108,7 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
             # The claim waits for the switch to call again: its backoff (up to 8 s, Open
             # vSwitch's max_backoff), and an attempt begun while the host was down waits on
             # SYN retransmissions. CI once saw no refusal within 15 s; if one is ever missing
-            # for 30 s, both controllers' logs are printed (_pair).
+            # for 30 s, both controllers' logs are printed (beds.running).
             tb.wait_for(lambda: "refused this controller's role request as stale" in tb.controller_output(fw), 30,
                         "the returning controller's stale claim to be refused")
             tb.revive_firewall(fw, [Service.CONNTRACKD, Service.KEEPALIVED])
