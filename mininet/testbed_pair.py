@@ -49,9 +49,12 @@ class Pair(Controllers):
         bare environment); only its stderr, a time-stamped line a step, is kept (keepalived
         discards it) for the takeover's time line."""
         path = os.path.join(fw.workdir, "nfshunt-notify")
-        with open(path, "w") as fh:
+        # Written aside and renamed over: keepalived may be starting the old one this moment
+        # (a services restart), and a file being exec'd cannot be opened for writing (ETXTBSY).
+        with open(f"{path}.new", "w") as fh:
             fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, "nfshunt-notify")} "$@" 2>>{fw.workdir}/notify.log\n')
-        os.chmod(path, 0o755)
+        os.chmod(f"{path}.new", 0o755)
+        os.replace(f"{path}.new", path)
         return path
 
     def render_pair_config(self, fw: Firewall) -> dict[str, str]:
