@@ -115,7 +115,8 @@ def set_userspace_tso(setting: str | None) -> None:
         subprocess.run(["ovs-vsctl", *change], check=True, capture_output=True, start_new_session=True)
         subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "restart", "--system-id=random"],
                        capture_output=True, start_new_session=True)
-        if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode != 0:
+        if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True,
+                          start_new_session=True).returncode != 0:
             raise TestbedError("Open vSwitch did not come back after a restart (ovs-ctl restart)")
 
 
@@ -132,29 +133,22 @@ def processes_in_netns(ns: int) -> list[int]:
     return pids
 
 
-def _parents_in_other_namespaces(root_ns: int) -> set[int]:
-    """The pids whose parent runs in a network namespace other than ours: a node shell of a
-    live testbed on a machine of its own (own_machine.py), whose testbed process is its
-    parent. A stale node's shell lost its testbed process and belongs to init."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            if os.stat(f"/proc/{ppid}/ns/net").st_ino != root_ns:
-                found.add(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile, a kernel thread, or the parent is
-    return found
+def _parent_in_other_namespace(pid: int, root_ns: int) -> bool:
+    """Whether the process's parent runs in a network namespace other than ours: a node
+    shell of a live testbed on a machine of its own (own_machine.py), whose testbed process
+    is its parent. A stale node's shell lost its testbed process and belongs to init."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        return os.stat(f"/proc/{ppid}/ns/net").st_ino != root_ns
+    except (OSError, IndexError, ValueError):
+        return False  # gone meanwhile, or its parent is
 
 
 def _kill_stale_nodes() -> tuple[int, int]:
     """Kill every process in a namespace whose shell is one of the testbed's nodes;
     (processes killed, namespaces)."""
     root_ns = os.stat("/proc/self/ns/net").st_ino  # the testbed runs in the root namespace
-    live_elsewhere = _parents_in_other_namespaces(root_ns)
     shells = re.compile(rb"^bash\x00--norc\x00.*mininet:(" + b"|".join(n.encode() for n in NODE_NAMES) + rb")\x00")
     stale_ns: set[int] = set()
     procs: list[tuple[int, int]] = []  # (pid, netns inode)
@@ -168,7 +162,7 @@ def _kill_stale_nodes() -> tuple[int, int]:
         except OSError:
             continue  # gone meanwhile, or a kernel thread
         procs.append((int(entry), ns))
-        if ns != root_ns and shells.match(cmdline) and int(entry) not in live_elsewhere:
+        if ns != root_ns and shells.match(cmdline) and not _parent_in_other_namespace(int(entry), root_ns):
             stale_ns.add(ns)
     killed = 0
     for pid, ns in procs:

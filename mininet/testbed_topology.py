@@ -247,8 +247,8 @@ class Topology:
             intf = f"{host.name}-eth0"
             # The tests' fixed client ports are never some other connection's ephemeral one
             # (a bind to 41002 failed "address in use" once in CI).
-            self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}")
-            self.run(host, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
+            self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}",
+                     f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
             # The userspace datapath completes checksums of offloaded packets only with its
             # own TSO support on (set in start() when host_offload asks for it).

@@ -74,9 +74,10 @@ def main(extra: list[str]) -> int:
                                     env=dict(os.environ, **(env or {})))
             runs.append(Run(title, proc, out, stop))
         start("the testbed tests", [*pytest, "-m", "testbed and not second_bed"], shown=True)
+        second = _second_machine()
         start("the tests on a second testbed, on a machine of their own (run alongside)",
-              ["nice", "-n", str(BESIDE_NICENESS), *_second_machine(), *pytest, "-m", "second_bed"],
-              stop=signal.SIGTERM if _second_machine() else signal.SIGINT)
+              ["nice", "-n", str(BESIDE_NICENESS), *second, *pytest, "-m", "second_bed"],
+              stop=signal.SIGTERM if second else signal.SIGINT)
         start("the tests that need no testbed (run alongside)",
               ["nice", "-n", str(BESIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
 

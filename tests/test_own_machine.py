@@ -50,7 +50,7 @@ def test_a_killed_run_leaves_no_process(integration_ready):
 
 
 def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover(integration_ready):
-    from testbed_machine import _parents_in_other_namespaces
+    from testbed_machine import _parent_in_other_namespace
     root_ns = os.stat("/proc/self/ns/net").st_ino
     # A shell in a new network namespace whose child stays there: the child's parent is in
     # another namespace (a live testbed's node on a machine of its own); the shell's is ours.
@@ -58,8 +58,7 @@ def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover(integr
                              text=True)
     try:
         child = int(shell.stdout.readline())
-        found = _parents_in_other_namespaces(root_ns)
-        assert child in found and shell.pid not in found
+        assert _parent_in_other_namespace(child, root_ns) and not _parent_in_other_namespace(shell.pid, root_ns)
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)])
         shell.wait(timeout=10)
