@@ -24,6 +24,7 @@ import sys
 import threading
 
 STOP_GRACE = 60.0  # seconds the command gets to end after a SIGTERM before everything is killed
+USAGE = "python mininet/own_machine.py COMMAND [ARG ...]"
 INSIDE_ENV = "NFSHUNT_OWN_MACHINE"  # set inside: the command runs in the new namespaces
 # Open vSwitch's state (conf.db, sockets and pid files, logs) and the testbed lock's directory.
 PRIVATE_DIRS = ("/etc/openvswitch", "/run/openvswitch", "/var/log/openvswitch", "/var/lib/openvswitch",
@@ -80,7 +81,11 @@ def _run_as_init(argv: list[str]) -> int:
     """PID 1 of the new PID namespace: the command as a child (PID 1 ignores signals it has
     no handler for, so they are passed on), its exit status returned."""
     _set_up()
-    child = subprocess.Popen(argv)
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:  # as a shell says it: 127 not found, 126 not runnable
+        print(f"own_machine.py: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
@@ -92,7 +97,7 @@ def _run_as_init(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     if os.environ.get(INSIDE_ENV) == "1" and os.getpid() == 1:
         return _run_as_init(argv)

@@ -62,3 +62,11 @@ def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover(integr
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)])
         shell.wait(timeout=10)
+
+
+def test_a_command_that_cannot_run_is_said_plainly(integration_ready):
+    done = _own("no-such-command-here")
+    assert done.returncode == 127
+    assert done.stderr.strip() == "own_machine.py: cannot run no-such-command-here: No such file or directory"
+    usage = subprocess.run([sys.executable, OWN_MACHINE], capture_output=True, text=True)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: python mininet/own_machine.py COMMAND")
