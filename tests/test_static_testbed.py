@@ -11,7 +11,7 @@ import pytest
 
 from tests.beds import Bed, running
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT, CPORT = 34964, 40000
