@@ -37,6 +37,7 @@ R_BUDGET = "flow budget full"
 R_PINNED = "kept on the slow path by an operator"
 R_NAT = "nat: reply tuple is not the original reversed"
 R_ID_COLLISION = "conntrack id of a live pair"
+R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 
 
 def created_by(conn: Conn) -> ConnEvent:
@@ -64,6 +65,12 @@ class Admission:
                 # Packets still in the slow path when the flows went in re-created an entry
                 # (loose pickup); the connection runs on the fast path, so it is stale.
                 return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
+            if closing and existing.ct_id == ev.ct_id and existing.action is Action.SHUNT \
+                    and existing.state is not State.TAKING_DOWN:
+                # Its FINs crossed the firewall while the flows went in: the shunt would
+                # outlive the connection, carrying a later one on its ports past the firewall.
+                existing.closed_on_firewall = True
+                return [*sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received), Ignored(R_CLOSING, ev)]
             if existing.state is not State.TAKING_DOWN:
                 return [Ignored(R_DUPLICATE, ev)]
         decided = self.decide(ev, closing)

@@ -56,6 +56,13 @@ class RequestSwitchFlows:
 
 
 @dataclass(slots=True)
+class RequestKeptDefaults:
+    """Ask whether the switch still holds NFShunt's slow-path defaults, before anything is
+    sent at a connect (it kept its table across the break, or lost it); answer with
+    core.defaults_kept()."""
+
+
+@dataclass(slots=True)
 class RequestTableSize:
     """Ask the switch how many entries its table 0 holds; answer with core.table_size()."""
 
@@ -182,7 +189,8 @@ class Removed:
     reason: str
 
 
-Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow, RequestSwitchFlows,
-                RequestTableSize, ResyncConntrack, ClearDecisions, InstallFlows, RemoveFlows, DeleteConntrack, Later,
-                EntryDue, ReadCounters, Ignored, Installed, Refused, Removed, RestoreConntrack, InstallStatic,
-                RemoveStatic, ReadStaticCounters, InstallAddressBlocks, RemoveAddressBlocks]
+Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
+                RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
+                InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue, ReadCounters, Ignored, Installed,
+                Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
+                InstallAddressBlocks, RemoveAddressBlocks]

@@ -18,6 +18,9 @@ States of a pair (a shunt or a block), and the only transitions there are:
 - TAKING_DOWN: its flows are being removed (one direction's flow-removed may have come).
 - A LIVE pair that a reconnected switch lost goes back to PENDING to be installed again;
   its entry stays deleted (`entry_deleted`), which the take-down rule below knows.
+- A shunt whose entry reports a closing state (its FINs crossed the firewall before the
+  switch carried it) is taken down (`closed_on_firewall`): the shunt would outlive the
+  connection and carry a later one on the same ports past the firewall.
 
 The take-down rule, written once here (`Connections.hand_back`): a connection whose flows
 leave the switch goes back to the firewall *alive*. A TCP connection's conntrack entry is
@@ -25,7 +28,8 @@ leave the switch goes back to the firewall *alive*. A TCP connection's conntrack
 packet is judged by the current policy), or in the closing state a FIN or RST left it in.
 Without it a strict firewall (tcp_loose 0, INVALID dropped) drops every later segment
 of a connection whose entry was deleted when the shunt was confirmed. Only a first install
-rolled back before its confirmation keeps its entry as it is (it was never deleted).
+rolled back before its confirmation, and a connection that closed on the firewall, keep
+their entry as it is (it was never deleted).
 UDP needs no entry: its next packet is a new one, judged by the policy. A block is not
 handed back (`Conn.owed_entry`).
 """
@@ -105,6 +109,9 @@ class Conn:
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
     adopted: bool = False  # read back from a switch, not installed from a policy decision
     entry_deleted: bool = False  # the firewall no longer tracks it (see the take-down rule)
+    # Its entry reported closing before it was deleted: the connection closed on the slow
+    # path while the flows went in, and the kernel's entry is tracking the close.
+    closed_on_firewall: bool = False
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
     # FIN/RST packet-ins (cookie, in_port) caught before the barrier reply: the catchers
     # forward as soon as the switch has them, so a connection may close before the
@@ -280,20 +287,21 @@ class Connections:
         conn.remove_reason = conn.remove_reason or reason
         self.removing.add(conn)
         remove = RemoveFlows(conn, directions, reason)
-        if not conn.owed_entry:
-            return [remove]
+        if not conn.owed_entry or (conn.closed_on_firewall and not conn.entry_deleted):
+            return [remove]  # (an entry tracking the close is left as it is: not brought back to ESTABLISHED)
         conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
                                  conn.handback_mark(how), (remove,))]
 
-    def roll_back(self, conn: Conn, reason: str) -> list[Command]:
-        """Flows the switch did not confirm (refused, unanswered, or never sent) are
-        withdrawn and the pair forgotten. A first install's entry was never deleted and
-        carries on as it is; a re-install's was, so it is handed back like any take-down."""
+    def roll_back(self, conn: Conn, reason: str, how: Handback = REEVALUATE) -> list[Command]:
+        """Flows the switch does not hold (refused, unanswered, never sent, or gone while it
+        was away) are withdrawn and the pair forgotten. A first install's entry was never
+        deleted and carries on as it is; a re-install's was, so it is handed back like any
+        take-down (`how`)."""
         self.forget(conn)
         remove = RemoveFlows(conn, (False, True), reason)
         if not conn.entry_deleted or not conn.owed_entry:
             return [remove]
         conn.entry_deleted = False
-        return [RestoreConntrack(conn.orig, conn.reply, CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, False,
-                                 conn.handback_mark(REEVALUATE), (remove,))]
+        return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
+                                 conn.handback_mark(how), (remove,))]

@@ -21,6 +21,7 @@ from typing import NamedTuple, Protocol, TypeVar
 MAGIC = 0x4E
 OWNED_MASK = 0xFF << 56
 OWNED_VALUE = MAGIC << 56
+KIND_MASK = 0xFF << 48
 
 
 class Kind(enum.IntEnum):

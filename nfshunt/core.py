@@ -25,7 +25,7 @@ from typing import Any, Iterable
 from . import markcodec
 from .admission import Admission
 from .commands import (Command, DeleteAllFlows, InstallDefaults, InstallPipeline, Later, LimitPacketIns, Refused,
-                       RemoveFlows, RequestSwitchFlows, RequestTableSize, ResyncConntrack)
+                       RemoveFlows, RequestKeptDefaults, RequestSwitchFlows, RequestTableSize, ResyncConntrack)
 from .config import Config
 from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
@@ -105,9 +105,14 @@ class Core:
         self.pipeline_reads = 0
         sh.backup = False
         sh.reconciled = False
+        sh.table_kept = None
         out: list[Command] = []
         if cfg.delete_foreign_flows_on_startup:
-            out.append(DeleteAllFlows())
+            out.append(DeleteAllFlows())  # (pairs lost to it are ours to install again: no question asked)
+        elif cfg.default_no_shunting and version >= OFP13:
+            # Asked first, before the defaults go again: whether the switch kept its table
+            # tells a pair that timed out while it was away from one it lost (reconcile.py).
+            out.append(RequestKeptDefaults())
         out.extend(sh.static.connected())  # before the defaults: their first frame never crosses the firewall
         out.extend(sh.address_blocks.connected())  # likewise: a blocked host's first frame is dropped
         if cfg.default_no_shunting:
@@ -119,6 +124,11 @@ class Core:
         out.append(RequestTableSize())
         out.append(RequestSwitchFlows())
         return out
+
+    def defaults_kept(self, found: list[SwitchFlow]) -> None:
+        """The defaults the switch held when it connected (RequestKeptDefaults): any of them
+        means it kept its table across the break."""
+        self.shared.table_kept = bool(found)
 
     def reload(self, cfg: Config) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts

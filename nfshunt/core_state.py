@@ -18,8 +18,8 @@ from .teardown_sweep import HalfClosed
 
 
 class CoreState:
-    __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "stale_policy", "budget", "conns", "waiting",
-                 "pins", "static", "address_blocks", "half_closed", "closing")
+    __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy", "budget", "conns",
+                 "waiting", "pins", "static", "address_blocks", "half_closed", "closing")
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -27,6 +27,9 @@ class CoreState:
         self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
         self.reconciled = False
+        # Whether the switch kept its table across the break (its defaults were there before
+        # they were sent again); None: not known (no defaults, OpenFlow 1.0, no answer).
+        self.table_kept: bool | None = None
         # The policy changed since the pairs on the switch were decided (set by the app at
         # start, from policy_state.py): the first reconcile hands every adopted pair back.
         self.stale_policy = False

@@ -15,13 +15,14 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import commands as c
+from . import cookies
 from .accounting import Outcomes
 from .conntrack import ConntrackWorker
 from .flows import ALL_ONES_64
 from .connection import CT_TCP_ESTABLISHED, Action
 from .markcodec import DECISION_MASK
-from .model import OFP10, TCP
-from .inflight import CounterRead, MeterSet, ReconcileRead, StaticRead, TableSize
+from .model import OFP10, TCP, SwitchFlow
+from .inflight import CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize
 from .session import Session
 from .switch import Switch
 
@@ -60,6 +61,7 @@ class Dispatcher:
             c.LimitPacketIns: self.limit_packet_ins,
             c.DeleteAllFlows: self.delete_all_flows,
             c.DeleteSwitchFlow: self.delete_switch_flow,
+            c.RequestKeptDefaults: self.request_kept_defaults,
             c.RequestTableSize: lambda _sw, s, _cmd: s.ask(s.fb.table_size_request(), TableSize(time.monotonic())),
             c.RequestSwitchFlows: lambda _sw, s, _cmd: s.ask(s.fb.owned_flow_stats_request(),
                                                              ReconcileRead(time.monotonic())),
@@ -137,6 +139,14 @@ class Dispatcher:
     def install_defaults(sw: Switch, s: Session, cmd: c.InstallDefaults) -> None:
         s.send.queue(s.fb.defaults(cmd.groups))
         LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups), sw.name)
+
+    @staticmethod
+    def request_kept_defaults(sw: Switch, s: Session, _cmd: c.RequestKeptDefaults) -> None:
+        def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
+            if flows is not None:  # (None: the switch went, or never answered: not known)
+                sw.core.defaults_kept(flows)
+        s.ask(s.fb.cookie_stats_request(cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK),
+              FlowsRead(time.monotonic(), done))
 
     @staticmethod
     def limit_packet_ins(_sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:

@@ -51,7 +51,7 @@ class SwitchReads:
         """Every teardown catcher's counters (OpenFlow 1.3: filtered by cookie on the switch)."""
         p, ofp = self.parser, self.ofp
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
-                                     cookies.make(cookies.Kind.TEARDOWN), cookies.OWNED_MASK | (0xFF << 48),
+                                     cookies.make(cookies.Kind.TEARDOWN), cookies.OWNED_MASK | cookies.KIND_MASK,
                                      p.OFPMatch())
 
     def catcher_stats_request_exact(self, cookie: int) -> Any:
@@ -91,7 +91,7 @@ class SwitchReads:
         p, ofp = self.parser, self.ofp
         mask = ALL_ONES_64 & ~cookies.DIRECTION_BIT
         if catchers:
-            mask &= ~cookies.RST_BIT & ~(0xFF << 48)
+            mask &= ~cookies.RST_BIT & ~cookies.KIND_MASK
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
                                      mask, p.OFPMatch())
 

@@ -309,7 +309,7 @@ class FlowBuilder(SwitchReads):
         """The counters of every static flow (by cookie kind, on the switch)."""
         p, ofp = self.parser, self.ofp
         return p.OFPFlowStatsRequest(self.dp, 0, 0, ofp.OFPP_ANY, ofp.OFPG_ANY, cookies.make(cookies.Kind.STATIC),
-                                     cookies.OWNED_MASK | (0xFF << 48), p.OFPMatch())
+                                     cookies.OWNED_MASK | cookies.KIND_MASK, p.OFPMatch())
 
     def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
         p, ofp = self.parser, self.ofp

@@ -44,7 +44,7 @@ from .model import OFP10, TCP, UDP, FlowTuple
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
 PROBE_COOKIE = cookies.OWNED_VALUE | (PROBE_KIND << 48)
-PROBE_MASK = cookies.OWNED_MASK | (0xFF << 48)
+PROBE_MASK = cookies.OWNED_MASK | cookies.KIND_MASK
 SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/block)
 RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
 PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port

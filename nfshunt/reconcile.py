@@ -3,8 +3,11 @@ agreement with them. No I/O.
 
 Complete shunt/block pairs of exactly the shape this version installs are adopted (never
 bounced), unless the policy changed since they were decided: then they are handed back
-to it. Connections we know of that the switch lost are installed again; NFShunt flows
-nobody accounts for are deleted when delete_flows_on_startup is set.
+to it. A pair we know of that is missing: if the switch kept its table (its defaults were
+there before they were sent again), it timed out while the switch was away and is handed
+back as its flow-removed would have been; if the switch lost its table (a reboot), it is
+installed again. NFShunt flows nobody accounts for are deleted when delete_flows_on_startup
+is set.
 
 Trust: only pairs this controller installed from a policy decision are ever installed
 again after a reconnect; pairs adopted from a switch's flow table (a restart) are kept
@@ -18,12 +21,13 @@ import collections
 from . import cookies
 from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, ResyncConntrack
 from .config import Config
-from .connection import ACTIVE, Action, Conn, State
+from .connection import ACTIVE, IDLE, Action, Conn, State
 from .core_state import CoreState
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
 from .model import SwitchFlow
 from .removal import Removal
 
+R_TIMED_OUT_AWAY = "timed out while the switch was away"
 PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
 
@@ -132,6 +136,12 @@ class Reconciler:
             # connection, if it lives, is back on the firewall: its entry comes back.
             return [*conns.roll_back(conn, "not on the switch after a reconnect"),
                     Removed(conn, "not on the switch after a reconnect")]
+        if self.shared.table_kept:
+            # The switch kept its table, so it removed this pair (timed out) while the
+            # controller was away and its flow-removed went nowhere: handed back as that
+            # flow-removed would have, not installed again for a connection that may have
+            # ended (a new one on its ports would cross the switch unseen by the firewall).
+            return [*conns.roll_back(conn, R_TIMED_OUT_AWAY, IDLE), Removed(conn, R_TIMED_OUT_AWAY)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
 

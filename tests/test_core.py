@@ -155,7 +155,8 @@ def test_no_switch_means_no_action_until_connected_and_reconciled():
     core = c.Core(config())
     assert core.conntrack_event(event())[0].reason == adm.R_NO_SWITCH
     cmds = core.switch_connected(OFP13)
-    assert types(cmds) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize", "RequestSwitchFlows"]
+    assert types(cmds) == ["RequestKeptDefaults", "InstallDefaults", "LimitPacketIns", "RequestTableSize",
+                           "RequestSwitchFlows"]
     assert core.conntrack_event(event())[0].reason == adm.R_NO_SWITCH  # not reconciled yet
     assert types(core.reconcile([], 0.0)) == ["ResyncConntrack"]
     assert types(core.conntrack_event(event())) == ["InstallFlows"]
@@ -440,6 +441,40 @@ def test_reconcile_reinstalls_what_the_switch_lost():
     assert types(cmds) == ["InstallFlows", "ResyncConntrack"] and cmds[0].conn is conn
 
 
+def test_a_pair_the_switch_timed_out_while_away_is_handed_back_and_one_it_lost_installed_again():
+    """No flow-removed reaches a controller that is away. A switch that kept its table (its
+    defaults there before they were sent again) removed the pair itself: it is handed back
+    as that flow-removed would have (the connection may have ended; a new one on its ports
+    must meet the firewall). A switch that lost its table (a reboot) gets it back."""
+    from nfshunt import reconcile
+    core = connected(drain=0)
+    conn = shunted(core)  # LIVE: its entry deleted
+    core.switch_disconnected()
+    assert types(core.switch_connected(OFP13))[0] == "RequestKeptDefaults"  # asked before the defaults go
+    core.defaults_kept([SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 1, 1, None, 2)])
+    out = handed_back(core.reconcile([], 300.0))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "Removed", "ResyncConntrack"]
+    restore = out[0]
+    assert (restore.tcp_state, restore.timeout) == (cn.CT_TCP_ESTABLISHED, cn.IDLE_RESTORE_TIMEOUT)
+    assert out[2].reason == reconcile.R_TIMED_OUT_AWAY and core.find(tuple_=conn.orig) is None
+    # The same with a switch that came back empty: installed again.
+    again = shunted(core, sport=2, ct_id=2)
+    core.switch_disconnected()
+    core.switch_connected(OFP13)
+    core.defaults_kept([])
+    assert types(core.reconcile([], 400.0)) == ["InstallFlows", "ResyncConntrack"]
+    assert again.state is cn.State.PENDING
+
+
+def test_whether_the_switch_kept_its_table_is_asked_only_where_the_answer_means_it():
+    """Not asked with no defaults to find, on OpenFlow 1.0 (no cookie filter), or where the
+    controller wipes the switch itself at connect; unknown, a lost pair is installed again."""
+    assert "RequestKeptDefaults" not in types(c.Core(config(default_no_shunting=False)).switch_connected(OFP13))
+    assert "RequestKeptDefaults" not in types(c.Core(config()).switch_connected(OFP10))
+    wipe = types(c.Core(config(delete_foreign_flows_on_startup=True)).switch_connected(OFP13))
+    assert wipe[0] == "DeleteAllFlows" and "RequestKeptDefaults" not in wipe
+
+
 def test_reconcile_keeps_owned_flows_when_startup_deletion_is_off():
     core = c.Core(config(delete_flows_on_startup=False))
     core.switch_connected(OFP13)
@@ -643,6 +678,49 @@ def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_e
     assert types(out) == ["RestoreConntrack", "RemoveFlows"]
 
 
+FIN_WAIT, TIME_WAIT = 4, 7  # conntrack TCP states
+
+
+def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_loses_the_shunt():
+    """Its FINs crossed the firewall before the switch carried it (the update events say
+    so): the shunt would outlive it and carry a later connection on its ports past the
+    firewall. It goes once confirmed, and the entry tracking the close is left as it is."""
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    out = core.conntrack_event(event(state=FIN_WAIT))  # the same entry, closing
+    assert types(out) == ["Ignored"] and out[0].reason == adm.R_CLOSING
+    out = core.flows_confirmed(install.conn, 100.001)
+    # No DeleteConntrack, and no RestoreConntrack that would bring the entry back to ESTABLISHED.
+    assert types(out) == ["RemoveFlows"] and out[0].reason == adm.R_CLOSED_ON_FIREWALL
+    (removed,) = [x for x in _remove_pair(core, install.conn, "delete") if type(x).__name__ == "Removed"]
+    assert removed.reason == adm.R_CLOSED_ON_FIREWALL and core.find(tuple_=install.conn.orig) is None
+
+
+def test_a_draining_shunt_whose_entry_closes_goes_and_its_entry_is_not_deleted():
+    core = connected(drain=0.5)
+    (install,) = core.conntrack_event(event())
+    conn = install.conn
+    core.flows_confirmed(conn, 100.001)
+    assert conn.state is cn.State.DRAINING
+    out = core.conntrack_event(event(state=TIME_WAIT, kind=EventKind.UPDATE))
+    assert types(out) == ["RemoveFlows", "Ignored"]
+    assert core.entry_due(conn, 100.6) == []  # the entry tracking the close stays
+    # Another entry's closing update (the id of another live entry) takes nothing down.
+    other = shunted(core, sport=2, ct_id=9)
+    assert types(core.conntrack_event(event(sport=2, ct_id=10, state=FIN_WAIT))) == ["DeleteConntrack", "Ignored"]
+    assert other.state is cn.State.DRAINING
+
+
+def test_a_live_shunt_told_late_of_a_close_on_the_firewall_is_handed_back():
+    """With no drain the entry may be deleted before the close's events are read: the
+    shunt still goes, its entry re-created for the firewall to judge what comes."""
+    core = connected(drain=0)
+    conn = shunted(core)
+    assert conn.state is cn.State.LIVE and conn.entry_deleted
+    out = handed_back(core.conntrack_event(event(state=FIN_WAIT)))
+    assert types(out) == ["RestoreConntrack", "RemoveFlows", "Ignored"]
+
+
 def test_a_flush_forgets_connections_waiting_for_room():
     core = connected(max_shunts=1)
     shunted(core, sport=1, ct_id=1)
@@ -717,8 +795,8 @@ def test_a_pair_member_takes_over_the_peers_pairs_and_removes_only_the_peers_def
     assert core.backup
     assert types(core.conntrack_event(event())) == ["Ignored"]
     assert core.conntrack_event(event())[0].reason == adm.R_BACKUP
-    assert types(core.switch_connected(OFP13)) == ["InstallDefaults", "LimitPacketIns", "RequestTableSize",
-                                                     "RequestSwitchFlows"]
+    assert types(core.switch_connected(OFP13)) == ["RequestKeptDefaults", "InstallDefaults", "LimitPacketIns",
+                                                     "RequestTableSize", "RequestSwitchFlows"]
     cmds = core.reconcile(flows, 5.0)
     # With delete_flows_on_startup off, still: a default from another firewall's port goes.
     assert types(cmds) == ["DeleteSwitchFlow", "ResyncConntrack"] and cmds[0].flow.in_port == 6

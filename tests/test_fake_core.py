@@ -486,6 +486,40 @@ def test_a_reconnected_switch_has_its_defaults_shunts_and_blocks_back(wipe):
     assert rig.worker.deleted == [(conn.orig, conn.ct_id), (block.orig, block.ct_id)]  # once, before the drop
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_a_shunt_that_timed_out_while_the_switch_was_away_is_not_installed_again(pipeline):
+    """The control link dropped for longer than the shunt's idle timeout: the switch
+    removed the idle pair and its flow-removed went nowhere. The reconnect hands the
+    connection back as the flow-removed would have; nothing of it crosses the switch."""
+    rig = Rig(OFP13, pipeline, default_shunt_timeout=10)
+    conn = shunted(rig)
+    rig.now += 12  # the link is down meanwhile: the switch times the pair out ...
+    rig.switch.expire(rig.now)
+    rig.switch.replies.clear()  # ... and its flow-removed messages reach nobody
+    rig.reconnect(rig.switch)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
+    (restore,) = rig.worker.restores
+    assert (restore.orig, restore.tcp_state, restore.timeout) == (conn.orig, CT_TCP_ESTABLISHED, IDLE_RESTORE_TIMEOUT)
+    rig.kernel_answers()
+    assert slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
+    assert rig.counters.flat()["removed:shunt:timed out while the switch was away"] == 1
+
+
+def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_leaves_no_shunt():
+    """Its FINs crossed the firewall before the switch carried it: the shunt goes, its entry
+    (tracking the close) is neither deleted nor brought back to ESTABLISHED, and a new
+    connection on the same ports meets the firewall."""
+    rig = Rig(OFP13, drain=0.5)
+    conn = rig.event()
+    assert conn.state is State.DRAINING and fast(rig, conn)
+    rig.event(state=CT_TCP_LAST_ACK)  # the same entry: both FINs seen on the slow path
+    rig.advance(1)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
+    assert rig.worker.deleted == [] and rig.worker.restores == []
+    assert slow(rig, conn)
+    assert rig.counters.flat()["removed:shunt:tcp closed on the firewall"] == 1
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

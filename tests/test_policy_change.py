@@ -5,6 +5,7 @@ switch is away holds when it returns; `apply` fails loudly when nobody re-evalua
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -12,7 +13,8 @@ import time
 import pytest
 
 from tests.beds import Bed, Strict
-from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows, start_iperf
+from tests.test_failsafe import (CONTROL_DROP, _restore_reconnect_backoff, finish_iperf, longest_stall, shunt_flows,
+                                 start_iperf)
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
@@ -167,6 +169,109 @@ def test_an_idle_tcp_connection_resumes_after_its_shunt_timed_out(tb):
         tb.wait_for(lambda: tb.controller_output()[mark:].count(f"-> {H2_IP}:{SHUNT} ports") >= 3, 5,
                     "the resumed connection to be shunted again")  # shunted, removed, shunted again
     finally:
+        tb.reload_config(default_shunt_timeout=TESTBED.config["default_shunt_timeout"])
+        tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+        srv.kill()
+
+
+CLOSE_AT_ONCE_CLIENT = """
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+for i, cport in enumerate(map(int, sys.argv[3:])):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", cport))
+    s.settimeout(5)
+    s.connect((host, port))
+    time.sleep(i % 40 * 0.0001)  # 0 to 3.9 ms: the close meets the shunt before, while and after it goes in
+    s.sendall(b"x")
+    s.shutdown(socket.SHUT_WR)
+    while s.recv(4096):
+        pass
+    s.close()
+print("done")
+"""
+
+
+def test_connections_that_close_while_their_shunts_go_in_leave_no_shunt_behind(tb):
+    """Each sends, closes and is answered within a millisecond of its handshake, while its
+    shunt goes in: the FINs cross the firewall. A shunt left behind would carry a later
+    connection on its ports past the firewall until it idled out (5 s here)."""
+    from nfshunt_testbed import H2_IP, PYTHON
+    srv = tb.conn_server(SHUNT)
+    ports = range(47201, 47241)
+    try:
+        mark = len(tb.controller_output())
+        out = tb.run(tb.h1, PYTHON, "-c", CLOSE_AT_ONCE_CLIENT, H2_IP, str(SHUNT), *map(str, ports), timeout=60)
+        assert out.strip() == "done", out
+
+        def unsettled() -> tuple[set[str], set[str]]:
+            """Ports whose shunt is not removed (read from the log: the switch drops the flows
+            before the controller reads their flow-removed), and ports neither shunted nor
+            seen closing."""
+            log = tb.controller_output()[mark:]
+            shunted = set(re.findall(r"INFO    nfshunt: shunt tcp 10\.0\.0\.1:(472\d\d) ", log))
+            removed = set(re.findall(r"shunt removed \([^)]*\): tcp 10\.0\.0\.1:(472\d\d) ", log))
+            closing = set(re.findall(r"tcp 10\.0\.0\.1:(472\d\d) .*: tcp closing", log))
+            return shunted - removed, {str(p) for p in ports} - shunted - closing
+        try:  # a shunt left behind would go only when it idled out, 5 s on
+            tb.wait_for(lambda: unsettled() == (set(), set()), 3, "every connection's close handled")
+        except Exception as exc:
+            left, unseen = unsettled()
+            lines = [line for line in tb.controller_output()[mark:].splitlines()
+                     if any(f":{p} " in line for p in left | unseen)]
+            raise AssertionError(f"{exc}: shunts left {sorted(left)}, closes not seen {sorted(unseen)}\n"
+                                 + "\n".join(lines[-60:])) from exc
+        assert not [f for f in shunt_flows(tb) if int(f.get("tp_src", 0)) in ports or int(f.get("tp_dst", 0)) in ports]
+        log = tb.controller_output()[mark:]
+        on_firewall = log.count("shunt removed (tcp closed on the firewall)")
+        print(f"\nof {len(ports)}: closed on the firewall while the shunt went in {on_firewall}, closed on the "
+              f"switch {log.count('shunt removed (tcp fin)')}, closed before a shunt "
+              f"{len(ports) - len(set(re.findall(r'INFO    nfshunt: shunt tcp 10.0.0.1:(472..) ', log)))}")
+        assert on_firewall, "no connection closed while its shunt went in: the test proves nothing"
+    finally:
+        srv.kill()
+
+
+def test_an_idle_connection_whose_shunt_timed_out_while_the_switch_was_away_resumes_on_the_firewall(tb):
+    """The control link is silent for longer than the shunt's idle timeout: the switch
+    times the idle pair out and its flow-removed reaches nobody. At the reconnect the switch
+    still has its table, so the pair is handed back as that flow-removed would have (not
+    installed again for a connection that may have ended): behind a strict firewall the
+    connection resumes only because its entry came back. (`ovs-vsctl del-controller` would
+    not do: Open vSwitch flushes its table when a bridge loses its last controller.)"""
+    from nfshunt_testbed import H1_IP, H2_IP, PYTHON
+    srv = tb.conn_server(SHUNT)
+    _restore_reconnect_backoff()  # the switch retries every 1 s once the link is back
+    tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+    tb.reload_config(default_shunt_timeout=2)
+    client = None
+    try:
+        # Idle for 8 s: the link goes silent at once, the controller notices in about 1 s,
+        # the flows time out 2-3 s in, the switch is back about 1 s after the link.
+        client = tb.h1.popen([PYTHON, "-c", IDLE_CLIENT, H2_IP, str(SHUNT), "8"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=tb._env())
+        tb.wait_for(lambda: len(shunt_flows(tb)) == 2, 5, "the idle connection's shunt")
+        mark = len(tb.controller_output())
+        tb.run(tb.fw, "iptables", "-w", "5", "-I", *CONTROL_DROP)
+        # Read from the log: a status request could wake a loop that failed to notice.
+        tb.wait_for(lambda: "disconnected" in tb.controller_output()[mark:], 3, "the silent link noticed")
+        tb.wait_for(lambda: not shunt_flows(tb), 5, "the switch to time the idle shunt out")
+        assert [f for f in tb.flows() if int(f["cookie"], 16) >> 48 == 0x4E01], "the switch lost its defaults"
+        tb.run(tb.fw, "iptables", "-w", "5", "-D", *CONTROL_DROP)
+        tb.wait_for(lambda: "reconciled with switch" in tb.controller_output()[mark:], 10, "the reconnect")
+        log = tb.controller_output()[mark:]
+        assert "shunt removed (timed out while the switch was away)" in log, log
+        assert not shunt_flows(tb), "installed again for a connection the switch timed out"
+        out, _ = client.communicate(timeout=30)
+        assert out.strip() == "resumed", out
+        # (from the log: the connection closes right after, taking the shunt with it)
+        tb.wait_for(lambda: f"INFO    nfshunt: shunt tcp {H1_IP}:" in tb.controller_output()[mark:], 5,
+                    "the resumed connection shunted again")
+    finally:
+        tb.run(tb.fw, "iptables", "-w", "5", "-D", *CONTROL_DROP, check=False)
+        if client is not None:
+            client.kill()
         tb.reload_config(default_shunt_timeout=TESTBED.config["default_shunt_timeout"])
         tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
         srv.kill()
