@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import markcodec
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows
 from .config import PortGroup
-from .connection import ACTIVE, Action, Conn, State
+from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
 from .core_state import CoreState
 from .model import OFP13, TCP, UDP, ConnEvent, EventKind
 
@@ -54,6 +54,8 @@ class Admission:
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         sh = self.shared
         closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
+        if closing:
+            sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
         if ev.kind is EventKind.DESTROY:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
             sh.pins.destroyed(ev)
@@ -70,7 +72,10 @@ class Admission:
                 # Its FINs crossed the firewall while the flows went in: the shunt would
                 # outlive the connection, carrying a later one on its ports past the firewall.
                 existing.closed_on_firewall = True
-                return [*sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received), Ignored(R_CLOSING, ev)]
+                if existing.remove_reason is not None:  # a take-down already waits for the confirmation
+                    return [Ignored(R_CLOSING, ev)]
+                down = sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received, closed_on_firewall(ev.tcp_state))
+                return [*down, Ignored(R_CLOSING, ev)]
             if existing.state is not State.TAKING_DOWN:
                 return [Ignored(R_DUPLICATE, ev)]
         decided = self.decide(ev, closing)
@@ -164,8 +169,9 @@ class Admission:
 
     def wait_again(self, conn: Conn) -> None:
         """A pair the switch had no room for (its table full, or its install never sent)
-        waits again as the event that created it. An adopted pair is never retried."""
-        if conn.event_kind is not None:
+        waits again as the event that created it. An adopted pair is never retried, nor one
+        taken down meanwhile (its connection closed, or was unshunted)."""
+        if conn.event_kind is not None and conn.remove_reason is None:
             self.wait(created_by(conn), front=conn.action is Action.BLOCK)
 
     def _blocks_may_evict(self) -> bool:

@@ -105,6 +105,16 @@ class RestoreConntrack:
 
 
 @dataclass(slots=True)
+class ShortenConntrack:
+    """Give an existing conntrack entry (that id only) `timeout` seconds; its state stays,
+    and its traffic renews it by its state's own timeout."""
+    family: int
+    orig: FlowTuple
+    ct_id: int
+    timeout: int
+
+
+@dataclass(slots=True)
 class Later:
     """Run `commands` after `delay` seconds (the app's timer posts them back)."""
     delay: float
@@ -191,6 +201,6 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
-                InstallFlows, RemoveFlows, DeleteConntrack, Later, EntryDue, ReadCounters, Ignored, Installed,
-                Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
+                InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
+                Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks]

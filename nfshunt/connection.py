@@ -16,11 +16,14 @@ States of a pair (a shunt or a block), and the only transitions there are:
   and the slow path has drained (confirmation.py: `confirm`, `drain`).
 - LIVE: confirmed, its conntrack entry deleted: the firewall no longer tracks it.
 - TAKING_DOWN: its flows are being removed (one direction's flow-removed may have come).
-- A LIVE pair that a reconnected switch lost goes back to PENDING to be installed again;
-  its entry stays deleted (`entry_deleted`), which the take-down rule below knows.
+- A LIVE pair that a reconnected switch lost with its table (a reboot) goes back to PENDING
+  to be installed again; its entry stays deleted (`entry_deleted`), which the take-down
+  rule below knows. One that a switch which kept its table no longer holds timed out
+  while the switch was away: it is rolled back, its entry re-created (reconcile.py).
 - A shunt whose entry reports a closing state (its FINs crossed the firewall before the
-  switch carried it) is taken down (`closed_on_firewall`): the shunt would outlive the
-  connection and carry a later one on the same ports past the firewall.
+  switch carried it) is taken down (`closed_on_firewall`; a pending one once confirmed):
+  the shunt would outlive the connection and carry a later one on the same ports past the
+  firewall.
 
 The take-down rule, written once here (`Connections.hand_back`): a connection whose flows
 leave the switch goes back to the firewall *alive*. A TCP connection's conntrack entry is
@@ -28,8 +31,8 @@ leave the switch goes back to the firewall *alive*. A TCP connection's conntrack
 packet is judged by the current policy), or in the closing state a FIN or RST left it in.
 Without it a strict firewall (tcp_loose 0, INVALID dropped) drops every later segment
 of a connection whose entry was deleted when the shunt was confirmed. Only a first install
-rolled back before its confirmation, and a connection that closed on the firewall, keep
-their entry as it is (it was never deleted).
+rolled back before its confirmation, and a connection that closed on the firewall before
+its entry was deleted, keep their entry as it is.
 UDP needs no entry: its next packet is a new one, judged by the policy. A block is not
 handed back (`Conn.owed_entry`).
 """
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from . import cookies, markcodec
-from .commands import Command, RemoveFlows, RestoreConntrack
+from .commands import Command, RemoveFlows, RestoreConntrack, ShortenConntrack
 from .config import PortGroup
 from .model import TCP, Action, ConnEvent, EventKind, FlowTuple
 
@@ -59,7 +62,12 @@ HELD = frozenset((State.PENDING, State.DRAINING, State.LIVE))  # may be taken do
 CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
 REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry handed back for re-evaluation (traffic refreshes it)
 IDLE_RESTORE_TIMEOUT = 432000  # an idled-out shunt's entry: Linux's own ESTABLISHED timeout (5 days)
-TEARDOWN_TIMEOUT = {CT_TCP_LAST_ACK: 30, CT_TCP_CLOSE: 10}
+# A closing entry's timeout: Linux's own for each closing state (FIN_WAIT ... CLOSE).
+TEARDOWN_TIMEOUT = {4: 120, 5: 60, CT_TCP_LAST_ACK: 30, 7: 120, CT_TCP_CLOSE: 10}
+# An entry left tracking a close that crossed the firewall only in part (the rest took the
+# switch): it might wait in FIN_WAIT for 2 minutes, and a strict firewall calls a new SYN
+# on its ports INVALID meanwhile. Traffic of a half-closed connection renews it as usual.
+SPLIT_CLOSE_TIMEOUT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,15 @@ IDLE = Handback(timeout=IDLE_RESTORE_TIMEOUT)
 
 def closing(tcp_state: int, closer_is_reply: bool) -> Handback:
     return Handback(tcp_state, TEARDOWN_TIMEOUT[tcp_state], closer_is_reply, keep_decision=True)
+
+
+def closed_on_firewall(tcp_state: int | None) -> Handback:
+    """The entry a connection gets back when its close was seen on the firewall after its
+    entry was deleted: the closing state the event reported (LAST_ACK when it reported
+    none), with the decision kept, so that its last packets are not judged, and shunted,
+    again."""
+    state = tcp_state if tcp_state in TEARDOWN_TIMEOUT else CT_TCP_LAST_ACK
+    return closing(state, False)
 
 
 @dataclass(eq=False, slots=True)
@@ -109,8 +126,9 @@ class Conn:
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
     adopted: bool = False  # read back from a switch, not installed from a policy decision
     entry_deleted: bool = False  # the firewall no longer tracks it (see the take-down rule)
-    # Its entry reported closing before it was deleted: the connection closed on the slow
-    # path while the flows went in, and the kernel's entry is tracking the close.
+    # Its entry reported closing: the connection closed on the slow path while the flows
+    # went in. An entry not yet deleted is tracking the close and is left to it; a deleted
+    # one comes back in the closing state reported (`closed_on_firewall`).
     closed_on_firewall: bool = False
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
     # FIN/RST packet-ins (cookie, in_port) caught before the barrier reply: the catchers
@@ -266,16 +284,16 @@ class Connections:
         conn.state = State.PENDING
         conn.event_time = now
 
-    def take_down(self, conn: Conn, reason: str, now: float) -> list[Command]:
-        """A take-down asked for (flush, unshunt, block, policy change): handed back to the
-        firewall alive; a pending pair as soon as the switch confirms it (flows_confirmed),
-        so its flows are not withdrawn while in flight."""
+    def take_down(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE) -> list[Command]:
+        """A take-down asked for (flush, unshunt, block, policy change, a close seen on the
+        firewall): handed back to the firewall alive; a pending pair as soon as the switch
+        confirms it (flows_confirmed), so its flows are not withdrawn while in flight."""
         if not self.holds(conn, HELD):
             return []
         if conn.state is State.PENDING and not conn.entry_deleted:
             conn.remove_reason = reason
             return []
-        return self.hand_back(conn, reason, now)
+        return self.hand_back(conn, reason, now, how)
 
     def hand_back(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE,
                   directions: tuple[bool, ...] = (False, True)) -> list[Command]:
@@ -287,8 +305,12 @@ class Connections:
         conn.remove_reason = conn.remove_reason or reason
         self.removing.add(conn)
         remove = RemoveFlows(conn, directions, reason)
-        if not conn.owed_entry or (conn.closed_on_firewall and not conn.entry_deleted):
-            return [remove]  # (an entry tracking the close is left as it is: not brought back to ESTABLISHED)
+        if not conn.owed_entry:
+            return [remove]
+        if conn.closed_on_firewall and not conn.entry_deleted:
+            # An entry tracking the close keeps its state (not brought back to ESTABLISHED);
+            # part of the close may have taken the switch, so it is not left waiting long.
+            return [ShortenConntrack(conn.orig.family, conn.orig, conn.ct_id, SPLIT_CLOSE_TIMEOUT), remove]
         conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
                                  conn.handback_mark(how), (remove,))]

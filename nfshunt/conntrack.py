@@ -263,6 +263,15 @@ def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
 
+def timeout_message(family: int, t: FlowTuple, ct_id: int, timeout: int, seq: int) -> bytes:
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: give an existing entry (that id only)
+    `timeout` seconds; its state, mark and flags stay. Packed by hand like its neighbours."""
+    body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + _nla(CTA_ID, BE32.pack(ct_id))
+            + _nla(CTA_TIMEOUT, BE32.pack(timeout)))
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
+                          NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+
+
 def restore_message(family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
                     closer_is_reply: bool, mark: int, seq: int) -> bytes:
     """IPCTNL_MSG_CT_NEW with NLM_F_CREATE and without EXCL (an existing entry is brought to
@@ -442,6 +451,14 @@ class Liberal:
 
 
 @dataclass(frozen=True, slots=True)
+class Expire:
+    family: int
+    orig: FlowTuple
+    ct_id: int
+    timeout: int
+
+
+@dataclass(frozen=True, slots=True)
 class Restore:
     family: int
     orig: FlowTuple
@@ -469,7 +486,7 @@ class Dump:
     pass
 
 
-Request = Delete | Liberal | Restore  # batched: one netlink message each
+Request = Delete | Liberal | Expire | Restore  # batched: one netlink message each
 _DUMP = Dump()
 
 
@@ -541,6 +558,10 @@ class ConntrackWorker:
         applies a pair's flows one direction at a time, the firewall sees acknowledgements
         of data that took the fast path, which it would otherwise call INVALID."""
         self._put(Liberal(family, orig, ct_id))
+
+    def expire(self, family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
+        """Give an existing entry `timeout` seconds (its traffic renews it as usual)."""
+        self._put(Expire(family, orig, ct_id, timeout))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
@@ -616,6 +637,8 @@ class ConntrackWorker:
                 out += delete_message(item.family, item.orig, item.ct_id, self._seq)
             elif isinstance(item, Liberal):
                 out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
+            elif isinstance(item, Expire):
+                out += timeout_message(item.family, item.orig, item.ct_id, item.timeout, self._seq)
             else:
                 out += restore_message(item.family, item.orig, item.reply, item.tcp_state, item.timeout,
                                        item.closer_is_reply, item.mark, self._seq)
@@ -649,6 +672,9 @@ class ConntrackWorker:
         elif isinstance(item, Liberal):
             if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
                 LOG.warning("conntrack entry %s not made liberal: %s", item.orig, errno.errorcode.get(err, err))
+        elif isinstance(item, Expire):
+            if err not in (0, errno.ENOENT):  # ENOENT: gone already
+                LOG.warning("conntrack entry %s kept its timeout: %s", item.orig, errno.errorcode.get(err, err))
         elif err == 0:
             self.restored += 1
         else:

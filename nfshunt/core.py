@@ -33,7 +33,7 @@ from .core_state import CoreState
 from .layout import PIPELINE_ENTRIES, max_pair_entries
 from .model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from .pins import PIN_TTL, IdsHold
-from .reconcile import Reconciler, table_1_complete
+from .reconcile import Reconciler, default_paths, table_1_complete
 from .static import Network
 from .removal import Removal
 from .teardown import HalfClosedDue, Teardown
@@ -84,6 +84,11 @@ class Core:
         return self.conns.by_key
 
     @property
+    def table_kept(self) -> bool | None:
+        """Whether the switch kept its table across the break (RequestKeptDefaults)."""
+        return self.shared.table_kept
+
+    @property
     def shunts(self) -> int:
         return self.conns.shunts
 
@@ -126,9 +131,11 @@ class Core:
         return out
 
     def defaults_kept(self, found: list[SwitchFlow]) -> None:
-        """The defaults the switch held when it connected (RequestKeptDefaults): any of them
-        means it kept its table across the break."""
-        self.shared.table_kept = bool(found)
+        """The default flows the switch held when it connected (RequestKeptDefaults): one of
+        this config's means it kept its table across the break (a pair's other firewall's
+        defaults, or anything a switch answers unfiltered, say nothing of ours)."""
+        mine = default_paths(self.shared.cfg)
+        self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
 
     def reload(self, cfg: Config) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts

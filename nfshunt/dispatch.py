@@ -22,7 +22,7 @@ from .flows import ALL_ONES_64
 from .connection import CT_TCP_ESTABLISHED, Action
 from .markcodec import DECISION_MASK
 from .model import OFP10, TCP, SwitchFlow
-from .inflight import CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize
+from .inflight import Barrier, CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize
 from .session import Session
 from .switch import Switch
 
@@ -46,6 +46,7 @@ class Dispatcher:
             **report,
             c.InstallFlows: self.install_flows,
             c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id),
+            c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
@@ -147,6 +148,9 @@ class Dispatcher:
                 sw.core.defaults_kept(flows)
         s.ask(s.fb.cookie_stats_request(cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK),
               FlowsRead(time.monotonic(), done))
+        # A switch may reorder what no barrier separates: the defaults sent next must not
+        # be in the table this read reports.
+        s.ask(s.fb.barrier(), Barrier(time.monotonic()))
 
     @staticmethod
     def limit_packet_ins(_sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:

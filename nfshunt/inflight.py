@@ -108,8 +108,9 @@ class ReconcileRead(Request):
 
 @dataclasses.dataclass(slots=True)
 class FlowsRead(Request):
-    """NFShunt's flows for someone else (an operator's status): `done` gets them, or None
-    if the switch went away or was given up on."""
+    """NFShunt's flows for someone else (an operator's status, an IDS rule's counters, the
+    defaults a connecting switch kept): `done` gets them, or None if the switch went away or
+    was given up on."""
     done: Callable[[list[SwitchFlow] | None], None]
     flows: list[SwitchFlow] = dataclasses.field(default_factory=list)
 

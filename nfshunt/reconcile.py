@@ -21,7 +21,7 @@ import collections
 from . import cookies
 from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, ResyncConntrack
 from .config import Config
-from .connection import ACTIVE, IDLE, Action, Conn, State
+from .connection import ACTIVE, Action, Conn, State
 from .core_state import CoreState
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
 from .model import SwitchFlow
@@ -30,6 +30,11 @@ from .removal import Removal
 R_TIMED_OUT_AWAY = "timed out while the switch was away"
 PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
+
+
+def default_paths(cfg: Config) -> set[tuple[int, int]]:
+    """(in_port, out_port) of each default flow this config installs."""
+    return {(g.slow, g.fast) for g in cfg.ports} | {(g.fast, g.slow) for g in cfg.ports}
 
 
 def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
@@ -85,7 +90,7 @@ class Reconciler:
         pairs: Pairs = {}
         catchers: list[tuple[int, SwitchFlow]] = []
         crowded: dict[PairKey, list[SwitchFlow]] = {}
-        expected_defaults = {(g.slow, g.fast) for g in cfg.ports} | {(g.fast, g.slow) for g in cfg.ports}
+        expected_defaults = default_paths(cfg)
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
             if parsed is None:
@@ -138,10 +143,14 @@ class Reconciler:
                     Removed(conn, "not on the switch after a reconnect")]
         if self.shared.table_kept:
             # The switch kept its table, so it removed this pair (timed out) while the
-            # controller was away and its flow-removed went nowhere: handed back as that
-            # flow-removed would have, not installed again for a connection that may have
-            # ended (a new one on its ports would cross the switch unseen by the firewall).
-            return [*conns.roll_back(conn, R_TIMED_OUT_AWAY, IDLE), Removed(conn, R_TIMED_OUT_AWAY)]
+            # controller was away and its flow-removed went nowhere: handed back, not
+            # installed again for a connection that may have ended (a new one on its ports
+            # would cross the switch unseen by the firewall). Closes went unheard too, so the
+            # entry gets the re-evaluation's 300 s (a resuming connection's traffic renews
+            # it), not an idle-out's 5 days. (A re-install still unconfirmed at this second
+            # break: the same, under another name.)
+            reason = R_TIMED_OUT_AWAY if conn.state in ACTIVE else "not on the switch after a reconnect"
+            return [*conns.roll_back(conn, reason), Removed(conn, reason)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
 

@@ -208,9 +208,10 @@ class Replies:
                       "their packets dropped there; set flow_layout single if it cannot hold them", sw.name,
                       PIPELINE_READS * PIPELINE_READ_AGAIN)
         kinds = collections.Counter(type(cmd).__name__ for cmd in out)
-        LOG.info("reconciled with switch %s: %d NFShunt flows read, %d pairs held, %d re-installed, "
-                 "%d flows deleted, %d pairs forgotten", sw.name, len(flows), len(core.by_key), kinds["InstallFlows"],
-                 kinds["DeleteSwitchFlow"], kinds["Removed"])
+        kept = {True: "it kept its table", False: "it lost its table", None: "whether it kept its table not known"}
+        LOG.info("reconciled with switch %s (%s): %d NFShunt flows read, %d pairs held, %d re-installed, "
+                 "%d flows deleted, %d pairs forgotten", sw.name, kept[core.table_kept], len(flows), len(core.by_key),
+                 kinds["InstallFlows"], kinds["DeleteSwitchFlow"], kinds["Removed"])
         self.run(sw, out)
 
     # --- errors, and what was given up -----------------------------------------------------------

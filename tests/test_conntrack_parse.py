@@ -154,6 +154,37 @@ def test_hand_packed_liberal_update_equals_pyroute2s(family, data, sport, dport,
         assert tcp_ours.get_attr(name) == liberal  # (flags, mask)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([4, 6]), st.data(), st.integers(0, 65535), st.integers(0, 65535), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1))
+def test_hand_packed_timeout_update_equals_pyroute2s(family, data, sport, dport, ct_id, timeout):
+    """The shorter life given to an entry left tracking a split close, against pyroute2's encoder."""
+    from nfshunt.conntrack import AF, timeout_message
+    from nfshunt.model import FlowTuple
+    addr = ipv4 if family == 4 else ipv6
+    t = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
+    lib = nfct_msg.create_from(
+        tuple_orig=NFCTAttrTuple(family=AF[family], saddr=t.src, daddr=t.dst, proto=6, sport=sport, dport=dport),
+        id=ct_id, timeout=timeout)
+    lib["header"]["type"] = (1 << 8) | 0
+    lib["header"]["flags"] = 0x1 | 0x4  # NLM_F_REQUEST | NLM_F_ACK: an update, never a create
+    lib["header"]["sequence_number"] = 5
+    lib["nfgen_family"] = AF[family]
+    lib.encode()
+    raw = timeout_message(family, t, ct_id, timeout, 5)
+    ours, theirs = nfct_msg(raw), nfct_msg(bytes(lib.data))
+    ours.decode()
+    theirs.decode()
+    assert ours["header"]["type"] == theirs["header"]["type"] and ours["header"]["flags"] == theirs["header"]["flags"]
+    assert ours["header"]["length"] == len(raw)
+    assert ours["nfgen_family"] == theirs["nfgen_family"]
+    assert (ours.get_attr("CTA_ID"), ours.get_attr("CTA_TIMEOUT")) == (theirs.get_attr("CTA_ID"), timeout)
+    assert theirs.get_attr("CTA_TIMEOUT") == timeout
+    for name in ("CTA_TUPLE_IP", "CTA_TUPLE_PROTO"):
+        a, b = ours.get_attr("CTA_TUPLE_ORIG").get_attr(name), theirs.get_attr("CTA_TUPLE_ORIG").get_attr(name)
+        assert [(k, v) for k, v in a["attrs"]] == [(k, v) for k, v in b["attrs"]]
+
+
 def pyroute2_restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, seq):
     """The re-creation as the worker encoded it with pyroute2 before it was packed by hand."""
     from nfshunt.conntrack import AF, IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_CLOSE_INIT

@@ -455,15 +455,20 @@ def test_a_pair_the_switch_timed_out_while_away_is_handed_back_and_one_it_lost_i
     out = handed_back(core.reconcile([], 300.0))
     assert types(out) == ["RestoreConntrack", "RemoveFlows", "Removed", "ResyncConntrack"]
     restore = out[0]
-    assert (restore.tcp_state, restore.timeout) == (cn.CT_TCP_ESTABLISHED, cn.IDLE_RESTORE_TIMEOUT)
+    # Re-evaluated (300 s; a resuming connection's traffic renews it): its close may have gone unheard.
+    assert (restore.tcp_state, restore.timeout) == (cn.CT_TCP_ESTABLISHED, cn.REEVALUATE_TIMEOUT)
     assert out[2].reason == reconcile.R_TIMED_OUT_AWAY and core.find(tuple_=conn.orig) is None
-    # The same with a switch that came back empty: installed again.
-    again = shunted(core, sport=2, ct_id=2)
-    core.switch_disconnected()
-    core.switch_connected(OFP13)
-    core.defaults_kept([])
-    assert types(core.reconcile([], 400.0)) == ["InstallFlows", "ResyncConntrack"]
-    assert again.state is cn.State.PENDING
+    # The same with a switch that came back empty, or with only another firewall's defaults
+    # (the pair's peer's ports): installed again.
+    for found in ([], [SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 1, 9, None, 10)]):
+        again = shunted(core, sport=2, ct_id=2)
+        core.switch_disconnected()
+        core.switch_connected(OFP13)
+        core.defaults_kept(found)
+        assert types(core.reconcile([], 400.0)) == ["InstallFlows", "ResyncConntrack"]
+        assert again.state is cn.State.PENDING
+        core.flows_confirmed(again, 401.0)
+        _remove_pair(core, again)
 
 
 def test_whether_the_switch_kept_its_table_is_asked_only_where_the_answer_means_it():
@@ -690,8 +695,10 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_loses_
     out = core.conntrack_event(event(state=FIN_WAIT))  # the same entry, closing
     assert types(out) == ["Ignored"] and out[0].reason == adm.R_CLOSING
     out = core.flows_confirmed(install.conn, 100.001)
-    # No DeleteConntrack, and no RestoreConntrack that would bring the entry back to ESTABLISHED.
-    assert types(out) == ["RemoveFlows"] and out[0].reason == adm.R_CLOSED_ON_FIREWALL
+    # No DeleteConntrack, and no RestoreConntrack that would bring the entry back to ESTABLISHED;
+    # a shorter life (part of the close may have taken the switch, leaving it FIN_WAIT).
+    assert types(out) == ["ShortenConntrack", "RemoveFlows"] and out[1].reason == adm.R_CLOSED_ON_FIREWALL
+    assert (out[0].ct_id, out[0].timeout) == (install.conn.ct_id, cn.SPLIT_CLOSE_TIMEOUT)
     (removed,) = [x for x in _remove_pair(core, install.conn, "delete") if type(x).__name__ == "Removed"]
     assert removed.reason == adm.R_CLOSED_ON_FIREWALL and core.find(tuple_=install.conn.orig) is None
 
@@ -703,7 +710,7 @@ def test_a_draining_shunt_whose_entry_closes_goes_and_its_entry_is_not_deleted()
     core.flows_confirmed(conn, 100.001)
     assert conn.state is cn.State.DRAINING
     out = core.conntrack_event(event(state=TIME_WAIT, kind=EventKind.UPDATE))
-    assert types(out) == ["RemoveFlows", "Ignored"]
+    assert types(out) == ["ShortenConntrack", "RemoveFlows", "Ignored"]
     assert core.entry_due(conn, 100.6) == []  # the entry tracking the close stays
     # Another entry's closing update (the id of another live entry) takes nothing down.
     other = shunted(core, sport=2, ct_id=9)
@@ -711,14 +718,50 @@ def test_a_draining_shunt_whose_entry_closes_goes_and_its_entry_is_not_deleted()
     assert other.state is cn.State.DRAINING
 
 
-def test_a_live_shunt_told_late_of_a_close_on_the_firewall_is_handed_back():
+def test_a_live_shunt_told_late_of_a_close_on_the_firewall_goes_and_is_not_shunted_again():
     """With no drain the entry may be deleted before the close's events are read: the
-    shunt still goes, its entry re-created for the firewall to judge what comes."""
+    shunt still goes, its entry re-created in the closing state reported with the decision
+    kept. Its last packets are not judged again (an ESTABLISHED entry with the decision
+    cleared was marked again by them and shunted once the pair had gone)."""
+    from nfshunt import markcodec
     core = connected(drain=0)
     conn = shunted(core)
     assert conn.state is cn.State.LIVE and conn.entry_deleted
     out = handed_back(core.conntrack_event(event(state=FIN_WAIT)))
     assert types(out) == ["RestoreConntrack", "RemoveFlows", "Ignored"]
+    restore = out[0]
+    assert (restore.tcp_state, restore.timeout) == (FIN_WAIT, 120)
+    assert restore.mark & markcodec.DECISION_MASK == conn.mark & markcodec.DECISION_MASK
+    # The re-created entry (another id) reports its close: nothing waits to be shunted.
+    assert core.conntrack_event(event(ct_id=70, state=TIME_WAIT))[0].reason == adm.R_CLOSING
+    assert "InstallFlows" not in types(_remove_pair(core, conn))
+
+
+def test_a_pending_shunt_that_closed_on_the_firewall_and_found_no_room_is_not_retried():
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    core.conntrack_event(event(state=FIN_WAIT))
+    out = core.flows_failed(install.conn, "table full", True, 100.1)
+    assert "Refused" in types(out) and not core.waiting
+    assert core.room_freed(1) == []
+
+
+def test_a_connection_that_waited_for_room_and_closed_is_not_shunted_when_room_frees():
+    core = connected(max_shunts=1)
+    first = shunted(core)
+    assert core.conntrack_event(event(sport=1, ct_id=8))[0].reason == adm.R_BUDGET
+    core.conntrack_event(event(sport=1, ct_id=8, state=TIME_WAIT))
+    assert not core.waiting
+    assert "InstallFlows" not in types(_remove_pair(core, first))
+
+
+def test_a_close_seen_while_a_take_down_waits_keeps_the_take_down_reason():
+    core = connected()
+    (install,) = core.conntrack_event(event())
+    core.flush("policy changed", 100.0)
+    core.conntrack_event(event(state=FIN_WAIT))
+    out = core.flows_confirmed(install.conn, 100.001)
+    assert types(out) == ["ShortenConntrack", "RemoveFlows"] and out[1].reason == "policy changed"
 
 
 def test_a_flush_forgets_connections_waiting_for_room():

@@ -21,7 +21,7 @@ from nfshunt import cookies  # noqa: E402
 from nfshunt.accounting import Outcomes  # noqa: E402
 from nfshunt.channel import table_full  # noqa: E402
 from nfshunt.connection import (CT_TCP_CLOSE, CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, IDLE_RESTORE_TIMEOUT,  # noqa: E402
-                                Action, State)
+                                REEVALUATE_TIMEOUT, SPLIT_CLOSE_TIMEOUT, Action, State)
 from nfshunt.markcodec import DECISION_MASK  # noqa: E402
 from nfshunt.model import OFP10, OFP13  # noqa: E402
 from nfshunt.dispatch import Dispatcher  # noqa: E402
@@ -58,6 +58,7 @@ class FakeWorker:
         self.unanswered: list[Restore] = []
         self.dumps = 0
         self.cleared: list[int] = []  # clear_marks masks
+        self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
 
     def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
         self.deleted.append((orig, ct_id))
@@ -70,6 +71,9 @@ class FakeWorker:
 
     def liberal(self, *_args: Any) -> None:
         pass
+
+    def expire(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
+        self.expired.append((orig, ct_id, timeout))
 
     def dump(self) -> None:
         self.dumps += 1
@@ -499,7 +503,7 @@ def test_a_shunt_that_timed_out_while_the_switch_was_away_is_not_installed_again
     rig.reconnect(rig.switch)
     assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
     (restore,) = rig.worker.restores
-    assert (restore.orig, restore.tcp_state, restore.timeout) == (conn.orig, CT_TCP_ESTABLISHED, IDLE_RESTORE_TIMEOUT)
+    assert (restore.orig, restore.tcp_state, restore.timeout) == (conn.orig, CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT)
     rig.kernel_answers()
     assert slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
     assert rig.counters.flat()["removed:shunt:timed out while the switch was away"] == 1
@@ -516,6 +520,7 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_leaves
     rig.advance(1)
     assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
     assert rig.worker.deleted == [] and rig.worker.restores == []
+    assert rig.worker.expired == [(conn.orig, conn.ct_id, SPLIT_CLOSE_TIMEOUT)]  # part of the close took the switch
     assert slow(rig, conn)
     assert rig.counters.flat()["removed:shunt:tcp closed on the firewall"] == 1
 

@@ -94,8 +94,8 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         assert longest_stall(ignored) < 3.0, "the slow-path transfer did not resume within 3 s"
         assert ignored["end"]["sum_received"]["bytes"] > 0
         after = tb.controller_output(fw2).split("master of switch")[-1]
-        assert re.search(r"reconciled with switch \w+: \d+ NFShunt flows read, [1-9]\d* pairs held, 0 re-installed",
-                         after), "fw2 did not adopt the live pairs"
+        assert re.search(r"reconciled with switch \w+ \([^)]*\): \d+ NFShunt flows read, [1-9]\d* pairs held, "
+                         r"0 re-installed", after), "fw2 did not adopt the live pairs"
         assert re.search(r"shunt tcp 10\.0\.0\.1:5201 -> 10\.0\.0\.2:5204 .* in [0-9.]+ ms", after), \
             "the connection opened after the failover was not shunted by fw2"
 
