@@ -64,8 +64,12 @@ def test_audit_log_accounts_a_shunted_transfer_within_1_percent_and_metrics_show
     assert line["reason"] in ("tcp fin", "tcp rst", "idle timeout")
     assert line["duration"] > 2 and line["orig_packets"] > 0 and line["reply_packets"] > 0
     # The client's direction carried the payload: its flow bytes (frames, with headers) are
-    # within 1 % of what iperf3 received; the set-up packets crossed the firewall.
-    assert abs(line["orig_bytes"] - received) / received < 0.01, (line["orig_bytes"], received)
+    # within 1 % of what iperf3 received plus what TCP sent again (a retransmitted segment
+    # crosses the switch as often as it is sent; under the suite's load there were hundreds,
+    # 1 % over once); the set-up packets crossed the firewall.
+    resent = result["end"]["sum_sent"].get("retransmits", 0) * result["start"].get("tcp_mss_default", 8948)
+    expected = received + resent
+    assert abs(line["orig_bytes"] - expected) / expected < 0.01, (line["orig_bytes"], received, resent)
     text = scrape(tb)
     assert metric(text, "nfshunt_flows_installed_total", action="shunt") >= installed0 + 2  # data + control
     assert metric(text, "nfshunt_flows_removed_total", action="shunt", reason=line["reason"]) >= 1
