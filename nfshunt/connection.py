@@ -59,11 +59,13 @@ ACTIVE = frozenset((State.DRAINING, State.LIVE))  # confirmed, not being taken d
 HELD = frozenset((State.PENDING, State.DRAINING, State.LIVE))  # may be taken down
 
 # Conntrack TCP states (include/uapi/linux/netfilter/nf_conntrack_tcp.h).
-CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, CT_TCP_CLOSE = 3, 6, 8
+CT_TCP_ESTABLISHED, CT_TCP_FIN_WAIT, CT_TCP_CLOSE_WAIT = 3, 4, 5
+CT_TCP_LAST_ACK, CT_TCP_TIME_WAIT, CT_TCP_CLOSE = 6, 7, 8
 REEVALUATE_TIMEOUT = 300  # an ESTABLISHED entry handed back for re-evaluation (traffic refreshes it)
 IDLE_RESTORE_TIMEOUT = 432000  # an idled-out shunt's entry: Linux's own ESTABLISHED timeout (5 days)
 # A closing entry's timeout: Linux's own for each closing state (FIN_WAIT ... CLOSE).
-TEARDOWN_TIMEOUT = {4: 120, 5: 60, CT_TCP_LAST_ACK: 30, 7: 120, CT_TCP_CLOSE: 10}
+TEARDOWN_TIMEOUT = {CT_TCP_FIN_WAIT: 120, CT_TCP_CLOSE_WAIT: 60, CT_TCP_LAST_ACK: 30, CT_TCP_TIME_WAIT: 120,
+                    CT_TCP_CLOSE: 10}
 # An entry left tracking a close that crossed the firewall only in part (the rest took the
 # switch): it might wait in FIN_WAIT for 2 minutes, and a strict firewall calls a new SYN
 # on its ports INVALID meanwhile. Traffic of a half-closed connection renews it as usual.

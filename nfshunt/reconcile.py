@@ -28,6 +28,7 @@ from .model import SwitchFlow
 from .removal import Removal
 
 R_TIMED_OUT_AWAY = "timed out while the switch was away"
+R_NOT_ON_SWITCH = "not on the switch after a reconnect"  # adopted, or a re-install unconfirmed at a second break
 PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
 
@@ -136,20 +137,15 @@ class Reconciler:
             return []
         if conn.state not in ACTIVE and not conn.entry_deleted:
             return []
-        if conn.adopted:
-            # Read back from a switch, never decided here: nothing to re-install. Its
-            # connection, if it lives, is back on the firewall: its entry comes back.
-            return [*conns.roll_back(conn, "not on the switch after a reconnect"),
-                    Removed(conn, "not on the switch after a reconnect")]
-        if self.shared.table_kept:
-            # The switch kept its table, so it removed this pair (timed out) while the
-            # controller was away and its flow-removed went nowhere: handed back, not
-            # installed again for a connection that may have ended (a new one on its ports
-            # would cross the switch unseen by the firewall). Closes went unheard too, so the
-            # entry gets the re-evaluation's 300 s (a resuming connection's traffic renews
-            # it), not an idle-out's 5 days. (A re-install still unconfirmed at this second
-            # break: the same, under another name.)
-            reason = R_TIMED_OUT_AWAY if conn.state in ACTIVE else "not on the switch after a reconnect"
+        if conn.adopted or self.shared.table_kept:
+            # Adopted: read back from a switch, never decided here, nothing to re-install.
+            # Or the switch kept its table, so it removed this pair (timed out) while the
+            # controller was away and its flow-removed went nowhere: not installed again for
+            # a connection that may have ended (a new one on its ports would cross the switch
+            # unseen by the firewall). Either way its connection, if it lives, is back on the
+            # firewall: its entry comes back, with the re-evaluation's 300 s (a resuming
+            # connection's traffic renews it; closes went unheard, so not an idle-out's 5 days).
+            reason = R_TIMED_OUT_AWAY if conn.state in ACTIVE and not conn.adopted else R_NOT_ON_SWITCH
             return [*conns.roll_back(conn, reason), Removed(conn, reason)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
