@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -676,6 +677,8 @@ def bench_ids(args: argparse.Namespace) -> int:
                 ovs1, main1, busy1, t1 = (proc_usage(ovs_pid)[0], ovs_main_thread_cpu(ovs_pid), machine_busy(),
                                           time.time())
                 answers = _answers(out)
+                if args.keep_requests:  # every request's times, for a look at when latency grew
+                    shutil.copy(out, args.keep_requests)
                 st = counts(tb)
                 want = {address(start_index + i) for i in range(count)}
                 flushed = time.time() + 5  # log lines are written in batches
@@ -776,6 +779,8 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=0)
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--connections", type=int, default=16, help="ids: the client's keep-alive connections")
+    ap.add_argument("--keep-requests", metavar="CSV", help="ids: keep the client's per-request times (index, due, "
+                    "sent, answered, status, ...) in this file")
     ap.add_argument("--shunt-timeout", type=int, default=10, help="ids: the shunts' idle timeout (default 10 s, the "
                     "testbed's)")
     return ap.parse_args(argv)

@@ -3,8 +3,9 @@ SciPass clients and anything that speaks HTTP.
 
 Served by the standard library's http.server (ThreadingHTTPServer), for three reasons: no
 new dependency in a firewall component (its version is the interpreter's, patched with
-it by the distribution); it runs on its own threads, one a connection, so the controller's
-event loop never parses HTTP nor waits on a client (it sees only `RuleBackend` calls); and
+it by the distribution); it runs on its own threads, one a connection, in a process of its
+own (ids_process), so the controller never parses HTTP nor waits on a client (it sees only
+`RuleBackend` calls); and
 the load is small (an IDS sends at most thousands of requests a second, each answered in
 milliseconds). What a server that may face a network needs besides is added here:
   - TLS (required for any non-loopback address, config.py), bearer tokens from a 0600 file
@@ -679,7 +680,13 @@ class _Server(http.server.ThreadingHTTPServer):
         self.api = api
         self.address_family = socket.AF_INET6 if ":" in api.cfg.listen_address else socket.AF_INET
         self._slots = threading.BoundedSemaphore(api.cfg.max_connections)
-        super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler)
+        given = api.listening
+        super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=given is None)
+        if given is not None:  # bound and listening already (ids_process: the controller's)
+            self.socket.close()
+            self.socket = given
+            self.server_address = given.getsockname()
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def server_bind(self) -> None:
         # HTTPServer's would look the address's name up (a DNS query at start): not needed.
@@ -728,11 +735,14 @@ class _Server(http.server.ThreadingHTTPServer):
 
 class IdsApi:
     """The API's server: `start` binds and serves on a thread, `stop` ends it.
-    count: called with each refusal's reason (the metrics' counter); now: wall-clock time."""
+    count: called with each refusal's reason (the metrics' counter); now: wall-clock time;
+    listening: a socket bound and listening already, served instead of binding one."""
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None] = lambda why: None,
-                 now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS):
+                 now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS,
+                 listening: socket.socket | None = None):
         self.cfg = cfg
+        self.listening = listening
         self.backend = backend
         self.count = count
         self.now = now

@@ -1,8 +1,9 @@
 """The IDS API's backend (ids_api.RuleBackend): an IDS's rules judged and acted on.
 
-The API's threads hand every call to the event loop and wait for its answer (ids_loop);
-there the store (ids_store) and the one precedence rule (ids_rules.precedence) decide,
-and the core acts:
+Every call is handed to the event loop (ids_loop); an add is answered from there the moment
+the switch confirms it (`submit_async`: the API's process, ids_process), the other calls
+on the thread that waits for them. On the event loop the store (ids_store) and the one
+precedence rule (ids_rules.precedence) decide, and the core acts:
   - a connection's shunt or block is a lower pin (pins.py) with the requester as its
     source: its flows are built and taken down by the existing paths (admission decides
     the entry, every take-down goes through Connections.hand_back), an operator's pin
@@ -18,8 +19,9 @@ rules are kept in the state file, saved on the tick when changed (on a thread of
 at 60,000 rules a write is ~50 ms) and at stop, loaded at start. A rule's view (state,
 counters) is ids_view's; its counters and audit ids_log's.
 
-The connection's live conntrack entry (what the policy decided) is read on the API's
-thread (conntrack.lookup: one netlink request), never on the event loop.
+The connection's live conntrack entry (what the policy decided) is read in the API's process
+(conntrack.lookup: one netlink request), never on the event loop; read again here, off the
+loop, for an add that found none.
 """
 from __future__ import annotations
 
@@ -46,6 +48,31 @@ LATE = "the switch's confirmation (not in time: the rule is kept, and expires as
 NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
 
 
+class Submitted:
+    """An add on its way, answered once (`give`): by the event loop, by a thread that waited
+    for barriers or looked its entry up again, or at its deadline (`expire`), whichever
+    comes first."""
+
+    def __init__(self, reply: Callable[[Outcome | Exception], None], deadline: float):
+        self.reply = reply
+        self.deadline = deadline
+        self.ans = Answer()
+        self._once = threading.Lock()  # taken by the one that answers, never given back
+
+    def give(self, result: Outcome | Exception) -> bool:
+        if not self._once.acquire(blocking=False):
+            return False
+        self.reply(result)
+        return True
+
+    def expire(self) -> None:
+        """Its deadline passed: kept and added pending the switch if the event loop took it."""
+        if self.ans.taken:
+            self.give(Outcome(Result.ADDED, pending=LATE))
+        else:
+            self.give(TimeoutError("the controller's event loop did not take the request in time"))
+
+
 class IdsBackend:
     def __init__(self, cfg: IdsConfig, host: Host, counters: Any, audit: logging.Logger,
                  lookup: Callable[[FlowTuple], ConnEvent | None], wall: Callable[[], float] = time.time,
@@ -65,23 +92,64 @@ class IdsBackend:
     # --- the API's threads ----------------------------------------------------------------
 
     def submit(self, rule: Rule, timeout: float) -> Outcome:
-        deadline = time.monotonic() + timeout
-        entry = self._lookup(rule.connection)
-        ans = self.loop.call(lambda a: self._submit(rule, entry, a), timeout)
-        if not self.loop.wait(ans, max(0.0, deadline - time.monotonic()), 0.0):
-            return Outcome(Result.ADDED, pending=LATE)
-        for barrier in ans.barriers:
-            if not barrier.wait(max(0.0, deadline - time.monotonic())):
-                return Outcome(Result.ADDED, pending=LATE)
+        return self.submit_entry(rule, self._lookup(rule.connection), timeout)
+
+    def submit_entry(self, rule: Rule, entry: ConnEvent | None, timeout: float) -> Outcome:
+        """`submit` with the connection's entry looked up already, waited for on this thread."""
+        got: list[Outcome | Exception] = []
+        done = threading.Event()
+
+        def reply(result: Outcome | Exception) -> None:
+            got.append(result)
+            done.set()
+        sub = self.submit_async(rule, entry, timeout, reply)
+        if not done.wait(timeout):
+            sub.expire()
+        done.wait()  # given by now, or being given by whoever came first
+        if isinstance(got[0], Exception):
+            raise got[0]
+        return got[0]
+
+    def submit_async(self, rule: Rule, entry: ConnEvent | None, timeout: float,
+                     reply: Callable[[Outcome | Exception], None]) -> Submitted:
+        """Add a rule whose connection's entry was looked up (`entry`), answered once through
+        `reply`: on the event loop itself when the switch confirmed the pair (no thread
+        waits for it: the API's process, ids_process), else from a thread of its own;
+        `expire` the result at its deadline (`timeout` from now) if it was not answered."""
+        sub = Submitted(reply, time.monotonic() + timeout)
+        sub.ans.then = lambda ans: self._added(rule, sub)
+        try:
+            self.loop.call(lambda a: self._submit(rule, entry, a), timeout, sub.ans)
+        except TimeoutError as exc:
+            sub.give(exc)
+        return sub
+
+    def _added(self, rule: Rule, sub: Submitted) -> None:
+        """On the event loop: the add's outcome, given now unless switches' barriers are
+        still to answer or the entry is to be looked up again (never on the event loop)."""
+        ans = sub.ans
         assert ans.outcome is not None
+        if ans.outcome.pending != NO_ENTRY and all(b.is_set() for b in ans.barriers):
+            sub.give(ans.outcome)
+            return
+        threading.Thread(target=self._finish, args=(rule, sub), name="nfshunt-ids-add", daemon=True).start()
+
+    def _finish(self, rule: Rule, sub: Submitted) -> None:
+        ans = sub.ans
+        assert ans.outcome is not None
+        for barrier in ans.barriers:
+            if not barrier.wait(max(0.0, sub.deadline - time.monotonic())):
+                sub.give(Outcome(Result.ADDED, pending=LATE))
+                return
         if ans.outcome.pending == NO_ENTRY and (late := self._lookup(rule.connection)) is not None:
             # The entry came between the first look and the pin: its events went by before
             # the pin was there, and an established connection may send none for long.
+            left = max(0.1, sub.deadline - time.monotonic())
             try:
-                self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), timeout), timeout, 0.0)
+                self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), left), left, 0.0)
             except TimeoutError:  # the rule is kept and answered; its entry's next event applies it
                 LOG.warning("the event loop did not take the late entry of %s in time", rule.connection)
-        return ans.outcome
+        sub.give(ans.outcome)
 
     def _feed_late(self, entry: ConnEvent, ans: Answer) -> None:
         self.host.feed([entry])

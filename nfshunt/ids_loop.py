@@ -1,7 +1,8 @@
-"""An IDS call handed from the API's threads to the event loop, and its answer waited for.
+"""An IDS call handed to the event loop, and its answer waited for or told.
 
-The API serves on its own threads; every call runs on the event loop (EventIds, as the
-control socket's requests do) and the API thread waits for its `Answer`. At most QUEUED
+Every call runs on the event loop (EventIds, as the control socket's requests do); the
+thread that posted it waits for its `Answer`, or the answer's `then` tells whoever needs
+it (an add's, ids_backend.submit_async). At most QUEUED
 calls are in the loop's queue at once: os-ken's queue (128 events) also carries the
 switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
 """
@@ -39,11 +40,14 @@ class Answer:
     outcome: Outcome | None = None
     barriers: list[threading.Event] = field(default_factory=list)  # then these switches' confirmations
     views: list[RuleView] = field(default_factory=list)  # a list's answer
+    then: Callable[["Answer"], None] | None = None  # called on the event loop once answered
 
     def answer(self, outcome: Outcome, barriers: Iterable[threading.Event] = ()) -> None:
         self.outcome = outcome
         self.barriers = list(barriers)
         self.done.set()
+        if self.then is not None:
+            self.then(self)
 
 
 class Host(Protocol):
@@ -65,10 +69,10 @@ class LoopCalls:
         self.host = host
         self._room = threading.BoundedSemaphore(QUEUED)
 
-    def call(self, work: Callable[[Answer], None], timeout: float) -> Answer:
+    def call(self, work: Callable[[Answer], None], timeout: float, ans: Answer | None = None) -> Answer:
         """Post `work` to the event loop (TimeoutError if there was no room in time); its
-        answer is waited for with `wait`."""
-        ans = Answer()
+        answer (`ans`, or a new one) is waited for with `wait`, or told by its `then`."""
+        ans = ans if ans is not None else Answer()
         if not self._room.acquire(timeout=timeout):
             raise TimeoutError("the controller's event loop has too many IDS requests queued")
 

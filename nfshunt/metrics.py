@@ -69,6 +69,7 @@ PLAIN = {
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",
     "role_promotions": "Times the switch granted this controller MASTER (a firewall pair's takeover)",
+    "ids_api_restarts": "Times the IDS API's process ended on its own and was started again",
     "role_demotions": "Times this controller stopped being MASTER (asked to, or another controller took over)",
 }
 

@@ -29,8 +29,8 @@ from .control import ControlServer
 from .dispatch import Dispatcher
 from .feeds import EventConntrack, EventOverflow, EventRun, EventShutdown, EventTick, EventWatch, Feeds
 from .housekeeping import Housekeeping
-from .ids_api import IdsApi
 from .ids_backend import IdsBackend
+from .ids_process import ApiProcess
 from .ids_loop import EventIds
 from .logs import BatchedFileHandler, flush_all
 from .metrics import Metrics
@@ -73,9 +73,10 @@ class NFShuntApp(app_manager.OSKenApp):
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
         self.feeds = Feeds(self.switches, lambda ev: self.send_event(self.name, ev))
         self.operator = OperatorAPI(self)
-        # The IDS API (issue 28): its server's threads hand each call to this event loop.
+        # The IDS API (issue 28): served by a process of its own, whose calls this process's
+        # threads hand to this event loop.
         self.ids: IdsBackend | None = None
-        self.ids_api: IdsApi | None = None
+        self.ids_api: ApiProcess | None = None
         self.started = time.time()
         self.metrics = Metrics(lambda: gauges(self.switches, self.ids))
         self.counters = self.metrics.counters
@@ -90,8 +91,9 @@ class NFShuntApp(app_manager.OSKenApp):
             self.ids = IdsBackend(self.cfg.ids, self, self.counters, self.audit, conntrack.lookup)
             self.dispatcher.outcomes.watch = self.ids
             self.ids.load()
-            self.ids_api = IdsApi(self.cfg.ids, self.ids,
-                                  count=lambda why: self.counters.add("ids_refused", why.value))
+            self.ids_api = ApiProcess(self.cfg.ids, self.ids, self.ids.submit_async,
+                                      count=lambda why: self.counters.add("ids_refused", why.value),
+                                      restarted=lambda: self.counters.inc("ids_api_restarts"))
         self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale
