@@ -236,10 +236,14 @@ def test_connections_that_close_while_their_shunts_go_in_leave_no_shunt_behind(t
         log = tb.controller_output()[mark:]
         on_firewall = log.count("shunt removed (tcp closed on the firewall)")
         # Their entries: where part of such a close took the switch, one left in FIN_WAIT
-        # would refuse a new SYN on its ports behind this firewall for 2 minutes; 10 s at most.
+        # would refuse a new SYN on its ports behind this firewall for 2 minutes (or, left
+        # ESTABLISHED, for days); 10 s at most. CLOSE_WAIT and LAST_ACK are not held to it: a
+        # packet of the close that crosses the firewall after the shortening sets the entry
+        # to its state's own timeout (60 and 30 s), as it would without NFShunt (seen in CI).
         closed = set(re.findall(r"shunt removed \(tcp closed on the firewall\): tcp 10\.0\.0\.1:(472\d\d) ", log))
         lingering = [line for line in _tcp_entries(tb, SHUNT) if line.split("sport=")[1].split()[0] in closed
-                     and line.split()[3] not in ("TIME_WAIT", "CLOSE") and int(line.split()[2]) > SPLIT_CLOSE_TIMEOUT]
+                     and line.split()[3] not in ("TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK")
+                     and int(line.split()[2]) > SPLIT_CLOSE_TIMEOUT]
         assert not lingering, lingering
         print(f"\nof {len(ports)}: closed on the firewall while the shunt went in {on_firewall}, closed on the "
               f"switch {log.count('shunt removed (tcp fin)')}, closed before a shunt "
