@@ -46,6 +46,8 @@ from .model import OFP10, Action, ConnEvent, FlowTuple
 LOG = logging.getLogger("nfshunt")
 LATE = "the switch's confirmation (not in time: the rule is kept, and expires as any rule)"
 NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
+JUDGING = "the firewall's decision of the connection (applied when its event comes)"
+LOOK_AGAIN = (NO_ENTRY, JUDGING)  # pending on an entry's event that may have gone by before the pin
 
 
 class Submitted:
@@ -129,7 +131,7 @@ class IdsBackend:
         still to answer or the entry is to be looked up again (never on the event loop)."""
         ans = sub.ans
         assert ans.outcome is not None
-        if ans.outcome.pending != NO_ENTRY and all(b.is_set() for b in ans.barriers):
+        if ans.outcome.pending not in LOOK_AGAIN and all(b.is_set() for b in ans.barriers):
             sub.give(ans.outcome)
             return
         threading.Thread(target=self._finish, args=(rule, sub), name="nfshunt-ids-add", daemon=True).start()
@@ -141,9 +143,10 @@ class IdsBackend:
             if not barrier.wait(max(0.0, sub.deadline - time.monotonic())):
                 sub.give(Outcome(Result.ADDED, pending=LATE))
                 return
-        if ans.outcome.pending == NO_ENTRY and (late := self._lookup(rule.connection)) is not None:
-            # The entry came between the first look and the pin: its events went by before
-            # the pin was there, and an established connection may send none for long.
+        if ans.outcome.pending in LOOK_AGAIN and (late := self._lookup(rule.connection)) is not None:
+            # The entry (or the policy's decision of it) came between the first look and the
+            # pin: its events went by before the pin was there, and an established connection
+            # may send none for long.
             left = max(0.1, sub.deadline - time.monotonic())
             try:
                 self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), left), left, 0.0)
@@ -210,7 +213,10 @@ class IdsBackend:
                 policy = self._policy(conn.mark) or conn.action
         if policy is None and entry is not None:
             policy = self._policy(entry.mark)
-            if policy is None:  # crossed no decision yet (or not the plumbing at all)
+            # An entry whose mark is not complete is still being judged (its first packets
+            # crossed the plumbing, the decision comes with a later one): the rule waits for
+            # it, as for an entry not seen yet. One with no NFShunt bits never crossed it.
+            if policy is None and entry.mark & markcodec.NFSHUNT_BITS == 0:
                 policy, accepted = Action.IGNORE, False
         return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted)
 
@@ -270,7 +276,7 @@ class IdsBackend:
         if any(conn.action is action and conn.state in ACTIVE for conn in conns):
             self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
         elif decision is Decision.WAIT or (entry is None and not conns):
-            self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY))
+            self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 
     def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome) -> None:
         for ans in self.waiting.pop(key, ()):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
-from nfshunt import cookies  # noqa: E402
+from nfshunt import cookies, markcodec  # noqa: E402
 from nfshunt.config import IdsConfig, MayShunt  # noqa: E402
 from nfshunt.ids_api import Outcome, Reject, Result  # noqa: E402
 from nfshunt.ids_backend import IdsBackend  # noqa: E402
@@ -152,6 +152,35 @@ def test_a_connection_whose_events_went_by_between_the_look_and_the_pin_is_shunt
     assert out.result is Result.ADDED and out.pending and len(looked) == 2
     conn = rig.core.find(tuple_=ORIG)
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def test_a_connection_still_being_judged_waits_for_the_decision_and_is_shunted_when_it_comes():
+    """The look finds the entry with its ports marked but no decision yet (its first packet
+    crossed the plumbing, the decision comes with the next): the rule waits instead of being
+    refused, and the decision's event, gone by before the pin, is found by the second look."""
+    rig, backend, entries, _ = setup()
+    judging = event(mark=markcodec.encode(1, 2, None, admin=0x1234))
+    looked: list[FlowTuple] = []
+
+    def lookup(t: FlowTuple) -> Any:
+        looked.append(t)
+        if len(looked) == 1:
+            rig.event(action=0)  # meanwhile: decided, ignored by the policy, no pin yet
+            return judging
+        return event(action=0)
+    backend.lookup = lookup
+    out = backend.submit(rule(rig), 1.0)
+    assert out.result is Result.ADDED and "decision" in out.pending and len(looked) == 2
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def test_an_entry_that_crossed_no_nfshunt_plumbing_is_refused_as_not_accepted():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(mark=0x1234)  # the admin's bits only
+    out = backend.submit(rule(rig), 1.0)
+    assert (out.result, out.refusal) == (Result.ERROR, Refusal.NOT_ACCEPTED)
+    assert rig.core.find(tuple_=ORIG) is None and not backend.store.rules
 
 
 def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
