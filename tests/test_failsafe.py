@@ -380,8 +380,31 @@ def test_a_long_overflowing_burst_leaves_no_entry_unshunted(fresh):
     # Conntrack ids are 32 bits: among 30,000 a repeat is ~10 % likely, and that connection
     # rightly waits on the slow path until the pair holding its id is gone.
     collided = st["counters"].get("ignored:conntrack id of a live pair", 0)
-    assert left <= 0 or (collided and left <= 2), f"{left} entries never shunted: {st['counters']}"
+    if left > 0:
+        never, idled, kept = _left_entries(tb)
+        # A pair whose confirmation the loaded controller read after the switch had already
+        # idled it out (10 s, no traffic here) rightly leaves its entry to the firewall:
+        # shunted, not lost. What the test is about is an entry never seen at all.
+        assert len(never) <= (2 if collided else 0) and not kept, \
+            f"{len(never)} entries never shunted ({never[:5]}); {len(kept)} shunted and still holding their entry " \
+            f"({kept[:5]}); {len(idled)} idled out before their entry went: {st['counters']}"
     _leave_the_pairs(tb)
+
+
+def _left_entries(tb) -> tuple[list[str], list[str], list[str]]:
+    """The burst's entries left in conntrack, split by the controller's log: never shunted;
+    shunted, and the pair removed (idle timeout) before the entry went; shunted, no removal."""
+    log = tb.controller_output(since_start=True)
+    never, idled, kept = [], [], []
+    for e in tb.conntrack():
+        if not e["src"].startswith("10.64."):
+            continue
+        name = f"udp {e['src']}:{e['sport']} -> {e['dst']}:{e['dport']}"
+        if f"shunt {name} ports" not in log:
+            never.append(name)
+        else:
+            (idled if f"shunt removed (idle timeout): {name} ports" in log else kept).append(name)
+    return never, idled, kept
 
 
 @controller_config(fresh_start=True, log_level="INFO", delete_flows_on_shutdown=False)
