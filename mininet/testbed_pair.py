@@ -44,15 +44,15 @@ class Pair(Controllers):
     # --- config -----------------------------------------------------------------------------
 
     @staticmethod
-    def _notify_wrapper(fw: Firewall) -> str:
-        """The shipped notify script run as keepalived runs it (same arguments, keepalived's
-        bare environment); only its stderr, a time-stamped line a step, is kept (keepalived
-        discards it) for the takeover's time line."""
-        path = os.path.join(fw.workdir, "nfshunt-notify")
+    def _notify_wrapper(fw: Firewall, script: str) -> str:
+        """A shipped notify script (nfshunt-notify-fifo, nfshunt-notify) run as keepalived
+        runs it (same arguments, keepalived's bare environment); only its stderr, a
+        time-stamped line a step, is kept (keepalived discards it) for the takeover's time line."""
+        path = os.path.join(fw.workdir, script)
         # Written aside and renamed over: keepalived may be starting the old one this moment
         # (a services restart), and a file being exec'd cannot be opened for writing (ETXTBSY).
         with open(f"{path}.new", "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, "nfshunt-notify")} "$@" 2>>{fw.workdir}/notify.log\n')
+            fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, script)} "$@" 2>>{fw.workdir}/notify.log\n')
         os.chmod(f"{path}.new", 0o755)
         os.replace(f"{path}.new", path)
         return path
@@ -67,7 +67,9 @@ class Pair(Controllers):
             "192.0.2.1": VRRP_ADDRS[me], "192.0.2.2": VRRP_ADDRS[peer], "192.0.2.100": VRRP_VIP,
             "198.51.100.1": SYNC_ADDRS[me], "198.51.100.2": SYNC_ADDRS[peer],
             "priority 150": f"priority {150 if me == 0 else 100}",
-            "/usr/local/sbin/nfshunt-notify": self._notify_wrapper(fw),
+            "/usr/local/sbin/nfshunt-notify-fifo": self._notify_wrapper(fw, "nfshunt-notify-fifo"),
+            "/usr/local/sbin/nfshunt-notify": self._notify_wrapper(fw, "nfshunt-notify"),
+            "/run/nfshunt-keepalived.fifo": os.path.join(fw.workdir, "keepalived.fifo"),
             "/etc/conntrackd/conntrackd.conf": os.path.join(fw.workdir, "conntrackd.conf"),
             "/etc/nfshunt/nfshunt.json": fw.config_path,
             "/var/log/conntrackd.log": os.path.join(fw.workdir, "conntrackd.log"),
@@ -91,7 +93,7 @@ class Pair(Controllers):
         would: all at once (no order), or one after the other in `order`, each started
         before the next without waiting for it to be ready."""
         for fw in firewalls:
-            for stale in ("conntrackd.lock", "conntrackd.ctl", "keepalived.pid", "vrrp.pid"):
+            for stale in ("conntrackd.lock", "conntrackd.ctl", "keepalived.pid", "vrrp.pid", "keepalived.fifo"):
                 if os.path.exists(os.path.join(fw.workdir, stale)):
                     os.unlink(os.path.join(fw.workdir, stale))
         for service in order or tuple(Service):

@@ -176,11 +176,26 @@ def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refus
             server.kill()
 
 
+def _pair_state(tb, logged):
+    """What a failed wait on the pair saw: who holds the VRRP address, the default flows,
+    and each host's notify script and daemons since the services started."""
+    from testbed_observe import DEFAULT_COOKIE
+    from testbed_topology import VRRP_VIP
+    lines = [f"default flows: {[f for f in tb.flows() if f.get('cookie') == DEFAULT_COOKIE]}"]
+    for fw, start in zip(tb.firewalls, logged, strict=True):
+        vip = VRRP_VIP + "/" in tb.run(tb.node(fw), "ip", "-4", "-o", "addr", "show", "dev", f"{fw.name}-eth3",
+                                        check=False)
+        lines += [f"--- {fw.name} (slow ports {fw.slow}, VRRP address {'held' if vip else 'not held'}):",
+                  _notify_log(fw)[start:], _daemons_log(fw)[-3000:]]
+    return "\n".join(lines)
+
+
 def test_the_pair_takes_the_switch_whatever_order_its_services_start_in(integration_ready):
     """Both hosts boot (power cut: nothing resigns; the switch's table empty): their three
     services start all at once, or one after the other in each order. Within a few seconds
     of the last start, the host keepalived made master has the switch, the other none of it."""
     from nfshunt_testbed import Service
+    from testbed_topology import TestbedError
     took = {}
     with _pair() as tb:
         for order in [(), *itertools.permutations(Service)]:
@@ -193,8 +208,11 @@ def test_the_pair_takes_the_switch_whatever_order_its_services_start_in(integrat
             logged = [len(_notify_log(fw)) for fw in tb.firewalls]
             tb.start_services(tb.firewalls, order)
             started = time.monotonic()
-            tb.wait_for(lambda: (a := tb.active_firewall()) is not None and tb.defaults_point_to(a), 8,
-                        f"the keepalived master's controller to hold the switch (services started: {name})")
+            try:
+                tb.wait_for(lambda: (a := tb.active_firewall()) is not None and tb.defaults_point_to(a), 8,
+                            f"the keepalived master's controller to hold the switch (services started: {name})")
+            except TestbedError as exc:
+                raise AssertionError(f"{exc}\n{_pair_state(tb, logged)}") from None
             took[name] = round(time.monotonic() - started, 2)
             for fw, start in zip(tb.firewalls, logged, strict=True):
                 # (conntrackd's own complaints before it runs are expected: the order under test)

@@ -225,6 +225,45 @@ def test_the_notify_script_finds_nfshunt_with_keepalived_minimal_path_or_fails_l
         assert done.returncode == 1 and "not installed" in done.stderr
 
 
+def test_the_fifo_reader_runs_keepalived_state_changes_one_after_the_other_in_order(tmp_path):
+    """keepalived runs a `notify` script per change without waiting, so a MASTER that first
+    commits conntrackd's cache could finish after the BACKUP right behind it, and the host
+    that yielded would claim the switch. Through the FIFO each change runs after the one
+    before; keepalived's TERM at its stop does not end the reader before the last STOP."""
+    import signal
+    import subprocess
+    import time
+    reader = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify-fifo")
+    calls = tmp_path / "calls"
+    notify = tmp_path / "nfshunt-notify"
+    # MASTER is the slow one (conntrackd's commit); each call notes whether TERM is ignored in it.
+    notify.write_text(f"#!/bin/sh\necho \"start $3 $4 $5 $6 $1 $2\" >> {calls}\n[ \"$5\" = MASTER ] && sleep 0.3\n"
+                      f"ign=$(awk '/^SigIgn/ {{print $2}}' /proc/$$/status)\necho \"end $5 $ign\" >> {calls}\n")
+    notify.chmod(0o755)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", "/etc/nfshunt/nfshunt.json",
+                             str(fifo)], stderr=subprocess.PIPE, text=True)
+    fd = os.open(fifo, os.O_RDWR)  # as keepalived holds it
+    try:
+        os.write(fd, b'INSTANCE "NFSHUNT" MASTER 150\nGROUP "G" MASTER 0\nINSTANCE "NFSHUNT" BACKUP 150\n')
+        deadline = time.monotonic() + 5
+        while "end BACKUP" not in (calls.read_text() if calls.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # keepalived stopping: TERM first, then the last states
+        os.write(fd, b'INSTANCE "NFSHUNT" STOP 150\n')
+    finally:
+        os.close(fd)  # keepalived gone: the reader ends at the FIFO's end
+    assert proc.wait(timeout=5) == 0
+    lines = calls.read_text().splitlines()
+    assert [line.split()[:2] for line in lines] == [["start", "INSTANCE"], ["end", "MASTER"], ["start", "INSTANCE"],
+                                                    ["end", "BACKUP"], ["start", "INSTANCE"], ["end", "STOP"]]
+    assert lines[0] == "start INSTANCE NFSHUNT MASTER 150 /etc/conntrackd/conntrackd.conf /etc/nfshunt/nfshunt.json"
+    term = 1 << (signal.SIGTERM - 1)
+    assert all(not int(line.split()[2], 16) & term for line in lines if line.startswith("end")), lines
+    assert "keepalived closed" in proc.stderr.read()
+
+
 def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
     """keepalived's notify script (`nfshunt role` recording a role) and a starting controller
     may write the state file at the same moment: each writes a temporary file of its own, so
