@@ -1,7 +1,6 @@
 """`nfshunt run`: start os-ken with the NFShunt app and run until SIGTERM/SIGINT."""
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -14,7 +13,6 @@ from .config import Config
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 LOG = logging.getLogger("nfshunt")
-GC_YOUNG = 10_000  # allocations between collections of the youngest generation (Python's default: 700)
 
 
 def _configure_osken(cfg: Config) -> None:
@@ -38,17 +36,7 @@ def _configure_osken(cfg: Config) -> None:
         conf.set_override("ofp_tcp_listen_port", cfg.listen_port)
 
 
-def tune_gc() -> None:
-    """Python collects its youngest objects every 700 allocations, and every tenth
-    collection of a generation is one of the next: the full ones walk every pair held. A
-    reconcile or a burst allocates millions of objects. With GC_YOUNG, the controller's
-    part of reconciling 100,000 pairs fell from 2.7-2.9 s to 2.0 s on the 2-core VM;
-    bursts of 20,000 ran as fast as before."""
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
-
-
 def run(cfg: Config, path: str | None = None) -> int:
-    tune_gc()
     _configure_osken(cfg)
     from os_ken.base.app_manager import AppManager
     from . import switch_app
@@ -68,7 +56,9 @@ def run(cfg: Config, path: str | None = None) -> int:
     manager = AppManager.get_instance()
     manager.load_apps(["nfshunt.switch_app"])
     contexts = manager.create_contexts()
+    from . import collector
     from .control import ControlError
+    collector.tune()  # (the modules are in: what they made is frozen out of collections)
     try:
         manager.instantiate_apps(nfshunt_config=cfg, nfshunt_config_path=path, **contexts)
     except (OSError, ControlError) as exc:

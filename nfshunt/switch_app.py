@@ -28,6 +28,7 @@ from .conntrack import ConntrackListener, ConntrackWorker
 from .control import ControlServer
 from .dispatch import Dispatcher
 from .feeds import EventConntrack, EventOverflow, EventRun, EventShutdown, EventTick, EventWatch, Feeds
+from .collector import FullCollections
 from .housekeeping import Housekeeping
 from .ids_backend import IdsBackend
 from .ids_process import ApiProcess
@@ -70,6 +71,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
         self.router = Router(self.cfg)
         self.trimmer = Trimmer()
+        self.collections = FullCollections(time.monotonic())
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
         self.feeds = Feeds(self.switches, lambda ev: self.send_event(self.name, ev))
         self.operator = OperatorAPI(self)
@@ -274,6 +276,8 @@ class NFShuntApp(app_manager.OSKenApp):
         busy = any(sw.session is not None and sw.session.send.pending() > 0 for sw in self.switches)
         if self.trimmer.tick(self._events_read, busy):
             LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")
+        if self.collections.tick(now, self._events_read, busy) is not None:
+            self.counters.inc("gc_full_collections")
         flush_all()  # batched log lines are at most a second late
 
     @set_ev_cls(EventShutdown)

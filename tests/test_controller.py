@@ -1,17 +1,38 @@
 """`nfshunt run`'s own settings of the Python process."""
 import gc
 
-from nfshunt import controller
+from nfshunt import collector
 
 
-def test_the_controller_collects_its_youngest_objects_less_often():
+def test_the_controller_collects_young_objects_less_often_and_never_fully_on_its_own():
     saved = gc.get_threshold()
     try:
-        controller.tune_gc()
-        assert gc.get_threshold() == (controller.GC_YOUNG, *saved[1:])
-        assert controller.GC_YOUNG > saved[0]
+        collector.tune()
+        assert gc.get_threshold() == (collector.GC_YOUNG, saved[1], collector.NEVER)
+        assert collector.GC_YOUNG > saved[0] and gc.get_freeze_count() > 0
     finally:
+        gc.unfreeze()
         gc.set_threshold(*saved)
+
+
+def test_full_collections_wait_for_a_quiet_second_and_come_at_the_latest_after_full_max():
+    made: list[int] = []
+    clock = iter(range(0, 1000, 2)).__next__  # each collection "takes" 2 s (logged: over SLOW)
+    full = collector.FullCollections(0.0, collect=lambda gen: made.append(gen) or 5, clock=clock)
+    events = 0
+    for now in range(1, int(collector.FULL_MIN)):  # quiet, but too soon after start-up
+        assert full.tick(float(now), events, busy=False) is None
+    assert full.tick(collector.FULL_MIN, events, busy=True) is None  # busy: a switch is answering
+    assert full.tick(collector.FULL_MIN + 1, events, busy=False) == 2  # quiet at last
+    assert made == [2] and full.count == 1
+    now = collector.FULL_MIN + 1
+    while now < collector.FULL_MIN + 1 + collector.FULL_MAX - 1:  # busy all along: none ...
+        now += 1
+        events += 100
+        assert full.tick(now, events, busy=False) is None
+    events += 100
+    assert full.tick(collector.FULL_MIN + 1 + collector.FULL_MAX, events, busy=False) == 2  # ... until FULL_MAX
+    assert made == [2, 2] and full.count == 2 and full.seconds == 4
 
 
 def test_a_handler_that_raises_is_counted_and_the_event_loop_goes_on(caplog):
