@@ -36,9 +36,11 @@ def test_jitter_quick_run(quick_jitter):
         assert float(r["p999_us"]) <= hi and int(r["late"]) <= frames, key
         assert int(r["sender_sent"]) >= frames and r["sender_clock_res_ns"] == "1", key
     # Where the stream went: on the slow path only in firewall mode; the reactive shunt's
-    # first frames crossed the firewall (and the receiver's reply), then none.
+    # first frames crossed the firewall (and the receiver's reply), then none. A stream left
+    # on the slow path would be 1,000 frames a second; the frames before the shunt are more
+    # on a loaded machine (6/s over a quick cell once in CI), so 5 % of the stream is the bound.
     assert float(rows["direct", "0%"]["slow_path_pps"]) == 0
-    assert float(rows["reactive", "0%"]["slow_path_pps"]) < 5
+    assert float(rows["reactive", "0%"]["slow_path_pps"]) < 0.05 * 1e6 / int(rows["reactive", "0%"]["cycle_us"])
     assert float(rows["firewall", "0%"]["slow_path_pps"]) >= 900
     assert all(int(rows["reactive", ld]["frames_before_shunt"]) >= 2 for ld in ("0%", "10%"))
     # A static shunt's stream stays off the firewall (that not even its first frame crosses it
