@@ -475,3 +475,23 @@ def test_a_call_is_waited_for_on_its_answer_alone():
     untaken = loop.call(lambda a: None, 1.0)
     with pytest.raises(TimeoutError, match="did not take"):
         loop.wait(untaken, 0.01, 5.0)
+
+
+def test_an_add_leaves_no_cycle_for_the_garbage_collector():
+    """Full collections are paced by the controller (collector.py), up to minutes apart under
+    load: an add must be freed by reference counting. Its answer's `then` held the answer
+    (19 objects an add, 1.1 million in the benchmark's minute)."""
+    import gc
+    rig, backend, entries, _ = setup()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(50):
+            t = FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 20000 + i, 5201)
+            entries[t] = event(action=0, sport=20000 + i, ct_id=1000 + i)
+            got: list[Any] = []
+            backend.submit_async(rule(rig, rule_id=str(i), connection=t), entries[t], 1.0, got.append)
+            assert got and got[0].result is Result.ADDED
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
