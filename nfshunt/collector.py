@@ -1,18 +1,22 @@
-"""When Python's cyclic garbage collector walks the controller's whole heap.
+"""When Python's cyclic garbage collector walks what the controller holds.
 
 Python collects its youngest objects every GC_YOUNG allocations (its default: 700), and
 every tenth collection of a generation is one of the next; a full one is due whenever a
 quarter more objects have reached the oldest generation since the last. A full collection
 walks every object the controller holds. With 60,000 IDS rules and their pairs it stopped
 every thread for 0.7 s and 1.7 s within one minute of 1,000 requests a second, and every
-answer and every shunt waited for it (bench/results/2026-11-25).
+answer and every shunt waited for it; the middle generation's collections, walking the
+pairs and rules of the last ~10 s, stopped it for 80-120 ms every ~9 s
+(bench/results/2026-11-25).
 
-Young collections stay Python's: they free the cycles of short-lived objects, and they
-walk only what is young. Full ones are the controller's, from its 1 s tick: after a quiet
-second (no conntrack event, nothing waiting for a switch) at most once every FULL_MIN
-seconds, and FULL_MAX seconds after the last whether busy or not, so that cycles among
-long-lived objects that died are freed within that time. What start-up made (modules,
-config) lives as long as the process: it is frozen out of every collection.
+So the collector walks only what is new: each tick freezes what lives (gc.freeze: left out
+of every collection until the next full one), and young collections walk the last second's
+objects, freeing the cycles of short-lived ones. Full collections are the controller's, from
+the tick, with everything unfrozen first: after a quiet second (no conntrack event, nothing
+waiting for a switch) at most once every FULL_MIN seconds, and FULL_MAX seconds after the
+last whether busy or not, so that cycles among long-lived objects that died are freed within
+that time. (The controller's own paths make none: tests hold an add, an install, an idle-out
+and a flush to it.)
 """
 from __future__ import annotations
 
@@ -43,23 +47,30 @@ class FullCollections:
     """The full collections `tune` took from Python, made from the controller's tick."""
 
     def __init__(self, now: float, collect: Callable[[int], int] = gc.collect,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, freeze: Callable[[], None] = gc.freeze,
+                 unfreeze: Callable[[], None] = gc.unfreeze):
         self._collect = collect
         self._clock = clock
+        self._freeze = freeze
+        self._unfreeze = unfreeze
         self._last = now  # when the last one ran (start-up's counts as one: tune)
         self._seen = -1  # conntrack events read at the last tick
         self.count = 0
         self.seconds = 0.0  # the threads' time they took, in all
 
     def tick(self, now: float, events_read: int, busy: bool) -> float | None:
-        """Once a second: a full collection if one is due; how long it took (s), or None."""
+        """Once a second: a full collection if one is due, then what lives frozen; how long
+        the collection took (s), or None."""
         quiet = events_read == self._seen and not busy
         self._seen = events_read
         since = now - self._last
         if since < FULL_MIN or (since < FULL_MAX and not quiet):
+            self._freeze()
             return None
         start = self._clock()
+        self._unfreeze()
         found = self._collect(2)
+        self._freeze()
         took = self._clock() - start
         self._last = now
         self.count += 1

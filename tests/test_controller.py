@@ -16,15 +16,20 @@ def test_the_controller_collects_young_objects_less_often_and_never_fully_on_its
 
 
 def test_full_collections_wait_for_a_quiet_second_and_come_at_the_latest_after_full_max():
-    made: list[int] = []
+    made: list[int | str] = []
     clock = iter(range(0, 1000, 2)).__next__  # each collection "takes" 2 s (logged: over SLOW)
-    full = collector.FullCollections(0.0, collect=lambda gen: made.append(gen) or 5, clock=clock)
+    full = collector.FullCollections(0.0, collect=lambda gen: made.append(gen) or 5, clock=clock,
+                                     freeze=lambda: made.append("freeze"), unfreeze=lambda: made.append("unfreeze"))
+
+    def collections() -> list[int | str]:
+        return [m for m in made if m != "freeze"]
     events = 0
     for now in range(1, int(collector.FULL_MIN)):  # quiet, but too soon after start-up
         assert full.tick(float(now), events, busy=False) is None
     assert full.tick(collector.FULL_MIN, events, busy=True) is None  # busy: a switch is answering
+    assert made == ["freeze"] * int(collector.FULL_MIN)  # what lives frozen at every tick
     assert full.tick(collector.FULL_MIN + 1, events, busy=False) == 2  # quiet at last
-    assert made == [2] and full.count == 1
+    assert made[-3:] == ["unfreeze", 2, "freeze"] and full.count == 1  # a full one walks everything
     now = collector.FULL_MIN + 1
     while now < collector.FULL_MIN + 1 + collector.FULL_MAX - 1:  # busy all along: none ...
         now += 1
@@ -32,7 +37,7 @@ def test_full_collections_wait_for_a_quiet_second_and_come_at_the_latest_after_f
         assert full.tick(now, events, busy=False) is None
     events += 100
     assert full.tick(collector.FULL_MIN + 1 + collector.FULL_MAX, events, busy=False) == 2  # ... until FULL_MAX
-    assert made == [2, 2] and full.count == 2 and full.seconds == 4
+    assert collections() == ["unfreeze", 2, "unfreeze", 2] and full.count == 2 and full.seconds == 4
 
 
 def test_a_handler_that_raises_is_counted_and_the_event_loop_goes_on(caplog):
