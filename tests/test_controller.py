@@ -61,3 +61,26 @@ def test_a_handler_that_raises_is_counted_and_the_event_loop_goes_on(caplog):
     NFShuntApp._event_loop(loop)  # returns once the queue is empty (is_active False)
     assert served == ["second"] and counted == ["handler_errors"]
     assert "handler broken failed on str" in caplog.text
+
+
+def test_installs_idle_outs_and_a_flush_leave_no_cycle_for_the_full_collection():
+    """Full collections come minutes apart under load (collector.py): a pair's life must be
+    freed by reference counting alone."""
+    from tests.test_fake_core import Rig
+    rig = Rig()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(100):
+            rig.event(sport=20000 + i, ct_id=1000 + i)
+        assert gc.collect() == 0, "installs"
+        rig.advance(100)  # every pair idles out
+        assert gc.collect() == 0, "idle-outs"
+        for i in range(100):
+            rig.event(sport=30000 + i, ct_id=5000 + i)
+        rig.run(rig.core.flush("test", rig.now))
+        rig.advance(10)
+        assert gc.collect() == 0, "a flush"
+        assert not rig.core.conns.shunts
+    finally:
+        gc.enable()
