@@ -9,14 +9,15 @@ answer and every shunt waited for it; the middle generation's collections, walki
 pairs and rules of the last ~10 s, stopped it for 80-120 ms every ~9 s
 (bench/results/2026-11-25).
 
-So the collector walks only what is new: each tick freezes what lives (gc.freeze: left out
-of every collection until the next full one), and young collections walk the last second's
-objects, freeing the cycles of short-lived ones. Full collections are the controller's, from
-the tick, with everything unfrozen first: after a quiet second (no conntrack event, nothing
-waiting for a switch) at most once every FULL_MIN seconds, and FULL_MAX seconds after the
-last whether busy or not, so that cycles among long-lived objects that died are freed within
-that time. (The controller's own paths make none: tests hold an add, an install, an idle-out
-and a flush to it.)
+So the collector walks only what is new. Each tick collects the young generations (what
+the last second made: the cycles of short-lived objects are freed) and then freezes what
+lives (gc.freeze: left out of every collection until the next full one; it also restarts
+Python's count towards the next young collection). Full collections are the controller's,
+from the tick, with everything unfrozen first: after a quiet second (no conntrack event,
+nothing waiting for a switch) at most once every FULL_MIN seconds, and FULL_MAX seconds after
+the last whether busy or not, so that cycles among long-lived objects that died are freed
+within that time. (The controller's own paths make none: tests hold an add, an install, an
+idle-out and a flush to it.)
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class FullCollections:
         self._seen = events_read
         since = now - self._last
         if since < FULL_MIN or (since < FULL_MAX and not quiet):
+            self._collect(1)
             self._freeze()
             return None
         start = self._clock()

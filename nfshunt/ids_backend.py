@@ -123,6 +123,7 @@ class IdsBackend:
         try:
             self.loop.call(lambda a: self._submit(rule, entry, a), timeout, sub.ans)
         except TimeoutError as exc:
+            sub.ans.then = None  # never answered: the cycle it makes with `sub` goes now
             sub.give(exc)
         return sub
 
@@ -215,8 +216,9 @@ class IdsBackend:
             policy = self._policy(entry.mark)
             # An entry whose mark is not complete is still being judged (its first packets
             # crossed the plumbing, the decision comes with a later one): the rule waits for
-            # it, as for an entry not seen yet. One with no NFShunt bits never crossed it.
-            if policy is None and entry.mark & markcodec.NFSHUNT_BITS == 0:
+            # it, as for an entry not seen yet. One with no NFShunt bits never crossed it, and
+            # one decided with an action the config does not know never will be shunted.
+            if policy is None and (entry.mark & markcodec.NFSHUNT_BITS == 0 or markcodec.decode(entry.mark).complete):
                 policy, accepted = Action.IGNORE, False
         return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted)
 

@@ -312,7 +312,7 @@ class Situation:
     # The connection's live conntrack entry as the policy decided it: IGNORE (accepted, left
     # to the firewall), SHUNT, BLOCK; None: no live entry (not seen yet, or gone).
     policy: Action | None = None
-    entry_accepted: bool = True  # False: the entry crossed no NFShunt plumbing (no mark of ours)
+    entry_accepted: bool = True  # False: no mark of ours on the entry, or an action the config lacks
     pin: Action | None = None  # an operator's pin on the connection
     ids_block: str | None = None  # an active IDS block covering it: its "source/id"
     whitelist: str | None = None  # an active whitelist covering one of its addresses: its "source/id"
@@ -373,6 +373,6 @@ def precedence(rule: Rule, situation: Situation, allowed: MayShunt) -> Verdict:
         return Verdict(Decision.WAIT, reason="waits for the connection's conntrack entry and its decision")
     if not s.entry_accepted:
         return Verdict(Decision.REFUSE, Refusal.NOT_ACCEPTED,
-                       "its conntrack entry crossed no NFShunt plumbing (no mark of ours): an IDS may shunt "
-                       "only what the firewall accepted")
+                       "the firewall has not accepted the connection for NFShunt (its conntrack entry has no mark "
+                       "of ours, or an action the config does not know): an IDS may shunt only what it accepted")
     return Verdict(Decision.APPLY, reason="accepted by the firewall, inside ids.may_shunt")

@@ -269,16 +269,18 @@ class NFShuntApp(app_manager.OSKenApp):
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
         now = time.monotonic()
-        for sw in self.switches:
-            self.housekeeping.tick(sw, now)
-        if self.ids is not None:
-            self.ids.tick()
         busy = any(sw.session is not None and sw.session.send.pending() > 0 for sw in self.switches)
-        if self.trimmer.tick(self._events_read, busy):
-            LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")
-        if self.collections.tick(now, self._events_read, busy) is not None:
-            self.counters.inc("gc_full_collections")
-        flush_all()  # batched log lines are at most a second late
+        try:
+            for sw in self.switches:
+                self.housekeeping.tick(sw, now)
+            if self.ids is not None:
+                self.ids.tick()
+            if self.trimmer.tick(self._events_read, busy):
+                LOG.debug("returned the memory of a settled burst to the system (malloc_trim)")
+        finally:  # (Python collects nothing old itself: a tick that raises must not stop this)
+            if self.collections.tick(now, self._events_read, busy) is not None:
+                self.counters.inc("gc_full_collections")
+            flush_all()  # batched log lines are at most a second late
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:

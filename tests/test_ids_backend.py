@@ -175,9 +175,14 @@ def test_a_connection_still_being_judged_waits_for_the_decision_and_is_shunted_w
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
 
 
-def test_an_entry_that_crossed_no_nfshunt_plumbing_is_refused_as_not_accepted():
+@pytest.mark.parametrize("mark", [0x1234, markcodec.encode(1, 2, 9, admin=0x1234)],
+                         ids=["no-mark-of-ours", "unknown-action"])
+def test_an_entry_nfshunt_will_never_shunt_is_refused_as_not_accepted(mark):
+    """No NFShunt bits (it crossed no plumbing), or decided with an action the config lacks:
+    no decision NFShunt acts on will come, so the rule is refused rather than left waiting."""
     rig, backend, entries, _ = setup()
-    entries[ORIG] = event(mark=0x1234)  # the admin's bits only
+    assert rig.sw.cfg.action_for(9) is None
+    entries[ORIG] = event(mark=mark)
     out = backend.submit(rule(rig), 1.0)
     assert (out.result, out.refusal) == (Result.ERROR, Refusal.NOT_ACCEPTED)
     assert rig.core.find(tuple_=ORIG) is None and not backend.store.rules

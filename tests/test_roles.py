@@ -229,39 +229,49 @@ def test_the_fifo_reader_runs_keepalived_state_changes_one_after_the_other_in_or
     """keepalived runs a `notify` script per change without waiting, so a MASTER that first
     commits conntrackd's cache could finish after the BACKUP right behind it, and the host
     that yielded would claim the switch. Through the FIFO each change runs after the one
-    before; keepalived's TERM at its stop does not end the reader before the last STOP."""
+    before. keepalived's TERM to the reader's process group (at its stop, then the last
+    STOP line; at a reload) neither ends the reader nor cuts a change half-way."""
     import signal
     import subprocess
     import time
     reader = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify-fifo")
     calls = tmp_path / "calls"
     notify = tmp_path / "nfshunt-notify"
-    # MASTER is the slow one (conntrackd's commit); each call notes whether TERM is ignored in it.
-    notify.write_text(f"#!/bin/sh\necho \"start $3 $4 $5 $6 $1 $2\" >> {calls}\n[ \"$5\" = MASTER ] && sleep 0.3\n"
-                      f"ign=$(awk '/^SigIgn/ {{print $2}}' /proc/$$/status)\necho \"end $5 $ign\" >> {calls}\n")
+    # MASTER is the slow one (conntrackd's commit). Each call notes its session and whether
+    # TERM is ignored in it.
+    notify.write_text(f"#!/bin/sh\necho \"start $3 $4 $5 $6 $1 $2\" >> {calls}\n[ \"$5\" = MASTER ] && sleep 0.5\n"
+                      f"ign=$(awk '/^SigIgn/ {{print $2}}' /proc/$$/status)\n"
+                      f"echo \"end $5 $ign $(cut -d' ' -f6 /proc/$$/stat)\" >> {calls}\n")
     notify.chmod(0o755)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", "/etc/nfshunt/nfshunt.json",
-                             str(fifo)], stderr=subprocess.PIPE, text=True)
+                             str(fifo)], stderr=subprocess.PIPE, text=True, start_new_session=True)
     fd = os.open(fifo, os.O_RDWR)  # as keepalived holds it
+
+    def seen(text: str) -> bool:
+        deadline = time.monotonic() + 5
+        while text not in (calls.read_text() if calls.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return text in calls.read_text()
     try:
         os.write(fd, b'INSTANCE "NFSHUNT" MASTER 150\nGROUP "G" MASTER 0\nINSTANCE "NFSHUNT" BACKUP 150\n')
-        deadline = time.monotonic() + 5
-        while "end BACKUP" not in (calls.read_text() if calls.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)  # keepalived stopping: TERM first, then the last states
+        assert seen("start INSTANCE NFSHUNT MASTER")
+        os.killpg(proc.pid, signal.SIGTERM)  # keepalived stopping, the takeover under way
         os.write(fd, b'INSTANCE "NFSHUNT" STOP 150\n')
+        assert seen("end STOP")
     finally:
-        os.close(fd)  # keepalived gone: the reader ends at the FIFO's end
+        os.close(fd)  # the reader ends at the FIFO's end (keepalived's kill would end it too)
     assert proc.wait(timeout=5) == 0
     lines = calls.read_text().splitlines()
     assert [line.split()[:2] for line in lines] == [["start", "INSTANCE"], ["end", "MASTER"], ["start", "INSTANCE"],
                                                     ["end", "BACKUP"], ["start", "INSTANCE"], ["end", "STOP"]]
     assert lines[0] == "start INSTANCE NFSHUNT MASTER 150 /etc/conntrackd/conntrackd.conf /etc/nfshunt/nfshunt.json"
+    ends = [line.split() for line in lines if line.startswith("end")]
     term = 1 << (signal.SIGTERM - 1)
-    assert all(not int(line.split()[2], 16) & term for line in lines if line.startswith("end")), lines
-    assert "keepalived closed" in proc.stderr.read()
+    assert all(not int(ignored, 16) & term for _, _, ignored, _ in ends), lines  # TERM's default back
+    assert all(int(sid) != proc.pid for _, _, _, sid in ends), lines  # out of the reader's session
+    assert "closed" in proc.stderr.read()
 
 
 def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
