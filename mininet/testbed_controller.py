@@ -178,16 +178,20 @@ class Controllers(Topology):
             raise TestbedError(f"{fw.name}'s controller exited:\n" + self.controller_output(fw)[-3000:])
 
     def wait_for_controller(self, timeout: float = 20, fw: Firewall | None = None) -> None:
-        """The controller answers on its control socket and has the switch."""
+        """The controller answers on its control socket and has the switch, reconciled (its
+        table read back: connections started before are judged again at their next packet,
+        a test's transfer started then could wait seconds for its shunt). A pair's
+        controller only connected: a backup never reconciles."""
         fw = fw or self.firewalls[0]
 
         def ready() -> bool:
             self._check_running(fw)
             try:
-                return bool(self.control({"cmd": "status"}, fw=fw)["switch"]["connected"])
+                st = self.control({"cmd": "status", "connections": False}, fw=fw)
             except Exception:
                 return False
-        self.wait_for(ready, timeout, f"{fw.name}'s controller to answer with the switch connected")
+            return bool(st["switch"]["connected"] and (st["switch"]["reconciled"] or st["pair"] is not None))
+        self.wait_for(ready, timeout, f"{fw.name}'s controller to answer with the switch connected and reconciled")
 
     def control(self, payload: dict[str, Any], timeout: float = 10, fw: Firewall | None = None) -> dict[str, Any]:
         """One request on a controller's control socket (a path: reachable from any netns)."""

@@ -320,6 +320,7 @@ class OperatorAPI:
             dp, send = (session.dp, session.send) if session is not None else (None, None)
             switches.append({
                 "connected": dp is not None,
+                "reconciled": dp is not None and core.reconciled,  # its table read back and agreed: shunting
                 "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
                 (sw.name if sw.cfg.datapath_id is not None else None),
                 "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
@@ -333,7 +334,7 @@ class OperatorAPI:
                 "static_shunts": sw.core.static.status()})
         first = switches[0]
         return {
-            "switch": {k: first[k] for k in ("connected", "datapath_id", "openflow", "address")},
+            "switch": {k: first[k] for k in ("connected", "reconciled", "datapath_id", "openflow", "address")},
             "switches": switches,
             "uptime": round(time.time() - self.app.started, 1),
             **totals(switches, ("shunts", "blocks", "waiting", "pending", "queued", "max_shunts")),
