@@ -41,7 +41,6 @@ import math
 import os
 import re
 import socket
-import socketserver
 import ssl
 import stat
 import struct
@@ -671,6 +670,21 @@ def _certificate_name(sock: socket.socket) -> str | None:
     return None
 
 
+def listen(cfg: IdsConfig) -> socket.socket:
+    """The API's socket, bound to its address and listening (by the controller when the API
+    runs in its own process, ids_process: an address in use fails the controller's start).
+    No name is looked up (http.server's bind would: a DNS query at start)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.listen_address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.listen_address, cfg.listen_port))
+        sock.listen(_Server.request_queue_size)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() must not wait on a slow client's thread
@@ -678,19 +692,11 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def __init__(self, api: "IdsApi"):
         self.api = api
-        self.address_family = socket.AF_INET6 if ":" in api.cfg.listen_address else socket.AF_INET
         self._slots = threading.BoundedSemaphore(api.cfg.max_connections)
-        given = api.listening
-        super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=given is None)
-        if given is not None:  # bound and listening already (ids_process: the controller's)
-            self.socket.close()
-            self.socket = given
-            self.server_address = given.getsockname()
-            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
-
-    def server_bind(self) -> None:
-        # HTTPServer's would look the address's name up (a DNS query at start): not needed.
-        socketserver.TCPServer.server_bind(self)
+        super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=False)
+        self.socket.close()  # (the one socketserver made unbound: ours is `listen`'s, or the controller's)
+        self.socket = api.listening if api.listening is not None else listen(api.cfg)
+        self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:

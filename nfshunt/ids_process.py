@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from .config import IdsConfig
-from .ids_api import REQUEST_SECONDS, IdsApi, Outcome, Reject, RuleBackend, RuleView
+from .ids_api import REQUEST_SECONDS, IdsApi, Outcome, Reject, RuleBackend, RuleView, listen
 from .ids_rules import Kind, Network, Rule
 from .model import ConnEvent, FlowTuple
 
@@ -400,16 +400,7 @@ class ApiProcess:
         return None if self._child is None else self._child.pid
 
     def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self.cfg.listen_address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.cfg.listen_address, self.cfg.listen_port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        self._listening = sock
+        self._listening = listen(self.cfg)
         self._spawn()
         error = self._await_serving()
         if error is not None:
