@@ -27,11 +27,11 @@ from typing import Any, Callable
 
 from os_ken.ofproto import ofproto_protocol
 
-from nfshunt.config import Config
-from nfshunt.connection import Action, Conn
-from nfshunt.flows import FlowBuilder
-from nfshunt.model import UDP, FlowTuple
+from nfshunt.config.settings import Config
+from nfshunt.core.connection import Action, Conn
+from nfshunt.openflow.flows import FlowBuilder
 from nfshunt.probe import PROBE_FLOWS, RATE_ID
+from nfshunt.records.model import UDP, FlowTuple
 
 RATE_FLOWS = PROBE_FLOWS[2]  # cookie and mask of the probe's rate-test pairs, which these are
 

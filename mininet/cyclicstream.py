@@ -19,7 +19,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-
 from linkemu import build_program, stop_process
 from nfshunt_testbed import TestbedError
 

@@ -41,8 +41,19 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from cyclicstream import FRAME_BYTES, CyclicStream, delay_stats  # noqa: E402
 from linkemu import DELAY_MECHANISMS, Emulation, stop_process  # noqa: E402
-from nfshunt_testbed import (FAST1, FAST2, H1_IP, H2_IP, IGNORE_PORT, REPO, SHUNT_PORT,  # noqa: E402
-                             SWITCH_RX_BUFFER, Testbed, TestbedError, machine_info)
+from nfshunt_testbed import (  # noqa: E402
+    FAST1,
+    FAST2,
+    H1_IP,
+    H2_IP,
+    IGNORE_PORT,
+    REPO,
+    SHUNT_PORT,
+    SWITCH_RX_BUFFER,
+    Testbed,
+    TestbedError,
+    machine_info,
+)
 
 MODES = ("direct", "nfshunt", "firewall")
 MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}

@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import statistics
 import signal
+import statistics
 import subprocess
 from dataclasses import dataclass
 from typing import Callable

@@ -41,19 +41,53 @@ import signal
 import tempfile
 from typing import Any, Callable
 
-from mininet.log import setLogLevel
-
 from linkemu import Emulation
 from testbed_controller import STRICT_RULE
-from testbed_machine import (RMEM_DEFAULT, SWITCH_RX_BUFFER, UNINTERRUPTIBLE, MachineSettings, clear_leftovers,
-                             ensure_ovs, kernel_datapath_available, machine_info, userspace_tso_enabled,
-                             userspace_tso_setting)
+from testbed_machine import (
+    RMEM_DEFAULT,
+    SWITCH_RX_BUFFER,
+    UNINTERRUPTIBLE,
+    MachineSettings,
+    clear_leftovers,
+    ensure_ovs,
+    kernel_datapath_available,
+    machine_info,
+    userspace_tso_enabled,
+    userspace_tso_setting,
+)
 from testbed_observe import Observation
 from testbed_pair import Pair, Service
-from testbed_topology import (BLOCK_PORT, FAST1, FAST2, H1_IP, H2_IP, H2_IP6, H4_IP, HERE, IGNORE_PORT, MGMT_FW,
-                              MGMT_OTHER, MGMT_ROOT, MGMT_ROOT2, MGMT_FW2, MODES, OF_PORT, POLICY, PYTHON, REPO,
-                              SHUNT_PORT, SLOW1, SLOW1_B, SLOW2, SLOW2_B, Firewall, TestbedError)
+from testbed_topology import (
+    BLOCK_PORT,
+    FAST1,
+    FAST2,
+    H1_IP,
+    H2_IP,
+    H2_IP6,
+    H4_IP,
+    HERE,
+    IGNORE_PORT,
+    MGMT_FW,
+    MGMT_FW2,
+    MGMT_OTHER,
+    MGMT_ROOT,
+    MGMT_ROOT2,
+    MODES,
+    OF_PORT,
+    POLICY,
+    PYTHON,
+    REPO,
+    SHUNT_PORT,
+    SLOW1,
+    SLOW1_B,
+    SLOW2,
+    SLOW2_B,
+    Firewall,
+    TestbedError,
+)
 from testbed_traffic import STEADY_RATE, Traffic
+
+from mininet.log import setLogLevel
 
 # The names tests, the demo, experiments and benchmarks import from here; the rest are in
 # their job's module.

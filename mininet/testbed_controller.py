@@ -9,11 +9,25 @@ import signal
 import subprocess
 from typing import Any
 
-from mininet.node import RemoteController
-
 from linkemu import stop_process
-from testbed_topology import (FAST1, FAST2, HERE, MGMT_FW, OF_PORT, PYTHON, REPO, S1_DPID, S2_DPID, SLOW1, SLOW2,
-                              Firewall, TestbedError, Topology)
+from testbed_topology import (
+    FAST1,
+    FAST2,
+    HERE,
+    MGMT_FW,
+    OF_PORT,
+    PYTHON,
+    REPO,
+    S1_DPID,
+    S2_DPID,
+    SLOW1,
+    SLOW2,
+    Firewall,
+    TestbedError,
+    Topology,
+)
+
+from mininet.node import RemoteController
 
 LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
 # A strict firewall: what conntrack calls INVALID is dropped (a packet of a connection it
@@ -163,7 +177,7 @@ class Controllers(Topology):
                 self.extra_config[key] = value
 
     def reload_config(self, **overrides: Any) -> None:
-        """Change keys the running controller takes from a reload (nfshunt.reload.LIVE; None:
+        """Change keys the running controller takes from a reload (nfshunt.config.reload.LIVE; None:
         back to the default) without a restart, which costs a test about 2 s. New pairs get
         the new values; a key that would need a restart fails here instead of being ignored."""
         self._override(overrides)
@@ -195,7 +209,7 @@ class Controllers(Topology):
 
     def control(self, payload: dict[str, Any], timeout: float = 10, fw: Firewall | None = None) -> dict[str, Any]:
         """One request on a controller's control socket (a path: reachable from any netns)."""
-        from nfshunt.control import request
+        from nfshunt.app.control import request
         return request((fw or self.firewalls[0]).control_socket, payload, timeout)
 
     def controller_output(self, fw: Firewall | None = None, since_start: bool = False) -> str:

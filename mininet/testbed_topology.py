@@ -14,12 +14,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from linkemu import (
+    Emulation,
+    EmulationError,
+    check_rtt,
+    choose_delay_mechanism,
+    measure_rtt,
+    nfqueue_rules,
+    shape_host_egress,
+    shape_slow_path,
+    start_nfqdelay,
+    stop_process,
+    tune_host,
+)
+
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch
 from mininet.topo import Topo
-
-from linkemu import (Emulation, EmulationError, check_rtt, choose_delay_mechanism, measure_rtt, nfqueue_rules,
-                     shape_host_egress, shape_slow_path, start_nfqdelay, stop_process, tune_host)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
+from nfshunt.config.settings import DEFAULT_CONTROL_SOCKET, Config, ConfigError, load
+
 from . import __version__
-from .config import DEFAULT_CONTROL_SOCKET, Config, ConfigError, load
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -41,7 +42,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
-    from .logs import BatchedStreamHandler
+    from nfshunt.observe.logs import BatchedStreamHandler
     handler: logging.Handler = BatchedStreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -69,7 +70,7 @@ def _load(path: str) -> Config:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     setup_logging(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
-    from . import controller
+    from nfshunt.app import controller
     return controller.run(cfg, os.path.abspath(args.config))
 
 
@@ -113,7 +114,7 @@ def _socket(args: argparse.Namespace) -> str:
 
 
 def _ask(args: argparse.Namespace, payload: dict) -> dict | None:
-    from .control import ControlError, request
+    from nfshunt.app.control import ControlError, request
     try:
         reply = request(_socket(args), payload)
     except ControlError as exc:
@@ -233,7 +234,7 @@ def cmd_role(args: argparse.Namespace) -> int:
     first) it is recorded in the pair's state file, and the controller acts on it when it
     starts. The controller binds its socket before it reads that file, so asking the socket
     again after the write leaves no moment in which the request could fall between them."""
-    from .control import ControlError, NotRunning, request
+    from nfshunt.app.control import ControlError, NotRunning, request
     payload = {"cmd": "role", "role": args.role}
     try:
         reply = request(_socket(args), payload)
@@ -264,7 +265,7 @@ def cmd_role(args: argparse.Namespace) -> int:
 def _record_role(args: argparse.Namespace, why: str) -> str | None:
     """Write the wanted role to the pair's state file for a controller that is not running;
     its path, or None (said why) when that cannot be done."""
-    from .roles import Roles
+    from nfshunt.core.roles import Roles
     cfg = _load(args.config) if args.config else None
     if cfg is None or cfg.pair is None:
         print(f"nfshunt: role {args.role} failed: {why}; without --config naming a `pair` it cannot be recorded "

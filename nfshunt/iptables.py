@@ -13,9 +13,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from . import markcodec
-from .config import ACTIONS, Config, ConfigError
-from .model import Action
+from nfshunt.config.settings import ACTIONS, Config, ConfigError
+from nfshunt.records import markcodec
+from nfshunt.records.model import Action
 
 EXIT_FAILED = 1
 
@@ -317,7 +317,7 @@ def reevaluate(cfg: Config) -> int:
     each crosses NFSHUNT_POLICY again) and takes the shunts and blocks down. Without a
     controller (no socket, or a socket a stopped or crashed one left behind) the marks are
     cleared here. Non-zero when that could not happen."""
-    from .control import ControlError, NotRunning, request
+    from nfshunt.app.control import ControlError, NotRunning, request
     reason = "use --no-reevaluate to apply a policy to new connections only"
     if not cfg.control_socket:
         return _clear_without_controller(cfg, "no control socket configured", reason)
@@ -336,7 +336,7 @@ def reevaluate(cfg: Config) -> int:
 
 
 def _clear_without_controller(cfg: Config, why: str, reason: str) -> int:
-    from .conntrack import clear_marks
+    from nfshunt.kernel.conntrack import clear_marks
     try:
         cleared, failed = clear_marks(markcodec.DECISION_MASK)
     except OSError as exc:
@@ -362,7 +362,7 @@ def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_mark(args: argparse.Namespace) -> int:
-    from .config import load
+    from nfshunt.config.settings import load
     names = {"ignore": 0, "shunt": 1, "block": 2}
     if args.config:
         try:

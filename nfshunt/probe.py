@@ -33,13 +33,13 @@ from os_ken.controller import ofp_event
 from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
-from . import cookies
-from .channel import address_allowed
-from .config import Config, PortGroup
-from .connection import Action, Conn
-from .flows import FlowBuilder
-from .layout import entries_per_pair
-from .model import OFP10, TCP, UDP, FlowTuple
+from nfshunt.config.settings import Config, PortGroup
+from nfshunt.core.connection import Action, Conn
+from nfshunt.core.layout import entries_per_pair
+from nfshunt.openflow.channel import address_allowed
+from nfshunt.openflow.flows import FlowBuilder
+from nfshunt.records import cookies
+from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple
 
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
@@ -402,10 +402,11 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
         print(f"probe-switch: cannot listen on {cfg.listen_address}:{cfg.listen_port}: {busy} (stop the controller "
               "first: the switch must connect to the probe)", file=sys.stderr)
         return 1
-    from . import controller
+    from nfshunt.app import controller
     controller._configure_osken(cfg)
     from os_ken.base.app_manager import AppManager
-    from .channel import install_connection_factory
+
+    from nfshunt.openflow.channel import install_connection_factory
     ProbeApp.OFP_VERSIONS = cfg.ofp_versions
     install_connection_factory()
     manager = AppManager.get_instance()

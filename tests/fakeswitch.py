@@ -21,8 +21,8 @@ from typing import Any
 
 from os_ken.ofproto import ofproto_parser, ofproto_protocol
 
-from nfshunt.flowstats import FlowEntry
-from nfshunt.model import OFP13, TCP, FlowTuple
+from nfshunt.openflow.stats import FlowEntry
+from nfshunt.records.model import OFP13, TCP, FlowTuple
 
 ETH_IPV4, ETH_IPV6 = 0x0800, 0x86DD
 VID_PRESENT = 0x1000

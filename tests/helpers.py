@@ -4,9 +4,9 @@ import os
 import subprocess
 import sys
 
-from nfshunt import markcodec
-from nfshunt.config import from_dict
-from nfshunt.model import TCP, ConnEvent, EventKind, FlowTuple
+from nfshunt.config.settings import from_dict
+from nfshunt.records import markcodec
+from nfshunt.records.model import TCP, ConnEvent, EventKind, FlowTuple
 
 BASE = {
     "ports": [

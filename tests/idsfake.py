@@ -7,10 +7,10 @@ import os
 import threading
 import time
 
-from nfshunt.config import IdsConfig, MayShunt
-from nfshunt.ids_api import IdsApi, Outcome, Reject, Result, RuleView, State
-from nfshunt.ids_rules import Decision, precedence
-from nfshunt.ids_store import Added, Counts, Store
+from nfshunt.config.settings import IdsConfig, MayShunt
+from nfshunt.ids.api import IdsApi, Outcome, Reject, Result, RuleView, State
+from nfshunt.ids.rules import Decision, precedence
+from nfshunt.ids.store import Added, Counts, Store
 
 TOKEN = "zeek-token-0123456789abcdef"
 OTHER = "scipass-token-0123456789abcdef"

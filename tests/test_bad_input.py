@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nfshunt import jsonfile
-from nfshunt.config import MAX_CONFIG_BYTES, TOP_LEVEL, ConfigError, from_dict, load
-from nfshunt.conntrack import parse_datagram
-from nfshunt.control import MAX_REQUEST, ControlServer, request
-from nfshunt.roles import Roles
+from nfshunt.app.control import MAX_REQUEST, ControlServer, request
+from nfshunt.config import jsonfile
+from nfshunt.config.settings import MAX_CONFIG_BYTES, TOP_LEVEL, ConfigError, from_dict, load
+from nfshunt.core.roles import Roles
+from nfshunt.kernel.conntrack import parse_datagram
 from tests.helpers import BASE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -355,7 +355,7 @@ def test_a_peer_that_is_not_root_gets_its_refusal_even_when_it_sends_after_the_a
     import struct
     import time
 
-    from nfshunt import control as ctl
+    from nfshunt.app import control as ctl
     server, seen = control
 
     class NotRoot:

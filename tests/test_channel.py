@@ -5,11 +5,11 @@ import os
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
-from nfshunt import commands as cm  # noqa: E402
-from nfshunt import core as c  # noqa: E402
-from nfshunt.channel import SendPath, address_allowed  # noqa: E402
-from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.inflight import Barrier, InFlight  # noqa: E402
+from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.openflow.channel import SendPath, address_allowed  # noqa: E402
+from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
+from nfshunt.openflow.inflight import Barrier, InFlight  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_i
 
 
 def test_a_burst_goes_out_in_one_write_with_a_barrier_every_batch_pairs(monkeypatch):
-    from nfshunt import channel
+    from nfshunt.openflow import channel
     monkeypatch.setattr(channel, "BATCH_PAIRS", 2)
     dp, send, core = _setup()
     conns = [core.conntrack_event(event(sport=p, ct_id=p))[0].conn for p in range(1, 6)]
@@ -131,7 +131,7 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
 
     from os_ken.controller.handler import DEAD_DISPATCHER
 
-    from nfshunt.channel import SEND_CHUNK, ChannelDatapath
+    from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # little in flight: the
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # reader sets the pace
@@ -175,7 +175,7 @@ def test_delayed_commands_run_on_the_one_ticker_thread_when_due_for_their_switch
     import time
     from types import SimpleNamespace
 
-    from nfshunt.feeds import EventRun, EventTick, Feeds
+    from nfshunt.switch.feeds import EventRun, EventTick, Feeds
     posted = []
     switches = [SimpleNamespace(index=i, session=None) for i in range(2)]
     feeds = Feeds(switches, lambda ev: posted.append((time.monotonic(), ev)))
@@ -252,7 +252,7 @@ def test_an_install_taken_down_while_queued_is_dropped_not_sent():
 def test_the_light_table_features_reader_agrees_with_os_ken():
     from os_ken.ofproto import ofproto_v1_3_parser as p
 
-    from nfshunt.channel import TableSize
+    from nfshunt.openflow.channel import TableSize
     props = [p.OFPTableFeaturePropNextTables(type_=2, table_ids=[1, 2, 3]),
              p.OFPTableFeaturePropOxm(type_=8, oxm_ids=[p.OFPOxmId(type_="in_port"), p.OFPOxmId(type_="eth_type")])]
     buf = b""
@@ -297,7 +297,7 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
 
     from os_ken.controller.handler import DEAD_DISPATCHER
 
-    from nfshunt.channel import ChannelDatapath
+    from nfshunt.openflow.channel import ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
@@ -364,7 +364,7 @@ def test_the_factory_asks_its_own_admission_and_reports_to_its_own_failure_hook(
     state): a refused peer is closed before any hello, and a refusal is no failure."""
     from os_ken.controller import controller as osken_controller
 
-    from nfshunt.channel import install_connection_factory
+    from nfshunt.openflow.channel import install_connection_factory
     asked, failed = [], []
     install_connection_factory(lambda address: asked.append(address) or "not a configured switch",
                                lambda address, exc: failed.append((address, exc)))

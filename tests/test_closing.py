@@ -1,6 +1,6 @@
 """Which TCP entries are closing, for updates that do not say (nfshunt/closing.py)."""
-from nfshunt.closing import CLOSING_MAX, ClosingEntries
-from nfshunt.model import UDP, EventKind
+from nfshunt.core.closing import CLOSING_MAX, ClosingEntries
+from nfshunt.records.model import UDP, EventKind
 from tests.helpers import event
 
 ESTABLISHED, LAST_ACK, TIME_WAIT = 3, 6, 7

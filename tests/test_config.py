@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from nfshunt.config import ConfigError, from_dict, load
+from nfshunt.config.settings import ConfigError, from_dict, load
 from tests.helpers import BASE
 
 ORIGINAL = {  # the thesis's nfshunt.json, unchanged
@@ -135,7 +135,7 @@ def test_check_config_warns_about_an_open_listener(tmp_path, capsys):
 
 
 def test_control_tuples_use_the_listeners_text_for_ipv4_mapped_addresses():
-    from nfshunt.control import parse_tuple
+    from nfshunt.app.control import parse_tuple
     t = parse_tuple("tcp [::ffff:10.0.0.1]:40000 -> [::ffff:10.0.0.2]:5201")
     assert (t.src, t.dst) == ("::ffff:10.0.0.1", "::ffff:10.0.0.2")
     with pytest.raises(ValueError):

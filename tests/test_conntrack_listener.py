@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nfshunt import conntrack
+from nfshunt.kernel import conntrack
 
 
 class LossySocket:
@@ -111,7 +111,7 @@ def test_events_queued_together_reach_the_event_loop_in_one_hand_over_and_a_lone
 def test_conntrack_hand_overs_wait_for_room_and_give_up_when_the_controller_stops():
     """The event queue is shared with the switch's replies: conntrack events never hold
     more than HANDOVERS places in it; a hand-over waiting for room ends with the controller."""
-    from nfshunt.feeds import HANDOVERS, Feeds
+    from nfshunt.switch.feeds import HANDOVERS, Feeds
     sent = []
     feeds = Feeds([], sent.append)
     assert all(feeds.hand_over(i) for i in range(HANDOVERS))

@@ -10,9 +10,9 @@ from collections import deque
 import pytest
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
-from nfshunt import conntrack
-from nfshunt.conntrack import AF, CTA_TUPLE_ORIG, NLMSG_ERROR, NLMSG_HDR, tuple_attr
-from nfshunt.model import TCP, FlowTuple
+from nfshunt.kernel import conntrack
+from nfshunt.kernel.conntrack import AF, CTA_TUPLE_ORIG, NLMSG_ERROR, NLMSG_HDR, tuple_attr
+from nfshunt.records.model import TCP, FlowTuple
 
 CLIENT = FlowTuple(4, TCP, "10.64.0.1", "10.65.0.1", 40000, 5201)
 OTHER = FlowTuple(4, TCP, "10.64.0.2", "10.65.0.1", 40001, 5201)

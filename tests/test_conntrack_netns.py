@@ -15,7 +15,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r"""
 import json, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from nfshunt import conntrack, markcodec
+from nfshunt.kernel import conntrack
+from nfshunt.records import markcodec
 
 def entry(sport, mark):
     subprocess.run(["conntrack", "-I", "-p", "udp", "-s", "10.9.0.1", "-d", "10.9.0.2", "--sport", str(sport),

@@ -1,7 +1,7 @@
 """`nfshunt run`'s own settings of the Python process."""
 import gc
 
-from nfshunt import collector
+from nfshunt.observe import collector
 
 
 def test_the_controller_collects_young_objects_less_often_and_never_fully_on_its_own():
@@ -47,7 +47,7 @@ def test_a_handler_that_raises_is_counted_and_the_event_loop_goes_on(caplog):
     import threading
     import types
 
-    from nfshunt.switch_app import NFShuntApp
+    from nfshunt.app.switch_app import NFShuntApp
     served, counted = [], []
 
     def broken(ev):

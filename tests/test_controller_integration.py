@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nfshunt import markcodec
+from nfshunt.records import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 

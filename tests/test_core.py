@@ -1,13 +1,13 @@
 """The decision core against plain events: no switch, no netlink."""
 import pytest
 
-from nfshunt import cookies
-from nfshunt import commands as cm
-from nfshunt import connection as cn
-from nfshunt import admission as adm
-from nfshunt import confirmation, layout, pins, removal
-from nfshunt import core as c
-from nfshunt.model import OFP10, OFP13, UDP, EventKind, SwitchFlow
+from nfshunt.core import admission as adm
+from nfshunt.core import commands as cm
+from nfshunt.core import confirmation, layout, pins, removal
+from nfshunt.core import connection as cn
+from nfshunt.core import core as c
+from nfshunt.records import cookies
+from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, SwitchFlow
 from tests.helpers import config, event
 
 
@@ -446,7 +446,7 @@ def test_a_pair_the_switch_timed_out_while_away_is_handed_back_and_one_it_lost_i
     defaults there before they were sent again) removed the pair itself: it is handed back
     as that flow-removed would have (the connection may have ended; a new one on its ports
     must meet the firewall). A switch that lost its table (a reboot) gets it back."""
-    from nfshunt import reconcile
+    from nfshunt.core import reconcile
     core = connected(drain=0)
     conn = shunted(core)  # LIVE: its entry deleted
     core.switch_disconnected()
@@ -645,7 +645,8 @@ def test_one_pair_per_key_whatever_its_kind():
 
 def test_a_nat_entry_stays_on_the_slow_path():
     from dataclasses import replace
-    from nfshunt.model import FlowTuple
+
+    from nfshunt.records.model import FlowTuple
     core = connected()
     ev = event()
     nat = replace(ev, reply=FlowTuple(4, ev.orig.proto, "192.0.2.9", ev.orig.src, ev.orig.dport, ev.orig.sport))
@@ -723,7 +724,7 @@ def test_a_live_shunt_told_late_of_a_close_on_the_firewall_goes_and_is_not_shunt
     shunt still goes, its entry re-created in the closing state reported with the decision
     kept. Its last packets are not judged again (an ESTABLISHED entry with the decision
     cleared was marked again by them and shunted once the pair had gone)."""
-    from nfshunt import markcodec
+    from nfshunt.records import markcodec
     core = connected(drain=0)
     conn = shunted(core)
     assert conn.state is cn.State.LIVE and conn.entry_deleted
@@ -774,7 +775,7 @@ def test_a_flush_forgets_connections_waiting_for_room():
 
 
 def test_reevaluation_recreates_a_tcp_entry_with_the_decision_cleared_before_the_flows_go():
-    from nfshunt import markcodec
+    from nfshunt.records import markcodec
     core = connected()
     tcp = shunted(core, sport=1, ct_id=1)
     udp = shunted(core, sport=2, ct_id=2, proto=UDP)
@@ -864,7 +865,7 @@ def test_standing_by_forgets_every_pair_without_touching_the_switch():
 
 
 def test_an_idled_out_tcp_shunt_gets_its_entry_back_before_the_partner_flow_goes():
-    from nfshunt import markcodec
+    from nfshunt.records import markcodec
     core = connected(drain=0)
     conn = shunted(core)
     (restore,) = core.flow_removed(conn.cookie(True), "idle timeout", 3, 300, 10.0, 120.0)

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from nfshunt import admission as adm
-from nfshunt import cookies
-from nfshunt.core import Core
-from nfshunt.core_state import CoreState
-from nfshunt.layout import PIPELINE_ENTRIES, entries_per_pair, goes_to_pipeline
-from nfshunt.model import OFP10, OFP13, TCP, UDP, Action, EventKind, SwitchFlow
-from nfshunt.pins import PIN_TTL, Pins
-from nfshunt.reconcile import table_1_complete
+from nfshunt.core import admission as adm
+from nfshunt.core.core import Core
+from nfshunt.core.layout import PIPELINE_ENTRIES, entries_per_pair, goes_to_pipeline
+from nfshunt.core.pins import PIN_TTL, Pins
+from nfshunt.core.reconcile import table_1_complete
+from nfshunt.core.state import CoreState
+from nfshunt.records import cookies
+from nfshunt.records.model import OFP10, OFP13, TCP, UDP, Action, EventKind, SwitchFlow
 from tests.helpers import config, event
 
 
@@ -41,7 +41,7 @@ def test_a_block_pin_outlives_its_entry_until_it_expires():
 
 
 def test_pins_expire_by_their_last_hold_and_an_ids_pin_never():
-    from nfshunt.pins import IdsHold
+    from nfshunt.core.pins import IdsHold
     pins = Pins()
     a, b, ids = event(sport=1), event(sport=2), event(sport=3)
     pins.hold(a.orig, Action.BLOCK, 10.0)

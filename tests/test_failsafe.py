@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nfshunt.reload import LIVE
+from nfshunt.config.reload import LIVE
 from tests.beds import Bed
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]

@@ -16,21 +16,28 @@ from typing import Any, Callable
 import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
-from nfshunt import commands as cm  # noqa: E402
-from nfshunt import cookies  # noqa: E402
-from nfshunt.accounting import Outcomes  # noqa: E402
-from nfshunt.channel import table_full  # noqa: E402
-from nfshunt.connection import (CT_TCP_CLOSE, CT_TCP_ESTABLISHED, CT_TCP_LAST_ACK, IDLE_RESTORE_TIMEOUT,  # noqa: E402
-                                REEVALUATE_TIMEOUT, SPLIT_CLOSE_TIMEOUT, Action, State)
-from nfshunt.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.model import OFP10, OFP13  # noqa: E402
-from nfshunt.dispatch import Dispatcher  # noqa: E402
-from nfshunt.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
-from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.model import UDP, EventKind, FlowTuple  # noqa: E402
-from nfshunt.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
-from nfshunt.session import Session  # noqa: E402
-from nfshunt.switch import Switch  # noqa: E402
+from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.core.connection import (
+    CT_TCP_CLOSE,
+    CT_TCP_ESTABLISHED,
+    CT_TCP_LAST_ACK,
+    IDLE_RESTORE_TIMEOUT,
+    REEVALUATE_TIMEOUT,
+    SPLIT_CLOSE_TIMEOUT,
+    Action,
+    State,
+)
+from nfshunt.observe.accounting import Outcomes  # noqa: E402
+from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.openflow.channel import table_full  # noqa: E402
+from nfshunt.openflow.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
+from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
+from nfshunt.openflow.session import Session  # noqa: E402
+from nfshunt.records import cookies  # noqa: E402
+from nfshunt.records.markcodec import DECISION_MASK  # noqa: E402
+from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple  # noqa: E402  # noqa: E402
+from nfshunt.switch.dispatch import Dispatcher  # noqa: E402
+from nfshunt.switch.switch import Switch  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 

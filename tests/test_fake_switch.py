@@ -8,8 +8,8 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_v1_3_parser as P13  # noqa: E402
 
-from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import OFP10, TCP, UDP, FlowTuple  # noqa: E402
+from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
+from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import config  # noqa: E402
 

@@ -6,11 +6,11 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
-from nfshunt import cookies  # noqa: E402
-from nfshunt import core as c  # noqa: E402
-from nfshunt import layout  # noqa: E402
-from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import OFP10, OFP13, UDP  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.core import layout  # noqa: E402
+from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
+from nfshunt.records import cookies  # noqa: E402
+from nfshunt.records.model import OFP10, OFP13, UDP  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -167,8 +167,8 @@ def test_the_table_size_request_asks_and_never_sets(version):
 
 
 def test_a_default_flow_is_deleted_by_its_port_not_by_the_cookie_every_default_shares():
-    from nfshunt import cookies
-    from nfshunt.model import SwitchFlow
+    from nfshunt.records import cookies
+    from nfshunt.records.model import SwitchFlow
     fb = builder(4)
     msg = fb.delete_switch_flow(SwitchFlow(cookies.make(cookies.Kind.DEFAULT), 100, 6, None, 1))
     assert msg.command == fb.ofp.OFPFC_DELETE_STRICT and msg.priority == 100
@@ -185,7 +185,7 @@ def pipeline_builder(templated=False):
 
 
 def test_pipeline_tcp_shunt_is_two_flows_that_carry_the_connection_into_table_1():
-    from nfshunt.flows import PIPELINE_TABLE, metadata_teardown
+    from nfshunt.openflow.flows import PIPELINE_TABLE, metadata_teardown
     fb = pipeline_builder()
     conn = conn_for(ct_id=2**32 - 1)
     conn.slot = 4095  # the highest slot of a colliding id: the metadata names it too

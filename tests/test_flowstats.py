@@ -8,10 +8,10 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_parser, ofproto_protocol, ofproto_v1_3_parser  # noqa: E402
 
-from nfshunt import core as c  # noqa: E402
-from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.flowstats import OTHER, FlowEntry  # noqa: E402
-from nfshunt.model import UDP  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
+from nfshunt.openflow.stats import OTHER, FlowEntry  # noqa: E402
+from nfshunt.records.model import UDP  # noqa: E402
 from tests.helpers import config  # noqa: E402
 from tests.test_flows import conn_for  # noqa: E402
 
@@ -151,7 +151,7 @@ def _removed(mod, reason, packets=7, nbytes=7000, dur=(3, 500)):
 
 @pytest.mark.parametrize("reason", [0, 1, 2, 5])
 def test_flow_removed_reads_every_field_but_the_match_as_os_ken_does(reason):
-    from nfshunt.flowstats import flow_removed
+    from nfshunt.openflow.stats import flow_removed
     for mod in _shapes():
         buf = bytearray(_removed(mod, reason, packets=2**40 + 3, nbytes=2**50 + 9, dur=(86400, 999_999_999)))
         version, msg_type, msg_len, xid = ofproto_parser.header(buf)
@@ -166,15 +166,15 @@ def test_flow_removed_reads_every_field_but_the_match_as_os_ken_does(reason):
 
 
 def test_a_short_flow_removed_is_refused():
-    from nfshunt.flowstats import flow_removed
+    from nfshunt.openflow.stats import flow_removed
     buf = bytearray(_removed(_shapes()[0], 0))[:40]
     with pytest.raises(ValueError, match="flow-removed of 40 bytes"):
         flow_removed(DP, OFP.OFP_VERSION, OFP.OFPT_FLOW_REMOVED, 40, 1, buf)
 
 
 def test_the_channel_installs_the_fast_flow_removed_parser():
-    from nfshunt.channel import install_connection_factory
-    from nfshunt.flowstats import flow_removed
+    from nfshunt.openflow.channel import install_connection_factory
+    from nfshunt.openflow.stats import flow_removed
     install_connection_factory()
     assert ofproto_v1_3_parser._MSG_PARSERS[OFP.OFPT_FLOW_REMOVED] is flow_removed
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from nfshunt.config import IdsConfig, IdsTLS, MayShunt
-from nfshunt.ids_api import IdsApi, Reject
-from nfshunt.model import TCP, Action, FlowTuple
+from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
+from nfshunt.ids.api import IdsApi, Reject
+from nfshunt.records.model import TCP, Action, FlowTuple
 from tests.idsfake import CONN, OTHER, TOKEN, FakeBackend, call, make_api, write_tokens
 
 

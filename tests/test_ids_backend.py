@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
-from nfshunt import cookies, markcodec  # noqa: E402
-from nfshunt.config import IdsConfig, MayShunt  # noqa: E402
-from nfshunt.ids_api import Outcome, Reject, Result  # noqa: E402
-from nfshunt.ids_backend import IdsBackend  # noqa: E402
-from nfshunt.ids_rules import Kind, Refusal, Rule  # noqa: E402
-from nfshunt.model import Action, FlowTuple  # noqa: E402
-from nfshunt.operator_api import rules_by_source  # noqa: E402
+from nfshunt.app.operator_api import rules_by_source  # noqa: E402
+from nfshunt.config.settings import IdsConfig, MayShunt  # noqa: E402
+from nfshunt.ids.api import Outcome, Reject, Result  # noqa: E402
+from nfshunt.ids.backend import IdsBackend  # noqa: E402
+from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402
+from nfshunt.records import cookies, markcodec  # noqa: E402
+from nfshunt.records.model import Action, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
 from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
 
@@ -352,8 +352,8 @@ def test_an_api_thread_waits_for_the_loop_and_a_loop_that_never_takes_it_is_a_ti
 def test_the_metrics_show_rules_by_source_and_refusals_by_the_rule_that_refused():
     from prometheus_client import generate_latest
 
-    from nfshunt.metrics import Metrics
-    from nfshunt.operator_api import gauges
+    from nfshunt.app.operator_api import gauges
+    from nfshunt.observe.metrics import Metrics
     rig, backend, entries, _ = setup()
     rig.event(sport=41000)  # a policy shunt
     rig.run(rig.core.pin(ORIG._replace(sport=42000), Action.BLOCK, rig.now))  # an operator's pin
@@ -385,7 +385,7 @@ def test_an_active_rules_view_carries_its_flows_counters_read_from_the_switch():
 
 
 def test_an_address_block_is_refused_when_a_switch_speaks_openflow_1_0():
-    from nfshunt.model import OFP10
+    from nfshunt.records.model import OFP10
     rig, backend, _, _ = setup(rig=Rig(OFP10))
     out = backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32"), 1.0)
     assert out.error is Reject.UNAVAILABLE and "OpenFlow 1.3" in out.reason and not backend.store.rules
@@ -468,7 +468,7 @@ def test_a_call_is_waited_for_on_its_answer_alone():
     in time (TimeoutError: the API answers 504)."""
     from types import SimpleNamespace
 
-    from nfshunt.ids_loop import LoopCalls
+    from nfshunt.ids.loop import LoopCalls
     posted: list = []
     loop = LoopCalls(SimpleNamespace(post=posted.append))  # type: ignore[arg-type]
     answered = loop.call(lambda a: a.answer(Outcome(Result.ADDED)), 1.0)

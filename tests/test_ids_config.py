@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from nfshunt.config import ConfigError
+from nfshunt.config.settings import ConfigError
 from tests.helpers import config
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from nfshunt import ids_api
-from nfshunt.ids_api import _Handler, _strict_head
+from nfshunt.ids import api as ids_api
+from nfshunt.ids.api import _Handler, _strict_head
 from tests.idsfake import TOKEN, call, make_api, write_tokens
 
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from nfshunt.config import IdsConfig, IdsTLS, MayShunt
-from nfshunt.ids_api import Reject
-from nfshunt.ids_backend import Submitted
-from nfshunt.ids_process import MAX_FRAME, ApiProcess, Channel
+from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
+from nfshunt.ids.api import Reject
+from nfshunt.ids.backend import Submitted
+from nfshunt.ids.process import MAX_FRAME, ApiProcess, Channel
 from tests.idsfake import CONN, TOKEN, FakeBackend, call, write_tokens
 
 
@@ -172,8 +172,8 @@ def test_a_child_that_cannot_serve_fails_the_start_with_its_reason(tmp_path):
 CONTROLLER = """
 import sys, time
 sys.path[:0] = [{root!r}]
-from nfshunt.config import IdsConfig
-from nfshunt.ids_process import ApiProcess
+from nfshunt.config.settings import IdsConfig
+from nfshunt.ids.process import ApiProcess
 from tests.idsfake import FakeBackend
 cfg = IdsConfig(listen_port=0, token_file={tokens!r})
 b = FakeBackend(cfg)

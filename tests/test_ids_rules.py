@@ -3,10 +3,22 @@ import ipaddress
 
 import pytest
 
-from nfshunt.config import IdsConfig, MayShunt
-from nfshunt.ids_rules import (DOTTED_QUAD, Decision, Kind, Refusal, RuleError, Situation, inside_may_shunt, parse,
-                               parse_scipass, precedence, scipass_id, scipass_json)
-from nfshunt.model import TCP, UDP, Action, FlowTuple
+from nfshunt.config.settings import IdsConfig, MayShunt
+from nfshunt.ids.rules import (
+    DOTTED_QUAD,
+    Decision,
+    Kind,
+    Refusal,
+    RuleError,
+    Situation,
+    inside_may_shunt,
+    parse,
+    parse_scipass,
+    precedence,
+    scipass_id,
+    scipass_json,
+)
+from nfshunt.records.model import TCP, UDP, Action, FlowTuple
 
 CFG = IdsConfig(token_file="/unused")
 NOW = 1_700_000_000.0

@@ -4,10 +4,10 @@ import json
 import os
 import stat
 
-from nfshunt.config import IdsConfig
-from nfshunt.ids_rules import Kind, parse
-from nfshunt.ids_store import Added, Counts, Store, write
-from nfshunt.model import Action, FlowTuple
+from nfshunt.config.settings import IdsConfig
+from nfshunt.ids.rules import Kind, parse
+from nfshunt.ids.store import Added, Counts, Store, write
+from nfshunt.records.model import Action, FlowTuple
 
 CFG = IdsConfig(token_file="/unused")
 NOW = 1_700_000_000.0

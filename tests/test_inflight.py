@@ -7,14 +7,23 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
-from nfshunt import commands as cm  # noqa: E402
-from nfshunt.channel import RateLimitedLog  # noqa: E402
-from nfshunt.inflight import (EXPIRY, Barrier, Batch, CounterRead, FlowsRead, InFlight, MeterRead,  # noqa: E402
-                              ReconcileRead, TableSize)
-from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.replies import Replies  # noqa: E402
-from nfshunt.session import Session  # noqa: E402
-from nfshunt.switch import Switch  # noqa: E402
+from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.openflow.channel import RateLimitedLog  # noqa: E402
+from nfshunt.openflow.inflight import (
+    EXPIRY,
+    Barrier,
+    Batch,
+    CounterRead,
+    FlowsRead,
+    InFlight,
+    MeterRead,
+    ReconcileRead,
+    TableSize,
+)
+from nfshunt.openflow.session import Session  # noqa: E402
+from nfshunt.switch.replies import Replies  # noqa: E402
+from nfshunt.switch.switch import Switch  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 from tests.test_channel import FakeDatapath  # noqa: E402
 

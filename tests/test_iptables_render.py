@@ -4,7 +4,7 @@ import os
 import pytest
 
 from nfshunt import iptables
-from nfshunt.config import ConfigError
+from nfshunt.config.settings import ConfigError
 from tests.helpers import config
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")

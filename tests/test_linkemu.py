@@ -4,7 +4,6 @@ import math
 import struct
 
 import pytest
-
 from experiments import describe, last_of_first_burst, ranksum, read_pcap
 from linkemu import Emulation, EmulationError, check_rtt, nfqueue_rules
 

@@ -1,6 +1,6 @@
 import pytest
 
-from nfshunt import markcodec as m
+from nfshunt.records import markcodec as m
 
 
 def test_layout_is_bit_exact():

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from nfshunt import markcodec
+from nfshunt.records import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 

@@ -5,10 +5,10 @@ os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from nfshunt import core as c  # noqa: E402
-from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.accounting import audit_record  # noqa: E402
-from nfshunt.connection import FlowCount  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.core.connection import FlowCount  # noqa: E402
+from nfshunt.observe.accounting import audit_record  # noqa: E402
+from nfshunt.observe.metrics import Metrics  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
     conntrack deletes were lost at exit."""
     from types import SimpleNamespace
 
-    from nfshunt.switch_app import NFShuntApp
+    from nfshunt.app.switch_app import NFShuntApp
     calls = []
     app = SimpleNamespace(feeds=SimpleNamespace(stop=lambda: calls.append("feeds")), control=None, ids_api=None,
                           ids=None, metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
@@ -120,7 +120,7 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
 
 
 def test_the_worker_runs_what_was_queued_before_it_stops():
-    from nfshunt.conntrack import ConntrackWorker
+    from nfshunt.kernel.conntrack import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
     done = []
     worker._send_batch = lambda batch: done.extend(type(item).__name__ for item in batch)  # no kernel needed
@@ -132,7 +132,7 @@ def test_the_worker_runs_what_was_queued_before_it_stops():
 
 
 def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_most_batch():
-    from nfshunt.conntrack import ConntrackWorker
+    from nfshunt.kernel.conntrack import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None, batch=100)
     writes = []
     worker._send_batch = lambda batch: writes.append([item.ct_id for item in batch])  # no kernel needed
@@ -155,8 +155,8 @@ def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_written_as_a_
 
     from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
 
-    from nfshunt.conntrack import IPCTNL_MSG_CT_NEW, NLM_F_CREATE, ConntrackWorker, Restore
-    from nfshunt.model import TCP, FlowTuple
+    from nfshunt.kernel.conntrack import IPCTNL_MSG_CT_NEW, NLM_F_CREATE, ConntrackWorker, Restore
+    from nfshunt.records.model import TCP, FlowTuple
 
     class Unanswered:  # the kernel takes the write and never acknowledges it
         def __init__(self):

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
-from nfshunt import core as c  # noqa: E402
-from nfshunt.config import from_dict  # noqa: E402
-from nfshunt.inflight import FlowsRead  # noqa: E402
-from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.operator_api import EventControl, OperatorAPI  # noqa: E402
-from nfshunt.session import Session  # noqa: E402
-from nfshunt.switch import Switch  # noqa: E402
+from nfshunt.app.operator_api import EventControl, OperatorAPI  # noqa: E402
+from nfshunt.config.settings import from_dict  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.openflow.inflight import FlowsRead  # noqa: E402
+from nfshunt.openflow.session import Session  # noqa: E402
+from nfshunt.switch.switch import Switch  # noqa: E402
 from tests.helpers import BASE, event  # noqa: E402
 from tests.test_channel import FakeDatapath  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_flush_and_unshunt_act_on_every_switch():
 
 
 def test_the_shutdown_waiter_is_set_once_every_switch_confirmed():
-    from nfshunt.housekeeping import AllSet
+    from nfshunt.switch.housekeeping import AllSet
     done = threading.Event()
     waiter = AllSet(2, done)
     waiter.set()

@@ -12,10 +12,16 @@ import time
 
 import pytest
 
-from nfshunt.connection import SPLIT_CLOSE_TIMEOUT
+from nfshunt.core.connection import SPLIT_CLOSE_TIMEOUT
 from tests.beds import Bed, Strict
-from tests.test_failsafe import (CONTROL_DROP, _restore_reconnect_backoff, finish_iperf, longest_stall, shunt_flows,
-                                 start_iperf)
+from tests.test_failsafe import (
+    CONTROL_DROP,
+    _restore_reconnect_backoff,
+    finish_iperf,
+    longest_stall,
+    shunt_flows,
+    start_iperf,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
@@ -88,6 +94,7 @@ def test_apply_with_a_socket_a_dead_controller_left_clears_the_decisions_itself(
     listens there, so apply does what it does with no controller at all (clears the
     decisions in conntrack itself) instead of failing and leaving old decisions in force."""
     import json
+
     from nfshunt_testbed import POLICY
     path = str(tmp_path / "stale.sock")
     stale = socket.socket(socket.AF_UNIX)

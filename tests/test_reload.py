@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
-from nfshunt import commands as cmds  # noqa: E402
-from nfshunt import core as c  # noqa: E402
-from nfshunt import reload  # noqa: E402
-from nfshunt.config import from_dict  # noqa: E402
-from nfshunt.metrics import Metrics  # noqa: E402
-from nfshunt.operator_api import EventControl, OperatorAPI  # noqa: E402
-from nfshunt.switch import Switch  # noqa: E402
+from nfshunt.app.operator_api import EventControl, OperatorAPI  # noqa: E402
+from nfshunt.config import reload  # noqa: E402
+from nfshunt.config.settings import from_dict  # noqa: E402
+from nfshunt.core import commands as cmds  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.switch.switch import Switch  # noqa: E402
 from tests.helpers import BASE  # noqa: E402
 
 STREAM = {"name": "plc", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,

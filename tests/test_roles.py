@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from nfshunt.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, Change, RoleRequest, Roles, newer
+from nfshunt.core.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, Change, RoleRequest, Roles, newer
 
 
 def test_generations_compare_as_the_switch_does_across_the_wrap():

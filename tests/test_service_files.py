@@ -25,8 +25,9 @@ def test_every_example_config_passes_check_config(tmp_path):
 
 
 def test_the_pica8_example_is_deployed_with_tls_a_pinned_switch_and_an_allow_list():
-    from nfshunt.config import from_dict
     import json
+
+    from nfshunt.config.settings import from_dict
     raw = json.load(open(os.path.join(REPO, "config", "nfshunt-pica8.json")))
     assert set(raw["tls"]) == {"private_key", "certificate", "ca_certificate"}
     raw.pop("tls")

@@ -8,14 +8,14 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
-from nfshunt import commands as cmds  # noqa: E402
-from nfshunt import cookies  # noqa: E402
-from nfshunt import core as c  # noqa: E402
-from nfshunt.config import ConfigError  # noqa: E402
-from nfshunt.flows import FlowBuilder  # noqa: E402
-from nfshunt.model import OFP13, UDP, Action, SwitchFlow  # noqa: E402
-from nfshunt.pins import PIN_TTL  # noqa: E402
-from nfshunt.static_table import StaticTable  # noqa: E402
+from nfshunt.config.settings import ConfigError  # noqa: E402
+from nfshunt.core import commands as cmds  # noqa: E402
+from nfshunt.core import core as c  # noqa: E402
+from nfshunt.core.pins import PIN_TTL  # noqa: E402
+from nfshunt.core.static_table import StaticTable  # noqa: E402
+from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
+from nfshunt.records import cookies  # noqa: E402
+from nfshunt.records.model import OFP13, UDP, Action, SwitchFlow  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
 STREAM = {"name": "plc-cycle", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,
@@ -120,7 +120,7 @@ def _bytes(msg):
 
 
 def test_templated_flow_mods_are_byte_for_byte_os_kens_for_every_shape():
-    from nfshunt.model import FlowTuple
+    from nfshunt.records.model import FlowTuple
     entries = [STREAM, {**STREAM, "name": "b", "src": "10.0.1.0/24", "dst": "10.0.2.0/25", "src_port": 7},
                {**STREAM, "name": "c", "protocol": "tcp", "dst_port": 502},
                {**STREAM, "name": "d", "src": "fd00::1", "dst": "fd00:2::/64"},
@@ -216,7 +216,7 @@ def test_reload_applies_the_difference_only():
 
 
 def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream_until_unshunt():
-    from nfshunt.model import FlowTuple
+    from nfshunt.records.model import FlowTuple
     cfg = static_config(STREAM)
     core = c.Core(cfg)
     core.switch_connected(OFP13)
@@ -247,8 +247,8 @@ def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
 
     from prometheus_client import generate_latest
 
-    from nfshunt.accounting import Outcomes
-    from nfshunt.metrics import Metrics
+    from nfshunt.observe.accounting import Outcomes
+    from nfshunt.observe.metrics import Metrics
     table = StaticTable(static_config(STREAM))
     fwd = next(f for f in table.flows.values() if not f.reply)
     table.counted([as_read(fwd, packets=7, bytes=3584, duration=2.5)])
@@ -283,7 +283,7 @@ def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
 
 
 def test_with_several_switches_an_entry_names_its_switch_when_its_ports_are_on_more_than_one():
-    from nfshunt.config import from_dict
+    from nfshunt.config.settings import from_dict
     from tests.helpers import BASE
     two = {"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"], "switches": [
         {"datapath_id": "a1", "ports": BASE["ports"]},

@@ -1,10 +1,10 @@
 """Which switch's core a conntrack event goes to (switch.Router), from its mark's port groups."""
-from nfshunt import commands as cm
-from nfshunt import core as c
-from nfshunt import markcodec
-from nfshunt.config import from_dict
-from nfshunt.model import EventKind
-from nfshunt.switch import R_CROSSES_SWITCHES, Router
+from nfshunt.config.settings import from_dict
+from nfshunt.core import commands as cm
+from nfshunt.core import core as c
+from nfshunt.records import markcodec
+from nfshunt.records.model import EventKind
+from nfshunt.switch.switch import R_CROSSES_SWITCHES, Router
 from tests.helpers import BASE, config, event
 
 TWO = from_dict({"mark_actions": BASE["mark_actions"], "switches": [

@@ -6,8 +6,8 @@ import sys
 
 from os_ken.ofproto import ofproto_protocol
 
-from nfshunt.connection import Action, Conn
-from nfshunt.flows import FlowBuilder
+from nfshunt.core.connection import Action, Conn
+from nfshunt.openflow.flows import FlowBuilder
 from nfshunt.probe import RATE_ID
 from tests.helpers import config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nfshunt.teardown_sweep import CHECK_AFTER, CHECK_MAX, SWEEP_INTERVAL, HalfClosed, TeardownSweep
+from nfshunt.core.teardown_sweep import CHECK_AFTER, CHECK_MAX, SWEEP_INTERVAL, HalfClosed, TeardownSweep
 
 
 def test_a_read_follows_new_drops_one_at_a_time_and_not_more_often_than_the_interval():

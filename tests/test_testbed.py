@@ -44,6 +44,7 @@ def test_the_userspace_switch_ports_get_a_switch_like_buffer_and_the_machine_kee
     again once the testbed is up."""
     import re
     import subprocess
+
     from nfshunt_testbed import RMEM_DEFAULT, SWITCH_RX_BUFFER, Testbed
     before = open(RMEM_DEFAULT).read()
     with Testbed(mode="direct") as tb:

@@ -1,5 +1,5 @@
 """When the controller hands a burst's freed memory back (nfshunt/trim.py)."""
-from nfshunt.trim import TRIM_AFTER, Trimmer, _malloc_trim
+from nfshunt.observe.trim import TRIM_AFTER, Trimmer, _malloc_trim
 
 
 def test_trims_once_after_a_burst_has_settled():

@@ -176,6 +176,7 @@ def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
 def test_a_peer_sending_garbage_is_counted_and_the_switch_stays_served(fresh):
     import socket
     import struct
+
     from nfshunt_testbed import MGMT_FW, MGMT_OTHER, OF_PORT
     before = tb_counter(fresh, "openflow_malformed")
     for _ in range(3):

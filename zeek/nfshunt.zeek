@@ -1,5 +1,5 @@
 ##! NFShunt as a NetControl backend: NetControl rules become requests to NFShunt's IDS
-##! API (HTTP with JSON bodies, see nfshunt/ids_api.py), sent with ActiveHTTP::request
+##! API (HTTP with JSON bodies, see nfshunt/ids/api.py), sent with ActiveHTTP::request
 ##! (curl underneath), which every Zeek version has: no Broker, no record layouts.
 ##!
 ##!   @load ./nfshunt

@@ -1,0 +1,89 @@
+"""`nfshunt run`: start os-ken with the NFShunt app and run until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from nfshunt.config.settings import Config
+
+# os-ken picks its hub at import time; NFShunt uses plain threads (no eventlet).
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+
+LOG = logging.getLogger("nfshunt")
+
+
+def _configure_osken(cfg: Config) -> None:
+    from os_ken import cfg as oscfg
+    from os_ken.base import app_manager  # noqa: F401  (must precede the next import)
+    # isort: split
+    import os_ken.controller.controller  # noqa: F401  (registers the ofp_* options)
+    conf = oscfg.CONF
+    conf([], project="nfshunt", default_config_files=[])
+    conf.set_override("ofp_listen_host", cfg.listen_address)
+    # A dead connection is noticed by unanswered echoes (a peer that vanished without a
+    # FIN) as well as by EOF; channel.ChannelDatapath makes sure either is reported.
+    conf.set_override("echo_request_interval", cfg.echo_interval)
+    conf.set_override("maximum_unreplied_echo_requests", cfg.echo_misses - 1)
+    if cfg.tls is not None:
+        conf.set_override("ofp_ssl_listen_port", cfg.listen_port)
+        conf.set_override("ctl_privkey", cfg.tls.private_key)
+        conf.set_override("ctl_cert", cfg.tls.certificate)
+        if cfg.tls.ca_certificate:
+            conf.set_override("ca_certs", cfg.tls.ca_certificate)
+    else:
+        conf.set_override("ofp_tcp_listen_port", cfg.listen_port)
+
+
+def run(cfg: Config, path: str | None = None) -> int:
+    _configure_osken(cfg)
+    from os_ken.base.app_manager import AppManager
+
+    from . import switch_app
+
+    switch_app.NFShuntApp.OFP_VERSIONS = cfg.ofp_versions
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        LOG.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    reopen = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reopen.set())
+
+    manager = AppManager.get_instance()
+    manager.load_apps(["nfshunt.app.switch_app"])
+    contexts = manager.create_contexts()
+    from nfshunt.observe import collector
+
+    from .control import ControlError
+    collector.tune()  # (the modules are in: what they made is frozen out of collections)
+    try:
+        manager.instantiate_apps(nfshunt_config=cfg, nfshunt_config_path=path, **contexts)
+    except (OSError, ControlError) as exc:
+        LOG.error("cannot start: %s", exc)
+        return 1
+    app = next(a for a in manager.applications.values() if isinstance(a, switch_app.NFShuntApp))
+    LOG.info("NFShunt listening for OpenFlow %s on %s:%d%s",
+             "/".join(cfg.openflow_versions), cfg.listen_address, cfg.listen_port,
+             " (TLS)" if cfg.tls else "")
+    for warning in cfg.security_warnings():
+        LOG.warning("%s", warning)
+    while not stop.wait(0.5):
+        if reopen.is_set():
+            reopen.clear()
+            app.reopen_logs()
+    done = threading.Event()
+    app.send_event(app.name, switch_app.EventShutdown(done))
+    if not done.wait(3.0):
+        LOG.warning("switch did not confirm the shutdown flow removals in time")
+    app.close()
+    logging.shutdown()
+    sys.stdout.flush()
+    # os-ken's listening and per-switch threads cannot be stopped; everything that needed
+    # an orderly end has had it.
+    os._exit(0)

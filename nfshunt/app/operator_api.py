@@ -1,0 +1,385 @@
+"""The operator API: what the control socket's requests do (status, flush, reevaluate,
+unshunt, block, ids_remove: an IDS's rule taken out), answered on the app's event loop. The app hands each request over
+(EventControl) and lends this class its state; nothing here talks to a socket.
+
+With several switches every request concerns all of them: status reads each connected
+switch's flows and answers once all have replied (or gone); flush, reevaluate, unshunt
+and block act on every switch's pairs."""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Protocol
+
+from os_ken.controller import event
+
+from nfshunt.config import reload
+from nfshunt.config import settings as config
+from nfshunt.config.settings import Config
+from nfshunt.core import commands as c
+from nfshunt.core.connection import Action
+from nfshunt.core.policy_state import PolicyWatch
+from nfshunt.core.roles import Change
+from nfshunt.ids.backend import IdsBackend
+from nfshunt.kernel.conntrack import ConntrackWorker
+from nfshunt.observe.accounting import conn_fields
+from nfshunt.observe.metrics import Counters
+from nfshunt.records import markcodec
+from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
+from nfshunt.switch.switch import Switch
+
+from .control import parse_tuple
+
+LOG = logging.getLogger("nfshunt")
+
+
+class EventControl(event.EventBase):
+    """A control-socket request, answered on the event loop."""
+
+    def __init__(self, request: dict[str, Any]):
+        super().__init__()
+        self.request = request
+        self.reply: dict[str, Any] = {}
+        self.done = threading.Event()
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+        self.done.set()
+
+
+class StatusRequest:
+    """A status request waiting for the flow stats of every switch it asked."""
+
+    def __init__(self, ev: EventControl, status: Callable[[dict[int, list[SwitchFlow] | None]], dict[str, Any]]):
+        self.ev = ev
+        self.status = status
+        self.flows: dict[int, list[SwitchFlow] | None] = {}  # by switch index (None: no read)
+        self.asked: set[int] = set()  # switch indexes whose read is still open
+
+    def got(self, index: int, flows: list[SwitchFlow] | None) -> None:
+        """A switch's flows (None: it went away, or did not answer)."""
+        self.flows[index] = flows
+        self.asked.discard(index)
+        self.answer_if_complete()
+
+    def answer_if_complete(self) -> None:
+        if not self.asked:
+            self.ev.answer(self.status(self.flows))
+
+
+class _Stamped(threading.Event):
+    """A barrier's waiter that remembers when the switch answered."""
+    at: float | None = None
+
+    def set(self) -> None:
+        self.at = time.monotonic()
+        super().set()
+
+
+def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """The controller's figures: the sums of its switches' (status and metrics both show them)."""
+    return {k: sum(row[k] for row in rows) for k in keys}
+
+
+RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
+
+
+class Controller(Protocol):
+    """What the operator API needs of the controller, and nothing more."""
+    cfg: Config
+    config_path: str | None
+    switches: list[Switch]
+    counters: Counters
+    started: float
+    worker: ConntrackWorker
+    policy: PolicyWatch
+    ids: IdsBackend | None
+
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
+        """Execute a switch's core's commands and send what they make (then a barrier
+        whose answer sets `waiter`)."""
+
+    def role_change(self, sw: Switch, change: Change) -> None:
+        """Act on a pair's role change."""
+
+
+class OperatorAPI:
+    def __init__(self, app: Controller):
+        self.app = app
+
+    @property
+    def counters(self) -> Any:
+        return self.app.counters
+
+    @property
+    def switches(self) -> list[Switch]:
+        return self.app.switches
+
+    def _connected(self) -> bool:
+        return any(sw.session is not None for sw in self.switches)
+
+    @staticmethod
+    def table(sw: Switch) -> dict[str, Any]:
+        """Entries of a switch's table 0: what it holds (as reported), what NFShunt uses;
+        the flow layout, and in the pipeline layout the entries of table 1."""
+        core = sw.core
+        used = core.default_entries() + core.entries
+        layout = None if core.version is None else "pipeline" if core.pipeline else "single"
+        return {"layout": layout, "max_entries": core.table_max, "used": used,
+                "free": None if core.table_max is None else core.table_max - used,
+                "table_1": core.shared_entries()}
+
+    def handle(self, ev: EventControl) -> None:
+        req = ev.request
+        cmd = req.get("cmd")
+        now = time.monotonic()
+        match cmd:
+            case "status":
+                self.ask_status(ev, req, now)
+            case "flush":
+                reason = str(req.get("reason") or "flush by operator")
+                removed = self._each(lambda sw: sw.core.flush(reason, now))
+                self.counters.add("operator", "flush")
+                LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
+                ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
+            case "reevaluate":
+                self.reevaluate(ev, str(req.get("reason") or "policy changed"), now)
+            case "unshunt" | "block":
+                self.pin(ev, cmd, req, now)
+            case "ids_remove":
+                self.ids_remove(ev, req)
+            case "role":
+                self.role(ev, req.get("role"))
+            case "reload":
+                self.reload(ev, str(req.get("by") or "control socket"))
+            case _:
+                ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, "
+                                    "ids_remove, role, reload)"})
+
+    def ask_status(self, ev: EventControl, req: dict[str, Any], now: float) -> None:
+        """Status: with the connections, once every connected switch's flows are read back."""
+        if req.get("connections") is False:  # counts only: cheap with 100k shunts
+            ev.answer(self.status({}, connections=False))
+            return
+        request = StatusRequest(ev, self.status)
+        for sw in self.switches:
+            request.flows[sw.index] = None
+            if sw.session is not None:
+                request.asked.add(sw.index)
+                sw.session.read_flows(functools.partial(request.got, sw.index), now)
+        request.answer_if_complete()  # nobody to ask: at once
+
+    def pin(self, ev: EventControl, cmd: str, req: dict[str, Any], now: float) -> None:
+        """An operator's unshunt or block of a connection, on every switch."""
+        try:
+            orig = self.target(req)
+        except ValueError as exc:
+            ev.answer({"error": str(exc)})
+            return
+        removed = 0
+        for sw in self.switches:  # the connection's next entry may come to any switch's core
+            out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
+            removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
+            self.app.run(sw, out)
+        self.counters.add("operator", cmd)
+        LOG.warning("operator %s of %s", cmd, orig)
+        ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
+
+    def ids_remove(self, ev: EventControl, req: dict[str, Any]) -> None:
+        """The operator takes an IDS's rule out (it beats every IDS)."""
+        ids = self.app.ids
+        source, rule_id = str(req.get("source") or ""), str(req.get("id") or "")
+        if ids is None:
+            ev.answer({"error": "this controller has no IDS API (no 'ids' in its config)"})
+        elif not ids.end_by_operator(source, rule_id):
+            ev.answer({"error": f"no active IDS rule {rule_id!r} of {source!r}"})
+        else:
+            self.counters.add("operator", "ids_remove")
+            LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
+            ev.answer({"ok": True, "source": source, "id": rule_id})
+
+    def reload(self, ev: EventControl, by: str) -> None:
+        """Read and validate the config file again (reload.py): a bad one changes nothing;
+        of a good one the live keys apply, static shunts as the difference only. Answered
+        once every connected switch has confirmed the new flows (a barrier)."""
+        path = self.app.config_path
+        if path is None:
+            ev.answer({"error": "this controller was not started from a config file"})
+            return
+        started = time.monotonic()
+        try:
+            new = config.load(path)
+        except config.ConfigError as exc:
+            LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
+            ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}"})
+            return
+        validated = time.monotonic()
+        change = reload.plan(self.app.cfg, new)
+        self.app.cfg = change.config
+        if "log_level" in change.changed:  # else a --log-level given at start stays
+            logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
+        waiters, static = [], {"added": 0, "removed": 0}
+        for sw, cfg in zip(self.switches, change.config.served, strict=True):
+            sw.cfg = cfg
+            if sw.session is not None:
+                sw.session.fb.cfg = cfg
+            out = sw.core.reload(cfg)
+            static["added"] += sum(len(x.flows) for x in out if isinstance(x, c.InstallStatic))
+            static["removed"] += sum(len(x.cookies) for x in out if isinstance(x, c.RemoveStatic))
+            waiter = _Stamped()
+            waiters.append(waiter)
+            self.app.run(sw, out, waiter)
+        static["flows"] = sum(sw.core.static.entries for sw in self.switches)
+        self.counters.add("operator", "reload")
+        LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
+                    ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
+                    f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
+
+        def answer() -> None:  # on a thread of its own: the barriers come back on the event loop
+            confirmed = all(w.wait(RELOAD_WAIT) for w in waiters)
+            last = max((w.at for w in waiters if w.at is not None), default=started)
+            ev.answer({"ok": True, "changed": list(change.changed), "static": static,
+                       "kept": {key: "needs a restart: running value kept" for key in change.kept},
+                       "confirmed": confirmed, "validated_ms": round((validated - started) * 1000, 3),
+                       "confirmed_ms": round((last - started) * 1000, 3) if confirmed else None})
+        threading.Thread(target=answer, name="reload-answer", daemon=True).start()
+
+    def role(self, ev: EventControl, role: Any) -> None:
+        """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the
+        request is on its way; `status` shows what the switch granted."""
+        sw = self.switches[0]  # a pair serves one switch (config.py)
+        roles = sw.roles
+        if roles is None:
+            ev.answer({"error": "this controller is not one of a pair (no 'pair' in its config)"})
+            return
+        if role not in ("master", "backup"):
+            ev.answer({"error": f"role must be 'master' or 'backup', not {role!r}"})
+            return
+        was = roles.granted
+        change = roles.take_over() if role == "master" else roles.stand_by()
+        self.counters.add("operator", f"role_{role}")
+        LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
+        self.app.role_change(sw, change)
+        ev.answer({"ok": True, **roles.status(), "switch_connected": sw.session is not None})
+
+    def reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
+        """A new policy: every connection is judged again. Decided marks are cleared in
+        the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
+        block is taken down, a TCP one after its entry is re-created so it goes on through
+        the firewall without a stall. Answered once the kernel has done its part."""
+        removed = self._each(lambda sw: sw.core.flush(reason, now))
+        self.counters.add("operator", "reevaluate")
+        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, removed)
+        connected = self._connected()
+
+        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
+            if error is not None:
+                ev.answer({"error": f"could not clear the decision marks: {error}"})
+            else:
+                self.app.policy.reevaluated()  # the pairs from now on are the new policy's
+                ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
+                           "switch_connected": connected})
+        self.app.worker.clear_marks(markcodec.DECISION_MASK, done)
+
+    def _each(self, take_down: Callable[[Switch], list[c.Command]]) -> int:
+        """Run a take-down on every switch's core; how many pairs it took down."""
+        removed = 0
+        for sw in self.switches:
+            out = take_down(sw)
+            removed += len(out)
+            self.app.run(sw, out)
+        return removed
+
+    def target(self, req: dict[str, Any]) -> FlowTuple:
+        if "tuple" in req:
+            return parse_tuple(str(req["tuple"]))
+        ct_id = req.get("ct_id")
+        if isinstance(ct_id, bool) or not isinstance(ct_id, int):
+            raise ValueError("give 'tuple' or an integer 'ct_id'")
+        conn = next((found for sw in self.switches if (found := sw.core.find(ct_id=ct_id)) is not None), None)
+        if conn is None:
+            raise ValueError(f"no shunt or block with conntrack id {ct_id}; give the tuple instead")
+        return conn.orig
+
+    def status(self, flows: dict[int, list[SwitchFlow] | None], connections: bool = True) -> dict[str, Any]:
+        """Every switch's state and pairs; the top-level counts are their sums, and
+        "switch", "table" and "pair" describe the first switch (the only one, usually)."""
+        now = time.monotonic()
+        conns = []
+        switches = []
+        for sw in self.switches:
+            by_cookie = {f.cookie: f for f in flows.get(sw.index) or []}
+            for conn in sw.core.by_key.values() if connections else ():
+                dirs = [by_cookie.get(conn.cookie(r)) for r in (False, True)]
+                conns.append({
+                    **conn_fields(conn, "status"), "state": conn.state.value, "tuple": str(conn.orig),
+                    "datapath_id": sw.name, "switch_ports": [conn.ingress.fast, conn.egress.fast],
+                    "age": round(now - (conn.confirmed_time or conn.event_time), 3),
+                    "packets": [d.packets if d else None for d in dirs],
+                    "bytes": [d.bytes if d else None for d in dirs]})
+            core, session = sw.core, sw.session
+            dp, send = (session.dp, session.send) if session is not None else (None, None)
+            switches.append({
+                "connected": dp is not None,
+                "reconciled": dp is not None and core.reconciled,  # its table read back and agreed: shunting
+                "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
+                (sw.name if sw.cfg.datapath_id is not None else None),
+                "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
+                "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
+                "ports": [g.physdevin for g in sw.cfg.ports],
+                "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
+                "pending": send.pending() if send is not None else 0,
+                "queued": len(send.queued) if send is not None else 0,
+                "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
+                "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
+                "static_shunts": sw.core.static.status()})
+        first = switches[0]
+        return {
+            "switch": {k: first[k] for k in ("connected", "reconciled", "datapath_id", "openflow", "address")},
+            "switches": switches,
+            "uptime": round(time.time() - self.app.started, 1),
+            **totals(switches, ("shunts", "blocks", "waiting", "pending", "queued", "max_shunts")),
+            "flow_stats": all(sw["flow_stats"] for sw in switches),
+            "table": first["table"], "pair": first["pair"],
+            "rules_by_source": rules_by_source(self.switches, self.app.ids),
+            "counters": self.counters.flat(), "connections": conns,
+            "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}
+
+
+def rules_by_source(switches: list[Switch], ids: IdsBackend | None) -> dict[str, int]:
+    """What decides the pairs and pins now: the policy (pairs it decided), the operator
+    (pinned tuples) and each IDS ("ids:<client>": its active rules). Pins hold both
+    directions: each counts once. Read on the event loop (status) or a scrape thread."""
+    pinned_pairs = operator = 0
+    for sw in switches:
+        tuples = sw.core.conns.tuples
+        for t, pin in list(sw.core.pins.items()):
+            if pin.source is None:
+                operator += 1
+            elif t in tuples:
+                pinned_pairs += 1
+    pairs = sum(sw.core.shunts + sw.core.blocks for sw in switches)
+    return {"policy": pairs - pinned_pairs // 2, "operator": operator // 2, **(ids.by_source() if ids else {})}
+
+
+def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, Any]:
+    """The metrics' gauges, read on the scrape thread (plain reads of the event loop's state)."""
+    per_switch = []
+    for sw in switches:
+        table = OperatorAPI.table(sw)  # what status shows, the same numbers
+        per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.session is not None else 0,
+                           "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
+                           "table_max": table["max_entries"], "table_used": table["used"],
+                           "table_1": table["table_1"], "static": sw.core.static.status()})
+    maxes = [sw["table_max"] for sw in per_switch]
+    roles = switches[0].roles
+    return {"switches": per_switch,
+            **totals(per_switch, ("shunts", "blocks", "connected", "max_shunts", "table_used", "table_1")),
+            "waiting": sum(len(sw.core.waiting) for sw in switches),
+            "queued": sum(len(sw.session.send.queued) for sw in switches if sw.session is not None),
+            "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
+            "pair": roles.status() if roles is not None else None,
+            "static": [row for sw in per_switch for row in sw["static"]],
+            "rules": rules_by_source(switches, ids)}

@@ -1,0 +1,269 @@
+"""Static shunts: engineered streams put on the fast path before their first frame.
+
+A static shunt (config `static_shunts`) is a stateless switch ACL outside the stateful
+firewall: every frame matching it goes fast port to fast port, from the moment the switch
+connects, and the firewall never sees one (it cannot track, log or police them). That is
+the trade for cyclic control traffic whose deadlines a CPU-based firewall's delay and
+jitter would break; keep each entry as narrow as the stream it is for.
+
+Here: the config records and their checks, and the flows each entry makes (one a
+direction, in table 0 between reactive shunts and blocks, no idle timeout). One switch's
+table of them, as the core keeps it, is static_table.py. Pure.
+"""
+from __future__ import annotations
+
+import ipaddress
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from nfshunt.records import cookies
+from nfshunt.records.model import TCP, UDP, FlowTuple
+
+from .validate import ConfigError, _bool, _choice, _dpid, _int, _object, _str
+
+if TYPE_CHECKING:
+    from .settings import Config
+
+PROTOCOLS = {"udp": UDP, "tcp": TCP}
+# The widest prefix an entry may name without raising `static_shunt_max_prefix`: any host
+# inside it may send on the stream, past the firewall. /24: one cell's subnet; /64: one IPv6
+# subnet, the smallest routed unit. A stream between two controllers is /32 (/128).
+DEFAULT_MAX_PREFIX = {4: 24, 6: 64}
+DEFAULT_PRIORITY = 33050  # above reactive shunts (33000) and their catchers (33001), below blocks (33100)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class StaticShunt:
+    """One engineered stream, as configured (src and dst: networks; a host is /32 or /128)."""
+    protocol: int
+    src: Network
+    dst: Network
+    fast_ports: tuple[int, int]  # the fast ports of the source's and the destination's port groups
+    src_port: int | None = None  # None: any
+    dst_port: int | None = None
+    both_directions: bool = True
+    name: str | None = None
+    datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
+
+    def on(self, cfg: "Config") -> bool:
+        """This entry's flows go on that switch (one switch's config)."""
+        return set(self.fast_ports) <= {g.fast for g in cfg.ports} and (
+            self.datapath_id is None or self.datapath_id == cfg.datapath_id)
+
+    @property
+    def label(self) -> str:
+        return self.name or describe(self.protocol, self.src, self.dst, self.src_port, self.dst_port)
+
+
+@dataclass(frozen=True)
+class StaticFlow:
+    """One direction of a static shunt: the flow it puts in table 0."""
+    shunt: StaticShunt
+    reply: bool
+    in_port: int
+    out_port: int | None  # None: drop (an operator's block of a tuple inside the stream)
+    src: Network
+    dst: Network
+    src_port: int | None
+    dst_port: int | None
+    priority: int
+    cookie: int
+    hard_timeout: int = 0  # a block's lifetime (the operator's pin); a static shunt never times out
+
+    @property
+    def family(self) -> int:
+        return self.src.version
+
+    def describe(self) -> str:
+        return describe(self.shunt.protocol, self.src, self.dst, self.src_port, self.dst_port) + \
+            (f" port {self.in_port} -> {self.out_port}" if self.out_port is not None else f" port {self.in_port} drop")
+
+    def covers(self, t: FlowTuple) -> bool:
+        """A packet of this tuple arriving on in_port would take this flow."""
+        return (t.proto == self.shunt.protocol and t.family == self.family
+                and ipaddress.ip_address(t.src) in self.src and ipaddress.ip_address(t.dst) in self.dst
+                and _meet(self.src_port, t.sport) and _meet(self.dst_port, t.dport))
+
+    def block(self, t: FlowTuple, priority: int, lifetime: int) -> "StaticFlow":
+        """This flow's exact drop for tuple t, above it (an operator's block wins)."""
+        key = zlib.crc32(repr(("block", self.in_port, t)).encode())
+        net = ipaddress.ip_network
+        return StaticFlow(self.shunt, self.reply, self.in_port, None, net(t.src), net(t.dst), t.sport, t.dport,
+                          priority, cookies.make(cookies.Kind.STATIC, key, self.reply), lifetime)
+
+    def overlaps(self, other: "StaticFlow") -> bool:
+        """Some frame could match both (same in_port and protocol): the switch would pick one."""
+        return (self.in_port == other.in_port and self.shunt.protocol == other.shunt.protocol
+                and self.family == other.family and self.src.overlaps(other.src)  # type: ignore[arg-type]
+                and self.dst.overlaps(other.dst)  # type: ignore[arg-type]
+                and _meet(self.src_port, other.src_port) and _meet(self.dst_port, other.dst_port))
+
+
+def _meet(a: int | None, b: int | None) -> bool:
+    """Two port matches share a port (None: any)."""
+    return a is None or b is None or a == b
+
+
+def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: int | None) -> str:
+    name = "tcp" if proto == TCP else "udp"
+    return f"{name} {src}:{'*' if sport is None else sport} -> {dst}:{'*' if dport is None else dport}"
+
+
+# --- config --------------------------------------------------------------------------------
+
+def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
+    """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
+    if not isinstance(value, list):
+        raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
+                          "\"fast_ports\": [a, b]})")
+    fields = {"name": _str, "protocol": _choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
+              "src_port": _int(1, 65535), "dst_port": _int(1, 65535), "fast_ports": _port_pair,
+              "both_directions": _bool, "datapath_id": _dpid}
+    out = []
+    names: dict[str, int] = {}
+    for i, raw in enumerate(value):
+        at = f"{key}[{i}]"
+        entry = _object(at, raw, fields, required=("protocol", "src", "dst", "fast_ports"))
+        entry["protocol"] = PROTOCOLS[entry["protocol"]]
+        shunt = StaticShunt(**entry)
+        if shunt.src.version != shunt.dst.version:
+            raise ConfigError(f"{at}.dst", f"{shunt.dst} is IPv{shunt.dst.version}, src {shunt.src} "
+                              f"IPv{shunt.src.version}: one family a stream")
+        if shunt.name is not None:
+            if shunt.name in names:
+                raise ConfigError(f"{at}.name", f"{shunt.name!r} is already used by {key}[{names[shunt.name]}]")
+            names[shunt.name] = i
+        out.append(shunt)
+    return tuple(out)
+
+
+def _network(key: str, value: Any) -> Network:
+    value = _str(key, value)
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+
+
+def _port_pair(key: str, value: Any) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ConfigError(key, "expected [source side fast port, destination side fast port]")
+    a, b = (_int(1, 0xFFFFFF00)(f"{key}[{i}]", v) for i, v in enumerate(value))
+    if a == b:
+        raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
+    return a, b
+
+
+def max_prefix(key: str, value: Any) -> dict[int, int]:
+    """`static_shunt_max_prefix`: {"ipv4": 24, "ipv6": 64}, the widest prefix an entry may name."""
+    given = _object(key, value, {"ipv4": _int(0, 32), "ipv6": _int(0, 128)})
+    return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
+
+
+def check(cfg: "Config") -> None:
+    """What an entry must agree on with the rest of the config: its ports, the prefix
+    limit, the priorities, the OpenFlow version; and no two entries' flows overlap."""
+    shunts = cfg.static_shunts
+    if not shunts:
+        return
+    if cfg.openflow_versions != ("1.3",):
+        raise ConfigError("static_shunts", "static shunts need OpenFlow 1.3 (prefixes, IPv6, flows found by "
+                          "cookie): set openflow_versions to [\"1.3\"]")
+    if not cfg.shunt_priority + 1 < cfg.static_priority < cfg.block_priority:
+        raise ConfigError("static_priority", f"{cfg.static_priority} must be above shunt_priority + 1 "
+                          f"({cfg.shunt_priority + 1}: the TCP catchers) and below block_priority "
+                          f"({cfg.block_priority}): an operator's block must still win")
+    groups = [{g.fast for g in sw.ports} for sw in cfg.served]
+    dpids = {sw.datapath_id for sw in cfg.served}
+    seen = _Seen()
+    for i, shunt in enumerate(shunts):
+        at = f"static_shunts[{i}]"
+        for j, port in enumerate(shunt.fast_ports):
+            if not any(port in fast for fast in groups):
+                raise ConfigError(f"{at}.fast_ports[{j}]", f"{port} is not the fast port of a configured port group")
+        if not any(set(shunt.fast_ports) <= fast for fast in groups):
+            raise ConfigError(f"{at}.fast_ports", "both ports must be on the same switch")
+        if shunt.datapath_id is not None and shunt.datapath_id not in dpids:
+            raise ConfigError(f"{at}.datapath_id", f"{shunt.datapath_id:016x} is not a served switch")
+        served = [sw.datapath_id for sw in cfg.served if shunt.on(sw)]
+        if not served:
+            raise ConfigError(f"{at}.fast_ports", "not the fast ports of that switch")
+        if len(served) > 1:
+            raise ConfigError(f"{at}.datapath_id", "the fast ports are on several switches: name the one "
+                              "(a stream declared for one must not bypass the firewall on another)")
+        limit = cfg.static_shunt_max_prefix[shunt.src.version]
+        for side in ("src", "dst"):
+            net = getattr(shunt, side)
+            if net.prefixlen < limit:
+                raise ConfigError(f"{at}.{side}", f"{net} is wider than /{limit} (static_shunt_max_prefix "
+                                  f"ipv{net.version}): every host in it would bypass the firewall")
+        for flow in flows_of(shunt, cfg.static_priority, 0):
+            for other_at, other in seen.near(flow):
+                if flow.overlaps(other):
+                    raise ConfigError(at, f"overlaps {other_at} ({other.describe()}): a frame would match both")
+            seen.add(at, flow)
+
+
+class _Seen:
+    """The flows checked so far, indexed so that a host-to-host flow (the usual engineered
+    stream) is compared only with the flows of its two hosts and the prefix ones: 1,000
+    streams check in milliseconds, not in seconds."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[tuple[Any, ...], list[tuple[str, StaticFlow]]] = {}
+        self.wide: dict[tuple[Any, ...], list[tuple[str, StaticFlow]]] = {}
+
+    @staticmethod
+    def _keys(flow: StaticFlow) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
+        group = (flow.in_port, flow.shunt.protocol, flow.family)
+        host = flow.src.prefixlen == flow.src.max_prefixlen and flow.dst.prefixlen == flow.dst.max_prefixlen
+        return group, (*group, flow.src, flow.dst) if host else None
+
+    def near(self, flow: StaticFlow) -> Iterable[tuple[str, StaticFlow]]:
+        group, pair = self._keys(flow)
+        yield from self.wide.get(group, ())
+        if pair is not None:
+            yield from self.hosts.get(pair, ())
+        else:  # a prefix: every host flow of its group may fall inside it
+            for key, flows in self.hosts.items():
+                if key[:3] == group:
+                    yield from flows
+
+    def add(self, at: str, flow: StaticFlow) -> None:
+        group, pair = self._keys(flow)
+        (self.hosts.setdefault(pair, []) if pair is not None else self.wide.setdefault(group, [])).append((at, flow))
+
+
+# --- flows ---------------------------------------------------------------------------------
+
+def flows_of(shunt: StaticShunt, priority: int, key: int) -> list[StaticFlow]:
+    a, b = shunt.fast_ports
+    out = [StaticFlow(shunt, False, a, b, shunt.src, shunt.dst, shunt.src_port, shunt.dst_port, priority,
+                      cookies.make(cookies.Kind.STATIC, key, False))]
+    if shunt.both_directions:
+        out.append(StaticFlow(shunt, True, b, a, shunt.dst, shunt.src, shunt.dst_port, shunt.src_port, priority,
+                              cookies.make(cookies.Kind.STATIC, key, True)))
+    return out
+
+
+def _key(shunt: StaticShunt, priority: int) -> int:
+    """A stable 32-bit name for what the entry puts on the switch (not its name or place
+    in the list): an unchanged entry keeps its cookie across reloads and restarts."""
+    text = repr((shunt.protocol, str(shunt.src), str(shunt.dst), shunt.src_port, shunt.dst_port, shunt.fast_ports,
+                 shunt.both_directions, priority))
+    return zlib.crc32(text.encode())
+
+
+def switch_flows(cfg: "Config") -> dict[int, StaticFlow]:
+    """Every static flow of one switch's config (its entries: those on its ports), by cookie."""
+    out: dict[int, StaticFlow] = {}
+    keys: set[int] = set()
+    for shunt in sorted((s for s in cfg.static_shunts if s.on(cfg)), key=repr):
+        key = _key(shunt, cfg.static_priority)
+        while key in keys:  # two entries of one hash (1 in 2^32 a pair): the later one probes on
+            key = (key + 1) & 0xFFFFFFFF
+        keys.add(key)
+        out.update((f.cookie, f) for f in flows_of(shunt, cfg.static_priority, key))
+    return out

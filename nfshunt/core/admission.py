@@ -1,0 +1,221 @@
+"""Admission: a conntrack event in, an install or the reason there is none. No I/O.
+
+What the mark (and an operator's pin) decided for the entry and the port groups it
+crossed; then whether the switch has room. With a budget (`max_shunts`, or derived from
+the table size the switch reports when that is unset), or when the switch reports its
+table full, a shunt stays on the slow path (its entry kept) and waits; waiting
+connections are retried, blocks first, as pairs leave. A block that finds no room evicts
+the newest shunt, up to `max_block_share` of the budget.
+"""
+from __future__ import annotations
+
+from nfshunt.config.settings import PortGroup
+from nfshunt.records import markcodec
+from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
+
+from .commands import Command, DeleteConntrack, Ignored, InstallFlows
+from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
+from .state import CoreState
+
+WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
+
+# Reasons an event is ignored; fixed strings so they can label metrics.
+R_UNMARKED = "unmarked"
+R_INCOMPLETE = "mark incomplete"
+R_UNKNOWN_ACTION = "unknown action"
+R_UNKNOWN_PORT = "unknown port"
+R_SAME_PORT = "same ingress and egress port"
+R_POLICY_IGNORE = "policy ignore"
+R_PROTOCOL = "protocol not tcp/udp"
+R_CLOSING = "tcp closing"
+R_DESTROY = "destroy"
+R_NO_SWITCH = "no switch connected"
+R_BACKUP = "backup: the pair's other firewall is active"
+R_IPV6_OF10 = "ipv6 needs openflow 1.3"
+R_DUPLICATE = "duplicate"
+R_QUEUED = "queued behind removal"
+R_BUDGET = "flow budget full"
+R_PINNED = "kept on the slow path by an operator"
+R_NAT = "nat: reply tuple is not the original reversed"
+R_ID_COLLISION = "conntrack id of a live pair"
+R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
+
+
+def created_by(conn: Conn) -> ConnEvent:
+    """The event that created the pair, made again for a retry."""
+    assert conn.event_kind is not None
+    return ConnEvent(conn.event_kind, conn.ct_id, conn.orig, conn.reply, conn.mark, conn.tcp_state,
+                     conn.event_time)
+
+
+class Admission:
+    def __init__(self, shared: CoreState):
+        self.shared = shared
+
+    def conntrack_event(self, ev: ConnEvent) -> list[Command]:
+        sh = self.shared
+        closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
+        if closing:
+            sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
+        if ev.kind is EventKind.DESTROY:
+            sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
+            sh.pins.destroyed(ev)
+            return [Ignored(R_DESTROY, ev)]
+        # A connection we handle: either side may be the new entry's original direction.
+        existing = sh.conns.tuples.get(ev.orig)
+        if existing is not None:
+            if existing.state in ACTIVE and existing.ct_id != ev.ct_id:
+                # Packets still in the slow path when the flows went in re-created an entry
+                # (loose pickup); the connection runs on the fast path, so it is stale.
+                return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
+            if closing and existing.ct_id == ev.ct_id and existing.action is Action.SHUNT \
+                    and existing.state is not State.TAKING_DOWN:
+                # Its FINs crossed the firewall while the flows went in: the shunt would
+                # outlive the connection, carrying a later one on its ports past the firewall.
+                existing.closed_on_firewall = True
+                if existing.remove_reason is not None:  # a take-down already waits for the confirmation
+                    return [Ignored(R_CLOSING, ev)]
+                down = sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received, closed_on_firewall(ev.tcp_state))
+                return [*down, Ignored(R_CLOSING, ev)]
+            if existing.state is not State.TAKING_DOWN:
+                return [Ignored(R_DUPLICATE, ev)]
+        decided = self.decide(ev, closing)
+        if isinstance(decided, Ignored):
+            return [decided]
+        action, ingress, egress, idle = decided
+        if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
+            if ev.kind is EventKind.DUMP:
+                # Most likely the entry whose deletion is still on its way. A connection
+                # that really resumes says so with live events of its own.
+                return [Ignored(R_DUPLICATE, ev)]
+            existing.resume = ev
+            return [Ignored(R_QUEUED, ev)]
+        if sh.version is None or not sh.reconciled:
+            return [Ignored(R_BACKUP if sh.backup else R_NO_SWITCH, ev)]
+        if ev.orig.family == 6 and sh.version < OFP13:
+            return [Ignored(R_IPV6_OF10, ev)]
+        slot = sh.conns.free_slot(ev.ct_id)
+        if slot is None:
+            # Ids are a 32-bit hash: live pairs share one now and then and take the next
+            # slot; with every slot of this id taken, the connection waits on the slow path.
+            self.wait(ev, front=action is Action.BLOCK)
+            return [Ignored(R_ID_COLLISION, ev)]
+        out: list[Command] = []
+        if sh.budget and sh.conns.shunts + sh.conns.blocks >= sh.budget:
+            if action is Action.SHUNT:
+                self.wait(ev, front=False)
+                return [Ignored(R_BUDGET, ev)]
+            victim = self.evict_for_block(ev.received)
+            if victim is None:
+                self.wait(ev, front=True)
+                return [Ignored(R_BUDGET, ev)]
+            out.extend(victim)
+        sh.waiting.pop(ev.orig, None)
+        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
+                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle)
+        sh.remember(conn)
+        out.append(InstallFlows(conn))
+        return out
+
+    def decide(self, ev: ConnEvent, closing: bool) -> Ignored | tuple[Action, PortGroup, PortGroup, int | None]:
+        """What the mark (and a pin) decided for a new or updated entry, the port groups it
+        crossed and the pin's idle timeout (an IDS rule's, where its action is taken;
+        None: the config's default); or why nothing is to be done. `closing`: the entry is
+        a closing TCP one, as its event or an earlier one said (closing.py)."""
+        if ev.mark & markcodec.NFSHUNT_BITS == 0:
+            return Ignored(R_UNMARKED, ev)
+        mark = markcodec.decode(ev.mark)
+        if not mark.complete:
+            return Ignored(R_INCOMPLETE, ev)
+        cfg = self.shared.cfg
+        action = cfg.action_for(mark.action)  # type: ignore[arg-type]
+        if action is None:
+            return Ignored(R_UNKNOWN_ACTION, ev)
+        pins = self.shared.pins
+        pin = pins.get(ev.orig) if pins else None
+        idle = None
+        if pin is not None:
+            pin.ct_id = ev.ct_id
+            if pin.action is Action.IGNORE:
+                return Ignored(R_PINNED, ev)
+            if pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE:
+                action = pin.action  # an IDS's shunt only of what the policy accepted and left alone
+            if action is pin.action:
+                idle = pin.idle_timeout
+        if action is Action.IGNORE:
+            return Ignored(R_POLICY_IGNORE, ev)
+        ingress = cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
+        egress = cfg.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
+        if ingress is None or egress is None:
+            return Ignored(R_UNKNOWN_PORT, ev)
+        if ingress is egress:
+            return Ignored(R_SAME_PORT, ev)
+        if ev.orig.proto not in (TCP, UDP):
+            return Ignored(R_PROTOCOL, ev)
+        if closing:
+            return Ignored(R_CLOSING, ev)
+        if ev.reply != ev.orig.reversed():
+            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
+        return action, ingress, egress, idle
+
+    # --- room on the switch -----------------------------------------------------------------
+
+    def wait(self, ev: ConnEvent, front: bool) -> None:
+        waiting = self.shared.waiting
+        waiting[ev.orig] = ev
+        if front:
+            waiting.move_to_end(ev.orig, last=False)
+        while len(waiting) > WAITING_MAX:
+            waiting.popitem(last=True)
+
+    def wait_again(self, conn: Conn) -> None:
+        """A pair the switch had no room for (its table full, or its install never sent)
+        waits again as the event that created it. An adopted pair is never retried, nor one
+        taken down meanwhile (its connection closed, or was unshunted)."""
+        if conn.event_kind is not None and conn.remove_reason is None:
+            self.wait(created_by(conn), front=conn.action is Action.BLOCK)
+
+    def _blocks_may_evict(self) -> bool:
+        """Blocks take room from shunts only up to `max_block_share` of the budget: a host
+        that gets itself blocked on many connections cannot push every shunt off the switch."""
+        conns = self.shared.conns
+        budget = self.shared.budget or (conns.shunts + conns.blocks)
+        return conns.blocks < budget * self.shared.cfg.max_block_share
+
+    def evict_for_block(self, now: float) -> list[Command] | None:
+        """Make room for a block: take down the newest active shunt (blocks come first).
+        None: blocks may not evict (max_block_share), or there is no shunt to evict."""
+        if not self._blocks_may_evict():
+            return None
+        conns = self.shared.conns
+        victim: Conn | None = None
+        for conn in conns.by_key.values():
+            if conn.action is Action.SHUNT and conn.state in ACTIVE and (
+                    victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
+                victim = conn
+        if victim is None:
+            return None
+        # The budget is freed now; the evicted connection returns to the slow path alive
+        # and, judged there again, waits for room like any other shunt.
+        conns.uncount(victim)
+        return conns.hand_back(victim, "evicted for a block", now)
+
+    def room_freed(self, room: int) -> list[Command]:
+        """The switch can take `room` more installs: that many waiting connections are
+        tried again, oldest first (blocks were put first)."""
+        if not self.shared.waiting or not self.shared.reconciled:
+            return []
+        waiting = self.shared.waiting
+        out: list[Command] = []
+        while waiting and room > 0:
+            _, ev = waiting.popitem(last=False)
+            got = self.conntrack_event(ev)
+            if ev.orig in waiting:
+                # Still no room, or its id still held: it was counted as ignored when it
+                # first waited (counted at every retry, one collision read as thousands).
+                out.extend(c for c in got if not isinstance(c, Ignored))
+                break
+            out.extend(got)
+            if any(isinstance(c, InstallFlows) for c in got):
+                room -= 1
+        return out

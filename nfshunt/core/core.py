@@ -1,0 +1,382 @@
+"""The decision core: conntrack events and switch feedback in, commands out. No I/O.
+
+The switch side (switch_app) executes InstallFlows / RemoveFlows / DeleteConntrack and
+reports back through flows_confirmed / flows_failed / flow_removed; everything else a
+command carries (Ignored, Installed, Refused, Removed) is for logs and counters.
+
+`Core` is the one object the app calls for a switch: it holds the switch's lifecycle
+(connect, reload, stop, stand by, disconnect), the housekeeping tick and the table's size,
+and hands the rest to its parts, each given the state they share (core_state.CoreState):
+
+- admission: an event decided (the mark, an operator's pin, the port groups), the budget,
+  the connections waiting for room, a block's eviction of a shunt;
+- confirmation: the switch's answer to an install, and when the shunt's entry goes;
+- teardown: a TCP shunt's FIN and RST caught, and its close handed back;
+- removal: take-downs asked for, flows the switch removed, a pair's end;
+- reconcile: the switch's flows read back after a (re)connect, pairs adopted or repaired.
+
+A connection's states and the one take-down are connection.py's; the entries a pair
+takes on the switch layout.py's; the operator's pins pins.py's.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from nfshunt.config.settings import Config
+from nfshunt.config.static import Network
+from nfshunt.records import markcodec
+from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
+
+from .admission import Admission
+from .commands import (
+    Command,
+    DeleteAllFlows,
+    InstallDefaults,
+    InstallPipeline,
+    Later,
+    LimitPacketIns,
+    Refused,
+    RemoveFlows,
+    RequestKeptDefaults,
+    RequestSwitchFlows,
+    RequestTableSize,
+    ResyncConntrack,
+)
+from .confirmation import Confirmation
+from .connection import ACTIVE, Action, Conn, State
+from .layout import PIPELINE_ENTRIES, max_pair_entries
+from .pins import PIN_TTL, IdsHold
+from .reconcile import Reconciler, default_paths, table_1_complete
+from .removal import Removal
+from .state import CoreState
+from .teardown import HalfClosedDue, Teardown
+
+PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
+PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say so)
+
+
+class _Shared:
+    """A Core attribute that is the parts' shared state's, read and written through it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, core: Core | None, owner: type | None = None) -> Any:
+        return self if core is None else getattr(core.shared, self.name)
+
+    def __set__(self, core: Core, value: Any) -> None:
+        setattr(core.shared, self.name, value)
+
+
+class Core:
+    # The switch as the core knows it (core_state.py says what each one means).
+    cfg = _Shared()
+    version = _Shared()
+    pipeline = _Shared()
+    backup = _Shared()
+    reconciled = _Shared()
+    stale_policy = _Shared()  # set by the app at start (policy_state.py)
+    budget = _Shared()
+
+    def __init__(self, cfg: Config):
+        sh = self.shared = CoreState(cfg)
+        # The shared tables, read by status, metrics and tests (never rebound).
+        self.conns, self.waiting, self.pins, self.static, self.half_closed = \
+            sh.conns, sh.waiting, sh.pins, sh.static, sh.half_closed
+        self.table_max: int | None = None  # entries the switch's table 0 holds, as it reported them
+        self.pipeline_reads = 0  # reads of the switch's flows at connect that lacked table-1 flows
+        self._admission = Admission(sh)
+        self._teardown = Teardown(sh)
+        self._removal = Removal(sh, self._admission)
+        self._confirmation = Confirmation(sh, self._admission, self._teardown)
+        self._reconciler = Reconciler(sh, self._removal)
+
+    # Read by status, metrics and tests; the table itself is connection.py's.
+    @property
+    def by_key(self) -> dict[int, Conn]:
+        return self.conns.by_key
+
+    @property
+    def table_kept(self) -> bool | None:
+        """Whether the switch kept its table across the break (RequestKeptDefaults)."""
+        return self.shared.table_kept
+
+    @property
+    def shunts(self) -> int:
+        return self.conns.shunts
+
+    @property
+    def blocks(self) -> int:
+        return self.conns.blocks
+
+    @property
+    def entries(self) -> int:
+        return self.conns.entries
+
+    # --- switch lifecycle ---------------------------------------------------------------
+
+    def switch_connected(self, version: int, pipeline: bool = False) -> list[Command]:
+        """The switch is ours to program (connected; in a pair, granted MASTER)."""
+        sh, cfg = self.shared, self.shared.cfg
+        sh.version = version
+        sh.pipeline = pipeline
+        self.pipeline_reads = 0
+        sh.backup = False
+        sh.reconciled = False
+        sh.table_kept = None
+        out: list[Command] = []
+        if cfg.delete_foreign_flows_on_startup:
+            out.append(DeleteAllFlows())  # (pairs lost to it are ours to install again: no question asked)
+        elif cfg.default_no_shunting and version >= OFP13:
+            # Asked first, before the defaults go again: whether the switch kept its table
+            # tells a pair that timed out while it was away from one it lost (reconcile.py).
+            out.append(RequestKeptDefaults())
+        out.extend(sh.static.connected())  # before the defaults: their first frame never crosses the firewall
+        out.extend(sh.address_blocks.connected())  # likewise: a blocked host's first frame is dropped
+        if cfg.default_no_shunting:
+            out.append(InstallDefaults(cfg.ports))
+        if pipeline:
+            out.append(InstallPipeline(cfg.ports))
+        if version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate:
+            out.append(LimitPacketIns(cfg.packet_in_rate))
+        out.append(RequestTableSize())
+        out.append(RequestSwitchFlows())
+        return out
+
+    def defaults_kept(self, found: list[SwitchFlow]) -> None:
+        """The default flows the switch held when it connected (RequestKeptDefaults): one of
+        this config's means it kept its table across the break (a pair's other firewall's
+        defaults, or anything a switch answers unfiltered, say nothing of ours)."""
+        mine = default_paths(self.shared.cfg)
+        self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
+
+    def reload(self, cfg: Config) -> list[Command]:
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts
+        change as the difference only; the packet-in meter takes a new rate."""
+        sh = self.shared
+        old, sh.cfg = sh.cfg, cfg
+        out: list[Command] = sh.static.reload(cfg)
+        if sh.version is not None and sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
+                cfg.packet_in_rate != old.packet_in_rate:
+            out.append(LimitPacketIns(cfg.packet_in_rate))
+        return out
+
+    def stopping(self, now: float, take_down: bool) -> list[Command]:
+        """Shutting down: nothing new goes onto the switch from now on (a pair that leaves
+        must not let a queued connection take its place). With `take_down`, every pair is
+        handed back to the firewall alive (connection.py's rule), pending ones rolled back;
+        without, the pairs stay on the switch for the next start to adopt."""
+        out: list[Command] = []
+        for conn in self.conns if take_down else ():
+            if conn.state is State.PENDING:
+                out.extend(self.conns.roll_back(conn, "controller stopped"))
+            elif conn.state in ACTIVE:
+                out.extend(self.conns.hand_back(conn, "controller stopped", now))
+            else:  # already being taken down (its entry handed back): the removal goes now
+                out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "controller stopped"))
+        self.shared.version = None
+        self.shared.reconciled = False
+        return out
+
+    def stand_by(self) -> list[Command]:
+        """In a pair, no longer master: the other controller programs the switch now and
+        owns every pair on it (it adopts them, and its take-downs hand them back), so they
+        are forgotten here, not taken down. Pending installs were never confirmed: their
+        entries stay on the slow path."""
+        out = self.switch_disconnected()
+        for conn in self.conns:
+            self.conns.forget(conn)
+        self.waiting.clear()
+        self._confirmation.sweeps.clear()
+        self.half_closed.clear()
+        self.shared.reconciled = False
+        self.shared.backup = True
+        return out
+
+    def switch_disconnected(self) -> list[Command]:
+        """Pending first installs are abandoned: their conntrack entries were never deleted,
+        so the connections stay on the slow path and the resync on reconnect retries them.
+        A pending re-install (its entry deleted) stays: the reconcile finds it."""
+        self.shared.version = None
+        out: list[Command] = []
+        for conn in self.conns:
+            if conn.state is State.PENDING and not conn.entry_deleted:
+                self.conns.forget(conn)
+                out.append(Refused(conn, "switch disconnected before confirming"))
+        return out
+
+    def reconcile(self, flows: Iterable[SwitchFlow], now: float) -> list[Command]:
+        """Bring the switch and the table into agreement after a (re)connect (reconcile.py),
+        once the pipeline layout's table 1 is all on the switch: one that applies flow-mods
+        after its barrier (hardware) may not have it yet, and a shunt sent there now would
+        have its packets dropped at the table miss. Read again a while, then go on."""
+        if self.shared.reconciled:  # a read asked for before a reconnect, answered after this one's
+            return []
+        flows = list(flows)
+        if self.shared.pipeline and not table_1_complete(self.shared.cfg, flows) and \
+                self.pipeline_reads < PIPELINE_READS:
+            self.pipeline_reads += 1
+            return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
+        return self._reconciler.reconcile(flows, now)
+
+    # --- conntrack (admission.py) -----------------------------------------------------------
+
+    def conntrack_event(self, ev: ConnEvent) -> list[Command]:
+        """A conntrack event: the install it calls for, or why there is none."""
+        return self._admission.conntrack_event(ev)
+
+    def room_freed(self, room: int) -> list[Command]:
+        """The switch can take `room` more installs (the flow-mod queue drained)."""
+        return self._admission.room_freed(room)
+
+    # --- switch feedback (confirmation.py, removal.py) --------------------------------------
+
+    def flows_confirmed(self, conn: Conn, now: float) -> list[Command]:
+        """The switch confirmed the pair's flows (its barrier reply)."""
+        return self._confirmation.flows_confirmed(conn, now)
+
+    def entry_due(self, conn: Conn, now: float) -> list[Command]:
+        """The wait for a shunt's forwarding and drain is over: its entry goes."""
+        return self._confirmation.entry_due(conn, now)
+
+    def counters_read(self, conn: Conn, packets: dict[bool, int], now: float) -> list[Command]:
+        """The pair's packet counters by direction (confirm: counters)."""
+        return self._confirmation.counters_read(conn, packets, now)
+
+    def flows_failed(self, conn: Conn, reason: str, table_full: bool = False, now: float = 0.0) -> list[Command]:
+        """The switch refused a flow of this pair; with `table_full`, it waits for room."""
+        return self._confirmation.flows_failed(conn, reason, table_full, now)
+
+    def install_dropped(self, conn: Conn, reason: str, wait: bool) -> list[Command]:
+        """An install that never went to the switch; with `wait`, it waits for room."""
+        return self._confirmation.install_dropped(conn, reason, wait)
+
+    def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
+                     duration: float, now: float) -> list[Command]:
+        """The switch removed a flow of a pair: an idle-out hands it back; both gone, it ends."""
+        return self._removal.flow_removed(cookie, reason, packets, nbytes, duration, now)
+
+    # --- take-downs and the operator (connection.py, pins.py) -------------------------------
+
+    def remove(self, conn: Conn, reason: str, now: float) -> list[Command]:
+        """Take a pair down (flush, manual unshunt, policy change), handed back alive."""
+        return self.conns.take_down(conn, reason, now)
+
+    def flush(self, reason: str, now: float) -> list[Command]:
+        """Every pair back to the slow path; the connections waiting for room forgotten."""
+        return self._removal.flush(reason, now)
+
+    def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
+        """A handled connection by conntrack id or by either direction's tuple."""
+        if tuple_ is not None:
+            return self.conns.tuples.get(tuple_)
+        return self.conns.with_id(ct_id) if ct_id is not None else None
+
+    def pin(self, orig: FlowTuple, action: Action, now: float) -> list[Command]:
+        """An operator's unshunt (IGNORE) or block for a connection, by tuple: its flows
+        go, and the entry its next packet re-creates on the slow path is held there
+        (unshunt) or blocked. Dumping conntrack applies it to a connection that is on
+        the slow path already."""
+        if action not in (Action.IGNORE, Action.BLOCK):
+            raise ValueError(action)
+        self.pins.hold(orig, action, now)
+        out: list[Command] = []
+        conn = self.conns.tuples.get(orig)
+        if conn is not None and not (action is Action.BLOCK and conn.action is Action.BLOCK):
+            out.extend(self.remove(conn, "unshunt by operator" if action is Action.IGNORE else "blocked by operator",
+                                   now))
+        if action is Action.BLOCK:
+            out.append(ResyncConntrack())
+            out.extend(self.static.block(orig, now, int(PIN_TTL)))
+        else:
+            out.extend(self.static.unblock(orig))
+        return out
+
+    # --- an IDS's rules (ids_backend.py decides with ids_rules.precedence; these act) -------
+
+    def ids_pin(self, orig: FlowTuple, hold: IdsHold, now: float) -> list[Command]:
+        """An IDS's shunt or block of a connection, held as a lower pin (pins.py): a pair
+        the policy shunted is taken down for a block (its next packet's entry is blocked);
+        an entry on the slow path is decided when the backend feeds it (or its next event).
+        A pair already on the switch keeps the idle timeout it was installed with."""
+        if not self.pins.hold_for(orig, hold):
+            return []
+        conn = self.conns.tuples.get(orig)
+        if hold.action is Action.BLOCK and conn is not None and conn.action is not Action.BLOCK:
+            return self.remove(conn, f"blocked by {hold.source}", now)
+        return []
+
+    def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float,
+                    successor: IdsHold | None = None) -> list[Command]:
+        """An IDS's rule of a connection ended: its pin goes (to `successor`, another IDS
+        rule of the connection, if one is left), and a pair that neither it nor the policy
+        would make now is handed back to the firewall, where admission judges it again."""
+        if not self.pins.release(orig, source):
+            return []
+        if successor is not None:
+            self.pins.hold_for(orig, successor)
+        conn = self.conns.tuples.get(orig)
+        if conn is None:
+            return []
+        mark = markcodec.decode(conn.mark)
+        policy = None if mark.action is None else self.cfg.action_for(mark.action)
+        wanted = successor.action if successor is not None else policy
+        if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
+            return []  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
+        return self.remove(conn, reason, now)
+
+    def block_address(self, net: Network, expires: float, reason: str) -> list[Command]:
+        """An IDS's block of every frame to or from a prefix, until `expires` (monotonic)."""
+        return self.shared.address_blocks.block(net, expires, reason)
+
+    def unblock_address(self, net: Network, reason: str) -> list[Command]:
+        return self.shared.address_blocks.unblock(net, reason)
+
+    # --- TCP teardown (teardown.py) ---------------------------------------------------------
+
+    def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
+        """A FIN or RST seen by a catcher. None: the packet-in names no connection of ours."""
+        return self._teardown.packet(cookie, in_port, now)
+
+    def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
+        """Catchers whose counters show a FIN or RST: the commands, and the shunts ended."""
+        return self._teardown.catchers_counted(counted, now)
+
+    def half_closed_due(self, now: float) -> HalfClosedDue:
+        """Half-closed shunts due a look for a lost packet-in (teardown_sweep)."""
+        return self._teardown.half_closed_due(now)
+
+    def tick(self, now: float) -> list[Command]:
+        """Housekeeping: deleted entries swept, overdue removals given up, pins expired."""
+        out = self._confirmation.sweep(now)
+        out.extend(self._removal.overdue(now))
+        self.pins.expire(now)
+        self.static.expire(now)
+        self.shared.address_blocks.expire(now)
+        return out
+
+    # --- table ------------------------------------------------------------------------------
+
+    def default_entries(self) -> int:
+        """Entries of table 0 that are not any connection's: the defaults, the static shunts,
+        the address blocks."""
+        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
+            self.shared.address_blocks.entries
+
+    def shared_entries(self) -> int:
+        """The pipeline layout's table 1 (its own table: not counted against table 0)."""
+        return PIPELINE_ENTRIES * len(self.cfg.ports) if self.pipeline else 0
+
+    def table_size(self, max_entries: int) -> int | None:
+        """The switch reported how many entries its table 0 holds: with no `max_shunts`,
+        the budget becomes what fits after the defaults, counting every pair at the most a
+        pair takes (a TCP shunt with its teardown catchers). Returns the new budget."""
+        self.table_max = max_entries
+        if self.cfg.max_shunts or self.version is None:
+            return None
+        self.budget = max(1, (max_entries - self.default_entries()) // self.max_pair_entries())
+        return self.budget
+
+    def max_pair_entries(self) -> int:
+        """The most entries one pair takes with this switch: a TCP shunt with catchers."""
+        return max_pair_entries(self.version, self.cfg, self.pipeline)

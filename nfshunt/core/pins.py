@@ -1,0 +1,89 @@
+"""Pins: a decision held for a connection by its tuple (both directions), applied to the
+entry its next packet creates on the slow path (admission.decide). An operator's unshunt
+(IGNORE) or block beats everything; an IDS's shunt or block (source "ids:<client>",
+held until its rule ends: ids_backend.py) is a lower pin: an operator's pin replaces it
+and an IDS never replaces an operator's, and an IDS shunt takes effect only where the
+policy accepted the connection without deciding (ids_rules.precedence, rules 2 and 3).
+An IDS's pin carries its rule's idle timeout: the pair built while it holds gets it.
+No I/O."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+from nfshunt.records.model import Action, ConnEvent, FlowTuple
+
+PIN_TTL = 3600.0  # seconds an operator's unshunt/block holds for a tuple
+
+
+@dataclass(slots=True)
+class Pin:
+    action: Action  # IGNORE (unshunt) or BLOCK
+    expires: float
+    ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
+    source: str | None = None  # None: the operator's; else the IDS's ("ids:<client>"), held until its rule ends
+    idle_timeout: int | None = None  # an IDS's: its pair's flows' (None: the config's default for the action)
+
+
+@dataclass(frozen=True, slots=True)
+class IdsHold:
+    """What an IDS's rule holds a connection to: its action (SHUNT or BLOCK), its
+    requester, and the idle timeout its pair's flows get (None: the config's default)."""
+    action: Action
+    source: str
+    idle_timeout: int | None = None
+
+
+class Pins(dict[FlowTuple, Pin]):
+    """The pins by tuple: a dict, read as one on every event the admission decides. The
+    operator's, the only ones that expire, are in a heap by expiry as well: the tick
+    looks at those due, not at every pin (an IDS holds one for each connection rule: at
+    60,000 rules the scan of 120,000 tuples held the event loop 4 ms a tick)."""
+    __slots__ = ("_expiring", "_order")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._expiring: list[tuple[float, int, FlowTuple]] = []  # (expires, order, tuple): one a hold
+        self._order = itertools.count()  # ties in expiry never compare tuples
+
+    def hold(self, orig: FlowTuple, action: Action, now: float) -> None:
+        pin = self[orig] = self[orig.reversed()] = Pin(action, now + PIN_TTL)
+        heapq.heappush(self._expiring, (pin.expires, next(self._order), orig))
+
+    def hold_for(self, orig: FlowTuple, hold: IdsHold) -> bool:
+        """An IDS's SHUNT or BLOCK for a tuple, held until released; False (nothing held)
+        where an operator's pin is (it beats every IDS). A block replaces a shunt."""
+        had = self.get(orig)
+        if had is not None and (had.source is None or (had.action is Action.BLOCK and hold.action is Action.SHUNT)):
+            return False
+        self[orig] = self[orig.reversed()] = Pin(hold.action, math.inf, source=hold.source,
+                                                 idle_timeout=hold.idle_timeout)
+        return True
+
+    def release(self, orig: FlowTuple, source: str) -> bool:
+        """The IDS's rule ended: its pin goes (not an operator's or another IDS's)."""
+        had = self.get(orig)
+        if had is None or had.source != source:
+            return False
+        self.pop(orig, None)
+        self.pop(orig.reversed(), None)
+        return True
+
+    def destroyed(self, ev: ConnEvent) -> None:
+        """An entry left the firewall: an unshunt pin that held it back ends with it."""
+        pin = self.get(ev.orig)
+        if pin is not None and pin.action is Action.IGNORE and pin.ct_id == ev.ct_id:
+            self.pop(ev.orig, None)
+            self.pop(ev.reply, None)
+
+    def expire(self, now: float) -> None:
+        """The operator's pins due go. A heap entry outlived by its pin (held again since,
+        for longer) or by nothing (the pin ended with its entry) leaves the heap alone."""
+        while self._expiring and self._expiring[0][0] <= now:
+            orig = heapq.heappop(self._expiring)[2]
+            for t in (orig, orig.reversed()):
+                pin = self.get(t)
+                if pin is not None and pin.expires <= now:
+                    del self[t]

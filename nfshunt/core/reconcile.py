@@ -1,0 +1,192 @@
+"""Reconcile: the switch's flows read back after a (re)connect, and the table brought into
+agreement with them. No I/O.
+
+Complete shunt/block pairs of exactly the shape this version installs are adopted (never
+bounced), unless the policy changed since they were decided: then they are handed back
+to it. A pair we know of that is missing: if the switch kept its table (its defaults were
+there before they were sent again), it timed out while the switch was away and is handed
+back as its flow-removed would have been; if the switch lost its table (a reboot), it is
+installed again. NFShunt flows nobody accounts for are deleted when delete_flows_on_startup
+is set.
+
+Trust: only pairs this controller installed from a policy decision are ever installed
+again after a reconnect; pairs adopted from a switch's flow table (a restart) are kept
+while the switch has them and forgotten when it does not, so a peer that posed as the
+switch cannot get a forged pair onto the real one.
+"""
+from __future__ import annotations
+
+import collections
+
+from nfshunt.config.settings import Config
+from nfshunt.records import cookies
+from nfshunt.records.model import SwitchFlow
+
+from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, ResyncConntrack
+from .connection import ACTIVE, Action, Conn, State
+from .layout import PIPELINE_ENTRIES, goes_to_pipeline
+from .removal import Removal
+from .state import CoreState
+
+R_TIMED_OUT_AWAY = "timed out while the switch was away"
+R_NOT_ON_SWITCH = "not on the switch after a reconnect"  # adopted, or a re-install unconfirmed at a second break
+PairKey = tuple[cookies.Kind, int]
+Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
+
+
+def default_paths(cfg: Config) -> set[tuple[int, int]]:
+    """(in_port, out_port) of each default flow this config installs."""
+    return {(g.slow, g.fast) for g in cfg.ports} | {(g.fast, g.slow) for g in cfg.ports}
+
+
+def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
+    """Every table-1 flow of this config is on the switch."""
+    found: collections.Counter[int] = collections.Counter()
+    for flow in cookies.split(flows, cookies.Kind.PIPELINE)[0]:
+        parsed = cookies.parse(flow.cookie)
+        if parsed is not None and parsed.key < len(cfg.ports) and flow.out_port == cfg.ports[parsed.key].fast:
+            found[parsed.key] += 1
+    return all(found[i] >= PIPELINE_ENTRIES for i in range(len(cfg.ports)))
+
+
+class Reconciler:
+    def __init__(self, shared: CoreState, removal: Removal):
+        self.shared = shared
+        self.removal = removal
+
+    def reconcile(self, flows: list[SwitchFlow], now: float) -> list[Command]:
+        """The switch's flows (table 1 complete, or waited for long enough: Core.reconcile)."""
+        sh = self.shared
+        flows, out = sh.static.reconcile(flows)
+        flows, stale = sh.address_blocks.reconcile(flows)
+        out.extend(stale)
+        pairs, catchers = self._sort_flows(flows, out)
+        present: set[int] = set()
+        for (kind, key), dirs in pairs.items():
+            conn = sh.conns.named(kind, key)
+            if conn is None and len(dirs) == 2:
+                conn = self._adopt(kind, key, dirs, now)
+            if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
+                present.add(id(conn))
+                continue
+            if sh.cfg.delete_flows_on_startup or conn is None:
+                for flow in dirs.values():
+                    out.append(DeleteSwitchFlow(flow, "orphan: half a pair or not in config"))
+        for key, flow in catchers:
+            conn = sh.conns.named(cookies.Kind.SHUNT, key)
+            if conn is None or id(conn) not in present:
+                out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
+        for conn in sh.conns:
+            out.extend(self._repair(conn, id(conn) in present, now))
+        if sh.stale_policy:
+            sh.stale_policy = False
+            out.append(ClearDecisions())
+        sh.reconciled = True
+        out.append(ResyncConntrack())
+        return out
+
+    def _sort_flows(self, flows: list[SwitchFlow], out: list[Command]) -> tuple[Pairs, list[tuple[int, SwitchFlow]]]:
+        """NFShunt's flows by pair and the teardown catchers; defaults and table-1 flows
+        that are not this config's are deleted on the way."""
+        cfg = self.shared.cfg
+        pairs: Pairs = {}
+        catchers: list[tuple[int, SwitchFlow]] = []
+        crowded: dict[PairKey, list[SwitchFlow]] = {}
+        expected_defaults = default_paths(cfg)
+        for flow in flows:
+            parsed = cookies.parse(flow.cookie)
+            if parsed is None:
+                continue
+            kind, key, reply = parsed
+            if kind is cookies.Kind.DEFAULT:
+                # In a pair, another firewall's defaults are the peer's: it no longer decides.
+                if (flow.in_port, flow.out_port) not in expected_defaults and (
+                        cfg.delete_flows_on_startup or cfg.pair is not None):
+                    out.append(DeleteSwitchFlow(flow, "default flow not in config"))
+            elif kind is cookies.Kind.TEARDOWN:
+                catchers.append((key, flow))
+            elif kind is cookies.Kind.PIPELINE:
+                # Table-1 flows of a port group (re-installed at every connect), or of
+                # another layout or port list: those are only reachable by flows of ours
+                # that are deleted too, so they go whatever delete_flows_on_startup says.
+                if not self.shared.pipeline or key >= len(cfg.ports) or flow.out_port != cfg.ports[key].fast:
+                    out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
+            else:
+                dirs = pairs.setdefault((kind, key), {})
+                if reply in dirs or not flow.exact:
+                    # A second flow under one cookie, or one of another shape (an older
+                    # release's, a wildcarded one): none of them is adopted, all go.
+                    crowded.setdefault((kind, key), []).extend((flow, dirs.get(reply, flow)))
+                dirs[reply] = flow
+        for pair, odd in crowded.items():
+            for flow in {id(f): f for f in (*pairs.pop(pair).values(), *odd)}.values():
+                out.append(DeleteSwitchFlow(flow, "not exactly the shape of a pair this version installs"))
+        return pairs, catchers
+
+    def _repair(self, conn: Conn, present: bool, now: float) -> list[Command]:
+        """One known pair after a reconnect, by what the switch still has of it."""
+        conns = self.shared.conns
+        if conn.state is State.TAKING_DOWN:
+            # Taken down while the switch was away (flush, unshunt, block, policy): the
+            # decision holds, whatever the switch still has.
+            if present:
+                return conns.hand_back(conn, conn.remove_reason or "removal", now)
+            return self.removal.finish(conn, conn.remove_reason or "removal")
+        if present:
+            if conn.adopted and self.shared.stale_policy:
+                return conns.hand_back(conn, "policy changed while the controller was stopped", now)
+            return []
+        if conn.state not in ACTIVE and not conn.entry_deleted:
+            return []
+        if conn.adopted or self.shared.table_kept:
+            # Adopted: read back from a switch, never decided here, nothing to re-install.
+            # Or the switch kept its table, so it removed this pair (timed out) while the
+            # controller was away and its flow-removed went nowhere: not installed again for
+            # a connection that may have ended (a new one on its ports would cross the switch
+            # unseen by the firewall). Either way its connection, if it lives, is back on the
+            # firewall: its entry comes back, with the re-evaluation's 300 s (a resuming
+            # connection's traffic renews it; closes went unheard, so not an idle-out's 5 days).
+            reason = R_TIMED_OUT_AWAY if conn.state in ACTIVE and not conn.adopted else R_NOT_ON_SWITCH
+            return [*conns.roll_back(conn, reason), Removed(conn, reason)]
+        conns.reinstall(conn, now)
+        return [InstallFlows(conn)]
+
+    def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
+        """The switch's pair is this connection's (a flow under its cookie with another
+        tuple was not put there by this controller) in this layout."""
+        return dirs[False].match == conn.orig and dirs[True].match == conn.reply and \
+            self._shaped(conn.action, conn.orig.proto, dirs)
+
+    def _shaped(self, action: Action, proto: int, dirs: dict[bool, SwitchFlow]) -> bool:
+        """Both flows go on to table 1 exactly when this layout sends the pair there: a pair
+        of the other layout would meet table-1 flows that are not there (a drop) or keep
+        catchers nobody removes."""
+        goto = goes_to_pipeline(self.shared.version, self.shared.cfg, action, proto, self.shared.pipeline)
+        return dirs[False].goto == goto and dirs[True].goto == goto
+
+    def _adopt(self, kind: cookies.Kind, key: int, dirs: dict[bool, SwitchFlow], now: float) -> Conn | None:
+        """A complete pair on the switch that no pair of ours holds: adopted if it is exactly
+        what this version installs for its tuple and ports in this layout."""
+        fwd, rev = dirs[False], dirs[True]
+        if fwd.match is None or rev.match is None:
+            return None
+        ports = {g.fast: g for g in self.shared.cfg.ports}
+        ingress, egress = ports.get(fwd.in_port or -1), ports.get(rev.in_port or -1)
+        if ingress is None or egress is None:
+            return None
+        if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
+            return None
+        conns = self.shared.conns
+        if fwd.match in conns.tuples or rev.match in conns.tuples or key in conns.by_key:
+            return None  # (an id held by a pair of the other kind: its flows go as orphans)
+        reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
+        if rev.match != reply:
+            return None  # not a pair NFShunt builds (it never shunts NAT)
+        action = Action.SHUNT if kind is cookies.Kind.SHUNT else Action.BLOCK
+        if not self._shaped(action, fwd.match.proto, dirs):
+            return None
+        # Decided by an earlier run, which deleted its entry once the switch confirmed it.
+        conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
+                    confirmed_time=now, adopted=True, entry_deleted=True, slot=key >> cookies.KEY_SLOT_SHIFT)
+        self.shared.remember(conn)
+        return conn

@@ -1,0 +1,77 @@
+"""Pairs leaving the switch: a flush (each pair through connection.py's `take_down`),
+a flow the switch removed (an idle-out, or our removal confirmed), and the pair's end,
+which lets a connection queued behind it and one waiting for room in. Every take-down
+goes through connection.py's `hand_back`. No I/O."""
+from __future__ import annotations
+
+from nfshunt.records import cookies
+
+from .admission import Admission
+from .commands import Command, Removed
+from .connection import ACTIVE, IDLE, Conn, FlowCount, State
+from .state import CoreState
+
+REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
+
+
+class Removal:
+    def __init__(self, shared: CoreState, admission: Admission):
+        self.shared = shared
+        self.admission = admission
+
+    def flush(self, reason: str, now: float) -> list[Command]:
+        """Every shunt and block back to the slow path, where policy re-evaluates it;
+        connections waiting for room are dropped from the queue (their next packet is
+        judged again)."""
+        out: list[Command] = []
+        self.shared.waiting.clear()
+        for conn in self.shared.conns:
+            out.extend(self.shared.conns.take_down(conn, reason, now))
+        return out
+
+    def flow_removed(self, cookie: int, reason: str, packets: int, nbytes: int,
+                     duration: float, now: float) -> list[Command]:
+        parsed = cookies.parse(cookie)
+        if parsed is None or parsed.kind is cookies.Kind.DEFAULT:
+            return []
+        kind, key, reply = parsed
+        if kind is cookies.Kind.ADDRESS_BLOCK:  # an IDS's address block: its counters, for the rule's end
+            self.shared.address_blocks.flow_removed(cookie, packets, nbytes)
+            return []
+        conns = self.shared.conns
+        conn = conns.named(kind, key)
+        if conn is None or conn.state is State.PENDING:
+            return []
+        if conn.gone is None:
+            conn.gone, conn.stats = set(), {}
+        conn.gone.add(reply)
+        conn.stats[reply] = FlowCount(packets, nbytes, duration)  # type: ignore[index]
+        out: list[Command] = []
+        if conn.state in ACTIVE:
+            # Idled out (or deleted by someone else): the connection is back on the slow
+            # path, idle, and may resume; the partner flow follows it.
+            out.extend(conns.hand_back(conn, reason, now, IDLE, directions=(not reply,)))
+        if len(conn.gone) == 2:
+            out.extend(self.finish(conn, conn.remove_reason or reason))
+        return out
+
+    def overdue(self, now: float) -> list[Command]:
+        """A pair whose second flow-removed never came is forgotten (while the switch is
+        away, removals wait for it)."""
+        if self.shared.version is None:
+            return []
+        out: list[Command] = []
+        for conn in list(self.shared.conns.removing):
+            if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
+                out.extend(self.finish(conn, "removal not confirmed"))
+        return out
+
+    def finish(self, conn: Conn, reason: str) -> list[Command]:
+        """The pair is gone from the switch: forgotten; an event queued behind it is taken
+        now, and its room goes to a connection that waited for it."""
+        self.shared.conns.forget(conn)
+        out: list[Command] = [Removed(conn, reason)]
+        if conn.resume is not None:
+            out.extend(self.admission.conntrack_event(conn.resume))
+        out.extend(self.admission.room_freed(1))
+        return out

@@ -1,0 +1,254 @@
+"""A firewall pair's controller roles (OpenFlow 1.3 MASTER/SLAVE with generation_id).
+
+Pure logic, no I/O but the state file: the app feeds it the switch's role replies and
+role errors and sends the role requests it returns.
+
+Both controllers of a pair are connected to the switch all the time. Only the active
+firewall's controller is MASTER and programs the switch; the backup is SLAVE, which the
+switch enforces (it refuses a slave's flow-mods and sends it no packet-ins or
+flow-removed). Which one is active is decided outside NFShunt (keepalived's notify, or an
+admin) through `nfshunt role master|backup`.
+
+Generations: a takeover first asks the switch for its generation (a backup that asked for
+SLAVE before the other controller's claim has never heard of it), then claims MASTER with
+one above it, written to the state file before the claim. A master that reconnects (or
+restarts: the file keeps the role) claims again with the generation it took over with, so
+a newer master's claim makes the switch refuse it as stale: the old master steps down
+instead of taking the switch back. Open vSwitch sends OpenFlow 1.3 controllers no role
+status, so a master learns that another one took over from a refused message (IS_SLAVE)
+or from the role query it sends every `role_check_interval`.
+
+Nothing is programmed before MASTER is granted: a controller that has not asked for a
+role is EQUAL, which the switch lets program.
+
+A takeover asked for while the controller is not running (keepalived started first, or the
+controller is restarting) is kept in the state file as pending (`takeover`): the controller
+makes it once the switch connects, so the order in which the pair's services start does
+not matter.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+
+from nfshunt.config import jsonfile
+
+LOG = logging.getLogger("nfshunt")
+
+# OpenFlow 1.3 controller roles (ofp_controller_role)
+NOCHANGE, EQUAL, MASTER, SLAVE = 0, 1, 2, 3
+ROLE_NAMES = {NOCHANGE: "nochange", EQUAL: "equal", MASTER: "master", SLAVE: "backup"}
+UNDEFINED_GENERATION = (1 << 64) - 1  # a role reply's generation_id before any was set (Open vSwitch)
+
+
+class Claim(enum.Enum):
+    """Where a takeover stands."""
+    QUERYING = "querying"  # asked the switch for its generation; the claim follows the answer
+    CLAIMED = "claimed"  # MASTER claimed; replies to what was sent before it are not its answer
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRequest:
+    role: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a role reply or error changed: the app acts on promoted/demoted."""
+    promoted: bool = False
+    demoted: str | None = None  # why this controller is no longer master
+    request: RoleRequest | None = None  # the next role request to send
+
+
+def newer(a: int, b: int) -> bool:
+    """Generation a is newer than b, compared as the switch does (signed 64-bit distance)."""
+    d = (a - b) & UNDEFINED_GENERATION
+    return d != 0 and d < (1 << 63)
+
+
+class Roles:
+    def __init__(self, state_file: str | None, start_role: str = "backup"):
+        self.state_file = state_file
+        self.wanted = start_role  # "master" or "backup": what keepalived or the admin said
+        self.generation = 0  # the generation this controller took over with
+        self.switch_generation: int | None = None  # the newest the switch has reported
+        self.granted: str | None = None  # the role the switch confirmed ("master", "backup")
+        self.why: str | None = None  # why this controller is backup, when not asked to be
+        self.claim: Claim | None = None  # a takeover under way
+        self.save_error: str | None = None  # why the last write of the state file failed
+        self._load()
+
+    # --- the state file --------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if not self.state_file or not os.path.exists(self.state_file):
+            return
+        try:
+            # A regular file of a few bytes (one role, one generation): a FIFO must not hang the start.
+            state = jsonfile.read(self.state_file, 4096)
+            role, generation, takeover = state["role"], state["generation"], state.get("takeover", False)
+            if role not in ("master", "backup") or not isinstance(generation, int) or isinstance(generation, bool) \
+                    or not 0 <= generation < UNDEFINED_GENERATION or not isinstance(takeover, bool):
+                raise ValueError("role must be master or backup, generation a 64-bit integer, takeover true or false")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Starting as backup is safe: the pair's other controller, or a takeover, decides.
+            LOG.error("cannot read the pair state file %s (%s): starting as backup; `nfshunt role master` "
+                      "takes over", self.state_file, exc)
+            self.wanted = "backup"
+            return
+        self.wanted, self.generation = role, generation
+        if takeover and role == "master":
+            self.claim = Claim.QUERYING
+
+    def _save(self) -> None:
+        if not self.state_file:
+            return
+        tmp = None
+        try:
+            folder = os.path.dirname(self.state_file)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            # A temporary file of this writer's own: keepalived's notify script (`nfshunt role`)
+            # and a starting controller may write at once; with one shared name the second
+            # rename found it gone (ENOENT) and that role was lost.
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(self.state_file)}.")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"role": self.wanted, "generation": self.generation,
+                           "takeover": self.claim is Claim.QUERYING}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.state_file)
+            tmp = None
+            self.save_error = None
+        except OSError as exc:
+            self.save_error = str(exc.strerror or exc)
+            # Carry on: a restart then starts from the older state, which is refused as
+            # stale if the other controller took over meanwhile (safe), never wins.
+            LOG.error("cannot write the pair state file %s (%s): fix its directory; role %s generation %d "
+                      "is kept in memory only", self.state_file, exc.strerror or exc, self.wanted, self.generation)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    # --- the switch --------------------------------------------------------------------------
+
+    def connected(self) -> RoleRequest:
+        """A new switch connection: first learn the switch's generation."""
+        self.granted = None
+        return RoleRequest(NOCHANGE, 0)
+
+    def disconnected(self) -> None:
+        self.granted = None
+        if self.claim is Claim.CLAIMED:  # the claimed generation is saved: claimed again on connect
+            self.claim = None
+
+    def _note_generation(self, generation: int) -> None:
+        if generation != UNDEFINED_GENERATION and (self.switch_generation is None
+                                                   or newer(generation, self.switch_generation)):
+            self.switch_generation = generation
+
+    def reply(self, role: int, generation: int) -> Change:
+        """The switch's role reply (to a claim, a step-down or a query)."""
+        self._note_generation(generation)
+        was_master = self.granted == "master"
+        if self.claim is Claim.QUERYING and self.wanted == "master":
+            # The switch's generation is known now: claim one above it.
+            self._new_generation()
+            return Change(request=RoleRequest(MASTER, self.generation))
+        if self.claim is Claim.CLAIMED and role != MASTER:
+            # Replies come in the order of the requests: this one answers something sent
+            # before the claim (a step-down, a query), not the claim.
+            return Change()
+        self.claim = None
+        if role == MASTER:
+            if self.wanted == "master":
+                self.granted = "master"
+                return Change(promoted=not was_master)
+            return Change(request=self._backup_request())  # asked to step down meanwhile
+        if role == SLAVE:
+            self.granted = "backup"
+            if self.wanted == "master":
+                # The switch made us slave: another controller claimed MASTER since.
+                why = f"another controller took the switch over (generation {self.switch_generation})"
+                self._step_down(why)
+                return Change(demoted=why if was_master else None)
+            return Change(demoted="asked to be backup" if was_master else None)
+        # EQUAL (a new connection) or NOCHANGE: claim what we want.
+        if self.wanted == "master":
+            if self.generation == 0:  # master in the config, never took over: a takeover now
+                self._new_generation()  # (this reply told us the switch's generation)
+            self.claim = Claim.CLAIMED
+            return Change(request=RoleRequest(MASTER, self.generation),
+                          demoted="role query answered equal" if was_master else None)
+        return Change(request=self._backup_request(), demoted="role query answered equal" if was_master else None)
+
+    def stale(self) -> Change:
+        """The switch refused our claim as stale: a newer master holds it. Step down;
+        the query that follows learns the generation a slave request needs."""
+        was_master = self.granted == "master"
+        self.claim = None
+        if self.wanted == "master":
+            self._step_down(f"the switch refused generation {self.generation} as stale: a newer master holds it")
+        self.granted = None
+        return Change(demoted=self.why if was_master else None, request=RoleRequest(NOCHANGE, 0))
+
+    def refused_as_slave(self) -> Change:
+        """The switch refused a message because we are slave (IS_SLAVE)."""
+        if self.granted != "master":
+            return Change()
+        return self.reply(SLAVE, UNDEFINED_GENERATION)
+
+    def check(self) -> RoleRequest | None:
+        """The periodic query a master sends to notice a takeover (no role status in 1.3)."""
+        return RoleRequest(NOCHANGE, 0) if self.granted == "master" else None
+
+    def _step_down(self, why: str) -> None:
+        self.wanted = "backup"
+        self.why = why
+        self._save()
+        LOG.warning("stepping down to backup: %s", why)
+
+    def _backup_request(self) -> RoleRequest:
+        gen = self.switch_generation if self.switch_generation is not None else self.generation
+        return RoleRequest(SLAVE, gen)
+
+    def _new_generation(self) -> None:
+        """A takeover's generation, above this controller's and the newest the switch reported;
+        saved before it is claimed."""
+        self.generation = (max(self.generation, self.switch_generation or 0) + 1) & UNDEFINED_GENERATION
+        self.claim = Claim.CLAIMED
+        self._save()
+
+    # --- the operator (keepalived's notify) ---------------------------------------------------
+
+    def take_over(self) -> Change:
+        """Become master: ask the switch for its generation first (the claim follows its
+        answer, see reply); pending in the state file until then, so a restart or a
+        controller that is not running yet still makes it."""
+        self.wanted = "master"
+        self.why = None
+        self.claim = Claim.QUERYING
+        self._save()
+        return Change(request=RoleRequest(NOCHANGE, 0))
+
+    def stand_by(self) -> Change:
+        """Become backup: a master stops programming at once, before the switch answers."""
+        was_master = self.granted == "master"
+        self.wanted = "backup"
+        self.why = "asked to be backup"
+        self.claim = None
+        self._save()
+        if was_master:
+            self.granted = None
+        return Change(demoted=self.why if was_master else None, request=self._backup_request())
+
+    def status(self) -> dict[str, object]:
+        return {"wanted": self.wanted, "granted": self.granted, "generation": self.generation,
+                "switch_generation": self.switch_generation, "why_backup": self.why,
+                "takeover": self.claim.value if self.claim is not None else None}

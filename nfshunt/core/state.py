@@ -1,0 +1,50 @@
+"""What the decision core's parts share for one switch: the switch as the core knows it,
+the pairs on it, the connections waiting for room, the pins, the static shunts, the
+address blocks and the half-closed watch. Each part (admission, confirmation, teardown, removal,
+reconcile) is given this object, never the Core. No I/O."""
+from __future__ import annotations
+
+import collections
+
+from nfshunt.config.settings import Config
+from nfshunt.records.model import ConnEvent, FlowTuple
+
+from .address_blocks import AddressBlocks
+from .closing import ClosingEntries
+from .connection import Conn, Connections
+from .layout import pair_entries
+from .pins import Pins
+from .static_table import StaticTable
+from .teardown_sweep import HalfClosed
+
+
+class CoreState:
+    __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy", "budget", "conns",
+                 "waiting", "pins", "static", "address_blocks", "half_closed", "closing")
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
+        self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
+        self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
+        self.reconciled = False
+        # Whether the switch kept its table across the break (its defaults were there before
+        # they were sent again); None: not known (no defaults, OpenFlow 1.0, no answer).
+        self.table_kept: bool | None = None
+        # The policy changed since the pairs on the switch were decided (set by the app at
+        # start, from policy_state.py): the first reconcile hands every adopted pair back.
+        self.stale_policy = False
+        self.budget = cfg.max_shunts  # pairs allowed at once (0: no limit)
+        self.conns = Connections()
+        # Connections refused for lack of room, oldest first; blocks go to the front.
+        self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
+        self.pins = Pins()  # operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK
+        self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
+        self.address_blocks = AddressBlocks(cfg.block_priority)  # an IDS's prefix drops (address_blocks.py)
+        # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
+        self.half_closed = HalfClosed()
+        self.closing = ClosingEntries()  # TCP entries seen closing, for events that omit the state
+
+    def remember(self, conn: Conn) -> None:
+        """A new or adopted pair joins the table, with the entries it takes in this layout."""
+        self.conns.remember(conn, pair_entries(self.version, self.cfg, conn, self.pipeline))

@@ -1,0 +1,132 @@
+"""One switch's static shunts as the core keeps them: the flows the config wants, their
+counters as last read, operators' blocks inside a stream; installed at connect, brought
+into agreement by the reconcile, changed by a reload as the difference only. No I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from nfshunt.config.static import StaticFlow, switch_flows
+from nfshunt.records import cookies
+from nfshunt.records.model import FlowTuple, SwitchFlow
+
+from .commands import Command, InstallStatic, RemoveStatic
+
+if TYPE_CHECKING:
+    from nfshunt.config.settings import Config
+
+
+@dataclass(frozen=True)
+class Counts:
+    packets: int
+    bytes: int
+    duration: float
+
+
+class StaticTable:
+    """One switch's static flows: what the config wants, and their counters as last read."""
+
+    def __init__(self, cfg: "Config"):
+        self.flows = switch_flows(cfg)
+        self.counts: dict[int, Counts] = {}
+        self.block_priority = cfg.block_priority
+        # Operators' blocks of tuples inside a static stream, by cookie: (flow, expires). The
+        # stream never reaches conntrack, so a block by policy or pin would never be decided.
+        self.blocks: dict[int, tuple[StaticFlow, float]] = {}
+
+    @property
+    def entries(self) -> int:
+        return len(self.flows)
+
+    def connected(self) -> list[Command]:
+        """At connect, before anything else: every static flow (an identical one on the
+        switch is overwritten in place)."""
+        flows = (*self.flows.values(), *(f for f, _ in self.blocks.values()))
+        return [InstallStatic(flows, "switch connected")] if flows else []
+
+    def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Command]:
+        """An operator's block of a tuple (either direction) some static flow carries: an
+        exact drop above it, for the pin's lifetime (the switch's hard timeout ends it)."""
+        flows = [f.block(u, self.block_priority, lifetime) for f in self.flows.values() for u in (t, t.reversed())
+                 if f.covers(u)]
+        new = [f for f in flows if f.cookie not in self.blocks]
+        for f in flows:
+            self.blocks[f.cookie] = (f, now + lifetime)
+        return [InstallStatic(tuple(new), "blocked by operator")] if new else []
+
+    def unblock(self, t: FlowTuple) -> list[Command]:
+        """An operator's unshunt lifts its block of a static stream's tuple."""
+        gone = [f for f, _ in self.blocks.values() if FlowTuple(t.family, t.proto, str(f.src.network_address),
+                                                                str(f.dst.network_address), f.src_port or 0,
+                                                                f.dst_port or 0) in (t, t.reversed())]
+        for f in gone:
+            del self.blocks[f.cookie]
+        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), "unshunt by operator")
+                ] if gone else []
+
+    def expire(self, now: float) -> None:
+        """Blocks the switch's hard timeout has ended."""
+        for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
+            del self.blocks[cookie]
+
+    def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
+        """Split the switch's static flows from the rest. One of ours exactly right is
+        kept; one under our cookie that differs, or a second one, goes and is installed
+        again; a missing one is installed; a static flow no entry names any more goes."""
+        statics, rest = cookies.split(flows, cookies.Kind.STATIC)
+        found: dict[int, list[SwitchFlow]] = {}
+        for flow in statics:
+            found.setdefault(flow.cookie, []).append(flow)
+        stale = [cookie for cookie in found if cookie not in self.flows and cookie not in self.blocks]
+        wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
+        missing = [f for cookie, f in self.flows.items() if cookie not in found]
+        out: list[Command] = []
+        if stale:
+            out.append(RemoveStatic(tuple(stale), tuple(f"cookie 0x{c:016x}" for c in stale), "not in the config"))
+        if wrong:
+            out.append(RemoveStatic(tuple(f.cookie for f in wrong), tuple(f.describe() for f in wrong),
+                                    "not as configured"))
+        if wrong or missing:
+            out.append(InstallStatic((*wrong, *missing), "missing after connect"))
+        return rest, out
+
+    def reload(self, cfg: "Config") -> list[Command]:
+        """A new config's static flows, as the difference only: new ones first, then the
+        old ones go (an entry that changed in place is overwritten by its new flow); an
+        unchanged flow is not touched."""
+        new = switch_flows(cfg)
+        added = tuple(f for cookie, f in new.items() if cookie not in self.flows)
+        removed = tuple(f for cookie, f in self.flows.items() if cookie not in new)
+        self.flows = new
+        for f in removed:
+            self.counts.pop(f.cookie, None)
+        out: list[Command] = []
+        if added:
+            out.append(InstallStatic(added, "reload"))
+        if removed:
+            out.append(RemoveStatic(tuple(f.cookie for f in removed), tuple(f.describe() for f in removed), "reload"))
+        return out
+
+    def counted(self, flows: Iterable[SwitchFlow]) -> None:
+        """A read of the static flows' counters (flow stats by cookie)."""
+        self.counts = {f.cookie: Counts(f.packets, f.bytes, f.duration) for f in flows if f.cookie in self.flows}
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for cookie, f in self.flows.items():
+            got = self.counts.get(cookie)
+            rows.append({"name": f.shunt.label, "direction": "reply" if f.reply else "original",
+                         "flow": f.describe(), "cookie": f"0x{cookie:016x}", "on_switch": got is not None,
+                         "packets": got.packets if got else None, "bytes": got.bytes if got else None,
+                         "duration": round(got.duration, 3) if got else None})
+        return rows
+
+
+def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
+    """The switch's flow under this cookie is the one we install (the masked match is not
+    read back: the cookie names the entry's fields, the rest is checked here)."""
+    if len(found) != 1:
+        return False
+    f = found[0]
+    return f.priority == flow.priority and f.in_port == flow.in_port and f.out_port == flow.out_port and not f.goto

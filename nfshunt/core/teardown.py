@@ -1,0 +1,122 @@
+"""TCP teardown: a shunt's close heard of by its catchers, and the hand-back it calls for. No I/O.
+
+On OpenFlow 1.3 with `tcp_teardown`, a TCP shunt also gets per-direction FIN and RST
+catchers (its own in the single layout, table 1's shared ones in the pipeline layout) that
+forward the packet to the peer port in the switch and send its headers to the controller
+(nothing is re-injected: a packet the switch could not carry by packet-out would strand
+the close). On an RST, or once both directions have sent a FIN, the connection's
+conntrack entry is re-created in the closing state (CLOSE, LAST_ACK) and only then do the
+flows go: the rest of the close crosses the firewall, which recognises it instead of
+seeing stray packets of a connection it no longer tracks. A shunt with one FIN heard of
+is watched (teardown_sweep) in case the other's packet-in was lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from nfshunt.records import cookies
+
+from .commands import Command, Later
+from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, Conn, State, closing
+from .state import CoreState
+
+
+@dataclass(slots=True)
+class HalfClosedDue:
+    """What the half-closed shunts due a look call for (Core.half_closed_due)."""
+    catchers: list[int] = field(default_factory=list)  # cookies of catchers to read (single layout)
+    commands: list[Command] = field(default_factory=list)  # hand-backs (pipeline layout)
+    ended: int = 0
+
+
+class Teardown:
+    def __init__(self, shared: CoreState):
+        self.shared = shared
+
+    def packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
+        """A FIN or RST seen by a catcher (packet-in of its headers; the switch has
+        forwarded the packet itself). An RST ends the shunt at once; a FIN only once both
+        directions have sent one: after a single FIN the other side may still send data
+        (half-close), and the sender's retransmissions of data in flight are still due, so
+        the fast path stays. None: the packet-in names no connection of ours."""
+        parsed = cookies.parse(cookie)
+        if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
+            return None
+        reply = parsed.reply
+        conn = self.shared.conns.named(cookies.Kind.SHUNT, parsed.key)
+        if conn is None or in_port != (conn.egress.fast if reply else conn.ingress.fast):
+            return None  # an orphan catcher (reconcile removes it), or not its port
+        if conn.state is State.PENDING:
+            if conn.early is None:
+                conn.early = []
+            conn.early.append((cookie, in_port))
+            return []
+        if conn.state not in ACTIVE:
+            return []
+        rst = cookies.is_rst(cookie)
+        if rst:
+            state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
+        else:
+            if conn.fins == 0:
+                conn.first_fin_reply = reply
+            conn.fins |= 2 if reply else 1
+            if conn.fins != 3:
+                self.shared.half_closed.add(conn.key, now)
+                return []
+            state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
+        self.shared.half_closed.discard(conn.key)
+        down = self.shared.conns.hand_back(conn, reason, now, closing(state, closer))
+        if rst and self.shared.cfg.rst_grace:
+            # The side that reset may have data still coming (an aborted transfer has about
+            # one RTT in flight): it stays on the fast path for a moment, as it would with
+            # no firewall at all, instead of meeting a firewall that tracks a closed entry.
+            return [Later(self.shared.cfg.rst_grace, tuple(down))]
+        return down
+
+    def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
+        """Catchers whose packet counters show a FIN or RST (read after the switch dropped
+        packet-ins, see teardown_sweep): each is taken as its packet-in. The commands, and
+        how many shunts this ended."""
+        out: list[Command] = []
+        ended = 0
+        for cookie in counted:
+            parsed = cookies.parse(cookie)
+            if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
+                continue
+            conn = self.shared.conns.named(cookies.Kind.SHUNT, parsed.key)
+            if conn is None or conn.state not in ACTIVE:
+                continue
+            out.extend(self.packet(cookie, conn.egress.fast if parsed.reply else conn.ingress.fast, now) or ())
+            ended += conn.state not in ACTIVE
+        return out, ended
+
+    def _half_closed(self, key: int) -> Conn | None:
+        """The half-closed shunt of this key still live, else None (and the key is dropped)."""
+        conn = self.shared.conns.named(cookies.Kind.SHUNT, key)
+        if conn is None or conn.state not in ACTIVE or conn.fins not in (1, 2):
+            self.shared.half_closed.discard(key)
+            return None
+        return conn
+
+    def half_closed_due(self, now: float) -> HalfClosedDue:
+        """Half-closed shunts due a look (teardown_sweep): in the single layout the catchers
+        to read, of each the other direction's FIN and both RSTs; in the pipeline layout
+        (shared catchers, no per-connection evidence) each is handed back in the closing state,
+        as if its second FIN had been heard of (see teardown_sweep). Ended pairs are dropped
+        from the watch."""
+        due = HalfClosedDue()
+        fins = []
+        for key in self.shared.half_closed.due(now):
+            conn = self._half_closed(key)
+            if conn is None:
+                continue
+            fin = cookies.make_teardown(key, conn.fins == 1, False)
+            if self.shared.pipeline:
+                fins.append(fin)
+                continue
+            due.catchers.append(fin)
+            due.catchers.extend(cookies.make_teardown(key, reply, True) for reply in (False, True))
+        if fins:
+            due.commands, due.ended = self.catchers_counted(fins, now)
+        return due

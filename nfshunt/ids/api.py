@@ -1,0 +1,792 @@
+"""The IDS request API: HTTP with JSON bodies, for Zeek's NetControl (zeek/nfshunt.zeek),
+SciPass clients and anything that speaks HTTP.
+
+Served by the standard library's http.server (ThreadingHTTPServer), for three reasons: no
+new dependency in a firewall component (its version is the interpreter's, patched with
+it by the distribution); it runs on its own threads, one a connection, in a process of its
+own (ids_process), so the controller never parses HTTP nor waits on a client (it sees only
+`RuleBackend` calls); and
+the load is small (an IDS sends at most thousands of requests a second, each answered in
+milliseconds). What a server that may face a network needs besides is added here:
+  - TLS (required for any non-loopback address, config.py), bearer tokens from a 0600 file
+    (read again when it changes: a rotated token is refused from the next request on) or
+    TLS client certificates (the certificate's common name names the client);
+  - a per-client-address request rate limit (429), a body cap (413, not read), a cap on
+    open connections (each holds one thread), and a deadline for each whole request: a
+    client that sends one byte a second is cut off when it passes, holding only its own
+    thread meanwhile;
+  - JSON read by jsonfile (bounded depth and digits, duplicate keys refused), unknown
+    fields refused; every refusal is a 4xx (or 5xx) with a reason, and counted (`count`).
+
+Routes (the requester is "ids:<client>"; its ids are its own):
+  POST   /v1/rules            add (ids_rules.parse); 201 added, 202 added pending, 200 exists
+  GET    /v1/rules            list (?source=ids:x &kind=shunt|block|block_address|whitelist &address=a[/n])
+  GET    /v1/rules/<id>       one of the requester's rules, with its state and counters
+  DELETE /v1/rules/<id>       remove it (200 with its counters; an expired one answers as it expired)
+  PUT    /scipass/flows/good_flow | bad_flow     SciPass's shunt and block, its bodies, {"success": 1}
+  DELETE /scipass/flows/good_flow | bad_flow     the delete SciPass lacks (the same body)
+  GET    /scipass/flows/get_good_flows | get_bad_flows
+"""
+from __future__ import annotations
+
+import email.utils
+import enum
+import hmac
+import http.server
+import io
+import ipaddress
+import json
+import logging
+import math
+import os
+import re
+import socket
+import ssl
+import stat
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from nfshunt.config import jsonfile
+from nfshunt.config.settings import IdsConfig
+
+from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
+
+LOG = logging.getLogger("nfshunt")
+REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this
+WRITE_SECONDS = 10.0  # an answer must be taken within this
+HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
+MAX_TOKEN_FILE = 65536
+MIN_TOKEN = 16  # characters: a shorter token is guessable
+CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
+RATE_CLIENTS = 10000  # client addresses whose rate is tracked at once (the oldest forgotten)
+
+
+class Reject(enum.StrEnum):
+    """Why a request was refused: the counter's label and the answer's "error"."""
+    UNAUTHENTICATED = "unauthenticated"  # 401
+    RATE_LIMITED = "rate_limited"  # 429
+    TOO_LARGE = "too_large"  # 413
+    LENGTH_REQUIRED = "length_required"  # 411
+    MALFORMED = "malformed"  # 400: not JSON, or JSON past the bounds
+    INVALID = "invalid"  # 400: a field is wrong
+    NOT_FOUND = "not_found"  # 404
+    METHOD = "method"  # 405
+    DUPLICATE = "duplicate"  # 409: the requester's id names another rule
+    REFUSED = "refused"  # 403: precedence refused it (Outcome.refusal says which rule)
+    FULL = "full"  # 503: ids.max_rules active rules
+    UNAVAILABLE = "unavailable"  # 503: the controller cannot act now (e.g. no switch)
+    UNANSWERED = "unanswered"  # 504: the backend did not answer in time
+    INTERNAL = "internal"  # 500
+    TIMEOUT = "timeout"  # the request did not arrive within its deadline: connection cut
+    BUSY = "busy"  # ids.max_connections open: connection closed at once
+    TLS = "tls"  # the TLS handshake failed (no or a wrong client certificate)
+
+
+STATUS = {Reject.UNAUTHENTICATED: 401, Reject.RATE_LIMITED: 429, Reject.TOO_LARGE: 413, Reject.LENGTH_REQUIRED: 411,
+          Reject.MALFORMED: 400, Reject.INVALID: 400, Reject.NOT_FOUND: 404, Reject.METHOD: 405,
+          Reject.DUPLICATE: 409, Reject.REFUSED: 403, Reject.FULL: 503, Reject.UNAVAILABLE: 503,
+          Reject.UNANSWERED: 504, Reject.INTERNAL: 500}
+
+
+class Result(enum.StrEnum):
+    ADDED = "added"
+    EXISTS = "exists"
+    REMOVED = "removed"
+    EXPIRED = "expired"  # a removal of a rule that had expired already
+    ERROR = "error"
+
+
+class State(enum.StrEnum):
+    PENDING = "pending"  # kept; waits for something (`waiting_for`) before its flows go on the switch
+    ACTIVE = "active"  # its flows are on the switch, confirmed
+    EXPIRED = "expired"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True)
+class RuleView:
+    """A rule as the API shows it: its state and its flows' counters (None: not read)."""
+    rule: Rule
+    state: State
+    waiting_for: str | None = None
+    packets: int | None = None
+    bytes: int | None = None
+    # An active connection rule's pair: the idle timeout its flows were installed with (the
+    # rule's, or the config's default where the pair was on the switch before the rule, or
+    # another rule of the connection holds it: ids_rules.holder).
+    flows_idle_timeout: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**self.rule.to_json(), "state": self.state.value, "packets": self.packets, "bytes": self.bytes}
+        if self.waiting_for is not None:
+            out["waiting_for"] = self.waiting_for
+        if self.flows_idle_timeout is not None:
+            out["flows_idle_timeout"] = self.flows_idle_timeout
+        return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The one answer to a request.
+    ADDED: on the switch and confirmed, or (`pending` set) kept and waiting for that;
+    EXISTS: reason says what already holds; REMOVED / EXPIRED: `view` has the counters;
+    ERROR: `error` and `reason`, and `refusal` when the precedence rule refused it."""
+    result: Result
+    reason: str = ""
+    pending: str | None = None
+    error: Reject | None = None
+    refusal: Refusal | None = None
+    view: RuleView | None = None
+
+
+class RuleBackend(Protocol):
+    """What the API asks of the controller (it runs the rules on the switch). Called from
+    the API's threads, several at once: the implementation hands each call to the event
+    loop and waits for its answer."""
+
+    def submit(self, rule: Rule, timeout: float) -> Outcome:
+        """Add a rule; answer within `timeout` seconds: ADDED once the switch confirmed its
+        flows, ADDED with `pending` if it waits (for the connection, or still for the switch
+        when the time is up: kept all the same, it expires as any rule), EXISTS, or ERROR."""
+        ...
+
+    def remove(self, source: str, rule_id: str) -> Outcome:
+        """REMOVED (or EXPIRED, if it had) with its view and counters; ERROR NOT_FOUND."""
+        ...
+
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
+        """The active rules (pending ones too), filtered."""
+        ...
+
+    def rule(self, source: str, rule_id: str) -> RuleView | None:
+        """One rule of a requester, active or recently ended."""
+        ...
+
+
+class _Refused(Exception):
+    def __init__(self, why: Reject, reason: str):
+        super().__init__(reason)
+        self.why = why
+        self.reason = reason
+
+
+class Tokens:
+    """The bearer tokens of ids.token_file: "<client> <token>" lines (# comments), or one
+    bare token (client "ids"). Read again whenever the file changes; a file others may
+    read, or a malformed one, authenticates nobody (and is logged, naming the file)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        # The file as it was (inode, mtime, size, mode; None: unreadable) and its tokens: one
+        # attribute replaced whole, so a request reads it without the lock (16 API threads
+        # taking a lock held across a stat queued behind one another: bench `ids`).
+        self._read: tuple[tuple[int, int, int, int] | None, list[tuple[bytes, str]]] = (None, [])
+        self._lock = threading.Lock()
+
+    def _load(self) -> None:
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
+            if seen == self._read[0]:
+                return
+            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+                LOG.error("IDS token file %s is not a regular file of mode 0600: every request is refused until "
+                          "it is", self.path)
+                self._read = (seen, [])
+                return
+            with open(self.path, "rb") as fh:
+                lines = fh.read(MAX_TOKEN_FILE).decode("utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            LOG.error("cannot read the IDS token file %s (%s): every request is refused until it can be",
+                      self.path, exc)
+            self._read = (None, [])
+            return
+        tokens = []
+        entries = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        for i, fields in enumerate(entries):
+            if len(fields) == 1 and len(entries) == 1:
+                name, token = "ids", fields[0]
+            elif len(fields) == 2:
+                name, token = fields
+            else:
+                name, token = "", ""
+            if not CLIENT_NAME.fullmatch(name) or len(token) < MIN_TOKEN:
+                LOG.error("IDS token file %s: entry %d is not \"<client> <token of %d or more characters>\": every "
+                          "request is refused until it is", self.path, i + 1, MIN_TOKEN)
+                self._read = (seen, [])
+                return
+            tokens.append((token.encode(), name))
+        self._read = (seen, tokens)
+
+    def client(self, authorization: str | None) -> str | None:
+        """The client a "Bearer <token>" header names; None if none."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        given = authorization[7:].strip().encode("utf-8", "surrogateescape")
+        try:
+            st = os.stat(self.path)
+            changed = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode) != self._read[0]
+        except OSError:
+            changed = True
+        if changed:  # read again, by one thread at a time
+            with self._lock:
+                self._load()
+        tokens = self._read[1]
+        found = None
+        for token, name in tokens:  # every token compared, in constant time
+            if hmac.compare_digest(token, given):
+                found = name
+        return found
+
+
+class RateLimit:
+    """A token bucket per client address: `rate` a second, a second's worth at once."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def allow(self, client: str, now: float) -> bool:
+        with self._lock:
+            level, last = self._buckets.pop(client, (float(self.rate), now))
+            level = min(float(self.rate), level + (now - last) * self.rate)
+            allowed = level >= 1
+            self._buckets[client] = (level - 1 if allowed else level, now)
+            if len(self._buckets) > RATE_CLIENTS:
+                self._buckets.popitem(last=False)
+            return allowed
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket read so that the whole request must arrive by `deadline`, however it
+    trickles, and be at most `limit` bytes (past it the client's stream ends here: the
+    headers http.server would take, 100 lines of 64 KiB, are not read into memory)."""
+
+    def __init__(self, sock: socket.socket, limit: int):
+        self.sock = sock
+        self.limit = limit
+        self.deadline = math.inf
+        self.received = 0  # bytes of the current request
+        # A plain socket is left blocking and waits in the kernel, its reads bounded by
+        # SO_RCVTIMEO and its writes by SO_SNDTIMEO: a socket with a Python timeout polls
+        # before every recv and send, two more syscalls and GIL hand-overs a request (and
+        # an ioctl for each settimeout). TLS keeps Python's timeouts: the ssl module does
+        # not report a kernel timeout as one.
+        self.kernel_timeouts = not isinstance(sock, ssl.SSLSocket)
+        if self.kernel_timeouts:
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(WRITE_SECONDS))
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        room = self.limit - self.received
+        if room <= 0:
+            return 0
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        if not self.kernel_timeouts:
+            self.sock.settimeout(left)
+            n = self.sock.recv_into(memoryview(buf)[:room])
+        else:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left))
+            try:
+                n = self.sock.recv_into(memoryview(buf)[:room])
+            except BlockingIOError:  # SO_RCVTIMEO passed
+                raise TimeoutError("the request did not arrive in time") from None
+        self.received += n
+        return n
+
+
+def _timeval(seconds: float) -> bytes:
+    """A struct timeval of `seconds` > 0, at least 1 us (a zero one would mean no limit)."""
+    micros = max(1, round(seconds * 1e6))
+    return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
+
+
+# A request's head in the strict form every client here sends (curl, Python, Zeek): the line
+# "METHOD /path HTTP/1.x", then "Name: value" lines of printable ASCII, all ending in CRLF.
+# Such a head is parsed here in ~5 us; http.server's parse (through the email package) took
+# ~35 us of a request's ~250 (harness). Anything else (folded or odd lines, bare LF, other
+# bytes, "//" paths, other versions, a head not yet buffered) is left to http.server's parse,
+# which then does all it did before.
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (/(?!/)[\x21-\x7e]*) (HTTP/1\.[01])\r\n")
+_FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n){0,64}")
+_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[\t ]*([\t\x20-\x7e]*)\r\n")
+
+
+class _Headers:
+    """A request's headers, answering `get` as http.server's message does: the first field
+    of the name, in any case, its value without its leading blanks (its trailing kept)."""
+
+    __slots__ = ("_first",)
+
+    def __init__(self, fields: list[tuple[bytes, bytes]]):
+        self._first: dict[str, str] = {}
+        for name, value in fields:
+            self._first.setdefault(name.decode("ascii").lower(), value.decode("ascii"))
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._first.get(name.lower(), default)
+
+
+def _strict_head(line: bytes, peek: Callable[[], bytes]) -> tuple[str, str, str, _Headers, int] | None:
+    """The method, path, version and headers of a strict head (`line`, then the header
+    block at the start of what `peek` answers), and the bytes of it the head took; None if
+    it is not one, or not all buffered yet. `peek` is called only for a strict line: for
+    another (HTTP/2.0, say) http.server answers before it reads on."""
+    request = _REQUEST_LINE.fullmatch(line)
+    if request is None:
+        return None
+    buffered = peek()
+    if buffered.startswith(b"\r\n"):
+        return request[1].decode("ascii"), request[2].decode("ascii"), request[3].decode("ascii"), _Headers([]), 2
+    # at most a read buffer's worth, its lines far below http.server's limit (64 KiB a line)
+    end = buffered.find(b"\r\n\r\n", 0, io.DEFAULT_BUFFER_SIZE) + 2
+    if end < 2 or _FIELDS.fullmatch(buffered, 0, end) is None:
+        return None
+    return (request[1].decode("ascii"), request[2].decode("ascii"), request[3].decode("ascii"),
+            _Headers(_FIELD.findall(buffered, 0, end)), end + 2)
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps makes an encoder a call for these
+_date: tuple[int, str] = (0, "")  # the last second's HTTP date and its text
+
+
+def _http_date() -> str:
+    """An answer's Date, as http.server's date_time_string writes it, made once a second."""
+    global _date
+    second = int(time.time())
+    if _date[0] != second:
+        _date = (second, email.utils.formatdate(second, usegmt=True))
+    return _date[1]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a busy client needs no connection a request
+    # An answer's headers and body are buffered and go out in one write when http.server
+    # flushes after the request (or at the connection's end): two writes were two
+    # segments on the loopback and two more GIL hand-overs a request (bench `ids`). Nagle's
+    # algorithm stays off: an answer over the buffer is still two writes, and the second
+    # would wait for the ACK of the first, which a keep-alive client delays by 40 ms.
+    wbufsize = io.DEFAULT_BUFFER_SIZE
+    disable_nagle_algorithm = True
+    server: "_Server"
+    server_version = "nfshunt-ids"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: replaced by one that keeps the deadline
+        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + self.server.api.cfg.max_body_bytes)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.server.api.request_seconds
+        self._reader.received = 0
+        try:
+            super().handle_one_request()
+        except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
+            self.log_error("Request timed out: %r", exc)
+            self.close_connection = True
+        if self.close_connection and self._reader.received and time.monotonic() >= self._reader.deadline:
+            self.server.api.count(Reject.TIMEOUT)  # a request begun and not finished in time
+
+    def parse_request(self) -> bool:
+        """http.server's parse_request, done here for a strict head (_strict_head)."""
+        # peek reads the socket only when nothing is buffered, as http.server's read would
+        head = _strict_head(self.raw_requestline, self.rfile.peek)
+        if head is None:
+            return super().parse_request()
+        self.command, self.path, self.request_version, self.headers, used = head
+        self.requestline = self.raw_requestline[:-2].decode("ascii")
+        self.rfile.read(used)  # the head, from the buffer
+        connection = self.headers.get("Connection", "").lower()
+        self.close_connection = connection == "close" or (self.request_version == "HTTP/1.0"
+                                                          and connection != "keep-alive")
+        if self.headers.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """The interim 100 Continue goes out now: the client waits for it to send its body."""
+        super().handle_expect_100()
+        self.wfile.flush()
+        return True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        LOG.debug("ids api %s: " + format, self.client_address[0], *args)
+
+    # --- answers ------------------------------------------------------------------------------
+
+    def _send(self, status: int, body: Any, close: bool = False) -> None:
+        """The answer, its head made here as http.server's send_response, send_header and
+        end_headers would make it, byte for byte, and written with the body at once (they
+        cost ~20 us a request, the Date most: bench ids, harness)."""
+        data = _ENCODE(body).encode() + b"\n"
+        if not self._reader.kernel_timeouts:
+            self.connection.settimeout(WRITE_SECONDS)
+        self.log_request(status)
+        if close:
+            self.close_connection = True
+        head = b""
+        if self.request_version != "HTTP/0.9":  # an HTTP/0.9 answer is its body alone
+            phrase = self.responses[status][0] if status in self.responses else ""
+            connection = "Connection: close\r\n" if close else ""
+            head = (f"{self.protocol_version} {status} {phrase}\r\nServer: {self.version_string()}\r\n"
+                    f"Date: {_http_date()}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                    f"{connection}\r\n").encode("latin-1")
+        self.wfile.write(head if self.command == "HEAD" else head + data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line or headers, an unknown method), as JSON."""
+        why = Reject.METHOD if code == 501 else Reject.MALFORMED
+        self.server.api.count(why)
+        reason = (message or self.responses.get(code, ("",))[0])[:200]  # it may quote the client's bytes
+        self._send(code, {"result": "error", "error": why.value, "reason": reason}, close=True)
+
+    def _refuse(self, why: Reject, reason: str, scipass: bool = False, close: bool = False) -> None:
+        self.server.api.count(why)
+        body = {"success": 0, "error": reason} if scipass else {"result": "error", "error": why.value,
+                                                                "reason": reason}
+        self._send(STATUS[why], body, close)
+
+    def _outcome(self, outcome: Outcome, rule_id: str, scipass: bool = False) -> None:
+        if outcome.result is Result.ERROR:
+            why = outcome.error or Reject.INTERNAL
+            if outcome.refusal is None:  # a precedence refusal is counted by its rule where it is decided
+                self.server.api.count(why)
+            if scipass:
+                self._send(STATUS[why], {"success": 0, "error": outcome.reason})
+                return
+            body: dict[str, Any] = {"result": "error", "id": rule_id, "error": why.value, "reason": outcome.reason}
+            if outcome.refusal is not None:
+                body["refusal"] = outcome.refusal.value
+            self._send(STATUS[why], body)
+            return
+        if scipass:
+            self._send(200, {"success": 1, "result": outcome.result.value, "id": rule_id})
+            return
+        body = {"result": outcome.result.value, "id": rule_id}
+        if outcome.reason:
+            body["reason"] = outcome.reason
+        if outcome.pending is not None:
+            body["pending"] = outcome.pending
+        if outcome.view is not None:
+            body["rule"] = outcome.view.to_json()
+        status = {Result.ADDED: 202 if outcome.pending is not None else 201}.get(outcome.result, 200)
+        self._send(status, body)
+
+    # --- the request --------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        api = self.server.api
+        scipass = self.path.startswith("/scipass/")
+        length = self.headers.get("Content-Length", "0").strip()
+        self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
+        try:
+            if self._reader.received >= self._reader.limit:
+                self._unread = True  # what is left of it
+                raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
+                               "bytes")
+            if not api.limit.allow(self.client_address[0], time.monotonic()):
+                raise _Refused(Reject.RATE_LIMITED, "rate limit: too many requests from this address "
+                               f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
+            requester = self._requester()
+            body = self._body()
+            self._route(requester, body, scipass)
+        except _Refused as refused:
+            # An unread body would be taken for the next request: close instead.
+            self._refuse(refused.why, refused.reason, scipass, close=self._unread)
+        except TimeoutError:
+            raise  # the base class cuts the connection
+        except Exception:  # a bug must not leave the client unanswered
+            LOG.exception("ids api: %s %s failed", self.command, self.path)
+            self._refuse(Reject.INTERNAL, "internal error (logged)", scipass, close=True)
+
+    def _requester(self) -> str:
+        api = self.server.api
+        if api.tls_client_names:
+            name = _certificate_name(self.connection)
+            if name is None:
+                raise _Refused(Reject.UNAUTHENTICATED, "the client certificate has no usable common name")
+            return f"ids:{name}"
+        assert api.tokens is not None
+        name = api.tokens.client(self.headers.get("Authorization"))
+        if name is None:
+            raise _Refused(Reject.UNAUTHENTICATED, "missing or unknown bearer token (Authorization: Bearer ...)")
+        return f"ids:{name}"
+
+    def _body(self) -> Any:
+        if self.headers.get("Transfer-Encoding"):
+            raise _Refused(Reject.LENGTH_REQUIRED, "a body must come with Content-Length (no chunked encoding)")
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            if self.command in ("POST", "PUT"):
+                raise _Refused(Reject.LENGTH_REQUIRED, "a body with Content-Length is required")
+            return None
+        if not re.fullmatch(r"[0-9]{1,12}", length_text.strip(), re.ASCII):
+            raise _Refused(Reject.MALFORMED, "Content-Length is not a number")
+        length = int(length_text)
+        limit = self.server.api.cfg.max_body_bytes
+        if length > limit:
+            raise _Refused(Reject.TOO_LARGE, f"request too large: {length} bytes, the limit is {limit} "
+                           "(ids.max_body_bytes)")
+        if length == 0:
+            return None
+        data = self.rfile.read(length)
+        self._unread = False
+        if len(data) < length:
+            raise TimeoutError("the body ended early")
+        try:
+            return jsonfile.parse(data, "the body")
+        except jsonfile.JsonInputError as exc:
+            raise _Refused(Reject.MALFORMED, str(exc)) from None
+
+    def _route(self, requester: str, body: Any, scipass: bool) -> None:
+        api = self.server.api
+        url = urlsplit(self.path)
+        path = url.path
+        if path == "/v1/rules":
+            self._allow(("GET", "POST"))
+            if self.command == "POST":
+                rule = self._parse(lambda: parse(body, requester, api.now(), api.cfg))
+                self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id)
+                return
+            self._no_body(body)
+            source, kind, address = _filters(url.query)
+            self._send(200, {"rules": [v.to_json() for v in self._ask(api.backend.rules, source, kind, address)]})
+            return
+        if path.startswith("/v1/rules/"):
+            self._allow(("GET", "DELETE"))
+            self._no_body(body)
+            rule_id = unquote(path[len("/v1/rules/"):])
+            if not RULE_ID.fullmatch(rule_id):
+                raise _Refused(Reject.INVALID, "id: not 1-128 of A-Z a-z 0-9 . _ : @ ~ -")
+            if self.command == "DELETE":
+                self._outcome(self._ask(api.backend.remove, requester, rule_id), rule_id)
+                return
+            view = self._ask(api.backend.rule, requester, rule_id)
+            if view is None:
+                raise _Refused(Reject.NOT_FOUND, f"no rule {rule_id} of {requester}")
+            self._send(200, view.to_json())
+            return
+        flow = {"/scipass/flows/good_flow": True, "/scipass/flows/bad_flow": False}.get(path)
+        if flow is not None:
+            self._allow(("PUT", "DELETE"))
+            rule = self._parse(lambda: parse_scipass(body, flow, requester, api.now(), api.cfg))
+            if self.command == "PUT":
+                self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id, scipass=True)
+            else:
+                assert rule.connection is not None
+                self._outcome(self._ask(api.backend.remove, requester, scipass_id(rule.kind, rule.connection)), rule.id,
+                              scipass=True)
+            return
+        listing = {"/scipass/flows/get_good_flows": Kind.SHUNT, "/scipass/flows/get_bad_flows": Kind.BLOCK}.get(path)
+        if listing is not None:
+            self._allow(("GET",))
+            self._no_body(body)
+            self._send(200, [scipass_json(v.rule) for v in self._ask(api.backend.rules, None, listing, None)])
+            return
+        raise _Refused(Reject.NOT_FOUND, f"no such resource: {path[:100]}")
+
+    def _ask(self, call: Callable[..., Any], *args: Any) -> Any:
+        """A backend call; its TimeoutError is the controller's, not the client's (which cuts the connection)."""
+        try:
+            return call(*args)
+        except TimeoutError:
+            raise _Refused(Reject.UNANSWERED, "the controller did not answer in time (an added rule, if it was "
+                           "kept, expires as any rule; list the rules to see)") from None
+
+    def _allow(self, methods: tuple[str, ...]) -> None:
+        if self.command not in methods:
+            raise _Refused(Reject.METHOD, f"{self.command} is not allowed here (allowed: {', '.join(methods)})")
+
+    def _no_body(self, body: Any) -> None:
+        if body is not None:
+            raise _Refused(Reject.INVALID, f"a {self.command} of this resource takes no body")
+
+    @staticmethod
+    def _parse(make: Callable[[], Rule]) -> Rule:
+        try:
+            return make()
+        except RuleError as exc:
+            raise _Refused(Reject.INVALID, str(exc)) from None
+
+
+def _filters(query: str) -> tuple[str | None, Kind | None, Network | None]:
+    try:
+        given = parse_qs(query, strict_parsing=True, max_num_fields=3) if query else {}
+    except ValueError as exc:
+        raise _Refused(Reject.INVALID, f"query: {exc}") from None
+    for name, values in given.items():
+        if name not in ("source", "kind", "address"):
+            raise _Refused(Reject.INVALID, f"query: unknown filter {name[:40]!r} (allowed: address, kind, source)")
+        if len(values) > 1:
+            raise _Refused(Reject.INVALID, f"query: {name} given twice")
+    source = given.get("source", [None])[0]
+    kind = address = None
+    if "kind" in given:
+        try:
+            kind = Kind(given["kind"][0])
+        except ValueError:
+            raise _Refused(Reject.INVALID, "query: kind is not one of " + ", ".join(k.value for k in Kind)) from None
+    if "address" in given:
+        try:
+            address = ipaddress.ip_network(given["address"][0], strict=False)
+        except ValueError:
+            raise _Refused(Reject.INVALID, "query: address is not an address or prefix") from None
+    return source, kind, address
+
+
+def _certificate_name(sock: socket.socket) -> str | None:
+    if not isinstance(sock, ssl.SSLSocket):
+        return None
+    cert = sock.getpeercert() or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and CLIENT_NAME.fullmatch(value):
+                return str(value)
+    return None
+
+
+def listen(cfg: IdsConfig) -> socket.socket:
+    """The API's socket, bound to its address and listening (by the controller when the API
+    runs in its own process, ids_process: an address in use fails the controller's start).
+    No name is looked up (http.server's bind would: a DNS query at start)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.listen_address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.listen_address, cfg.listen_port))
+        sock.listen(_Server.request_queue_size)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait on a slow client's thread
+    request_queue_size = 128
+
+    def __init__(self, api: "IdsApi"):
+        self.api = api
+        self._slots = threading.BoundedSemaphore(api.cfg.max_connections)
+        super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=False)
+        self.socket.close()  # (the one socketserver made unbound: ours is `listen`'s, or the controller's)
+        self.socket = api.listening if api.listening is not None else listen(api.cfg)
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.api.count(Reject.BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        ctx = self.api.tls
+        if ctx is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            tls = ctx.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError):
+            return
+        try:
+            tls.settimeout(self.api.request_seconds)
+            tls.do_handshake()
+        except (OSError, ValueError) as exc:
+            self.api.count(Reject.TLS)
+            LOG.info("ids api: TLS handshake with %s failed: %s", client_address[0], exc)
+            tls.close()
+            return
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            tls.close()
+
+
+class IdsApi:
+    """The API's server: `start` binds and serves on a thread, `stop` ends it.
+    count: called with each refusal's reason (the metrics' counter); now: wall-clock time;
+    listening: a socket bound and listening already, served instead of binding one."""
+
+    def __init__(self, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None] = lambda why: None,
+                 now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS,
+                 listening: socket.socket | None = None):
+        self.cfg = cfg
+        self.listening = listening
+        self.backend = backend
+        self.count = count
+        self.now = now
+        self.request_seconds = request_seconds
+        self.limit = RateLimit(cfg.rate_limit)
+        self.tokens = Tokens(cfg.token_file) if cfg.token_file else None
+        self.tls: ssl.SSLContext | None = None
+        self.tls_client_names = False
+        if cfg.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.load_cert_chain(cfg.tls.certificate, cfg.tls.private_key)
+            if cfg.tls.client_ca is not None:
+                ctx.load_verify_locations(cfg.tls.client_ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                self.tls_client_names = True
+            self.tls = ctx
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where it listens (the port the kernel chose, for a configured port 0)."""
+        assert self._server is not None
+        return str(self._server.server_address[0]), int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._server = _Server(self)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="nfshunt-ids-api", daemon=True)
+        self._thread.start()
+        LOG.info("IDS API listening on %s port %d (%s)", *self.address, "TLS" if self.tls else "loopback, no TLS")
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        assert self._thread is not None
+        self._thread.join()
+        self._server = self._thread = None

@@ -1,0 +1,411 @@
+"""The IDS API's backend (ids_api.RuleBackend): an IDS's rules judged and acted on.
+
+Every call is handed to the event loop (ids_loop); an add is answered from there the moment
+the switch confirms it (`submit_async`: the API's process, ids_process), the other calls
+on the thread that waits for them. On the event loop the store (ids_store) and the one
+precedence rule (ids_rules.precedence) decide, and the core acts:
+  - a connection's shunt or block is a lower pin (pins.py) with the requester as its
+    source: its flows are built and taken down by the existing paths (admission decides
+    the entry, every take-down goes through Connections.hand_back), an operator's pin
+    beats it, and a later policy change judges it again in admission.decide. `added` is
+    answered once the switch confirmed the pair (the Installed outcome), or `added`
+    pending when the connection has no live entry yet (its entry's event applies it; the
+    entry is looked up again once the pin is there, for events that went by meanwhile);
+  - an address block is a pair of drop flows on every served switch (address_blocks.py),
+    above every shunt; `added` once each connected switch answered the barrier behind them.
+Expiry is hard, on the tick (wall clock: it holds across a restart): the flows go, and the
+rule is reported ended with what they counted (the flow-removed messages: ids_ends). The
+rules are kept in the state file, saved on the tick when changed (on a thread of its own:
+at 60,000 rules a write is ~50 ms) and at stop, loaded at start. A rule's view (state,
+counters) is ids_view's; its counters and audit ids_log's.
+
+The connection's live conntrack entry (what the policy decided) is read in the API's process
+(conntrack.lookup: one netlink request), never on the event loop; read again here, off the
+loop, for an add that found none.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from nfshunt.config.settings import IdsConfig
+from nfshunt.core.connection import ACTIVE, Conn
+from nfshunt.records import markcodec
+from nfshunt.records.model import OFP10, Action, ConnEvent, FlowTuple
+
+from .api import Outcome, Reject, Result, RuleView
+from .ends import ENDING_GRACE, RuleEnds
+from .log import RuleLog
+from .loop import Answer, Host, LoopCalls
+from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence
+from .store import Added, Store, write
+from .view import ended_view, read_counters, view
+
+LOG = logging.getLogger("nfshunt")
+LATE = "the switch's confirmation (not in time: the rule is kept, and expires as any rule)"
+NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
+JUDGING = "the firewall's decision of the connection (applied when its event comes)"
+LOOK_AGAIN = (NO_ENTRY, JUDGING)  # pending on an entry's event that may have gone by before the pin
+
+
+class Submitted:
+    """An add on its way, answered once (`give`): by the event loop, by a thread that waited
+    for barriers or looked its entry up again, or at its deadline (`expire`), whichever
+    comes first."""
+
+    def __init__(self, reply: Callable[[Outcome | Exception], None], deadline: float):
+        self.reply = reply
+        self.deadline = deadline
+        self.ans = Answer()
+        self._once = threading.Lock()  # taken by the one that answers, never given back
+
+    def give(self, result: Outcome | Exception) -> bool:
+        if not self._once.acquire(blocking=False):
+            return False
+        self.reply(result)
+        return True
+
+    def expire(self) -> None:
+        """Its deadline passed: kept and added pending the switch if the event loop took it."""
+        if self.ans.taken:
+            self.give(Outcome(Result.ADDED, pending=LATE))
+        else:
+            self.give(TimeoutError("the controller's event loop did not take the request in time"))
+
+
+class IdsBackend:
+    def __init__(self, cfg: IdsConfig, host: Host, counters: Any, audit: logging.Logger,
+                 lookup: Callable[[FlowTuple], ConnEvent | None], wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.host = host
+        self.lookup = lookup
+        self.wall = wall
+        self.mono = mono
+        self.store = Store(cfg.state_file or None, cfg.max_rules)
+        self.log = RuleLog(counters, audit)
+        self.waiting: dict[tuple[FlowTuple, Action], list[Answer]] = {}  # adds waiting for their pair's install
+        self.ends = RuleEnds(host, self.store, self.log, self._answered, wall, mono)
+        self.loop = LoopCalls(host)
+        self._writer: threading.Thread | None = None  # the tick's write of the state file
+
+    # --- the API's threads ----------------------------------------------------------------
+
+    def submit(self, rule: Rule, timeout: float) -> Outcome:
+        return self.submit_entry(rule, self._lookup(rule.connection), timeout)
+
+    def submit_entry(self, rule: Rule, entry: ConnEvent | None, timeout: float) -> Outcome:
+        """`submit` with the connection's entry looked up already, waited for on this thread."""
+        got: list[Outcome | Exception] = []
+        done = threading.Event()
+
+        def reply(result: Outcome | Exception) -> None:
+            got.append(result)
+            done.set()
+        sub = self.submit_async(rule, entry, timeout, reply)
+        if not done.wait(timeout):
+            sub.expire()
+        done.wait()  # given by now, or being given by whoever came first
+        if isinstance(got[0], Exception):
+            raise got[0]
+        return got[0]
+
+    def submit_async(self, rule: Rule, entry: ConnEvent | None, timeout: float,
+                     reply: Callable[[Outcome | Exception], None]) -> Submitted:
+        """Add a rule whose connection's entry was looked up (`entry`), answered once through
+        `reply`: on the event loop itself when the switch confirmed the pair (no thread
+        waits for it: the API's process, ids_process), else from a thread of its own;
+        `expire` the result at its deadline (`timeout` from now) if it was not answered."""
+        sub = Submitted(reply, time.monotonic() + timeout)
+        sub.ans.then = lambda ans: self._added(rule, sub)
+        try:
+            self.loop.call(lambda a: self._submit(rule, entry, a), timeout, sub.ans)
+        except TimeoutError as exc:
+            sub.ans.then = None  # never answered: the cycle it makes with `sub` goes now
+            sub.give(exc)
+        return sub
+
+    def _added(self, rule: Rule, sub: Submitted) -> None:
+        """On the event loop: the add's outcome, given now unless switches' barriers are
+        still to answer or the entry is to be looked up again (never on the event loop)."""
+        ans = sub.ans
+        assert ans.outcome is not None
+        if ans.outcome.pending not in LOOK_AGAIN and all(b.is_set() for b in ans.barriers):
+            sub.give(ans.outcome)
+            return
+        threading.Thread(target=self._finish, args=(rule, sub), name="nfshunt-ids-add", daemon=True).start()
+
+    def _finish(self, rule: Rule, sub: Submitted) -> None:
+        ans = sub.ans
+        assert ans.outcome is not None
+        for barrier in ans.barriers:
+            if not barrier.wait(max(0.0, sub.deadline - time.monotonic())):
+                sub.give(Outcome(Result.ADDED, pending=LATE))
+                return
+        if ans.outcome.pending in LOOK_AGAIN and (late := self._lookup(rule.connection)) is not None:
+            # The entry (or the policy's decision of it) came between the first look and the
+            # pin: its events went by before the pin was there, and an established connection
+            # may send none for long.
+            left = max(0.1, sub.deadline - time.monotonic())
+            try:
+                self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), left), left, 0.0)
+            except TimeoutError:  # the rule is kept and answered; its entry's next event applies it
+                LOG.warning("the event loop did not take the late entry of %s in time", rule.connection)
+        sub.give(ans.outcome)
+
+    def _feed_late(self, entry: ConnEvent, ans: Answer) -> None:
+        self.host.feed([entry])
+        ans.answer(Outcome(Result.ADDED))
+
+    def _lookup(self, connection: FlowTuple | None) -> ConnEvent | None:
+        if connection is None:
+            return None
+        try:
+            return self.lookup(connection)
+        except OSError as exc:
+            LOG.warning("conntrack lookup of %s failed: %s", connection, exc)
+            return None
+
+    def remove(self, source: str, rule_id: str) -> Outcome:
+        ans = self.loop.call(lambda a: self._remove(source, rule_id, a), self.cfg.answer_timeout)
+        if not self.loop.wait(ans, self.cfg.answer_timeout, ENDING_GRACE + 1.0):
+            raise TimeoutError("the rule's flows were not removed in time")
+        assert ans.outcome is not None
+        return ans.outcome
+
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
+        def work(a: Answer) -> None:
+            a.views = [view(r, self.host.switches) for r in self.store.select(source, kind, address)]
+            a.answer(Outcome(Result.ADDED))
+        ans = self.loop.call(work, self.cfg.answer_timeout)
+        self.loop.wait(ans, self.cfg.answer_timeout, self.cfg.answer_timeout)
+        return ans.views
+
+    def rule(self, source: str, rule_id: str) -> RuleView | None:
+        def work(a: Answer) -> None:
+            r = self.store.get(source, rule_id)
+            if r is not None:
+                read_counters(view(r, self.host.switches), self.host.switches, self.mono(), a.answer)
+                return
+            ended = self.store.ended(source, rule_id)
+            a.answer(Outcome(Result.ADDED, view=None if ended is None else ended_view(ended)))
+        ans = self.loop.call(work, self.cfg.answer_timeout)
+        if not self.loop.wait(ans, self.cfg.answer_timeout, self.cfg.answer_timeout):
+            raise TimeoutError("the switch did not answer the read of the rule's counters in time")
+        return None if ans.outcome is None else ans.outcome.view
+
+    # --- on the event loop: a rule judged and put into effect -----------------------------
+
+    def _situation(self, rule: Rule, entry: ConnEvent | None) -> Situation:
+        """What precedence needs: the operator's pin, the policy's decision of the live entry."""
+        if rule.connection is None:
+            return self.store.situation(rule)
+        orig = rule.connection
+        pin = policy = None
+        accepted = True
+        for sw in self.host.switches:
+            p = sw.core.pins.get(orig)
+            if p is not None and p.source is None:
+                pin = p.action
+            conn = sw.core.find(tuple_=orig)
+            if conn is not None and policy is None:
+                policy = self._policy(conn.mark) or conn.action
+        if policy is None and entry is not None:
+            policy = self._policy(entry.mark)
+            # An entry whose mark is not complete is still being judged (its first packets
+            # crossed the plumbing, the decision comes with a later one): the rule waits for
+            # it, as for an entry not seen yet. One with no NFShunt bits never crossed it, and
+            # one decided with an action the config does not know never will be shunted.
+            if policy is None and (entry.mark & markcodec.NFSHUNT_BITS == 0 or markcodec.decode(entry.mark).complete):
+                policy, accepted = Action.IGNORE, False
+        return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted)
+
+    def _policy(self, mark: int) -> Action | None:
+        m = markcodec.decode(mark)
+        return None if not m.complete else self.host.cfg.action_for(m.action)  # type: ignore[arg-type]
+
+    def _submit(self, rule: Rule, entry: ConnEvent | None, ans: Answer) -> None:
+        had = self.store.get(rule.source, rule.id)
+        if had is not None and had.target != rule.target:
+            self._refuse(ans, rule, Reject.DUPLICATE, f"id {rule.id} names another active rule of {rule.source}")
+            return
+        if had is not None:
+            self.log.count("exists", rule)
+            ans.answer(Outcome(Result.EXISTS, "the same rule is already active"))
+            return
+        if rule.kind is Kind.BLOCK_ADDRESS and any(sw.session is not None and sw.session.fb.version == OFP10
+                                                    for sw in self.host.switches):
+            self._refuse(ans, rule, Reject.UNAVAILABLE, "an address block needs OpenFlow 1.3 (prefix and IPv6 "
+                         "matches): a served switch speaks 1.0")
+            return
+        verdict = precedence(rule, self._situation(rule, entry), self.cfg.may_shunt)
+        if verdict.decision is Decision.REFUSE:
+            self.log.counters.add("ids_refused", f"refused:{verdict.refusal}")
+            self._refuse(ans, rule, Reject.REFUSED, verdict.reason, verdict.refusal)
+            return
+        if self.store.add(rule) is Added.FULL:
+            self._refuse(ans, rule, Reject.FULL, f"full: ids.max_rules ({self.cfg.max_rules}) rules are active")
+            return
+        self.log.change("ids_rule_added", rule, verdict=verdict.decision.value, reason=verdict.reason)
+        self.log.count("added", rule)
+        if verdict.decision is Decision.EXISTS:
+            self._apply(rule, None)
+            ans.answer(Outcome(Result.EXISTS, verdict.reason))
+        elif rule.kind is Kind.WHITELIST:
+            for blocked in self.store.exempted_by(rule):
+                self.ends.end(blocked, f"lifted by whitelist {rule.source}/{rule.id}")
+            ans.answer(Outcome(Result.ADDED))
+        elif rule.kind is Kind.BLOCK_ADDRESS:
+            barriers = self._apply(rule, None)
+            if not barriers:
+                ans.answer(Outcome(Result.ADDED, pending="a switch to connect (installed when one does)"))
+            else:
+                ans.answer(Outcome(Result.ADDED), barriers)
+        else:
+            self._connection(rule, entry, verdict.decision, ans)
+
+    def _connection(self, rule: Rule, entry: ConnEvent | None, decision: Decision, ans: Answer) -> None:
+        assert rule.connection is not None
+        action = rule.action
+        key = (pair_key(rule.connection), action)
+        conns = [conn for sw in self.host.switches if (conn := sw.core.find(tuple_=rule.connection)) is not None]
+        self.waiting.setdefault(key, []).append(ans)
+        self._apply(rule, entry)
+        if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
+            return
+        if any(conn.action is action and conn.state in ACTIVE for conn in conns):
+            self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
+        elif decision is Decision.WAIT or (entry is None and not conns):
+            self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
+
+    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome) -> None:
+        for ans in self.waiting.pop(key, ()):
+            ans.answer(outcome)
+
+    def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[threading.Event]:
+        """Put a kept rule into effect on every switch: barrier waiters of connected ones."""
+        now = self.mono()
+        waiters: list[threading.Event] = []
+        if rule.kind is Kind.BLOCK_ADDRESS:
+            assert rule.address is not None
+            expires = now + rule.expires - self.wall()
+            for sw in self.host.switches:
+                out = sw.core.block_address(rule.address, expires, f"{rule.source}/{rule.id}")
+                waiter = threading.Event()
+                if sw.session is not None:
+                    waiters.append(waiter)
+                self.host.run(sw, out, waiter)
+        elif rule.connection is not None:
+            if self._holds(rule):
+                for sw in self.host.switches:
+                    self.host.run(sw, sw.core.ids_pin(rule.connection, rule.hold, now))
+            if entry is not None:
+                self.host.feed([entry])
+        return waiters
+
+    def _holds(self, rule: Rule) -> bool:
+        """A connection rule is the one its connection's pin follows (ids_rules.holder)."""
+        assert rule.connection is not None
+        held = holder(r for r in self.store.of_connection(rule.connection) if r.key not in self.ends)
+        return held is not None and held.key == rule.key
+
+    def installed(self, conn: Conn) -> None:
+        """The switch confirmed a pair (Outcomes' Installed): adds waiting for it are answered."""
+        if self.waiting:
+            key = (pair_key(conn.orig), conn.action)
+            if key in self.waiting:
+                self._answered(key, Outcome(Result.ADDED))
+
+    def _remove(self, source: str, rule_id: str, ans: Answer) -> None:
+        rule = self.store.get(source, rule_id)
+        if rule is None:
+            ended = self.store.ended(source, rule_id)
+            if ended is None:
+                ans.answer(Outcome(Result.ERROR, f"{source} has no rule {rule_id}", error=Reject.NOT_FOUND))
+            else:
+                ans.answer(Outcome(Result.EXPIRED if ended.why.startswith("expired") else Result.REMOVED,
+                                   view=ended_view(ended)))
+            return
+        self.ends.end(rule, "removed", ans)
+
+    def end_by_operator(self, source: str, rule_id: str) -> bool:
+        """The operator beats every IDS (precedence 1): an IDS's rule taken out, as its
+        requester's removal would (its flows go, it is reported ended). False: no such rule."""
+        rule = self.store.get(source, rule_id)
+        if rule is None:
+            return False
+        self.log.change("ids_rule_removed_by_operator", rule)
+        self.ends.end(rule, "removed by the operator")
+        return True
+
+    def removed(self, conn: Conn) -> None:
+        """A pair left the switch (Outcomes' Removed): a rule ending for it has its counters."""
+        self.ends.removed(conn)
+
+    # --- the tick, start and stop ----------------------------------------------------------
+
+    def tick(self) -> None:
+        """Rules whose hard expiry came lose their flows; ends due are reported; the state
+        file written when something changed."""
+        for rule in self.store.due(self.wall()):
+            if rule.key not in self.ends:
+                self.ends.end(rule, "expired")
+        self.ends.finish_due()
+        self._save_later()
+
+    def load(self) -> None:
+        """At start (before the event loop runs): the kept rules back in effect, those that
+        expired while the controller was down reported."""
+        for ended in self.store.load(self.wall()):
+            self.log.ended(ended)
+        for rule in list(self.store.rules.values()):
+            self._apply(rule, None)
+        if self.store.rules:
+            LOG.info("IDS rules loaded from %s: %d active", self.store.path, len(self.store))
+
+    def _save_later(self) -> None:
+        """The state file written on a thread, one write at a time, of the rules as they are
+        now (a failed write leaves the store dirty: tried again next tick). At 60,000 rules a
+        write is ~50 ms the event loop must not wait for."""
+        if not self.store.dirty or self._writer is not None and self._writer.is_alive():
+            return
+        path = self.store.path
+        if path is None:
+            self.store.save()  # (kept in memory only)
+            return
+        lines = self.store.snapshot()
+
+        def run() -> None:
+            try:
+                write(path, lines)
+            except OSError as exc:
+                self.store.dirty = True
+                LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", path,
+                          exc)
+        self._writer = threading.Thread(target=run, name="nfshunt-ids-save", daemon=True)
+        self._writer.start()
+
+    def save(self) -> None:
+        """At stop (and start): the state file written now, after the tick's write if one runs."""
+        if self._writer is not None:
+            self._writer.join()
+        if not self.store.dirty:
+            return
+        try:
+            self.store.save()
+        except OSError as exc:
+            LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick",
+                      self.store.path, exc)
+
+    def by_source(self) -> dict[str, int]:
+        """Active rules by requester (read by status and the metrics' scrape)."""
+        return dict(Counter(r.source for r in list(self.store.rules.values())))
+
+    def _refuse(self, ans: Answer, rule: Rule, why: Reject, reason: str, refusal: Any = None) -> None:
+        self.log.count(f"refused_{why.value}", rule)
+        self.log.change("ids_rule_refused", rule, error=why.value, reason=reason,
+                        **({"refusal": refusal.value} if refusal is not None else {}))
+        ans.answer(Outcome(Result.ERROR, reason, error=why, refusal=refusal))

@@ -1,0 +1,100 @@
+"""An IDS call handed to the event loop, and its answer waited for or told.
+
+Every call runs on the event loop (EventIds, as the control socket's requests do); the
+thread that posted it waits for its `Answer`, or the answer's `then` tells whoever needs
+it (an add's, ids_backend.submit_async). At most QUEUED
+calls are in the loop's queue at once: os-ken's queue (128 events) also carries the
+switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+from os_ken.controller import event
+
+from nfshunt.config.settings import Config
+from nfshunt.core import commands as c
+from nfshunt.records.model import ConnEvent
+from nfshunt.switch.switch import Switch
+
+from .api import Outcome, RuleView
+
+QUEUED = 32  # IDS calls in the event loop's queue at most
+
+
+class EventIds(event.EventBase):
+    """An IDS API call, run on the event loop."""
+
+    def __init__(self, work: Callable[[], None]):
+        super().__init__()
+        self.work = work
+
+
+@dataclass
+class Answer:
+    """One call's answer, from the event loop to the API thread that waits for it (on
+    `done` alone: LoopCalls.wait)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    taken: bool = False  # the loop has it; read only once `done` was not set in time
+    outcome: Outcome | None = None
+    barriers: list[threading.Event] = field(default_factory=list)  # then these switches' confirmations
+    views: list[RuleView] = field(default_factory=list)  # a list's answer
+    then: Callable[["Answer"], None] | None = None  # called on the event loop once answered
+
+    def answer(self, outcome: Outcome, barriers: Iterable[threading.Event] = ()) -> None:
+        self.outcome = outcome
+        self.barriers = list(barriers)
+        self.done.set()
+        # Called once, and dropped: an add's `then` holds what holds this answer, a cycle
+        # that only a full garbage collection would free (19 objects an add, collector.py).
+        then, self.then = self.then, None
+        if then is not None:
+            then(self)
+
+
+class Host(Protocol):
+    """What the IDS backend needs of the app: its switches, and its event loop's services."""
+    cfg: Config
+    switches: list[Switch]
+
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None: ...
+
+    def post(self, ev: event.EventBase) -> None: ...
+
+    def feed(self, events: list[ConnEvent]) -> None: ...
+
+
+class LoopCalls:
+    """Posts calls to the event loop (the host's) with room for QUEUED at once."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self._room = threading.BoundedSemaphore(QUEUED)
+
+    def call(self, work: Callable[[Answer], None], timeout: float, ans: Answer | None = None) -> Answer:
+        """Post `work` to the event loop (TimeoutError if there was no room in time); its
+        answer (`ans`, or a new one) is waited for with `wait`, or told by its `then`."""
+        ans = ans if ans is not None else Answer()
+        if not self._room.acquire(timeout=timeout):
+            raise TimeoutError("the controller's event loop has too many IDS requests queued")
+
+        def run() -> None:
+            self._room.release()
+            ans.taken = True
+            work(ans)
+        self.host.post(EventIds(run))
+        return ans
+
+    @staticmethod
+    def wait(ans: Answer, take: float, answer: float) -> bool:
+        """Whether `ans` was answered: within `take` seconds, or `answer` more if the loop
+        took the call by then; TimeoutError if it had not. One Event waited on, not one for
+        the taking and then one for the answer: the taking's woke the API thread while the
+        loop still ran the call, to contend with it for the GIL (bench ids)."""
+        if ans.done.wait(take):
+            return True
+        if not ans.taken:
+            raise TimeoutError("the controller's event loop did not take the request in time")
+        return ans.done.wait(answer)

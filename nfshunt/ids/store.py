@@ -1,0 +1,347 @@
+"""The IDS rules kept: per requester, capped, expiring hard, surviving restarts.
+
+One owner thread (the controller's event loop) calls it; nothing here blocks but `save`.
+Time is passed in (`now`, wall-clock seconds, time.time()): a rule's expiry is an instant
+on the wall clock, so it holds across a restart of the controller, and a rule whose
+expiry passed while the controller was down is reported expired at `load`.
+
+The state file (`ids.state_file`, under the state directory by default) is written
+atomically (a temporary file in the same directory, fsynced, renamed over it; mode 0600)
+by `write` (`save`), which the owner calls when `dirty` on its periodic tick and at stop:
+one write a tick, not one a request (at 1,000 requests a second a write each would be the
+bottleneck). Each rule's line is made once, when it is added (a rule never changes), so a
+tick's `snapshot` is a list of them and the write can run off the owner's thread (60,000
+rules: 14 MB, ~350 ms to encode afresh and ~50 ms to join and write, bench `ids`).
+A crash loses at most the last tick's changes; an IDS reconciles by listing its rules.
+"""
+from __future__ import annotations
+
+import enum
+import heapq
+import ipaddress
+import json
+import logging
+import math
+import os
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from nfshunt.config import jsonfile
+from nfshunt.config.settings import MAX_IDS_EXPIRE
+from nfshunt.records.model import Action, FlowTuple
+
+from .rules import (
+    CONNECTION_KINDS,
+    MAX_IDLE_TIMEOUT,
+    MAX_PRIORITY,
+    RULE_ID,
+    Kind,
+    Network,
+    Rule,
+    RuleError,
+    Situation,
+    _connection,
+    _int,
+    pair_key,
+)
+
+LOG = logging.getLogger("nfshunt")
+FORMAT = 1  # the state file's layout version
+BYTES_A_RULE = 1024  # a stored rule is ~350 bytes: the file's size limit is this times max_rules
+
+
+class Added(enum.StrEnum):
+    ADDED = "added"
+    EXISTS = "exists"  # this requester already has this id for this very target
+    DUPLICATE = "duplicate"  # this requester already has this id for another target
+    FULL = "full"  # max_rules active rules
+
+
+@dataclass(frozen=True)
+class Counts:
+    packets: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A rule that ended (expired, or removed), with its flows' last counters."""
+    rule: Rule
+    why: str  # "expired", "removed", "expired while the controller was down"
+    at: float
+    counts: Counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.rule.to_json(), "state": "expired" if self.why.startswith("expired") else "removed",
+                "why": self.why, "ended": self.at, "packets": self.counts.packets, "bytes": self.counts.bytes}
+
+
+class Store:
+    def __init__(self, path: str | None, max_rules: int, remember: int = 1000):
+        """path: the state file (None: kept in memory only); remember: how many ended rules
+        are kept for a requester that asks after one (a DELETE or GET racing the expiry)."""
+        self.path = path
+        self.max_rules = max_rules
+        self.rules: dict[tuple[str, str], Rule] = {}
+        self._by_target: dict[tuple[Any, ...], set[tuple[str, str]]] = {}
+        self._lines: dict[tuple[str, str], bytes] = {}  # each active rule as the state file has it
+        # Rules of an address (blocks, whitelists: few), asked about on every request: not a scan of all.
+        self._addressed: dict[tuple[str, str], Rule] = {}
+        self._expiries: list[tuple[float, tuple[str, str]]] = []  # a heap: the next expiry, no scan a tick
+        self._ended: OrderedDict[tuple[str, str], Ended] = OrderedDict()
+        self._remember = remember
+        self.dirty = False
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    # --- changes ------------------------------------------------------------------------------
+
+    def add(self, rule: Rule) -> Added:
+        had = self.rules.get(rule.key)
+        if had is not None:
+            return Added.EXISTS if had.target == rule.target else Added.DUPLICATE
+        if len(self.rules) >= self.max_rules:
+            return Added.FULL
+        self._put(rule)
+        self._ended.pop(rule.key, None)
+        self.dirty = True
+        return Added.ADDED
+
+    def _put(self, rule: Rule) -> None:
+        self.rules[rule.key] = rule
+        self._by_target.setdefault(rule.target, set()).add(rule.key)
+        self._lines[rule.key] = json.dumps(rule.to_json(), separators=(",", ":")).encode()
+        if rule.address is not None:
+            self._addressed[rule.key] = rule
+        heapq.heappush(self._expiries, (rule.expires, rule.key))
+
+    def _drop(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
+        del self.rules[rule.key]
+        del self._lines[rule.key]
+        self._addressed.pop(rule.key, None)
+        keys = self._by_target[rule.target]
+        keys.discard(rule.key)
+        if not keys:
+            del self._by_target[rule.target]
+        if len(self._expiries) > 2 * len(self.rules) + 64:
+            # Entries of rules removed before their expiry (up to 30 days away) are dropped
+            # from the heap now and then, or adds and removals would grow it without bound.
+            self._expiries = [(r.expires, r.key) for r in self.rules.values()]
+            heapq.heapify(self._expiries)
+        ended = self._ended[rule.key] = Ended(rule, why, now, counts)
+        while len(self._ended) > self._remember:
+            self._ended.popitem(last=False)
+        self.dirty = True
+        return ended
+
+    def remove(self, source: str, rule_id: str, now: float, counts: Callable[[Rule], Counts]) -> Ended | None:
+        """The requester removes its rule: how it ended (an expired one as it expired);
+        None if it names no rule this store knows of."""
+        rule = self.rules.get((source, rule_id))
+        if rule is None:
+            return self._ended.get((source, rule_id))
+        return self._drop(rule, "removed", now, counts(rule))
+
+    def due(self, now: float) -> list[Rule]:
+        """The rules whose hard expiry has come (their flows go before they are `end`ed)."""
+        heap = self._expiries
+        due: dict[tuple[str, str], Rule] = {}
+        while heap and heap[0][0] <= now:
+            expires, key = heapq.heappop(heap)
+            rule = self.rules.get(key)
+            if rule is not None and rule.expires == expires:  # else it ended before its expiry
+                due[key] = rule
+        for rule in due.values():  # active until `end`: due again on the next tick meanwhile
+            heapq.heappush(heap, (rule.expires, rule.key))
+        return list(due.values())
+
+    def end(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
+        """An active rule taken out once its flows are gone, with their counters."""
+        return self._drop(rule, why, now, counts)
+
+    def expire(self, now: float, counts: Callable[[Rule], Counts]) -> list[Ended]:
+        """Every rule whose hard expiry has come, taken out, with its flows' counters."""
+        due = [r for r in self.rules.values() if r.expires <= now]
+        return [self._drop(r, "expired", now, counts(r)) for r in sorted(due, key=lambda r: r.expires)]
+
+    # --- questions ----------------------------------------------------------------------------
+
+    def get(self, source: str, rule_id: str) -> Rule | None:
+        return self.rules.get((source, rule_id))
+
+    def ended(self, source: str, rule_id: str) -> Ended | None:
+        return self._ended.get((source, rule_id))
+
+    def holders(self, rule: Rule) -> list[Rule]:
+        """The active rules of any requester with this rule's target (one set of flows serves them all)."""
+        return [self.rules[k] for k in self._by_target.get(rule.target, ())]
+
+    def select(self, source: str | None = None, kind: Kind | None = None,
+               address: Network | None = None) -> list[Rule]:
+        """The active rules, filtered: by requester, kind, and an address or prefix they concern."""
+        out = []
+        for rule in self.rules.values():
+            if source is not None and rule.source != source:
+                continue
+            if kind is not None and rule.kind is not kind:
+                continue
+            if address is not None and not any(_overlap(n, address) for n in rule.networks()):
+                continue
+            out.append(rule)
+        return sorted(out, key=lambda r: (r.source, r.created, r.id))
+
+    def whitelisting(self, networks: Iterable[Network]) -> Rule | None:
+        """An active whitelist covering any address of these networks."""
+        nets = tuple(networks)
+        return next((r for r in self._addressed.values() if r.kind is Kind.WHITELIST and r.address is not None
+                     and any(_overlap(r.address, n) for n in nets)), None)
+
+    def blocking(self, conn: FlowTuple) -> Rule | None:
+        """An active IDS block covering this connection: of it, or of an address of it."""
+        for key in self._by_target.get((Kind.BLOCK, pair_key(conn)), ()):
+            return self.rules[key]
+        if not self._addressed:  # no address rule: the addresses are not parsed (3.9 -> 0.7 us a shunt request)
+            return None
+        hosts = (ipaddress.ip_address(conn.src), ipaddress.ip_address(conn.dst))
+        return next((r for r in self._addressed.values() if r.kind is Kind.BLOCK_ADDRESS and r.address is not None
+                     and any(h.version == r.address.version and h in r.address for h in hosts)), None)
+
+    def of_connection(self, conn: FlowTuple) -> list[Rule]:
+        """The active shunts and blocks of this connection (either direction), of any requester."""
+        key = pair_key(conn)
+        return [self.rules[k] for kind in CONNECTION_KINDS for k in self._by_target.get((kind, key), ())]
+
+    def exempted_by(self, whitelist: Rule) -> list[Rule]:
+        """The active IDS blocks a new whitelist contradicts (precedence 4): to be lifted."""
+        assert whitelist.address is not None
+        return [r for r in self.rules.values() if r.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS)
+                and any(_overlap(whitelist.address, n) for n in r.networks())]
+
+    def situation(self, rule: Rule, policy: Action | None = None, pin: Action | None = None,
+                  entry_accepted: bool = True) -> Situation:
+        """What ids_rules.precedence needs, the IDS part from this store and the rest from
+        the caller (the connection's live entry as the policy decided it, an operator's pin)."""
+        block = self.blocking(rule.connection) if rule.kind is Kind.SHUNT and rule.connection is not None else None
+        white = self.whitelisting(rule.networks()) if rule.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS) else None
+        return Situation(policy, entry_accepted, pin, None if block is None else f"{block.source}/{block.id}",
+                         None if white is None else f"{white.source}/{white.id}")
+
+    # --- the state file -----------------------------------------------------------------------
+
+    def load(self, now: float) -> list[Ended]:
+        """The rules of the state file, at start; those that expired meanwhile are returned
+        (their flows, if any are left, time out on the switch: counters unknown)."""
+        if self.path is None or not os.path.exists(self.path):
+            return []
+        try:
+            doc = jsonfile.read(self.path, self.max_rules * BYTES_A_RULE + 4096)
+            if not isinstance(doc, dict) or doc.get("version") != FORMAT or not isinstance(doc.get("rules"), list):
+                raise jsonfile.JsonInputError("", f"not a version {FORMAT} IDS rules file")
+        except jsonfile.JsonInputError as exc:
+            aside = f"{self.path}.bad"
+            LOG.error("cannot read the IDS rules file %s (%s): starting with no IDS rules; the file is kept as "
+                      "%s. Each IDS can list and add its rules again", self.path, exc, aside)
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                pass
+            return []
+        gone = []
+        for i, raw in enumerate(doc["rules"]):
+            try:
+                rule = from_json(raw)
+            except RuleError as exc:
+                LOG.error("IDS rules file %s: rules[%d] is dropped: %s", self.path, i, exc)
+                continue
+            if rule.key in self.rules:
+                LOG.error("IDS rules file %s: rules[%d] repeats %s/%s: dropped", self.path, i, rule.source, rule.id)
+            elif len(self.rules) >= self.max_rules:
+                LOG.error("IDS rules file %s: rules[%d] is over ids.max_rules (%d): dropped", self.path, i,
+                          self.max_rules)
+            elif rule.expires <= now:
+                self._put(rule)
+                gone.append(self._drop(rule, "expired while the controller was down", now, Counts()))
+            else:
+                self._put(rule)
+        self.dirty = bool(gone)
+        return gone
+
+    def snapshot(self) -> list[bytes]:
+        """The active rules' lines for `write`, as they are now; `dirty` is cleared (the
+        caller sets it again if the write fails)."""
+        self.dirty = False
+        return list(self._lines.values())
+
+    def save(self) -> None:
+        """Write the active rules atomically; OSError is the caller's to report (the rules
+        stay in memory and `dirty`, so the next tick tries again)."""
+        if self.path is None:
+            self.dirty = False
+            return
+        write(self.path, list(self._lines.values()))
+        self.dirty = False
+
+
+def write(path: str, lines: list[bytes]) -> None:
+    """The state file of these rules' lines (`Store.snapshot`), written atomically; from any thread."""
+    data = b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}"
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)  # the rename itself survives a power cut
+    finally:
+        os.close(dfd)
+
+
+def _overlap(a: Network, b: Network) -> bool:
+    return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
+
+
+def from_json(raw: Any) -> Rule:
+    """A rule as `Rule.to_json` wrote it, every field checked again (the file may be edited)."""
+    if not isinstance(raw, dict):
+        raise RuleError("", "not an object")
+    allowed = {"source", "id", "kind", "priority", "expire", "created", "expires", "idle_timeout", "connection",
+               "address"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise RuleError(sorted(unknown)[0], "unknown field")
+    try:
+        source, rule_id, kind = raw["source"], raw["id"], Kind(raw["kind"])
+        created = raw["created"]
+    except (KeyError, ValueError) as exc:
+        raise RuleError("", f"missing or wrong field {exc}") from None
+    if not isinstance(source, str) or not source.startswith("ids:") or not isinstance(rule_id, str) \
+            or not RULE_ID.fullmatch(rule_id):
+        raise RuleError("id", "not a requester and an id")
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
+        raise RuleError("created", "not a time")
+    idle = raw.get("idle_timeout")
+    conn = address = None
+    if kind in CONNECTION_KINDS:
+        conn = _connection("connection", raw.get("connection"))
+    else:
+        try:
+            address = ipaddress.ip_network(raw.get("address"), strict=True)
+        except (TypeError, ValueError):
+            raise RuleError("address", "not an address or prefix") from None
+    return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
+                _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE), float(created), conn, address,
+                None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT))

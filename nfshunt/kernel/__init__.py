@@ -1,0 +1,1 @@
+"""Conntrack over netlink: the codec, the listener, the worker."""

@@ -1,0 +1,1 @@
+"""Counting, logging and auditing: metrics, log handlers, outcomes; memory housekeeping."""

@@ -1,0 +1,1 @@
+"""OpenFlow messages: the flow builder, reads and stats, requests in flight, the channel, a switch's session."""

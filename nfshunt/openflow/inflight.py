@@ -1,0 +1,160 @@
+"""Requests in flight to one switch connection, by xid: what was asked, so its answer goes
+to the one handler of what was asked (replies.py), and one rule for giving up on it.
+
+Every request that expects an answer is registered here when it is sent: barriers (their
+batch of installs and a waiter), flow-stats reads (reconcile, a new shunt's counters, the
+static flows', the catchers', an operator's status), meter reads, the packet-in meter's
+setting, table size, role requests. An answer (a reply part, an error) names its request
+by xid; a reply to no request in flight is dropped (replies.py counts it).
+
+The one expiry rule: a request is given up once the switch has answered nothing for
+EXPIRY seconds since it was asked. A switch still answering is working through what it
+was sent (it answers in order): a burst it takes 16 s to apply must not be given up at 5.
+A give-up restarts the clock for the rest, so one lost answer does not take every later
+request with it. What a given-up request's kind does then is its handler's (replies.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, Iterator, TypeVar
+
+from nfshunt.core.connection import Conn
+from nfshunt.core.roles import RoleRequest
+from nfshunt.records.model import SwitchFlow
+
+EXPIRY = 5.0  # seconds the switch may answer nothing before what it was asked is given up
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """A request in flight; `asked` is when it was sent (monotonic)."""
+    asked: float
+
+
+@dataclasses.dataclass(slots=True)
+class Batch:
+    """Installs sent behind one barrier; errors for their flow-mods name them by xid (the
+    map goes with the batch: one table of every xid in flight kept its peak size)."""
+    conns: list[Conn]
+    xids: dict[int, Conn]
+    failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
+
+
+@dataclasses.dataclass(slots=True)
+class Barrier(Request):
+    """A barrier: the batch of installs it confirms, and who waits for its answer."""
+    batch: Batch | None = None
+    waiter: threading.Event | None = None
+
+    def answered(self) -> Batch | None:
+        """The switch answered (or was given up on): the waiter is told; the batch to settle."""
+        if self.waiter is not None:
+            self.waiter.set()
+        return self.batch
+
+
+@dataclasses.dataclass(slots=True)
+class TableSize(Request):
+    """How many entries table 0 holds (table features, or table stats in OpenFlow 1.0)."""
+
+
+@dataclasses.dataclass(slots=True)
+class MeterSet(Request):
+    """The packet-in meter's setting: only a refusal answers it."""
+
+
+@dataclasses.dataclass(slots=True)
+class MeterRead(Request):
+    """The packet-in meter's drop count (every tick)."""
+
+
+@dataclasses.dataclass(slots=True)
+class RoleAsk(Request):
+    """A pair's role request (roles.py)."""
+    request: RoleRequest
+
+
+@dataclasses.dataclass(slots=True)
+class CatcherRead(Request):
+    """The catchers read after dropped packet-ins (teardown_sweep): cookies that counted."""
+    counted: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class WatchRead(Request):
+    """A half-closed shunt's catchers read (teardown_sweep): cookies that counted."""
+    counted: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class CounterRead(Request):
+    """A new shunt's flow counters (confirm: counters), summed over the reply's parts."""
+    conn: Conn
+    packets: dict[bool, int] = dataclasses.field(default_factory=dict)  # by direction (reply: True)
+
+
+@dataclasses.dataclass(slots=True)
+class StaticRead(Request):
+    """The static flows' counters (status and metrics show them)."""
+    flows: list[SwitchFlow] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class ReconcileRead(Request):
+    """NFShunt's flows on the switch, for the core's reconcile."""
+    flows: list[SwitchFlow] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class FlowsRead(Request):
+    """NFShunt's flows for someone else (an operator's status, an IDS rule's counters, the
+    defaults a connecting switch kept): `done` gets them, or None if the switch went away or
+    was given up on."""
+    done: Callable[[list[SwitchFlow] | None], None]
+    flows: list[SwitchFlow] = dataclasses.field(default_factory=list)
+
+
+R = TypeVar("R", bound=Request)
+
+
+class InFlight:
+    """One switch connection's requests in flight, by xid."""
+
+    def __init__(self) -> None:
+        self._by_xid: dict[int, Request] = {}
+        self.answered = 0.0  # when the switch last answered anything (or was given up on)
+
+    def __len__(self) -> int:
+        return len(self._by_xid)
+
+    def ask(self, xid: int, request: Request) -> None:
+        self._by_xid[xid] = request
+
+    def answer(self, xid: int, now: float, done: bool = True) -> Request | None:
+        """The request a reply (or a part with more to come: `done` False) or an error
+        answers, taken out once done; None: nothing asked by that xid (an error of a
+        flow-mod: the send path's batches know those)."""
+        request = self._by_xid.pop(xid, None) if done else self._by_xid.get(xid)
+        if request is not None:
+            self.answered = now
+        return request
+
+    def expired(self, now: float) -> list[Request]:
+        """Requests given up (the one rule, see above), taken out."""
+        late = [xid for xid, r in self._by_xid.items() if now - max(r.asked, self.answered) > EXPIRY]
+        if late:
+            self.answered = now
+        return [self._by_xid.pop(xid) for xid in late]
+
+    def of(self, kind: type[R]) -> Iterator[tuple[int, R]]:
+        """The requests of one kind in flight, with their xids, oldest first."""
+        return ((xid, r) for xid, r in self._by_xid.items() if type(r) is kind)  # type: ignore[misc]
+
+    def count(self, kind: type[Request]) -> int:
+        return sum(1 for _ in self.of(kind))
+
+    def drop(self, kind: type[Request]) -> list[Request]:
+        """Forget every request of one kind (their answers, if any, are then unknown)."""
+        gone = [xid for xid, r in self._by_xid.items() if type(r) is kind]
+        return [self._by_xid.pop(xid) for xid in gone]

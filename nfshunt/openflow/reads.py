@@ -1,0 +1,183 @@
+"""What NFShunt asks a switch (meters, flow and table statistics, barriers) and how it
+reads the answers back: flow-stats entries as the core's SwitchFlow, matches as tuples.
+FlowBuilder (flows.py) is a SwitchReads; nothing here sends anything.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from os_ken.ofproto import ofproto_v1_0
+
+from nfshunt.core.connection import Conn
+from nfshunt.records import cookies
+from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+
+from .stats import FlowEntry
+
+ETH_IPV6 = 0x86DD
+ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
+OFP10_VLAN_NONE = 0xFFFF  # OpenFlow 1.0 dl_vlan: frames without an 802.1Q tag
+OFP13_VID_NONE = 0x0000  # OpenFlow 1.3 vlan_vid: no VLAN tag (OFPVID_NONE)
+META_GROUP_SHIFT = 48  # bits 48-63 of a pipeline shunt's metadata: port group index + 1 (the egress)
+META_CONN_MASK = ((1 << META_GROUP_SHIFT) - 1) & ~cookies.RST_BIT
+_PORT_FIELDS = {TCP: ("tcp_src", "tcp_dst"), UDP: ("udp_src", "udp_dst")}  # the match's port fields by protocol
+_new_flow = tuple.__new__
+
+
+class SwitchReads:
+    """Requests that ask the switch, and the reading of what it answers. The builder that
+    mixes it in sets dp, ofp, parser, version and cfg."""
+
+    dp: Any
+    ofp: Any
+    parser: Any
+    version: int
+    cfg: Any
+
+    def controller_meter(self, rate: int) -> list[Any]:
+        """The reserved controller meter (OFPM_CONTROLLER) with one drop band: the switch
+        sends at most `rate` packet-ins a second. Deleted first, so a reconnect re-sets it."""
+        p, ofp = self.parser, self.ofp
+        band = p.OFPMeterBandDrop(rate=rate, burst_size=max(1, rate // 10))
+        return [p.OFPMeterMod(self.dp, command=ofp.OFPMC_DELETE, flags=0, meter_id=ofp.OFPM_CONTROLLER, bands=[]),
+                p.OFPMeterMod(self.dp, command=ofp.OFPMC_ADD, flags=ofp.OFPMF_PKTPS | ofp.OFPMF_BURST,
+                              meter_id=ofp.OFPM_CONTROLLER, bands=[band])]
+
+    def controller_meter_stats_request(self) -> Any:
+        """The controller meter's counters: its band counts the packet-ins it dropped."""
+        return self.parser.OFPMeterStatsRequest(self.dp, 0, self.ofp.OFPM_CONTROLLER)
+
+    def catcher_stats_request(self) -> Any:
+        """Every teardown catcher's counters (OpenFlow 1.3: filtered by cookie on the switch)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                     cookies.make(cookies.Kind.TEARDOWN), cookies.OWNED_MASK | cookies.KIND_MASK,
+                                     p.OFPMatch())
+
+    def catcher_stats_request_exact(self, cookie: int) -> Any:
+        """One catcher's counters, by its exact cookie: the switch finds it through its
+        cookie index, however many flows it holds."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, ALL_ONES_64,
+                                     p.OFPMatch())
+
+    def cookie_stats_request(self, cookie: int, mask: int) -> Any:
+        """Flow stats of the flows whose cookie matches under `mask` (OpenFlow 1.3)."""
+        p, ofp = self.parser, self.ofp
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, mask,
+                                     p.OFPMatch())
+
+    def table_size_request(self) -> Any:
+        """What reports table 0's max_entries: table features in 1.3 (an empty body asks,
+        never sets), table stats in 1.0."""
+        if self.version == OFP10:
+            return self.parser.OFPTableStatsRequest(self.dp, 0)
+        return self.parser.OFPTableFeaturesStatsRequest(self.dp, 0, [])
+
+    def barrier(self) -> Any:
+        return self.parser.OFPBarrierRequest(self.dp)
+
+    def owned_flow_stats_request(self) -> Any:
+        p, ofp = self.parser, self.ofp
+        if self.version == OFP10:
+            # OpenFlow 1.0 cannot filter by cookie; the reply is filtered on our side.
+            return p.OFPFlowStatsRequest(self.dp, 0, p.OFPMatch(), 0xFF, ofp.OFPP_NONE)
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                     cookies.OWNED_VALUE, cookies.OWNED_MASK, p.OFPMatch())
+
+    def pair_stats_request(self, conn: Conn, catchers: bool = False) -> Any:
+        """Flow stats of one pair's two flows (OpenFlow 1.3: by cookie, either direction);
+        with `catchers`, its teardown catchers too (any kind, FIN or RST)."""
+        p, ofp = self.parser, self.ofp
+        mask = ALL_ONES_64 & ~cookies.DIRECTION_BIT
+        if catchers:
+            mask &= ~cookies.RST_BIT & ~cookies.KIND_MASK
+        return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
+                                     mask, p.OFPMatch())
+
+    def more_follows(self, msg: Any) -> bool:
+        flag = self.ofp.OFPSF_REPLY_MORE if self.version == OFP10 else self.ofp.OFPMPF_REPLY_MORE
+        return bool(msg.flags & flag)
+
+    # --- reading flows back ----------------------------------------------------------------
+
+    def parse_stats(self, stats: Any) -> SwitchFlow:
+        """A flow-stats entry (os-ken's, or FlowEntry's straight from the bytes) as the core
+        reads it."""
+        goto, metadata = False, None
+        if isinstance(stats, FlowEntry):
+            fields = stats.fields
+            in_port, t = self._parse_oxm(fields.get, canonical=False)  # inet_ntop text already
+            outs, goto, metadata = stats.outs, stats.goto, stats.metadata
+            # _exact_oxm without a set built per flow (a reconcile reads 200,000): once the
+            # tuple and in_port are read (checked below), the fields hold seven of a pair's
+            # eight, so they are one of PAIR_FIELDS exactly when eth_type is the eighth.
+            exact = fields.get("vlan_vid") == OFP13_VID_NONE and len(fields) == 8 and "eth_type" in fields
+        else:
+            in_port, t = self.parse_match(stats.match)
+            exact = self._exact_match(stats.match)
+            if self.version == OFP10:
+                actions = stats.actions
+            else:
+                actions = [a for i in stats.instructions for a in getattr(i, "actions", [])]
+                goto = any(isinstance(i, self.parser.OFPInstructionGotoTable) for i in stats.instructions)
+                metadata = next((i.metadata for i in stats.instructions
+                                 if isinstance(i, self.parser.OFPInstructionWriteMetadata)), None)
+            outs = [a.port for a in actions if hasattr(a, "port")]
+        out_port = outs[0] if outs else None
+        exact = t is not None and in_port is not None and exact
+        if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
+            group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
+            out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
+            # The catchers name the connection by the metadata: it must be this pair's.
+            exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
+        # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)
+        return _new_flow(SwitchFlow, (stats.cookie, stats.priority, in_port, t, out_port, stats.packet_count,
+                                      stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact))
+
+    # The OXM fields of a pair's match, by IP version and transport (see match()).
+    PAIR_FIELDS = {frozenset(("in_port", "vlan_vid", "eth_type", "ip_proto", f"ipv{v}_src", f"ipv{v}_dst",
+                              f"{l4}_src", f"{l4}_dst")) for v in (4, 6) for l4 in ("tcp", "udp")}
+    # OpenFlow 1.0: the fields NFShunt matches are not wildcarded (addresses: no bit of them).
+    OFP10_PAIR_FIELDS = (ofproto_v1_0.OFPFW_IN_PORT | ofproto_v1_0.OFPFW_DL_VLAN | ofproto_v1_0.OFPFW_DL_TYPE
+                         | ofproto_v1_0.OFPFW_NW_PROTO | ofproto_v1_0.OFPFW_NW_SRC_MASK
+                         | ofproto_v1_0.OFPFW_NW_DST_MASK | ofproto_v1_0.OFPFW_TP_SRC | ofproto_v1_0.OFPFW_TP_DST)
+
+    def _exact_oxm(self, names: Any, vlan_vid: Any) -> bool:
+        return vlan_vid == OFP13_VID_NONE and frozenset(names) in self.PAIR_FIELDS
+
+    def _exact_match(self, m: Any) -> bool:
+        if self.version == OFP10:
+            return not m.wildcards & self.OFP10_PAIR_FIELDS and m.dl_vlan == OFP10_VLAN_NONE
+        fields = dict(m.items())
+        return not any(isinstance(v, tuple) for v in fields.values()) and \
+            self._exact_oxm(fields.keys(), fields.get("vlan_vid"))
+
+    def parse_match(self, m: Any) -> tuple[int | None, FlowTuple | None]:
+        """(in_port, tuple) of an exact NFShunt match; tuple is None for other matches."""
+        if self.version == OFP10:
+            in_port = None if m.wildcards & self.ofp.OFPFW_IN_PORT else m.in_port
+            if m.wildcards & (self.ofp.OFPFW_NW_PROTO | self.ofp.OFPFW_TP_SRC | self.ofp.OFPFW_TP_DST):
+                return in_port, None
+            return in_port, FlowTuple(4, m.nw_proto, str(ipaddress.IPv4Address(m.nw_src)),
+                                      str(ipaddress.IPv4Address(m.nw_dst)), m.tp_src, m.tp_dst)
+        return self._parse_oxm(m.get)
+
+    @staticmethod
+    def _parse_oxm(get: Any, canonical: bool = True) -> tuple[int | None, FlowTuple | None]:
+        in_port = get("in_port")
+        proto = get("ip_proto")
+        if proto not in (TCP, UDP):
+            return in_port, None
+        if get("eth_type") == ETH_IPV6:
+            family, src, dst = 6, get("ipv6_src"), get("ipv6_dst")
+        else:
+            family, src, dst = 4, get("ipv4_src"), get("ipv4_dst")
+        l4_src, l4_dst = _PORT_FIELDS[proto]
+        sport, dport = get(l4_src), get(l4_dst)
+        if None in (src, dst, sport, dport):
+            return in_port, None
+        if canonical:
+            src, dst = canonical_address(str(src)), canonical_address(str(dst))
+        return in_port, FlowTuple(family, proto, src, dst, sport, dport)

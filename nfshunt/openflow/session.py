@@ -1,0 +1,49 @@
+"""One connection of a served switch, from the moment it is served to its end.
+
+A `Session` holds what exists only while the switch is connected: the os-ken datapath,
+the flow builder and send path made for it, the requests in flight (inflight.py) and
+whether its packet-in meter is on. It is created when the connection is served and
+dropped when it ends, so nothing of one connection outlives it, and code that holds a
+session never asks whether the switch is there.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from nfshunt.config.settings import Config
+from nfshunt.core.connection import Conn
+from nfshunt.records.model import SwitchFlow
+
+from .channel import SendPath
+from .flows import FlowBuilder
+from .inflight import Barrier, FlowsRead, InFlight, Request
+
+
+class Session:
+    def __init__(self, dp: Any, cfg: Config, pipeline: bool = False,
+                 wanted: Callable[[Conn], bool] = lambda conn: True):
+        self.dp = dp
+        self.fb = FlowBuilder(dp, cfg, pipeline)
+        self.inflight = InFlight()
+        self._wanted = wanted  # a paced install the core still wants sent
+        self.send = self._send_path(cfg)
+        self.meter_on = False  # the packet-in meter is set (and not refused)
+
+    def _send_path(self, cfg: Config) -> SendPath:
+        return SendPath(self.dp, self.fb, self.inflight, cfg.flow_mod_rate, cfg.install_queue, self._wanted)
+
+    def ask(self, msg: Any, request: Request) -> None:
+        """Queue a request, registered in flight under its xid."""
+        self.inflight.ask(self.dp.set_xid(msg), request)
+        self.send.queue([msg])
+
+    def read_flows(self, done: Callable[[list[SwitchFlow] | None], None], now: float) -> None:
+        """Read NFShunt's flows from the switch now, for `done` (an operator's status)."""
+        self.ask(self.fb.owned_flow_stats_request(), FlowsRead(now, done))
+        self.send.flush()
+
+    def disown(self, cfg: Config) -> None:
+        """No longer master: what was queued or is waiting for a barrier is not ours to
+        send or settle any more."""
+        self.inflight.drop(Barrier)
+        self.send = self._send_path(cfg)

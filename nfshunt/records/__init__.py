@@ -1,0 +1,1 @@
+"""Plain records every layer shares: events and tuples, the mark's bit layout, cookies."""

@@ -1,0 +1,213 @@
+"""The dispatcher: one handler for each command type the core returns.
+
+A command acts on the switch (through its session's send path: flow-mods, and requests
+registered in flight), on the kernel (through the conntrack worker), on time (a timer), or
+reports an outcome (accounting.Outcomes). A handler may return commands of its own (a
+core answer), which `run` executes in the same turn before it writes the turn to the
+switch. A new kind of command adds one handler here.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from nfshunt.core import commands as c
+from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
+from nfshunt.kernel.conntrack import ConntrackWorker
+from nfshunt.observe.accounting import Outcomes
+from nfshunt.openflow.flows import ALL_ONES_64
+from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize
+from nfshunt.openflow.session import Session
+from nfshunt.records import cookies
+from nfshunt.records.markcodec import DECISION_MASK
+from nfshunt.records.model import OFP10, TCP, SwitchFlow
+
+from .switch import Switch
+
+LOG = logging.getLogger("nfshunt")
+
+Handler = Callable[[Switch, Any], "list[c.Command] | None"]
+OnSwitch = Callable[[Switch, Session, Any], None]
+Schedule = Callable[[float, Switch, tuple[c.Command, ...]], None]
+Post = Callable[[Switch, tuple[c.Command, ...]], None]
+
+
+class Dispatcher:
+    def __init__(self, worker: ConntrackWorker, outcomes: Outcomes, schedule: Schedule, post: Post):
+        self.worker = worker
+        self.outcomes = outcomes
+        self.counters = outcomes.counters
+        self.schedule = schedule  # run commands after a delay (the app's timer)
+        self.post = post  # run commands on the event loop from another thread
+        report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
+        self.handlers: dict[type, Handler] = {
+            **report,
+            c.InstallFlows: self.install_flows,
+            c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id),
+            c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
+            c.RestoreConntrack: self.restore_conntrack,
+            c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
+            c.ClearDecisions: self.clear_decisions,
+            c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
+            c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
+        }
+        # Commands that write to the switch: dropped while it is away (the core knows, and
+        # its reconcile repairs what they would have done).
+        self.on_switch: dict[type, OnSwitch] = {
+            c.RemoveFlows: lambda _sw, s, cmd: s.send.queue(s.fb.remove(cmd.conn, cmd.directions)),
+            c.InstallDefaults: self.install_defaults,
+            c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
+            c.LimitPacketIns: self.limit_packet_ins,
+            c.DeleteAllFlows: self.delete_all_flows,
+            c.DeleteSwitchFlow: self.delete_switch_flow,
+            c.RequestKeptDefaults: self.request_kept_defaults,
+            c.RequestTableSize: lambda _sw, s, _cmd: s.ask(s.fb.table_size_request(), TableSize(time.monotonic())),
+            c.RequestSwitchFlows: lambda _sw, s, _cmd: s.ask(s.fb.owned_flow_stats_request(),
+                                                             ReconcileRead(time.monotonic())),
+            c.ReadCounters: lambda _sw, s, cmd: s.ask(s.fb.pair_stats_request(cmd.conn),
+                                                      CounterRead(time.monotonic(), cmd.conn)),
+            c.InstallStatic: self.install_static,
+            c.RemoveStatic: self.remove_static,
+            c.ReadStaticCounters: lambda _sw, s, _cmd: s.ask(s.fb.static_stats_request(),
+                                                             StaticRead(time.monotonic())),
+            c.InstallAddressBlocks: self.install_address_blocks,
+            c.RemoveAddressBlocks: self.remove_address_blocks,
+        }
+
+    def execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
+        kind = type(cmd)
+        on_switch = self.on_switch.get(kind)
+        if on_switch is None:
+            return self.handlers[kind](sw, cmd)
+        if sw.session is not None:
+            on_switch(sw, sw.session, cmd)
+        return None
+
+    def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
+        """Execute a switch's core's commands (and what executing them brings back from the
+        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`."""
+        work = collections.deque(commands)
+        session = sw.session
+        if session is not None and session.send.queued:
+            work.extend(self._release(sw, session))
+        with self.worker.batched():  # the turn's conntrack requests go to the worker at once
+            while work:
+                cmd = work.popleft()
+                try:
+                    follow = self.execute(sw, cmd)
+                except Exception:
+                    self.counters.inc("internal_errors")
+                    LOG.exception("failed to execute %s", type(cmd).__name__)
+                    continue
+                if follow:
+                    work.extend(follow)
+        if sw.session is not None:
+            sw.session.send.flush(waiter)
+        elif waiter is not None:
+            waiter.set()
+
+    @staticmethod
+    def _release(sw: Switch, session: Session) -> list[c.Command]:
+        """Paced installs whose turn has come go out; the queue's freed room goes to
+        connections that waited for it."""
+        send, core = session.send, sw.core
+        before = len(send.queued)
+        out: list[c.Command] = []
+        for conn in send.release(time.monotonic()):
+            out.extend(core.install_dropped(conn, "taken down before it was sent", wait=False))
+        drained = before - len(send.queued)
+        if drained and core.waiting:
+            out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
+        return out
+
+    # --- the switch -------------------------------------------------------------------------
+
+    def install_flows(self, sw: Switch, cmd: c.InstallFlows) -> list[c.Command] | None:
+        conn = cmd.conn
+        if sw.session is not None and not sw.session.send.install(conn):
+            self.counters.inc("install_queue_full")
+            return sw.core.install_dropped(conn, "flow-mod queue full", wait=True)
+        if conn.action is Action.SHUNT and conn.orig.proto == TCP:
+            # The switch applies the pair's flows one at a time (hardware: late, in any
+            # order): the firewall must not call INVALID the acknowledgements it then
+            # sees of data that already took the fast path.
+            self.worker.liberal(conn.orig.family, conn.orig, conn.ct_id)
+        return None
+
+    @staticmethod
+    def install_defaults(sw: Switch, s: Session, cmd: c.InstallDefaults) -> None:
+        s.send.queue(s.fb.defaults(cmd.groups))
+        LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups), sw.name)
+
+    @staticmethod
+    def request_kept_defaults(sw: Switch, s: Session, _cmd: c.RequestKeptDefaults) -> None:
+        def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
+            if flows is not None:  # (None: the switch went, or never answered: not known)
+                sw.core.defaults_kept(flows)
+        s.ask(s.fb.cookie_stats_request(cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK),
+              FlowsRead(time.monotonic(), done))
+        # A switch may reorder what no barrier separates: the defaults sent next must not
+        # be in the table this read reports.
+        s.ask(s.fb.barrier(), Barrier(time.monotonic()))
+
+    @staticmethod
+    def limit_packet_ins(_sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:
+        delete, add = s.fb.controller_meter(cmd.rate)
+        s.send.queue([delete])
+        s.ask(add, MeterSet(time.monotonic()))
+        s.meter_on = True
+
+    @staticmethod
+    def delete_all_flows(sw: Switch, s: Session, _cmd: c.DeleteAllFlows) -> None:
+        s.send.queue([s.fb.delete_all()])
+        LOG.warning("deleting every flow on switch %s (delete_foreign_flows_on_startup)", sw.name)
+
+    def delete_switch_flow(self, sw: Switch, s: Session, cmd: c.DeleteSwitchFlow) -> None:
+        s.send.queue([s.fb.delete_switch_flow(cmd.flow)])
+        self.counters.inc("reconcile_deleted")
+        LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
+
+    def install_static(self, sw: Switch, s: Session, cmd: c.InstallStatic) -> None:
+        s.send.queue([s.fb.static_add(f) for f in cmd.flows])
+        self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows], cmd.reason)
+
+    def remove_static(self, sw: Switch, s: Session, cmd: c.RemoveStatic) -> None:
+        s.send.queue([s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies])
+        self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
+
+    def install_address_blocks(self, sw: Switch, s: Session, cmd: c.InstallAddressBlocks) -> None:
+        if s.fb.version == OFP10:  # no prefix or IPv6 matches (the backend refuses new ones; kept ones wait)
+            LOG.error("switch %s speaks OpenFlow 1.0: %d IDS address-block flows not installed (%s)", sw.name,
+                      len(cmd.flows), cmd.reason)
+            return
+        now = time.monotonic()
+        s.send.queue([s.fb.address_block_add(f, now) for f in cmd.flows])
+        self.outcomes.static("address_block_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows],
+                             cmd.reason, "address_blocks")
+
+    def remove_address_blocks(self, sw: Switch, s: Session, cmd: c.RemoveAddressBlocks) -> None:
+        s.send.queue([s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies])
+        self.outcomes.static("address_block_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)),
+                             cmd.reason, "address_blocks")
+
+    # --- the kernel ---------------------------------------------------------------------------
+
+    def restore_conntrack(self, sw: Switch, cmd: c.RestoreConntrack) -> None:
+        """The entry first; the commands that wait for it (the flows' removal) run on the
+        event loop once the kernel has answered."""
+        self.counters.inc("teardowns" if cmd.tcp_state != CT_TCP_ESTABLISHED else "reevaluations")
+        then = cmd.then
+        self.worker.restore(cmd.orig.family, cmd.orig, cmd.reply, cmd.tcp_state, cmd.timeout, cmd.closer_is_reply,
+                            cmd.mark, lambda: self.post(sw, then))
+
+    def clear_decisions(self, _sw: Switch, _cmd: c.ClearDecisions) -> None:
+        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
+            if error is not None:
+                LOG.error("could not clear the policy's decisions in conntrack: %s", error)
+            else:
+                LOG.warning("the policy is not the one last recorded: decisions cleared on %d conntrack "
+                            "entries (%d failed); each is judged again by its next packet", cleared, failed)
+        self.worker.clear_marks(DECISION_MASK, done)
