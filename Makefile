@@ -14,9 +14,11 @@ demo: deps
 demo-failover: deps
 	$(PY) mininet/demo.py --failover
 
-# Lint is part of the build: unused imports and names, dead code and likely bugs fail it.
+# Lint is part of the build: unused imports and names, dead code, likely bugs, import order
+# (ruff) and the type check of every package (mypy, mypy.ini) fail it.
 lint: deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The testbed's tests and the rest side by side (tests/run_suite.py).
 test: lint

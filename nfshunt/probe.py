@@ -305,7 +305,7 @@ class Prober:
             return []
         # Each run has its own flow (cookie and UDP source port): a packet-in from an earlier
         # run's flow, which a lagging switch removes late, can never be taken for this run's.
-        lags = []
+        lags: list[float] = []
         for run in range(runs):
             cookie, sport = PROBE_COOKIE | (run + 1), 40000 + run
             pkt = packet.Packet()

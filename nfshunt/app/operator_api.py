@@ -379,7 +379,7 @@ def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, A
             **totals(per_switch, ("shunts", "blocks", "connected", "max_shunts", "table_used", "table_1")),
             "waiting": sum(len(sw.core.waiting) for sw in switches),
             "queued": sum(len(sw.session.send.queued) for sw in switches if sw.session is not None),
-            "table_max": None if None in maxes else sum(maxes),  # type: ignore[arg-type]
+            "table_max": None if None in maxes else sum(maxes),
             "pair": roles.status() if roles is not None else None,
             "static": [row for sw in per_switch for row in sw["static"]],
             "rules": rules_by_source(switches, ids)}

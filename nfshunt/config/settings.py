@@ -270,7 +270,8 @@ def _versions(key: str, value: Any) -> tuple[str, ...]:
 def _tls(key: str, value: Any) -> TLSConfig | None:
     if value is None:
         return None
-    fields = {"private_key": _file, "certificate": _file, "ca_certificate": _file}
+    fields: dict[str, Callable[[str, Any], Any]] = {"private_key": _file, "certificate": _file,
+                                                    "ca_certificate": _file}
     return TLSConfig(**_object(key, value, fields, required=("private_key", "certificate")))
 
 
@@ -285,7 +286,7 @@ def _pair(key: str, value: Any) -> PairConfig | None:
 def _ids_tls(key: str, value: Any) -> IdsTLS | None:
     if value is None:
         return None
-    fields = {"certificate": _file, "private_key": _file, "client_ca": _file}
+    fields: dict[str, Callable[[str, Any], Any]] = {"certificate": _file, "private_key": _file, "client_ca": _file}
     return IdsTLS(**_object(key, value, fields, required=("certificate", "private_key")))
 
 

@@ -96,8 +96,8 @@ class StaticFlow:
     def overlaps(self, other: "StaticFlow") -> bool:
         """Some frame could match both (same in_port and protocol): the switch would pick one."""
         return (self.in_port == other.in_port and self.shunt.protocol == other.shunt.protocol
-                and self.family == other.family and self.src.overlaps(other.src)  # type: ignore[arg-type]
-                and self.dst.overlaps(other.dst)  # type: ignore[arg-type]
+                and self.family == other.family and self.src.overlaps(other.src)
+                and self.dst.overlaps(other.dst)
                 and _meet(self.src_port, other.src_port) and _meet(self.dst_port, other.dst_port))
 
 

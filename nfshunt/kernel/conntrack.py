@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
@@ -40,7 +40,7 @@ NLMSG_DONE = 3
 NLM_F_CREATE = 0x400
 IP_CT_TCP_FLAG_CLOSE_INIT, IP_CT_TCP_FLAG_BE_LIBERAL = 0x04, 0x08
 NLMSG_HDR = struct.Struct("=IHHII")
-FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
+FAMILY: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 6}
 AF = {4: socket.AF_INET, 6: socket.AF_INET6}
 
 
@@ -62,7 +62,7 @@ def parse_entry(msg: nfct_msg, kind: EventKind, received: float) -> ConnEvent:
     return ConnEvent(kind, ct_id, orig, reply, msg.get_attr("CTA_MARK") or 0, state, received)
 
 
-def _tuple(nla, family: int) -> FlowTuple | None:
+def _tuple(nla: Any, family: int) -> FlowTuple | None:
     if nla is None:
         return None
     ip = nla.get_attr("CTA_TUPLE_IP")
@@ -534,7 +534,8 @@ class ConntrackWorker:
         if getattr(self._local, "held", None) is not None:  # nested: the outer one hands over
             yield
             return
-        self._local.held = held = []
+        held: list[Request] = []
+        self._local.held = held
         try:
             yield
         finally:
@@ -651,9 +652,8 @@ class ConntrackWorker:
             except socket.timeout:
                 break
             for seq, code in netlink_acks(data):
-                item = pending.pop(seq, None)
-                if item is not None:
-                    self._account(item, -code)
+                if seq in pending:
+                    self._account(pending.pop(seq), -code)
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
 

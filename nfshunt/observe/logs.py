@@ -16,22 +16,26 @@ import time
 FLUSH_INTERVAL = 0.5
 
 
-class _Batched:
+class _Batched(logging.StreamHandler):
+    """A stream handler whose writes are flushed at most every FLUSH_INTERVAL."""
     _last_flush = 0.0
 
-    def emit(self, record: logging.LogRecord) -> None:  # type: ignore[override]
+    def emit(self, record: logging.LogRecord) -> None:
         try:
-            msg = self.format(record)  # type: ignore[attr-defined]
-            stream = self.stream  # type: ignore[attr-defined]
-            if stream is None:
-                stream = self.stream = self._open()  # type: ignore[attr-defined]
+            msg = self.format(record)
+            stream = self.stream
+            if stream is None:  # a FileHandler opened with delay, or closed
+                stream = self.stream = self._reopened()
             stream.write(msg + "\n")
             now = time.monotonic()
             if record.levelno >= logging.WARNING or now - self._last_flush >= FLUSH_INTERVAL:
-                self.flush()  # type: ignore[attr-defined]
+                self.flush()
                 self._last_flush = now
         except Exception:
-            self.handleError(record)  # type: ignore[attr-defined]
+            self.handleError(record)
+
+    def _reopened(self) -> "io.TextIOBase":
+        raise ValueError("the stream is closed")
 
 
 class BatchedStreamHandler(_Batched, logging.StreamHandler):
@@ -58,6 +62,9 @@ class BatchedFileHandler(_Batched, logging.FileHandler):
             return None
         return st.st_dev, st.st_ino
 
+    def _reopened(self) -> "io.TextIOBase":
+        return self._open()
+
     def reopen(self) -> None:
         self.acquire()
         try:
@@ -79,6 +86,6 @@ def flush_all() -> None:
     for logger in [logging.getLogger()] + [logging.getLogger(n) for n in ("nfshunt", "nfshunt.audit")]:
         for handler in logger.handlers:
             if isinstance(handler, _Batched):
-                handler.flush()  # type: ignore[attr-defined]
+                handler.flush()
             if isinstance(handler, BatchedFileHandler):
                 handler.check_rotated()

@@ -103,13 +103,13 @@ class Counters:
         out: dict[str, int] = {}
         for family, metric in self._families.items():
             names = LABELLED[family][2]
-            for sample in metric.collect()[0].samples:
+            for sample in next(iter(metric.collect())).samples:
                 if sample.name.endswith("_total") and sample.value:
                     labels = [sample.labels[n] for n in names]
                     key = f"operator_{labels[0]}" if family == "operator" else ":".join((family, *labels))
                     out[key] = int(sample.value)
         for name, metric in self._plain.items():
-            for sample in metric.collect()[0].samples:
+            for sample in next(iter(metric.collect())).samples:
                 if sample.name.endswith("_total") and sample.value:
                     out[name] = int(sample.value)
         return out

@@ -85,6 +85,7 @@ def _ignore_failure(address: tuple[str, int], exc: Exception) -> None:
 
 class ChannelDatapath(osken_controller.Datapath):
     """os-ken's Datapath with an admission check and an end that does not hang."""
+    send_q: Any  # os-ken's send queue; None once the send loop ended
 
     def __init__(self, sock: Any, address: tuple[str, int], admit: Admit = _admit_any,
                  failed: Failed = _ignore_failure):

@@ -157,7 +157,7 @@ class FlowBuilder(SwitchReads):
             self._templates[key] = tpl
         if tpl is None:
             return build(cookie, t)
-        return tpl.make(cookie, t)
+        return tpl.make(cookie, t)  # type: ignore[union-attr]  # False (not built) was replaced above
 
     # --- matches ------------------------------------------------------------------------
 

@@ -149,7 +149,7 @@ class InFlight:
 
     def of(self, kind: type[R]) -> Iterator[tuple[int, R]]:
         """The requests of one kind in flight, with their xids, oldest first."""
-        return ((xid, r) for xid, r in self._by_xid.items() if type(r) is kind)  # type: ignore[misc]
+        return ((xid, r) for xid, r in self._by_xid.items() if type(r) is kind)
 
     def count(self, kind: type[Request]) -> int:
         return sum(1 for _ in self.of(kind))

@@ -41,6 +41,18 @@ class FlowEntry:
 
     __slots__ = ("length", "table_id", "duration_sec", "duration_nsec", "priority", "cookie", "packet_count",
                  "byte_count", "fields", "outs", "goto", "metadata")
+    length: int
+    table_id: int
+    duration_sec: int
+    duration_nsec: int
+    priority: int
+    cookie: int
+    packet_count: int
+    byte_count: int
+    fields: dict[str, Any]
+    outs: list[int]
+    goto: bool
+    metadata: int | None
 
     @classmethod
     def parser(cls, buf: Any, offset: int) -> "FlowEntry":

@@ -241,7 +241,7 @@ class Replies:
             return
         self.roles.refused_as_slave(sw, msg)  # (a demotion gives the session a new send path)
         reason = f"switch error type={msg.type} code={msg.code}"
-        on_error = self.on_error.get(type(request))
+        on_error = None if request is None else self.on_error.get(type(request))
         if on_error is not None:
             on_error(sw, s, reason)
             return
