@@ -46,9 +46,9 @@ sys.path.insert(0, REPO)
 import switchlimit  # noqa: E402
 from ctfeed import address  # noqa: E402
 from experiments import Capture, Results, last_of_first_burst  # noqa: E402
-from nfshunt_testbed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
 
 from nfshunt.config import settings as nfconfig  # noqa: E402
+from nfshunt_testbed.bed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
-from nfshunt_testbed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
+from nfshunt_testbed.bed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
+from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 
 
 def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:

@@ -39,9 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from cyclicstream import FRAME_BYTES, CyclicStream, delay_stats  # noqa: E402
-from linkemu import DELAY_MECHANISMS, Emulation, stop_process  # noqa: E402
-from nfshunt_testbed import (  # noqa: E402
+from nfshunt_testbed.bed import (  # noqa: E402
     FAST1,
     FAST2,
     H1_IP,
@@ -54,6 +52,8 @@ from nfshunt_testbed import (  # noqa: E402
     TestbedError,
     machine_info,
 )
+from nfshunt_testbed.cyclicstream import FRAME_BYTES, CyclicStream, delay_stats  # noqa: E402
+from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation, stop_process  # noqa: E402
 
 MODES = ("direct", "nfshunt", "firewall")
 MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}

@@ -13,7 +13,7 @@ machine. Needs root and util-linux's unshare.
 
 What a second testbed still shares with the first: the CPU, the kernel's global settings
 (net.core.rmem_default can be set only from the first network namespace, so its switch
-ports keep the machine's value: testbed_machine.MachineSettings) and /tmp.
+ports keep the machine's value: nfshunt_testbed.machine.MachineSettings) and /tmp.
 """
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ if [ ! -e /usr/local/bin/nfshunt ] || [ -L /usr/local/bin/nfshunt ]; then
     ln -sfn "$VENV/bin/nfshunt" /usr/local/bin/nfshunt
 fi
 # The testbed's NFQUEUE delay program, for kernels without netem.
-"$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); import linkemu; linkemu.build_nfqdelay()'
+"$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); from nfshunt_testbed import linkemu; linkemu.build_nfqdelay()'
 # The jitter experiment's cyclic UDP stream (sender and receiver).
-"$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); import cyclicstream; cyclicstream.build_cyclic()'
+"$VENV/bin/python" -c 'import sys; sys.path.insert(0, "mininet"); from nfshunt_testbed import cyclicstream; cyclicstream.build_cyclic()'
 # Open vSwitch's daemons (no systemd needed; userspace datapath when the kernel has no module).
 if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
     /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true

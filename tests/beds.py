@@ -2,7 +2,7 @@
 
 A module describes the testbed it needs as a `Bed` (a module-level `TESTBED = Bed(...)` for the
 shared `tb` fixture in conftest.py); a test or fixture that needs one of its own, or several,
-builds it with `running(Bed(...))`. Either way the bed is built by mininet/nfshunt_testbed.py
+builds it with `running(Bed(...))`. Either way the bed is built by mininet/nfshunt_testbed/bed.py
 (the one place that builds nodes), its controller has the switch before the first test runs,
 the firewall is made as strict as asked, and everything is removed afterwards."""
 from __future__ import annotations
@@ -38,8 +38,8 @@ class Bed:
 def running(bed: Bed) -> Iterator[Any]:
     """The testbed `bed` describes, ready: the controller has the switch, the firewall is as
     strict as asked. Torn down on exit, also on failure or Ctrl-C."""
-    from linkemu import Emulation
-    from nfshunt_testbed import Testbed
+    from nfshunt_testbed.bed import Testbed
+    from nfshunt_testbed.linkemu import Emulation
     emulation = Emulation(mtu=bed.mtu) if bed.mtu is not None else None
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import IO
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Set in the side run: a testbed built there is a test that lacks its marker (testbed_machine).
+# Set in the side run: a testbed built there is a test that lacks its marker (nfshunt_testbed.machine).
 SIDE_ENV = "NFSHUNT_SIDE_RUN"
 BESIDE_NICENESS = 10
 STOP_GRACE = 60.0  # seconds an interrupted run gets to tear its testbed down

@@ -27,7 +27,7 @@ def server(tb, port, udp=False):
 
 
 def client(tb, port, seconds, udp=False, v6=False, **kw):
-    from nfshunt_testbed import H2_IP, H2_IP6
+    from nfshunt_testbed.bed import H2_IP, H2_IP6
     args = ["iperf3", "-c", H2_IP6 if v6 else H2_IP, "-p", str(port), "-t", str(seconds), "-J"]
     if udp:
         args += ["-u", "-b", "100M"]
@@ -170,7 +170,7 @@ def test_ipv6_tcp(tb):
 def test_resumed_connection_is_shunted_again(tb):
     """A connection idle past the shunt timeout comes back through the slow path as a new
     conntrack entry (loose pickup) and is shunted again."""
-    from nfshunt_testbed import H2_IP, PYTHON
+    from nfshunt_testbed.bed import H2_IP, PYTHON
     clean(tb, 5201)
     srv = tb.h2.popen([PYTHON, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     wait_listening(tb, tb.h2, 5201)

@@ -85,7 +85,7 @@ def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_
     # for a leftover of this one.
     import fcntl
 
-    from testbed_machine import LOCK_PATH
+    from nfshunt_testbed.machine import LOCK_PATH
     fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -102,7 +102,7 @@ def test_an_interrupted_experiment_tears_everything_down_and_keeps_its_data(tmp_
 def test_hop_counters_count_only_once_every_counter_stood_still():
     """A read during which one packet moved (an ARP probe) is not taken: the loss it would
     locate is negative at the hop the packet was half through."""
-    from nfshunt_testbed import Testbed
+    from nfshunt_testbed.bed import Testbed
     reads = iter([{"h1-eth0.tx": 5, "s1-eth1.rx": 5}, {"h1-eth0.tx": 5, "s1-eth1.rx": 6},
                   {"h1-eth0.tx": 6, "s1-eth1.rx": 6}, {"h1-eth0.tx": 6, "s1-eth1.rx": 6}])
 

@@ -97,12 +97,12 @@ def start_iperf(tb, port, seconds, interval=0.2, bitrate=None):
 
 
 def finish_iperf(srv, cli, timeout=40):
-    from nfshunt_testbed import Testbed
+    from nfshunt_testbed.bed import Testbed
     return Testbed.finish_transfer(srv, cli, timeout)
 
 
 def longest_stall(result, interval=0.2):
-    from nfshunt_testbed import Testbed
+    from nfshunt_testbed.bed import Testbed
     return Testbed.longest_stall(result, interval)
 
 
@@ -344,7 +344,7 @@ def _burst(tb, n, left_ok):
     """Create n marked UDP entries at once in fw and watch conntrack (asking the controller
     nothing) until at most `left_ok` of them are left or 45 s pass; then read the status.
     Returns (entries left, status)."""
-    from nfshunt_testbed import PYTHON
+    from nfshunt_testbed.bed import PYTHON
 
     def entries():
         return int(tb.run(tb.fw, "conntrack", "-C").strip())
@@ -482,7 +482,7 @@ def _sockets(tb, node, cports):
 @controller_config(default_shunt_timeout=60)  # only the teardown can remove it in time
 def test_fin_removes_the_shunt_promptly_and_the_close_completes_through_a_strict_firewall(fresh):
     tb = fresh
-    from nfshunt_testbed import STRICT_RULE as rule
+    from nfshunt_testbed.bed import STRICT_RULE as rule
     tb.strict_firewalls(loose_pickup=True)  # removed below: the module's other tests run without it
     srv = tb.conn_server(SHUNT)
     try:
@@ -520,7 +520,7 @@ def test_fin_removes_the_shunt_promptly_and_the_close_completes_through_a_strict
 # --- policy changes --------------------------------------------------------------------------
 
 def test_new_policy_re_evaluates_existing_shunts_within_2s(fresh, tmp_path):
-    from nfshunt_testbed import POLICY
+    from nfshunt_testbed.bed import POLICY
     tb = fresh
     # 4 s: the change and both checks take under 2 s.
     srv, cli = start_iperf(tb, SHUNT, 4)

@@ -61,7 +61,7 @@ def _has_conn_flow(tb, port):
 
 
 def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as_backup(integration_ready):
-    from nfshunt_testbed import STEADY_RATE, Service
+    from nfshunt_testbed.bed import STEADY_RATE, Service
     with _pair() as tb:
         fw, fw2 = _elected(tb)
         tb.strict_firewalls()
@@ -179,8 +179,8 @@ def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refus
 def _pair_state(tb, logged):
     """What a failed wait on the pair saw: who holds the VRRP address, the default flows,
     and each host's notify script and daemons since the services started."""
-    from testbed_observe import DEFAULT_COOKIE
-    from testbed_topology import VRRP_VIP
+    from nfshunt_testbed.observe import DEFAULT_COOKIE
+    from nfshunt_testbed.topology import VRRP_VIP
     lines = [f"default flows: {[f for f in tb.flows() if f.get('cookie') == DEFAULT_COOKIE]}"]
     for fw, start in zip(tb.firewalls, logged, strict=True):
         vip = VRRP_VIP + "/" in tb.run(tb.node(fw), "ip", "-4", "-o", "addr", "show", "dev", f"{fw.name}-eth3",
@@ -194,8 +194,8 @@ def test_the_pair_takes_the_switch_whatever_order_its_services_start_in(integrat
     """Both hosts boot (power cut: nothing resigns; the switch's table empty): their three
     services start all at once, or one after the other in each order. Within a few seconds
     of the last start, the host keepalived made master has the switch, the other none of it."""
-    from nfshunt_testbed import Service
-    from testbed_topology import TestbedError
+    from nfshunt_testbed.bed import Service
+    from nfshunt_testbed.topology import TestbedError
     took = {}
     with _pair() as tb:
         for order in [(), *itertools.permutations(Service)]:

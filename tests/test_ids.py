@@ -62,7 +62,7 @@ def api(tb, method, path, body=None):
 
 
 def connection(cport, dport):
-    from nfshunt_testbed import H1_IP, H2_IP
+    from nfshunt_testbed.bed import H1_IP, H2_IP
     return {"protocol": "tcp", "src": H1_IP, "sport": cport, "dst": H2_IP, "dport": dport}
 
 
@@ -117,7 +117,7 @@ def test_a_connection_the_policy_ignores_is_shunted_inside_may_shunt_and_refused
 
 def test_a_policy_shunted_transfer_is_blocked_by_an_ids_request(fresh):
     tb = fresh
-    from nfshunt_testbed import STEADY_RATE
+    from nfshunt_testbed.bed import STEADY_RATE
     # 4 s: the block is in place about 1 s in; the test waits for the transfer's end.
     srv, cli = tb.start_transfer(SHUNT, 4, cport=47101, bitrate=STEADY_RATE)
     try:
@@ -136,7 +136,7 @@ def test_a_policy_shunted_transfer_is_blocked_by_an_ids_request(fresh):
 
 def test_an_address_block_drops_a_hosts_traffic_in_the_switch_and_expires_on_time(fresh):
     tb = fresh
-    from nfshunt_testbed import H2_IP
+    from nfshunt_testbed.bed import H2_IP
     assert _reaches(tb, tb.h1, H2_IP)
     status, body = api(tb, "POST", "/v1/rules", {"id": "c1", "action": "block", "address": "10.0.0.1/32",
                                                  "expire": 3})
@@ -165,7 +165,7 @@ def test_rules_come_back_after_a_controller_restart(fresh):
     tb.wait_for(lambda: len(_address_flows(tb)) == 2, 10, "the address block back on the switch")
     ids = tb.wait_for(lambda: sorted(r["id"] for r in api(tb, "GET", "/v1/rules")[1]["rules"]), 10, "the rules")
     assert ids == ["d1", "d2"]
-    from nfshunt_testbed import H2_IP
+    from nfshunt_testbed.bed import H2_IP
     tb.wait_for(lambda: _reaches(tb, tb.h1, H2_IP), 10, "h1 to reach h2 through the switch again")
     srv, clients = _held(tb, IGNORE, 47301)  # the connection comes: the kept rule shunts it
     try:
@@ -176,7 +176,7 @@ def test_rules_come_back_after_a_controller_restart(fresh):
 
 def test_scipass_good_flow_shunts_with_scipass_own_body(fresh):
     tb = fresh
-    from nfshunt_testbed import H1_IP, H2_IP
+    from nfshunt_testbed.bed import H1_IP, H2_IP
     srv, clients = _held(tb, IGNORE, 47401)
     try:
         body = {"nw_src": f"{H1_IP}/32", "nw_dst": f"{H2_IP}/32", "tp_src": "47401", "tp_dst": str(IGNORE)}
@@ -196,7 +196,7 @@ def test_a_policy_change_judges_an_ids_shunt_again(fresh, tmp_path):
     """An IDS's shunt of a connection the new policy blocks becomes the policy's block
     (a block beats a shunt), judged again as the policy's own shunts are."""
     tb = fresh
-    from nfshunt_testbed import POLICY, PYTHON, STEADY_RATE
+    from nfshunt_testbed.bed import POLICY, PYTHON, STEADY_RATE
     blocking = tmp_path / "blocks-5203.rules"
     blocking.write_text(open(POLICY).read().replace("port 5202 ", f"port {IGNORE} "))
 

@@ -59,7 +59,8 @@ def test_delay_statistics_of_a_window():
     """Lost frames are the gaps in the window's sequence numbers; jitter is the larger
     distance of the minimum or maximum from the mean; late is over one cycle."""
     import numpy as np
-    from cyclicstream import RECORD, delay_stats
+
+    from nfshunt_testbed.cyclicstream import RECORD, delay_stats
     # seq, tx, rx: delays 10, 20, 30, 1040 µs; seq 3 lost; seq 0 and 6 outside the window.
     rec = np.array([(0, 0, 5_000, 6_000), (1, 1_000_000, 1_010_000, 1_020_000), (2, 2_000_000, 2_020_000, 2_030_000),
                     (4, 4_000_000, 4_030_000, 4_040_000), (5, 5_000_000, 6_040_000, 6_050_000),
@@ -73,7 +74,7 @@ def test_delay_statistics_of_a_window():
 
 
 def test_sender_report_names_what_it_lacks():
-    from cyclicstream import SenderReport
+    from nfshunt_testbed.cyclicstream import SenderReport
     line = ("sent=10 errors=0 wake_late_median_ns=5 wake_late_p999_ns=9 wake_late_max_ns=12 "
             "wake_late_over_cycle=0 clock_res_ns=1")
     assert SenderReport.parse(line).wake_late_max_ns == 12

@@ -5,7 +5,8 @@ import struct
 
 import pytest
 from experiments import describe, last_of_first_burst, ranksum, read_pcap
-from linkemu import Emulation, EmulationError, check_rtt, nfqueue_rules
+
+from nfshunt_testbed.linkemu import Emulation, EmulationError, check_rtt, nfqueue_rules
 
 
 @pytest.mark.parametrize("kwargs, word", [

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 def test_conntrack_marks_carry_ports_and_action(integration_ready):
-    from nfshunt_testbed import H1_IP, H2_IP
+    from nfshunt_testbed.bed import H1_IP, H2_IP
     with running(Bed(mode="firewall")) as tb:
         for server, client, dst, port in ((tb.h2, tb.h1, H2_IP, 5201), (tb.h1, tb.h2, H1_IP, 5203),
                                           (tb.h2, tb.h1, H2_IP, 5202)):

@@ -98,7 +98,7 @@ def test_metrics_bind_only_where_configured(tb):
 
 
 def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_and_block(tb):
-    from nfshunt_testbed import H2_IP
+    from nfshunt_testbed.bed import H2_IP
     srv = tb.iperf_server(SHUNT)
     cli = tb.spawn(tb.h1, "iperf3", "-c", H2_IP, "-p", str(SHUNT), "-t", "12", "-b", "200M", "--cport", "45010",
                    "-J", stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -52,7 +52,7 @@ def _teardown_packet_ins(tb):
 
 
 def test_a_fin_flood_is_rate_limited_by_the_switch_and_other_closes_still_work(tb):
-    from nfshunt_testbed import H1_IP, H2_IP, PYTHON
+    from nfshunt_testbed.bed import H1_IP, H2_IP, PYTHON
     srv = tb.conn_server(SHUNT)
     victim, _ = tb.open_conns(SHUNT, 1, cport_base=48001)
     other = _bulk(tb, 48002)

@@ -50,7 +50,7 @@ def test_a_killed_run_leaves_no_process(integration_ready):
 
 
 def test_a_node_whose_testbed_runs_in_another_namespace_is_not_a_leftover(integration_ready):
-    from testbed_machine import _parent_in_other_namespace
+    from nfshunt_testbed.machine import _parent_in_other_namespace
     root_ns = os.stat("/proc/self/ns/net").st_ino
     # A shell in a new network namespace whose child stays there: the child's parent is in
     # another namespace (a live testbed's node on a machine of its own); the shell's is ours.

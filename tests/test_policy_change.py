@@ -33,7 +33,7 @@ TESTBED = Bed(config={"default_shunt_timeout": 5}, strict=Strict.INVALID_DROPPED
 
 def _swapped_policy(tmp_path):
     """The example policy with 5201 and 5203 swapped: 5203 shunted, 5201 ignored."""
-    from nfshunt_testbed import POLICY
+    from nfshunt_testbed.bed import POLICY
     text = open(POLICY).read().replace("port 5201 ", "port 5999 ").replace("port 5203 ", "port 5201 ")
     text = text.replace("port 5999 ", "port 5203 ")
     path = tmp_path / "swapped.rules"
@@ -47,14 +47,14 @@ def _apply(tb, policy, *extra, check=True):
 
 
 def _nfshunt(tb):
-    from nfshunt_testbed import PYTHON
+    from nfshunt_testbed.bed import PYTHON
     return (PYTHON, "-m", "nfshunt")
 
 
 def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stall(tb, tmp_path):
-    from nfshunt_testbed import POLICY
+    from nfshunt_testbed.bed import POLICY
     assert "port 5203 " not in open(POLICY).read()  # 5203 falls through to the ignore rule
-    from nfshunt_testbed import STEADY_RATE
+    from nfshunt_testbed.bed import STEADY_RATE
     # 5 s: the change is over about 2 s in, leaving 3 s in which a stall over 1 s shows.
     s_srv, s_cli = start_iperf(tb, SHUNT, 5, bitrate=STEADY_RATE)
     i_srv, i_cli = start_iperf(tb, IGNORE, 5, bitrate=STEADY_RATE)
@@ -95,7 +95,7 @@ def test_apply_with_a_socket_a_dead_controller_left_clears_the_decisions_itself(
     decisions in conntrack itself) instead of failing and leaving old decisions in force."""
     import json
 
-    from nfshunt_testbed import POLICY
+    from nfshunt_testbed.bed import POLICY
     path = str(tmp_path / "stale.sock")
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(path)  # a socket file nobody listens on
@@ -128,7 +128,7 @@ def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(
         subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
         # Read from the log: a status request could wake a loop that failed to notice.
         tb.wait_for(lambda: "disconnected" in tb.controller_output()[mark:], 3, "the switch away")
-        from nfshunt_testbed import H1_IP, H2_IP
+        from nfshunt_testbed.bed import H1_IP, H2_IP
         reply = tb.control({"cmd": "block", "tuple": f"tcp {H1_IP}:46001 -> {H2_IP}:{SHUNT}"})
         assert reply.get("ok"), reply
         time.sleep(6)  # longer than a removal used to be remembered without a switch
@@ -164,7 +164,7 @@ except socket.timeout:
 def test_an_idle_tcp_connection_resumes_after_its_shunt_timed_out(tb):
     """Behind a firewall without loose pickup, the entry an idle shunt's removal brings back
     is what lets the connection go on (the policy then shunts it again)."""
-    from nfshunt_testbed import H2_IP, PYTHON
+    from nfshunt_testbed.bed import H2_IP, PYTHON
     srv = tb.conn_server(SHUNT)
     tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
     # A 2 s shunt timeout (the bed's is 5 s): the idle connection waits 4 s instead of 7,
@@ -214,7 +214,7 @@ def test_connections_that_close_while_their_shunts_go_in_leave_no_shunt_behind(t
     """Each sends, closes and is answered within a millisecond of its handshake, while its
     shunt goes in: the FINs cross the firewall. A shunt left behind would carry a later
     connection on its ports past the firewall until it idled out (5 s here)."""
-    from nfshunt_testbed import H2_IP, PYTHON
+    from nfshunt_testbed.bed import H2_IP, PYTHON
     srv = tb.conn_server(SHUNT)
     ports = range(47201, 47241)
     try:
@@ -267,7 +267,7 @@ def test_an_idle_connection_whose_shunt_timed_out_while_the_switch_was_away_resu
     installed again for a connection that may have ended): behind a strict firewall the
     connection resumes only because its entry came back. (`ovs-vsctl del-controller` would
     not do: Open vSwitch flushes its table when a bridge loses its last controller.)"""
-    from nfshunt_testbed import H1_IP, H2_IP, PYTHON
+    from nfshunt_testbed.bed import H1_IP, H2_IP, PYTHON
     srv = tb.conn_server(SHUNT)
     _restore_reconnect_backoff()  # the switch retries every 1 s once the link is back
     tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")

@@ -31,7 +31,7 @@ def _probe(tb):
 def _refused_while_the_controller_holds_the_port(tb):
     import subprocess
 
-    from nfshunt_testbed import PYTHON
+    from nfshunt_testbed.bed import PYTHON
     proc = tb.fw.popen([PYTHON, "-m", "nfshunt", "probe-switch", "--config", tb.config_path, "--wait", "1"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tb._env())
     out, _ = proc.communicate(timeout=30)

@@ -36,7 +36,7 @@ def _close(*procs: subprocess.Popen) -> None:
 
 
 def test_each_connection_is_shunted_on_the_switch_it_crossed(tb):
-    from nfshunt_testbed import H2_IP, H4_IP
+    from nfshunt_testbed.bed import H2_IP, H4_IP
     h3, h4 = tb.hosts[2], tb.hosts[3]
     servers = [tb.conn_server(SHUNT), tb.conn_server(SHUNT, node=h4)]
     procs = []
@@ -75,7 +75,7 @@ def test_each_connection_is_shunted_on_the_switch_it_crossed(tb):
 
 
 def test_a_switch_that_goes_away_leaves_the_other_ones_shunts_alone(tb):
-    from nfshunt_testbed import H2_IP, H4_IP
+    from nfshunt_testbed.bed import H2_IP, H4_IP
     h3, h4 = tb.hosts[2], tb.hosts[3]
     servers = [tb.conn_server(SHUNT), tb.conn_server(SHUNT, node=h4)]
     procs = []

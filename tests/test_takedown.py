@@ -51,7 +51,7 @@ def _shutdown(tb):
 
 def _evict(tb):
     """A block with the budget full pushes the newest shunt out."""
-    from nfshunt_testbed import H2_IP
+    from nfshunt_testbed.bed import H2_IP
     srv = tb.conn_server(BLOCK)
     try:
         tb.open_conns(BLOCK, 1)
@@ -91,7 +91,7 @@ def _entries_deleted(tb):
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
-    from nfshunt_testbed import STEADY_RATE
+    from nfshunt_testbed.bed import STEADY_RATE
     take_down, config = PATHS[path]
     if config:
         fresh.reconfigure(**BASE, **config)
@@ -123,7 +123,7 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
 
 
 def _swapped_policy(tmp_path):
-    from nfshunt_testbed import POLICY
+    from nfshunt_testbed.bed import POLICY
     text = open(POLICY).read().replace("port 5201 ", "port 5999 ")  # 5201 no longer shunted
     path = tmp_path / "no5201.rules"
     path.write_text(text)
@@ -131,7 +131,7 @@ def _swapped_policy(tmp_path):
 
 
 def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it_left(fresh, tmp_path):
-    from nfshunt_testbed import POLICY, PYTHON, STEADY_RATE
+    from nfshunt_testbed.bed import POLICY, PYTHON, STEADY_RATE
     fresh.reconfigure(**BASE, delete_flows_on_shutdown=False, delete_flows_on_startup=False)
     # A restart with the policy unchanged adopts the pair (hitless): the control case.
     srv, cli = start_iperf(fresh, SHUNT, 9, bitrate=STEADY_RATE)

@@ -29,7 +29,7 @@ def tb(request, integration_ready):
 
 
 def _bulk(tb, cport):
-    from nfshunt_testbed import H2_IP, HERE, PYTHON, REPO
+    from nfshunt_testbed.bed import H2_IP, HERE, PYTHON, REPO
     proc = tb.h1.popen([PYTHON, os.path.join(HERE, "conngen.py"), "bulk", H2_IP, str(SHUNT), "--cport", str(cport)],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        env=tb._env(), cwd=REPO)

@@ -18,7 +18,7 @@ def _transfer(tb, port, seconds=2):
 
 @pytest.mark.parametrize("mode", ["direct", "firewall", "nfshunt"])
 def test_each_mode_sends_the_packets_where_it_says(integration_ready, mode):
-    from nfshunt_testbed import SHUNT_PORT, Testbed
+    from nfshunt_testbed.bed import SHUNT_PORT, Testbed
     with Testbed(mode=mode) as tb:
         # A second is thousands of packets; the shunt's share is sampled while its flows
         # exist (see below), which needs the longer transfer.
@@ -45,7 +45,7 @@ def test_the_userspace_switch_ports_get_a_switch_like_buffer_and_the_machine_kee
     import re
     import subprocess
 
-    from nfshunt_testbed import RMEM_DEFAULT, SWITCH_RX_BUFFER, Testbed
+    from nfshunt_testbed.bed import RMEM_DEFAULT, SWITCH_RX_BUFFER, Testbed
     before = open(RMEM_DEFAULT).read()
     with Testbed(mode="direct") as tb:
         assert open(RMEM_DEFAULT).read() == before
@@ -63,7 +63,7 @@ def test_the_hosts_never_offload_whatever_the_machines_userspace_tso_setting(int
     where the userspace datapath carries real traffic) once made the testbed leave the
     hosts' TSO on, and five tests failed on packet sizes. The hosts offload only when a test
     asks (host_offload), and the machine's setting is put back on stop."""
-    from nfshunt_testbed import SHUNT_PORT, Testbed, userspace_tso_enabled, userspace_tso_setting
+    from nfshunt_testbed.bed import SHUNT_PORT, Testbed, userspace_tso_enabled, userspace_tso_setting
     before = userspace_tso_setting()
     with Testbed(mode="direct", userspace_tso=True) as tb:
         if tb.datapath != "netdev":
@@ -90,8 +90,8 @@ class _Namespace:
 
 @pytest.mark.parametrize("mechanism", ["nfqueue", "netem"])
 def test_emulated_rtt_matches_the_request(netns, mechanism):
-    from linkemu import Emulation, netem_available
-    from nfshunt_testbed import H1_IP, Testbed, TestbedError
+    from nfshunt_testbed.bed import H1_IP, Testbed, TestbedError
+    from nfshunt_testbed.linkemu import Emulation, netem_available
     emu = Emulation(rtt_ms=60, delay=mechanism)
     # (the kernel's netem, tried in a bare namespace: a testbed of its own took 2-3 s)
     if mechanism == "netem" and not netem_available(_Namespace(netns)):
@@ -110,14 +110,14 @@ def test_emulated_rtt_matches_the_request(netns, mechanism):
         summary = tb.iperf_summary(tb.iperf(5201, 2))
         assert 57 <= summary["mean_rtt_ms"] <= 80
         # And the other direction of measurement agrees.
-        from linkemu import measure_rtt
+        from nfshunt_testbed.linkemu import measure_rtt
         assert abs(measure_rtt(tb.run, tb.h2, H1_IP, count=4) - 60) <= 3
 
 
 def test_auto_delay_reports_the_mechanism_and_refuses_a_wrong_rtt(integration_ready, monkeypatch):
-    import testbed_topology
-    from linkemu import Emulation
-    from nfshunt_testbed import Testbed, TestbedError
+    from nfshunt_testbed import topology as testbed_topology
+    from nfshunt_testbed.bed import Testbed, TestbedError
+    from nfshunt_testbed.linkemu import Emulation
     with Testbed(mode="direct", emulation=Emulation(rtt_ms=40)) as tb:
         assert tb.delay_mechanism in ("netem", "nfqueue")
         assert abs(tb.rtt_measured - 40) <= 2

@@ -1,4 +1,4 @@
-"""A Ctrl-C during an Open vSwitch restart waits for the restart (testbed_machine
+"""A Ctrl-C during an Open vSwitch restart waits for the restart (nfshunt_testbed.machine
 Uninterruptible): the testbed's handler defers it, and it is raised when the restart ends."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 
 def test_a_signal_inside_the_stretch_is_raised_at_its_end_and_one_outside_at_once():
-    from nfshunt_testbed import Testbed
-    from testbed_machine import UNINTERRUPTIBLE
+    from nfshunt_testbed.bed import Testbed
+    from nfshunt_testbed.machine import UNINTERRUPTIBLE
     done = []
     with pytest.raises(KeyboardInterrupt, match="signal 2"):
         with UNINTERRUPTIBLE:
@@ -25,7 +25,7 @@ def test_a_signal_inside_the_stretch_is_raised_at_its_end_and_one_outside_at_onc
 
 
 def test_an_error_inside_the_stretch_is_not_replaced_by_the_deferred_signal():
-    from testbed_machine import UNINTERRUPTIBLE, TestbedError
+    from nfshunt_testbed.machine import UNINTERRUPTIBLE, TestbedError
     with pytest.raises(TestbedError):
         with UNINTERRUPTIBLE:
             assert UNINTERRUPTIBLE.defer(signal.SIGINT)

@@ -21,7 +21,7 @@ FORGED = 0x4E02000000001234
 
 @pytest.fixture(scope="module")
 def tb(integration_ready):
-    from nfshunt_testbed import MGMT_OTHER
+    from nfshunt_testbed.bed import MGMT_OTHER
     with running(Bed(config={"default_shunt_timeout": 3})) as bed:
         # A second host on the control network (the attacker's address).
         subprocess.run(["ip", "addr", "add", f"{MGMT_OTHER}/29", "dev", "nfsmgmt0"], check=True)
@@ -30,7 +30,7 @@ def tb(integration_ready):
 
 @pytest.fixture
 def fresh(tb):
-    from nfshunt_testbed import MGMT_FW, OF_PORT
+    from nfshunt_testbed.bed import MGMT_FW, OF_PORT
     yield tb
     target = f"tcp:{MGMT_FW}:{OF_PORT}"
     subprocess.run(["ovs-vsctl", "del-ssl"], check=False)
@@ -49,7 +49,7 @@ def _dpid():
 
 
 def _forged_pair():
-    from nfshunt_testbed import H1_IP, H2_IP
+    from nfshunt_testbed.bed import H1_IP, H2_IP
     return [forged_flow(FORGED, 1, 3, H1_IP, H2_IP, 40000, FORGED_PORT),
             forged_flow(FORGED | 1 << 32, 3, 1, H2_IP, H1_IP, FORGED_PORT, 40000)]
 
@@ -64,7 +64,7 @@ def _defaults(tb):
 
 
 def _peer(tb, dpid):
-    from nfshunt_testbed import MGMT_FW, MGMT_OTHER, OF_PORT
+    from nfshunt_testbed.bed import MGMT_FW, MGMT_OTHER, OF_PORT
     return ForgedSwitch((MGMT_FW, OF_PORT), dpid, _forged_pair(), source=MGMT_OTHER)
 
 
@@ -85,7 +85,7 @@ def test_a_second_peer_is_refused_while_the_switch_is_served(fresh):
 
 
 def test_switch_addresses_refuse_a_peer_before_its_handshake_and_datapath_id_pins(fresh):
-    from nfshunt_testbed import MGMT_ROOT
+    from nfshunt_testbed.bed import MGMT_ROOT
     tb = fresh
     tb.reconfigure(switch_addresses=[MGMT_ROOT], datapath_id=f"{_dpid():016x}")
     controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
@@ -130,7 +130,7 @@ def _cert(cwd, name, ca):
 
 
 def test_tls_verifies_the_switch_certificate(fresh, tmp_path):
-    from nfshunt_testbed import MGMT_FW, OF_PORT
+    from nfshunt_testbed.bed import MGMT_FW, OF_PORT
     tb = fresh
     d = str(tmp_path)
     _ca(d, "ca")
@@ -177,7 +177,7 @@ def test_a_peer_sending_garbage_is_counted_and_the_switch_stays_served(fresh):
     import socket
     import struct
 
-    from nfshunt_testbed import MGMT_FW, MGMT_OTHER, OF_PORT
+    from nfshunt_testbed.bed import MGMT_FW, MGMT_OTHER, OF_PORT
     before = tb_counter(fresh, "openflow_malformed")
     for _ in range(3):
         s = socket.create_connection((MGMT_FW, OF_PORT), timeout=5, source_address=(MGMT_OTHER, 0))

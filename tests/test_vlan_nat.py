@@ -25,7 +25,7 @@ def _packets(flows, in_port):
 
 
 def test_tagged_frames_with_a_shunted_tuple_are_not_forwarded_by_the_shunt(tb):
-    from nfshunt_testbed import H1_IP, H2_IP, PYTHON
+    from nfshunt_testbed.bed import H1_IP, H2_IP, PYTHON
     assert TAGGED != FLOOD
     srv = tb.conn_server(SHUNT)
     conns, _ = tb.open_conns(SHUNT, 1, cport_base=49001)
@@ -51,7 +51,7 @@ def test_tagged_frames_with_a_shunted_tuple_are_not_forwarded_by_the_shunt(tb):
 
 
 def test_a_nat_entry_is_not_shunted(tb):
-    from nfshunt_testbed import H1_IP, H2_IP
+    from nfshunt_testbed.bed import H1_IP, H2_IP
     mark = len(tb.controller_output())
     # A decided shunt mark on an entry whose reply does not mirror its original (DNAT to
     # 192.0.2.9): the switch cannot rewrite addresses, so it must stay on the firewall.

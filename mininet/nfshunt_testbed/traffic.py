@@ -8,9 +8,9 @@ import subprocess
 import time
 from typing import Any, Callable
 
-from testbed_topology import H2_IP, HERE, PYTHON, REPO, TestbedError, Topology
-
 from mininet.node import Host
+
+from .topology import H2_IP, HERE, PYTHON, REPO, TestbedError, Topology
 
 # Transfers whose stalls a test measures run paced: the userspace switch forwards on the CPU
 # the hosts and daemons share, and two unpaced transfers (about 300 Mbit/s each) lost 2-3 %

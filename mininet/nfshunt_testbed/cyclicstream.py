@@ -19,10 +19,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from linkemu import build_program, stop_process
-from nfshunt_testbed import TestbedError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from .bed import TestbedError
+from .linkemu import build_program, stop_process
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mininet/: cyclic.c
 CYCLIC_SRC = os.path.join(HERE, "cyclic.c")
 CYCLIC_BIN = os.path.join(os.path.dirname(HERE), "build", "cyclic")
 FRAME_BYTES = 512      # the paper's frame: Ethernet 14 + IPv4 20 + UDP 8 + 470 bytes of payload

@@ -9,8 +9,10 @@ import signal
 import subprocess
 from typing import Any
 
-from linkemu import stop_process
-from testbed_topology import (
+from mininet.node import RemoteController
+
+from .linkemu import stop_process
+from .topology import (
     FAST1,
     FAST2,
     HERE,
@@ -26,8 +28,6 @@ from testbed_topology import (
     TestbedError,
     Topology,
 )
-
-from mininet.node import RemoteController
 
 LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
 # A strict firewall: what conntrack calls INVALID is dropped (a packet of a connection it

@@ -31,7 +31,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mininet/: nfqdelay.c
 REPO = os.path.dirname(HERE)
 NFQDELAY_SRC = os.path.join(HERE, "nfqdelay.c")
 NFQDELAY_BIN = os.path.join(REPO, "build", "nfqdelay")

@@ -26,11 +26,11 @@ run), link rates and a rate- and buffer-limited slow path. Integration tests, th
 benchmarks all build their network here. Everything is removed by stop(), also after a
 failure, and on SIGTERM/SIGINT through the context manager.
 
-Testbed is one object; its jobs are in their own modules: testbed_topology (names, nodes,
-links, link emulation: the base the others read), testbed_controller (each firewall's
-config and plumbing, its controller process, the lag proxy), testbed_pair (conntrackd and
-keepalived beside the controller), testbed_observe (flows, hop counters, conntrack),
-testbed_traffic (iperf3, conngen) and testbed_machine (Open vSwitch, the testbed lock, the
+Testbed is one object; its jobs are in their own modules: topology (names, nodes,
+links, link emulation: the base the others read), controller (each firewall's
+config and plumbing, its controller process, the lag proxy), pair (conntrackd and
+keepalived beside the controller), observe (flows, hop counters, conntrack),
+traffic (iperf3, conngen) and machine (Open vSwitch, the testbed lock, the
 machine-wide settings a testbed changes and puts back). This module starts and stops them.
 """
 from __future__ import annotations
@@ -41,9 +41,11 @@ import signal
 import tempfile
 from typing import Any, Callable
 
-from linkemu import Emulation
-from testbed_controller import STRICT_RULE
-from testbed_machine import (
+from mininet.log import setLogLevel
+
+from .controller import STRICT_RULE
+from .linkemu import Emulation
+from .machine import (
     RMEM_DEFAULT,
     SWITCH_RX_BUFFER,
     UNINTERRUPTIBLE,
@@ -55,9 +57,9 @@ from testbed_machine import (
     userspace_tso_enabled,
     userspace_tso_setting,
 )
-from testbed_observe import Observation
-from testbed_pair import Pair, Service
-from testbed_topology import (
+from .observe import Observation
+from .pair import Pair, Service
+from .topology import (
     BLOCK_PORT,
     FAST1,
     FAST2,
@@ -85,9 +87,7 @@ from testbed_topology import (
     Firewall,
     TestbedError,
 )
-from testbed_traffic import STEADY_RATE, Traffic
-
-from mininet.log import setLogLevel
+from .traffic import STEADY_RATE, Traffic
 
 # The names tests, the demo, experiments and benchmarks import from here; the rest are in
 # their job's module.

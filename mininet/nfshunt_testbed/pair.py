@@ -12,10 +12,10 @@ import subprocess
 from datetime import datetime
 from typing import Sequence
 
-from linkemu import stop_process
-from testbed_controller import Controllers
-from testbed_machine import processes_in_netns
-from testbed_topology import REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
+from .controller import Controllers
+from .linkemu import stop_process
+from .machine import processes_in_netns
+from .topology import REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
 
 HA_CONFIG = os.path.join(REPO, "config", "ha")
 # The environment keepalived gives its notify scripts (and systemd its services).

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from testbed_topology import MGMT_IFS, NODE_NAMES, TestbedError
+from .topology import MGMT_IFS, NODE_NAMES, TestbedError
 
 # The testbed's names (s1, fw, nfsmgmt0 ...) are fixed: two testbeds on one machine would
 # tear each other down. start() holds this lock until stop(); a second one waits its turn.

@@ -1,8 +1,8 @@
 """The testbed's topology: its fixed names and addresses, the nodes and links, and what
 every other job of the testbed reads (a node, a command run in it, a wait).
 
-`Topology` is the base of the testbed's job classes (testbed_controller, testbed_pair,
-testbed_observe, testbed_traffic); nfshunt_testbed.Testbed combines them and holds the
+`Topology` is the base of the testbed's job classes (controller, pair,
+observe, traffic); bed.Testbed combines them and holds the
 state declared here. This is the only place that builds nodes and links.
 """
 from __future__ import annotations
@@ -14,7 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from linkemu import (
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch
+from mininet.topo import Topo
+
+from .linkemu import (
     Emulation,
     EmulationError,
     check_rtt,
@@ -28,11 +32,8 @@ from linkemu import (
     tune_host,
 )
 
-from mininet.net import Mininet
-from mininet.node import Host, OVSSwitch
-from mininet.topo import Topo
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+# mininet/: the programs the testbed runs as processes (oflag.py, conngen.py) and the C sources.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
 POLICY = os.path.join(REPO, "iptables", "policy-example.rules")
 PYTHON = sys.executable

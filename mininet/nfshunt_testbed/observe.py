@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any
 
-from testbed_topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, Firewall, Topology
-
 from mininet.node import Host
+
+from .topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, Firewall, Topology
 
 DEFAULT_COOKIE = "0x4e01000000000000"  # the controller's default flows (patching fast to slow ports)
 
