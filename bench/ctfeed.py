@@ -26,7 +26,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST  # noqa: E402
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK  # noqa: E402
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_NEW, NFCTAttrTuple, nfct_msg  # noqa: E402
 
-from nfshunt.kernel.conntrack import netlink_acks  # noqa: E402
+from nfshunt.kernel.codec import netlink_acks  # noqa: E402
 from nfshunt.records import markcodec  # noqa: E402
 
 NETLINK_NETFILTER = 12

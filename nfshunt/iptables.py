@@ -336,7 +336,7 @@ def reevaluate(cfg: Config) -> int:
 
 
 def _clear_without_controller(cfg: Config, why: str, reason: str) -> int:
-    from nfshunt.kernel.conntrack import clear_marks
+    from nfshunt.kernel.table import clear_marks
     try:
         cleared, failed = clear_marks(markcodec.DECISION_MASK)
     except OSError as exc:

@@ -16,7 +16,7 @@ from nfshunt.app.control import MAX_REQUEST, ControlServer, request
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import MAX_CONFIG_BYTES, TOP_LEVEL, ConfigError, from_dict, load
 from nfshunt.core.roles import Roles
-from nfshunt.kernel.conntrack import parse_datagram
+from nfshunt.kernel.codec import parse_datagram
 from tests.helpers import BASE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nfshunt.kernel import conntrack
+from nfshunt.kernel import listener as ctlistener
 
 
 class LossySocket:
@@ -36,8 +36,8 @@ class LossySocket:
 def lossy(monkeypatch):
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     ours.settimeout(0.05)
-    monkeypatch.setattr(conntrack.ConntrackListener, "_open", lambda self: LossySocket(ours))
-    monkeypatch.setattr(conntrack, "parse_datagram", lambda data, now, bad: [data])
+    monkeypatch.setattr(ctlistener.ConntrackListener, "_open", lambda self: LossySocket(ours))
+    monkeypatch.setattr(ctlistener, "parse_datagram", lambda data, now, bad: [data])
     yield theirs
     theirs.close()
 
@@ -57,14 +57,14 @@ def test_a_loss_is_reported_once_every_queued_event_has_been_read(lossy):
     for i in range(3):
         lossy.send(b"event %d" % i)
     log = []
-    listener = conntrack.ConntrackListener(1 << 20, log.extend, lambda: log.append("dump"), print)
+    listener = ctlistener.ConntrackListener(1 << 20, log.extend, lambda: log.append("dump"), print)
     got = run_until(listener, log, lambda: "dump" in log)
     assert got == [b"event 0", b"event 1", b"event 2", "dump"]
 
 
 def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_once_drained(lossy, monkeypatch):
-    monkeypatch.setattr(conntrack, "LOSS_REPORT_MAX", 0.05)
-    monkeypatch.setattr(conntrack, "COALESCE_MAX", 1)  # one event a read: the storm outlasts the limit
+    monkeypatch.setattr(ctlistener, "LOSS_REPORT_MAX", 0.05)
+    monkeypatch.setattr(ctlistener, "COALESCE_MAX", 1)  # one event a read: the storm outlasts the limit
     for i in range(20):
         lossy.send(b"event %d" % i)
     log = []
@@ -72,7 +72,7 @@ def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_o
     def slow(evs):  # reading the 20 queued events takes 0.2 s, four times LOSS_REPORT_MAX
         time.sleep(0.01)
         log.append(evs[0])
-    listener = conntrack.ConntrackListener(1 << 20, slow, lambda: log.append("dump"), print)
+    listener = ctlistener.ConntrackListener(1 << 20, slow, lambda: log.append("dump"), print)
     got = run_until(listener, log, lambda: len(log) >= 20 and log[-1] == "dump")
     dumps = [i for i, x in enumerate(got) if x == "dump"]
     assert len(dumps) >= 2
@@ -85,13 +85,13 @@ def test_events_queued_together_reach_the_event_loop_in_one_hand_over_and_a_lone
     not one a datagram; at low load a single event is not held back waiting for more."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     ours.settimeout(5)  # a read that waited for more would hold the lone event this long
-    monkeypatch.setattr(conntrack.ConntrackListener, "_open", lambda self: ours)
-    monkeypatch.setattr(conntrack, "parse_datagram", lambda data, now, bad: [data])
-    monkeypatch.setattr(conntrack, "COALESCE_MAX", 4)
+    monkeypatch.setattr(ctlistener.ConntrackListener, "_open", lambda self: ours)
+    monkeypatch.setattr(ctlistener, "parse_datagram", lambda data, now, bad: [data])
+    monkeypatch.setattr(ctlistener, "COALESCE_MAX", 4)
     for i in range(6):
         theirs.send(b"event %d" % i)
     calls = []
-    listener = conntrack.ConntrackListener(1 << 20, lambda evs: calls.append(list(evs)), print, print)
+    listener = ctlistener.ConntrackListener(1 << 20, lambda evs: calls.append(list(evs)), print, print)
     listener.start()
     try:
         deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""conntrack.lookup without a kernel: one socket per thread, kept across lookups and
+"""table.lookup without a kernel: one socket per thread, kept across lookups and
 dropped after an error; an answer is taken only if it carries its request's sequence
 number (a late answer to an earlier, timed-out request is never this one's)."""
 import errno
@@ -10,8 +10,8 @@ from collections import deque
 import pytest
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
-from nfshunt.kernel import conntrack
-from nfshunt.kernel.conntrack import AF, CTA_TUPLE_ORIG, NLMSG_ERROR, NLMSG_HDR, tuple_attr
+from nfshunt.kernel import table
+from nfshunt.kernel.codec import AF, CTA_TUPLE_ORIG, NLMSG_ERROR, NLMSG_HDR, tuple_attr
 from nfshunt.records.model import TCP, FlowTuple
 
 CLIENT = FlowTuple(4, TCP, "10.64.0.1", "10.65.0.1", 40000, 5201)
@@ -86,17 +86,17 @@ class Opened(list):
 @pytest.fixture
 def sockets(monkeypatch):
     opened = Opened()
-    monkeypatch.setattr(conntrack, "_lookup_socket", opened.open)
-    monkeypatch.setattr(conntrack, "_LOOKUPS", threading.local())
+    monkeypatch.setattr(table, "_lookup_socket", opened.open)
+    monkeypatch.setattr(table, "_LOOKUPS", threading.local())
     return opened
 
 
 def test_one_socket_a_thread_kept_across_lookups_with_its_own_sequence_numbers(sockets):
     for _ in range(3):
-        assert conntrack.lookup(CLIENT).ct_id == 7
+        assert table.lookup(CLIENT).ct_id == 7
     assert len(sockets) == 1 and [seq for seq, _t in sockets[0].asked] == [1, 2, 3]
     found = []
-    worker = threading.Thread(target=lambda: found.append(conntrack.lookup(CLIENT).ct_id))
+    worker = threading.Thread(target=lambda: found.append(table.lookup(CLIENT).ct_id))
     worker.start()
     worker.join()
     assert found == [7] and len(sockets) == 2 and sockets[1].asked == [(1, CLIENT)]
@@ -106,10 +106,10 @@ def test_one_socket_a_thread_kept_across_lookups_with_its_own_sequence_numbers(s
 
 
 def test_the_reply_direction_is_asked_when_the_original_has_no_entry(sockets):
-    got = conntrack.lookup(CLIENT.reversed())
+    got = table.lookup(CLIENT.reversed())
     assert got.ct_id == 7 and got.orig == CLIENT
     assert sockets[0].asked == [(1, CLIENT.reversed()), (2, CLIENT)]
-    assert conntrack.lookup(OTHER) is None
+    assert table.lookup(OTHER) is None
     assert sockets[0].asked[2:] == [(3, OTHER), (4, OTHER.reversed())] and len(sockets) == 1
 
 
@@ -117,34 +117,34 @@ def test_a_late_answer_to_an_earlier_request_is_never_taken_for_this_ones(socket
     # Before this request's answer: an earlier request's (another entry), in a datagram of
     # its own and in the same datagram.
     sockets.answer = lambda seq, t: [entry(OTHER, 9, seq - 1), entry(OTHER, 9, seq + 7) + entry(t, 7, seq)]
-    assert conntrack.lookup(CLIENT).ct_id == 7
+    assert table.lookup(CLIENT).ct_id == 7
     sockets.answer = lambda seq, t: [entry(OTHER, 9, seq - 1) + missing(seq)] if t == CLIENT else [entry(t, 8, seq)]
-    assert conntrack.lookup(CLIENT).ct_id == 8
+    assert table.lookup(CLIENT).ct_id == 8
 
 
 def test_a_timed_out_lookup_drops_its_socket_and_with_it_the_late_answer(sockets):
     sockets.answer = lambda seq, t: []  # the kernel does not answer in time
     with pytest.raises(TimeoutError):
-        conntrack.lookup(CLIENT)
+        table.lookup(CLIENT)
     late = sockets[0]
     assert late.closed
     late.inbox.append(entry(OTHER, 9, 1))  # its answer comes after all: on the dropped socket
     sockets.answer = lambda seq, t: [entry(t, 7, seq)]
-    assert conntrack.lookup(CLIENT).ct_id == 7
+    assert table.lookup(CLIENT).ct_id == 7
     assert len(sockets) == 2 and sockets[1].asked == [(1, CLIENT)]
 
 
 def test_only_late_answers_until_the_deadline_is_a_timeout(sockets, monkeypatch):
-    monkeypatch.setattr(conntrack, "LOOKUP_SECONDS", 0.0)
+    monkeypatch.setattr(table, "LOOKUP_SECONDS", 0.0)
     sockets.answer = lambda seq, t: [entry(OTHER, 9, seq - 1)] * 3
     with pytest.raises(TimeoutError):
-        conntrack.lookup(CLIENT)
+        table.lookup(CLIENT)
     assert sockets[0].closed and len(sockets[0].inbox) == 2  # one read, then the deadline
 
 
 def test_a_bad_answer_drops_the_socket(sockets):
     sockets.answer = lambda seq, t: [NLMSG_HDR.pack(4, NLMSG_ERROR, 0, seq, 0)]  # shorter than its header
     with pytest.raises(OSError):
-        conntrack.lookup(CLIENT)
+        table.lookup(CLIENT)
     sockets.answer = lambda seq, t: [entry(t, 7, seq)]
-    assert conntrack.lookup(CLIENT).ct_id == 7 and sockets[0].closed and len(sockets) == 2
+    assert table.lookup(CLIENT).ct_id == 7 and sockets[0].closed and len(sockets) == 2

@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r"""
 import json, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from nfshunt.kernel import conntrack
+from nfshunt.kernel import listener, table
 from nfshunt.records import markcodec
 
 def entry(sport, mark):
@@ -23,7 +23,7 @@ def entry(sport, mark):
                     "--dport", "53", "-t", "60", "--mark", str(mark)], check=True, capture_output=True)
 
 events = []
-listener = conntrack.ConntrackListener(1 << 20, events.extend, lambda: None, print)
+listener = listener.ConntrackListener(1 << 20, events.extend, lambda: None, print)
 listener.start()
 entry(1001, 0)                       # the host's own traffic: filtered in the kernel
 entry(1002, 0x0000BEEF)              # only the admin's bits: filtered
@@ -35,9 +35,9 @@ while time.monotonic() < deadline and len(events) < 2:
 time.sleep(0.3)  # a negative: the filtered entries' events would have come by now (asserted: seen)
 listener.stop()
 seen = sorted(e.orig.sport for e in events)
-dumped = sorted(e.orig.sport for e in conntrack.raw_dump(print, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)))
-cleared, failed = conntrack.clear_marks(markcodec.DECISION_MASK)
-marks = {e.orig.sport: e.mark for e in conntrack.dump_entries()}
+dumped = sorted(e.orig.sport for e in table.raw_dump(print, (markcodec.FLAG_INGRESS, markcodec.FLAG_INGRESS)))
+cleared, failed = table.clear_marks(markcodec.DECISION_MASK)
+marks = {e.orig.sport: e.mark for e in table.dump_entries()}
 print(json.dumps({"seen": seen, "dumped": dumped, "cleared": cleared, "failed": failed, "marks": marks}))
 """
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
-from nfshunt.kernel.conntrack import parse_datagram, parse_entry
+from nfshunt.kernel.codec import parse_datagram, parse_entry
 from nfshunt.records import model
 from nfshunt.records.model import EventKind, address_text
 
@@ -99,7 +99,7 @@ def test_several_messages_in_one_datagram_and_other_subsystems_skipped():
 @given(st.sampled_from([4, 6]), st.sampled_from([6, 17]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
        st.one_of(st.none(), st.integers(0, 2**32 - 1)))
 def test_hand_packed_delete_decodes_as_the_intended_request(family, proto, data, sport, dport, ct_id):
-    from nfshunt.kernel.conntrack import delete_message
+    from nfshunt.kernel.codec import delete_message
     from nfshunt.records.model import FlowTuple
     t = FlowTuple(family, proto, data.draw(ipv4 if family == 4 else ipv6), data.draw(ipv4 if family == 4 else ipv6),
                   sport, dport)
@@ -123,7 +123,7 @@ def test_hand_packed_delete_decodes_as_the_intended_request(family, proto, data,
 @given(st.sampled_from([4, 6]), st.data(), st.integers(0, 65535), st.integers(0, 65535), st.integers(0, 2**32 - 1))
 def test_hand_packed_liberal_update_equals_pyroute2s(family, data, sport, dport, ct_id):
     """The BE_LIBERAL update sent with every TCP shunt, against pyroute2's encoder."""
-    from nfshunt.kernel.conntrack import AF, IP_CT_TCP_FLAG_BE_LIBERAL, liberal_message
+    from nfshunt.kernel.codec import AF, IP_CT_TCP_FLAG_BE_LIBERAL, liberal_message
     from nfshunt.records.model import FlowTuple
     addr = ipv4 if family == 4 else ipv6
     t = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
@@ -159,7 +159,7 @@ def test_hand_packed_liberal_update_equals_pyroute2s(family, data, sport, dport,
        st.integers(0, 2**32 - 1))
 def test_hand_packed_timeout_update_equals_pyroute2s(family, data, sport, dport, ct_id, timeout):
     """The shorter life given to an entry left tracking a split close, against pyroute2's encoder."""
-    from nfshunt.kernel.conntrack import AF, timeout_message
+    from nfshunt.kernel.codec import AF, timeout_message
     from nfshunt.records.model import FlowTuple
     addr = ipv4 if family == 4 else ipv6
     t = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
@@ -187,7 +187,7 @@ def test_hand_packed_timeout_update_equals_pyroute2s(family, data, sport, dport,
 
 def pyroute2_restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, seq):
     """The re-creation as the worker encoded it with pyroute2 before it was packed by hand."""
-    from nfshunt.kernel.conntrack import AF, IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_CLOSE_INIT
+    from nfshunt.kernel.codec import AF, IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_CLOSE_INIT
     liberal = (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)
     closer = (IP_CT_TCP_FLAG_BE_LIBERAL | IP_CT_TCP_FLAG_CLOSE_INIT,) * 2
     o, r = orig, reply
@@ -219,7 +219,7 @@ def test_hand_packed_restore_is_byte_for_byte_pyroute2s(family, data, sport, dpo
     """The re-creation of an entry at a TCP shunt's hand-back (every TCP state, either side
     closing, any mark, timeout and sequence number, NAT'd or mirrored reply), against the
     pyroute2 encoding it replaced."""
-    from nfshunt.kernel.conntrack import restore_message
+    from nfshunt.kernel.codec import restore_message
     from nfshunt.records.model import FlowTuple
     addr = ipv4 if family == 4 else ipv6
     orig = FlowTuple(family, 6, data.draw(addr), data.draw(addr), sport, dport)
@@ -234,7 +234,7 @@ def test_hand_packed_restore_is_byte_for_byte_pyroute2s(family, data, sport, dpo
 @pytest.mark.parametrize("state", [3, 4, 5, 6, 7, 8])  # ESTABLISHED and the closing states a hand-back restores
 @pytest.mark.parametrize("closer_is_reply", [False, True])
 def test_hand_packed_restore_of_the_hand_backs_states_is_pyroute2s(family, src, dst, state, closer_is_reply):
-    from nfshunt.kernel.conntrack import restore_message
+    from nfshunt.kernel.codec import restore_message
     from nfshunt.records.model import FlowTuple
     orig = FlowTuple(family, 6, src, dst, 40000, 5201)
     for timeout, mark in ((0, 0), (120, 0x71210000), (432000, 0xFFFFFFFF)):

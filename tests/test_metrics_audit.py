@@ -120,7 +120,7 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
 
 
 def test_the_worker_runs_what_was_queued_before_it_stops():
-    from nfshunt.kernel.conntrack import ConntrackWorker
+    from nfshunt.kernel.worker import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
     done = []
     worker._send_batch = lambda batch: done.extend(type(item).__name__ for item in batch)  # no kernel needed
@@ -132,7 +132,7 @@ def test_the_worker_runs_what_was_queued_before_it_stops():
 
 
 def test_requests_of_one_turn_reach_the_worker_as_one_hand_over_in_writes_of_at_most_batch():
-    from nfshunt.kernel.conntrack import ConntrackWorker
+    from nfshunt.kernel.worker import ConntrackWorker
     worker = ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None, batch=100)
     writes = []
     worker._send_batch = lambda batch: writes.append([item.ct_id for item in batch])  # no kernel needed
@@ -155,7 +155,8 @@ def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_written_as_a_
 
     from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
 
-    from nfshunt.kernel.conntrack import IPCTNL_MSG_CT_NEW, NLM_F_CREATE, ConntrackWorker, Restore
+    from nfshunt.kernel.codec import IPCTNL_MSG_CT_NEW, NLM_F_CREATE
+    from nfshunt.kernel.worker import ConntrackWorker, Restore
     from nfshunt.records.model import TCP, FlowTuple
 
     class Unanswered:  # the kernel takes the write and never acknowledges it

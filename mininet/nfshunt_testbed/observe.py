@@ -143,7 +143,7 @@ class Observation(Topology):
         """A firewall's conntrack table, read over netlink inside its node."""
         out = self.run(self.node(fw or self.firewalls[0]), PYTHON, "-c",
                        "import json,sys; sys.path.insert(0, sys.argv[1]);"
-                       "from nfshunt.kernel.conntrack import dump_entries;"
+                       "from nfshunt.kernel.table import dump_entries;"
                        "print(json.dumps([dict(id=e.ct_id, mark=e.mark, state=e.tcp_state, proto=e.orig.proto,"
                        " src=e.orig.src, dst=e.orig.dst, sport=e.orig.sport, dport=e.orig.dport)"
                        " for e in dump_entries()]))", REPO)

@@ -23,7 +23,7 @@ from nfshunt.core.connection import Action
 from nfshunt.core.policy_state import PolicyWatch
 from nfshunt.core.roles import Change
 from nfshunt.ids.backend import IdsBackend
-from nfshunt.kernel.conntrack import ConntrackWorker
+from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import conn_fields
 from nfshunt.observe.metrics import Counters
 from nfshunt.records import markcodec

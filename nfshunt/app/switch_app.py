@@ -25,8 +25,9 @@ from nfshunt.core.roles import Change
 from nfshunt.ids.backend import IdsBackend
 from nfshunt.ids.loop import EventIds
 from nfshunt.ids.process import ApiProcess
-from nfshunt.kernel import conntrack
-from nfshunt.kernel.conntrack import ConntrackListener, ConntrackWorker
+from nfshunt.kernel import table
+from nfshunt.kernel.listener import ConntrackListener
+from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes, audit_logger
 from nfshunt.observe.collector import FullCollections
 from nfshunt.observe.logs import BatchedFileHandler, flush_all
@@ -91,7 +92,7 @@ class NFShuntApp(app_manager.OSKenApp):
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
         self.run = self.dispatcher.run
         if self.cfg.ids is not None:
-            self.ids = IdsBackend(self.cfg.ids, self, self.counters, self.audit, conntrack.lookup)
+            self.ids = IdsBackend(self.cfg.ids, self, self.counters, self.audit, table.lookup)
             self.dispatcher.outcomes.watch = self.ids
             self.ids.load()
             self.ids_api = ApiProcess(self.cfg.ids, self.ids, self.ids.submit_async,

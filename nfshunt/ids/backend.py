@@ -20,7 +20,7 @@ at 60,000 rules a write is ~50 ms) and at stop, loaded at start. A rule's view (
 counters) is ids_view's; its counters and audit ids_log's.
 
 The connection's live conntrack entry (what the policy decided) is read in the API's process
-(conntrack.lookup: one netlink request), never on the event loop; read again here, off the
+(kernel/table.lookup: one netlink request), never on the event loop; read again here, off the
 loop, for an add that found none.
 """
 from __future__ import annotations

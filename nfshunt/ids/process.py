@@ -231,8 +231,8 @@ def child_main(argv: list[str]) -> int:
     root.handlers[:] = [_Forward(channel)]
     root.setLevel(logging.WARNING)
     logging.getLogger("nfshunt").setLevel(setup.log_level)
-    from nfshunt.kernel import conntrack
-    backend = RemoteBackend(channel, conntrack.lookup, setup.cfg.answer_timeout)
+    from nfshunt.kernel import table
+    backend = RemoteBackend(channel, table.lookup, setup.cfg.answer_timeout)
     try:
         api = IdsApi(setup.cfg, backend, count=backend.count, request_seconds=setup.request_seconds,
                      listening=listening)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from nfshunt.core import commands as c
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
-from nfshunt.kernel.conntrack import ConntrackWorker
+from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.openflow.flows import ALL_ONES_64
 from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize

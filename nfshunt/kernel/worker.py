@@ -1,0 +1,284 @@
+"""ConntrackWorker: a thread that deletes, updates and re-creates entries (batched,
+acknowledged) and dumps the table, so that none of it ever blocks the OpenFlow event loop.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from nfshunt.records.model import ConnEvent, FlowTuple
+
+from .codec import (
+    CROSSED_PLUMBING,
+    NETLINK_NETFILTER,
+    delete_message,
+    liberal_message,
+    netlink_acks,
+    restore_message,
+    timeout_message,
+)
+from .table import clear_marks, raw_dump
+
+LOG = logging.getLogger("nfshunt.conntrack")
+
+
+# The worker's requests. Deletes, liberal marks and restores go in lists (a turn's worth
+# in one netlink write); a clear, a callback, a dump and the stop (None) go on their own.
+@dataclass(frozen=True, slots=True)
+class Delete:
+    family: int
+    orig: FlowTuple
+    ct_id: int | None  # with an id the kernel deletes only that entry
+
+
+@dataclass(frozen=True, slots=True)
+class Liberal:
+    family: int
+    orig: FlowTuple
+    ct_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    family: int
+    orig: FlowTuple
+    ct_id: int
+    timeout: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    family: int
+    orig: FlowTuple
+    reply: FlowTuple
+    tcp_state: int
+    timeout: int
+    closer_is_reply: bool
+    mark: int
+    done: Callable[[], None]  # runs after the kernel answered, whatever it answered
+
+
+@dataclass(frozen=True, slots=True)
+class ClearMarks:
+    mask: int
+    done: Callable[[int, int, str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    callback: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    pass
+
+
+Request = Delete | Liberal | Expire | Restore  # batched: one netlink message each
+_DUMP = Dump()
+
+
+class ConntrackWorker:
+    """Deletes and dumps on a thread of their own; results come back through callbacks."""
+
+    def __init__(self, on_dump: Callable[[list[ConnEvent]], None],
+                 on_malformed: Callable[[str], None], batch: int = 256):
+        self.on_dump = on_dump
+        self.on_malformed = on_malformed
+        self.batch = batch
+        self.q: queue.Queue = queue.Queue()  # lists of requests; dump, clear and stop on their own
+        self._local = threading.local()
+        self._seq = 0
+        self.deleted = 0
+        self.delete_missing = 0
+        self.restored = 0
+        self._dump_lock = threading.Lock()
+        self._dump_queued = False
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.bind((0, 0))
+        self.sock.settimeout(2.0)
+        self._thread = threading.Thread(target=self._run, name="conntrack-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.q.put(None)
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+    def _put(self, item: Request) -> None:
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.append(item)
+        else:
+            self.q.put([item])
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Deletes, liberal marks and restores asked for on this thread inside go to the
+        worker together when it ends: one wake-up and one netlink write for an event-loop
+        turn's worth, not one a shunt (each wake-up took the GIL from the event loop)."""
+        if getattr(self._local, "held", None) is not None:  # nested: the outer one hands over
+            yield
+            return
+        held: list[Request] = []
+        self._local.held = held
+        try:
+            yield
+        finally:
+            self._local.held = None
+            if held:
+                self.q.put(held)
+
+    def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
+        self._put(Delete(family, orig, ct_id))
+
+    def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
+                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
+        """Create a TCP entry in the given state (see core: teardown, re-evaluation, idle
+        shunts), or bring the entry that exists to it (one kept until the slow path drained,
+        or one a straggler re-created); `done` runs after the kernel answered, whatever it
+        answered."""
+        self._put(Restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
+
+    def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+        """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
+        applies a pair's flows one direction at a time, the firewall sees acknowledgements
+        of data that took the fast path, which it would otherwise call INVALID."""
+        self._put(Liberal(family, orig, ct_id))
+
+    def expire(self, family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
+        """Give an existing entry `timeout` seconds (its traffic renews it as usual)."""
+        self._put(Expire(family, orig, ct_id, timeout))
+
+    def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
+        """Clear the `mask` bits of every entry that has any of them; `done(cleared,
+        failed, error)` runs on this thread once the kernel has answered."""
+        self.q.put(ClearMarks(mask, done))
+
+    def after(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on this thread once every request queued before it is answered."""
+        self.q.put(Call(callback))
+
+    def dump(self) -> None:
+        """Ask for a dump; requests made while one is already queued share it (a burst of
+        lost events must not queue a dump per loss, ahead of the deletes)."""
+        with self._dump_lock:
+            if self._dump_queued:
+                return
+            self._dump_queued = True
+        self.q.put(_DUMP)
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            match item:
+                case list():  # deletes, liberal marks and restores
+                    self._requests(item)
+                case Dump():
+                    with self._dump_lock:
+                        self._dump_queued = False  # losses from now on need a dump of their own
+                    self._dump()
+                case Call(callback):
+                    callback()
+                case ClearMarks(mask, done):
+                    try:
+                        cleared, failed = clear_marks(mask, self.on_malformed)
+                    except OSError as exc:
+                        done(0, 0, str(exc))
+                    else:
+                        done(cleared, failed, None)
+
+    def _requests(self, batch: list[Request]) -> None:
+        """Requests queued together, and those queued meanwhile, in netlink writes of at
+        most `batch` messages (their acknowledgements must fit the socket's buffer)."""
+        while len(batch) < self.batch:
+            try:
+                nxt = self.q.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(nxt, list):
+                self.q.put(nxt)  # a dump, a clear or the stop: after this batch
+                break
+            batch.extend(nxt)
+        for at in range(0, len(batch), self.batch):
+            part = batch[at:at + self.batch]
+            try:
+                self._send_batch(part)
+            except OSError as exc:
+                LOG.error("conntrack update failed: %s", exc)
+            for item in part:
+                if isinstance(item, Restore):
+                    try:
+                        item.done()
+                    except Exception:
+                        LOG.exception("restore callback failed")
+
+    def _send_batch(self, batch: list[Request]) -> None:
+        out = bytearray()
+        pending: dict[int, Request] = {}
+        for item in batch:
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            if isinstance(item, Delete):
+                out += delete_message(item.family, item.orig, item.ct_id, self._seq)
+            elif isinstance(item, Liberal):
+                out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
+            elif isinstance(item, Expire):
+                out += timeout_message(item.family, item.orig, item.ct_id, item.timeout, self._seq)
+            else:
+                out += restore_message(item.family, item.orig, item.reply, item.tcp_state, item.timeout,
+                                       item.closer_is_reply, item.mark, self._seq)
+            pending[self._seq] = item
+        self.sock.send(bytes(out))
+        deadline = time.monotonic() + 2.0
+        while pending and time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                break
+            for seq, code in netlink_acks(data):
+                if seq in pending:
+                    self._account(pending.pop(seq), -code)
+        if pending:
+            LOG.warning("%d conntrack requests unacknowledged", len(pending))
+
+    def _account(self, item: Request, err: int) -> None:
+        if isinstance(item, Delete):
+            if err == 0:
+                self.deleted += 1
+                if LOG.isEnabledFor(logging.DEBUG):  # benchmarks time the deletion from this
+                    t = item.orig
+                    LOG.debug("conntrack entry %s deleted", t, extra={"fields": {
+                        "event": "ct_deleted", "ct_id": item.ct_id, "src": t.src, "sport": t.sport, "dport": t.dport}})
+            elif err == errno.ENOENT:
+                self.delete_missing += 1  # already gone: nothing to free
+            else:
+                LOG.warning("conntrack delete refused: %s", errno.errorcode.get(err, err))
+        elif isinstance(item, Liberal):
+            if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
+                LOG.warning("conntrack entry %s not made liberal: %s", item.orig, errno.errorcode.get(err, err))
+        elif isinstance(item, Expire):
+            if err not in (0, errno.ENOENT):  # ENOENT: gone already
+                LOG.warning("conntrack entry %s kept its timeout: %s", item.orig, errno.errorcode.get(err, err))
+        elif err == 0:
+            self.restored += 1
+        else:
+            LOG.warning("conntrack entry for a teardown not created: %s", errno.errorcode.get(err, err))
+
+    def _dump(self) -> None:
+        try:  # only entries that crossed the plumbing matter to the core
+            events = raw_dump(self.on_malformed, CROSSED_PLUMBING)
+        except OSError as exc:
+            LOG.error("conntrack dump failed: %s", exc)
+            return
+        self.on_dump(events)
