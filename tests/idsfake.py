@@ -8,7 +8,8 @@ import threading
 import time
 
 from nfshunt.config.settings import IdsConfig, MayShunt
-from nfshunt.ids.api import IdsApi, Outcome, Reject, Result, RuleView, State
+from nfshunt.ids.api import IdsApi
+from nfshunt.ids.calls import Outcome, Reject, Result, RuleView, State
 from nfshunt.ids.rules import Decision, precedence
 from nfshunt.ids.store import Added, Counts, Store
 

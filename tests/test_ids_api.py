@@ -14,7 +14,8 @@ import time
 import pytest
 
 from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
-from nfshunt.ids.api import IdsApi, Reject
+from nfshunt.ids.api import IdsApi
+from nfshunt.ids.calls import Reject
 from nfshunt.records.model import TCP, Action, FlowTuple
 from tests.idsfake import CONN, OTHER, TOKEN, FakeBackend, call, make_api, write_tokens
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
-from nfshunt.ids.api import Reject
 from nfshunt.ids.backend import Submitted
+from nfshunt.ids.calls import Reject
 from nfshunt.ids.process import MAX_FRAME, ApiProcess, Channel
 from tests.idsfake import CONN, TOKEN, FakeBackend, call, write_tokens
 

@@ -1,4 +1,4 @@
-"""The IDS API's backend (ids_api.RuleBackend): an IDS's rules judged and acted on.
+"""The IDS API's backend (ids/calls.RuleBackend): an IDS's rules judged and acted on.
 
 Every call is handed to the event loop (ids_loop); an add is answered from there the moment
 the switch confirms it (`submit_async`: the API's process, ids_process), the other calls
@@ -36,7 +36,7 @@ from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.records import markcodec
 from nfshunt.records.model import OFP10, Action, ConnEvent, FlowTuple
 
-from .api import Outcome, Reject, Result, RuleView
+from .calls import Outcome, Reject, Result, RuleView
 from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
 from .loop import Answer, Host, LoopCalls

@@ -19,7 +19,7 @@ from nfshunt.core import commands as c
 from nfshunt.records.model import ConnEvent
 from nfshunt.switch.switch import Switch
 
-from .api import Outcome, RuleView
+from .calls import Outcome, RuleView
 
 QUEUED = 32  # IDS calls in the event loop's queue at most
 

@@ -43,7 +43,8 @@ from typing import Any, Callable, Protocol
 from nfshunt.config.settings import IdsConfig
 from nfshunt.records.model import ConnEvent, FlowTuple
 
-from .api import REQUEST_SECONDS, IdsApi, Outcome, Reject, RuleBackend, RuleView, listen
+from .api import REQUEST_SECONDS, IdsApi, listen
+from .calls import Outcome, Reject, RuleBackend, RuleView
 from .rules import Kind, Network, Rule
 
 LOG = logging.getLogger("nfshunt")

@@ -40,7 +40,7 @@ LABELLED = {
                      ("change", "reason")),
     "address_blocks": ("nfshunt_address_block_flow_changes", "IDS address-block flows written or deleted, by "
                        "what and why", ("change", "reason")),
-    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids_api.Reject; a precedence "
+    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids/calls.Reject; a precedence "
                     "refusal by the rule that refused it, as refused:<rule>)", ("reason",)),
     "ids_rules": ("nfshunt_ids_rule_changes", "IDS rules added, found existing, ended, by outcome and kind",
                   ("outcome", "kind")),
