@@ -3,6 +3,7 @@ to packets, and what each add is answered. The core, flow builder and dispatcher
 test_fake_core's Rig wires them; the event loop is the test's own thread."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -60,7 +61,8 @@ class Clock:
         return self.rig.now
 
 
-def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, **kw: Any):
+def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, ports: tuple[tuple[int, int], ...] = (),
+          **kw: Any):
     rig = rig or Rig()
     entries: dict[FlowTuple, Any] = {}
     audit = logging.getLogger("nfshunt.test-ids-audit")
@@ -69,7 +71,7 @@ def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, **k
     audit.propagate = False
     records: list[dict[str, Any]] = []
     audit.addHandler(_Collect(records))
-    cfg = IdsConfig(may_shunt=MayShunt(prefixes=tuple(ipaddress.ip_network(p) for p in may_shunt)),
+    cfg = IdsConfig(may_shunt=MayShunt(prefixes=tuple(ipaddress.ip_network(p) for p in may_shunt), ports=ports),
                     state_file=str(tmp_path / "ids.json") if tmp_path is not None else "", **kw)
     clock = Clock(rig)
     backend = IdsBackend(cfg, Host(rig), rig.counters, audit,
@@ -131,6 +133,47 @@ def test_a_shunt_of_a_connection_not_seen_yet_is_pending_and_applied_when_its_en
     assert out.result is Result.ADDED and "conntrack entry" in out.pending
     conn = rig.event(action=0)  # the policy accepts it, leaves it alone: the IDS's pin shunts it
     assert conn.action is Action.SHUNT and fast(rig, conn)
+
+
+def reversed_entry(action: int = 0) -> Any:
+    """ORIG's connection opened the other way round: 10.0.0.2:5201 -> 10.0.0.1:40000 (the
+    server 10.0.0.1:40000)."""
+    ev = event(action=action)
+    return dataclasses.replace(ev, orig=ev.reply, reply=ev.orig)
+
+
+def test_a_shunt_is_judged_on_its_entrys_server_whichever_way_it_is_named():
+    """Issue 36, 3: with may_shunt 10.0.0.2 port 5201, the connection 10.0.0.2:5201 ->
+    10.0.0.1:40000 (its server 10.0.0.1:40000) is outside however a rule names it; the
+    other way round (its server 10.0.0.2:5201) it is inside, named either way."""
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    entries[ORIG] = reversed_entry()
+    for named in (ORIG, ORIG.reversed()):
+        out = backend.submit(rule(rig, rule_id=str(named.sport), connection=named), 1.0)
+        assert (out.error, out.refusal) == (Reject.REFUSED, Refusal.OUTSIDE_MAY_SHUNT), named
+        assert "10.0.0.1:40000" in out.reason
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    entries[ORIG] = event(action=0)
+    out = backend.submit(rule(rig, connection=ORIG.reversed()), 1.0)  # named from the server's side
+    assert (out.result, out.pending) == (Result.ADDED, None)
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+    assert backend.store.get("ids:zeek", "1").server == ("10.0.0.2", 5201)
+
+
+def test_a_shunt_judged_before_its_entry_applies_only_to_a_connection_to_the_server_it_named():
+    """A rule of a connection not seen yet is judged on its dst and dport as the server
+    (inside), kept pending; the connection that comes goes the other way round (its server
+    the rule's src): its pin does not apply, and that is counted."""
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    out = backend.submit(rule(rig), 1.0)  # 10.0.0.1:40000 -> 10.0.0.2:5201, not seen yet
+    assert out.result is Result.ADDED and out.pending
+    ev = dataclasses.replace(reversed_entry(), received=rig.now)
+    rig.run(rig.core.conntrack_event(ev))
+    assert rig.core.find(tuple_=ORIG) is None
+    assert rig.counters.flat()["ignored:ids shunt: not the server it was judged on"] == 1
+    conn = rig.event(action=0, ct_id=8)  # the connection as judged, later: shunted
+    assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
 
 
 def test_a_connection_whose_events_went_by_between_the_look_and_the_pin_is_shunted_all_the_same():

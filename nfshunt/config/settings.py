@@ -83,9 +83,10 @@ class IdsTLS:
 
 @dataclass(frozen=True)
 class MayShunt:
-    """Which connections an IDS may shunt (`ids.may_shunt`): one with an endpoint inside
-    one of the prefixes and, when ports are listed, a port inside one of the port ranges.
-    Empty (the default): none."""
+    """Which connections an IDS may shunt (`ids.may_shunt`): one whose server (the end it
+    was opened to: its conntrack entry's original destination) is inside one of the
+    prefixes and, when ports are listed, listens on a port inside one of the port ranges
+    (ids/rules.serves). Empty (the default): none."""
     prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     ports: tuple[tuple[int, int], ...] = ()  # inclusive ranges; empty: any port
 

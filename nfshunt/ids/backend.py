@@ -25,6 +25,7 @@ loop, for an add that found none.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,7 +41,7 @@ from .calls import Outcome, Reject, Result, RuleView
 from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
 from .loop import Answer, Host, LoopCalls
-from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence
+from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence, server_of
 from .store import Added, Store, write
 from .view import ended_view, read_counters, view
 
@@ -204,7 +205,7 @@ class IdsBackend:
         if rule.connection is None:
             return self.store.situation(rule)
         orig = rule.connection
-        pin = policy = None
+        pin = policy = server = None
         accepted = True
         for sw in self.host.switches:
             p = sw.core.pins.get(orig)
@@ -213,6 +214,9 @@ class IdsBackend:
             conn = sw.core.find(tuple_=orig)
             if conn is not None and policy is None:
                 policy = self._policy(conn.mark) or conn.action
+                server = server_of(conn.orig)
+        if entry is not None and server is None:
+            server = server_of(entry.orig)
         if policy is None and entry is not None:
             policy = self._policy(entry.mark)
             # An entry whose mark is not complete is still being judged (its first packets
@@ -221,7 +225,7 @@ class IdsBackend:
             # one decided with an action the config does not know never will be shunted.
             if policy is None and (entry.mark & markcodec.NFSHUNT_BITS == 0 or markcodec.decode(entry.mark).complete):
                 policy, accepted = Action.IGNORE, False
-        return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted)
+        return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted, server=server)
 
     def _policy(self, mark: int) -> Action | None:
         m = markcodec.decode(mark)
@@ -246,6 +250,8 @@ class IdsBackend:
             self.log.counters.add("ids_refused", f"refused:{verdict.refusal}")
             self._refuse(ans, rule, Reject.REFUSED, verdict.reason, verdict.refusal)
             return
+        if verdict.server is not None:
+            rule = dataclasses.replace(rule, server=verdict.server)  # its pin applies to entries going there
         if self.store.add(rule) is Added.FULL:
             self._refuse(ans, rule, Reject.FULL, f"full: ids.max_rules ({self.cfg.max_rules}) rules are active")
             return

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import MAX_IDS_EXPIRE
+from nfshunt.config.validate import check_names
 from nfshunt.records.model import Action, FlowTuple
 
 from .rules import (
@@ -43,6 +44,7 @@ from .rules import (
     RuleError,
     Situation,
     _connection,
+    _host,
     _int,
     pair_key,
 )
@@ -221,12 +223,12 @@ class Store:
                 and any(_overlap(whitelist.address, n) for n in r.networks())]
 
     def situation(self, rule: Rule, policy: Action | None = None, pin: Action | None = None,
-                  entry_accepted: bool = True) -> Situation:
+                  entry_accepted: bool = True, server: tuple[str, int] | None = None) -> Situation:
         """What ids_rules.precedence needs, the IDS part from this store and the rest from
         the caller (the connection's live entry as the policy decided it, an operator's pin)."""
         block = self.blocking(rule.connection) if rule.kind is Kind.SHUNT and rule.connection is not None else None
         white = self.whitelisting(rule.networks()) if rule.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS) else None
-        return Situation(policy, entry_accepted, pin, None if block is None else f"{block.source}/{block.id}",
+        return Situation(policy, server, entry_accepted, pin, None if block is None else f"{block.source}/{block.id}",
                          None if white is None else f"{white.source}/{white.id}")
 
     # --- the state file -----------------------------------------------------------------------
@@ -319,7 +321,7 @@ def from_json(raw: Any) -> Rule:
     if not isinstance(raw, dict):
         raise RuleError("", "not an object")
     allowed = {"source", "id", "kind", "priority", "expire", "created", "expires", "idle_timeout", "connection",
-               "address"}
+               "address", "server"}
     unknown = set(raw) - allowed
     if unknown:
         raise RuleError(sorted(unknown)[0], "unknown field")
@@ -344,4 +346,17 @@ def from_json(raw: Any) -> Rule:
             raise RuleError("address", "not an address or prefix") from None
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
                 _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE), float(created), conn, address,
-                None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT))
+                None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT),
+                _server(raw.get("server"), conn) if kind is Kind.SHUNT else None)
+
+
+def _server(raw: Any, conn: FlowTuple | None) -> tuple[str, int] | None:
+    """A shunt's server as the state file has it: one end of its connection (a file from
+    before servers were kept has none: Rule.hold then takes the rule's dst)."""
+    if raw is None:
+        return None
+    body = check_names("server", raw, ("address", "port"), ("address", "port"), RuleError, "field")
+    server = (_host("server.address", body["address"]), _int("server.port", body["port"], 1, 65535))
+    if conn is None or server not in ((conn.src, conn.sport), (conn.dst, conn.dport)):
+        raise RuleError("server", "not an end of the rule's connection")
+    return server
