@@ -15,11 +15,11 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt.app.operator_api import rules_by_source  # noqa: E402
 from nfshunt.config.settings import IdsConfig, MayShunt  # noqa: E402
-from nfshunt.ids.backend import IdsBackend  # noqa: E402
+from nfshunt.ids.backend import CLOSING, NO_ENTRY, IdsBackend  # noqa: E402
 from nfshunt.ids.calls import Outcome, Reject, Result  # noqa: E402
 from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.records import cookies, markcodec  # noqa: E402
-from nfshunt.records.model import Action, FlowTuple  # noqa: E402
+from nfshunt.records.model import Action, EventKind, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
 from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
 
@@ -176,45 +176,81 @@ def test_a_shunt_judged_before_its_entry_applies_only_to_a_connection_to_the_ser
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
 
 
-def test_a_connection_whose_events_went_by_between_the_look_and_the_pin_is_shunted_all_the_same():
-    """The API thread looks the connection up (not there yet); its entry's events reach the
-    loop and are judged (the policy leaves it alone) before the rule's pin is there; an
-    established connection may then send none for minutes. The second look finds it."""
-    rig, backend, entries, _ = setup()
-    looked: list[FlowTuple] = []
+class LoopOnly:
+    """The conntrack lookup as the backend gets it, recording the thread it ran on."""
 
-    def lookup(t: FlowTuple) -> Any:
-        looked.append(t)
-        if len(looked) == 1:
-            entries[ORIG] = event(action=0, received=rig.now)
-            rig.event(action=0)  # meanwhile: ignored by the policy, no pin yet
-            return None
-        return entries.get(t)
-    backend.lookup = lookup
-    out = backend.submit(rule(rig), 1.0)
-    assert out.result is Result.ADDED and out.pending and len(looked) == 2
+    def __init__(self, entries: dict[FlowTuple, Any]):
+        self.entries = entries
+        self.threads: list[str] = []
+
+    def __call__(self, t: FlowTuple) -> Any:
+        import threading
+        self.threads.append(threading.current_thread().name)
+        return self.entries.get(t) or self.entries.get(t.reversed())
+
+
+def test_the_entry_is_looked_up_on_the_event_loop_in_the_turn_that_judges_the_rule():
+    """Issue 36, 5: the API's thread looks nothing up; the loop reads the kernel's entry in
+    the turn that judges and pins the rule (the Host runs posted work on its own thread,
+    the event loop here, named so)."""
+    import threading
+    rig, backend, entries, _ = setup()
+    looked = LoopOnly(entries)
+    backend.lookup = looked
+    entries[ORIG] = event(action=0)
+    posted: list[Any] = []
+    backend.host.post = lambda ev: posted.append(ev)  # the loop runs it below, on its own thread
+    got: list[Any] = []
+    backend.submit_async(rule(rig), 1.0, got.append)
+    assert looked.threads == []  # not on the caller's thread
+    loop = threading.Thread(target=lambda: [ev.work() for ev in posted], name="event-loop")
+    loop.start()
+    loop.join()
+    rig.run()
+    assert looked.threads == ["event-loop"] and got and got[0].result is Result.ADDED
     conn = rig.core.find(tuple_=ORIG)
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
+@pytest.mark.parametrize("closed", ["destroyed", "time_wait"])
+def test_a_connection_that_closed_before_the_loop_judged_its_rule_is_never_shunted(closed):
+    """Issue 36, 5: the connection is live when the IDS asks, and closes (its entry
+    destroyed, or in TIME_WAIT) before the event loop takes the request: the rule is judged
+    on the kernel's entry as the loop finds it, gone or closing, and no pair is built on
+    what it was. The entry a new SYN on the same ports makes crosses the firewall first."""
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    rig.event(action=0)  # the loop saw it: the policy left it alone
+    run = backend.host.post
+
+    def close_then_run(ev: Any) -> None:  # the close's events reach the loop before the request does
+        if closed == "destroyed":
+            del entries[ORIG]
+            rig.event(action=0, kind=EventKind.DESTROY)
+        else:
+            entries[ORIG] = event(action=0, state=7)  # TIME_WAIT
+            rig.event(action=0, state=7)
+        run(ev)
+    backend.host.post = close_then_run
+    out = backend.submit(rule(rig), 1.0)
+    # kept: it applies to the next entry on the ports that the firewall accepts; answered at once
+    assert out.result is Result.ADDED and out.pending == (NO_ENTRY if closed == "destroyed" else CLOSING)
+    assert rig.core.find(tuple_=ORIG) is None
+    assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)  # a new SYN on the ports crosses the firewall
+    backend.host.post = run
+    conn = rig.event(action=0, ct_id=9, state=3)  # a new connection on the ports, accepted by the firewall
+    assert conn is not None and conn.ct_id == 9 and conn.action is Action.SHUNT
 
 
 def test_a_connection_still_being_judged_waits_for_the_decision_and_is_shunted_when_it_comes():
     """The look finds the entry with its ports marked but no decision yet (its first packet
     crossed the plumbing, the decision comes with the next): the rule waits instead of being
-    refused, and the decision's event, gone by before the pin, is found by the second look."""
+    refused, and the decision's event, which comes after the pin, shunts it."""
     rig, backend, entries, _ = setup()
-    judging = event(mark=markcodec.encode(1, 2, None, admin=0x1234))
-    looked: list[FlowTuple] = []
-
-    def lookup(t: FlowTuple) -> Any:
-        looked.append(t)
-        if len(looked) == 1:
-            rig.event(action=0)  # meanwhile: decided, ignored by the policy, no pin yet
-            return judging
-        return event(action=0)
-    backend.lookup = lookup
+    entries[ORIG] = event(mark=markcodec.encode(1, 2, None, admin=0x1234))
     out = backend.submit(rule(rig), 1.0)
-    assert out.result is Result.ADDED and "decision" in out.pending and len(looked) == 2
-    conn = rig.core.find(tuple_=ORIG)
+    assert out.result is Result.ADDED and "decision" in out.pending
+    conn = rig.event(action=0)
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
 
 
@@ -538,7 +574,7 @@ def test_an_add_leaves_no_cycle_for_the_garbage_collector():
             t = FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 20000 + i, 5201)
             entries[t] = event(action=0, sport=20000 + i, ct_id=1000 + i)
             got: list[Any] = []
-            backend.submit_async(rule(rig, rule_id=str(i), connection=t), entries[t], 1.0, got.append)
+            backend.submit_async(rule(rig, rule_id=str(i), connection=t), 1.0, got.append)
             assert got and got[0].result is Result.ADDED
         assert gc.collect() == 0
     finally:

@@ -8,8 +8,8 @@ and only its `RuleBackend` calls cross to the controller:
 
   controller (ApiProcess)                     child (ids_process.child_main)
     binds the listening socket  ------------>  serves HTTP on it (IdsApi)
-    BackendServer: runs each call  <---------  RemoteBackend: submit (entry looked up
-      on the real IdsBackend; an add is          here), remove, rules, rule; refusals
+    BackendServer: runs each call  <---------  RemoteBackend: submit, remove, rules,
+      on the real IdsBackend; an add is          rule (the controller looks the entry up); refusals
       answered from the event loop as the        counted and records logged through the
       switch confirms it, no thread waiting)     controller: one log, one set of counters
 
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from nfshunt.config.settings import IdsConfig
-from nfshunt.records.model import ConnEvent, FlowTuple
 
 from .api import REQUEST_SECONDS, IdsApi, listen
 from .calls import Outcome, Reject, RuleBackend, RuleView
@@ -62,7 +61,7 @@ CHILD = "import sys; from nfshunt.ids.process import child_main; sys.exit(child_
 
 
 class Op(enum.IntEnum):
-    SUBMIT = 1  # child -> controller, answered: (rule, entry, timeout) -> Outcome
+    SUBMIT = 1  # child -> controller, answered: (rule, timeout) -> Outcome
     REMOVE = 2  # (source, id) -> Outcome
     RULES = 3  # (source, kind, address) -> list[RuleView]
     RULE = 4  # (source, id) -> RuleView | None
@@ -139,12 +138,11 @@ class _Call:
 
 class RemoteBackend:
     """The child's RuleBackend: each call sent to the controller and its answer waited for
-    (TimeoutError past the call's limit and CALL_MARGIN, as the in-process backend's). A
-    submit's conntrack entry is looked up here, off the controller's lock."""
+    (TimeoutError past the call's limit and CALL_MARGIN, as the in-process backend's). The
+    controller looks the connection's entry up itself, on its event loop."""
 
-    def __init__(self, channel: Channel, lookup: Callable[[FlowTuple], ConnEvent | None], answer_timeout: float):
+    def __init__(self, channel: Channel, answer_timeout: float):
         self.channel = channel
-        self.lookup = lookup
         self.answer_timeout = answer_timeout
         self._calls: dict[int, _Call] = {}
         self._seq = itertools.count(1)
@@ -174,13 +172,7 @@ class RemoteBackend:
                 call.done.set()
 
     def submit(self, rule: Rule, timeout: float) -> Outcome:
-        entry = None
-        if rule.connection is not None:
-            try:
-                entry = self.lookup(rule.connection)
-            except OSError as exc:
-                LOG.warning("conntrack lookup of %s failed: %s", rule.connection, exc)
-        return self._call(Op.SUBMIT, (rule, entry, timeout), timeout)  # type: ignore[no-any-return]
+        return self._call(Op.SUBMIT, (rule, timeout), timeout)  # type: ignore[no-any-return]
 
     def remove(self, source: str, rule_id: str) -> Outcome:
         return self._call(Op.REMOVE, (source, rule_id), self.answer_timeout)  # type: ignore[no-any-return]
@@ -232,8 +224,7 @@ def child_main(argv: list[str]) -> int:
     root.handlers[:] = [_Forward(channel)]
     root.setLevel(logging.WARNING)
     logging.getLogger("nfshunt").setLevel(setup.log_level)
-    from nfshunt.kernel import conntrack
-    backend = RemoteBackend(channel, conntrack.lookup, setup.cfg.answer_timeout)
+    backend = RemoteBackend(channel, setup.cfg.answer_timeout)
     try:
         api = IdsApi(setup.cfg, backend, count=backend.count, request_seconds=setup.request_seconds,
                      listening=listening)
@@ -253,7 +244,7 @@ def child_main(argv: list[str]) -> int:
 
 
 Reply = Callable[[Outcome | Exception], None]
-SubmitAsync = Callable[[Rule, ConnEvent | None, float, Reply], "Pending"]
+SubmitAsync = Callable[[Rule, float, Reply], "Pending"]
 
 
 class Pending(Protocol):
@@ -316,8 +307,8 @@ class BackendServer:
             while (message := self.channel.receive()) is not None:
                 op = message[0]
                 if op == Op.SUBMIT:
-                    seq, (rule, entry, timeout) = message[1], message[2]
-                    self.deadlines.watch(self.submit(rule, entry, timeout,
+                    seq, (rule, timeout) = message[1], message[2]
+                    self.deadlines.watch(self.submit(rule, timeout,
                                                      lambda result, seq=seq: self._answer(seq, result)))
                 elif op == Op.COUNT:
                     self.count(Reject(message[1]))
@@ -372,7 +363,7 @@ class ApiProcess:
     """The IDS API's child process, from the controller: `start` binds the API's address
     here (an address in use fails the controller's start, as before) and starts the child,
     waiting until it serves; a child that dies is started again; `stop` ends it.
-    submit: the backend's add with the child's looked-up entry (IdsBackend.submit_async)."""
+    submit: the backend's add, answered when it is done (IdsBackend.submit_async)."""
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, submit: SubmitAsync,
                  count: Callable[[Reject], None], restarted: Callable[[], None] = lambda: None,
