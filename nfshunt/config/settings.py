@@ -36,6 +36,7 @@ from .validate import (
     _optional,
     _path,
     _socket_path,
+    _str,
     _type_name,
 )
 
@@ -110,6 +111,7 @@ class IdsConfig:
     answer_timeout: float = 5.0  # seconds an add may wait for the switch before it is answered pending
     default_expire: int = 3600  # for SciPass's bodies, which name no expiry
     state_file: str = ""  # set from state_dir when not configured
+    user: str = "nfshunt-ids"  # the API's process runs as this user, with no capability (ids/confine.py)
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,16 @@ def _token_file(key: str, value: Any) -> str:
     return value
 
 
+def _user(key: str, value: Any) -> str:
+    """A user name (not root: the API's process must keep no privilege)."""
+    value = _str(key, value)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", value, re.ASCII):
+        raise ConfigError(key, f"{value[:40]!r} is not a user name")
+    if value == "root":
+        raise ConfigError(key, "root: the IDS API's process parses what anyone sends and must run unprivileged")
+    return value
+
+
 def _ids(key: str, value: Any) -> IdsConfig | None:
     if value is None:
         return None
@@ -344,7 +356,7 @@ def _ids(key: str, value: Any) -> IdsConfig | None:
               "rate_limit": _int(1, 1_000_000), "max_body_bytes": _int(1024, 1 << 20),
               "max_prefix": _ids_max_prefix, "max_connections": _int(1, 10_000),
               "answer_timeout": _number(0.1, 60), "default_expire": _int(1, MAX_IDS_EXPIRE),
-              "state_file": _log_path}
+              "state_file": _log_path, "user": _user}
     ids = IdsConfig(**_object(key, value, fields))
     if ids.tls is None and not ipaddress.ip_address(ids.listen_address).is_loopback:
         raise ConfigError(f"{key}.listen_address", f"{ids.listen_address} is not a loopback address: the "

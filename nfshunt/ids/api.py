@@ -30,18 +30,15 @@ Routes (the requester is "ids:<client>"; its ids are its own):
 from __future__ import annotations
 
 import email.utils
-import hmac
 import http.server
 import io
 import ipaddress
 import json
 import logging
 import math
-import os
 import re
 import socket
 import ssl
-import stat
 import struct
 import threading
 import time
@@ -54,14 +51,12 @@ from nfshunt.config.settings import IdsConfig
 
 from .calls import Outcome, Reject, Result, RuleBackend
 from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
+from .tokens import CLIENT_NAME, Tokens
 
 LOG = logging.getLogger("nfshunt")
 REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this
 WRITE_SECONDS = 10.0  # an answer must be taken within this
 HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
-MAX_TOKEN_FILE = 65536
-MIN_TOKEN = 16  # characters: a shorter token is guessable
-CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
 RATE_CLIENTS = 10000  # client addresses whose rate is tracked at once (the oldest forgotten)
 
 
@@ -76,75 +71,6 @@ class _Refused(Exception):
         super().__init__(reason)
         self.why = why
         self.reason = reason
-
-
-class Tokens:
-    """The bearer tokens of ids.token_file: "<client> <token>" lines (# comments), or one
-    bare token (client "ids"). Read again whenever the file changes; a file others may
-    read, or a malformed one, authenticates nobody (and is logged, naming the file)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        # The file as it was (inode, mtime, size, mode; None: unreadable) and its tokens: one
-        # attribute replaced whole, so a request reads it without the lock (16 API threads
-        # taking a lock held across a stat queued behind one another: bench `ids`).
-        self._read: tuple[tuple[int, int, int, int] | None, list[tuple[bytes, str]]] = (None, [])
-        self._lock = threading.Lock()
-
-    def _load(self) -> None:
-        try:
-            st = os.stat(self.path)
-            seen = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
-            if seen == self._read[0]:
-                return
-            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-                LOG.error("IDS token file %s is not a regular file of mode 0600: every request is refused until "
-                          "it is", self.path)
-                self._read = (seen, [])
-                return
-            with open(self.path, "rb") as fh:
-                lines = fh.read(MAX_TOKEN_FILE).decode("utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            LOG.error("cannot read the IDS token file %s (%s): every request is refused until it can be",
-                      self.path, exc)
-            self._read = (None, [])
-            return
-        tokens = []
-        entries = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-        for i, fields in enumerate(entries):
-            if len(fields) == 1 and len(entries) == 1:
-                name, token = "ids", fields[0]
-            elif len(fields) == 2:
-                name, token = fields
-            else:
-                name, token = "", ""
-            if not CLIENT_NAME.fullmatch(name) or len(token) < MIN_TOKEN:
-                LOG.error("IDS token file %s: entry %d is not \"<client> <token of %d or more characters>\": every "
-                          "request is refused until it is", self.path, i + 1, MIN_TOKEN)
-                self._read = (seen, [])
-                return
-            tokens.append((token.encode(), name))
-        self._read = (seen, tokens)
-
-    def client(self, authorization: str | None) -> str | None:
-        """The client a "Bearer <token>" header names; None if none."""
-        if not authorization or not authorization.startswith("Bearer "):
-            return None
-        given = authorization[7:].strip().encode("utf-8", "surrogateescape")
-        try:
-            st = os.stat(self.path)
-            changed = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode) != self._read[0]
-        except OSError:
-            changed = True
-        if changed:  # read again, by one thread at a time
-            with self._lock:
-                self._load()
-        tokens = self._read[1]
-        found = None
-        for token, name in tokens:  # every token compared, in constant time
-            if hmac.compare_digest(token, given):
-                found = name
-        return found
 
 
 class RateLimit:
@@ -435,10 +361,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise _Refused(Reject.UNAUTHENTICATED, "the client certificate has no usable common name")
             return f"ids:{name}"
         assert api.tokens is not None
-        name = api.tokens.client(self.headers.get("Authorization"))
-        if name is None:
+        token = api.tokens.client(self.headers.get("Authorization"))
+        if token is None:
             raise _Refused(Reject.UNAUTHENTICATED, "missing or unknown bearer token (Authorization: Bearer ...)")
-        return f"ids:{name}"
+        return f"ids:{token.client}"
 
     def _body(self) -> Any:
         if self.headers.get("Transfer-Encoding"):
@@ -645,11 +571,13 @@ class _Server(http.server.ThreadingHTTPServer):
 class IdsApi:
     """The API's server: `start` binds and serves on a thread, `stop` ends it.
     count: called with each refusal's reason (the metrics' counter); now: wall-clock time;
-    listening: a socket bound and listening already, served instead of binding one."""
+    listening: a socket bound and listening already, served instead of binding one;
+    tokens: the bearer tokens as given (the API's process: by the controller), else read
+    from ids.token_file here."""
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None] = lambda why: None,
                  now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS,
-                 listening: socket.socket | None = None):
+                 listening: socket.socket | None = None, tokens: Tokens | None = None):
         self.cfg = cfg
         self.listening = listening
         self.backend = backend
@@ -657,7 +585,7 @@ class IdsApi:
         self.now = now
         self.request_seconds = request_seconds
         self.limit = RateLimit(cfg.rate_limit)
-        self.tokens = Tokens(cfg.token_file) if cfg.token_file else None
+        self.tokens = tokens if tokens is not None else Tokens(cfg.token_file) if cfg.token_file else None
         self.tls: ssl.SSLContext | None = None
         self.tls_client_names = False
         if cfg.tls is not None:
