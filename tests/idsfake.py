@@ -8,7 +8,7 @@ import threading
 import time
 
 from nfshunt.config.settings import IdsConfig, MayShunt
-from nfshunt.ids.api import IdsApi
+from nfshunt.ids.api import IDLE_SECONDS, PREAUTH_SECONDS, IdsApi
 from nfshunt.ids.calls import Outcome, Reject, Result, RuleView, State
 from nfshunt.ids.rules import Decision, precedence
 from nfshunt.ids.store import Added, Counts, Store
@@ -77,13 +77,14 @@ def write_tokens(folder):
     return str(path)
 
 
-def make_api(token_file, request_seconds=5.0, **kw):
+def make_api(token_file, request_seconds=5.0, preauth_seconds=PREAUTH_SECONDS, idle_seconds=IDLE_SECONDS, **kw):
     cfg = IdsConfig(listen_port=0, token_file=token_file,
                     may_shunt=MayShunt(prefixes=(ipaddress.ip_network("10.0.0.0/24"),
                                                  ipaddress.ip_network("fd00::/64"))), **kw)
     backend = FakeBackend(cfg)
     counted = []
-    api = IdsApi(cfg, backend, count=counted.append, request_seconds=request_seconds)
+    api = IdsApi(cfg, backend, count=counted.append, request_seconds=request_seconds,
+                 preauth_seconds=preauth_seconds, idle_seconds=idle_seconds)
     api.start()
     return api, backend, counted
 

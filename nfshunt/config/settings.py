@@ -104,10 +104,12 @@ class IdsConfig:
     tls: IdsTLS | None = None
     may_shunt: MayShunt = MayShunt()
     max_rules: int = 10000  # active IDS rules, all clients together; more: `error: full`
-    rate_limit: int = 2000  # requests a second from one client address (a second's worth may come at once)
+    rate_limit: int = 2000  # requests a second of one authenticated client (a second's worth may come at once)
+    rate_limit_unauthenticated: int = 20  # failed logins a second of one client (an address; a local user)
     max_body_bytes: int = 16384  # a rule's body is ~300 bytes
     max_prefix: dict[int, int] = field(default_factory=lambda: {4: 16, 6: 48})  # widest address block
     max_connections: int = 64  # open at once; each holds one thread (a slow client holds only its own)
+    max_connections_per_client: int = 16  # of them, open at once from one client (an address; a local user)
     answer_timeout: float = 5.0  # seconds an add may wait for the switch before it is answered pending
     default_expire: int = 3600  # for SciPass's bodies, which name no expiry
     state_file: str = ""  # set from state_dir when not configured
@@ -356,8 +358,12 @@ def _ids(key: str, value: Any) -> IdsConfig | None:
               "rate_limit": _int(1, 1_000_000), "max_body_bytes": _int(1024, 1 << 20),
               "max_prefix": _ids_max_prefix, "max_connections": _int(1, 10_000),
               "answer_timeout": _number(0.1, 60), "default_expire": _int(1, MAX_IDS_EXPIRE),
-              "state_file": _log_path, "user": _user}
+              "state_file": _log_path, "user": _user, "rate_limit_unauthenticated": _int(1, 1_000_000),
+              "max_connections_per_client": _int(1, 10_000)}
     ids = IdsConfig(**_object(key, value, fields))
+    if "max_connections_per_client" in value and ids.max_connections_per_client > ids.max_connections:
+        raise ConfigError(f"{key}.max_connections_per_client", f"{ids.max_connections_per_client} is over "
+                          f"{key}.max_connections ({ids.max_connections})")
     if ids.tls is None and not ipaddress.ip_address(ids.listen_address).is_loopback:
         raise ConfigError(f"{key}.listen_address", f"{ids.listen_address} is not a loopback address: the "
                           f"API then needs TLS ({key}.tls), or rules and tokens cross the network in clear")

@@ -9,12 +9,17 @@ own (ids_process), so the controller never parses HTTP nor waits on a client (it
 the load is small (an IDS sends at most thousands of requests a second, each answered in
 milliseconds). What a server that may face a network needs besides is added here:
   - TLS (required for any non-loopback address, config.py), bearer tokens from a 0600 file
-    (read again when it changes: a rotated token is refused from the next request on) or
-    TLS client certificates (the certificate's common name names the client);
-  - a per-client-address request rate limit (429), a body cap (413, not read), a cap on
-    open connections (each holds one thread), and a deadline for each whole request: a
-    client that sends one byte a second is cut off when it passes, holding only its own
-    thread meanwhile;
+    (tokens.py: read again when it changes, so a rotated token is refused from the next
+    request on) or TLS client certificates (the certificate's common name names the client);
+  - nobody without a token can silence it: a request rate limit per authenticated client
+    (429; another's flood takes nothing of it), a tighter one on failed authentications
+    per client (a 401 closes its connection), a cap on open connections (each holds one
+    thread) and on those of one client (`Peer.who`: an address, and on this host the local
+    user owning the socket, which the kernel names), and short deadlines: a connection's
+    first request within PREAUTH_SECONDS of its accept, a keep-alive connection's next
+    within IDLE_SECONDS, each whole request within REQUEST_SECONDS of its first byte (a
+    client that sends one byte a second is cut off, holding only its own thread);
+  - a body cap (413, not read);
   - JSON read by jsonfile (bounded depth and digits, duplicate keys refused), unknown
     fields refused; every refusal is a 4xx (or 5xx) with a reason, and counted (`count`).
 
@@ -43,21 +48,24 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import IdsConfig
+from nfshunt.kernel import sockdiag
 
 from .calls import Outcome, Reject, Result, RuleBackend
 from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
 from .tokens import CLIENT_NAME, Tokens
 
 LOG = logging.getLogger("nfshunt")
-REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this
+REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this, from its first byte
+PREAUTH_SECONDS = 3.0  # a new connection's first request (its TLS handshake too) within this of its accept
+IDLE_SECONDS = 5.0  # a keep-alive connection's next request begins within this of the last answer
 WRITE_SECONDS = 10.0  # an answer must be taken within this
 HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
-RATE_CLIENTS = 10000  # client addresses whose rate is tracked at once (the oldest forgotten)
+RATE_CLIENTS = 10000  # clients whose rate is tracked at once (the oldest forgotten)
 
 
 STATUS = {Reject.UNAUTHENTICATED: 401, Reject.RATE_LIMITED: 429, Reject.TOO_LARGE: 413, Reject.LENGTH_REQUIRED: 411,
@@ -74,7 +82,7 @@ class _Refused(Exception):
 
 
 class RateLimit:
-    """A token bucket per client address: `rate` a second, a second's worth at once."""
+    """A token bucket per client: `rate` a second, a second's worth at once."""
 
     def __init__(self, rate: int):
         self.rate = rate
@@ -93,14 +101,17 @@ class RateLimit:
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The socket read so that the whole request must arrive by `deadline`, however it
-    trickles, and be at most `limit` bytes (past it the client's stream ends here: the
-    headers http.server would take, 100 lines of 64 KiB, are not read into memory)."""
+    """The socket read so that a request's first byte must come by `idle_until`, the whole
+    request then within `request_seconds` of it (and by `cap`: a connection not yet
+    authenticated has PREAUTH_SECONDS from its accept), however it trickles; and be at
+    most `limit` bytes (past it the client's stream ends here: the headers http.server
+    would take, 100 lines of 64 KiB, are not read into memory)."""
 
-    def __init__(self, sock: socket.socket, limit: int):
+    def __init__(self, sock: socket.socket, limit: int, request_seconds: float):
         self.sock = sock
         self.limit = limit
-        self.deadline = math.inf
+        self.request_seconds = request_seconds
+        self.idle_until = self.deadline = self.cap = math.inf
         self.received = 0  # bytes of the current request
         # A plain socket is left blocking and waits in the kernel, its reads bounded by
         # SO_RCVTIMEO and its writes by SO_SNDTIMEO: a socket with a Python timeout polls
@@ -115,11 +126,17 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def next_request(self, idle_until: float, cap: float) -> None:
+        self.received = 0
+        self.idle_until = min(idle_until, cap)
+        self.deadline = math.inf  # set by the request's first byte
+        self.cap = cap
+
     def readinto(self, buf: Any) -> int:
         room = self.limit - self.received
         if room <= 0:
             return 0
-        left = self.deadline - time.monotonic()
+        left = (self.idle_until if self.deadline == math.inf else self.deadline) - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request did not arrive in time")
         if not self.kernel_timeouts:
@@ -131,6 +148,8 @@ class _DeadlineReader(io.RawIOBase):
                 n = self.sock.recv_into(memoryview(buf)[:room])
             except BlockingIOError:  # SO_RCVTIMEO passed
                 raise TimeoutError("the request did not arrive in time") from None
+        if n and self.deadline == math.inf:
+            self.deadline = min(time.monotonic() + self.request_seconds, self.cap)
         self.received += n
         return n
 
@@ -212,15 +231,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "nfshunt-ids"
     sys_version = ""
 
+    client_address: "Peer"
+
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own file: replaced by one that keeps the deadline
-        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + self.server.api.cfg.max_body_bytes)
+        api = self.server.api
+        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + api.cfg.max_body_bytes, api.request_seconds)
         self.rfile = io.BufferedReader(self._reader)
+        self._authenticated = False  # until then its requests must all come by PREAUTH_SECONDS from its accept
+        self._preauth = self.client_address.accepted + api.preauth_seconds
 
     def handle_one_request(self) -> None:
-        self._reader.deadline = time.monotonic() + self.server.api.request_seconds
-        self._reader.received = 0
+        now = time.monotonic()
+        if self._authenticated:
+            self._reader.next_request(now + self.server.api.idle_seconds, math.inf)
+        else:
+            self._reader.next_request(self._preauth, self._preauth)
         try:
             super().handle_one_request()
         except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
@@ -329,7 +356,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
-        api = self.server.api
         scipass = self.path.startswith("/scipass/")
         length = self.headers.get("Content-Length", "0").strip()
         self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
@@ -338,10 +364,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._unread = True  # what is left of it
                 raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
                                "bytes")
-            if not api.limit.allow(self.client_address[0], time.monotonic()):
-                raise _Refused(Reject.RATE_LIMITED, "rate limit: too many requests from this address "
-                               f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
-            requester = self._requester()
+            requester = self._authenticate()
             body = self._body()
             self._route(requester, body, scipass)
         except _Refused as refused:
@@ -352,6 +375,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except Exception:  # a bug must not leave the client unanswered
             LOG.exception("ids api: %s %s failed", self.command, self.path)
             self._refuse(Reject.INTERNAL, "internal error (logged)", scipass, close=True)
+
+    def _authenticate(self) -> str:
+        """The requester, held to its own rate (ids.rate_limit, per client: another's flood
+        takes nothing of it). A request that fails authentication is answered 401 and its
+        connection closed; one from a client (an address, or on this host a local user)
+        failing more than ids.rate_limit_unauthenticated a second is answered 429 (closed)."""
+        api = self.server.api
+        now = time.monotonic()
+        try:
+            requester = self._requester()
+        except _Refused:
+            self._unread = True  # closed: a 401 keeps nothing open
+            if not api.unauthenticated.allow(self.client_address.who, now):
+                raise _Refused(Reject.RATE_LIMITED, "rate limit: too many unauthenticated requests from this "
+                               f"client (ids.rate_limit_unauthenticated is {api.cfg.rate_limit_unauthenticated} "
+                               "a second)") from None
+            raise
+        self._authenticated = True
+        if not api.limit.allow(requester, now):
+            raise _Refused(Reject.RATE_LIMITED, f"rate limit: too many requests from {requester} "
+                           f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
+        return requester
 
     def _requester(self) -> str:
         api = self.server.api
@@ -514,6 +559,26 @@ def listen(cfg: IdsConfig) -> socket.socket:
     return sock
 
 
+class Peer(NamedTuple):
+    """A connection's other end: its address and port; `who`, the client it counts as for
+    its share of connections and of failed logins (its address; on this host, its address
+    and its local user, whose uid the kernel names: on the loopback every local user is
+    127.0.0.1); when it was accepted (monotonic)."""
+    host: str
+    port: int
+    who: str
+    accepted: float
+
+
+def _who(request: socket.socket, host: str, port: int) -> str:
+    local = request.getsockname()
+    if ipaddress.ip_address(host).is_loopback or host == local[0]:
+        uid = sockdiag.owner((host, port), (local[0], local[1]))
+        if uid is not None:
+            return f"{host} uid {uid}"
+    return host
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() must not wait on a slow client's thread
@@ -522,6 +587,9 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, api: "IdsApi"):
         self.api = api
         self._slots = threading.BoundedSemaphore(api.cfg.max_connections)
+        self._per_client = min(api.cfg.max_connections_per_client, api.cfg.max_connections)
+        self._held: dict[str, int] = {}  # connections open, by client (Peer.who)
+        self._held_lock = threading.Lock()
         super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=False)
         self.socket.close()  # (the one socketserver made unbound: ours is `listen`'s, or the controller's)
         self.socket = api.listening if api.listening is not None else listen(api.cfg)
@@ -529,21 +597,40 @@ class _Server(http.server.ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.api.count(Reject.BUSY)
+        """A connection takes one of ids.max_connections slots, and one of its client's
+        ids.max_connections_per_client; with none free it is closed at once."""
+        peer = Peer(client_address[0], client_address[1], _who(request, *client_address[:2]), time.monotonic())
+        with self._held_lock:
+            held = self._held.get(peer.who, 0)
+            if not self._slots.acquire(blocking=False):
+                busy: Reject | None = Reject.BUSY
+            elif held >= self._per_client:
+                self._slots.release()
+                busy = Reject.CLIENT_BUSY
+            else:
+                busy, self._held[peer.who] = None, held + 1
+        if busy is not None:
+            self.api.count(busy)
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
+            super().process_request(request, peer)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
+
+    def _release(self, peer: Peer) -> None:
+        with self._held_lock:
+            held = self._held.pop(peer.who) - 1
+            if held:
+                self._held[peer.who] = held
+            self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         ctx = self.api.tls
@@ -555,7 +642,7 @@ class _Server(http.server.ThreadingHTTPServer):
         except (OSError, ValueError):
             return
         try:
-            tls.settimeout(self.api.request_seconds)
+            tls.settimeout(max(0.001, client_address.accepted + self.api.preauth_seconds - time.monotonic()))
             tls.do_handshake()
         except (OSError, ValueError) as exc:
             self.api.count(Reject.TLS)
@@ -577,14 +664,18 @@ class IdsApi:
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None] = lambda why: None,
                  now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS,
-                 listening: socket.socket | None = None, tokens: Tokens | None = None):
+                 listening: socket.socket | None = None, tokens: Tokens | None = None,
+                 preauth_seconds: float = PREAUTH_SECONDS, idle_seconds: float = IDLE_SECONDS):
         self.cfg = cfg
         self.listening = listening
         self.backend = backend
         self.count = count
         self.now = now
         self.request_seconds = request_seconds
-        self.limit = RateLimit(cfg.rate_limit)
+        self.preauth_seconds = preauth_seconds
+        self.idle_seconds = idle_seconds
+        self.limit = RateLimit(cfg.rate_limit)  # by requester
+        self.unauthenticated = RateLimit(cfg.rate_limit_unauthenticated)  # by client (Peer.who)
         self.tokens = tokens if tokens is not None else Tokens(cfg.token_file) if cfg.token_file else None
         self.tls: ssl.SSLContext | None = None
         self.tls_client_names = False

@@ -30,6 +30,7 @@ class Reject(enum.StrEnum):
     INTERNAL = "internal"  # 500
     TIMEOUT = "timeout"  # the request did not arrive within its deadline: connection cut
     BUSY = "busy"  # ids.max_connections open: connection closed at once
+    CLIENT_BUSY = "client_busy"  # ids.max_connections_per_client of its client open: closed at once
     TLS = "tls"  # the TLS handshake failed (no or a wrong client certificate)
 
 
