@@ -114,6 +114,7 @@ class IdsConfig:
     default_expire: int = 3600  # for SciPass's bodies, which name no expiry
     state_file: str = ""  # set from state_dir when not configured
     user: str = "nfshunt-ids"  # the API's process runs as this user, with no capability (ids/confine.py)
+    shared_whitelists: bool = False  # a whitelist exempts from every client's blocks (else its own client's)
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,7 @@ def _ids(key: str, value: Any) -> IdsConfig | None:
               "max_prefix": _ids_max_prefix, "max_connections": _int(1, 10_000),
               "answer_timeout": _number(0.1, 60), "default_expire": _int(1, MAX_IDS_EXPIRE),
               "state_file": _log_path, "user": _user, "rate_limit_unauthenticated": _int(1, 1_000_000),
-              "max_connections_per_client": _int(1, 10_000)}
+              "max_connections_per_client": _int(1, 10_000), "shared_whitelists": _bool}
     ids = IdsConfig(**_object(key, value, fields))
     if "max_connections_per_client" in value and ids.max_connections_per_client > ids.max_connections:
         raise ConfigError(f"{key}.max_connections_per_client", f"{ids.max_connections_per_client} is over "

@@ -34,6 +34,7 @@ Routes (the requester is "ids:<client>"; its ids are its own):
 """
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import http.server
 import io
@@ -48,6 +49,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -55,7 +57,7 @@ from nfshunt.config import jsonfile
 from nfshunt.config.settings import IdsConfig
 from nfshunt.kernel import sockdiag
 
-from .calls import Outcome, Reject, Result, RuleBackend
+from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleBackend
 from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
 from .tokens import CLIENT_NAME, Tokens
 
@@ -63,15 +65,24 @@ LOG = logging.getLogger("nfshunt")
 REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this, from its first byte
 PREAUTH_SECONDS = 3.0  # a new connection's first request (its TLS handshake too) within this of its accept
 IDLE_SECONDS = 5.0  # a keep-alive connection's next request begins within this of the last answer
+PAGE_SIZE = 500  # rules a listing's page has unless ?limit= says fewer or more (at most PAGE_MAX)
+LIST_RULES = 20000  # rules a second a client may list (a page of 1,000 is ~10 ms of the controller's CPU)
+NEXT_HEADER = "X-Next-After"  # a SciPass list cut at its limit: the ?after= of the rest
 WRITE_SECONDS = 10.0  # an answer must be taken within this
 HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
 RATE_CLIENTS = 10000  # clients whose rate is tracked at once (the oldest forgotten)
 
 
 STATUS = {Reject.UNAUTHENTICATED: 401, Reject.RATE_LIMITED: 429, Reject.TOO_LARGE: 413, Reject.LENGTH_REQUIRED: 411,
-          Reject.MALFORMED: 400, Reject.INVALID: 400, Reject.NOT_FOUND: 404, Reject.METHOD: 405,
+          Reject.FORBIDDEN: 403, Reject.MALFORMED: 400, Reject.INVALID: 400, Reject.NOT_FOUND: 404, Reject.METHOD: 405,
           Reject.DUPLICATE: 409, Reject.REFUSED: 403, Reject.FULL: 503, Reject.UNAVAILABLE: 503,
           Reject.UNANSWERED: 504, Reject.INTERNAL: 500}
+
+
+class Client(NamedTuple):
+    """An authenticated requester: "ids:<client>", and whether its token is an admin's."""
+    source: str
+    admin: bool
 
 
 class _Refused(Exception):
@@ -88,6 +99,13 @@ class RateLimit:
         self.rate = rate
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def charge(self, client: str, cost: int, now: float) -> None:
+        """Take `cost` more (work known once done: the bucket may go below zero, and the
+        client waits until it has refilled)."""
+        with self._lock:
+            level, last = self._buckets.pop(client, (float(self.rate), now))
+            self._buckets[client] = (min(float(self.rate), level + (now - last) * self.rate) - cost, now)
 
     def allow(self, client: str, now: float) -> bool:
         with self._lock:
@@ -283,7 +301,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # --- answers ------------------------------------------------------------------------------
 
-    def _send(self, status: int, body: Any, close: bool = False) -> None:
+    def _send(self, status: int, body: Any, close: bool = False, next_after: int | None = None) -> None:
         """The answer, its head made here as http.server's send_response, send_header and
         end_headers would make it, byte for byte, and written with the body at once (they
         cost ~20 us a request, the Date most: bench ids, harness)."""
@@ -297,9 +315,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.request_version != "HTTP/0.9":  # an HTTP/0.9 answer is its body alone
             phrase = self.responses[status][0] if status in self.responses else ""
             connection = "Connection: close\r\n" if close else ""
+            more = "" if next_after is None else f"{NEXT_HEADER}: {next_after}\r\n"  # (a SciPass list: no room in it)
             head = (f"{self.protocol_version} {status} {phrase}\r\nServer: {self.version_string()}\r\n"
                     f"Date: {_http_date()}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                    f"{connection}\r\n").encode("latin-1")
+                    f"{connection}{more}\r\n").encode("latin-1")
         self.wfile.write(head if self.command == "HEAD" else head + data)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -364,9 +383,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._unread = True  # what is left of it
                 raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
                                "bytes")
-            requester = self._authenticate()
+            client = self._authenticate()
             body = self._body()
-            self._route(requester, body, scipass)
+            self._route(client, body, scipass)
         except _Refused as refused:
             # An unread body would be taken for the next request: close instead.
             self._refuse(refused.why, refused.reason, scipass, close=self._unread)
@@ -376,7 +395,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             LOG.exception("ids api: %s %s failed", self.command, self.path)
             self._refuse(Reject.INTERNAL, "internal error (logged)", scipass, close=True)
 
-    def _authenticate(self) -> str:
+    def _authenticate(self) -> Client:
         """The requester, held to its own rate (ids.rate_limit, per client: another's flood
         takes nothing of it). A request that fails authentication is answered 401 and its
         connection closed; one from a client (an address, or on this host a local user)
@@ -384,7 +403,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         api = self.server.api
         now = time.monotonic()
         try:
-            requester = self._requester()
+            client = self._requester()
         except _Refused:
             self._unread = True  # closed: a 401 keeps nothing open
             if not api.unauthenticated.allow(self.client_address.who, now):
@@ -393,23 +412,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                "a second)") from None
             raise
         self._authenticated = True
-        if not api.limit.allow(requester, now):
-            raise _Refused(Reject.RATE_LIMITED, f"rate limit: too many requests from {requester} "
+        if not api.limit.allow(client.source, now):
+            raise _Refused(Reject.RATE_LIMITED, f"rate limit: too many requests from {client.source} "
                            f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
-        return requester
+        return client
 
-    def _requester(self) -> str:
+    def _requester(self) -> Client:
         api = self.server.api
         if api.tls_client_names:
             name = _certificate_name(self.connection)
             if name is None:
                 raise _Refused(Reject.UNAUTHENTICATED, "the client certificate has no usable common name")
-            return f"ids:{name}"
+            return Client(f"ids:{name}", False)
         assert api.tokens is not None
         token = api.tokens.client(self.headers.get("Authorization"))
         if token is None:
             raise _Refused(Reject.UNAUTHENTICATED, "missing or unknown bearer token (Authorization: Bearer ...)")
-        return f"ids:{token.client}"
+        return Client(f"ids:{token.client}", token.admin)
 
     def _body(self) -> Any:
         if self.headers.get("Transfer-Encoding"):
@@ -437,8 +456,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except jsonfile.JsonInputError as exc:
             raise _Refused(Reject.MALFORMED, str(exc)) from None
 
-    def _route(self, requester: str, body: Any, scipass: bool) -> None:
+    def _route(self, client: Client, body: Any, scipass: bool) -> None:
         api = self.server.api
+        requester = client.source
         url = urlsplit(self.path)
         path = url.path
         if path == "/v1/rules":
@@ -448,8 +468,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id)
                 return
             self._no_body(body)
-            source, kind, address = _filters(url.query)
-            self._send(200, {"rules": [v.to_json() for v in self._ask(api.backend.rules, source, kind, address)]})
+            page = self._list(client, _filters(url.query))
+            self._send(200, {"rules": [v.to_json() for v in page.views],
+                             **({} if page.next is None else {"next": page.next})})
             return
         if path.startswith("/v1/rules/"):
             self._allow(("GET", "DELETE"))
@@ -480,9 +501,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if listing is not None:
             self._allow(("GET",))
             self._no_body(body)
-            self._send(200, [scipass_json(v.rule) for v in self._ask(api.backend.rules, None, listing, None)])
+            page = self._list(client, dataclasses.replace(_filters(url.query, ("after", "limit")), kind=listing))
+            self._send(200, [scipass_json(v.rule) for v in page.views], next_after=page.next)
             return
         raise _Refused(Reject.NOT_FOUND, f"no such resource: {path[:100]}")
+
+    def _list(self, client: Client, wanted: "Filters") -> Page:
+        """A page of the rules the client may see: its own, or (a token marked admin) every
+        client's. A client lists at most LIST_RULES rules a second: each page is read in the
+        controller (off its event loop, but in its process)."""
+        api = self.server.api
+        source = wanted.source
+        if not client.admin:
+            if source not in (None, client.source):
+                raise _Refused(Reject.FORBIDDEN, f"{client.source} sees its own rules only (a token marked admin in "
+                               "ids.token_file sees every client's)")
+            source = client.source
+        if not api.lists.allow(client.source, time.monotonic()):
+            raise _Refused(Reject.RATE_LIMITED, f"rate limit: a client lists at most {LIST_RULES} rules a second")
+        page: Page = self._ask(api.backend.rules, source, wanted.kind, wanted.address, wanted.after, wanted.limit)
+        api.lists.charge(client.source, len(page.views), time.monotonic())
+        return page
 
     def _ask(self, call: Callable[..., Any], *args: Any) -> Any:
         """A backend call; its TimeoutError is the controller's, not the client's (which cuts the connection)."""
@@ -508,29 +547,49 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _Refused(Reject.INVALID, str(exc)) from None
 
 
-def _filters(query: str) -> tuple[str | None, Kind | None, Network | None]:
+@dataclass(frozen=True)
+class Filters:
+    """A listing's query: ?source= &kind= &address= (filters) &after= &limit= (its page)."""
+    source: str | None = None
+    kind: Kind | None = None
+    address: Network | None = None
+    after: int = 0
+    limit: int = PAGE_SIZE
+
+
+def _filters(query: str, allowed: tuple[str, ...] = ("source", "kind", "address", "after", "limit")) -> Filters:
     try:
-        given = parse_qs(query, strict_parsing=True, max_num_fields=3) if query else {}
+        given = parse_qs(query, strict_parsing=True, max_num_fields=len(allowed)) if query else {}
     except ValueError as exc:
         raise _Refused(Reject.INVALID, f"query: {exc}") from None
     for name, values in given.items():
-        if name not in ("source", "kind", "address"):
-            raise _Refused(Reject.INVALID, f"query: unknown filter {name[:40]!r} (allowed: address, kind, source)")
+        if name not in allowed:
+            raise _Refused(Reject.INVALID, f"query: unknown filter {name[:40]!r} (allowed: {', '.join(allowed)})")
         if len(values) > 1:
             raise _Refused(Reject.INVALID, f"query: {name} given twice")
-    source = given.get("source", [None])[0]
+    one = {name: values[0] for name, values in given.items()}
     kind = address = None
-    if "kind" in given:
+    if "kind" in one:
         try:
-            kind = Kind(given["kind"][0])
+            kind = Kind(one["kind"])
         except ValueError:
             raise _Refused(Reject.INVALID, "query: kind is not one of " + ", ".join(k.value for k in Kind)) from None
-    if "address" in given:
+    if "address" in one:
         try:
-            address = ipaddress.ip_network(given["address"][0], strict=False)
+            address = ipaddress.ip_network(one["address"], strict=False)
         except ValueError:
             raise _Refused(Reject.INVALID, "query: address is not an address or prefix") from None
-    return source, kind, address
+    after, limit = (_count(name, one.get(name), lo, hi, default) for name, lo, hi, default in
+                    (("after", 0, 1 << 62, 0), ("limit", 1, PAGE_MAX, PAGE_SIZE)))
+    return Filters(one.get("source"), kind, address, after, limit)
+
+
+def _count(name: str, text: str | None, lo: int, hi: int, default: int) -> int:
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,19}", text, re.ASCII) or not lo <= int(text) <= hi:
+        raise _Refused(Reject.INVALID, f"query: {name} is not a number in {lo}-{hi}")
+    return int(text)
 
 
 def _certificate_name(sock: socket.socket) -> str | None:
@@ -676,6 +735,7 @@ class IdsApi:
         self.idle_seconds = idle_seconds
         self.limit = RateLimit(cfg.rate_limit)  # by requester
         self.unauthenticated = RateLimit(cfg.rate_limit_unauthenticated)  # by client (Peer.who)
+        self.lists = RateLimit(LIST_RULES)  # rules listed, by requester
         self.tokens = tokens if tokens is not None else Tokens(cfg.token_file) if cfg.token_file else None
         self.tls: ssl.SSLContext | None = None
         self.tls_client_names = False

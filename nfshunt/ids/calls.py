@@ -29,6 +29,7 @@ class Reject(enum.StrEnum):
     UNANSWERED = "unanswered"  # 504: the backend did not answer in time
     INTERNAL = "internal"  # 500
     TIMEOUT = "timeout"  # the request did not arrive within its deadline: connection cut
+    FORBIDDEN = "forbidden"  # 403: another client's rules, to a client whose token is not an admin's
     BUSY = "busy"  # ids.max_connections open: connection closed at once
     CLIENT_BUSY = "client_busy"  # ids.max_connections_per_client of its client open: closed at once
     TLS = "tls"  # the TLS handshake failed (no or a wrong client certificate)
@@ -85,6 +86,16 @@ class Outcome:
     view: RuleView | None = None
 
 
+PAGE_MAX = 1000  # rules in a listing's page at most
+
+
+@dataclass(frozen=True)
+class Page:
+    """A listing's page: its rules' views, and where the next page starts (None: no more)."""
+    views: list[RuleView]
+    next: int | None = None
+
+
 class RuleBackend(Protocol):
     """What the API asks of the controller (it runs the rules on the switch). Called from
     the API's threads, several at once: the implementation hands each call to the event
@@ -100,8 +111,11 @@ class RuleBackend(Protocol):
         """REMOVED (or EXPIRED, if it had) with its view and counters; ERROR NOT_FOUND."""
         ...
 
-    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
-        """The active rules (pending ones too), filtered."""
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
+              limit: int) -> Page:
+        """A page of the active rules (pending ones too), filtered (source None: every
+        requester's), in the order they were added, after the place `after` (0: from the
+        first). Read off the event loop."""
         ...
 
     def rule(self, source: str, rule_id: str) -> RuleView | None:

@@ -15,7 +15,7 @@ the controller's own; it carries no conntrack entry: the controller looks that u
   {"op": "submit", "seq", "rule", "timeout"}      {"op": "setup", "config", "log_level",
   {"op": "remove", "seq", "source", "id"}           "request_seconds", "tokens"}
   {"op": "rules", "seq", "source", "kind",        {"op": "answer", "seq", "done", "value"}
-     "address"}
+     "address", "after", "limit"}
   {"op": "rule", "seq", "source", "id"}
   {"op": "tokens", "seq"}   (the token file changed: read it again)
   {"op": "count", "reason"}, {"op": "log", "name", "level", "message", "exc"},
@@ -35,7 +35,7 @@ from typing import Any
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
 
-from .calls import Outcome, Reject, Result, RuleView, State
+from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleView, State
 from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError
 from .store import from_json
 from .tokens import CLIENT_NAME, Signature, Token
@@ -43,7 +43,7 @@ from .tokens import CLIENT_NAME, Signature, Token
 VERSION = 1
 HEAD = struct.Struct("!BI")  # version, payload length
 MAX_REQUEST = 64 * 1024  # a child's frame: a rule is ~400 bytes, a log record's text is cut at LOG_TEXT
-MAX_ANSWER = 64 * 1024 * 1024  # the controller's: the config and tokens, or a listing of rules
+MAX_ANSWER = 16 * 1024 * 1024  # the controller's: the config and tokens, or a page of views (~0.5 MB)
 LOG_TEXT = 8192
 MAX_TIMEOUT = 60.0  # seconds an add may ask to be waited for (ids.answer_timeout's bound)
 
@@ -140,6 +140,14 @@ def view_of(raw: dict[str, Any]) -> RuleView:
                     raw["flows_idle_timeout"])
 
 
+def page_json(page: Page) -> dict[str, Any]:
+    return {"views": [view_json(v) for v in page.views], "next": page.next}
+
+
+def page_of(raw: dict[str, Any]) -> Page:
+    return Page([view_of(v) for v in raw["views"]], raw["next"])
+
+
 def outcome_json(o: Outcome) -> dict[str, Any]:
     return {"result": o.result.value, "reason": o.reason, "pending": o.pending,
             "error": None if o.error is None else o.error.value,
@@ -214,9 +222,14 @@ def request_of(message: dict[str, Any], now: float, cfg: IdsConfig) -> tuple[str
         _fields(message, ("seq", "source", "id"))
         return op, _seq(message), (source_of(message["source"]), _rule_id(message["id"]))
     if op == "rules":
-        _fields(message, ("seq", "source", "kind", "address"))
+        _fields(message, ("seq", "source", "kind", "address", "after", "limit"))
         source = None if message["source"] is None else source_of(message["source"])
-        return op, _seq(message), (source, _kind(message["kind"]), _network(message["address"]))
+        after, limit = message["after"], message["limit"]
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 1 << 62:
+            raise FrameError("rules: after is not a place in the listing")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= PAGE_MAX:
+            raise FrameError(f"rules: limit is not 1-{PAGE_MAX}")
+        return op, _seq(message), (source, _kind(message["kind"]), _network(message["address"]), after, limit)
     if op == "tokens":
         _fields(message, ("seq",))
         return op, _seq(message), ()

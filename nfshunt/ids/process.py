@@ -48,7 +48,7 @@ from nfshunt.openflow.channel import RateLimitedLog
 
 from . import frames, tokens
 from .api import REQUEST_SECONDS, IdsApi, listen
-from .calls import Outcome, Reject, RuleBackend, RuleView
+from .calls import Outcome, Page, Reject, RuleBackend, RuleView
 from .confine import ConfineError, confine
 from .frames import Channel, FrameError
 from .rules import Kind, Network, Rule
@@ -118,10 +118,11 @@ class RemoteBackend:
     def remove(self, source: str, rule_id: str) -> Outcome:
         return frames.outcome_of(self._call({"op": "remove", "source": source, "id": rule_id}, self.answer_timeout))
 
-    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
-        got = self._call({"op": "rules", "source": source, "kind": None if kind is None else kind.value,
-                          "address": None if address is None else str(address)}, self.answer_timeout)
-        return [frames.view_of(v) for v in got]
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
+              limit: int) -> Page:
+        return frames.page_of(self._call({"op": "rules", "source": source, "kind": None if kind is None else kind.value,
+                                          "address": None if address is None else str(address), "after": after,
+                                          "limit": limit}, self.answer_timeout))
 
     def rule(self, source: str, rule_id: str) -> RuleView | None:
         got = self._call({"op": "rule", "source": source, "id": rule_id}, self.answer_timeout)
@@ -195,7 +196,7 @@ Reply = Callable[[Outcome | Exception], None]
 SubmitAsync = Callable[[Rule, float, Reply], "Pending"]
 ENCODE: dict[str, Callable[[Any], Any]] = {
     "submit": frames.outcome_json, "remove": frames.outcome_json,
-    "rules": lambda views: [frames.view_json(v) for v in views],
+    "rules": frames.page_json,
     "rule": lambda view: None if view is None else frames.view_json(view),
     "tokens": lambda read: frames.tokens_json(*read)}
 

@@ -12,8 +12,9 @@ Precedence, written once here and nowhere else:
      the destination address and port of the entry's original direction, the end that
      listened; the rule's own dst and dport until its entry is seen) inside one of the
      prefixes, on one of the ports. The client's address and port count for nothing;
-  4. an IDS block is always allowed, except of a whitelisted address (WHITELIST rules
-     exempt their addresses from IDS blocks);
+  4. an IDS block is always allowed, except of an address its own requester whitelisted
+     (WHITELIST rules exempt their addresses from their requester's blocks; with
+     ids.shared_whitelists from every requester's: Store.whitelisting);
   5. between an IDS's rules of one connection (`holder`), a block before a shunt, then
      the higher `priority` (NetControl's meaning: higher wins), then the newer: the pair
      built while that rule holds takes its action and idle timeout. Every such rule
