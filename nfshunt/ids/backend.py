@@ -150,10 +150,8 @@ class IdsBackend:
         sub.give(ans.outcome)
 
     def _lookup(self, connection: FlowTuple) -> ConnEvent | None:
-        """On the event loop: the connection's entry as the kernel holds it now. Every event
-        the loop took before is in the kernel's answer; every later one comes after this
-        turn, so after the rule's pin (a connection closed since an IDS asked is found gone
-        or closing, never shunted on what it was). One netlink request each way, ~10 us."""
+        """On the event loop: the connection's entry as the kernel holds it now (every event
+        the loop took is in the answer, every later one comes after the rule's pin)."""
         try:
             return self.lookup(connection)
         except OSError as exc:
@@ -171,10 +169,8 @@ class IdsBackend:
 
     def rules(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
               limit: int) -> Page:
-        """A page of the rules, read on the calling thread, never the event loop's (10,000
-        rules' views held the loop 103 ms): the store's rules as they are at once
-        (Store.page), each one's state read from the pairs as they are (a pair changing
-        state meanwhile may show either way)."""
+        """A page, read on the calling thread, never the loop (10,000 rules' views held it
+        103 ms): rules as they are at once (Store.page), states from the pairs as they are."""
         rules, nxt = self.store.page(source, kind, address, after, limit)
         return Page([view(r, self.host.switches) for r in rules], nxt)
 

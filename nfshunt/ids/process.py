@@ -49,7 +49,7 @@ from nfshunt.openflow.channel import RateLimitedLog
 from . import frames, tokens
 from .api import REQUEST_SECONDS, IdsApi, listen
 from .calls import Outcome, Page, Reject, RuleBackend, RuleView
-from .confine import ConfineError, confine
+from .confine import confine
 from .frames import Channel, FrameError
 from .rules import Kind, Network, Rule
 
@@ -176,7 +176,7 @@ def child_main(argv: list[str]) -> int:
                      listening=listening, tokens=given)  # (the TLS files read here, as root)
         confined = confine(cfg.user)
         api.start()
-    except (Exception, ConfineError) as exc:  # a TLS file unreadable, say: the controller says so and stops
+    except Exception as exc:  # a TLS file unreadable, a user it cannot take: the controller says so and stops
         channel.send({"op": "serving", "error": f"{type(exc).__name__}: {exc}"})
         return 1
     LOG.info("the IDS API's process serves as %s (uid %d) with no capability; seccomp filter: %s", confined.user,
