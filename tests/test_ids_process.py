@@ -408,3 +408,26 @@ def test_a_forged_frame_changes_nothing_and_is_counted():
     assert not bad and answer["seq"] == 2 and answer["value"]["result"] == "added" and answer["value"]["pending"]
     assert rig.core.find(tuple_=ORIG) is None
     assert backend.store.get("ids:zeek", "f1").created == WALL  # its time the controller's, not the child's
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("openssl") is None, reason="needs root and openssl")
+def test_the_child_serves_tls_with_a_key_only_root_may_read(tmp_path):
+    """The key is root's (0600): read by the child before it takes its user; it serves TLS as nobody."""
+    import http.client
+    import ssl
+    d = str(tmp_path)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+                    "server.pem", "-days", "1", "-subj", "/CN=127.0.0.1"], cwd=d, check=True, capture_output=True)
+    os.chmod(f"{d}/server.key", 0o600)
+    s = Served(config(write_tokens(tmp_path), tls=IdsTLS(f"{d}/server.pem", f"{d}/server.key", None)))
+    s.api.start()
+    try:
+        assert status_of(s.api.pid)["Uid"].split()[0] != "0"
+        ctx = ssl.create_default_context(cafile=f"{d}/server.pem")
+        ctx.check_hostname = False
+        conn = http.client.HTTPSConnection(*s.api.address, context=ctx, timeout=5)
+        conn.request("GET", "/v1/rules", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        s.api.stop()
