@@ -197,13 +197,13 @@ def test_slow_and_idle_connections_are_closed_at_short_deadlines(tmp_path):
         t0 = time.monotonic()
         with socket.create_connection(api.address, timeout=5) as silent:
             assert silent.recv(100) == b""
-        assert 0.9 < time.monotonic() - t0 < 2.0
+        assert 0.9 < time.monotonic() - t0 < 3.0  # (10 s before: the whole request's deadline)
         kept = http.client.HTTPConnection(*api.address, timeout=5)
         kept.request("GET", "/v1/rules", headers={"Authorization": f"Bearer {TOKEN}"})
         assert kept.getresponse().read()
         t0 = time.monotonic()
         assert kept.sock.recv(100) == b""  # closed once idle for 0.5 s
-        assert 0.4 < time.monotonic() - t0 < 1.5
+        assert 0.4 < time.monotonic() - t0 < 3.0
         kept.close()
         attacker = Attacker(api, "slowloris", 64, 4.0, period=0.3)
         try:

@@ -156,7 +156,7 @@ def child_main(argv: list[str]) -> int:
     """The child (CHILD): its arguments are the channel's and the listening socket's fds.
     It takes its setup, loads what only root may read (TLS), confines itself, then serves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the controller, which stops us
-    channel = Channel(socket.socket(fileno=int(argv[0])), frames.MAX_ANSWER, strict=False)
+    channel = Channel(socket.socket(fileno=int(argv[0])), frames.MAX_ANSWER)
     listening = socket.socket(fileno=int(argv[1]))
     setup = channel.receive()
     if setup is None:
@@ -373,7 +373,7 @@ class ApiProcess:
                 pass_fds=(theirs.fileno(), self._listening.fileno()), stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             theirs.close()
-        self._channel = Channel(ours, frames.MAX_REQUEST, strict=True)
+        self._channel = Channel(ours, frames.MAX_REQUEST)
         read = tokens.read(self.cfg.token_file) if self.cfg.token_file else (None, [])
         self._channel.send({"op": "setup", "config": frames.config_json(self.cfg), "tokens": frames.tokens_json(*read),
                             "log_level": logging.getLogger("nfshunt").getEffectiveLevel(),

@@ -357,8 +357,10 @@ def _overlap(a: Network, b: Network) -> bool:
     return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
 
 
-def from_json(raw: Any) -> Rule:
-    """A rule as `Rule.to_json` wrote it, every field checked again (the file may be edited)."""
+def from_json(raw: Any, created_at: float | None = None) -> Rule:
+    """A rule as `Rule.to_json` wrote it, every field checked again (the file may be edited);
+    created_at: its time of creation instead of the one it says (the controller's, for a rule
+    the API's process sends)."""
     if not isinstance(raw, dict):
         raise RuleError("", "not an object")
     allowed = {"source", "id", "kind", "priority", "expire", "created", "expires", "idle_timeout", "connection",
@@ -386,7 +388,8 @@ def from_json(raw: Any) -> Rule:
         except (TypeError, ValueError):
             raise RuleError("address", "not an address or prefix") from None
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
-                _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE), float(created), conn, address,
+                _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),
+                float(created) if created_at is None else created_at, conn, address,
                 None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT),
                 _server(raw.get("server"), conn) if kind is Kind.SHUNT else None)
 
