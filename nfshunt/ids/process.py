@@ -269,8 +269,8 @@ class BackendServer:
                 self._take(message, on_serving)
         except FrameError as exc:
             self.bad_frame(str(exc))
-        except OSError:
-            pass  # (its end is gone: as at its end)
+        except (OSError, ValueError):
+            pass  # its end is gone, or ours closed (a stop): as at its end
         finally:
             self.deadlines.stop()
             self.pool.shutdown(wait=False, cancel_futures=True)
