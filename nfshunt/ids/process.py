@@ -265,12 +265,21 @@ class BackendServer:
         """Take the child's messages until its end closes, or it sends what is not a
         request of this format (then return)."""
         try:
-            while (message := self.channel.receive()) is not None:
-                self._take(message, on_serving)
-        except FrameError as exc:
-            self.bad_frame(str(exc))
-        except (OSError, ValueError):
-            pass  # its end is gone, or ours closed (a stop): as at its end
+            while True:
+                try:
+                    message = self.channel.receive()
+                except FrameError as exc:
+                    self.bad_frame(str(exc))
+                    return
+                except (OSError, ValueError):  # its end is gone, or ours closed (a stop)
+                    return
+                if message is None:
+                    return
+                try:
+                    self._take(message, on_serving)
+                except Exception as exc:  # a FrameError, or whatever else a hostile frame made a check raise
+                    self.bad_frame(str(exc) if isinstance(exc, FrameError) else f"{type(exc).__name__}: {exc}")
+                    return
         finally:
             self.deadlines.stop()
             self.pool.shutdown(wait=False, cancel_futures=True)
