@@ -589,11 +589,12 @@ IDS_PORT = 9754
 IDS_CLIENT = "bench"
 
 
-def _ids_config(count: int, tokens: str) -> dict[str, Any]:
+def _ids_config(count: int, tokens: str, conns: int) -> dict[str, Any]:
     """The testbed's IDS section: ctfeed's destination 10.65.0.1:5201 inside ids.may_shunt,
-    room for every rule of the run."""
+    room for every rule of the run, and for the client's connections (one local user)."""
     return {"listen_port": IDS_PORT, "token_file": tokens, "max_rules": count + 1000, "answer_timeout": 5.0,
-            "may_shunt": {"prefixes": ["10.65.0.1/32"], "ports": [5201]}}
+            "may_shunt": {"prefixes": ["10.65.0.1/32"], "ports": [5201]},
+            "max_connections": max(64, conns), "max_connections_per_client": max(16, conns)}
 
 
 def _ignored(tb: Testbed) -> int:
@@ -645,7 +646,7 @@ def bench_ids(args: argparse.Namespace) -> int:
         try:
             with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
                                                  "default_shunt_timeout": args.shunt_timeout,
-                                                 "ids": _ids_config(count, tokens)}, log=print) as tb:
+                                                 "ids": _ids_config(count, tokens, conns)}, log=print) as tb:
                 tb.wait_for_controller()
                 cfg = nfconfig.load(tb.config_path)
                 limit = switchlimit.measure(cfg, "s1", alone_pairs)

@@ -24,6 +24,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+# The IDS API's process runs as this user (ids.user), with no capability (nfshunt/ids/confine.py).
+if ! getent passwd nfshunt-ids >/dev/null; then
+    echo "install-deps: creating the system user nfshunt-ids"
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nfshunt-ids
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "install-deps: creating $VENV"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"

@@ -8,12 +8,14 @@ import threading
 import time
 
 from nfshunt.config.settings import IdsConfig, MayShunt
-from nfshunt.ids.api import IdsApi, Outcome, Reject, Result, RuleView, State
+from nfshunt.ids.api import IDLE_SECONDS, PREAUTH_SECONDS, IdsApi
+from nfshunt.ids.calls import Outcome, Page, Reject, Result, RuleView, State
 from nfshunt.ids.rules import Decision, precedence
 from nfshunt.ids.store import Added, Counts, Store
 
 TOKEN = "zeek-token-0123456789abcdef"
 OTHER = "scipass-token-0123456789abcdef"
+ADMIN = "operator-token-0123456789abcdef"  # marked admin: sees every client's rules
 CONN = {"protocol": "tcp", "src": "10.0.0.1", "sport": 40000, "dst": "10.0.0.2", "dport": 5201}
 
 
@@ -58,9 +60,10 @@ class FakeBackend:
                         bytes=ended.counts.bytes)
         return Outcome(Result.EXPIRED if expired else Result.REMOVED, view=view)
 
-    def rules(self, source, kind, address):
+    def rules(self, source, kind, address, after, limit):
         with self.lock:
-            return [RuleView(r, State.ACTIVE) for r in self.store.select(source, kind, address)]
+            rules, nxt = self.store.page(source, kind, address, after, limit)
+        return Page([RuleView(r, State.ACTIVE) for r in rules], nxt)
 
     def rule(self, source, rule_id):
         with self.lock:
@@ -69,20 +72,21 @@ class FakeBackend:
 
 
 def write_tokens(folder):
-    """A token file (mode 0600) naming two clients, zeek and scipass; its path."""
+    """A token file (mode 0600) naming three clients, zeek, scipass and operator (an admin's); its path."""
     path = folder / "tokens"
-    path.write_text(f"# the IDS clients\nzeek {TOKEN}\nscipass {OTHER}\n")
+    path.write_text(f"# the IDS clients\nzeek {TOKEN}\nscipass {OTHER}\noperator {ADMIN} admin\n")
     os.chmod(path, 0o600)
     return str(path)
 
 
-def make_api(token_file, request_seconds=5.0, **kw):
+def make_api(token_file, request_seconds=5.0, preauth_seconds=PREAUTH_SECONDS, idle_seconds=IDLE_SECONDS, **kw):
     cfg = IdsConfig(listen_port=0, token_file=token_file,
                     may_shunt=MayShunt(prefixes=(ipaddress.ip_network("10.0.0.0/24"),
                                                  ipaddress.ip_network("fd00::/64"))), **kw)
     backend = FakeBackend(cfg)
     counted = []
-    api = IdsApi(cfg, backend, count=counted.append, request_seconds=request_seconds)
+    api = IdsApi(cfg, backend, count=counted.append, request_seconds=request_seconds,
+                 preauth_seconds=preauth_seconds, idle_seconds=idle_seconds)
     api.start()
     return api, backend, counted
 

@@ -14,9 +14,10 @@ import time
 import pytest
 
 from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
-from nfshunt.ids.api import IdsApi, Reject
+from nfshunt.ids.api import IdsApi
+from nfshunt.ids.calls import Reject
 from nfshunt.records.model import TCP, Action, FlowTuple
-from tests.idsfake import CONN, OTHER, TOKEN, FakeBackend, call, make_api, write_tokens
+from tests.idsfake import ADMIN, CONN, OTHER, TOKEN, FakeBackend, call, make_api, write_tokens
 
 
 @pytest.fixture
@@ -81,8 +82,10 @@ def test_get_list_delete(served):
     assert status == 200 and one["connection"]["src"] == "fd00::1" and one["state"] == "active"
     assert call(api, "GET", "/v1/rules/s1")[0] == 404  # another requester's id
     status, listed = call(api, "GET", "/v1/rules")
-    assert status == 200 and {r["id"] for r in listed["rules"]} == {"1", "v6", "a", "s1"}
-    assert [r["id"] for r in call(api, "GET", "/v1/rules?source=ids:scipass")[1]["rules"]] == ["s1"]
+    assert status == 200 and [r["id"] for r in listed["rules"]] == ["1", "v6", "a"]  # its own, as added
+    status, listed = call(api, "GET", "/v1/rules", token=ADMIN)  # an admin's token: every client's
+    assert status == 200 and [r["id"] for r in listed["rules"]] == ["1", "v6", "a", "s1"]
+    assert [r["id"] for r in call(api, "GET", "/v1/rules?source=ids:scipass", token=ADMIN)[1]["rules"]] == ["s1"]
     assert [r["id"] for r in call(api, "GET", "/v1/rules?kind=block_address")[1]["rules"]] == ["a"]
     assert [r["id"] for r in call(api, "GET", "/v1/rules?address=fd00::2")[1]["rules"]] == ["v6"]
     status, body = call(api, "DELETE", "/v1/rules/1")
@@ -372,3 +375,34 @@ def test_tls_client_certificates(tmp_path):
         assert Reject.TLS in counted
     finally:
         api.stop()
+
+
+def test_a_client_lists_its_own_rules_in_pages_and_an_admin_every_clients(served):
+    """Issue 36, 10: a page at a time (?limit=, ?after= the answer's `next`), a client's own
+    rules unless its token is marked admin; asking for another's is refused (403)."""
+    api, _, counted = served
+    for i in range(7):
+        add(api, f"z{i}", connection={**CONN, "sport": 41000 + i})
+        add(api, f"s{i}", token=OTHER, connection={**CONN, "sport": 42000 + i})
+    status, first = call(api, "GET", "/v1/rules?limit=3")
+    assert status == 200 and [r["id"] for r in first["rules"]] == ["z0", "z1", "z2"] and first["next"]
+    _, second = call(api, "GET", f"/v1/rules?limit=3&after={first['next']}")
+    _, third = call(api, "GET", f"/v1/rules?limit=3&after={second['next']}")
+    assert [r["id"] for r in second["rules"] + third["rules"]] == ["z3", "z4", "z5", "z6"] and "next" not in third
+    status, body = call(api, "GET", "/v1/rules?source=ids:scipass")
+    assert (status, body["error"]) == (403, "forbidden") and Reject.FORBIDDEN in counted
+    assert [r["id"] for r in call(api, "GET", "/v1/rules?source=ids:zeek")[1]["rules"]][:1] == ["z0"]
+    _, everyone = call(api, "GET", "/v1/rules?limit=1000", token=ADMIN)
+    assert len(everyone["rules"]) == 14 and "next" not in everyone
+    for bad in ("limit=0", "limit=1001", "after=-1", "after=x", "limit=2&limit=3"):
+        assert call(api, "GET", f"/v1/rules?{bad}")[0] == 400, bad
+    # SciPass's lists: its own flows, a page of them; the rest's ?after= in a header
+    conn = http.client.HTTPConnection(*api.address, timeout=5)
+    try:
+        conn.request("GET", "/scipass/flows/get_good_flows?limit=5", headers={"Authorization": f"Bearer {OTHER}"})
+        resp = conn.getresponse()
+        listed = json.loads(resp.read())
+        assert resp.status == 200 and [f["id"] for f in listed] == [f"s{i}" for i in range(5)]
+        assert resp.getheader("X-Next-After")
+    finally:
+        conn.close()

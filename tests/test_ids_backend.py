@@ -3,6 +3,7 @@ to packets, and what each add is answered. The core, flow builder and dispatcher
 test_fake_core's Rig wires them; the event loop is the test's own thread."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -14,11 +15,11 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt.app.operator_api import rules_by_source  # noqa: E402
 from nfshunt.config.settings import IdsConfig, MayShunt  # noqa: E402
-from nfshunt.ids.api import Outcome, Reject, Result  # noqa: E402
-from nfshunt.ids.backend import IdsBackend  # noqa: E402
+from nfshunt.ids.backend import CLOSING, NO_ENTRY, IdsBackend  # noqa: E402
+from nfshunt.ids.calls import Outcome, Reject, Result  # noqa: E402
 from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.records import cookies, markcodec  # noqa: E402
-from nfshunt.records.model import Action, FlowTuple  # noqa: E402
+from nfshunt.records.model import Action, EventKind, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
 from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
 
@@ -60,7 +61,8 @@ class Clock:
         return self.rig.now
 
 
-def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, **kw: Any):
+def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, ports: tuple[tuple[int, int], ...] = (),
+          **kw: Any):
     rig = rig or Rig()
     entries: dict[FlowTuple, Any] = {}
     audit = logging.getLogger("nfshunt.test-ids-audit")
@@ -69,7 +71,7 @@ def setup(tmp_path=None, may_shunt=("10.0.0.0/24",), rig: Rig | None = None, **k
     audit.propagate = False
     records: list[dict[str, Any]] = []
     audit.addHandler(_Collect(records))
-    cfg = IdsConfig(may_shunt=MayShunt(prefixes=tuple(ipaddress.ip_network(p) for p in may_shunt)),
+    cfg = IdsConfig(may_shunt=MayShunt(prefixes=tuple(ipaddress.ip_network(p) for p in may_shunt), ports=ports),
                     state_file=str(tmp_path / "ids.json") if tmp_path is not None else "", **kw)
     clock = Clock(rig)
     backend = IdsBackend(cfg, Host(rig), rig.counters, audit,
@@ -133,45 +135,122 @@ def test_a_shunt_of_a_connection_not_seen_yet_is_pending_and_applied_when_its_en
     assert conn.action is Action.SHUNT and fast(rig, conn)
 
 
-def test_a_connection_whose_events_went_by_between_the_look_and_the_pin_is_shunted_all_the_same():
-    """The API thread looks the connection up (not there yet); its entry's events reach the
-    loop and are judged (the policy leaves it alone) before the rule's pin is there; an
-    established connection may then send none for minutes. The second look finds it."""
-    rig, backend, entries, _ = setup()
-    looked: list[FlowTuple] = []
+def reversed_entry(action: int = 0) -> Any:
+    """ORIG's connection opened the other way round: 10.0.0.2:5201 -> 10.0.0.1:40000 (the
+    server 10.0.0.1:40000)."""
+    ev = event(action=action)
+    return dataclasses.replace(ev, orig=ev.reply, reply=ev.orig)
 
-    def lookup(t: FlowTuple) -> Any:
-        looked.append(t)
-        if len(looked) == 1:
-            entries[ORIG] = event(action=0, received=rig.now)
-            rig.event(action=0)  # meanwhile: ignored by the policy, no pin yet
-            return None
-        return entries.get(t)
-    backend.lookup = lookup
-    out = backend.submit(rule(rig), 1.0)
-    assert out.result is Result.ADDED and out.pending and len(looked) == 2
+
+def test_a_shunt_is_judged_on_its_entrys_server_whichever_way_it_is_named():
+    """Issue 36, 3: with may_shunt 10.0.0.2 port 5201, the connection 10.0.0.2:5201 ->
+    10.0.0.1:40000 (its server 10.0.0.1:40000) is outside however a rule names it; the
+    other way round (its server 10.0.0.2:5201) it is inside, named either way."""
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    entries[ORIG] = reversed_entry()
+    for named in (ORIG, ORIG.reversed()):
+        out = backend.submit(rule(rig, rule_id=str(named.sport), connection=named), 1.0)
+        assert (out.error, out.refusal) == (Reject.REFUSED, Refusal.OUTSIDE_MAY_SHUNT), named
+        assert "10.0.0.1:40000" in out.reason
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    entries[ORIG] = event(action=0)
+    out = backend.submit(rule(rig, connection=ORIG.reversed()), 1.0)  # named from the server's side
+    assert (out.result, out.pending) == (Result.ADDED, None)
+    conn = rig.core.find(tuple_=ORIG)
+    assert conn.action is Action.SHUNT and fast(rig, conn)
+    assert backend.store.get("ids:zeek", "1").server == ("10.0.0.2", 5201)
+
+
+def test_a_shunt_judged_before_its_entry_applies_only_to_a_connection_to_the_server_it_named():
+    """A rule of a connection not seen yet is judged on its dst and dport as the server
+    (inside), kept pending; the connection that comes goes the other way round (its server
+    the rule's src): its pin does not apply, and that is counted."""
+    rig, backend, entries, _ = setup(may_shunt=("10.0.0.2/32",), ports=((5201, 5201),))
+    out = backend.submit(rule(rig), 1.0)  # 10.0.0.1:40000 -> 10.0.0.2:5201, not seen yet
+    assert out.result is Result.ADDED and out.pending
+    ev = dataclasses.replace(reversed_entry(), received=rig.now)
+    rig.run(rig.core.conntrack_event(ev))
+    assert rig.core.find(tuple_=ORIG) is None
+    assert rig.counters.flat()["ignored:ids shunt: not the server it was judged on"] == 1
+    conn = rig.event(action=0, ct_id=8)  # the connection as judged, later: shunted
+    assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
+class LoopOnly:
+    """The conntrack lookup as the backend gets it, recording the thread it ran on."""
+
+    def __init__(self, entries: dict[FlowTuple, Any]):
+        self.entries = entries
+        self.threads: list[str] = []
+
+    def __call__(self, t: FlowTuple) -> Any:
+        import threading
+        self.threads.append(threading.current_thread().name)
+        return self.entries.get(t) or self.entries.get(t.reversed())
+
+
+def test_the_entry_is_looked_up_on_the_event_loop_in_the_turn_that_judges_the_rule():
+    """Issue 36, 5: the API's thread looks nothing up; the loop reads the kernel's entry in
+    the turn that judges and pins the rule (the Host runs posted work on its own thread,
+    the event loop here, named so)."""
+    import threading
+    rig, backend, entries, _ = setup()
+    looked = LoopOnly(entries)
+    backend.lookup = looked
+    entries[ORIG] = event(action=0)
+    posted: list[Any] = []
+    backend.host.post = lambda ev: posted.append(ev)  # the loop runs it below, on its own thread
+    got: list[Any] = []
+    backend.submit_async(rule(rig), 1.0, got.append)
+    assert looked.threads == []  # not on the caller's thread
+    loop = threading.Thread(target=lambda: [ev.work() for ev in posted], name="event-loop")
+    loop.start()
+    loop.join()
+    rig.run()
+    assert looked.threads == ["event-loop"] and got and got[0].result is Result.ADDED
     conn = rig.core.find(tuple_=ORIG)
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
+
+
+@pytest.mark.parametrize("closed", ["destroyed", "time_wait"])
+def test_a_connection_that_closed_before_the_loop_judged_its_rule_is_never_shunted(closed):
+    """Issue 36, 5: the connection is live when the IDS asks, and closes (its entry
+    destroyed, or in TIME_WAIT) before the event loop takes the request: the rule is judged
+    on the kernel's entry as the loop finds it, gone or closing, and no pair is built on
+    what it was. The entry a new SYN on the same ports makes crosses the firewall first."""
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    rig.event(action=0)  # the loop saw it: the policy left it alone
+    run = backend.host.post
+
+    def close_then_run(ev: Any) -> None:  # the close's events reach the loop before the request does
+        if closed == "destroyed":
+            del entries[ORIG]
+            rig.event(action=0, kind=EventKind.DESTROY)
+        else:
+            entries[ORIG] = event(action=0, state=7)  # TIME_WAIT
+            rig.event(action=0, state=7)
+        run(ev)
+    backend.host.post = close_then_run
+    out = backend.submit(rule(rig), 1.0)
+    # kept: it applies to the next entry on the ports that the firewall accepts; answered at once
+    assert out.result is Result.ADDED and out.pending == (NO_ENTRY if closed == "destroyed" else CLOSING)
+    assert rig.core.find(tuple_=ORIG) is None
+    assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)  # a new SYN on the ports crosses the firewall
+    backend.host.post = run
+    conn = rig.event(action=0, ct_id=9, state=3)  # a new connection on the ports, accepted by the firewall
+    assert conn is not None and conn.ct_id == 9 and conn.action is Action.SHUNT
 
 
 def test_a_connection_still_being_judged_waits_for_the_decision_and_is_shunted_when_it_comes():
     """The look finds the entry with its ports marked but no decision yet (its first packet
     crossed the plumbing, the decision comes with the next): the rule waits instead of being
-    refused, and the decision's event, gone by before the pin, is found by the second look."""
+    refused, and the decision's event, which comes after the pin, shunts it."""
     rig, backend, entries, _ = setup()
-    judging = event(mark=markcodec.encode(1, 2, None, admin=0x1234))
-    looked: list[FlowTuple] = []
-
-    def lookup(t: FlowTuple) -> Any:
-        looked.append(t)
-        if len(looked) == 1:
-            rig.event(action=0)  # meanwhile: decided, ignored by the policy, no pin yet
-            return judging
-        return event(action=0)
-    backend.lookup = lookup
+    entries[ORIG] = event(mark=markcodec.encode(1, 2, None, admin=0x1234))
     out = backend.submit(rule(rig), 1.0)
-    assert out.result is Result.ADDED and "decision" in out.pending and len(looked) == 2
-    conn = rig.core.find(tuple_=ORIG)
+    assert out.result is Result.ADDED and "decision" in out.pending
+    conn = rig.event(action=0)
     assert conn is not None and conn.action is Action.SHUNT and fast(rig, conn)
 
 
@@ -495,8 +574,55 @@ def test_an_add_leaves_no_cycle_for_the_garbage_collector():
             t = FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 20000 + i, 5201)
             entries[t] = event(action=0, sport=20000 + i, ct_id=1000 + i)
             got: list[Any] = []
-            backend.submit_async(rule(rig, rule_id=str(i), connection=t), entries[t], 1.0, got.append)
+            backend.submit_async(rule(rig, rule_id=str(i), connection=t), 1.0, got.append)
             assert got and got[0].result is Result.ADDED
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_listing_is_paged_and_read_off_the_event_loop():
+    """Issue 36, 10: GET /v1/rules did its work on the event loop (10,000 rules held it
+    103 ms, two cores). A page is read on the caller's thread: nothing is posted to the loop."""
+    import time as clock
+    rig, backend, _, _ = setup(max_rules=20000)
+    for i in range(10000):
+        t = FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 10000 + i % 50000, 5201 + i // 50000)
+        backend.store.add(rule(rig, rule_id=str(i), connection=t, source="ids:zeek" if i % 2 else "ids:other"))
+    posted: list[Any] = []
+    backend.host.post = posted.append
+    seen, after, pages, took = [], 0, 0, []
+    while True:
+        t0 = clock.perf_counter()
+        page = backend.rules("ids:zeek", None, None, after, 1000)
+        took.append(clock.perf_counter() - t0)
+        seen += [v.rule.id for v in page.views]
+        pages += 1
+        if page.next is None:
+            break
+        after = page.next
+    assert not posted
+    assert seen == [str(i) for i in range(1, 10000, 2)] and pages == 5
+    everyone = backend.rules(None, Kind.SHUNT, None, 0, 1000)
+    assert len(everyone.views) == 1000 and everyone.next is not None
+    print(f"\na page of 1,000 of 10,000 rules: {max(took) * 1000:.1f} ms at most, off the event loop")
+
+
+def test_one_clients_whitelist_does_not_lift_anothers_block_unless_the_config_says_so():
+    """Issue 36, 10: an IDS's whitelist exempted an address from every IDS's blocks, and
+    lifted those in place. Now from its own requester's only; ids.shared_whitelists: every one's."""
+    for shared in (False, True):
+        rig, backend, _, _ = setup(shared_whitelists=shared)
+        block = rule(rig, Kind.BLOCK_ADDRESS, "b", source="ids:zeek", address="10.0.0.1/32")
+        assert backend.submit(block, 1.0).result is Result.ADDED
+        white = rule(rig, Kind.WHITELIST, "w", source="ids:scipass", address="10.0.0.0/24")
+        assert backend.submit(white, 1.0).result is Result.ADDED
+        rig.advance(1.0)
+        backend.tick()
+        assert (backend.store.get("ids:zeek", "b") is None) is shared
+        again = rule(rig, Kind.BLOCK, "c", source="ids:zeek")  # ORIG: 10.0.0.1 -> 10.0.0.2, inside the whitelist
+        out = backend.submit(again, 1.0)
+        assert (out.refusal is Refusal.WHITELISTED) is shared, out
+        own = rule(rig, Kind.BLOCK, "d", source="ids:scipass", connection=FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 1,
+                                                                                     2))
+        assert backend.submit(own, 1.0).refusal is Refusal.WHITELISTED  # its own whitelist: always

@@ -35,6 +35,8 @@ def test_defaults_are_safe(token):
     assert ids.state_file == "/var/lib/x/ids-rules.json"
     assert ids.max_rules > 0 and ids.rate_limit > 0 and ids.max_body_bytes <= 65536
     assert ids.max_prefix == {4: 16, 6: 48}
+    assert ids.user == "nfshunt-ids" and not ids.shared_whitelists  # issue 36: unprivileged; own whitelists
+    assert ids.max_connections_per_client < ids.max_connections and ids.rate_limit_unauthenticated < ids.rate_limit
 
 
 def test_every_key(token, pem):
@@ -78,6 +80,12 @@ def test_client_certificates_alone_authenticate(pem):
      "ids.tls.certificate", "does not exist"),
     ({"token_file": "TOKEN", "state_file": "relative.json"}, "ids.state_file", "absolute path"),
     ({"token_file": "TOKEN", "default_expire": 10**9}, "ids.default_expire", "outside"),
+    ({"token_file": "TOKEN", "user": "root"}, "ids.user", "unprivileged"),
+    ({"token_file": "TOKEN", "user": "a b"}, "ids.user", "not a user name"),
+    ({"token_file": "TOKEN", "max_connections": 8, "max_connections_per_client": 9},
+     "ids.max_connections_per_client", "over ids.max_connections"),
+    ({"token_file": "TOKEN", "rate_limit_unauthenticated": 0}, "ids.rate_limit_unauthenticated", "outside"),
+    ({"token_file": "TOKEN", "shared_whitelists": "yes"}, "ids.shared_whitelists", "expected"),
 ])
 def test_bad_ids_config_names_the_key(token, ids, key, problem):
     ids = {k: token if v == "TOKEN" else v for k, v in ids.items()}

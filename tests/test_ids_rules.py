@@ -11,12 +11,12 @@ from nfshunt.ids.rules import (
     Refusal,
     RuleError,
     Situation,
-    inside_may_shunt,
     parse,
     parse_scipass,
     precedence,
     scipass_id,
     scipass_json,
+    serves,
 )
 from nfshunt.records.model import TCP, UDP, Action, FlowTuple
 
@@ -154,14 +154,51 @@ def rule_of(action="shunt", conn=None, address=None):
     return parse(raw, "ids:z", NOW, CFG)
 
 
-def test_inside_may_shunt():
-    t = FlowTuple(4, TCP, "10.0.0.1", "192.0.2.9", 40000, 5201)
-    assert inside_may_shunt(ALLOWED, t)
-    assert inside_may_shunt(ALLOWED, t._replace(dport=50500))
-    assert not inside_may_shunt(ALLOWED, t._replace(dport=22))
-    assert not inside_may_shunt(ALLOWED, t._replace(src="192.0.2.1"))
-    assert inside_may_shunt(MayShunt(prefixes=ALLOWED.prefixes), t._replace(dport=22))  # no ports: any
-    assert not inside_may_shunt(MayShunt(), t)  # empty: none
+def test_serves_the_server_alone():
+    assert serves(ALLOWED, ("10.0.0.2", 5201))
+    assert serves(ALLOWED, ("10.0.0.2", 50500))
+    assert not serves(ALLOWED, ("10.0.0.2", 22))
+    assert not serves(ALLOWED, ("192.0.2.1", 5201))
+    assert serves(MayShunt(prefixes=ALLOWED.prefixes), ("10.0.0.2", 22))  # no ports: any
+    assert not serves(MayShunt(), ("10.0.0.2", 5201))  # empty: none
+    assert not serves(ALLOWED, ("fd00::2", 5201))  # another family
+
+
+ISSUE_SCOPE = MayShunt(prefixes=(ipaddress.ip_network("10.10.0.0/16"),), ports=((5201, 5201), (50000, 51000)))
+
+
+def _shunt(src, sport, dst, dport):
+    return rule_of(conn={"protocol": "tcp", "src": src, "sport": sport, "dst": dst, "dport": dport})
+
+
+@pytest.mark.parametrize("named,orig", [
+    # issue 36's two: a client inside choosing a source port in the list, to a server outside
+    (("10.10.0.5", 50123, "198.51.100.9", 22), ("10.10.0.5", 50123, "198.51.100.9", 22)),
+    # a server inside on a port not in the list, from a client outside on a listed port
+    (("203.0.113.7", 5201, "10.10.0.5", 22), ("203.0.113.7", 5201, "10.10.0.5", 22)),
+    # either named the other way round: the entry's original direction says who the server is
+    (("198.51.100.9", 22, "10.10.0.5", 50123), ("10.10.0.5", 50123, "198.51.100.9", 22)),
+    (("10.10.0.5", 22, "203.0.113.7", 5201), ("203.0.113.7", 5201, "10.10.0.5", 22)),
+])
+def test_a_shunt_is_inside_may_shunt_only_by_its_server(named, orig):
+    entry = FlowTuple(4, TCP, orig[0], orig[2], orig[1], orig[3])
+    verdict = precedence(_shunt(*named), Situation(policy=Action.IGNORE, server=(entry.dst, entry.dport)), ISSUE_SCOPE)
+    assert (verdict.decision, verdict.refusal) == (Decision.REFUSE, Refusal.OUTSIDE_MAY_SHUNT)
+    assert f"{entry.dst}:{entry.dport}" in verdict.reason
+
+
+def test_before_its_entry_is_seen_a_shunt_is_judged_on_its_dst_and_keeps_it_as_its_server():
+    for named in (("10.10.0.5", 50123, "198.51.100.9", 22), ("203.0.113.7", 5201, "10.10.0.5", 22),
+                  ("198.51.100.9", 22, "10.10.0.5", 49000)):
+        verdict = precedence(_shunt(*named), Situation(policy=None), ISSUE_SCOPE)
+        assert verdict.refusal is Refusal.OUTSIDE_MAY_SHUNT, named
+    verdict = precedence(_shunt("198.51.100.9", 22, "10.10.0.5", 50123), Situation(policy=None), ISSUE_SCOPE)
+    assert (verdict.decision, verdict.server) == (Decision.WAIT, ("10.10.0.5", 50123))  # (its pin: that server only)
+    # named from the server's side, of a known entry: inside, judged on the entry
+    verdict = precedence(_shunt("10.10.0.5", 5201, "203.0.113.7", 40000),
+                         Situation(policy=Action.IGNORE, server=("10.10.0.5", 5201)), ISSUE_SCOPE)
+    assert (verdict.decision, verdict.server) == (Decision.APPLY, ("10.10.0.5", 5201))
+    assert _shunt("10.10.0.5", 5201, "203.0.113.7", 40000).to_json().get("server") is None  # set when judged
 
 
 @pytest.mark.parametrize("situation,decision,refusal", [

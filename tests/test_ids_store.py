@@ -85,7 +85,14 @@ def test_situation_from_ids_blocks_and_whitelists():
     assert situation.ids_block == "ids:x/b" and situation.pin is Action.SHUNT
     store.add(rule("w", action="whitelist", address="10.0.0.2"))
     assert store.situation(rule("c", action="block"), policy=Action.SHUNT).whitelist == "ids:zeek/w"
-    assert [r.id for r in store.exempted_by(store.get("ids:zeek", "w"))] == ["b"]
+    # ids:zeek's whitelist exempts from ids:zeek's blocks only, unless whitelists are shared
+    assert store.situation(rule("c", source="ids:x", action="block"), policy=Action.SHUNT).whitelist is None
+    assert store.exempted_by(store.get("ids:zeek", "w")) == []
+    store.add(rule("b2", action="block", address="10.0.0.0/30"))
+    assert [r.id for r in store.exempted_by(store.get("ids:zeek", "w"))] == ["b2"]
+    store.shared_whitelists = True
+    assert store.situation(rule("c", source="ids:x", action="block"), policy=Action.SHUNT).whitelist == "ids:zeek/w"
+    assert [r.id for r in store.exempted_by(store.get("ids:zeek", "w"))] == ["b", "b2"]
     # A connection block of the reply direction covers the connection too.
     other = Store(None, max_rules=10)
     other.add(rule("r", action="block", src="10.0.0.2", dst="10.0.0.1", sport=5201, dport=40000))
@@ -149,7 +156,7 @@ def test_the_state_file_is_the_rules_json_written_from_their_lines(tmp_path):
     write(path, lines)
     with open(path) as fh:
         assert json.load(fh) == {"version": 1, "rules": [r.to_json() for r in store.select() if r.id != "c"]}
-    assert store.whitelisting(rule("x", action="block", address="10.1.2.3").networks()) is None
+    assert store.whitelisting(rule("x", action="block", address="10.1.2.3").networks(), "ids:zeek") is None
     assert store.blocking(FlowTuple(4, 6, "10.1.2.3", "10.0.0.2", 1, 2)).id == "b"
 
 

@@ -33,6 +33,8 @@ ALLOWED: dict[str, set[str]] = {
 }
 NO_OS_KEN = ("records", "config", "core", "kernel", "observe")
 MAX_CLASS, MAX_FUNCTION, MAX_APP = 320, 60, 250
+IDS_SERVER = "nfshunt.ids.api"  # the HTTP server: only the API's process (and the app) start it
+IDS_SERVER_USERS = {"nfshunt.ids.process"}
 APP_MODULE = "nfshunt.app.switch_app"
 
 
@@ -151,6 +153,14 @@ def test_the_decision_side_kernel_and_observe_never_reach_os_ken():
     for name in graph:
         if layer(name) in NO_OS_KEN:
             assert (chain := _reaches(graph, name, "os_ken")) is None, " -> ".join(chain)
+
+
+def test_the_ids_logic_never_imports_the_http_server():
+    """Issue 39: the calls' types live in ids/calls, so the logic that answers them does
+    not take the HTTP server (and its threads, TLS and parsing) along."""
+    graph = _graph()
+    wrong = sorted(name for name, deps in graph.items() if IDS_SERVER in deps and name not in IDS_SERVER_USERS)
+    assert not wrong, f"{', '.join(wrong)} import {IDS_SERVER}"
 
 
 @pytest.mark.xfail(strict=True, reason="the move's second slice: config<->static cycle, two long definitions, the app")

@@ -70,3 +70,19 @@ def test_systemd_unit_exposure_is_4_or_lower():
     m = re.search(r"Overall exposure level for nfshunt\.service: ([0-9.]+)", proc.stdout)
     assert m, proc.stdout[-2000:] + proc.stderr
     assert float(m.group(1)) <= 4.0
+
+
+def test_the_unit_lets_the_ids_api_process_give_up_its_privileges_and_the_installer_makes_its_user():
+    """The IDS API's process (ids/confine.py) takes ids.user and empties its capability
+    sets (CAP_SETUID, CAP_SETGID, CAP_SETPCAP) and loads a seccomp filter (the seccomp
+    call); its threads count in TasksMax. The installer makes the default user."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(os.path.join(REPO, "config", "systemd", "nfshunt.service"))
+    svc = unit["Service"]
+    assert {"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"} <= set(svc["CapabilityBoundingSet"].split())
+    assert "seccomp" in svc["SystemCallFilter"].split()
+    assert int(svc["TasksMax"]) >= 64 * 2 + 32  # the API's threads (ids.max_connections) and the calls' waiting
+    from nfshunt.config.settings import IdsConfig
+    script = open(os.path.join(REPO, "scripts", "install-deps.sh")).read()
+    assert "useradd --system" in script and IdsConfig().user in script

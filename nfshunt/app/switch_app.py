@@ -97,7 +97,8 @@ class NFShuntApp(app_manager.OSKenApp):
             self.ids.load()
             self.ids_api = ApiProcess(self.cfg.ids, self.ids, self.ids.submit_async,
                                       count=lambda why: self.counters.add("ids_refused", why.value),
-                                      restarted=lambda: self.counters.inc("ids_api_restarts"))
+                                      restarted=lambda: self.counters.inc("ids_api_restarts"),
+                                      bad_frame=lambda: self.counters.inc("ids_api_bad_frames"))
         self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale

@@ -36,6 +36,7 @@ from .validate import (
     _optional,
     _path,
     _socket_path,
+    _str,
     _type_name,
 )
 
@@ -83,9 +84,10 @@ class IdsTLS:
 
 @dataclass(frozen=True)
 class MayShunt:
-    """Which connections an IDS may shunt (`ids.may_shunt`): one with an endpoint inside
-    one of the prefixes and, when ports are listed, a port inside one of the port ranges.
-    Empty (the default): none."""
+    """Which connections an IDS may shunt (`ids.may_shunt`): one whose server (the end it
+    was opened to: its conntrack entry's original destination) is inside one of the
+    prefixes and, when ports are listed, listens on a port inside one of the port ranges
+    (ids/rules.serves). Empty (the default): none."""
     prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     ports: tuple[tuple[int, int], ...] = ()  # inclusive ranges; empty: any port
 
@@ -102,13 +104,17 @@ class IdsConfig:
     tls: IdsTLS | None = None
     may_shunt: MayShunt = MayShunt()
     max_rules: int = 10000  # active IDS rules, all clients together; more: `error: full`
-    rate_limit: int = 2000  # requests a second from one client address (a second's worth may come at once)
+    rate_limit: int = 2000  # requests a second of one authenticated client (a second's worth may come at once)
+    rate_limit_unauthenticated: int = 20  # failed logins a second of one client (an address; a local user)
     max_body_bytes: int = 16384  # a rule's body is ~300 bytes
     max_prefix: dict[int, int] = field(default_factory=lambda: {4: 16, 6: 48})  # widest address block
     max_connections: int = 64  # open at once; each holds one thread (a slow client holds only its own)
+    max_connections_per_client: int = 16  # of them, open at once from one client (an address; a local user)
     answer_timeout: float = 5.0  # seconds an add may wait for the switch before it is answered pending
     default_expire: int = 3600  # for SciPass's bodies, which name no expiry
     state_file: str = ""  # set from state_dir when not configured
+    user: str = "nfshunt-ids"  # the API's process runs as this user, with no capability (ids/confine.py)
+    shared_whitelists: bool = False  # a whitelist exempts from every client's blocks (else its own client's)
 
 
 @dataclass(frozen=True)
@@ -336,6 +342,16 @@ def _token_file(key: str, value: Any) -> str:
     return value
 
 
+def _user(key: str, value: Any) -> str:
+    """A user name (not root: the API's process must keep no privilege)."""
+    value = _str(key, value)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", value, re.ASCII):
+        raise ConfigError(key, f"{value[:40]!r} is not a user name")
+    if value == "root":
+        raise ConfigError(key, "root: the IDS API's process parses what anyone sends and must run unprivileged")
+    return value
+
+
 def _ids(key: str, value: Any) -> IdsConfig | None:
     if value is None:
         return None
@@ -344,8 +360,12 @@ def _ids(key: str, value: Any) -> IdsConfig | None:
               "rate_limit": _int(1, 1_000_000), "max_body_bytes": _int(1024, 1 << 20),
               "max_prefix": _ids_max_prefix, "max_connections": _int(1, 10_000),
               "answer_timeout": _number(0.1, 60), "default_expire": _int(1, MAX_IDS_EXPIRE),
-              "state_file": _log_path}
+              "state_file": _log_path, "user": _user, "rate_limit_unauthenticated": _int(1, 1_000_000),
+              "max_connections_per_client": _int(1, 10_000), "shared_whitelists": _bool}
     ids = IdsConfig(**_object(key, value, fields))
+    if "max_connections_per_client" in value and ids.max_connections_per_client > ids.max_connections:
+        raise ConfigError(f"{key}.max_connections_per_client", f"{ids.max_connections_per_client} is over "
+                          f"{key}.max_connections ({ids.max_connections})")
     if ids.tls is None and not ipaddress.ip_address(ids.listen_address).is_loopback:
         raise ConfigError(f"{key}.listen_address", f"{ids.listen_address} is not a loopback address: the "
                           f"API then needs TLS ({key}.tls), or rules and tokens cross the network in clear")

@@ -39,6 +39,7 @@ R_PINNED = "kept on the slow path by an operator"
 R_NAT = "nat: reply tuple is not the original reversed"
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
+R_IDS_SERVER = "ids shunt: not the server it was judged on"
 
 
 def created_by(conn: Conn) -> ConnEvent:
@@ -134,6 +135,12 @@ class Admission:
         pins = self.shared.pins
         pin = pins.get(ev.orig) if pins else None
         idle = None
+        if pin is not None and pin.server is not None and pin.server != (ev.orig.dst, ev.orig.dport):
+            # An IDS shunt judged on the other end as the server (before the entry was
+            # seen): this connection goes the other way round, outside what was judged.
+            if action is Action.IGNORE:
+                return Ignored(R_IDS_SERVER, ev)
+            pin = None
         if pin is not None:
             pin.ct_id = ev.ct_id
             if pin.action is Action.IGNORE:

@@ -5,6 +5,10 @@ held until its rule ends: ids_backend.py) is a lower pin: an operator's pin repl
 and an IDS never replaces an operator's, and an IDS shunt takes effect only where the
 policy accepted the connection without deciding (ids_rules.precedence, rules 2 and 3).
 An IDS's pin carries its rule's idle timeout: the pair built while it holds gets it.
+An IDS shunt's pin also names the server it was judged on (ids/rules.precedence: the
+connection's listening end, inside ids.may_shunt): it applies only to an entry whose
+original direction goes to that server (admission), so a rule judged before its entry
+was seen cannot shunt a connection the other way round.
 No I/O."""
 from __future__ import annotations
 
@@ -25,15 +29,18 @@ class Pin:
     ct_id: int | None = None  # the entry it applied to; its DESTROY ends an unshunt pin
     source: str | None = None  # None: the operator's; else the IDS's ("ids:<client>"), held until its rule ends
     idle_timeout: int | None = None  # an IDS's: its pair's flows' (None: the config's default for the action)
+    server: tuple[str, int] | None = None  # an IDS shunt's: the (address, port) its entry's original direction goes to
 
 
 @dataclass(frozen=True, slots=True)
 class IdsHold:
     """What an IDS's rule holds a connection to: its action (SHUNT or BLOCK), its
-    requester, and the idle timeout its pair's flows get (None: the config's default)."""
+    requester, the idle timeout its pair's flows get (None: the config's default), and for
+    a shunt the server it was judged on (the entry's original destination and port)."""
     action: Action
     source: str
     idle_timeout: int | None = None
+    server: tuple[str, int] | None = None
 
 
 class Pins(dict[FlowTuple, Pin]):
@@ -59,7 +66,7 @@ class Pins(dict[FlowTuple, Pin]):
         if had is not None and (had.source is None or (had.action is Action.BLOCK and hold.action is Action.SHUNT)):
             return False
         self[orig] = self[orig.reversed()] = Pin(hold.action, math.inf, source=hold.source,
-                                                 idle_timeout=hold.idle_timeout)
+                                                 idle_timeout=hold.idle_timeout, server=hold.server)
         return True
 
     def release(self, orig: FlowTuple, source: str) -> bool:

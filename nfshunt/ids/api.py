@@ -9,12 +9,17 @@ own (ids_process), so the controller never parses HTTP nor waits on a client (it
 the load is small (an IDS sends at most thousands of requests a second, each answered in
 milliseconds). What a server that may face a network needs besides is added here:
   - TLS (required for any non-loopback address, config.py), bearer tokens from a 0600 file
-    (read again when it changes: a rotated token is refused from the next request on) or
-    TLS client certificates (the certificate's common name names the client);
-  - a per-client-address request rate limit (429), a body cap (413, not read), a cap on
-    open connections (each holds one thread), and a deadline for each whole request: a
-    client that sends one byte a second is cut off when it passes, holding only its own
-    thread meanwhile;
+    (tokens.py: read again when it changes, so a rotated token is refused from the next
+    request on) or TLS client certificates (the certificate's common name names the client);
+  - nobody without a token can silence it: a request rate limit per authenticated client
+    (429; another's flood takes nothing of it), a tighter one on failed authentications
+    per client (a 401 closes its connection), a cap on open connections (each holds one
+    thread) and on those of one client (`Peer.who`: an address, and on this host the local
+    user owning the socket, which the kernel names), and short deadlines: a connection's
+    first request within PREAUTH_SECONDS of its accept, a keep-alive connection's next
+    within IDLE_SECONDS, each whole request within REQUEST_SECONDS of its first byte (a
+    client that sends one byte a second is cut off, holding only its own thread);
+  - a body cap (413, not read);
   - JSON read by jsonfile (bounded depth and digits, duplicate keys refused), unknown
     fields refused; every refusal is a 4xx (or 5xx) with a reason, and counted (`count`).
 
@@ -29,143 +34,55 @@ Routes (the requester is "ids:<client>"; its ids are its own):
 """
 from __future__ import annotations
 
+import dataclasses
 import email.utils
-import enum
-import hmac
 import http.server
 import io
 import ipaddress
 import json
 import logging
 import math
-import os
 import re
 import socket
 import ssl
-import stat
 import struct
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import IdsConfig
+from nfshunt.kernel import sockdiag
 
-from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
+from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleBackend
+from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
+from .tokens import CLIENT_NAME, Tokens
 
 LOG = logging.getLogger("nfshunt")
-REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this
+REQUEST_SECONDS = 10.0  # a whole request (line, headers, body) must arrive within this, from its first byte
+PREAUTH_SECONDS = 3.0  # a new connection's first request (its TLS handshake too) within this of its accept
+IDLE_SECONDS = 5.0  # a keep-alive connection's next request begins within this of the last answer
+PAGE_SIZE = 500  # rules a listing's page has unless ?limit= says fewer or more (at most PAGE_MAX)
+LIST_RULES = 20000  # rules a second a client may list (a page of 1,000 is ~10 ms of the controller's CPU)
+NEXT_HEADER = "X-Next-After"  # a SciPass list cut at its limit: the ?after= of the rest
 WRITE_SECONDS = 10.0  # an answer must be taken within this
 HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
-MAX_TOKEN_FILE = 65536
-MIN_TOKEN = 16  # characters: a shorter token is guessable
-CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
-RATE_CLIENTS = 10000  # client addresses whose rate is tracked at once (the oldest forgotten)
-
-
-class Reject(enum.StrEnum):
-    """Why a request was refused: the counter's label and the answer's "error"."""
-    UNAUTHENTICATED = "unauthenticated"  # 401
-    RATE_LIMITED = "rate_limited"  # 429
-    TOO_LARGE = "too_large"  # 413
-    LENGTH_REQUIRED = "length_required"  # 411
-    MALFORMED = "malformed"  # 400: not JSON, or JSON past the bounds
-    INVALID = "invalid"  # 400: a field is wrong
-    NOT_FOUND = "not_found"  # 404
-    METHOD = "method"  # 405
-    DUPLICATE = "duplicate"  # 409: the requester's id names another rule
-    REFUSED = "refused"  # 403: precedence refused it (Outcome.refusal says which rule)
-    FULL = "full"  # 503: ids.max_rules active rules
-    UNAVAILABLE = "unavailable"  # 503: the controller cannot act now (e.g. no switch)
-    UNANSWERED = "unanswered"  # 504: the backend did not answer in time
-    INTERNAL = "internal"  # 500
-    TIMEOUT = "timeout"  # the request did not arrive within its deadline: connection cut
-    BUSY = "busy"  # ids.max_connections open: connection closed at once
-    TLS = "tls"  # the TLS handshake failed (no or a wrong client certificate)
+RATE_CLIENTS = 10000  # clients whose rate is tracked at once (the oldest forgotten)
 
 
 STATUS = {Reject.UNAUTHENTICATED: 401, Reject.RATE_LIMITED: 429, Reject.TOO_LARGE: 413, Reject.LENGTH_REQUIRED: 411,
-          Reject.MALFORMED: 400, Reject.INVALID: 400, Reject.NOT_FOUND: 404, Reject.METHOD: 405,
+          Reject.FORBIDDEN: 403, Reject.MALFORMED: 400, Reject.INVALID: 400, Reject.NOT_FOUND: 404, Reject.METHOD: 405,
           Reject.DUPLICATE: 409, Reject.REFUSED: 403, Reject.FULL: 503, Reject.UNAVAILABLE: 503,
           Reject.UNANSWERED: 504, Reject.INTERNAL: 500}
 
 
-class Result(enum.StrEnum):
-    ADDED = "added"
-    EXISTS = "exists"
-    REMOVED = "removed"
-    EXPIRED = "expired"  # a removal of a rule that had expired already
-    ERROR = "error"
-
-
-class State(enum.StrEnum):
-    PENDING = "pending"  # kept; waits for something (`waiting_for`) before its flows go on the switch
-    ACTIVE = "active"  # its flows are on the switch, confirmed
-    EXPIRED = "expired"
-    REMOVED = "removed"
-
-
-@dataclass(frozen=True)
-class RuleView:
-    """A rule as the API shows it: its state and its flows' counters (None: not read)."""
-    rule: Rule
-    state: State
-    waiting_for: str | None = None
-    packets: int | None = None
-    bytes: int | None = None
-    # An active connection rule's pair: the idle timeout its flows were installed with (the
-    # rule's, or the config's default where the pair was on the switch before the rule, or
-    # another rule of the connection holds it: ids_rules.holder).
-    flows_idle_timeout: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {**self.rule.to_json(), "state": self.state.value, "packets": self.packets, "bytes": self.bytes}
-        if self.waiting_for is not None:
-            out["waiting_for"] = self.waiting_for
-        if self.flows_idle_timeout is not None:
-            out["flows_idle_timeout"] = self.flows_idle_timeout
-        return out
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The one answer to a request.
-    ADDED: on the switch and confirmed, or (`pending` set) kept and waiting for that;
-    EXISTS: reason says what already holds; REMOVED / EXPIRED: `view` has the counters;
-    ERROR: `error` and `reason`, and `refusal` when the precedence rule refused it."""
-    result: Result
-    reason: str = ""
-    pending: str | None = None
-    error: Reject | None = None
-    refusal: Refusal | None = None
-    view: RuleView | None = None
-
-
-class RuleBackend(Protocol):
-    """What the API asks of the controller (it runs the rules on the switch). Called from
-    the API's threads, several at once: the implementation hands each call to the event
-    loop and waits for its answer."""
-
-    def submit(self, rule: Rule, timeout: float) -> Outcome:
-        """Add a rule; answer within `timeout` seconds: ADDED once the switch confirmed its
-        flows, ADDED with `pending` if it waits (for the connection, or still for the switch
-        when the time is up: kept all the same, it expires as any rule), EXISTS, or ERROR."""
-        ...
-
-    def remove(self, source: str, rule_id: str) -> Outcome:
-        """REMOVED (or EXPIRED, if it had) with its view and counters; ERROR NOT_FOUND."""
-        ...
-
-    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
-        """The active rules (pending ones too), filtered."""
-        ...
-
-    def rule(self, source: str, rule_id: str) -> RuleView | None:
-        """One rule of a requester, active or recently ended."""
-        ...
+class Client(NamedTuple):
+    """An authenticated requester: "ids:<client>", and whether its token is an admin's."""
+    source: str
+    admin: bool
 
 
 class _Refused(Exception):
@@ -175,82 +92,20 @@ class _Refused(Exception):
         self.reason = reason
 
 
-class Tokens:
-    """The bearer tokens of ids.token_file: "<client> <token>" lines (# comments), or one
-    bare token (client "ids"). Read again whenever the file changes; a file others may
-    read, or a malformed one, authenticates nobody (and is logged, naming the file)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        # The file as it was (inode, mtime, size, mode; None: unreadable) and its tokens: one
-        # attribute replaced whole, so a request reads it without the lock (16 API threads
-        # taking a lock held across a stat queued behind one another: bench `ids`).
-        self._read: tuple[tuple[int, int, int, int] | None, list[tuple[bytes, str]]] = (None, [])
-        self._lock = threading.Lock()
-
-    def _load(self) -> None:
-        try:
-            st = os.stat(self.path)
-            seen = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
-            if seen == self._read[0]:
-                return
-            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-                LOG.error("IDS token file %s is not a regular file of mode 0600: every request is refused until "
-                          "it is", self.path)
-                self._read = (seen, [])
-                return
-            with open(self.path, "rb") as fh:
-                lines = fh.read(MAX_TOKEN_FILE).decode("utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            LOG.error("cannot read the IDS token file %s (%s): every request is refused until it can be",
-                      self.path, exc)
-            self._read = (None, [])
-            return
-        tokens = []
-        entries = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-        for i, fields in enumerate(entries):
-            if len(fields) == 1 and len(entries) == 1:
-                name, token = "ids", fields[0]
-            elif len(fields) == 2:
-                name, token = fields
-            else:
-                name, token = "", ""
-            if not CLIENT_NAME.fullmatch(name) or len(token) < MIN_TOKEN:
-                LOG.error("IDS token file %s: entry %d is not \"<client> <token of %d or more characters>\": every "
-                          "request is refused until it is", self.path, i + 1, MIN_TOKEN)
-                self._read = (seen, [])
-                return
-            tokens.append((token.encode(), name))
-        self._read = (seen, tokens)
-
-    def client(self, authorization: str | None) -> str | None:
-        """The client a "Bearer <token>" header names; None if none."""
-        if not authorization or not authorization.startswith("Bearer "):
-            return None
-        given = authorization[7:].strip().encode("utf-8", "surrogateescape")
-        try:
-            st = os.stat(self.path)
-            changed = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode) != self._read[0]
-        except OSError:
-            changed = True
-        if changed:  # read again, by one thread at a time
-            with self._lock:
-                self._load()
-        tokens = self._read[1]
-        found = None
-        for token, name in tokens:  # every token compared, in constant time
-            if hmac.compare_digest(token, given):
-                found = name
-        return found
-
-
 class RateLimit:
-    """A token bucket per client address: `rate` a second, a second's worth at once."""
+    """A token bucket per client: `rate` a second, a second's worth at once."""
 
     def __init__(self, rate: int):
         self.rate = rate
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def charge(self, client: str, cost: int, now: float) -> None:
+        """Take `cost` more (work known once done: the bucket may go below zero, and the
+        client waits until it has refilled)."""
+        with self._lock:
+            level, last = self._buckets.pop(client, (float(self.rate), now))
+            self._buckets[client] = (min(float(self.rate), level + (now - last) * self.rate) - cost, now)
 
     def allow(self, client: str, now: float) -> bool:
         with self._lock:
@@ -264,14 +119,17 @@ class RateLimit:
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The socket read so that the whole request must arrive by `deadline`, however it
-    trickles, and be at most `limit` bytes (past it the client's stream ends here: the
-    headers http.server would take, 100 lines of 64 KiB, are not read into memory)."""
+    """The socket read so that a request's first byte must come by `idle_until`, the whole
+    request then within `request_seconds` of it (and by `cap`: a connection not yet
+    authenticated has PREAUTH_SECONDS from its accept), however it trickles; and be at
+    most `limit` bytes (past it the client's stream ends here: the headers http.server
+    would take, 100 lines of 64 KiB, are not read into memory)."""
 
-    def __init__(self, sock: socket.socket, limit: int):
+    def __init__(self, sock: socket.socket, limit: int, request_seconds: float):
         self.sock = sock
         self.limit = limit
-        self.deadline = math.inf
+        self.request_seconds = request_seconds
+        self.idle_until = self.deadline = self.cap = math.inf
         self.received = 0  # bytes of the current request
         # A plain socket is left blocking and waits in the kernel, its reads bounded by
         # SO_RCVTIMEO and its writes by SO_SNDTIMEO: a socket with a Python timeout polls
@@ -286,11 +144,17 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def next_request(self, idle_until: float, cap: float) -> None:
+        self.received = 0
+        self.idle_until = min(idle_until, cap)
+        self.deadline = math.inf  # set by the request's first byte
+        self.cap = cap
+
     def readinto(self, buf: Any) -> int:
         room = self.limit - self.received
         if room <= 0:
             return 0
-        left = self.deadline - time.monotonic()
+        left = (self.idle_until if self.deadline == math.inf else self.deadline) - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request did not arrive in time")
         if not self.kernel_timeouts:
@@ -302,6 +166,8 @@ class _DeadlineReader(io.RawIOBase):
                 n = self.sock.recv_into(memoryview(buf)[:room])
             except BlockingIOError:  # SO_RCVTIMEO passed
                 raise TimeoutError("the request did not arrive in time") from None
+        if n and self.deadline == math.inf:
+            self.deadline = min(time.monotonic() + self.request_seconds, self.cap)
         self.received += n
         return n
 
@@ -383,15 +249,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "nfshunt-ids"
     sys_version = ""
 
+    client_address: "Peer"
+
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own file: replaced by one that keeps the deadline
-        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + self.server.api.cfg.max_body_bytes)
+        api = self.server.api
+        self._reader = _DeadlineReader(self.connection, HEAD_BYTES + api.cfg.max_body_bytes, api.request_seconds)
         self.rfile = io.BufferedReader(self._reader)
+        self._authenticated = False  # until then its requests must all come by PREAUTH_SECONDS from its accept
+        self._preauth = self.client_address.accepted + api.preauth_seconds
 
     def handle_one_request(self) -> None:
-        self._reader.deadline = time.monotonic() + self.server.api.request_seconds
-        self._reader.received = 0
+        now = time.monotonic()
+        if self._authenticated:
+            self._reader.next_request(now + self.server.api.idle_seconds, math.inf)
+        else:
+            self._reader.next_request(self._preauth, self._preauth)
         try:
             super().handle_one_request()
         except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
@@ -427,7 +301,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # --- answers ------------------------------------------------------------------------------
 
-    def _send(self, status: int, body: Any, close: bool = False) -> None:
+    def _send(self, status: int, body: Any, close: bool = False, next_after: int | None = None) -> None:
         """The answer, its head made here as http.server's send_response, send_header and
         end_headers would make it, byte for byte, and written with the body at once (they
         cost ~20 us a request, the Date most: bench ids, harness)."""
@@ -441,9 +315,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.request_version != "HTTP/0.9":  # an HTTP/0.9 answer is its body alone
             phrase = self.responses[status][0] if status in self.responses else ""
             connection = "Connection: close\r\n" if close else ""
+            more = "" if next_after is None else f"{NEXT_HEADER}: {next_after}\r\n"  # (a SciPass list: no room in it)
             head = (f"{self.protocol_version} {status} {phrase}\r\nServer: {self.version_string()}\r\n"
                     f"Date: {_http_date()}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                    f"{connection}\r\n").encode("latin-1")
+                    f"{connection}{more}\r\n").encode("latin-1")
         self.wfile.write(head if self.command == "HEAD" else head + data)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -500,7 +375,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
-        api = self.server.api
         scipass = self.path.startswith("/scipass/")
         length = self.headers.get("Content-Length", "0").strip()
         self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
@@ -509,12 +383,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._unread = True  # what is left of it
                 raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
                                "bytes")
-            if not api.limit.allow(self.client_address[0], time.monotonic()):
-                raise _Refused(Reject.RATE_LIMITED, "rate limit: too many requests from this address "
-                               f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
-            requester = self._requester()
+            client = self._authenticate()
             body = self._body()
-            self._route(requester, body, scipass)
+            self._route(client, body, scipass)
         except _Refused as refused:
             # An unread body would be taken for the next request: close instead.
             self._refuse(refused.why, refused.reason, scipass, close=self._unread)
@@ -524,18 +395,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             LOG.exception("ids api: %s %s failed", self.command, self.path)
             self._refuse(Reject.INTERNAL, "internal error (logged)", scipass, close=True)
 
-    def _requester(self) -> str:
+    def _authenticate(self) -> Client:
+        """The requester, held to its own rate (ids.rate_limit, per client: another's flood
+        takes nothing of it). A request that fails authentication is answered 401 and its
+        connection closed; one from a client (an address, or on this host a local user)
+        failing more than ids.rate_limit_unauthenticated a second is answered 429 (closed)."""
+        api = self.server.api
+        now = time.monotonic()
+        try:
+            client = self._requester()
+        except _Refused:
+            self._unread = True  # closed: a 401 keeps nothing open
+            if not api.unauthenticated.allow(self.client_address.who, now):
+                raise _Refused(Reject.RATE_LIMITED, "rate limit: too many unauthenticated requests from this "
+                               f"client (ids.rate_limit_unauthenticated is {api.cfg.rate_limit_unauthenticated} "
+                               "a second)") from None
+            raise
+        self._authenticated = True
+        if not api.limit.allow(client.source, now):
+            raise _Refused(Reject.RATE_LIMITED, f"rate limit: too many requests from {client.source} "
+                           f"(ids.rate_limit is {api.cfg.rate_limit} a second)")
+        return client
+
+    def _requester(self) -> Client:
         api = self.server.api
         if api.tls_client_names:
             name = _certificate_name(self.connection)
             if name is None:
                 raise _Refused(Reject.UNAUTHENTICATED, "the client certificate has no usable common name")
-            return f"ids:{name}"
+            return Client(f"ids:{name}", False)
         assert api.tokens is not None
-        name = api.tokens.client(self.headers.get("Authorization"))
-        if name is None:
+        token = api.tokens.client(self.headers.get("Authorization"))
+        if token is None:
             raise _Refused(Reject.UNAUTHENTICATED, "missing or unknown bearer token (Authorization: Bearer ...)")
-        return f"ids:{name}"
+        return Client(f"ids:{token.client}", token.admin)
 
     def _body(self) -> Any:
         if self.headers.get("Transfer-Encoding"):
@@ -563,8 +456,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except jsonfile.JsonInputError as exc:
             raise _Refused(Reject.MALFORMED, str(exc)) from None
 
-    def _route(self, requester: str, body: Any, scipass: bool) -> None:
+    def _route(self, client: Client, body: Any, scipass: bool) -> None:
         api = self.server.api
+        requester = client.source
         url = urlsplit(self.path)
         path = url.path
         if path == "/v1/rules":
@@ -574,8 +468,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._outcome(self._ask(api.backend.submit, rule, api.cfg.answer_timeout), rule.id)
                 return
             self._no_body(body)
-            source, kind, address = _filters(url.query)
-            self._send(200, {"rules": [v.to_json() for v in self._ask(api.backend.rules, source, kind, address)]})
+            page = self._list(client, _filters(url.query))
+            self._send(200, {"rules": [v.to_json() for v in page.views],
+                             **({} if page.next is None else {"next": page.next})})
             return
         if path.startswith("/v1/rules/"):
             self._allow(("GET", "DELETE"))
@@ -606,9 +501,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if listing is not None:
             self._allow(("GET",))
             self._no_body(body)
-            self._send(200, [scipass_json(v.rule) for v in self._ask(api.backend.rules, None, listing, None)])
+            page = self._list(client, dataclasses.replace(_filters(url.query, ("after", "limit")), kind=listing))
+            self._send(200, [scipass_json(v.rule) for v in page.views], next_after=page.next)
             return
         raise _Refused(Reject.NOT_FOUND, f"no such resource: {path[:100]}")
+
+    def _list(self, client: Client, wanted: "Filters") -> Page:
+        """A page of the rules the client may see: its own, or (a token marked admin) every
+        client's. A client lists at most LIST_RULES rules a second: each page is read in the
+        controller (off its event loop, but in its process)."""
+        api = self.server.api
+        source = wanted.source
+        if not client.admin:
+            if source not in (None, client.source):
+                raise _Refused(Reject.FORBIDDEN, f"{client.source} sees its own rules only (a token marked admin in "
+                               "ids.token_file sees every client's)")
+            source = client.source
+        if not api.lists.allow(client.source, time.monotonic()):
+            raise _Refused(Reject.RATE_LIMITED, f"rate limit: a client lists at most {LIST_RULES} rules a second")
+        page: Page = self._ask(api.backend.rules, source, wanted.kind, wanted.address, wanted.after, wanted.limit)
+        api.lists.charge(client.source, len(page.views), time.monotonic())
+        return page
 
     def _ask(self, call: Callable[..., Any], *args: Any) -> Any:
         """A backend call; its TimeoutError is the controller's, not the client's (which cuts the connection)."""
@@ -634,29 +547,49 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _Refused(Reject.INVALID, str(exc)) from None
 
 
-def _filters(query: str) -> tuple[str | None, Kind | None, Network | None]:
+@dataclass(frozen=True)
+class Filters:
+    """A listing's query: ?source= &kind= &address= (filters) &after= &limit= (its page)."""
+    source: str | None = None
+    kind: Kind | None = None
+    address: Network | None = None
+    after: int = 0
+    limit: int = PAGE_SIZE
+
+
+def _filters(query: str, allowed: tuple[str, ...] = ("source", "kind", "address", "after", "limit")) -> Filters:
     try:
-        given = parse_qs(query, strict_parsing=True, max_num_fields=3) if query else {}
+        given = parse_qs(query, strict_parsing=True, max_num_fields=len(allowed)) if query else {}
     except ValueError as exc:
         raise _Refused(Reject.INVALID, f"query: {exc}") from None
     for name, values in given.items():
-        if name not in ("source", "kind", "address"):
-            raise _Refused(Reject.INVALID, f"query: unknown filter {name[:40]!r} (allowed: address, kind, source)")
+        if name not in allowed:
+            raise _Refused(Reject.INVALID, f"query: unknown filter {name[:40]!r} (allowed: {', '.join(allowed)})")
         if len(values) > 1:
             raise _Refused(Reject.INVALID, f"query: {name} given twice")
-    source = given.get("source", [None])[0]
+    one = {name: values[0] for name, values in given.items()}
     kind = address = None
-    if "kind" in given:
+    if "kind" in one:
         try:
-            kind = Kind(given["kind"][0])
+            kind = Kind(one["kind"])
         except ValueError:
             raise _Refused(Reject.INVALID, "query: kind is not one of " + ", ".join(k.value for k in Kind)) from None
-    if "address" in given:
+    if "address" in one:
         try:
-            address = ipaddress.ip_network(given["address"][0], strict=False)
+            address = ipaddress.ip_network(one["address"], strict=False)
         except ValueError:
             raise _Refused(Reject.INVALID, "query: address is not an address or prefix") from None
-    return source, kind, address
+    after, limit = (_count(name, one.get(name), lo, hi, default) for name, lo, hi, default in
+                    (("after", 0, 1 << 62, 0), ("limit", 1, PAGE_MAX, PAGE_SIZE)))
+    return Filters(one.get("source"), kind, address, after, limit)
+
+
+def _count(name: str, text: str | None, lo: int, hi: int, default: int) -> int:
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,19}", text, re.ASCII) or not lo <= int(text) <= hi:
+        raise _Refused(Reject.INVALID, f"query: {name} is not a number in {lo}-{hi}")
+    return int(text)
 
 
 def _certificate_name(sock: socket.socket) -> str | None:
@@ -685,6 +618,26 @@ def listen(cfg: IdsConfig) -> socket.socket:
     return sock
 
 
+class Peer(NamedTuple):
+    """A connection's other end: its address and port; `who`, the client it counts as for
+    its share of connections and of failed logins (its address; on this host, its address
+    and its local user, whose uid the kernel names: on the loopback every local user is
+    127.0.0.1); when it was accepted (monotonic)."""
+    host: str
+    port: int
+    who: str
+    accepted: float
+
+
+def _who(request: socket.socket, host: str, port: int) -> str:
+    local = request.getsockname()
+    if ipaddress.ip_address(host).is_loopback or host == local[0]:
+        uid = sockdiag.owner((host, port), (local[0], local[1]))
+        if uid is not None:
+            return f"{host} uid {uid}"
+    return host
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() must not wait on a slow client's thread
@@ -693,6 +646,9 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, api: "IdsApi"):
         self.api = api
         self._slots = threading.BoundedSemaphore(api.cfg.max_connections)
+        self._per_client = min(api.cfg.max_connections_per_client, api.cfg.max_connections)
+        self._held: dict[str, int] = {}  # connections open, by client (Peer.who)
+        self._held_lock = threading.Lock()
         super().__init__((api.cfg.listen_address, api.cfg.listen_port), _Handler, bind_and_activate=False)
         self.socket.close()  # (the one socketserver made unbound: ours is `listen`'s, or the controller's)
         self.socket = api.listening if api.listening is not None else listen(api.cfg)
@@ -700,21 +656,40 @@ class _Server(http.server.ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.api.count(Reject.BUSY)
+        """A connection takes one of ids.max_connections slots, and one of its client's
+        ids.max_connections_per_client; with none free it is closed at once."""
+        peer = Peer(client_address[0], client_address[1], _who(request, *client_address[:2]), time.monotonic())
+        with self._held_lock:
+            held = self._held.get(peer.who, 0)
+            if not self._slots.acquire(blocking=False):
+                busy: Reject | None = Reject.BUSY
+            elif held >= self._per_client:
+                self._slots.release()
+                busy = Reject.CLIENT_BUSY
+            else:
+                busy, self._held[peer.who] = None, held + 1
+        if busy is not None:
+            self.api.count(busy)
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
+            super().process_request(request, peer)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
+
+    def _release(self, peer: Peer) -> None:
+        with self._held_lock:
+            held = self._held.pop(peer.who) - 1
+            if held:
+                self._held[peer.who] = held
+            self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         ctx = self.api.tls
@@ -726,7 +701,7 @@ class _Server(http.server.ThreadingHTTPServer):
         except (OSError, ValueError):
             return
         try:
-            tls.settimeout(self.api.request_seconds)
+            tls.settimeout(max(0.001, client_address.accepted + self.api.preauth_seconds - time.monotonic()))
             tls.do_handshake()
         except (OSError, ValueError) as exc:
             self.api.count(Reject.TLS)
@@ -742,19 +717,26 @@ class _Server(http.server.ThreadingHTTPServer):
 class IdsApi:
     """The API's server: `start` binds and serves on a thread, `stop` ends it.
     count: called with each refusal's reason (the metrics' counter); now: wall-clock time;
-    listening: a socket bound and listening already, served instead of binding one."""
+    listening: a socket bound and listening already, served instead of binding one;
+    tokens: the bearer tokens as given (the API's process: by the controller), else read
+    from ids.token_file here."""
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None] = lambda why: None,
                  now: Callable[[], float] = time.time, request_seconds: float = REQUEST_SECONDS,
-                 listening: socket.socket | None = None):
+                 listening: socket.socket | None = None, tokens: Tokens | None = None,
+                 preauth_seconds: float = PREAUTH_SECONDS, idle_seconds: float = IDLE_SECONDS):
         self.cfg = cfg
         self.listening = listening
         self.backend = backend
         self.count = count
         self.now = now
         self.request_seconds = request_seconds
-        self.limit = RateLimit(cfg.rate_limit)
-        self.tokens = Tokens(cfg.token_file) if cfg.token_file else None
+        self.preauth_seconds = preauth_seconds
+        self.idle_seconds = idle_seconds
+        self.limit = RateLimit(cfg.rate_limit)  # by requester
+        self.unauthenticated = RateLimit(cfg.rate_limit_unauthenticated)  # by client (Peer.who)
+        self.lists = RateLimit(LIST_RULES)  # rules listed, by requester
+        self.tokens = tokens if tokens is not None else Tokens(cfg.token_file) if cfg.token_file else None
         self.tls: ssl.SSLContext | None = None
         self.tls_client_names = False
         if cfg.tls is not None:

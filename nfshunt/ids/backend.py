@@ -1,4 +1,4 @@
-"""The IDS API's backend (ids_api.RuleBackend): an IDS's rules judged and acted on.
+"""The IDS API's backend (ids/calls.RuleBackend): an IDS's rules judged and acted on.
 
 Every call is handed to the event loop (ids_loop); an add is answered from there the moment
 the switch confirms it (`submit_async`: the API's process, ids_process), the other calls
@@ -9,8 +9,7 @@ precedence rule (ids_rules.precedence) decide, and the core acts:
     the entry, every take-down goes through Connections.hand_back), an operator's pin
     beats it, and a later policy change judges it again in admission.decide. `added` is
     answered once the switch confirmed the pair (the Installed outcome), or `added`
-    pending when the connection has no live entry yet (its entry's event applies it; the
-    entry is looked up again once the pin is there, for events that went by meanwhile);
+    pending when the connection has no live entry yet (its entry's event applies it);
   - an address block is a pair of drop flows on every served switch (address_blocks.py),
     above every shunt; `added` once each connected switch answered the barrier behind them.
 Expiry is hard, on the tick (wall clock: it holds across a restart): the flows go, and the
@@ -19,12 +18,16 @@ rules are kept in the state file, saved on the tick when changed (on a thread of
 at 60,000 rules a write is ~50 ms) and at stop, loaded at start. A rule's view (state,
 counters) is ids_view's; its counters and audit ids_log's.
 
-The connection's live conntrack entry (what the policy decided) is read in the API's process
-(kernel/table.lookup: one netlink request), never on the event loop; read again here, off the
-loop, for an add that found none.
+The connection's live conntrack entry (what the policy decided) is read here, on the event
+loop, in the turn that judges the rule and pins it (kernel/table.lookup: a netlink request
+each way, ~10 us): the kernel's answer holds every event the loop has taken, and every
+later event comes after the pin. An entry read anywhere else could be stale by the time
+the loop installs on it (a connection closed meanwhile: a shunt of a dead entry, carrying
+the next connection on its ports past the firewall). The API's process never reads it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -33,14 +36,15 @@ from typing import Any, Callable
 
 from nfshunt.config.settings import IdsConfig
 from nfshunt.core.connection import ACTIVE, Conn
+from nfshunt.openflow.channel import RateLimitedLog
 from nfshunt.records import markcodec
-from nfshunt.records.model import OFP10, Action, ConnEvent, FlowTuple
+from nfshunt.records.model import OFP10, TCP, TCP_CLOSING, Action, ConnEvent, FlowTuple
 
-from .api import Outcome, Reject, Result, RuleView
+from .calls import Outcome, Page, Reject, Result, RuleView
 from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
 from .loop import Answer, Host, LoopCalls
-from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence
+from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence, server_of
 from .store import Added, Store, write
 from .view import ended_view, read_counters, view
 
@@ -48,7 +52,7 @@ LOG = logging.getLogger("nfshunt")
 LATE = "the switch's confirmation (not in time: the rule is kept, and expires as any rule)"
 NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
 JUDGING = "the firewall's decision of the connection (applied when its event comes)"
-LOOK_AGAIN = (NO_ENTRY, JUDGING)  # pending on an entry's event that may have gone by before the pin
+CLOSING = "a new connection on these ports that the firewall accepts (this one is closing)"
 
 
 class Submitted:
@@ -85,27 +89,25 @@ class IdsBackend:
         self.lookup = lookup
         self.wall = wall
         self.mono = mono
-        self.store = Store(cfg.state_file or None, cfg.max_rules)
+        self.store = Store(cfg.state_file or None, cfg.max_rules, shared_whitelists=cfg.shared_whitelists)
         self.log = RuleLog(counters, audit)
         self.waiting: dict[tuple[FlowTuple, Action], list[Answer]] = {}  # adds waiting for their pair's install
         self.ends = RuleEnds(host, self.store, self.log, self._answered, wall, mono)
         self.loop = LoopCalls(host)
+        self._rlog = RateLimitedLog(LOG)
         self._writer: threading.Thread | None = None  # the tick's write of the state file
 
     # --- the API's threads ----------------------------------------------------------------
 
     def submit(self, rule: Rule, timeout: float) -> Outcome:
-        return self.submit_entry(rule, self._lookup(rule.connection), timeout)
-
-    def submit_entry(self, rule: Rule, entry: ConnEvent | None, timeout: float) -> Outcome:
-        """`submit` with the connection's entry looked up already, waited for on this thread."""
+        """An add, waited for on this thread (the in-process API's; its process's: `submit_async`)."""
         got: list[Outcome | Exception] = []
         done = threading.Event()
 
         def reply(result: Outcome | Exception) -> None:
             got.append(result)
             done.set()
-        sub = self.submit_async(rule, entry, timeout, reply)
+        sub = self.submit_async(rule, timeout, reply)
         if not done.wait(timeout):
             sub.expire()
         done.wait()  # given by now, or being given by whoever came first
@@ -113,60 +115,49 @@ class IdsBackend:
             raise got[0]
         return got[0]
 
-    def submit_async(self, rule: Rule, entry: ConnEvent | None, timeout: float,
-                     reply: Callable[[Outcome | Exception], None]) -> Submitted:
-        """Add a rule whose connection's entry was looked up (`entry`), answered once through
-        `reply`: on the event loop itself when the switch confirmed the pair (no thread
-        waits for it: the API's process, ids_process), else from a thread of its own;
-        `expire` the result at its deadline (`timeout` from now) if it was not answered."""
+    def submit_async(self, rule: Rule, timeout: float, reply: Callable[[Outcome | Exception], None]) -> Submitted:
+        """Add a rule, answered once through `reply`: on the event loop itself when the
+        switch confirmed the pair (no thread waits for it: the API's process, ids_process),
+        else from a thread of its own that waits for switches' barriers; `expire` the result
+        at its deadline (`timeout` from now) if it was not answered."""
         sub = Submitted(reply, time.monotonic() + timeout)
-        sub.ans.then = lambda ans: self._added(rule, sub)
+        sub.ans.then = lambda ans: self._added(sub)
         try:
-            self.loop.call(lambda a: self._submit(rule, entry, a), timeout, sub.ans)
+            self.loop.call(lambda a: self._submit(rule, a), timeout, sub.ans)
         except TimeoutError as exc:
             sub.ans.then = None  # never answered: the cycle it makes with `sub` goes now
             sub.give(exc)
         return sub
 
-    def _added(self, rule: Rule, sub: Submitted) -> None:
+    def _added(self, sub: Submitted) -> None:
         """On the event loop: the add's outcome, given now unless switches' barriers are
-        still to answer or the entry is to be looked up again (never on the event loop)."""
+        still to answer (waited for on a thread, never on the event loop)."""
         ans = sub.ans
         assert ans.outcome is not None
-        if ans.outcome.pending not in LOOK_AGAIN and all(b.is_set() for b in ans.barriers):
+        if all(b.is_set() for b in ans.barriers):
             sub.give(ans.outcome)
             return
-        threading.Thread(target=self._finish, args=(rule, sub), name="nfshunt-ids-add", daemon=True).start()
+        threading.Thread(target=self._finish, args=(sub,), name="nfshunt-ids-add", daemon=True).start()
 
-    def _finish(self, rule: Rule, sub: Submitted) -> None:
+    @staticmethod
+    def _finish(sub: Submitted) -> None:
         ans = sub.ans
         assert ans.outcome is not None
         for barrier in ans.barriers:
             if not barrier.wait(max(0.0, sub.deadline - time.monotonic())):
                 sub.give(Outcome(Result.ADDED, pending=LATE))
                 return
-        if ans.outcome.pending in LOOK_AGAIN and (late := self._lookup(rule.connection)) is not None:
-            # The entry (or the policy's decision of it) came between the first look and the
-            # pin: its events went by before the pin was there, and an established connection
-            # may send none for long.
-            left = max(0.1, sub.deadline - time.monotonic())
-            try:
-                self.loop.wait(self.loop.call(lambda a: self._feed_late(late, a), left), left, 0.0)
-            except TimeoutError:  # the rule is kept and answered; its entry's next event applies it
-                LOG.warning("the event loop did not take the late entry of %s in time", rule.connection)
         sub.give(ans.outcome)
 
-    def _feed_late(self, entry: ConnEvent, ans: Answer) -> None:
-        self.host.feed([entry])
-        ans.answer(Outcome(Result.ADDED))
-
-    def _lookup(self, connection: FlowTuple | None) -> ConnEvent | None:
-        if connection is None:
-            return None
+    def _lookup(self, connection: FlowTuple) -> ConnEvent | None:
+        """On the event loop: the connection's entry as the kernel holds it now (every event
+        the loop took is in the answer, every later one comes after the rule's pin)."""
         try:
             return self.lookup(connection)
         except OSError as exc:
-            LOG.warning("conntrack lookup of %s failed: %s", connection, exc)
+            self.log.counters.inc("ids_lookup_failed")
+            self._rlog.warning("ids-lookup", "conntrack lookup of %s failed (the rule waits for its entry's events): "
+                               "%s", connection, exc)
             return None
 
     def remove(self, source: str, rule_id: str) -> Outcome:
@@ -176,13 +167,12 @@ class IdsBackend:
         assert ans.outcome is not None
         return ans.outcome
 
-    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
-        def work(a: Answer) -> None:
-            a.views = [view(r, self.host.switches) for r in self.store.select(source, kind, address)]
-            a.answer(Outcome(Result.ADDED))
-        ans = self.loop.call(work, self.cfg.answer_timeout)
-        self.loop.wait(ans, self.cfg.answer_timeout, self.cfg.answer_timeout)
-        return ans.views
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
+              limit: int) -> Page:
+        """A page, read on the calling thread, never the loop (10,000 rules' views held it
+        103 ms): rules as they are at once (Store.page), states from the pairs as they are."""
+        rules, nxt = self.store.page(source, kind, address, after, limit)
+        return Page([view(r, self.host.switches) for r in rules], nxt)
 
     def rule(self, source: str, rule_id: str) -> RuleView | None:
         def work(a: Answer) -> None:
@@ -204,7 +194,7 @@ class IdsBackend:
         if rule.connection is None:
             return self.store.situation(rule)
         orig = rule.connection
-        pin = policy = None
+        pin = policy = server = None
         accepted = True
         for sw in self.host.switches:
             p = sw.core.pins.get(orig)
@@ -213,6 +203,9 @@ class IdsBackend:
             conn = sw.core.find(tuple_=orig)
             if conn is not None and policy is None:
                 policy = self._policy(conn.mark) or conn.action
+                server = server_of(conn.orig)
+        if entry is not None and server is None:
+            server = server_of(entry.orig)
         if policy is None and entry is not None:
             policy = self._policy(entry.mark)
             # An entry whose mark is not complete is still being judged (its first packets
@@ -221,13 +214,13 @@ class IdsBackend:
             # one decided with an action the config does not know never will be shunted.
             if policy is None and (entry.mark & markcodec.NFSHUNT_BITS == 0 or markcodec.decode(entry.mark).complete):
                 policy, accepted = Action.IGNORE, False
-        return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted)
+        return self.store.situation(rule, policy=policy, pin=pin, entry_accepted=accepted, server=server)
 
     def _policy(self, mark: int) -> Action | None:
         m = markcodec.decode(mark)
         return None if not m.complete else self.host.cfg.action_for(m.action)  # type: ignore[arg-type]
 
-    def _submit(self, rule: Rule, entry: ConnEvent | None, ans: Answer) -> None:
+    def _submit(self, rule: Rule, ans: Answer) -> None:
         had = self.store.get(rule.source, rule.id)
         if had is not None and had.target != rule.target:
             self._refuse(ans, rule, Reject.DUPLICATE, f"id {rule.id} names another active rule of {rule.source}")
@@ -241,11 +234,16 @@ class IdsBackend:
             self._refuse(ans, rule, Reject.UNAVAILABLE, "an address block needs OpenFlow 1.3 (prefix and IPv6 "
                          "matches): a served switch speaks 1.0")
             return
+        entry = None
+        if rule.connection is not None and not any(sw.core.find(tuple_=rule.connection) for sw in self.host.switches):
+            entry = self._lookup(rule.connection)  # (a pair on a switch: its entry was decided already)
         verdict = precedence(rule, self._situation(rule, entry), self.cfg.may_shunt)
         if verdict.decision is Decision.REFUSE:
             self.log.counters.add("ids_refused", f"refused:{verdict.refusal}")
             self._refuse(ans, rule, Reject.REFUSED, verdict.reason, verdict.refusal)
             return
+        if verdict.server is not None:
+            rule = dataclasses.replace(rule, server=verdict.server)  # its pin applies to entries going there
         if self.store.add(rule) is Added.FULL:
             self._refuse(ans, rule, Reject.FULL, f"full: ids.max_rules ({self.cfg.max_rules}) rules are active")
             return
@@ -272,12 +270,17 @@ class IdsBackend:
         action = rule.action
         key = (pair_key(rule.connection), action)
         conns = [conn for sw in self.host.switches if (conn := sw.core.find(tuple_=rule.connection)) is not None]
+        # A closing entry is never shunted nor blocked (admission): the rule's pin waits for
+        # a new connection on the ports, which the firewall judges first.
+        closing = entry is not None and entry.orig.proto == TCP and entry.tcp_state in TCP_CLOSING
         self.waiting.setdefault(key, []).append(ans)
-        self._apply(rule, entry)
+        self._apply(rule, None if closing else entry)
         if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
             return
         if any(conn.action is action and conn.state in ACTIVE for conn in conns):
             self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
+        elif closing:
+            self._answered(key, Outcome(Result.ADDED, pending=CLOSING))
         elif decision is Decision.WAIT or (entry is None and not conns):
             self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 

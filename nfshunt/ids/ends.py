@@ -12,7 +12,7 @@ from nfshunt.core.connection import Conn
 from nfshunt.observe.accounting import carried
 from nfshunt.records.model import Action, FlowTuple
 
-from .api import Outcome, Reject, Result
+from .calls import Outcome, Reject, Result
 from .log import RuleLog
 from .loop import Answer, Host
 from .rules import Kind, Rule, holder, pair_key

@@ -19,7 +19,7 @@ from nfshunt.core import commands as c
 from nfshunt.records.model import ConnEvent
 from nfshunt.switch.switch import Switch
 
-from .api import Outcome, RuleView
+from .calls import Outcome
 
 QUEUED = 32  # IDS calls in the event loop's queue at most
 
@@ -40,7 +40,6 @@ class Answer:
     taken: bool = False  # the loop has it; read only once `done` was not set in time
     outcome: Outcome | None = None
     barriers: list[threading.Event] = field(default_factory=list)  # then these switches' confirmations
-    views: list[RuleView] = field(default_factory=list)  # a list's answer
     then: Callable[["Answer"], None] | None = None  # called on the event loop once answered
 
     def answer(self, outcome: Outcome, barriers: Iterable[threading.Event] = ()) -> None:

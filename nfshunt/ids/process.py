@@ -1,34 +1,38 @@
 """The IDS API served from a process of its own, its calls answered by the controller.
 
 The controller is one Python process, and one lock (the GIL) runs its Python. In it, the
-API's threads (HTTP, tokens, JSON, rules, the conntrack lookup: ~0.25 ms of CPU a request)
-took 36 % of a core at 1,000 requests a second, beside the event loop and the conntrack
-threads (bench ids). Here the API (ids_api.IdsApi, unchanged) runs in a child process,
-and only its `RuleBackend` calls cross to the controller:
+API's threads (HTTP, tokens, JSON, rules: ~0.25 ms of CPU a request) took 36 % of a core
+at 1,000 requests a second, beside the event loop and the conntrack threads (bench ids).
+Here the API (api.IdsApi) runs in a child process, and only its `RuleBackend` calls cross
+to the controller:
 
-  controller (ApiProcess)                     child (ids_process.child_main)
-    binds the listening socket  ------------>  serves HTTP on it (IdsApi)
-    BackendServer: runs each call  <---------  RemoteBackend: submit (entry looked up
-      on the real IdsBackend; an add is          here), remove, rules, rule; refusals
-      answered from the event loop as the        counted and records logged through the
-      switch confirms it, no thread waiting)     controller: one log, one set of counters
+  controller (ApiProcess)                     child (child_main)
+    binds the listening socket  ------------>  serves HTTP on it (IdsApi), as an
+    reads the token file        ------------>  unprivileged user with no capability
+    BackendServer: checks each request         and a seccomp filter (confine.py);
+      (frames.request_of), runs it on the      RemoteBackend: submit, remove, rules,
+      real IdsBackend (an add is answered      rule, tokens; refusals counted and
+      from the event loop as the switch        records logged through the controller
+      confirms it, no thread waiting)  <-----  (one log, one set of counters)
 
-They talk over a socketpair: frames of a 4-byte length and a pickle. Pickle is safe here:
-only the controller and the child it started hold the pair's ends (no address, no name),
-and both run this code. The listening socket stays open in the controller, so a child that
-dies is started again (after RESTART_DELAY) on the same socket without losing a connection
-waiting in its backlog; the child ends when the controller's end closes (a stop, or the
-controller killed) and, should that not reach it, at its parent's death (PR_SET_PDEATHSIG).
+The child is a privilege boundary: it parses what anyone sends, so the controller treats
+what it says as requests (frames.py: plain JSON frames, versioned and bounded, every
+field checked; no pickle, no conntrack entry: the controller looks the connection up
+itself, on its event loop). A frame that is not one is counted (`ids_api_bad_frames`),
+changes nothing, and ends that child; it is started again.
+
+They talk over a socketpair. The listening socket stays open in the controller, so a
+child that dies is started again (after RESTART_DELAY) on the same socket without losing
+a connection waiting in its backlog; the child ends when the controller's end closes (a
+stop, or the controller killed) and, should that not reach it, at its parent's death
+(PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
-import ctypes
-import enum
 import heapq
 import itertools
 import logging
 import os
-import pickle
 import signal
 import socket
 import struct
@@ -37,91 +41,27 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from nfshunt.config.settings import IdsConfig
-from nfshunt.records.model import ConnEvent, FlowTuple
+from nfshunt.openflow.channel import RateLimitedLog
 
-from .api import REQUEST_SECONDS, IdsApi, Outcome, Reject, RuleBackend, RuleView, listen
+from . import frames, tokens
+from .api import REQUEST_SECONDS, IdsApi, listen
+from .calls import Outcome, Page, Reject, RuleBackend, RuleView
+from .confine import confine
+from .frames import Channel, FrameError
 from .rules import Kind, Network, Rule
 
 LOG = logging.getLogger("nfshunt")
-HEADER = struct.Struct("!I")
-MAX_FRAME = 256 * 1024 * 1024  # a list of every rule (100,000: ~30 MB) fits; more is a broken peer
 RESTART_DELAY = 1.0  # seconds before a child that died is started again
 STOP_WAIT = 3.0  # seconds a stopping child has to end before it is killed
 START_WAIT = 10.0  # seconds a child has to say it serves
 CALL_MARGIN = 5.0  # seconds a call waits for the controller beyond the call's own limit
 DEADLINE_STEP = 0.1  # seconds: how late an unanswered add may be answered pending
 SEND_SECONDS = 1  # an answer the child does not take within this ends the child
-# The child's program: child_main imported, not run as __main__ (whose classes would pickle
-# under another name than the controller's).
 CHILD = "import sys; from nfshunt.ids.process import child_main; sys.exit(child_main(sys.argv[1:]))"
-
-
-class Op(enum.IntEnum):
-    SUBMIT = 1  # child -> controller, answered: (rule, entry, timeout) -> Outcome
-    REMOVE = 2  # (source, id) -> Outcome
-    RULES = 3  # (source, kind, address) -> list[RuleView]
-    RULE = 4  # (source, id) -> RuleView | None
-    COUNT = 5  # child -> controller, not answered: a refusal's Reject
-    LOG = 6  # child -> controller, not answered: a log record's (name, level, message, exception text)
-    SERVING = 7  # child -> controller, once: it serves (or the error that kept it from it)
-    ANSWER = 8  # controller -> child: (seq, Done, the value or the error's text)
-
-
-class Done(enum.IntEnum):
-    """How the controller ended a call."""
-    OK = 0
-    TIMEOUT = 1  # the backend's TimeoutError: the API answers 504, as in one process
-    FAILED = 2  # any other error (logged by the controller): the API answers 500
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What the controller sends its child first."""
-    cfg: IdsConfig
-    log_level: int  # the controller's "nfshunt" logger's level: records below it are not sent
-    request_seconds: float = REQUEST_SECONDS
-
-
-class Channel:
-    """Framed pickles over a connected stream socket, sent from any thread."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._reader = sock.makefile("rb")
-        self._send_lock = threading.Lock()
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._send_lock:
-            self.sock.sendall(HEADER.pack(len(data)) + data)
-
-    def receive(self) -> tuple[Any, ...] | None:
-        """The next message; None at the peer's end (EOF). ValueError: not a frame."""
-        head = self._reader.read(HEADER.size)
-        if len(head) < HEADER.size:
-            return None
-        (length,) = HEADER.unpack(head)
-        if length > MAX_FRAME:
-            raise ValueError(f"a frame of {length} bytes (at most {MAX_FRAME})")
-        data = self._reader.read(length)
-        if len(data) < length:
-            return None
-        message = pickle.loads(data)
-        if not isinstance(message, tuple) or not message:
-            raise ValueError("a frame that is not a message")
-        return message
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._reader.close()
-        self.sock.close()
+OK, TIMEOUT, FAILED = 0, 1, 2  # how the controller ended a call: the API answers 200s, 504, 500
 
 
 # --- the child ---------------------------------------------------------------------------------
@@ -132,66 +72,68 @@ class _Call:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.how = Done.FAILED
+        self.how = FAILED
         self.value: Any = None
 
 
 class RemoteBackend:
     """The child's RuleBackend: each call sent to the controller and its answer waited for
-    (TimeoutError past the call's limit and CALL_MARGIN, as the in-process backend's). A
-    submit's conntrack entry is looked up here, off the controller's lock."""
+    (TimeoutError past the call's limit and CALL_MARGIN, as the in-process backend's). The
+    controller looks the connection's entry up itself, on its event loop."""
 
-    def __init__(self, channel: Channel, lookup: Callable[[FlowTuple], ConnEvent | None], answer_timeout: float):
+    def __init__(self, channel: Channel, answer_timeout: float):
         self.channel = channel
-        self.lookup = lookup
         self.answer_timeout = answer_timeout
         self._calls: dict[int, _Call] = {}
         self._seq = itertools.count(1)
 
-    def _call(self, op: Op, args: tuple[Any, ...], limit: float) -> Any:
+    def _call(self, fields: dict[str, Any], limit: float) -> Any:
         seq = next(self._seq)
         call = self._calls[seq] = _Call()
         try:
-            self.channel.send((int(op), seq, args))
+            self.channel.send({**fields, "seq": seq})
             if not call.done.wait(limit + CALL_MARGIN):
                 raise TimeoutError("the controller did not answer in time")
         finally:
             self._calls.pop(seq, None)
-        if call.how is Done.TIMEOUT:
+        if call.how == TIMEOUT:
             raise TimeoutError(call.value)
-        if call.how is not Done.OK:
+        if call.how != OK:
             raise RuntimeError(f"the controller failed the call: {call.value}")
         return call.value
 
     def answers(self) -> None:
         """Read the controller's answers until its end closes (then return)."""
         while (message := self.channel.receive()) is not None:
-            op, seq, how, value = message
-            call = self._calls.get(seq) if op == Op.ANSWER else None
+            call = self._calls.get(message.get("seq", 0)) if message["op"] == "answer" else None
             if call is not None:  # else its caller gave up
-                call.how, call.value = Done(how), value
+                call.how, call.value = message["done"], message["value"]
                 call.done.set()
 
     def submit(self, rule: Rule, timeout: float) -> Outcome:
-        entry = None
-        if rule.connection is not None:
-            try:
-                entry = self.lookup(rule.connection)
-            except OSError as exc:
-                LOG.warning("conntrack lookup of %s failed: %s", rule.connection, exc)
-        return self._call(Op.SUBMIT, (rule, entry, timeout), timeout)  # type: ignore[no-any-return]
+        raw = rule.to_json()
+        del raw["expires"]
+        return frames.outcome_of(self._call({"op": "submit", "rule": raw, "timeout": timeout}, timeout))
 
     def remove(self, source: str, rule_id: str) -> Outcome:
-        return self._call(Op.REMOVE, (source, rule_id), self.answer_timeout)  # type: ignore[no-any-return]
+        return frames.outcome_of(self._call({"op": "remove", "source": source, "id": rule_id}, self.answer_timeout))
 
-    def rules(self, source: str | None, kind: Kind | None, address: Network | None) -> list[RuleView]:
-        return self._call(Op.RULES, (source, kind, address), self.answer_timeout)  # type: ignore[no-any-return]
+    def rules(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
+              limit: int) -> Page:
+        return frames.page_of(self._call({"op": "rules", "source": source, "kind": None if kind is None else kind.value,
+                                          "address": None if address is None else str(address), "after": after,
+                                          "limit": limit}, self.answer_timeout))
 
     def rule(self, source: str, rule_id: str) -> RuleView | None:
-        return self._call(Op.RULE, (source, rule_id), self.answer_timeout)  # type: ignore[no-any-return]
+        got = self._call({"op": "rule", "source": source, "id": rule_id}, self.answer_timeout)
+        return None if got is None else frames.view_of(got)
+
+    def tokens(self) -> tuple[tokens.Signature, list[tokens.Token]]:
+        """The token file as the controller reads it (it changed, says its stat)."""
+        return frames.tokens_of(self._call({"op": "tokens"}, self.answer_timeout))
 
     def count(self, why: Reject) -> None:
-        self.channel.send((int(Op.COUNT), why.value))
+        self.channel.send({"op": "count", "reason": why.value})
 
 
 class _Forward(logging.Handler):
@@ -204,43 +146,42 @@ class _Forward(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             exc = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
-            self.channel.send((int(Op.LOG), record.name, record.levelno, record.getMessage(), exc))
+            self.channel.send({"op": "log", "name": record.name, "level": record.levelno,
+                               "message": record.getMessage()[:frames.LOG_TEXT], "exc": exc and exc[:frames.LOG_TEXT]})
         except Exception:  # the controller is gone: nobody to tell
             pass
 
 
-def _die_with_parent() -> None:
-    """SIGTERM when the controller dies, however it dies (Linux's PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
 def child_main(argv: list[str]) -> int:
-    """The child (CHILD): its arguments are the channel's and the listening socket's fds."""
-    _die_with_parent()
+    """The child (CHILD): its arguments are the channel's and the listening socket's fds.
+    It takes its setup, loads what only root may read (TLS), confines itself, then serves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the controller, which stops us
-    channel = Channel(socket.socket(fileno=int(argv[0])))
+    channel = Channel(socket.socket(fileno=int(argv[0])), frames.MAX_ANSWER)
     listening = socket.socket(fileno=int(argv[1]))
-    first = channel.receive()
-    if first is None:
+    setup = channel.receive()
+    if setup is None:
         return 0
-    setup: Setup = first[0]
+    cfg = frames.config_of(setup["config"])
     root = logging.getLogger()
     root.handlers[:] = [_Forward(channel)]
     root.setLevel(logging.WARNING)
-    logging.getLogger("nfshunt").setLevel(setup.log_level)
-    from nfshunt.kernel import table
-    backend = RemoteBackend(channel, table.lookup, setup.cfg.answer_timeout)
+    logging.getLogger("nfshunt").setLevel(setup["log_level"])
+    backend = RemoteBackend(channel, cfg.answer_timeout)
+    given = None
+    if cfg.token_file:
+        given = tokens.Tokens(cfg.token_file, load=backend.tokens)
+        given.take(*frames.tokens_of(setup["tokens"]))
     try:
-        api = IdsApi(setup.cfg, backend, count=backend.count, request_seconds=setup.request_seconds,
-                     listening=listening)
+        api = IdsApi(cfg, backend, count=backend.count, request_seconds=setup["request_seconds"],
+                     listening=listening, tokens=given)  # (the TLS files read here, as root)
+        confined = confine(cfg.user)
         api.start()
-    except Exception as exc:  # a TLS file unreadable, say: the controller says so and stops
-        channel.send((int(Op.SERVING), f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:  # a TLS file unreadable, a user it cannot take: the controller says so and stops
+        channel.send({"op": "serving", "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    channel.send((int(Op.SERVING), None))
+    LOG.info("the IDS API's process serves as %s (uid %d) with no capability; seccomp filter: %s", confined.user,
+             confined.uid, confined.seccomp)
+    channel.send({"op": "serving", "error": None})
     try:
         backend.answers()
     except (OSError, ValueError):
@@ -252,7 +193,12 @@ def child_main(argv: list[str]) -> int:
 
 
 Reply = Callable[[Outcome | Exception], None]
-SubmitAsync = Callable[[Rule, ConnEvent | None, float, Reply], "Pending"]
+SubmitAsync = Callable[[Rule, float, Reply], "Pending"]
+ENCODE: dict[str, Callable[[Any], Any]] = {
+    "submit": frames.outcome_json, "remove": frames.outcome_json,
+    "rules": frames.page_json,
+    "rule": lambda view: None if view is None else frames.view_json(view),
+    "tokens": lambda read: frames.tokens_json(*read)}
 
 
 class Pending(Protocol):
@@ -292,17 +238,23 @@ class Deadlines:
 
 
 class BackendServer:
-    """The controller's end: the child's calls run on the real backend. An add is answered
-    from the event loop the moment the switch confirms it (submit: IdsBackend.submit_async),
-    with no thread of ours waiting for it; the rarer calls each wait on a thread of a pool.
-    Refusals are counted and records logged as they come."""
+    """The controller's end: the child's requests, each checked (frames.request_of), run on
+    the real backend. An add is answered from the event loop the moment the switch
+    confirms it (submit: IdsBackend.submit_async), with no thread of ours waiting for it;
+    the rarer calls each wait on a thread of a pool. Refusals are counted and records
+    logged as they come. A frame that is not one (`bad_frame`: counted, logged) ends the
+    child, having changed nothing."""
 
-    def __init__(self, channel: Channel, backend: RuleBackend, count: Callable[[Reject], None],
-                 submit: SubmitAsync, workers: int):
+    def __init__(self, channel: Channel, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None],
+                 submit: SubmitAsync, bad_frame: Callable[[str], None], workers: int,
+                 wall: Callable[[], float] = time.time):
         self.channel = channel
+        self.cfg = cfg
         self.backend = backend
         self.count = count
         self.submit = submit
+        self.bad_frame = bad_frame
+        self.wall = wall
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfshunt-ids-call")
         self.deadlines = Deadlines()
         # An answer is written on the event loop: a child that stops reading fails the
@@ -310,56 +262,65 @@ class BackendServer:
         channel.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("@ll", SEND_SECONDS, 0))
 
     def serve(self, on_serving: Callable[[str | None], None]) -> None:
-        """Take the child's messages until its end closes (then return)."""
+        """Take the child's messages until its end closes, or it sends what is not a
+        request of this format (then return)."""
         try:
-            while (message := self.channel.receive()) is not None:
-                op = message[0]
-                if op == Op.SUBMIT:
-                    seq, (rule, entry, timeout) = message[1], message[2]
-                    self.deadlines.watch(self.submit(rule, entry, timeout,
-                                                     lambda result, seq=seq: self._answer(seq, result)))
-                elif op == Op.COUNT:
-                    self.count(Reject(message[1]))
-                elif op == Op.LOG:
-                    _, name, level, text, exc = message
-                    record = logging.makeLogRecord({"name": name, "levelno": level,
-                                                    "levelname": logging.getLevelName(level), "msg": text,
-                                                    "exc_text": exc})
-                    logging.getLogger(name).handle(record)
-                elif op == Op.SERVING:
-                    on_serving(message[1])
-                elif op in (Op.REMOVE, Op.RULES, Op.RULE):
-                    self.pool.submit(self._run, Op(op), message[1], message[2])
-                else:
-                    raise ValueError(f"an unknown message {op!r}")
-        except Exception as exc:  # unpickling raises what its input makes it raise
-            LOG.error("the IDS API process sent what cannot be read (%s: %s): it is started again",
-                      type(exc).__name__, exc)
+            while True:
+                try:
+                    message = self.channel.receive()
+                except FrameError as exc:
+                    self.bad_frame(str(exc))
+                    return
+                except (OSError, ValueError):  # its end is gone, or ours closed (a stop)
+                    return
+                if message is None:
+                    return
+                try:
+                    self._take(message, on_serving)
+                except Exception as exc:  # a FrameError, or whatever else a hostile frame made a check raise
+                    self.bad_frame(str(exc) if isinstance(exc, FrameError) else f"{type(exc).__name__}: {exc}")
+                    return
         finally:
             self.deadlines.stop()
             self.pool.shutdown(wait=False, cancel_futures=True)
             on_serving("its process ended before it served")  # (unheard if it had said it serves)
 
-    def _run(self, op: Op, seq: int, args: tuple[Any, ...]) -> None:
-        try:
-            if op is Op.REMOVE:
-                value: Any = self.backend.remove(*args)
-            elif op is Op.RULES:
-                value = self.backend.rules(*args)
+    def _take(self, message: dict[str, Any], on_serving: Callable[[str | None], None]) -> None:
+        op = message["op"]
+        if op == "count":
+            self.count(frames.count_of(message))
+        elif op == "log":
+            record = frames.log_of(message)
+            logging.getLogger(record.name).handle(record)
+        elif op == "serving":
+            on_serving(frames.serving_of(message))
+        else:
+            op, seq, args = frames.request_of(message, self.wall(), self.cfg)
+            if op == "submit":
+                rule, timeout = args
+                self.deadlines.watch(self.submit(rule, timeout, lambda result: self._answer(op, seq, result)))
             else:
-                value = self.backend.rule(*args)
+                self.pool.submit(self._run, op, seq, args)
+
+    def _run(self, op: str, seq: int, args: tuple[Any, ...]) -> None:
+        try:
+            if op == "tokens":
+                assert self.cfg.token_file is not None
+                value: Any = tokens.read(self.cfg.token_file)
+            else:
+                value = getattr(self.backend, op)(*args)
         except Exception as exc:
             value = exc
-        self._answer(seq, value)
+        self._answer(op, seq, value)
 
-    def _answer(self, seq: int, result: Any) -> None:
+    def _answer(self, op: str, seq: int, result: Any) -> None:
         if isinstance(result, TimeoutError):
-            answer: tuple[Any, ...] = (int(Op.ANSWER), seq, int(Done.TIMEOUT), str(result))
+            answer = {"op": "answer", "seq": seq, "done": TIMEOUT, "value": str(result)}
         elif isinstance(result, Exception):
             LOG.error("IDS API call failed", exc_info=result)
-            answer = (int(Op.ANSWER), seq, int(Done.FAILED), f"{type(result).__name__}: {result}")
+            answer = {"op": "answer", "seq": seq, "done": FAILED, "value": f"{type(result).__name__}: {result}"}
         else:
-            answer = (int(Op.ANSWER), seq, int(Done.OK), result)
+            answer = {"op": "answer", "seq": seq, "done": OK, "value": ENCODE[op](result)}
         try:
             self.channel.send(answer)
         except OSError as exc:  # gone, or not reading: a new child asks again
@@ -371,16 +332,18 @@ class ApiProcess:
     """The IDS API's child process, from the controller: `start` binds the API's address
     here (an address in use fails the controller's start, as before) and starts the child,
     waiting until it serves; a child that dies is started again; `stop` ends it.
-    submit: the backend's add with the child's looked-up entry (IdsBackend.submit_async)."""
+    submit: the backend's add, answered when it is done (IdsBackend.submit_async)."""
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, submit: SubmitAsync,
                  count: Callable[[Reject], None], restarted: Callable[[], None] = lambda: None,
-                 request_seconds: float = REQUEST_SECONDS):
+                 request_seconds: float = REQUEST_SECONDS, bad_frame: Callable[[], None] = lambda: None):
         self.cfg = cfg
         self.backend = backend
         self.submit = submit
         self.count = count
         self.restarted = restarted
+        self.counted_bad_frame = bad_frame
+        self._rlog = RateLimitedLog(LOG)
         self.request_seconds = request_seconds
         self._listening: socket.socket | None = None
         self._child: subprocess.Popen[bytes] | None = None
@@ -419,18 +382,28 @@ class ApiProcess:
                 pass_fds=(theirs.fileno(), self._listening.fileno()), stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             theirs.close()
-        self._channel = Channel(ours)
-        self._channel.send((Setup(self.cfg, logging.getLogger("nfshunt").getEffectiveLevel(), self.request_seconds),))
+        self._channel = Channel(ours, frames.MAX_REQUEST)
+        read = tokens.read(self.cfg.token_file) if self.cfg.token_file else (None, [])
+        self._channel.send({"op": "setup", "config": frames.config_json(self.cfg), "tokens": frames.tokens_json(*read),
+                            "log_level": logging.getLogger("nfshunt").getEffectiveLevel(),
+                            "request_seconds": self.request_seconds})
         event, said = self._serving = (threading.Event(), [])
 
         def serving(error: str | None) -> None:
             said.append(error)
             event.set()
-        server = BackendServer(self._channel, self.backend, self.count, self.submit,
+        server = BackendServer(self._channel, self.cfg, self.backend, self.count, self.submit, self._bad_frame,
                                workers=self.cfg.max_connections + 4)
         self._server_thread = threading.Thread(target=server.serve, args=(serving,), name="nfshunt-ids-calls",
                                                daemon=True)
         self._server_thread.start()
+
+    def _bad_frame(self, why: str) -> None:
+        self.counted_bad_frame()
+        held = self._rlog.allow("ids-frame")
+        if held is not None:
+            LOG.error("the IDS API process sent what is not a request (%s): nothing was done, and it is started "
+                      "again%s", why, f" ({held} more since the last report)" if held else "")
 
     def _await_serving(self) -> str | None:
         event, said = self._serving

@@ -8,9 +8,13 @@ Precedence, written once here and nowhere else:
   1. an operator's pin beats everything;
   2. a block (the policy's or an IDS's) beats a shunt;
   3. an IDS may shunt only a connection the firewall accepted (a live conntrack entry the
-     policy did not decide "block") and only inside `ids.may_shunt`;
-  4. an IDS block is always allowed, except of a whitelisted address (WHITELIST rules
-     exempt their addresses from IDS blocks);
+     policy did not decide "block") and only inside `ids.may_shunt`: its server (`server`:
+     the destination address and port of the entry's original direction, the end that
+     listened; the rule's own dst and dport until its entry is seen) inside one of the
+     prefixes, on one of the ports. The client's address and port count for nothing;
+  4. an IDS block is always allowed, except of an address its own requester whitelisted
+     (WHITELIST rules exempt their addresses from their requester's blocks; with
+     ids.shared_whitelists from every requester's: Store.whitelisting);
   5. between an IDS's rules of one connection (`holder`), a block before a shunt, then
      the higher `priority` (NetControl's meaning: higher wins), then the newer: the pair
      built while that rule holds takes its action and idle timeout. Every such rule
@@ -79,6 +83,9 @@ class Rule:
     connection: FlowTuple | None = None  # SHUNT and BLOCK: one direction as given (both are meant)
     address: Network | None = None  # BLOCK_ADDRESS and WHITELIST
     idle_timeout: int | None = None
+    # A shunt's server as precedence judged it (`serves`): the (address, port) the entry's
+    # original direction goes to; its pin applies only to an entry going there.
+    server: tuple[str, int] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -96,7 +103,10 @@ class Rule:
     @property
     def hold(self) -> IdsHold:
         """What a connection rule's pin holds its connection to (pins.py)."""
-        return IdsHold(self.action, self.source, self.idle_timeout)
+        server = self.server
+        if server is None and self.kind is Kind.SHUNT and self.connection is not None:
+            server = server_of(self.connection)  # not judged on an entry: its dst, as precedence takes it
+        return IdsHold(self.action, self.source, self.idle_timeout, server)
 
     @property
     def target(self) -> tuple[Any, ...]:
@@ -118,6 +128,8 @@ class Rule:
                                "expires": self.expires}
         if self.idle_timeout is not None:
             out["idle_timeout"] = self.idle_timeout
+        if self.server is not None:
+            out["server"] = {"address": self.server[0], "port": self.server[1]}
         if self.connection is not None:
             c = self.connection
             out["connection"] = {"protocol": PROTOCOL_NAMES[c.proto], "src": c.src, "sport": c.sport,
@@ -312,6 +324,8 @@ class Situation:
     # The connection's live conntrack entry as the policy decided it: IGNORE (accepted, left
     # to the firewall), SHUNT, BLOCK; None: no live entry (not seen yet, or gone).
     policy: Action | None = None
+    # Its server: the live entry's original destination (address, port); None: no entry known.
+    server: tuple[str, int] | None = None
     entry_accepted: bool = True  # False: no mark of ours on the entry, or an action the config lacks
     pin: Action | None = None  # an operator's pin on the connection
     ids_block: str | None = None  # an active IDS block covering it: its "source/id"
@@ -323,14 +337,26 @@ class Verdict:
     decision: Decision
     refusal: Refusal | None = None
     reason: str = ""
+    server: tuple[str, int] | None = None  # a shunt's: the server it was judged on (Rule.server)
 
 
-def inside_may_shunt(allowed: MayShunt, t: FlowTuple) -> bool:
-    """An endpoint inside one of the prefixes and (ports listed) a port inside one of the ranges."""
-    hosts = (ipaddress.ip_address(t.src), ipaddress.ip_address(t.dst))
-    if not any(h in net for net in allowed.prefixes for h in hosts if h.version == net.version):
+def serves(allowed: MayShunt, server: tuple[str, int]) -> bool:
+    """Inside `ids.may_shunt`: the server's address inside one of the prefixes and (ports
+    listed) its port inside one of the ranges. Only the server counts: a client's address
+    or its port (chosen by the client, any of them) never brings a connection inside."""
+    host = ipaddress.ip_address(server[0])
+    if not any(host in net for net in allowed.prefixes if host.version == net.version):
         return False
-    return not allowed.ports or any(lo <= p <= hi for lo, hi in allowed.ports for p in (t.sport, t.dport))
+    return not allowed.ports or any(lo <= server[1] <= hi for lo, hi in allowed.ports)
+
+
+def server_of(orig: FlowTuple) -> tuple[str, int]:
+    """A connection's server, from the tuple of its original direction: where it went."""
+    return orig.dst, orig.dport
+
+
+def _endpoint(server: tuple[str, int]) -> str:
+    return f"[{server[0]}]:{server[1]}" if ":" in server[0] else f"{server[0]}:{server[1]}"
 
 
 def holder(rules: Iterable[Rule]) -> Rule | None:
@@ -363,16 +389,21 @@ def precedence(rule: Rule, situation: Situation, allowed: MayShunt) -> Verdict:
     if s.ids_block is not None:
         return Verdict(Decision.REFUSE, Refusal.BLOCKED, f"blocked by {s.ids_block}: a block beats a shunt")
     assert rule.connection is not None
-    if not inside_may_shunt(allowed, rule.connection):
+    # The server: the entry's original destination; before the entry is seen, the rule's
+    # dst (its pin then applies only to an entry going there: pins.py).
+    server = s.server or server_of(rule.connection)
+    if not serves(allowed, server):
         return Verdict(Decision.REFUSE, Refusal.OUTSIDE_MAY_SHUNT,
-                       "outside ids.may_shunt: an IDS may shunt only the prefixes and ports listed there"
-                       if allowed.prefixes else "ids.may_shunt is empty: no IDS may shunt")
+                       f"outside ids.may_shunt: the connection's server {_endpoint(server)} (the end it was opened "
+                       "to) is not on a listed port of a listed prefix" if allowed.prefixes
+                       else "ids.may_shunt is empty: no IDS may shunt")
     if s.policy is Action.SHUNT:
-        return Verdict(Decision.EXISTS, reason="the policy already shunts it")
+        return Verdict(Decision.EXISTS, reason="the policy already shunts it", server=server)
     if s.policy is None:
-        return Verdict(Decision.WAIT, reason="waits for the connection's conntrack entry and its decision")
+        return Verdict(Decision.WAIT, reason="waits for the connection's conntrack entry and its decision",
+                       server=server)
     if not s.entry_accepted:
         return Verdict(Decision.REFUSE, Refusal.NOT_ACCEPTED,
                        "the firewall has not accepted the connection for NFShunt (its conntrack entry has no mark "
                        "of ours, or an action the config does not know): an IDS may shunt only what it accepted")
-    return Verdict(Decision.APPLY, reason="accepted by the firewall, inside ids.may_shunt")
+    return Verdict(Decision.APPLY, reason="accepted by the firewall, inside ids.may_shunt", server=server)

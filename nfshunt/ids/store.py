@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import heapq
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 from nfshunt.config import jsonfile
 from nfshunt.config.settings import MAX_IDS_EXPIRE
+from nfshunt.config.validate import check_names
 from nfshunt.records.model import Action, FlowTuple
 
 from .rules import (
@@ -43,6 +45,7 @@ from .rules import (
     RuleError,
     Situation,
     _connection,
+    _host,
     _int,
     pair_key,
 )
@@ -79,12 +82,19 @@ class Ended:
 
 
 class Store:
-    def __init__(self, path: str | None, max_rules: int, remember: int = 1000):
+    def __init__(self, path: str | None, max_rules: int, remember: int = 1000, shared_whitelists: bool = False):
         """path: the state file (None: kept in memory only); remember: how many ended rules
-        are kept for a requester that asks after one (a DELETE or GET racing the expiry)."""
+        are kept for a requester that asks after one (a DELETE or GET racing the expiry);
+        shared_whitelists: a whitelist exempts from every requester's blocks (else from
+        its own requester's only)."""
         self.path = path
         self.max_rules = max_rules
+        self.shared_whitelists = shared_whitelists
         self.rules: dict[tuple[str, str], Rule] = {}
+        # Each requester's rules in the order they were added, with their place in that
+        # order: a listing's page is read from these off the owner's thread (`page`).
+        self._by_source: dict[str, dict[tuple[str, str], tuple[int, Rule]]] = {}
+        self._order = itertools.count(1)
         self._by_target: dict[tuple[Any, ...], set[tuple[str, str]]] = {}
         self._lines: dict[tuple[str, str], bytes] = {}  # each active rule as the state file has it
         # Rules of an address (blocks, whitelists: few), asked about on every request: not a scan of all.
@@ -112,6 +122,7 @@ class Store:
 
     def _put(self, rule: Rule) -> None:
         self.rules[rule.key] = rule
+        self._by_source.setdefault(rule.source, {})[rule.key] = (next(self._order), rule)
         self._by_target.setdefault(rule.target, set()).add(rule.key)
         self._lines[rule.key] = json.dumps(rule.to_json(), separators=(",", ":")).encode()
         if rule.address is not None:
@@ -120,6 +131,10 @@ class Store:
 
     def _drop(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
         del self.rules[rule.key]
+        own = self._by_source[rule.source]
+        del own[rule.key]
+        if not own:
+            del self._by_source[rule.source]
         del self._lines[rule.key]
         self._addressed.pop(rule.key, None)
         keys = self._by_target[rule.target]
@@ -193,10 +208,34 @@ class Store:
             out.append(rule)
         return sorted(out, key=lambda r: (r.source, r.created, r.id))
 
-    def whitelisting(self, networks: Iterable[Network]) -> Rule | None:
-        """An active whitelist covering any address of these networks."""
+    def page(self, source: str | None, kind: Kind | None, address: Network | None, after: int,
+             limit: int) -> tuple[list[Rule], int | None]:
+        """Up to `limit` active rules, filtered, in the order they were added, from after
+        the place `after` (0: the first); and the place to ask after for the next page (None:
+        no more). Read from any thread while the owner changes the store: each requester's
+        rules are taken as they are at once (a dict copied whole), never walked as they change."""
+        if source is not None:
+            sources = [self._by_source.get(source, {})]
+        else:
+            sources = [self._by_source.get(name, {}) for name in list(self._by_source)]
+        picked: list[tuple[int, Rule]] = []
+        for own in sources:
+            for place, rule in list(own.values()):  # (a copy, taken at once)
+                if place <= after or (kind is not None and rule.kind is not kind):
+                    continue
+                if address is not None and not any(_overlap(n, address) for n in rule.networks()):
+                    continue
+                picked.append((place, rule))
+        picked.sort(key=lambda p: p[0])
+        more = len(picked) > limit
+        return [r for _, r in picked[:limit]], picked[limit - 1][0] if more else None
+
+    def whitelisting(self, networks: Iterable[Network], source: str) -> Rule | None:
+        """An active whitelist covering any address of these networks: `source`'s own, or
+        any requester's with shared_whitelists."""
         nets = tuple(networks)
         return next((r for r in self._addressed.values() if r.kind is Kind.WHITELIST and r.address is not None
+                     and (self.shared_whitelists or r.source == source)
                      and any(_overlap(r.address, n) for n in nets)), None)
 
     def blocking(self, conn: FlowTuple) -> Rule | None:
@@ -215,18 +254,22 @@ class Store:
         return [self.rules[k] for kind in CONNECTION_KINDS for k in self._by_target.get((kind, key), ())]
 
     def exempted_by(self, whitelist: Rule) -> list[Rule]:
-        """The active IDS blocks a new whitelist contradicts (precedence 4): to be lifted."""
+        """The active IDS blocks a new whitelist contradicts (precedence 4): to be lifted.
+        Its own requester's only, unless shared_whitelists: one IDS's whitelist does not lift
+        another's block."""
         assert whitelist.address is not None
         return [r for r in self.rules.values() if r.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS)
+                and (self.shared_whitelists or r.source == whitelist.source)
                 and any(_overlap(whitelist.address, n) for n in r.networks())]
 
     def situation(self, rule: Rule, policy: Action | None = None, pin: Action | None = None,
-                  entry_accepted: bool = True) -> Situation:
+                  entry_accepted: bool = True, server: tuple[str, int] | None = None) -> Situation:
         """What ids_rules.precedence needs, the IDS part from this store and the rest from
         the caller (the connection's live entry as the policy decided it, an operator's pin)."""
         block = self.blocking(rule.connection) if rule.kind is Kind.SHUNT and rule.connection is not None else None
-        white = self.whitelisting(rule.networks()) if rule.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS) else None
-        return Situation(policy, entry_accepted, pin, None if block is None else f"{block.source}/{block.id}",
+        white = (self.whitelisting(rule.networks(), rule.source) if rule.kind in (Kind.BLOCK, Kind.BLOCK_ADDRESS)
+                 else None)
+        return Situation(policy, server, entry_accepted, pin, None if block is None else f"{block.source}/{block.id}",
                          None if white is None else f"{white.source}/{white.id}")
 
     # --- the state file -----------------------------------------------------------------------
@@ -314,12 +357,14 @@ def _overlap(a: Network, b: Network) -> bool:
     return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
 
 
-def from_json(raw: Any) -> Rule:
-    """A rule as `Rule.to_json` wrote it, every field checked again (the file may be edited)."""
+def from_json(raw: Any, created_at: float | None = None) -> Rule:
+    """A rule as `Rule.to_json` wrote it, every field checked again (the file may be edited);
+    created_at: its time of creation instead of the one it says (the controller's, for a rule
+    the API's process sends)."""
     if not isinstance(raw, dict):
         raise RuleError("", "not an object")
     allowed = {"source", "id", "kind", "priority", "expire", "created", "expires", "idle_timeout", "connection",
-               "address"}
+               "address", "server"}
     unknown = set(raw) - allowed
     if unknown:
         raise RuleError(sorted(unknown)[0], "unknown field")
@@ -343,5 +388,19 @@ def from_json(raw: Any) -> Rule:
         except (TypeError, ValueError):
             raise RuleError("address", "not an address or prefix") from None
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
-                _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE), float(created), conn, address,
-                None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT))
+                _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),
+                float(created) if created_at is None else created_at, conn, address,
+                None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT),
+                _server(raw.get("server"), conn) if kind is Kind.SHUNT else None)
+
+
+def _server(raw: Any, conn: FlowTuple | None) -> tuple[str, int] | None:
+    """A shunt's server as the state file has it: one end of its connection (a file from
+    before servers were kept has none: Rule.hold then takes the rule's dst)."""
+    if raw is None:
+        return None
+    body = check_names("server", raw, ("address", "port"), ("address", "port"), RuleError, "field")
+    server = (_host("server.address", body["address"]), _int("server.port", body["port"], 1, 65535))
+    if conn is None or server not in ((conn.src, conn.sport), (conn.dst, conn.dport)):
+        raise RuleError("server", "not an end of the rule's connection")
+    return server

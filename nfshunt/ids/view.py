@@ -12,7 +12,7 @@ from nfshunt.records import cookies
 from nfshunt.records.model import OFP10, SwitchFlow
 from nfshunt.switch.switch import Switch
 
-from .api import Outcome, Result, RuleView, State
+from .calls import Outcome, Result, RuleView, State
 from .rules import Kind, Rule
 from .store import Ended
 

@@ -40,7 +40,7 @@ LABELLED = {
                      ("change", "reason")),
     "address_blocks": ("nfshunt_address_block_flow_changes", "IDS address-block flows written or deleted, by "
                        "what and why", ("change", "reason")),
-    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids_api.Reject; a precedence "
+    "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids/calls.Reject; a precedence "
                     "refusal by the rule that refused it, as refused:<rule>)", ("reason",)),
     "ids_rules": ("nfshunt_ids_rule_changes", "IDS rules added, found existing, ended, by outcome and kind",
                   ("outcome", "kind")),
@@ -70,6 +70,9 @@ PLAIN = {
     "internal_errors": "Commands that failed inside the controller",
     "role_promotions": "Times the switch granted this controller MASTER (a firewall pair's takeover)",
     "ids_api_restarts": "Times the IDS API's process ended on its own and was started again",
+    "ids_api_bad_frames": "Frames from the IDS API's process that were not requests (nothing done; it was started "
+                          "again)",
+    "ids_lookup_failed": "Conntrack lookups of an IDS rule's connection that failed (the rule waits for its events)",
     "gc_full_collections": "Full garbage collections the controller made (collector.py: paced, not Python's own)",
     "role_demotions": "Times this controller stopped being MASTER (asked to, or another controller took over)",
 }
