@@ -18,7 +18,8 @@ only the controller and the child it started hold the pair's ends (no address, n
 and both run this code. The listening socket stays open in the controller, so a child that
 dies is started again (after RESTART_DELAY) on the same socket without losing a connection
 waiting in its backlog; the child ends when the controller's end closes (a stop, or the
-controller killed) and, should that not reach it, at its parent's death (PR_SET_PDEATHSIG).
+controller killed) and, should that not reach it, at its parent's death (PR_SET_PDEATHSIG). It
+ignores SIGTERM and SIGINT: a stop reaches it through the controller.
 """
 from __future__ import annotations
 
@@ -210,9 +211,9 @@ class _Forward(logging.Handler):
 
 
 def _die_with_parent() -> None:
-    """SIGTERM when the controller dies, however it dies (Linux's PR_SET_PDEATHSIG)."""
+    """SIGKILL when the controller dies, however it dies (Linux's PR_SET_PDEATHSIG)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass
 
@@ -220,7 +221,11 @@ def _die_with_parent() -> None:
 def child_main(argv: list[str]) -> int:
     """The child (CHILD): its arguments are the channel's and the listening socket's fds."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the controller, which stops us
+    # A Ctrl-C, or a service manager's SIGTERM to every process of the service, reaches the
+    # controller too, which stops us: a child that died of it first was logged as a crash
+    # and started again in the middle of a normal stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = Channel(socket.socket(fileno=int(argv[0])))
     listening = socket.socket(fileno=int(argv[1]))
     first = channel.receive()
