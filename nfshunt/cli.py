@@ -13,8 +13,14 @@ from nfshunt.config.settings import DEFAULT_CONTROL_SOCKET, Config, ConfigError,
 
 from . import __version__
 
-EXIT_CONFIG = 2
+# Exit codes (the README's table, "Operating it"): 0 done; 1 failed (the controller not
+# reached, a request refused); 2 a config that fails validation (or a usage error:
+# argparse's); reload only: 3 applied but not known to be in every switch yet (pending),
+# 4 applied and a switch refused a flow-mod of it.
 EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_PENDING = 3
+EXIT_REFUSED = 4
 
 
 class JsonFormatter(logging.Formatter):
@@ -216,17 +222,45 @@ def cmd_ids_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    reply = _ask(args, {"cmd": "reload"})
-    if reply is None:
-        return 1
+    """Exit 0 only when every flow-mod of the change is in every switch; 3 pending, 4 refused
+    (2: the config fails validation, here or in the controller; 1: not reached)."""
+    from nfshunt.app.control import ControlError, request
+    try:
+        reply = request(_socket(args), {"cmd": "reload"})
+    except ControlError as exc:
+        print(f"nfshunt: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if "error" in reply:
+        print(f"nfshunt: {reply['error']}", file=sys.stderr)
+        return EXIT_CONFIG if reply.get("invalid_config") else EXIT_FAILED
     st = reply["static"]
     print(f"reloaded: changed {', '.join(reply['changed']) or 'nothing'}; static flows {st['added']} added, "
-          f"{st['removed']} removed, {st['flows']} in all; "
-          + (f"confirmed by the switch in {reply['confirmed_ms']:.1f} ms" if reply["confirmed"]
-             else "NOT confirmed by every switch yet"))
+          f"{st['removed']} removed, {st['flows']} in all")
     for key, why in reply["kept"].items():
         print(f"  {key}: {why}")
-    return 0 if reply["confirmed"] else 1
+    states = set()
+    for row in reply["switches"]:
+        states.add(row["state"])
+        print(f"switch {row['datapath_id']}: " + _reload_row(row))
+        for refusal in row.get("refused", ()):
+            print(f"  refused: {refusal['flow']}: {refusal['error']}")
+    if reply["confirmed"]:
+        print(f"confirmed: every flow-mod of the change is in the switch ({reply['confirmed_ms']:.1f} ms)")
+        return 0
+    print("NOT confirmed: " + ("the switch refused part of the change" if "failed" in states
+                               else "not every flow-mod of the change is known to be in the switch yet"))
+    return EXIT_REFUSED if "failed" in states else EXIT_PENDING
+
+
+def _reload_row(row: dict[str, Any]) -> str:
+    state, sent = row["state"], row.get("sent", 0)
+    if state == "confirmed":
+        return f"confirmed ({sent} flow-mods)"
+    if state == "failed":
+        return f"FAILED: {len(row['refused'])} of {sent} flow-mods refused"
+    if state == "pending":
+        return f"PENDING ({sent} flow-mods sent): {row['why']}"
+    return f"{state}: {row.get('why', '')}"
 
 
 def cmd_role(args: argparse.Namespace) -> int:
