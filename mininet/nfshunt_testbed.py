@@ -214,8 +214,7 @@ class Testbed(Pair, Observation, Traffic):
             # before keepalived elects (the first firewall, by its priority), as when the pair
             # boots with nfshunt ordered first; tests try the other orders too.
             self.start_services(self.firewalls, (Service.CONTROLLER, Service.CONNTRACKD, Service.KEEPALIVED))
-            self.wait_for(lambda: (a := self.active_firewall()) is not None and self.defaults_point_to(a), 20,
-                          "keepalived to elect a firewall and its controller to take the switch over")
+            self.wait_for_elected(20)
         elif self.controlled:
             def installed() -> bool:
                 self._check_running(self.firewalls[0])

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from datetime import datetime
 from typing import Sequence
 
@@ -51,8 +52,10 @@ class Pair(Controllers):
         path = os.path.join(fw.workdir, script)
         # Written aside and renamed over: keepalived may be starting the old one this moment
         # (a services restart), and a file being exec'd cannot be opened for writing (ETXTBSY).
+        # The installed `nfshunt` (on keepalived's PATH) runs this checkout's code: the one under test.
         with open(f"{path}.new", "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, script)} "$@" 2>>{fw.workdir}/notify.log\n')
+            fh.write(f'#!/bin/sh\nexport PYTHONPATH={REPO}\n'
+                     f'exec {os.path.join(HA_CONFIG, script)} "$@" 2>>{fw.workdir}/notify.log\n')
         os.chmod(f"{path}.new", 0o755)
         os.replace(f"{path}.new", path)
         return path
@@ -156,6 +159,27 @@ class Pair(Controllers):
                 stop_process(fw.daemons.pop(), 5)
 
     # --- which firewall, a death and a return -------------------------------------------------
+
+    def wait_for_elected(self, timeout: float, hold: float = 1.5) -> tuple[Firewall, float]:
+        """The firewall keepalived made master holds the switch (the default flows point to it)
+        and has held it for `hold` s: keepalived can make both hosts master for a moment at
+        boot, and the one that yields may claim the switch after the other did (its notify
+        runs late), so a single look can fall into that moment. (fw, seconds from the call
+        until it first held it for good)."""
+        start = time.monotonic()
+        since: tuple[Firewall, float] | None = None
+
+        def settled() -> tuple[Firewall, float] | None:
+            nonlocal since
+            active = self.active_firewall()
+            now = time.monotonic()
+            if active is None or not self.defaults_point_to(active):
+                since = None
+            elif since is None or since[0] is not active:
+                since = (active, now)
+            return (since[0], since[1] - start) if since is not None and now - since[1] >= hold else None
+        return self.wait_for(settled, timeout + hold, f"the firewall keepalived made master to hold the switch "
+                             f"for {hold:g} s", interval=0.05)
 
     def active_firewall(self) -> Firewall | None:
         """The firewall keepalived made master (it holds the VRRP address); None: none or

@@ -161,7 +161,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"pair: {pair['wanted']} (switch granted: {pair['granted'] or 'nothing yet'}), generation "
                   f"{pair['generation']}, switch's {pair['switch_generation']}"
                   + (f"; backup because {pair['why_backup']}" if pair["why_backup"] and pair["wanted"] == "backup"
-                     else ""))
+                     else "")
+                  + (f"; yielding to the claim of generation {pair['yielded_to']} (claimed again once it is let go)"
+                     if pair.get("yielded_to") is not None else ""))
         table = sw.get("table") or {}
         if table.get("layout"):
             size = (f"{table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free"
