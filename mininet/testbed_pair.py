@@ -16,11 +16,39 @@ from typing import Sequence
 from linkemu import stop_process
 from testbed_controller import Controllers
 from testbed_machine import processes_in_netns
-from testbed_topology import REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
+from testbed_topology import GATEWAY_VIP, REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
 
 HA_CONFIG = os.path.join(REPO, "config", "ha")
 # The environment keepalived gives its notify scripts (and systemd its services).
 BARE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# A second VRRP instance on the same keepalived, as a firewall's gateway address has: fw is its
+# master by priority (preempting), until its track file demotes it (demote_gateway).
+GATEWAY_INSTANCE = """
+track_file GATEWAY_DEMOTE {{
+    file "{demote}"
+    weight -100                    # 1 in the file: priority 150 - 100, below the other host's 100
+    init_file 0 overwrite
+}}
+
+vrrp_instance GATEWAY {{
+    state BACKUP
+    interface {intf}
+    dont_track_primary
+    virtual_router_id 62
+    priority {priority}
+    advert_int 0.1
+    unicast_src_ip {me}
+    unicast_peer {{
+        {peer}
+    }}
+    virtual_ipaddress {{
+        {vip}/24 dev {intf}
+    }}
+    track_file {{
+        GATEWAY_DEMOTE
+    }}
+}}
+"""
 
 
 class Service(enum.Enum):
@@ -40,7 +68,9 @@ def _read(path: str) -> str:
 
 class Pair(Controllers):
     """A pair host's services: conntrackd and keepalived (kept on the Firewall records)
-    beside its controller."""
+    beside its controller. vrrp_gateway: keepalived has a second instance (GATEWAY), not
+    NFShunt's."""
+    vrrp_gateway: bool
 
     # --- config -----------------------------------------------------------------------------
 
@@ -84,6 +114,10 @@ class Pair(Controllers):
         for name in ("keepalived.conf", "conntrackd.conf"):
             with open(os.path.join(HA_CONFIG, name)) as fh:
                 text = pattern.sub(lambda m: subst[m.group(0)], fh.read())
+            if name == "keepalived.conf" and self.vrrp_gateway:
+                text += GATEWAY_INSTANCE.format(demote=os.path.join(fw.workdir, "gateway-demote"),
+                                                intf=f"{fw.name}-eth3", priority=150 if me == 0 else 100,
+                                                me=VRRP_ADDRS[me], peer=VRRP_ADDRS[peer], vip=GATEWAY_VIP)
             out[name] = os.path.join(fw.workdir, name)
             with open(out[name], "w") as fh:
                 fh.write(text)
@@ -157,6 +191,13 @@ class Pair(Controllers):
         for fw in self.firewalls:
             while fw.daemons:
                 stop_process(fw.daemons.pop(), 5)
+
+    def demote_gateway(self, fw: Firewall, demoted: bool = True) -> None:
+        """fw's GATEWAY instance (vrrp_gateway) loses its priority (the other host preempts:
+        fw's GATEWAY goes BACKUP), or gets it back. keepalived watches the file."""
+        with open(os.path.join(fw.workdir, "gateway-demote.new"), "w") as fh:
+            fh.write("1\n" if demoted else "0\n")
+        os.replace(os.path.join(fw.workdir, "gateway-demote.new"), os.path.join(fw.workdir, "gateway-demote"))
 
     # --- which firewall, a death and a return -------------------------------------------------
 

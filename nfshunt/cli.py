@@ -92,9 +92,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
               + (f" (+{sw.confirm_delay:g} s)" if sw.confirm != "barrier" else "") + f" and a {sw.drain:g} s drain")
     if cfg.pair is not None:
         print(f"firewall pair member: starts {cfg.pair.start_role} unless {cfg.pair.state_file} says otherwise; "
-              "`nfshunt role master|backup` (keepalived's notify) changes it")
+              "`nfshunt role master|backup` (keepalived's notify) changes it, for the VRRP instance(s) "
+              + ", ".join(cfg.pair.vrrp_instances) + " only")
     for warning in cfg.security_warnings():
         print(f"WARNING: {warning}")
+    return 0
+
+
+def cmd_vrrp_instances(args: argparse.Namespace) -> int:
+    """The VRRP instances whose state changes move this controller, one a line: what
+    nfshunt-notify-fifo acts on (keepalived's other instances are not NFShunt's)."""
+    cfg = _load(args.config)
+    if cfg.pair is None:
+        print(f"nfshunt: {args.config}: no 'pair': this controller follows no VRRP instance", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(cfg.pair.vrrp_instances))
     return 0
 
 
@@ -332,7 +344,7 @@ def _control_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _controller_commands(sub: Any) -> None:
-    """run, check-config, probe-switch: the controller itself and what is read before it runs."""
+    """run, check-config, vrrp-instances, probe-switch: the controller itself and what is read before it runs."""
     run = sub.add_parser("run", help="run the controller")
     run.add_argument("--config", "-c", required=True)
     run.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -342,6 +354,11 @@ def _controller_commands(sub: Any) -> None:
     chk = sub.add_parser("check-config", help="validate a config file and exit")
     chk.add_argument("config")
     chk.set_defaults(func=cmd_check_config)
+
+    vi = sub.add_parser("vrrp-instances", help="the VRRP instances a pair member follows (pair.vrrp_instances), "
+                        "one a line: for nfshunt-notify-fifo")
+    vi.add_argument("--config", "-c", required=True)
+    vi.set_defaults(func=cmd_vrrp_instances)
 
     pr = sub.add_parser("probe-switch", help="what a new switch can do, and the settings to use with it "
                         "(the controller must be stopped: the switch connects to the probe)")

@@ -33,8 +33,9 @@ def _pair(config=None, **bed):
 @pytest.fixture(scope="module")
 def booted(integration_ready):
     """A pair whose services the tests stop and start again as a boot does, shared by them (a
-    bed of its own costs each ~10 s)."""
-    with _pair() as tb:
+    bed of its own costs each ~20 s); keepalived has a second VRRP instance, GATEWAY, that
+    every boot must leave NFShunt's election alone."""
+    with _pair(vrrp_gateway=True) as tb:
         yield tb
 
 
@@ -274,3 +275,62 @@ def test_both_hosts_master_for_a_moment_the_one_keepalived_keeps_holds_the_switc
     assert st1["pair"]["granted"] == "master" and st2["pair"]["granted"] == "backup"
     assert st1["pair"]["generation"] > st2["pair"]["generation"]
     print(f"fw held the switch for good {took:.2f} s after the VRRP link came back")
+
+
+def _fifo_line(tb, fw, line):
+    """A line into fw's keepalived FIFO, as keepalived writes one (one write, under PIPE_BUF:
+    never mixed with keepalived's)."""
+    fd = os.open(os.path.join(fw.workdir, "keepalived.fifo"), os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def test_a_second_vrrp_instance_moves_neither_the_switch_nor_conntrackd(booted):
+    """keepalived has a second instance, GATEWAY (a gateway address), whose changes reach the
+    same FIFO reader. The NFShunt master's GATEWAY going BACKUP (the other host preempts it)
+    stepped NFShunt down there, and the other's GATEWAY MASTER made it claim the switch. Only
+    pair.vrrp_instances (NFSHUNT) move NFShunt; each host's reader logs GATEWAY once, however
+    often it changes."""
+    tb = booted
+    fw, fw2 = tb.firewalls  # fw is GATEWAY's master by priority (preempting) until demoted
+    for f in tb.firewalls:  # a boot: each host's reader new, GATEWAY's track file at 0
+        tb.stop_services(f, signal.SIGKILL)
+    booted_at = {f.name: (len(_daemons_log(f)), len(_notify_log(f))) for f in tb.firewalls}
+    tb.start_services(tb.firewalls)
+    active, other = _elected(tb)
+
+    def gateway(f, state, since):  # f's GATEWAY's last state change since `since` was to `state`
+        log = _daemons_log(f)[since[f.name]:]
+        other_state = "BACKUP" if state == "MASTER" else "MASTER"
+        return log.rfind(f"(GATEWAY) Entering {state} STATE") > log.rfind(f"(GATEWAY) Entering {other_state} STATE")
+    boot = {f.name: booted_at[f.name][0] for f in tb.firewalls}
+    if active is fw2:  # keepalived's boot made fw2 NFShunt's master: GATEWAY's master too, first
+        tb.demote_gateway(fw)
+        tb.wait_for(lambda: gateway(fw2, "MASTER", boot), 10, "fw2 to be GATEWAY's master")
+    else:
+        tb.wait_for(lambda: gateway(fw, "MASTER", boot), 10, "fw to be GATEWAY's master")
+    marks = {f.name: (len(tb.controller_output(f)), len(_daemons_log(f)), len(_notify_log(f)))
+             for f in tb.firewalls}
+    tb.demote_gateway(fw, active is fw)  # the NFShunt master's GATEWAY goes BACKUP, the other's MASTER
+    since = {f.name: marks[f.name][1] for f in tb.firewalls}
+    tb.wait_for(lambda: gateway(other, "MASTER", since) and gateway(active, "BACKUP", since), 10,
+                f"{active.name}'s GATEWAY to go BACKUP and {other.name}'s MASTER")
+    # A line behind GATEWAY's in each host's FIFO: once a reader has logged it, it has read
+    # (and ignored) every GATEWAY change before it.
+    for f in tb.firewalls:
+        _fifo_line(tb, f, 'INSTANCE "PROBE" BACKUP 0')
+
+    def moved():  # a role change since the mark, on either host
+        return [f.name for f in tb.firewalls if "operator: role" in tb.controller_output(f)[marks[f.name][0]:]]
+    tb.wait_for(lambda: moved() or all("VRRP instance PROBE is not NFShunt's" in _notify_log(f)[marks[f.name][2]:]
+                                       for f in tb.firewalls), 10,
+                "each host's FIFO reader to have read the GATEWAY changes")
+    assert not moved(), f"GATEWAY's changes moved NFShunt on {moved()}"
+    for f in tb.firewalls:
+        assert "keepalived state" not in _notify_log(f)[marks[f.name][2]:]  # no nfshunt-notify ran
+        assert _notify_log(f)[booted_at[f.name][1]:].count(
+            "VRRP instance GATEWAY is not NFShunt's (pair.vrrp_instances: NFSHUNT)") == 1, _notify_log(f)
+    assert tb.defaults_point_to(active) and tb.active_firewall() is active
+    assert tb.control({"cmd": "status", "connections": False}, fw=active)["pair"]["granted"] == "master"

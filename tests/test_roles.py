@@ -293,6 +293,65 @@ def _nfshunt_env(tmp_path):
     return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "NFSHUNT": str(command)}
 
 
+def _read_fifo(tmp_path, conf, lines):
+    """nfshunt-notify-fifo given `lines` (as keepalived writes them) and then the FIFO's end:
+    (the nfshunt-notify calls it made, its stderr)."""
+    import subprocess
+    reader = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify-fifo")
+    calls = tmp_path / "calls"
+    notify = tmp_path / "nfshunt-notify"
+    notify.write_text(f"#!/bin/sh\necho \"$4 $5\" >> {calls}\n")
+    notify.chmod(0o755)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", conf, str(fifo)],
+                            stderr=subprocess.PIPE, text=True, env=_nfshunt_env(tmp_path))
+    fd = os.open(fifo, os.O_WRONLY)
+    os.write(fd, "".join(line + "\n" for line in lines).encode())
+    os.close(fd)
+    assert proc.wait(timeout=20) == 0
+    return (calls.read_text().splitlines() if calls.exists() else []), proc.stderr.read()
+
+
+KEEPALIVED_LINES = ['INSTANCE "NFSHUNT" BACKUP 150', 'INSTANCE "GATEWAY" BACKUP 100', 'INSTANCE "NFSHUNT" MASTER 150',
+                    'INSTANCE "GATEWAY" MASTER 100', 'INSTANCE "GATEWAY" BACKUP 100', 'INSTANCE "NFSHUNT" BACKUP 150']
+
+
+def test_the_fifo_reader_acts_only_on_nfshunts_vrrp_instances_and_logs_the_others_once(tmp_path):
+    """A second VRRP instance on the same keepalived (a gateway address) going BACKUP
+    stepped NFShunt down, its MASTER claimed the switch: only the instances the config's
+    pair.vrrp_instances names (default: the shipped keepalived.conf's NFSHUNT) are acted on."""
+    calls, said = _read_fifo(tmp_path, _pair_config(tmp_path), KEEPALIVED_LINES)
+    assert calls == ["NFSHUNT BACKUP", "NFSHUNT MASTER", "NFSHUNT BACKUP"]
+    assert said.count("VRRP instance GATEWAY is not NFShunt's (pair.vrrp_instances: NFSHUNT)") == 1, said
+    assert "ERROR" not in said
+
+
+def test_the_fifo_reader_follows_the_instances_the_config_names(tmp_path):
+    conf = _pair_config(tmp_path, vrrp_instances=["GATEWAY", "NFSHUNT"])
+    calls, said = _read_fifo(tmp_path, conf, KEEPALIVED_LINES)
+    assert calls == [" ".join(line.replace('"', "").split()[1:3]) for line in KEEPALIVED_LINES]
+    assert "is not NFShunt's" not in said
+
+
+def test_a_typo_in_the_instances_shows_at_once_and_a_bad_config_acts_on_nothing(tmp_path):
+    calls, said = _read_fifo(tmp_path, _pair_config(tmp_path, vrrp_instances=["NFSHUTN"]), KEEPALIVED_LINES[:1])
+    assert calls == [] and "VRRP instance NFSHUNT is not NFShunt's (pair.vrrp_instances: NFSHUTN)" in said
+    os.unlink(tmp_path / "fifo")
+    bad = _pair_config(tmp_path, vrrp_instances=["NFSHUNT", "two words"])
+    calls, said = _read_fifo(tmp_path, bad, KEEPALIVED_LINES[:1])
+    assert calls == [] and "pair.vrrp_instances[1]" in said and "ERROR: NFSHUNT BACKUP not acted on" in said
+
+
+def test_the_default_instance_is_the_shipped_keepalived_confs():
+    import re
+
+    from nfshunt.config.settings import PairConfig
+    shipped = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "keepalived.conf")
+    with open(shipped) as fh:
+        assert re.findall(r"^vrrp_instance (\S+) \{", fh.read(), re.M) == list(PairConfig("x").vrrp_instances)
+
+
 def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
     """keepalived's notify script (`nfshunt role` recording a role) and a starting controller
     may write the state file at the same moment: each writes a temporary file of its own, so
