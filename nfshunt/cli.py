@@ -13,8 +13,14 @@ from nfshunt.config.settings import DEFAULT_CONTROL_SOCKET, Config, ConfigError,
 
 from . import __version__
 
-EXIT_CONFIG = 2
+# Exit codes (the README's table, "Operating it"): 0 done; 1 failed (the controller not
+# reached, a request refused); 2 a config that fails validation (or a usage error:
+# argparse's); reload only: 3 applied but not known to be in every switch yet (pending),
+# 4 applied and a switch refused a flow-mod of it.
 EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_PENDING = 3
+EXIT_REFUSED = 4
 
 
 class JsonFormatter(logging.Formatter):
@@ -86,9 +92,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
               + (f" (+{sw.confirm_delay:g} s)" if sw.confirm != "barrier" else "") + f" and a {sw.drain:g} s drain")
     if cfg.pair is not None:
         print(f"firewall pair member: starts {cfg.pair.start_role} unless {cfg.pair.state_file} says otherwise; "
-              "`nfshunt role master|backup` (keepalived's notify) changes it")
+              "`nfshunt role master|backup` (keepalived's notify) changes it, for the VRRP instance(s) "
+              + ", ".join(cfg.pair.vrrp_instances) + " only")
     for warning in cfg.security_warnings():
         print(f"WARNING: {warning}")
+    return 0
+
+
+def cmd_vrrp_instances(args: argparse.Namespace) -> int:
+    """The VRRP instances whose state changes move this controller, one a line: what
+    nfshunt-notify-fifo acts on (keepalived's other instances are not NFShunt's)."""
+    cfg = _load(args.config)
+    if cfg.pair is None:
+        print(f"nfshunt: {args.config}: no 'pair': this controller follows no VRRP instance", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(cfg.pair.vrrp_instances))
     return 0
 
 
@@ -155,7 +173,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"pair: {pair['wanted']} (switch granted: {pair['granted'] or 'nothing yet'}), generation "
                   f"{pair['generation']}, switch's {pair['switch_generation']}"
                   + (f"; backup because {pair['why_backup']}" if pair["why_backup"] and pair["wanted"] == "backup"
-                     else ""))
+                     else "")
+                  + (f"; yielding to the claim of generation {pair['yielded_to']} (claimed again once it is let go)"
+                     if pair.get("yielded_to") is not None else ""))
         table = sw.get("table") or {}
         if table.get("layout"):
             size = (f"{table['used']} of {table['max_entries']} entries used by NFShunt, {table['free']} free"
@@ -216,17 +236,45 @@ def cmd_ids_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    reply = _ask(args, {"cmd": "reload"})
-    if reply is None:
-        return 1
+    """Exit 0 only when every flow-mod of the change is in every switch; 3 pending, 4 refused
+    (2: the config fails validation, here or in the controller; 1: not reached)."""
+    from nfshunt.app.control import ControlError, request
+    try:
+        reply = request(_socket(args), {"cmd": "reload"})
+    except ControlError as exc:
+        print(f"nfshunt: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if "error" in reply:
+        print(f"nfshunt: {reply['error']}", file=sys.stderr)
+        return EXIT_CONFIG if reply.get("invalid_config") else EXIT_FAILED
     st = reply["static"]
     print(f"reloaded: changed {', '.join(reply['changed']) or 'nothing'}; static flows {st['added']} added, "
-          f"{st['removed']} removed, {st['flows']} in all; "
-          + (f"confirmed by the switch in {reply['confirmed_ms']:.1f} ms" if reply["confirmed"]
-             else "NOT confirmed by every switch yet"))
+          f"{st['removed']} removed, {st['flows']} in all")
     for key, why in reply["kept"].items():
         print(f"  {key}: {why}")
-    return 0 if reply["confirmed"] else 1
+    states = set()
+    for row in reply["switches"]:
+        states.add(row["state"])
+        print(f"switch {row['datapath_id']}: " + _reload_row(row))
+        for refusal in row.get("refused", ()):
+            print(f"  refused: {refusal['flow']}: {refusal['error']}")
+    if reply["confirmed"]:
+        print(f"confirmed: every flow-mod of the change is in the switch ({reply['confirmed_ms']:.1f} ms)")
+        return 0
+    print("NOT confirmed: " + ("the switch refused part of the change" if "failed" in states
+                               else "not every flow-mod of the change is known to be in the switch yet"))
+    return EXIT_REFUSED if "failed" in states else EXIT_PENDING
+
+
+def _reload_row(row: dict[str, Any]) -> str:
+    state, sent = row["state"], row.get("sent", 0)
+    if state == "confirmed":
+        return f"confirmed ({sent} flow-mods)"
+    if state == "failed":
+        return f"FAILED: {len(row['refused'])} of {sent} flow-mods refused"
+    if state == "pending":
+        return f"PENDING ({sent} flow-mods sent): {row['why']}"
+    return f"{state}: {row.get('why', '')}"
 
 
 def cmd_role(args: argparse.Namespace) -> int:
@@ -296,7 +344,7 @@ def _control_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _controller_commands(sub: Any) -> None:
-    """run, check-config, probe-switch: the controller itself and what is read before it runs."""
+    """run, check-config, vrrp-instances, probe-switch: the controller itself and what is read before it runs."""
     run = sub.add_parser("run", help="run the controller")
     run.add_argument("--config", "-c", required=True)
     run.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -306,6 +354,11 @@ def _controller_commands(sub: Any) -> None:
     chk = sub.add_parser("check-config", help="validate a config file and exit")
     chk.add_argument("config")
     chk.set_defaults(func=cmd_check_config)
+
+    vi = sub.add_parser("vrrp-instances", help="the VRRP instances a pair member follows (pair.vrrp_instances), "
+                        "one a line: for nfshunt-notify-fifo")
+    vi.add_argument("--config", "-c", required=True)
+    vi.set_defaults(func=cmd_vrrp_instances)
 
     pr = sub.add_parser("probe-switch", help="what a new switch can do, and the settings to use with it "
                         "(the controller must be stopped: the switch connects to the probe)")

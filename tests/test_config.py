@@ -148,6 +148,10 @@ PAIR = {"state_file": "/var/lib/nfshunt/pair.json"}
 def test_a_pair_config_is_accepted_with_openflow_13_only():
     cfg = from_dict(with_(openflow_versions=["1.3"], delete_flows_on_shutdown=False, pair=PAIR))
     assert cfg.pair is not None and cfg.pair.start_role == "backup" and cfg.pair.role_check_interval == 1.0
+    assert cfg.pair.vrrp_instances == ("NFSHUNT",)  # the shipped keepalived.conf's one instance
+    named = from_dict(with_(openflow_versions=["1.3"], delete_flows_on_shutdown=False,
+                            pair={**PAIR, "vrrp_instances": ["NFSHUNT", "fw-pair.2"]}))
+    assert named.pair is not None and named.pair.vrrp_instances == ("NFSHUNT", "fw-pair.2")
 
 
 @pytest.mark.parametrize("extra,key,problem", [
@@ -158,6 +162,14 @@ def test_a_pair_config_is_accepted_with_openflow_13_only():
     ({"pair": {"start_role": "backup"}}, "pair.state_file", "required"),
     ({"pair": {**PAIR, "state_file": "pair.json"}}, "pair.state_file", "absolute path"),
     ({"pair": {**PAIR, "peer": "fw-b"}}, "pair.peer", "unknown key"),
+    ({"pair": {**PAIR, "vrrp_instance": "NFSHUNT"}}, "pair.vrrp_instance", "allowed: role_check_interval, start_role, "
+                                                                           "state_file, vrrp_instances"),
+    ({"pair": {**PAIR, "vrrp_instances": "NFSHUNT"}}, "pair.vrrp_instances", "non-empty list"),
+    ({"pair": {**PAIR, "vrrp_instances": []}}, "pair.vrrp_instances", "non-empty list"),
+    ({"pair": {**PAIR, "vrrp_instances": ["NFSHUNT", "VI 2"]}}, "pair.vrrp_instances[1]", "not a VRRP instance name"),
+    ({"pair": {**PAIR, "vrrp_instances": ['"NFSHUNT"']}}, "pair.vrrp_instances[0]", "not a VRRP instance name"),
+    ({"pair": {**PAIR, "vrrp_instances": [7]}}, "pair.vrrp_instances[0]", "not a VRRP instance name"),
+    ({"pair": {**PAIR, "vrrp_instances": ["A", "A"]}}, "pair.vrrp_instances", "twice"),
 ])
 def test_a_bad_pair_config_says_what_to_fix(extra, key, problem):
     raw = with_(openflow_versions=["1.3"], delete_flows_on_shutdown=False, pair=PAIR)
@@ -177,7 +189,7 @@ def test_check_config_says_how_entries_are_confirmed_and_that_it_is_one_of_a_pai
     out = subprocess.run([sys.executable, "-m", "nfshunt", "check-config", str(path)], capture_output=True,
                          text=True, check=True).stdout
     assert "confirm=counters (+0.5 s) and a 0.05 s drain" in out
-    assert "firewall pair member: starts backup" in out
+    assert "firewall pair member: starts backup" in out and "for the VRRP instance(s) NFSHUNT only" in out
 
 
 def test_the_shipped_pair_example_is_valid():

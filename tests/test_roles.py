@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from nfshunt.core.roles import EQUAL, MASTER, NOCHANGE, SLAVE, UNDEFINED_GENERATION, Change, RoleRequest, Roles, newer
 
@@ -35,17 +36,17 @@ def test_a_takeover_claims_a_newer_generation_saved_before_the_claim(tmp_path):
     assert roles.check() == RoleRequest(NOCHANGE, 0)
 
 
-def test_a_restarted_master_claims_its_old_generation_and_a_stale_refusal_makes_it_backup(tmp_path):
+def test_a_restarted_master_claims_its_old_generation_and_a_stale_refusal_makes_it_yield(tmp_path):
     path = tmp_path / "pair.json"
     path.write_text(json.dumps({"role": "master", "generation": 4}))
     roles = Roles(str(path))
     roles.connected()
-    assert roles.reply(EQUAL, 5).request == RoleRequest(MASTER, 4)  # not a new takeover
+    assert roles.reply(EQUAL, 6).request == RoleRequest(MASTER, 4)  # not a new takeover
     change = roles.stale()
-    assert roles.wanted == "backup" and "stale" in (roles.why or "")
-    assert change.request == RoleRequest(NOCHANGE, 0)
-    assert roles.reply(EQUAL, 5).request == RoleRequest(SLAVE, 5)
-    assert json.loads(path.read_text())["role"] == "backup"  # a restart does not try again
+    assert "stale" in (roles.why or "") and change.request == RoleRequest(NOCHANGE, 0)
+    assert roles.reply(EQUAL, 6).request == RoleRequest(SLAVE, 6)  # the newer claim (even) holds it
+    assert roles.granted is None and roles.status()["yielded_to"] == 6 and roles.check() == RoleRequest(NOCHANGE, 0)
+    assert json.loads(path.read_text())["role"] == "master"  # keepalived's word is kept
 
 
 def test_a_master_made_slave_by_another_claim_is_demoted_once(tmp_path):
@@ -53,11 +54,13 @@ def test_a_master_made_slave_by_another_claim_is_demoted_once(tmp_path):
     roles.connected()
     roles.reply(EQUAL, UNDEFINED_GENERATION)
     roles.take_over()
-    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 1)
-    assert roles.reply(MASTER, 1).promoted
-    change = roles.reply(SLAVE, 2)  # the periodic query: the other controller took over
-    assert change.demoted and "generation 2" in change.demoted and roles.wanted == "backup"
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 2)
+    assert roles.reply(MASTER, 2).promoted
+    change = roles.reply(SLAVE, 4)  # the periodic query: the other controller took over
+    assert change.demoted and "generation 4" in change.demoted and change.request is None
+    assert roles.granted == "backup" and roles.status()["yielded_to"] == 4
     assert roles.refused_as_slave().demoted is None  # already handled
+    assert roles.reply(SLAVE, 4) == Change()  # its next query: still held by that claim
 
 
 def test_is_slave_error_demotes_a_master(tmp_path):
@@ -67,8 +70,10 @@ def test_is_slave_error_demotes_a_master(tmp_path):
     roles.take_over()
     roles.reply(EQUAL, 3)
     roles.reply(MASTER, 4)
-    assert roles.refused_as_slave().demoted
-    assert roles.granted == "backup"
+    change = roles.refused_as_slave()
+    assert change.demoted and change.request == RoleRequest(NOCHANGE, 0)  # who holds it now?
+    assert roles.reply(SLAVE, 6).request is None and roles.granted == "backup"
+    assert roles.status()["yielded_to"] == 6 and "generation 6" in (roles.why or "")
 
 
 def test_stepping_down_stops_programming_before_the_switch_answers(tmp_path):
@@ -79,8 +84,9 @@ def test_stepping_down_stops_programming_before_the_switch_answers(tmp_path):
     roles.reply(EQUAL, 3)
     roles.reply(MASTER, 4)
     change = roles.stand_by()
-    assert change.demoted == "asked to be backup" and change.request == RoleRequest(SLAVE, 4)
-    assert roles.reply(SLAVE, 4).demoted is None  # the switch's answer does not demote twice
+    # released: the next odd generation says nobody holds the switch
+    assert change.demoted == "asked to be backup" and change.request == RoleRequest(SLAVE, 5)
+    assert roles.reply(SLAVE, 5).demoted is None  # the switch's answer does not demote twice
 
 
 def test_an_unreadable_state_file_starts_as_backup(tmp_path, caplog):
@@ -103,7 +109,7 @@ def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, c
     blocker.write_text("")
     roles = Roles(str(blocker / "pair.json"))  # its directory cannot exist: a file is in the way
     roles.take_over()
-    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 1)
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 2)
     assert "cannot write the pair state file" in caplog.text and roles.save_error
 
 
@@ -160,22 +166,24 @@ def test_a_takeover_under_way_is_claimed_again_after_a_reconnect(tmp_path):
 
 def test_a_returning_master_is_refused_and_stays_backup(tmp_path):
     path = tmp_path / "pair.json"
-    path.write_text(json.dumps({"role": "master", "generation": 1}))  # before it died
+    path.write_text(json.dumps({"role": "master", "generation": 2}))  # before it died
     roles = Roles(str(path))
     roles.connected()
-    assert roles.reply(EQUAL, 2).request == RoleRequest(MASTER, 1)  # the survivor claimed 2
+    assert roles.reply(EQUAL, 4).request == RoleRequest(MASTER, 2)  # the survivor claimed 4
     assert roles.stale().request == RoleRequest(NOCHANGE, 0)
-    assert roles.reply(EQUAL, 2).request == RoleRequest(SLAVE, 2)
-    assert roles.wanted == "backup" and roles.granted is None
+    assert roles.reply(EQUAL, 4).request == RoleRequest(SLAVE, 4)  # its claim holds the switch
+    assert roles.granted is None and roles.status()["yielded_to"] == 4
+    assert roles.stand_by().request == RoleRequest(SLAVE, 4)  # keepalived: backup; it held nothing to release
+    assert roles.wanted == "backup" and roles.check() is None
 
 
-def _pair_config(tmp_path, pair=True):
+def _pair_config(tmp_path, pair=True, **keys):
     cfg = {"ports": [{"fast": 1, "slow": 2, "physdevin": 1}, {"fast": 3, "slow": 4, "physdevin": 2}],
            "mark_actions": {"0": "ignore", "1": "shunt", "2": "block"}, "openflow_versions": ["1.3"],
            "delete_flows_on_shutdown": False,
            "control_socket": str(tmp_path / "run" / "nfshunt.sock")}
     if pair:
-        cfg["pair"] = {"state_file": str(tmp_path / "lib" / "pair.json")}
+        cfg["pair"] = {"state_file": str(tmp_path / "lib" / "pair.json"), **keys}
     path = tmp_path / "nfshunt.json"
     path.write_text(json.dumps(cfg))
     return str(path)
@@ -235,6 +243,7 @@ def test_the_fifo_reader_runs_keepalived_state_changes_one_after_the_other_in_or
     import subprocess
     import time
     reader = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify-fifo")
+    conf = _pair_config(tmp_path)
     calls = tmp_path / "calls"
     notify = tmp_path / "nfshunt-notify"
     # MASTER is the slow one (conntrackd's commit). Each call notes its session and whether
@@ -245,8 +254,8 @@ def test_the_fifo_reader_runs_keepalived_state_changes_one_after_the_other_in_or
     notify.chmod(0o755)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", "/etc/nfshunt/nfshunt.json",
-                             str(fifo)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", conf, str(fifo)],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=_nfshunt_env(tmp_path))
     fd = os.open(fifo, os.O_RDWR)  # as keepalived holds it
 
     def seen(text: str) -> bool:
@@ -266,12 +275,81 @@ def test_the_fifo_reader_runs_keepalived_state_changes_one_after_the_other_in_or
     lines = calls.read_text().splitlines()
     assert [line.split()[:2] for line in lines] == [["start", "INSTANCE"], ["end", "MASTER"], ["start", "INSTANCE"],
                                                     ["end", "BACKUP"], ["start", "INSTANCE"], ["end", "STOP"]]
-    assert lines[0] == "start INSTANCE NFSHUNT MASTER 150 /etc/conntrackd/conntrackd.conf /etc/nfshunt/nfshunt.json"
+    assert lines[0] == f"start INSTANCE NFSHUNT MASTER 150 /etc/conntrackd/conntrackd.conf {conf}"
     ends = [line.split() for line in lines if line.startswith("end")]
     term = 1 << (signal.SIGTERM - 1)
     assert all(not int(ignored, 16) & term for _, _, ignored, _ in ends), lines  # TERM's default back
     assert all(int(sid) != proc.pid for _, _, _, sid in ends), lines  # out of the reader's session
     assert "closed" in proc.stderr.read()
+
+
+def _nfshunt_env(tmp_path):
+    """keepalived's bare environment, with NFSHUNT naming this checkout's command (as the
+    reader and nfshunt-notify find an installed one)."""
+    command = tmp_path / "nfshunt"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command.write_text(f"#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} -m nfshunt \"$@\"\n")
+    command.chmod(0o755)
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "NFSHUNT": str(command)}
+
+
+def _read_fifo(tmp_path, conf, lines):
+    """nfshunt-notify-fifo given `lines` (as keepalived writes them) and then the FIFO's end:
+    (the nfshunt-notify calls it made, its stderr)."""
+    import subprocess
+    reader = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "nfshunt-notify-fifo")
+    calls = tmp_path / "calls"
+    notify = tmp_path / "nfshunt-notify"
+    notify.write_text(f"#!/bin/sh\necho \"$4 $5\" >> {calls}\n")
+    notify.chmod(0o755)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([reader, str(notify), "/etc/conntrackd/conntrackd.conf", conf, str(fifo)],
+                            stderr=subprocess.PIPE, text=True, env=_nfshunt_env(tmp_path))
+    fd = os.open(fifo, os.O_WRONLY)
+    os.write(fd, "".join(line + "\n" for line in lines).encode())
+    os.close(fd)
+    assert proc.wait(timeout=20) == 0
+    return (calls.read_text().splitlines() if calls.exists() else []), proc.stderr.read()
+
+
+KEEPALIVED_LINES = ['INSTANCE "NFSHUNT" BACKUP 150', 'INSTANCE "GATEWAY" BACKUP 100', 'INSTANCE "NFSHUNT" MASTER 150',
+                    'INSTANCE "GATEWAY" MASTER 100', 'INSTANCE "GATEWAY" BACKUP 100', 'INSTANCE "NFSHUNT" BACKUP 150']
+
+
+def test_the_fifo_reader_acts_only_on_nfshunts_vrrp_instances_and_logs_the_others_once(tmp_path):
+    """A second VRRP instance on the same keepalived (a gateway address) going BACKUP
+    stepped NFShunt down, its MASTER claimed the switch: only the instances the config's
+    pair.vrrp_instances names (default: the shipped keepalived.conf's NFSHUNT) are acted on."""
+    calls, said = _read_fifo(tmp_path, _pair_config(tmp_path), KEEPALIVED_LINES)
+    assert calls == ["NFSHUNT BACKUP", "NFSHUNT MASTER", "NFSHUNT BACKUP"]
+    assert said.count("VRRP instance GATEWAY is not NFShunt's (pair.vrrp_instances: NFSHUNT)") == 1, said
+    assert "ERROR" not in said
+
+
+def test_the_fifo_reader_follows_the_instances_the_config_names(tmp_path):
+    conf = _pair_config(tmp_path, vrrp_instances=["GATEWAY", "NFSHUNT"])
+    calls, said = _read_fifo(tmp_path, conf, KEEPALIVED_LINES)
+    assert calls == [" ".join(line.replace('"', "").split()[1:3]) for line in KEEPALIVED_LINES]
+    assert "is not NFShunt's" not in said
+
+
+def test_a_typo_in_the_instances_shows_at_once_and_a_bad_config_acts_on_nothing(tmp_path):
+    calls, said = _read_fifo(tmp_path, _pair_config(tmp_path, vrrp_instances=["NFSHUTN"]), KEEPALIVED_LINES[:1])
+    assert calls == [] and "VRRP instance NFSHUNT is not NFShunt's (pair.vrrp_instances: NFSHUTN)" in said
+    os.unlink(tmp_path / "fifo")
+    bad = _pair_config(tmp_path, vrrp_instances=["NFSHUNT", "two words"])
+    calls, said = _read_fifo(tmp_path, bad, KEEPALIVED_LINES[:1])
+    assert calls == [] and "pair.vrrp_instances[1]" in said and "ERROR: NFSHUNT BACKUP not acted on" in said
+
+
+def test_the_default_instance_is_the_shipped_keepalived_confs():
+    import re
+
+    from nfshunt.config.settings import PairConfig
+    shipped = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "keepalived.conf")
+    with open(shipped) as fh:
+        assert re.findall(r"^vrrp_instance (\S+) \{", fh.read(), re.M) == list(PairConfig("x").vrrp_instances)
 
 
 def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
@@ -296,3 +374,43 @@ def test_two_writers_of_the_state_file_at_once_both_succeed(tmp_path):
     assert errors == []
     assert json.loads(open(path).read())["role"] == "backup"
     assert sorted(os.listdir(tmp_path)) == ["pair.json"]  # no temporary file left behind
+
+
+def _granted(roles, generation):
+    roles.connected()
+    roles.reply(EQUAL, generation)
+    roles.take_over()
+    claim = roles.reply(SLAVE, generation).request
+    assert claim.role == MASTER and roles.reply(MASTER, claim.generation).promoted
+    return claim.generation
+
+
+def test_both_hosts_master_for_a_moment_the_one_keepalived_keeps_takes_the_switch_back(tmp_path):
+    """keepalived made both hosts MASTER for a moment at boot (or a split brain healed): a
+    claimed 2, b claimed 4 (a silently made slave), then keepalived told b BACKUP. b releases
+    the switch (5, odd); a's next role check finds it let go and claims it again. Before,
+    a stepped down for good at that check, and nobody held the switch."""
+    a, b = Roles(str(tmp_path / "a.json")), Roles(str(tmp_path / "b.json"))
+    first = _granted(a, 0)
+    second = _granted(b, first)
+    release = b.stand_by().request
+    assert release.role == SLAVE
+    b.reply(SLAVE, release.generation)
+    assert a.check() == RoleRequest(NOCHANGE, 0)
+    change = a.reply(SLAVE, release.generation)  # what the switch says now
+    assert change.request is not None and change.request.role == MASTER, (first, second, release, change)
+    assert change.demoted and a.wanted == "master"
+    assert a.reply(MASTER, change.request.generation).promoted and a.granted == "master"
+
+
+def test_in_a_split_brain_the_later_claim_keeps_the_switch_until_its_host_lets_go(tmp_path):
+    a, b = Roles(str(tmp_path / "a.json")), Roles(str(tmp_path / "b.json"))
+    assert _granted(a, 0) == 2  # claims take even generations
+    assert _granted(b, 2) == 4  # the VRRP link cut: b is master too, and claims later
+    assert a.reply(SLAVE, 4).demoted  # a's check: b's claim (even) holds it: a yields, no fight
+    for _ in range(3):
+        assert a.check() == RoleRequest(NOCHANGE, 0) and a.reply(SLAVE, 4) == Change()
+    assert a.take_over() == Change(request=RoleRequest(NOCHANGE, 0))  # keepalived says it again: no new claim
+    assert a.reply(SLAVE, 4) == Change()
+    b.stand_by()  # the link is back and b yields (keepalived: BACKUP): released at 5
+    assert a.reply(SLAVE, 5).request == RoleRequest(MASTER, 6)

@@ -155,7 +155,7 @@ def test_a_reload_adds_and_removes_streams_without_touching_a_running_one(tb):
     proc = tb.node(tb.firewalls[0]).popen([sys.executable, "-m", "nfshunt", "reload", *socket_arg],
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "static_shunts[1].src" in err and "nothing changed" in err
+    assert proc.returncode == 2 and "static_shunts[1].src" in err and "nothing changed" in err
     assert {f["cookie"] for f in static_flows(tb)} == set(before)
 
     # A good one: the new stream's flows are added, confirmed by the switch; the running one's
@@ -185,3 +185,64 @@ def test_a_reload_adds_and_removes_streams_without_touching_a_running_one(tb):
     print("cyclic stream across two reloads:", result)
     assert (result["sent"], result["echoed"]) == (frames, frames)  # no frame lost
     write_config(tb)
+
+
+def _reload_cli(tb):
+    """`nfshunt reload` on the firewall, as an operator runs it: (exit code, what it printed)."""
+    import subprocess
+    proc = tb.node(tb.firewalls[0]).popen([sys.executable, "-m", "nfshunt", "reload", "--socket",
+                                           tb.firewalls[0].control_socket], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, cwd=REPO)
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, out + err
+
+
+def _limit_table0(room):
+    """Table 0 refuses adds beyond what it holds now plus `room` (None: no limit)."""
+    import subprocess
+    if room is None:
+        subprocess.run(["ovs-vsctl", "--if-exists", "clear", "Bridge", "s1", "flow_tables"], check=True)
+        return
+    held = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "s1", "table=0"], check=True,
+                          capture_output=True, text=True).stdout.count("cookie=")
+    subprocess.run(["ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", f"flow_limit={held + room}",
+                    "overflow_policy=refuse", "--", "set", "Bridge", "s1", "flow_tables:0=@ft"], check=True)
+
+
+def test_a_reload_is_confirmed_only_when_every_flow_mod_is_in_the_switch(tb):
+    """Table full (room for 1 of a new stream's 2 flows): the reload says which flow the
+    switch refused and exits 4, where it said "confirmed" with 3 of 4 static flows on the
+    switch. The switch away: pending, exit 3, where it said "confirmed by the switch in ~0 ms";
+    the flows go in when it is back."""
+    import subprocess
+
+    from tests.test_failsafe import _controller_targets, _restore_reconnect_backoff
+    second = {**STREAM, "name": "drive", "dst_port": PORT + 1}
+    third = {**STREAM, "name": "press", "dst_port": PORT + 2}
+    try:
+        _limit_table0(1)
+        write_config(tb, static_shunts=[STREAM, second])
+        code, said = _reload_cli(tb)
+        assert code == 4, said
+        assert "FAILED: 1 of 2 flow-mods refused" in said and "static flow drive (" in said and "table full" in said
+        assert "NOT confirmed" in said and len(static_flows(tb)) == 3
+    finally:
+        _limit_table0(None)
+    controller = _controller_targets()
+    subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
+    try:
+        tb.wait_for(lambda: not tb.control({"cmd": "status", "connections": False})["switch"]["connected"], 5,
+                    "the controller to see the switch go")
+        write_config(tb, static_shunts=[STREAM, third])
+        code, said = _reload_cli(tb)
+        assert code == 3, said
+        assert "PENDING" in said and "not connected" in said and "NOT confirmed" in said
+    finally:
+        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
+    tb.wait_for(lambda: {f["tp_dst"] for f in static_flows(tb) if f["in_port"] == "1"} == {str(PORT), str(PORT + 2)},
+                20, "the pending stream's flows once the switch is back (and the removed one's gone)")
+    _restore_reconnect_backoff()
+    write_config(tb)
+    code, said = _reload_cli(tb)
+    assert code == 0 and "confirmed: every flow-mod of the change is in the switch" in said, said
+    assert len(static_flows(tb)) == 2

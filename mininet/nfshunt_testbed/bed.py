@@ -105,10 +105,12 @@ class Testbed(Pair, Observation, Traffic):
                  config: dict[str, Any] | None = None, policy: str | None = POLICY,
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
-                 switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False):
+                 switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
+                 vrrp_gateway: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
+        self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
         self.of_version = of_version
         self.extra_config = config or {}
         self.policy = policy
@@ -214,8 +216,7 @@ class Testbed(Pair, Observation, Traffic):
             # before keepalived elects (the first firewall, by its priority), as when the pair
             # boots with nfshunt ordered first; tests try the other orders too.
             self.start_services(self.firewalls, (Service.CONTROLLER, Service.CONNTRACKD, Service.KEEPALIVED))
-            self.wait_for(lambda: (a := self.active_firewall()) is not None and self.defaults_point_to(a), 20,
-                          "keepalived to elect a firewall and its controller to take the switch over")
+            self.wait_for_elected(20)
         elif self.controlled:
             def installed() -> bool:
                 self._check_running(self.firewalls[0])

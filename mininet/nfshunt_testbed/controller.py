@@ -158,15 +158,16 @@ class Controllers(Topology):
         self.stop_controller(fw=fw)
         self._start_controller(fw)
 
-    def reconfigure(self, wait: bool = True, **overrides: Any) -> None:
-        """Restart the controller with config keys changed (None: back to the default);
-        wait=False: do not wait for it to have the switch."""
+    def reconfigure(self, wait: bool = True, fw: Firewall | None = None, **overrides: Any) -> None:
+        """Restart a firewall's controller (the first's by default) with config keys changed
+        (None: back to the default); wait=False: do not wait for it to have the switch."""
+        fw = fw or self.firewalls[0]
         self._override(overrides)
-        self.stop_controller()
-        self._write_config(self.firewalls[0])
-        self._start_controller()
+        self.stop_controller(fw=fw)
+        self._write_config(fw)
+        self._start_controller(fw)
         if wait:
-            self.wait_for_controller()
+            self.wait_for_controller(fw=fw)
 
     def _override(self, overrides: dict[str, Any]) -> None:
         """The config's keys changed for the next write (None: back to the default)."""

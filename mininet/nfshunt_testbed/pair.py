@@ -9,17 +9,46 @@ import os
 import re
 import signal
 import subprocess
+import time
 from datetime import datetime
 from typing import Sequence
 
 from .controller import Controllers
 from .linkemu import stop_process
 from .machine import processes_in_netns
-from .topology import REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
+from .topology import GATEWAY_VIP, REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
 
 HA_CONFIG = os.path.join(REPO, "config", "ha")
 # The environment keepalived gives its notify scripts (and systemd its services).
 BARE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# A second VRRP instance on the same keepalived, as a firewall's gateway address has: fw is its
+# master by priority (preempting), until its track file demotes it (demote_gateway).
+GATEWAY_INSTANCE = """
+track_file GATEWAY_DEMOTE {{
+    file "{demote}"
+    weight -100                    # 1 in the file: priority 150 - 100, below the other host's 100
+    init_file 0 overwrite
+}}
+
+vrrp_instance GATEWAY {{
+    state BACKUP
+    interface {intf}
+    dont_track_primary
+    virtual_router_id 62
+    priority {priority}
+    advert_int 0.1
+    unicast_src_ip {me}
+    unicast_peer {{
+        {peer}
+    }}
+    virtual_ipaddress {{
+        {vip}/24 dev {intf}
+    }}
+    track_file {{
+        GATEWAY_DEMOTE
+    }}
+}}
+"""
 
 
 class Service(enum.Enum):
@@ -39,7 +68,9 @@ def _read(path: str) -> str:
 
 class Pair(Controllers):
     """A pair host's services: conntrackd and keepalived (kept on the Firewall records)
-    beside its controller."""
+    beside its controller. vrrp_gateway: keepalived has a second instance (GATEWAY), not
+    NFShunt's."""
+    vrrp_gateway: bool
 
     # --- config -----------------------------------------------------------------------------
 
@@ -51,8 +82,10 @@ class Pair(Controllers):
         path = os.path.join(fw.workdir, script)
         # Written aside and renamed over: keepalived may be starting the old one this moment
         # (a services restart), and a file being exec'd cannot be opened for writing (ETXTBSY).
+        # The installed `nfshunt` (on keepalived's PATH) runs this checkout's code: the one under test.
         with open(f"{path}.new", "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {os.path.join(HA_CONFIG, script)} "$@" 2>>{fw.workdir}/notify.log\n')
+            fh.write(f'#!/bin/sh\nexport PYTHONPATH={REPO}\n'
+                     f'exec {os.path.join(HA_CONFIG, script)} "$@" 2>>{fw.workdir}/notify.log\n')
         os.chmod(f"{path}.new", 0o755)
         os.replace(f"{path}.new", path)
         return path
@@ -81,6 +114,10 @@ class Pair(Controllers):
         for name in ("keepalived.conf", "conntrackd.conf"):
             with open(os.path.join(HA_CONFIG, name)) as fh:
                 text = pattern.sub(lambda m: subst[m.group(0)], fh.read())
+            if name == "keepalived.conf" and self.vrrp_gateway:
+                text += GATEWAY_INSTANCE.format(demote=os.path.join(fw.workdir, "gateway-demote"),
+                                                intf=f"{fw.name}-eth3", priority=150 if me == 0 else 100,
+                                                me=VRRP_ADDRS[me], peer=VRRP_ADDRS[peer], vip=GATEWAY_VIP)
             out[name] = os.path.join(fw.workdir, name)
             with open(out[name], "w") as fh:
                 fh.write(text)
@@ -155,7 +192,35 @@ class Pair(Controllers):
             while fw.daemons:
                 stop_process(fw.daemons.pop(), 5)
 
+    def demote_gateway(self, fw: Firewall, demoted: bool = True) -> None:
+        """fw's GATEWAY instance (vrrp_gateway) loses its priority (the other host preempts:
+        fw's GATEWAY goes BACKUP), or gets it back. keepalived watches the file."""
+        with open(os.path.join(fw.workdir, "gateway-demote.new"), "w") as fh:
+            fh.write("1\n" if demoted else "0\n")
+        os.replace(os.path.join(fw.workdir, "gateway-demote.new"), os.path.join(fw.workdir, "gateway-demote"))
+
     # --- which firewall, a death and a return -------------------------------------------------
+
+    def wait_for_elected(self, timeout: float, hold: float = 1.5) -> tuple[Firewall, float]:
+        """The firewall keepalived made master holds the switch (the default flows point to it)
+        and has held it for `hold` s: keepalived can make both hosts master for a moment at
+        boot, and the one that yields may claim the switch after the other did (its notify
+        runs late), so a single look can fall into that moment. (fw, seconds from the call
+        until it first held it for good)."""
+        start = time.monotonic()
+        since: tuple[Firewall, float] | None = None
+
+        def settled() -> tuple[Firewall, float] | None:
+            nonlocal since
+            active = self.active_firewall()
+            now = time.monotonic()
+            if active is None or not self.defaults_point_to(active):
+                since = None
+            elif since is None or since[0] is not active:
+                since = (active, now)
+            return (since[0], since[1] - start) if since is not None and now - since[1] >= hold else None
+        return self.wait_for(settled, timeout + hold, f"the firewall keepalived made master to hold the switch "
+                             f"for {hold:g} s", interval=0.05)
 
     def active_firewall(self) -> Firewall | None:
         """The firewall keepalived made master (it holds the VRRP address); None: none or

@@ -59,6 +59,7 @@ MGMT_ROOT2, MGMT_FW2 = "169.254.66.9", "169.254.66.10"
 SYNC_ADDRS = ("10.255.1.1", "10.255.1.2")  # conntrackd's link, fw-eth2 <-> fw2-eth2
 VRRP_ADDRS = ("10.255.2.1", "10.255.2.2")  # keepalived's link, fw-eth3 <-> fw2-eth3
 VRRP_VIP = "10.255.2.100"
+GATEWAY_VIP = "10.255.2.101"  # a second VRRP instance's address (vrrp_gateway): not NFShunt's
 NODE_NAMES = ("h1", "h2", "h3", "h4", "fw", "fw2", "s1", "s2")  # every node TwoHostTopo may build
 MGMT_IFS = ("nfsmgmt0", "nfsmgmt2")  # the control links' root-namespace ends
 

@@ -26,6 +26,7 @@ from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import conn_fields
 from nfshunt.observe.metrics import Counters
+from nfshunt.openflow.inflight import ChangeWatch
 from nfshunt.records import markcodec
 from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
 from nfshunt.switch.switch import Switch
@@ -69,21 +70,38 @@ class StatusRequest:
             self.ev.answer(self.status(self.flows))
 
 
-class _Stamped(threading.Event):
-    """A barrier's waiter that remembers when the switch answered."""
-    at: float | None = None
-
-    def set(self) -> None:
-        self.at = time.monotonic()
-        super().set()
-
-
 def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
     """The controller's figures: the sums of its switches' (status and metrics both show them)."""
     return {k: sum(row[k] for row in rows) for k in keys}
 
 
 RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
+
+
+def reload_answer(head: dict[str, Any], waits: list[tuple[Switch, ChangeWatch | None, dict[str, Any]]],
+                  started: float) -> dict[str, Any]:
+    """A reload's answer once each switch's barrier is answered (or RELOAD_WAIT passed):
+    per switch `state` confirmed (every flow-mod of the change in it), failed (it refused
+    some: `refused` says which and why), pending (not known to be in it: `why`), backup (a
+    pair's backup sends nothing), and `confirmed` only if no switch is failed or pending."""
+    deadline = time.monotonic() + RELOAD_WAIT
+    rows, last = [], None
+    for _sw, watch, row in waits:
+        if watch is not None:
+            if not watch.wait(max(0.0, deadline - time.monotonic())):
+                row.update(state="pending", why=f"the switch has not answered within {RELOAD_WAIT:g} s")
+            elif watch.refused:
+                row.update(state="failed", refused=[{"flow": what, "error": why} for what, why in watch.refused])
+            elif watch.unanswered is not None:
+                row.update(state="pending" if row["changed_flows"] else "nothing to send", why=watch.unanswered)
+            else:
+                row["state"] = "confirmed"
+                last = max(last or 0.0, watch.at or 0.0)
+            row["sent"] = len(watch.xids)
+        rows.append(row)
+    confirmed = all(row["state"] not in ("pending", "failed") for row in rows)
+    return {**head, "switches": rows, "confirmed": confirmed,
+            "confirmed_ms": round(((last or started) - started) * 1000, 3) if confirmed else None}
 
 
 class Controller(Protocol):
@@ -203,7 +221,9 @@ class OperatorAPI:
     def reload(self, ev: EventControl, by: str) -> None:
         """Read and validate the config file again (reload.py): a bad one changes nothing;
         of a good one the live keys apply, static shunts as the difference only. Answered
-        once every connected switch has confirmed the new flows (a barrier)."""
+        once every connected switch has answered the new flows' barrier: confirmed only if
+        every flow-mod of the change is in every switch; otherwise what is pending (a switch
+        away, or silent) or failed (a flow-mod the switch refused), switch by switch."""
         path = self.app.config_path
         if path is None:
             ev.answer({"error": "this controller was not started from a config file"})
@@ -213,38 +233,49 @@ class OperatorAPI:
             new = config.load(path)
         except config.ConfigError as exc:
             LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
-            ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}"})
+            ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}", "invalid_config": True})
             return
         validated = time.monotonic()
         change = reload.plan(self.app.cfg, new)
         self.app.cfg = change.config
         if "log_level" in change.changed:  # else a --log-level given at start stays
             logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
-        waiters, static = [], {"added": 0, "removed": 0}
+        static = {"added": 0, "removed": 0}
+        waits: list[tuple[Switch, ChangeWatch | None, dict[str, Any]]] = []
         for sw, cfg in zip(self.switches, change.config.served, strict=True):
-            sw.cfg = cfg
-            if sw.session is not None:
-                sw.session.fb.cfg = cfg
-            out = sw.core.reload(cfg)
-            static["added"] += sum(len(x.flows) for x in out if isinstance(x, c.InstallStatic))
-            static["removed"] += sum(len(x.cookies) for x in out if isinstance(x, c.RemoveStatic))
-            waiter = _Stamped()
-            waiters.append(waiter)
-            self.app.run(sw, out, waiter)
+            before = set(sw.core.static.flows)
+            waits.append(self._reload_switch(sw, cfg))
+            after = set(sw.core.static.flows)
+            static["added"] += len(after - before)
+            static["removed"] += len(before - after)
+            waits[-1][2]["changed_flows"] = len(after ^ before)
         static["flows"] = sum(sw.core.static.entries for sw in self.switches)
         self.counters.add("operator", "reload")
         LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
                     ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
                     f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
+        head = {"ok": True, "changed": list(change.changed), "static": static,
+                "kept": {key: "needs a restart: running value kept" for key in change.kept},
+                "validated_ms": round((validated - started) * 1000, 3)}
+        # On a thread of its own: the barriers come back on the event loop.
+        threading.Thread(target=lambda: ev.answer(reload_answer(head, waits, started)), name="reload-answer",
+                         daemon=True).start()
 
-        def answer() -> None:  # on a thread of its own: the barriers come back on the event loop
-            confirmed = all(w.wait(RELOAD_WAIT) for w in waiters)
-            last = max((w.at for w in waiters if w.at is not None), default=started)
-            ev.answer({"ok": True, "changed": list(change.changed), "static": static,
-                       "kept": {key: "needs a restart: running value kept" for key in change.kept},
-                       "confirmed": confirmed, "validated_ms": round((validated - started) * 1000, 3),
-                       "confirmed_ms": round((last - started) * 1000, 3) if confirmed else None})
-        threading.Thread(target=answer, name="reload-answer", daemon=True).start()
+    def _reload_switch(self, sw: Switch, cfg: Config) -> tuple[Switch, ChangeWatch | None, dict[str, Any]]:
+        """One switch's part of a reload: its config and static flows changed, and what it
+        is sent watched (None: nothing is sent, the row says why)."""
+        sw.cfg = cfg
+        if sw.session is not None:
+            sw.session.fb.cfg = cfg
+        out = sw.core.reload(cfg)
+        row: dict[str, Any] = {"datapath_id": sw.name}
+        if sw.session is not None and sw.core.backup:
+            row.update(state="backup", why="not master of the switch (a pair's backup): the master programs it, "
+                                            "this controller installs these flows when it takes over")
+            return sw, None, row
+        watch = ChangeWatch()
+        self.app.run(sw, out, watch)
+        return sw, watch, row
 
     def role(self, ev: EventControl, role: Any) -> None:
         """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the

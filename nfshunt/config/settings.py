@@ -71,6 +71,9 @@ class PairConfig:
     state_file: str  # the role and generation this controller last took (survives restarts)
     start_role: str = "backup"  # the role before the state file exists
     role_check_interval: float = 1.0  # seconds between a master's role queries (on the 1 s tick)
+    # keepalived's VRRP instances whose state changes move this controller (nfshunt-notify-fifo
+    # asks for them); the others (a gateway address's, say) are not NFShunt's
+    vrrp_instances: tuple[str, ...] = ("NFSHUNT",)
 
 
 @dataclass(frozen=True)
@@ -285,8 +288,25 @@ def _pair(key: str, value: Any) -> PairConfig | None:
     if value is None:
         return None
     fields = {"state_file": _log_path, "start_role": _choice(("backup", "master")),
-              "role_check_interval": _number(1, 60)}
+              "role_check_interval": _number(1, 60), "vrrp_instances": _vrrp_instances}
     return PairConfig(**_object(key, value, fields, required=("state_file",)))
+
+
+# keepalived's instance names as its notify FIFO writes them (INSTANCE "NAME" STATE PRIORITY)
+# and nfshunt-notify-fifo reads them: one word, nothing a shell or the quotes would change.
+_VRRP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
+
+
+def _vrrp_instances(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of keepalived VRRP instance names, such as [\"NFSHUNT\"]")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not _VRRP_NAME.fullmatch(name):
+            raise ConfigError(f"{key}[{i}]", f"{name!r} is not a VRRP instance name as keepalived's notify FIFO "
+                              "writes it (1-64 letters, digits, '_', '.', '-'; the name after vrrp_instance)")
+    if len(set(value)) != len(value):
+        raise ConfigError(key, "names an instance twice")
+    return tuple(value)
 
 
 def _ids_tls(key: str, value: Any) -> IdsTLS | None:

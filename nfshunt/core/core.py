@@ -152,11 +152,14 @@ class Core:
 
     def reload(self, cfg: Config) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
-        change as the difference only; the packet-in meter takes a new rate."""
+        change as the difference only; the packet-in meter takes a new rate. Nothing is sent
+        to a switch that is not ours now (away, or a pair's backup)."""
         sh = self.shared
         old, sh.cfg = sh.cfg, cfg
         out: list[Command] = sh.static.reload(cfg)
-        if sh.version is not None and sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
+        if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
+            return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
+        if sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
                 cfg.packet_in_rate != old.packet_in_rate:
             out.append(LimitPacketIns(cfg.packet_in_rate))
         return out

@@ -13,10 +13,19 @@ Generations: a takeover first asks the switch for its generation (a backup that 
 SLAVE before the other controller's claim has never heard of it), then claims MASTER with
 one above it, written to the state file before the claim. A master that reconnects (or
 restarts: the file keeps the role) claims again with the generation it took over with, so
-a newer master's claim makes the switch refuse it as stale: the old master steps down
-instead of taking the switch back. Open vSwitch sends OpenFlow 1.3 controllers no role
-status, so a master learns that another one took over from a refused message (IS_SLAVE)
-or from the role query it sends every `role_check_interval`.
+a newer master's claim makes the switch refuse it as stale instead of taking the switch
+back. Open vSwitch sends OpenFlow 1.3 controllers no role status, so a master learns that
+another one took over from a refused message (IS_SLAVE) or from the role query it sends
+every `role_check_interval`.
+
+The switch's generation also says whether anyone holds the switch: a claim takes the next
+even generation, and a controller that steps down from holding it (keepalived: BACKUP)
+releases it with a SLAVE request at the next odd one. A controller keepalived made master
+that finds the switch held by a newer claim (a split brain: the later claim wins, or both
+hosts master for a moment at boot) yields to it and keeps asking every
+`role_check_interval`; once the generation is odd, the other let go (it was told BACKUP:
+the link healed, the boot's moment passed), and it claims the switch again. Without this,
+the host keepalived kept as master stepped down for good and nobody held the switch.
 
 Nothing is programmed before MASTER is granted: a controller that has not asked for a
 role is EQUAL, which the switch lets program.
@@ -81,6 +90,9 @@ class Roles:
         self.granted: str | None = None  # the role the switch confirmed ("master", "backup")
         self.why: str | None = None  # why this controller is backup, when not asked to be
         self.claim: Claim | None = None  # a takeover under way
+        # keepalived says master but another controller's claim holds the switch: the
+        # generation of that claim (UNDEFINED_GENERATION: not known yet, a query is out)
+        self.yielded: int | None = None
         self.save_error: str | None = None  # why the last write of the state file failed
         self._load()
 
@@ -168,60 +180,87 @@ class Roles:
         self.claim = None
         if role == MASTER:
             if self.wanted == "master":
-                self.granted = "master"
+                self.granted, self.yielded, self.why = "master", None, None
                 return Change(promoted=not was_master)
-            return Change(request=self._backup_request())  # asked to step down meanwhile
-        if role == SLAVE:
-            self.granted = "backup"
-            if self.wanted == "master":
-                # The switch made us slave: another controller claimed MASTER since.
-                why = f"another controller took the switch over (generation {self.switch_generation})"
-                self._step_down(why)
-                return Change(demoted=why if was_master else None)
-            return Change(demoted="asked to be backup" if was_master else None)
-        # EQUAL (a new connection) or NOCHANGE: claim what we want.
-        if self.wanted == "master":
-            if self.generation == 0:  # master in the config, never took over: a takeover now
-                self._new_generation()  # (this reply told us the switch's generation)
-            self.claim = Claim.CLAIMED
-            return Change(request=RoleRequest(MASTER, self.generation),
-                          demoted="role query answered equal" if was_master else None)
-        return Change(request=self._backup_request(), demoted="role query answered equal" if was_master else None)
+            return Change(request=self._release_request())  # asked to step down meanwhile
+        if self.wanted != "master":
+            if role == SLAVE:
+                self.granted = "backup"
+                return Change(demoted="asked to be backup" if was_master else None)
+            return Change(request=self._backup_request(), demoted="role query answered equal" if was_master else None)
+        if role == SLAVE or self.yielded is not None:
+            return self._judge(role, generation, was_master)
+        # EQUAL (a new connection): claim what we want.
+        if self.generation == 0:  # master in the config, never took over: a takeover now
+            self._new_generation()  # (this reply told us the switch's generation)
+        self.claim = Claim.CLAIMED
+        return Change(request=RoleRequest(MASTER, self.generation),
+                      demoted="role query answered equal" if was_master else None)
+
+    def _judge(self, role: int, generation: int, was_master: bool) -> Change:
+        """keepalived says master and the switch does not: its generation says whether a
+        newer claim holds it (even: yield, the later claim wins) or the last holder let it
+        go (odd, or never set: claim it)."""
+        self.granted = "backup" if role == SLAVE else None
+        demoted = f"another controller took the switch over (generation {generation})"
+        if generation & 1:
+            self.yielded = None
+            LOG.warning("the switch's last holder let it go (generation %d): claiming it, as keepalived's master",
+                        generation)
+            self._new_generation()
+            return Change(demoted=demoted if was_master else None, request=RoleRequest(MASTER, self.generation))
+        if self.yielded != generation:
+            LOG.warning("yielding the switch to the newer claim of generation %d (keepalived says master here: "
+                        "claimed again once that controller lets it go)", generation)
+        self.yielded, self.why = generation, demoted
+        return Change(demoted=demoted if was_master else None,
+                      request=None if role == SLAVE else RoleRequest(SLAVE, generation))
 
     def stale(self) -> Change:
-        """The switch refused our claim as stale: a newer master holds it. Step down;
-        the query that follows learns the generation a slave request needs."""
+        """The switch refused our claim as stale: a newer claim was made. Stand by and ask
+        the switch whether that claim still holds it (reply: _judge)."""
         was_master = self.granted == "master"
         self.claim = None
-        if self.wanted == "master":
-            self._step_down(f"the switch refused generation {self.generation} as stale: a newer master holds it")
         self.granted = None
-        return Change(demoted=self.why if was_master else None, request=RoleRequest(NOCHANGE, 0))
+        why = f"the switch refused generation {self.generation} as stale: a newer claim was made"
+        if self.wanted == "master":
+            self.yielded, self.why = UNDEFINED_GENERATION, why
+            LOG.warning("%s; asking the switch whether it still holds it", why)
+        return Change(demoted=why if was_master else None, request=RoleRequest(NOCHANGE, 0))
 
     def refused_as_slave(self) -> Change:
-        """The switch refused a message because we are slave (IS_SLAVE)."""
+        """The switch refused a message because we are slave (IS_SLAVE): stand by and ask
+        it whether a newer claim holds it (reply: _judge)."""
         if self.granted != "master":
             return Change()
-        return self.reply(SLAVE, UNDEFINED_GENERATION)
+        self.granted = None
+        if self.wanted == "master":
+            self.yielded = UNDEFINED_GENERATION
+        return Change(demoted="the switch refused a message as from a slave: another controller claimed it",
+                      request=RoleRequest(NOCHANGE, 0))
 
     def check(self) -> RoleRequest | None:
-        """The periodic query a master sends to notice a takeover (no role status in 1.3)."""
-        return RoleRequest(NOCHANGE, 0) if self.granted == "master" else None
-
-    def _step_down(self, why: str) -> None:
-        self.wanted = "backup"
-        self.why = why
-        self._save()
-        LOG.warning("stepping down to backup: %s", why)
+        """The periodic query (no role status in 1.3): a master's, to notice a takeover; a
+        yielded one's, to notice the other letting go."""
+        if self.granted == "master" or (self.wanted == "master" and self.yielded is not None):
+            return RoleRequest(NOCHANGE, 0)
+        return None
 
     def _backup_request(self) -> RoleRequest:
         gen = self.switch_generation if self.switch_generation is not None else self.generation
         return RoleRequest(SLAVE, gen)
 
+    def _release_request(self) -> RoleRequest:
+        """A step-down from holding the switch: SLAVE with the next odd generation, which
+        tells a yielded controller's query that nobody holds the switch now."""
+        base = max(self.generation, self.switch_generation or 0)
+        return RoleRequest(SLAVE, (base + 1 + (base & 1)) & UNDEFINED_GENERATION)
+
     def _new_generation(self) -> None:
-        """A takeover's generation, above this controller's and the newest the switch reported;
-        saved before it is claimed."""
-        self.generation = (max(self.generation, self.switch_generation or 0) + 1) & UNDEFINED_GENERATION
+        """A takeover's generation, the next even one above this controller's and the newest
+        the switch reported; saved before it is claimed."""
+        base = max(self.generation, self.switch_generation or 0)
+        self.generation = (base + 2 - (base & 1)) & UNDEFINED_GENERATION
         self.claim = Claim.CLAIMED
         self._save()
 
@@ -230,7 +269,11 @@ class Roles:
     def take_over(self) -> Change:
         """Become master: ask the switch for its generation first (the claim follows its
         answer, see reply); pending in the state file until then, so a restart or a
-        controller that is not running yet still makes it."""
+        controller that is not running yet still makes it. Said again to a master, or to one
+        that yields to a newer claim (keepalived re-sends the states at a reload), it only
+        asks the switch: a repeat is no new takeover."""
+        if self.wanted == "master" and (self.granted == "master" or self.yielded is not None):
+            return Change(request=RoleRequest(NOCHANGE, 0))
         self.wanted = "master"
         self.why = None
         self.claim = Claim.QUERYING
@@ -238,17 +281,22 @@ class Roles:
         return Change(request=RoleRequest(NOCHANGE, 0))
 
     def stand_by(self) -> Change:
-        """Become backup: a master stops programming at once, before the switch answers."""
+        """Become backup: a master stops programming at once, before the switch answers, and
+        releases the switch (the next odd generation); so does one whose claim is out."""
         was_master = self.granted == "master"
+        holds = was_master or self.claim is Claim.CLAIMED
         self.wanted = "backup"
         self.why = "asked to be backup"
         self.claim = None
+        self.yielded = None
         self._save()
         if was_master:
             self.granted = None
-        return Change(demoted=self.why if was_master else None, request=self._backup_request())
+        return Change(demoted=self.why if was_master else None,
+                      request=self._release_request() if holds else self._backup_request())
 
     def status(self) -> dict[str, object]:
         return {"wanted": self.wanted, "granted": self.granted, "generation": self.generation,
                 "switch_generation": self.switch_generation, "why_backup": self.why,
-                "takeover": self.claim.value if self.claim is not None else None}
+                "takeover": self.claim.value if self.claim is not None else None,
+                "yielded_to": None if self.yielded in (None, UNDEFINED_GENERATION) else self.yielded}

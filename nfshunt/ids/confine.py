@@ -133,7 +133,7 @@ def confine(user: str) -> Confined:
                                "CAP_SETUID, CAP_SETGID and CAP_SETPCAP: config/systemd/nfshunt.service)") from None
     _drop_capabilities(libc)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(libc, PR_SET_PDEATHSIG, signal.SIGTERM)  # (a change of user clears it)
+    _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)  # (a change of user clears it; SIGTERM is ignored)
     if note is not None:
         LOG.warning(note)
     try:

@@ -25,10 +25,13 @@ They talk over a socketpair. The listening socket stays open in the controller, 
 child that dies is started again (after RESTART_DELAY) on the same socket without losing
 a connection waiting in its backlog; the child ends when the controller's end closes (a
 stop, or the controller killed) and, should that not reach it, at its parent's death
-(PR_SET_PDEATHSIG).
+(PR_SET_PDEATHSIG, SIGKILL). It ignores SIGTERM and SIGINT: a stop reaches it through the
+controller (a service manager's SIGTERM to every process of the service, taken first by
+the child, was logged as a crash and the child started again in the middle of a stop).
 """
 from __future__ import annotations
 
+import ctypes
 import heapq
 import itertools
 import logging
@@ -152,10 +155,24 @@ class _Forward(logging.Handler):
             pass
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the controller dies, however it dies (Linux's PR_SET_PDEATHSIG; set again
+    by confine() after the change of user, which clears it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def child_main(argv: list[str]) -> int:
     """The child (CHILD): its arguments are the channel's and the listening socket's fds.
     It takes its setup, loads what only root may read (TLS), confines itself, then serves."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the controller, which stops us
+    _die_with_parent()
+    # A Ctrl-C, or a service manager's SIGTERM to every process of the service, reaches the
+    # controller too, which stops us: a child that died of it first was logged as a crash
+    # and started again in the middle of a normal stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = Channel(socket.socket(fileno=int(argv[0])), frames.MAX_ANSWER)
     listening = socket.socket(fileno=int(argv[1]))
     setup = channel.receive()

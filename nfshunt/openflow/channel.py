@@ -30,7 +30,7 @@ from nfshunt.core.connection import Conn
 from nfshunt.records.model import OFP10
 
 from .flows import FlowBuilder
-from .inflight import Barrier, Batch, InFlight
+from .inflight import Barrier, Batch, ChangeWatch, InFlight
 from .stats import FlowEntry, flow_removed
 
 LOG = logging.getLogger("nfshunt.channel")
@@ -313,6 +313,14 @@ class SendPath:
         if self.pacer is not None:
             self.pacer.tokens -= len(msgs)
 
+    def queue_watched(self, msgs: list[Any], whats: list[Callable[[], str]], watch: ChangeWatch | None) -> None:
+        """Queue flow-mods of a change whose every one must be confirmed: their xids go to
+        `watch` (with what says what each does), which the barrier of this turn's flush answers."""
+        if watch is not None:
+            for msg, what in zip(msgs, whats, strict=True):
+                watch.xids[self.dp.set_xid(msg)] = what
+        self.queue(msgs)
+
     def install(self, conn: Conn) -> bool:
         """Send (or, paced, queue) a pair's flow-mods; False: the queue is full."""
         if self.pacer is not None:
@@ -371,6 +379,14 @@ class SendPath:
             if batch is not None and (conn := batch.xids.get(xid)) is not None:
                 batch.failed[id(conn)] = (reason, table_full)
                 return conn
+        return None
+
+    def refused_change(self, xid: int, reason: str) -> str | None:
+        """An error for a flow-mod of a watched change (recorded in its ChangeWatch): what
+        that flow-mod did; None if it was none of theirs."""
+        for _, barrier in self.inflight.of(Barrier):
+            if (what := barrier.refused(xid, reason)) is not None:
+                return what
         return None
 
     def pending(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Callable, Iterator, TypeVar
 
 from nfshunt.core.connection import Conn
@@ -41,17 +42,49 @@ class Batch:
     failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
 
 
+class ChangeWatch(threading.Event):
+    """A change whose every flow-mod must be known to be in the switch (a reload's static
+    flows): the flow-mods' xids, what the switch refused of them (errors come before the
+    barrier behind them), and how that barrier ended. Set once it is known: the switch
+    answered, or it cannot answer (given up, gone, or this controller no longer master)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.xids: dict[int, Callable[[], str]] = {}  # a flow-mod's xid -> what it does (said only if refused)
+        self.refused: list[tuple[str, str]] = []  # (what, the switch's error)
+        self.unanswered: str | None = None  # why the switch's answer is not known (None: it answered)
+        self.at: float | None = None  # when it was set (monotonic)
+
+    def end(self, unanswered: str | None = None) -> None:
+        if not self.is_set():
+            self.unanswered = unanswered
+            self.at = time.monotonic()
+            self.set()
+
+
 @dataclasses.dataclass(slots=True)
 class Barrier(Request):
     """A barrier: the batch of installs it confirms, and who waits for its answer."""
     batch: Batch | None = None
     waiter: threading.Event | None = None
 
-    def answered(self) -> Batch | None:
-        """The switch answered (or was given up on): the waiter is told; the batch to settle."""
-        if self.waiter is not None:
+    def answered(self, unanswered: str | None = None) -> Batch | None:
+        """The switch answered (`unanswered`: or why it will not): the waiter is told; the
+        batch to settle."""
+        if isinstance(self.waiter, ChangeWatch):
+            self.waiter.end(unanswered)
+        elif self.waiter is not None:
             self.waiter.set()
         return self.batch
+
+    def refused(self, xid: int, reason: str) -> str | None:
+        """An error for a flow-mod of the change this barrier's waiter watches: what it did."""
+        watch = self.waiter
+        if not isinstance(watch, ChangeWatch) or xid not in watch.xids:
+            return None
+        what = watch.xids[xid]()
+        watch.refused.append((what, reason))
+        return what
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,3 +191,10 @@ class InFlight:
         """Forget every request of one kind (their answers, if any, are then unknown)."""
         gone = [xid for xid, r in self._by_xid.items() if type(r) is kind]
         return [self._by_xid.pop(xid) for xid in gone]
+
+    def unanswerable(self, why: str) -> None:
+        """The switch will answer none of the barriers in flight here (the connection ended,
+        or this controller stopped being master): whoever watches a change is told why."""
+        for _, barrier in self.of(Barrier):
+            if isinstance(barrier.waiter, ChangeWatch):
+                barrier.waiter.end(why)

@@ -45,5 +45,6 @@ class Session:
     def disown(self, cfg: Config) -> None:
         """No longer master: what was queued or is waiting for a barrier is not ours to
         send or settle any more."""
+        self.inflight.unanswerable("this controller stopped being master before the switch answered")
         self.inflight.drop(Barrier)
         self.send = self._send_path(cfg)

@@ -9,17 +9,28 @@ switch. A new kind of command adds one handler here.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
 from typing import Any, Callable, Iterable
 
+from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.openflow.flows import ALL_ONES_64
-from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead, MeterSet, ReconcileRead, StaticRead, TableSize
+from nfshunt.openflow.inflight import (
+    Barrier,
+    ChangeWatch,
+    CounterRead,
+    FlowsRead,
+    MeterSet,
+    ReconcileRead,
+    StaticRead,
+    TableSize,
+)
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
 from nfshunt.records.markcodec import DECISION_MASK
@@ -35,6 +46,15 @@ Schedule = Callable[[float, Switch, tuple[c.Command, ...]], None]
 Post = Callable[[Switch, tuple[c.Command, ...]], None]
 
 
+def _static_add(f: StaticFlow) -> str:
+    """A watched static flow-mod, named only if the switch refuses it."""
+    return f"the add of static flow {f.shunt.label} ({'reply' if f.reply else 'original'}): {f.describe()}"
+
+
+def _static_delete(what: str) -> str:
+    return f"the delete of static flow {what}"
+
+
 class Dispatcher:
     def __init__(self, worker: ConntrackWorker, outcomes: Outcomes, schedule: Schedule, post: Post):
         self.worker = worker
@@ -42,6 +62,7 @@ class Dispatcher:
         self.counters = outcomes.counters
         self.schedule = schedule  # run commands after a delay (the app's timer)
         self.post = post  # run commands on the event loop from another thread
+        self.watch: ChangeWatch | None = None  # the change the turn being run is (its static flow-mods')
         report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
         self.handlers: dict[type, Handler] = {
             **report,
@@ -88,24 +109,32 @@ class Dispatcher:
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands (and what executing them brings back from the
-        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`."""
+        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`.
+        A ChangeWatch waiter also gets the xids of the static flow-mods the commands make, and
+        what the switch refuses of them."""
         work = collections.deque(commands)
         session = sw.session
         if session is not None and session.send.queued:
             work.extend(self._release(sw, session))
-        with self.worker.batched():  # the turn's conntrack requests go to the worker at once
-            while work:
-                cmd = work.popleft()
-                try:
-                    follow = self.execute(sw, cmd)
-                except Exception:
-                    self.counters.inc("internal_errors")
-                    LOG.exception("failed to execute %s", type(cmd).__name__)
-                    continue
-                if follow:
-                    work.extend(follow)
+        self.watch = waiter if isinstance(waiter, ChangeWatch) else None
+        try:
+            with self.worker.batched():  # the turn's conntrack requests go to the worker at once
+                while work:
+                    cmd = work.popleft()
+                    try:
+                        follow = self.execute(sw, cmd)
+                    except Exception:
+                        self.counters.inc("internal_errors")
+                        LOG.exception("failed to execute %s", type(cmd).__name__)
+                        continue
+                    if follow:
+                        work.extend(follow)
+        finally:
+            self.watch = None
         if sw.session is not None:
             sw.session.send.flush(waiter)
+        elif isinstance(waiter, ChangeWatch):
+            waiter.end("the switch is not connected: the flows go in when it connects")
         elif waiter is not None:
             waiter.set()
 
@@ -171,11 +200,19 @@ class Dispatcher:
         LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
 
     def install_static(self, sw: Switch, s: Session, cmd: c.InstallStatic) -> None:
-        s.send.queue([s.fb.static_add(f) for f in cmd.flows])
+        msgs = [s.fb.static_add(f) for f in cmd.flows]
+        if self.watch is None:
+            s.send.queue(msgs)
+        else:
+            s.send.queue_watched(msgs, [functools.partial(_static_add, f) for f in cmd.flows], self.watch)
         self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows], cmd.reason)
 
     def remove_static(self, sw: Switch, s: Session, cmd: c.RemoveStatic) -> None:
-        s.send.queue([s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies])
+        msgs = [s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies]
+        if self.watch is None:
+            s.send.queue(msgs)
+        else:
+            s.send.queue_watched(msgs, [functools.partial(_static_delete, what) for what in cmd.what], self.watch)
         self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
 
     def install_address_blocks(self, sw: Switch, s: Session, cmd: c.InstallAddressBlocks) -> None:

@@ -245,9 +245,13 @@ class Replies:
         if on_error is not None:
             on_error(sw, s, reason)
             return
-        conn = s.send.error(msg.xid, reason, table_full(msg))
+        full = table_full(msg)
+        conn = s.send.error(msg.xid, reason, full)
         if conn is not None:
             self.rlog.warning("refused-flow", "switch refused a flow of %s: %s", conn.describe(), reason)
+        elif (what := s.send.refused_change(msg.xid, f"{reason}{' (table full)' if full else ''}")) is not None:
+            self.rlog.warning("refused-change", "switch %s refused %s: %s%s", sw.name, what, reason,
+                              " (table full)" if full else "")
         else:
             self.rlog.warning(f"error-{msg.type}-{msg.code}", "switch error for xid %s: %s", msg.xid, reason)
 
@@ -269,7 +273,7 @@ class Replies:
                 on_give_up(sw, s, request, now)
 
     def _barrier_given_up(self, sw: Switch, _s: Session, request: Barrier, now: float) -> None:
-        batch = request.answered()
+        batch = request.answered(f"the switch answered nothing for {EXPIRY:.0f} s")
         if batch is None:
             return
         self.counters.inc("install_timeouts", len(batch.conns))
@@ -279,9 +283,12 @@ class Replies:
 
     @staticmethod
     def abandoned(s: Session) -> None:
-        """The connection ended: whoever waits for a read of it is answered without."""
+        """The connection ended: whoever waits for a read of it is answered without, and
+        whoever watches a change is told it was not confirmed."""
         for _, read in s.inflight.of(FlowsRead):
             read.done(None)
+        s.inflight.unanswerable("the switch's connection ended before it answered: the flows go in when it connects "
+                                "again")
 
     # --- what the switch sends unasked ----------------------------------------------------------
 
