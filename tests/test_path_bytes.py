@@ -27,12 +27,13 @@ def snapshot():
     return {"shunts": 0, "blocks": 0, "waiting": 0, "connected": 1, "max_shunts": 10}
 
 
-def test_installs_refusals_and_pair_bytes_exist_at_zero_before_their_first_count():
+def test_installs_refusals_pair_bytes_and_latency_exist_at_zero_before_their_first_count():
     text = generate_latest(Metrics(snapshot).registry).decode()
     for action in ("shunt", "block"):
         for line in (f'nfshunt_flows_installed_total{{action="{action}"}} 0.0',
                      f'nfshunt_flows_refused_total{{action="{action}"}} 0.0',
-                     f'nfshunt_removed_pair_bytes_total{{action="{action}"}} 0.0'):
+                     f'nfshunt_removed_pair_bytes_total{{action="{action}"}} 0.0',
+                     f'nfshunt_shunt_latency_seconds_count{{action="{action}"}} 0.0'):
             assert line in text, line
     assert Metrics(snapshot).counters.flat() == {}  # `nfshunt status` shows what counted only
 

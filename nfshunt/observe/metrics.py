@@ -232,7 +232,9 @@ class Metrics:
                                  labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(AppCollector(snapshot))
         self.server: Any = None
-        self._by_action: dict[Action, Any] = {}  # labelled children, looked up once
+        # Labelled children, looked up once; both actions' exist from the start (at 0), as the
+        # counters' do: a rate over the buckets then sees the first observations too.
+        self._by_action: dict[Action, Any] = {a: self.latency.labels(a) for a in (Action.SHUNT, Action.BLOCK)}
 
     def observe_latency(self, action: Action, seconds: float) -> None:
         child = self._by_action.get(action)
