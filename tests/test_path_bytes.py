@@ -98,7 +98,8 @@ def test_the_tick_reads_the_default_flows_once_at_a_time_and_splits_their_bytes_
     [(msg, req)] = s.asked
     assert msg == ("stats", cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK)
     assert isinstance(req, FlowsRead)
-    req.done([_default(1, 7000), _default(3, 1000), _default(2, 5000), _default(4, 500)])
+    shunt = SwitchFlow(cookies.make(cookies.Kind.SHUNT, 7), 33000, 1, None, 3, packets=9, bytes=900000)
+    req.done([_default(1, 7000), _default(3, 1000), _default(2, 5000), _default(4, 500), shunt])
     assert sw.slow_path_bytes == {"to_firewall": 8000, "from_firewall": 5500}
     house.tick(sw, 3.0)  # answered: the next tick reads again
     assert len(s.asked) == 2

@@ -1,8 +1,8 @@
 """What each served switch needs done on a timer: every second, what the switch left
 unanswered is given up (inflight.py's rule), a pair's master checks its role, the
-packet-in meter, the static flows' and the default flows' counters are read, and the core ticks; every
-WATCH_PERIOD, half-closed shunts whose second FIN may have been lost are looked at; at
-shutdown, the pairs are taken down."""
+packet-in meter, the static flows' and the default flows' counters are read, and the core
+ticks; every WATCH_PERIOD, half-closed shunts whose second FIN may have been lost are looked
+at; at shutdown, the pairs are taken down."""
 from __future__ import annotations
 
 import logging
@@ -54,16 +54,17 @@ class Housekeeping:
         """The default flows' counters (OpenFlow 1.3: read by cookie): every byte the switch
         hands the firewall and takes back, the slow path's traffic (metrics)."""
         slow_ports = {g.slow for g in sw.cfg.ports}
+        cookie, mask = cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK
 
         def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
             if sw.slow_path_reading is s:
                 sw.slow_path_reading = None
-            if flows is not None:
-                to_fw = sum(f.bytes for f in flows if f.in_port not in slow_ports)
-                sw.slow_path_bytes = {"to_firewall": to_fw, "from_firewall": sum(f.bytes for f in flows) - to_fw}
+            if flows is not None:  # (a switch that answers with other flows too: only the defaults count)
+                defaults = [f for f in flows if f.cookie & mask == cookie & mask]
+                to_fw = sum(f.bytes for f in defaults if f.in_port not in slow_ports)
+                sw.slow_path_bytes = {"to_firewall": to_fw, "from_firewall": sum(f.bytes for f in defaults) - to_fw}
         sw.slow_path_reading = s
-        s.ask(s.fb.cookie_stats_request(cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK),
-              FlowsRead(now, done))
+        s.ask(s.fb.cookie_stats_request(cookie, mask), FlowsRead(now, done))
 
     def watch(self, sw: Switch, now: float) -> None:
         """Half-closed shunts whose second FIN's packet-in may have been lost (teardown_sweep):
