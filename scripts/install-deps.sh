@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 VENV=${NFSHUNT_VENV:-/opt/nfshunt-venv}
 PKGS=(openvswitch-switch mininet iptables conntrack iperf3 ethtool iproute2 iputils-ping
       python3-venv python3-pip tcpdump python3-scipy python3-matplotlib
-      gcc libc6-dev libnetfilter-queue-dev openssl systemd conntrackd keepalived curl)
+      gcc libc6-dev libnetfilter-queue-dev openssl systemd conntrackd keepalived curl prometheus
+      python3-yaml)
 
 if [ "$(id -u)" != 0 ]; then
     echo "install-deps: run as root (it installs Debian packages and drives network namespaces)" >&2
@@ -23,6 +24,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "install-deps: installing Debian packages: ${missing[*]}"
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# Debian's prometheus (the dashboard test's server, with promtool) starts its own server on
+# :9090 and enables it at boot wherever policy-rc.d lets it; the test runs one of its own in a
+# testbed namespace. The packaged service is stopped and disabled once, when installed here.
+if [[ " ${missing[*]-} " == *" prometheus "* ]]; then
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus.service
+    else
+        /etc/init.d/prometheus stop >/dev/null 2>&1 || true   # its pidfile's daemon only
+        update-rc.d prometheus disable >/dev/null   # its rc links, and its systemd unit's
+    fi
 fi
 # The IDS API's process runs as this user (ids.user), with no capability (nfshunt/ids/confine.py).
 if ! getent passwd nfshunt-ids >/dev/null; then

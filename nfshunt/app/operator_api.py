@@ -413,4 +413,14 @@ def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, A
             "table_max": None if None in maxes else sum(maxes),
             "pair": roles.status() if roles is not None else None,
             "static": [row for sw in per_switch for row in sw["static"]],
+            "slow_path_bytes": _summed([sw.slow_path_bytes for sw in switches]),
             "rules": rules_by_source(switches, ids)}
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Per-switch counters by key, added up (empty while no switch has read any)."""
+    out: dict[str, int] = {}
+    for one in counts:
+        for key, n in one.items():
+            out[key] = out.get(key, 0) + n
+    return out

@@ -120,6 +120,8 @@ class Outcomes:
         conn = cmd.conn
         self.counters.add("removed", conn.action, cmd.reason)
         count = carried(conn)
+        if count["bytes"]:  # shunted bytes never reach iptables' counters: the dashboard's fast path
+            self.counters.add("removed_bytes", conn.action, amount=count["bytes"])
         LOG.info("%s removed (%s): %s, %d packets %d bytes", conn.action, cmd.reason, conn.describe(),
                  count["packets"], count["bytes"],
                  extra={"fields": conn_fields(conn, "removed", reason=cmd.reason, **count)})

@@ -30,6 +30,9 @@ LABELLED = {
     "refused": ("nfshunt_flows_refused", "Shunt and block pairs the switch refused (connection kept on the "
                 "slow path)", ("action",)),
     "removed": ("nfshunt_flows_removed", "Shunt and block pairs removed, by reason", ("action", "reason")),
+    "removed_bytes": ("nfshunt_removed_pair_bytes", "Bytes the flows of removed pairs counted (shunt: the fast "
+                      "path's, forwarded by the switch; block: dropped there), from their flow-removed counters: "
+                      "counted when the pair is removed", ("action",)),
     "openflow_error": ("nfshunt_openflow_errors", "OpenFlow error messages from the switch", ("type", "code")),
     "operator": ("nfshunt_operator_actions", "Manual control requests (flush, reevaluate, unshunt, block, role)",
                  ("action",)),
@@ -89,6 +92,11 @@ class Counters:
         self._families = {family: Counter(metric, text, labelnames=labels, registry=registry)
                           for family, (metric, text, labels) in LABELLED.items()}
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # Known label values exist from the start, at 0: Prometheus's increase() and rate()
+        # miss a series' first count, and an alert on one that never existed sees nothing.
+        for family in ("installed", "refused", "removed_bytes"):
+            for action in (Action.SHUNT, Action.BLOCK):
+                self.add(family, action, amount=0)
 
     def inc(self, name: str, amount: int = 1) -> None:
         self._plain[name].inc(amount)
@@ -136,6 +144,16 @@ class AppCollector(Collector):
         if len(per_switch) > 1:  # several switches: each one's own state, by datapath id
             yield from _per_switch(per_switch)
         yield from _table(snap)
+        slow = snap.get("slow_path_bytes")
+        if slow:
+            by_direction = CounterMetricFamily("nfshunt_slow_path_bytes", "Bytes the switch's default flows "
+                                               "carried (to_firewall: from the external ports into the firewall's "
+                                               "bridge; from_firewall: back), as last read from the switch: the "
+                                               "slow path's traffic (OpenFlow 1.3; reset when the switch's table "
+                                               "is)", labels=("direction",))
+            for direction, n in sorted(slow.items()):
+                by_direction.add_metric([direction], n)
+            yield by_direction
         statics = snap.get("static") or []
         if statics:
             yield from _statics(statics)
@@ -217,7 +235,9 @@ class Metrics:
                                  labelnames=("action",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(AppCollector(snapshot))
         self.server: Any = None
-        self._by_action: dict[Action, Any] = {}  # labelled children, looked up once
+        # Labelled children, looked up once; both actions' exist from the start (at 0), as the
+        # counters' do: a rate over the buckets then sees the first observations too.
+        self._by_action: dict[Action, Any] = {a: self.latency.labels(a) for a in (Action.SHUNT, Action.BLOCK)}
 
     def observe_latency(self, action: Action, seconds: float) -> None:
         child = self._by_action.get(action)

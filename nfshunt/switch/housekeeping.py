@@ -1,8 +1,8 @@
 """What each served switch needs done on a timer: every second, what the switch left
 unanswered is given up (inflight.py's rule), a pair's master checks its role, the
-packet-in meter and the static flows' counters are read, and the core ticks; every
-WATCH_PERIOD, half-closed shunts whose second FIN may have been lost are looked at; at
-shutdown, the pairs are taken down."""
+packet-in meter, the static flows' and the default flows' counters are read, and the core
+ticks; every WATCH_PERIOD, half-closed shunts whose second FIN may have been lost are looked
+at; at shutdown, the pairs are taken down."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,10 @@ from nfshunt.core import commands as c
 from nfshunt.core.teardown_sweep import CHECK_AFTER
 from nfshunt.observe.metrics import Counters
 from nfshunt.openflow.channel import RateLimitedLog
-from nfshunt.openflow.inflight import MeterRead, StaticRead, WatchRead
+from nfshunt.openflow.inflight import FlowsRead, MeterRead, StaticRead, WatchRead
+from nfshunt.openflow.session import Session
+from nfshunt.records import cookies
+from nfshunt.records.model import OFP10, SwitchFlow
 
 from .replies import Replies
 from .role_link import RoleLink
@@ -42,7 +45,26 @@ class Housekeeping:
             s.ask(s.fb.controller_meter_stats_request(), MeterRead(now))
         if s is not None and sw.core.static.entries and not s.inflight.count(StaticRead):
             self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
+        if s is not None and s.fb.version != OFP10 and sw.slow_path_reading is not s:
+            self.read_slow_path(sw, s, now)
         self.run(sw, sw.core.tick(now))
+
+    @staticmethod
+    def read_slow_path(sw: Switch, s: Session, now: float) -> None:
+        """The default flows' counters (OpenFlow 1.3: read by cookie): every byte the switch
+        hands the firewall and takes back, the slow path's traffic (metrics)."""
+        slow_ports = {g.slow for g in sw.cfg.ports}
+        cookie, mask = cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK
+
+        def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
+            if sw.slow_path_reading is s:
+                sw.slow_path_reading = None
+            if flows is not None:  # (a switch that answers with other flows too: only the defaults count)
+                defaults = [f for f in flows if f.cookie & mask == cookie & mask]
+                to_fw = sum(f.bytes for f in defaults if f.in_port not in slow_ports)
+                sw.slow_path_bytes = {"to_firewall": to_fw, "from_firewall": sum(f.bytes for f in defaults) - to_fw}
+        sw.slow_path_reading = s
+        s.ask(s.fb.cookie_stats_request(cookie, mask), FlowsRead(now, done))
 
     def watch(self, sw: Switch, now: float) -> None:
         """Half-closed shunts whose second FIN's packet-in may have been lost (teardown_sweep):

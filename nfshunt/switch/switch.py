@@ -37,6 +37,10 @@ class Switch:
         self.role_checked = 0.0
         # The controller meter's drops and the catcher reads they call for (across reconnects).
         self.sweep = TeardownSweep()
+        # The default flows' bytes by direction, as last read (housekeeping; the metrics'
+        # slow path), and the session whose read of them is in flight.
+        self.slow_path_bytes: dict[str, int] = {}
+        self.slow_path_reading: Session | None = None
 
     @property
     def name(self) -> str:
