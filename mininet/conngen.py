@@ -23,7 +23,8 @@
       and prints "pong" once it is echoed; "close" asks the server to close first (the
       line "bye"), waits for its FIN, closes and prints "closed <seconds>"; "reconnect"
       opens a new connection from the same port P (trying again while the old one's last
-      ACK is on its way) and prints "reconnected <seconds>" once a byte was echoed on it.
+      ACK is on its way) and prints "reconnected <seconds>" once a byte was echoed on it;
+      "abort" resets the connection (SO_LINGER 0: an RST) and prints "aborted".
 
 Runs until killed; prints errors on stderr. No shell, no external tools.
 """
@@ -35,6 +36,7 @@ import json
 import resource
 import selectors
 import socket
+import struct
 import sys
 import time
 
@@ -277,6 +279,10 @@ def again(host: str, port: int, cport: int) -> int:
             s.sendall(b"k")
             s.recv(16)
             print(f"reconnected {time.monotonic() - t0:.4f}", flush=True)
+        elif cmd == "abort":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+            print("aborted", flush=True)
     return 0
 
 

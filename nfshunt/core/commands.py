@@ -106,6 +106,28 @@ class RestoreConntrack:
 
 
 @dataclass(slots=True)
+class WatchFlows:
+    """Change a caught close's two flows in place (close_watch.py): each packet to the
+    firewall's bridge port of its side and its headers to the controller (answer each with
+    core.watch_sample()); its own catchers go."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class WatchEnds:
+    """A caught close's watch is over (answer with core.watch_ends())."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class CloseContradicted:
+    """A caught close that the connection's own traffic contradicted (a forged FIN or RST,
+    most likely): counted and logged; its take-down undoes itself."""
+    conn: Conn
+    claimed: str  # what the catchers had seen
+
+
+@dataclass(slots=True)
 class ShortenConntrack:
     """Give an existing conntrack entry (that id only) `timeout` seconds; its state stays,
     and its traffic renews it by its state's own timeout."""
@@ -204,4 +226,4 @@ Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
-                InstallAddressBlocks, RemoveAddressBlocks]
+                InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, WatchEnds, CloseContradicted]

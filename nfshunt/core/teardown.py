@@ -5,10 +5,13 @@ catchers (its own in the single layout, table 1's shared ones in the pipeline la
 forward the packet to the peer port in the switch and send its headers to the controller
 (nothing is re-injected: a packet the switch could not carry by packet-out would strand
 the close). On an RST, or once both directions have sent a FIN, the connection's
-conntrack entry is re-created in the closing state (CLOSE, LAST_ACK) and only then do the
-flows go: the rest of the close crosses the firewall, which recognises it instead of
-seeing stray packets of a connection it no longer tracks. A shunt with one FIN heard of
-is watched (teardown_sweep) in case the other's packet-in was lost.
+conntrack entry is re-created in the state the close reached (CLOSE, TIME_WAIT) and only
+then do the flows go: the rest of the close crosses the firewall, which recognises it
+instead of seeing stray packets of a connection it no longer tracks. Anyone on the path
+can send a FIN or RST with the tuple, so the flows first show the connection's next
+packets to the controller for a moment (close_watch.py), and traffic that contradicts the
+close undoes the take-down. A shunt with one FIN heard of is looked at again
+(teardown_sweep) in case the other's packet-in was lost.
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from nfshunt.records import cookies
+from nfshunt.records.segment import Segment
 
-from .commands import Command, Later
-from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, Conn, State, closing
+from .close_watch import CloseWatch, Verdict, judge
+from .commands import CloseContradicted, Command, Later
+from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_TIME_WAIT, Conn, State, closing
 from .state import CoreState
 
 
@@ -64,15 +69,41 @@ class Teardown:
             if conn.fins != 3:
                 self.shared.half_closed.add(conn.key, now)
                 return []
-            state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
+            # Both FINs crossed, each answered at once by its receiver's ACK on the shunt still
+            # installed: the endpoints are in TIME_WAIT (the first closer) and closed. TIME_WAIT
+            # takes a resent FIN and its ACK as LAST_ACK would, and a SYN on the ports opens a
+            # new entry there (conntrack calls it ESTABLISHED in LAST_ACK, for 30 s).
+            state, reason, closer = CT_TCP_TIME_WAIT, "tcp fin", conn.first_fin_reply
         self.shared.half_closed.discard(conn.key)
-        down = self.shared.conns.hand_back(conn, reason, now, closing(state, closer))
+        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst)
+        down = self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
         if rst and self.shared.cfg.rst_grace:
             # The side that reset may have data still coming (an aborted transfer has about
             # one RTT in flight): it stays on the fast path for a moment, as it would with
             # no firewall at all, instead of meeting a firewall that tracks a closed entry.
             return [Later(self.shared.cfg.rst_grace, tuple(down))]
         return down
+
+    def sample(self, key: int, reply: bool, seg: Segment | None, now: float) -> list[Command]:
+        """A packet of a watched close, its headers sent by the pair's flow of direction
+        `reply` (close_watch.py). Anything else (a pair no longer watched: packet-ins still
+        on their way when its watch ended) changes nothing."""
+        conn = self.shared.conns.named(cookies.Kind.SHUNT, key)
+        if conn is None or conn.state is not State.TAKING_DOWN or conn.watch is None or conn.watch.settled \
+                or seg is None:
+            return []
+        verdict = judge(conn.watch, reply, seg)
+        if verdict is Verdict.NONE:
+            return []
+        contradicted = verdict is Verdict.CONTRADICTED
+        out = self.shared.conns.watch_over(conn, contradicted)
+        return [CloseContradicted(conn, conn.watch.describe()), *out] if contradicted else out
+
+    def watch_ends(self, conn: Conn) -> list[Command]:
+        """A watched close's time is up with nothing against it: its flows go."""
+        if not self.shared.conns.holds(conn, State.TAKING_DOWN) or conn.watch is None or conn.watch.settled:
+            return []
+        return self.shared.conns.watch_over(conn, False)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
         """Catchers whose packet counters show a FIN or RST (read after the switch dropped
