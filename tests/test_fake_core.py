@@ -472,6 +472,24 @@ def test_a_client_reconnecting_on_the_ports_during_the_watch_ends_it_at_once():
     assert rig.counters.flat()["removed:shunt:tcp fin"] == 1
 
 
+def test_a_close_watched_when_the_switch_reconnects_keeps_its_closing_entry_and_its_flows_go():
+    """A reconnect re-reads the switch's flows: a pair taken down meanwhile is handed back
+    (ESTABLISHED, decision cleared) if the switch still has it. A watched close's entry is
+    the close's already: brought back ESTABLISHED, a closed connection's entry would outlive
+    it for 300 s with its decision open."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    watched(rig, conn)
+    rig.reconnect(rig.switch)
+    rig.kernel_answers()
+    assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_TIME_WAIT]
+    assert rig.flows(cookies.Kind.SHUNT) == [] and not rig.core.by_key
+    rig.advance(WATCH)
+    assert len(rig.worker.restores) == 1
+
+
 def test_a_forged_rst_caught_before_the_barrier_reply_is_undone_once_the_switch_confirms():
     rig = Rig(OFP13)
     conn = rig.core.conntrack_event(event())[0].conn
