@@ -320,7 +320,8 @@ def test_the_second_direction_s_fin_ends_the_shunt():
     assert restore.mark == event().mark  # the entry's mark as the policy set it
     # The flows show the next packets first (close_watch.py), then go.
     assert types(restore.then) == ["WatchFlows", "Later"] and types(restore.then[1].commands) == ["WatchEnds"]
-    assert types(core.watch_ends(conn)) == ["RemoveFlows"] and core.watch_ends(conn) == []
+    watch = conn.watch
+    assert types(core.watch_ends(conn, watch, 120.5)) == ["RemoveFlows"] and core.watch_ends(conn, watch, 120.6) == []
     # A late FIN while the pair is going: nothing restored twice.
     assert core.teardown_packet(fin_orig, 1, 120.3) == []
     removed = _remove_pair(core, conn, "delete")
@@ -360,12 +361,15 @@ def test_one_fin_before_the_barrier_reply_is_remembered_and_the_shunt_goes_on():
 def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_not_ours():
     core = connected()
     conn = shunted(core)
-    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
-    # Data still in flight towards the side that reset stays on the fast path a moment.
+    watch, later = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
+    # Data still in flight towards the side that reset stays on the fast path a moment, its
+    # packets shown to the controller (close_watch.py).
+    assert type(watch).__name__ == "WatchFlows" and conn.watch.forwarding
     assert type(later).__name__ == "Later" and later.delay == 0.5 and conn.state is cn.State.TAKING_DOWN
-    (restore,) = later.commands
+    (ends,) = later.commands
+    (restore,) = core.watch_ends(ends.conn, ends.watch, 1.5)
     assert restore.tcp_state == cn.CT_TCP_CLOSE and restore.timeout == 10
-    assert types(restore.then) == ["WatchFlows", "Later"]
+    assert types(restore.then) == ["RemoveFlows"]  # watched already
     nograce = connected(rst_grace=0)
     conn0 = shunted(nograce)
     out = nograce.teardown_packet(cookies.make_teardown(conn0.ct_id, False, True), 1, 1.0)
@@ -392,7 +396,7 @@ def test_catchers_that_counted_end_shunts_their_dropped_packet_ins_would_have():
     assert ended == 3
     assert (closed.state, half.state, reset.state, already.state) == (
         cn.State.TAKING_DOWN, cn.State.DRAINING, cn.State.TAKING_DOWN, cn.State.TAKING_DOWN)
-    assert types(out) == ["RestoreConntrack", "Later", "RestoreConntrack"]
+    assert types(out) == ["RestoreConntrack", "WatchFlows", "Later", "RestoreConntrack"]
     assert out[0].tcp_state == cn.CT_TCP_TIME_WAIT and not out[0].closer_is_reply
     # The same counters read again (the next sweep) change nothing.
     assert core.catchers_counted(counted, 4.0) == ([], 0) and half.fins == 2
@@ -959,7 +963,7 @@ def test_stopping_removes_a_pair_whose_rst_grace_is_still_running():
     # flows go with the others (it was adopted by the next start, 1.2 M packets later).
     core = connected(rst_grace=0.5)
     conn = shunted(core)
-    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
+    _, later = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
     assert type(later).__name__ == "Later" and conn.state is cn.State.TAKING_DOWN
     out = core.stopping(120.1, take_down=True)
     assert types(out) == ["RemoveFlows"] and out[0].conn is conn and out[0].directions == (False, True)

@@ -399,32 +399,37 @@ def undone(rig: Rig, conn: Any) -> None:
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
 @pytest.mark.parametrize("reply", [False, True], ids=["as-client", "as-server"])
-def test_a_forged_rst_is_undone_by_the_traffic_of_the_side_it_claims_reset(pipeline, reply):
+def test_a_forged_rst_is_contradicted_in_its_grace_by_the_side_it_claims_reset(pipeline, reply):
     rig = Rig(OFP13, pipeline)
     conn = shunted(rig)
     side, tuple_ = (conn.egress.fast, conn.reply) if reply else (conn.ingress.fast, conn.orig)
     other, other_tuple = (conn.ingress.fast, conn.orig) if reply else (conn.egress.fast, conn.reply)
     rig.packet(side, tuple_, tcp_flags=RST)
-    rig.advance(rig.core.cfg.rst_grace)
-    assert rig.worker.restores[-1].tcp_state == CT_TCP_CLOSE
-    rig.kernel_answers()
-    # The other side's data and its answer to the RST are what a real reset is followed by too.
-    rig.packet(other, other_tuple, tcp_flags=ACK, payload=1400)
-    assert len(rig.worker.restores) == 1
+    # Its grace: the pair forwards on, each packet shown to the controller. The other side's
+    # data in flight and an RST's answers are what a real reset is followed by too.
+    fate = rig.packet(other, other_tuple, tcp_flags=ACK, payload=1400)
+    assert fate.outputs == (side,) and len(fate.packet_ins) == 1 and conn.state is State.TAKING_DOWN
+    rig.packet(side, tuple_, tcp_flags=RST)
+    assert conn.state is State.TAKING_DOWN
     rig.packet(side, tuple_, tcp_flags=ACK)  # the side that "reset" goes on: it did not
-    undone(rig, conn)
+    assert conn.state is State.LIVE and rig.core.find(tuple_=conn.orig) is conn
+    assert not rig.packet(side, tuple_).packet_ins and fast(rig, conn)  # the flows as they were
+    assert len(rig.flows(cookies.Kind.TEARDOWN)) == (0 if pipeline else 4)
+    rig.advance(rig.core.cfg.rst_grace)  # the grace's end finds nothing to do
+    assert rig.worker.restores == [] and conn.state is State.LIVE and fast(rig, conn)
+    assert rig.counters.flat()["teardowns_contradicted"] == 1 and not rig.counters.flat().get("removed:shunt:tcp rst")
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
-def test_a_real_rst_stands_and_the_flows_go_once_the_watch_is_over(pipeline):
+def test_a_real_rst_stands_and_the_connection_is_handed_back_at_the_end_of_its_grace(pipeline):
     rig = Rig(OFP13, pipeline)
     conn = shunted(rig)
     rig.packet(FAST_B, conn.reply, tcp_flags=RST)
-    rig.advance(rig.core.cfg.rst_grace)
-    watched(rig, conn)  # data the client sent before the reset reached it
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data the client sent before the reset reached it
     rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # the server's answer to it
-    rig.advance(WATCH)
+    rig.advance(rig.core.cfg.rst_grace)
     assert [(r.tcp_state, r.closer_is_reply) for r in rig.worker.restores] == [(CT_TCP_CLOSE, True)]
+    rig.kernel_answers()
     assert not rig.core.by_key and slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
     assert rig.counters.flat()["removed:shunt:tcp rst"] == 1 and "teardowns_contradicted" not in rig.counters.flat()
 
@@ -490,7 +495,7 @@ def test_a_close_watched_when_the_switch_reconnects_keeps_its_closing_entry_and_
     assert len(rig.worker.restores) == 1
 
 
-def test_a_forged_rst_caught_before_the_barrier_reply_is_undone_once_the_switch_confirms():
+def test_a_forged_rst_caught_before_the_barrier_reply_is_contradicted_once_the_switch_confirms():
     rig = Rig(OFP13)
     conn = rig.core.conntrack_event(event())[0].conn
     rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
@@ -501,10 +506,11 @@ def test_a_forged_rst_caught_before_the_barrier_reply_is_undone_once_the_switch_
     rig.run()
     rig.switch.replies.extend(barrier)
     rig.run()
-    rig.advance(rig.core.cfg.rst_grace)
-    rig.kernel_answers()
+    assert conn.state is State.TAKING_DOWN and rig.worker.deleted == []  # its grace, from DRAINING
     rig.packet(FAST_A, conn.orig, tcp_flags=ACK)
-    undone(rig, conn)
+    # Back to DRAINING, whose end was waited for no more: the entry goes now (the pair forwards).
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)] and fast(rig, conn)
+    assert rig.worker.restores == []
 
 
 def test_a_closing_update_of_another_entry_or_of_a_block_changes_nothing():

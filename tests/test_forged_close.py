@@ -8,10 +8,13 @@ inside the peer's window (not the exact sequence number: the peer answers a chal
 or queues it) or outside it, as the client or as the server, while the transfer's pair is
 PENDING (its flows forward, the switch's confirmation is late: the bed's barrier replies
 come 0.4 s late), DRAINING (`confirm: delay`) or LIVE, in both flow layouts; and a FIN
-from each side (the single layout's catchers end a shunt only on both). Before,
-each one ended the shunt for good: the flows left, the entry was re-created closing with
-the decision kept, and the transfer went on through the firewall. Now the transfer must
-not stall over 1 s, and must be on the fast path again within 2 s of each forged segment.
+from each side (the single layout's catchers end a shunt only on both). Before, each
+RST, each FIN in the pipeline layout and a FIN from each side in the single one ended the
+shunt for good: the flows left, the entry was re-created closing with the decision kept,
+and the transfer went on through the firewall. Now the transfer must
+not stall over 1 s, and must be on the fast path again within 2 s of each forged segment
+(an RST's pair now never leaves it: the pair forwards through its grace, watched, and is
+put back as it was).
 """
 from __future__ import annotations
 
@@ -290,8 +293,8 @@ def test_a_closed_shunt_is_handed_back_in_time_wait_and_its_client_port_opens_a_
 
 def test_a_real_reset_still_ends_the_pair_within_1s(tb):
     """The close's watch must not keep a real close's shunt: an RST the client really sent
-    (its socket gone) ends the pair within 1 s (rst_grace 0.5 s, then the watch), its entry
-    back in CLOSE."""
+    (its socket gone) ends the pair within 1 s (at the end of its grace, 0.5 s, watched
+    meanwhile), its entry back in CLOSE."""
     from nfshunt_testbed import H2_IP, HERE, PYTHON
     cport = 45201
     srv = tb.conn_server(SHUNT)

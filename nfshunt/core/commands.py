@@ -18,6 +18,7 @@ from nfshunt.records.model import ConnEvent, FlowTuple, SwitchFlow
 from .address_flows import AddressFlow
 
 if TYPE_CHECKING:  # connection.py makes the take-down's commands: it imports this module
+    from .close_watch import CloseWatch
     from .connection import Conn
 
 
@@ -108,8 +109,14 @@ class RestoreConntrack:
 @dataclass(slots=True)
 class WatchFlows:
     """Change a caught close's two flows in place (close_watch.py): each packet to the
-    firewall's bridge port of its side and its headers to the controller (answer each with
-    core.watch_sample()); its own catchers go."""
+    peer's port (an RST's grace) or else to the firewall's bridge port of its side and its
+    own catchers gone, and its headers to the controller (answer each with core.watch_sample())."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class UnwatchFlows:
+    """An RST's grace contradicted (close_watch.py): the pair's flows as they were installed."""
     conn: Conn
 
 
@@ -117,6 +124,7 @@ class WatchFlows:
 class WatchEnds:
     """A caught close's watch is over (answer with core.watch_ends())."""
     conn: Conn
+    watch: "CloseWatch"  # that watch (a later one of the same pair has its own end)
 
 
 @dataclass(slots=True)
@@ -226,4 +234,4 @@ Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
-                InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, WatchEnds, CloseContradicted]
+                InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

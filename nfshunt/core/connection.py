@@ -313,10 +313,7 @@ class Connections:
         With `watch` (a close a catcher caught), the flows first show the connection's
         packets to the controller on their way to the firewall, for WATCH seconds
         (close_watch.py; `watch_over` ends it)."""
-        conn.state = State.TAKING_DOWN
-        conn.removing_since = now
-        conn.remove_reason = conn.remove_reason or reason
-        self.removing.add(conn)
+        self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
             return [remove]
@@ -328,9 +325,23 @@ class Connections:
         then: tuple[Command, ...] = (remove,)
         if watch is not None:
             conn.watch = watch
-            then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn),)))
+            then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn, watch),)))
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
                                  conn.handback_mark(how), then)]
+
+    def going(self, conn: Conn, reason: str, now: float) -> None:
+        """-> TAKING_DOWN (the hand-back may come later: an RST's grace, close_watch.py)."""
+        conn.state = State.TAKING_DOWN
+        conn.removing_since = now
+        conn.remove_reason = conn.remove_reason or reason
+        self.removing.add(conn)
+
+    def resume(self, conn: Conn, draining: bool) -> None:
+        """TAKING_DOWN -> DRAINING or LIVE, as it was: an RST's grace that the connection's
+        traffic contradicted (close_watch.py). Nothing was handed back, its entry is as it was."""
+        conn.state = State.DRAINING if draining else State.LIVE
+        conn.removing_since = conn.remove_reason = None
+        self.removing.discard(conn)
 
     def watch_over(self, conn: Conn, contradicted: bool) -> list[Command]:
         """A watched close is decided (close_watch.py): its flows go now. Contradicted (the

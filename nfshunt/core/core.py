@@ -29,6 +29,7 @@ from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
 from .admission import Admission
+from .close_watch import CloseWatch
 from .commands import (
     Command,
     DeleteAllFlows,
@@ -343,8 +344,8 @@ class Core:
         """A packet a watched close's flow showed the controller (close_watch.py)."""
         return self._teardown.sample(key, reply, seg, now)
 
-    def watch_ends(self, conn: Conn) -> list[Command]:
-        return self._teardown.watch_ends(conn)
+    def watch_ends(self, conn: Conn, watch: CloseWatch, now: float) -> list[Command]:
+        return self._teardown.watch_ends(conn, watch, now)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
         """Catchers whose counters show a FIN or RST: the commands, and the shunts ended."""

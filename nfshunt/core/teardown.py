@@ -22,7 +22,7 @@ from nfshunt.records import cookies
 from nfshunt.records.segment import Segment
 
 from .close_watch import CloseWatch, Verdict, judge
-from .commands import CloseContradicted, Command, Later
+from .commands import CloseContradicted, Command, EntryDue, Later, UnwatchFlows, WatchEnds, WatchFlows
 from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_TIME_WAIT, Conn, State, closing
 from .state import CoreState
 
@@ -61,6 +61,9 @@ class Teardown:
             return []
         rst = cookies.is_rst(cookie)
         if rst:
+            self.shared.half_closed.discard(conn.key)
+            if self.shared.cfg.rst_grace:
+                return self._rst_grace(conn, reply, now)
             state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
         else:
             if conn.fins == 0:
@@ -72,37 +75,56 @@ class Teardown:
             # Both FINs crossed, each answered at once by its receiver's ACK on the shunt still
             # installed: the endpoints are in TIME_WAIT (the first closer) and closed. TIME_WAIT
             # takes a resent FIN and its ACK as LAST_ACK would, and a SYN on the ports opens a
-            # new entry there (conntrack calls it ESTABLISHED in LAST_ACK, for 30 s).
+            # new entry there (LAST_ACK, for 30 s, let it through in the closed one's).
             state, reason, closer = CT_TCP_TIME_WAIT, "tcp fin", conn.first_fin_reply
         self.shared.half_closed.discard(conn.key)
         watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst)
-        down = self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
-        if rst and self.shared.cfg.rst_grace:
-            # The side that reset may have data still coming (an aborted transfer has about
-            # one RTT in flight): it stays on the fast path for a moment, as it would with
-            # no firewall at all, instead of meeting a firewall that tracks a closed entry.
-            return [Later(self.shared.cfg.rst_grace, tuple(down))]
-        return down
+        return self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
+
+    def _rst_grace(self, conn: Conn, reply: bool, now: float) -> list[Command]:
+        """The side that reset may have data still coming (an aborted transfer has about one
+        RTT in flight): the pair goes on forwarding for `rst_grace`, as it would with no
+        firewall at all, instead of meeting a firewall that tracks a closed entry. It is
+        being taken down, and shows the controller its packets meanwhile (close_watch.py)."""
+        conn.watch = watch = CloseWatch(frozenset((reply,)), False, forwarding=True,
+                                        draining=conn.state is State.DRAINING)
+        self.shared.conns.going(conn, "tcp rst", now)
+        return [WatchFlows(conn), Later(self.shared.cfg.rst_grace, (WatchEnds(conn, watch),))]
+
+    def _reset_handed_back(self, conn: Conn, now: float) -> list[Command]:
+        """An RST's grace is over, the reset standing: its entry in CLOSE, then the flows go."""
+        assert conn.watch is not None
+        conn.watch.settled = True
+        return self.shared.conns.hand_back(conn, "tcp rst", now, closing(CT_TCP_CLOSE, True in conn.watch.reset))
 
     def sample(self, key: int, reply: bool, seg: Segment | None, now: float) -> list[Command]:
         """A packet of a watched close, its headers sent by the pair's flow of direction
         `reply` (close_watch.py). Anything else (a pair no longer watched: packet-ins still
         on their way when its watch ended) changes nothing."""
         conn = self.shared.conns.named(cookies.Kind.SHUNT, key)
-        if conn is None or conn.state is not State.TAKING_DOWN or conn.watch is None or conn.watch.settled \
-                or seg is None:
+        watch = None if conn is None else conn.watch
+        if conn is None or watch is None or watch.settled or seg is None or conn.state is not State.TAKING_DOWN:
             return []
-        verdict = judge(conn.watch, reply, seg)
+        verdict = judge(watch, reply, seg)
         if verdict is Verdict.NONE:
             return []
-        contradicted = verdict is Verdict.CONTRADICTED
-        out = self.shared.conns.watch_over(conn, contradicted)
-        return [CloseContradicted(conn, conn.watch.describe()), *out] if contradicted else out
+        if verdict is Verdict.REOPENED:
+            return self._reset_handed_back(conn, now) if watch.forwarding else \
+                self.shared.conns.watch_over(conn, False)
+        report = CloseContradicted(conn, watch.describe())
+        if watch.forwarding:  # nothing was handed back: the pair goes on, its flows as they were
+            watch.settled, conn.watch = True, None
+            self.shared.conns.resume(conn, watch.draining)
+            return [report, UnwatchFlows(conn), *((EntryDue(conn),) if watch.draining else ())]
+        return [report, *self.shared.conns.watch_over(conn, True)]
 
-    def watch_ends(self, conn: Conn) -> list[Command]:
-        """A watched close's time is up with nothing against it: its flows go."""
-        if not self.shared.conns.holds(conn, State.TAKING_DOWN) or conn.watch is None or conn.watch.settled:
+    def watch_ends(self, conn: Conn, watch: CloseWatch, now: float) -> list[Command]:
+        """A watch's time is up with nothing against the close: an RST's grace hands the
+        connection back; a handed-back close's flows go."""
+        if conn.watch is not watch or watch.settled or not self.shared.conns.holds(conn, State.TAKING_DOWN):
             return []
+        if watch.forwarding:
+            return self._reset_handed_back(conn, now)
         return self.shared.conns.watch_over(conn, False)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:

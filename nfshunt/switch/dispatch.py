@@ -54,7 +54,7 @@ class Dispatcher:
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
-            c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn),
+            c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, time.monotonic()),
             c.CloseContradicted: self.close_contradicted,
             c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
         }
@@ -63,6 +63,7 @@ class Dispatcher:
         self.on_switch: dict[type, OnSwitch] = {
             c.RemoveFlows: lambda _sw, s, cmd: s.send.queue(s.fb.remove(cmd.conn, cmd.directions)),
             c.WatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.watch(cmd.conn)),
+            c.UnwatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.install(cmd.conn)),
             c.InstallDefaults: self.install_defaults,
             c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
             c.LimitPacketIns: self.limit_packet_ins,
@@ -213,8 +214,8 @@ class Dispatcher:
         send (forged on the path, most likely)."""
         self.counters.inc("teardowns_contradicted")
         self.rlog.warning("close-contradicted", "a close the catchers saw (%s) was contradicted by the "
-                          "connection's traffic (forged?): handed back for the policy to judge again: %s", cmd.claimed,
-                          cmd.conn.describe())
+                          "connection's traffic (forged?): its shunt goes on, or is judged again by the "
+                          "policy: %s", cmd.claimed, cmd.conn.describe())
 
     def clear_decisions(self, _sw: Switch, _cmd: c.ClearDecisions) -> None:
         def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
