@@ -17,7 +17,9 @@ States of a pair (a shunt or a block), and the only transitions there are:
 - LIVE: confirmed, its conntrack entry deleted: the firewall no longer tracks it.
 - TAKING_DOWN: its flows are being removed (one direction's flow-removed may have come).
   A close the catchers caught is watched first: its flows stay a moment, changed to show
-  the controller each packet on its way to the firewall (close_watch.py, `watch_over`).
+  the controller each packet (close_watch.py, `watch_over`). An RST's pair is TAKING_DOWN
+  through its grace, still forwarding, and is handed back at its end; its own traffic
+  contradicting the RST puts it back in the state it left (`resume`: the one way back).
 - A LIVE pair that a reconnected switch lost with its table (a reboot) goes back to PENDING
   to be installed again; its entry stays deleted (`entry_deleted`), which the take-down
   rule below knows. One that a switch which kept its table no longer holds timed out

@@ -41,10 +41,11 @@ class Teardown:
 
     def packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
         """A FIN or RST seen by a catcher (packet-in of its headers; the switch has
-        forwarded the packet itself). An RST ends the shunt at once; a FIN only once both
-        directions have sent one: after a single FIN the other side may still send data
-        (half-close), and the sender's retransmissions of data in flight are still due, so
-        the fast path stays. None: the packet-in names no connection of ours."""
+        forwarded the packet itself). An RST ends the shunt (at the end of its grace); a
+        FIN only once both directions have sent one: after a single FIN the other side may
+        still send data (half-close), and the sender's retransmissions of data in flight
+        are still due, so the fast path stays. Either is watched (close_watch.py). None:
+        the packet-in names no connection of ours."""
         parsed = cookies.parse(cookie)
         if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
             return None
