@@ -3,7 +3,8 @@
 
   conngen.py serve PORT
       accept any number of connections and echo what they send; a peer's close is
-      answered with a clean close.
+      answered with a clean close; a peer's line "bye" is answered with the server's own
+      close first.
   conngen.py rate HOST PORT --rate R --seconds S [--hold H] [--out CSV]
       open R connections per second for S seconds, close each H seconds after it is up;
       print a JSON summary, and with --out "sport,t_start" (epoch) of every connection.
@@ -17,6 +18,13 @@
       "up" once connected; on the line "close" on stdin, close after the last block (its
       FIN rides on data) and print "closed <seconds> <ok>": how long until the peer's FIN
       arrived, and whether it did without a reset.
+  conngen.py again HOST PORT --cport P
+      one connection from the fixed port P, printing "up"; on stdin, "ping" sends a byte
+      and prints "pong" once it is echoed; "close" asks the server to close first (the
+      line "bye"), waits for its FIN, closes and prints "closed <seconds>"; "reconnect"
+      opens a new connection from the same port P (trying again while the old one's last
+      ACK is on its way) and prints "reconnected <seconds>" once a byte was echoed on it;
+      "abort" resets the connection (SO_LINGER 0: an RST) and prints "aborted".
 
 Runs until killed; prints errors on stderr. No shell, no external tools.
 """
@@ -28,6 +36,7 @@ import json
 import resource
 import selectors
 import socket
+import struct
 import sys
 import time
 
@@ -121,7 +130,10 @@ def serve(port: int) -> int:
                 data = sock.recv(65536)  # type: ignore[union-attr]
             except (ConnectionResetError, BlockingIOError):
                 data = b""
-            if data:
+            if data.endswith(b"bye\n"):
+                sel.unregister(sock)
+                sock.close()  # type: ignore[union-attr]  # the server's close comes first
+            elif data:
                 try:
                     sock.send(data)  # type: ignore[union-attr]
                 except OSError:
@@ -227,6 +239,53 @@ def bulk(host: str, port: int, cport: int | None) -> int:
     return 0
 
 
+def _connect_from(host: str, port: int, cport: int) -> socket.socket:
+    """A connection from the fixed port `cport`; while the port's last connection still
+    waits for its last ACK the kernel refuses the same tuple, so it is tried again."""
+    deadline = time.monotonic() + 5
+    while True:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.settimeout(5)
+        try:
+            s.bind(("", cport))
+            s.connect((host, port))
+            return s
+        except OSError as exc:
+            s.close()
+            if exc.errno not in (errno.EADDRNOTAVAIL, errno.EADDRINUSE) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+
+
+def again(host: str, port: int, cport: int) -> int:
+    s = _connect_from(host, port, cport)
+    print("up", flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        t0 = time.monotonic()
+        if cmd == "ping":
+            s.sendall(b"k")
+            s.recv(16)
+            print("pong", flush=True)
+        elif cmd == "close":
+            s.sendall(b"bye\n")
+            while s.recv(4096):
+                pass
+            s.close()
+            print(f"closed {time.monotonic() - t0:.4f}", flush=True)
+        elif cmd == "reconnect":
+            s = _connect_from(host, port, cport)
+            s.sendall(b"k")
+            s.recv(16)
+            print(f"reconnected {time.monotonic() - t0:.4f}", flush=True)
+        elif cmd == "abort":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+            print("aborted", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -248,8 +307,14 @@ def main() -> int:
     b.add_argument("host")
     b.add_argument("port", type=int)
     b.add_argument("--cport", type=int)
+    a = sub.add_parser("again")
+    a.add_argument("host")
+    a.add_argument("port", type=int)
+    a.add_argument("--cport", type=int, required=True)
     args = ap.parse_args()
     _more_files()
+    if args.cmd == "again":
+        return again(args.host, args.port, args.cport)
     if args.cmd == "serve":
         return serve(args.port)
     if args.cmd == "rate":

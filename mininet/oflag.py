@@ -9,7 +9,12 @@ to the switch `--lag` ms later (with `--reorder`, each after a random share of t
 between half and all of it, so later ones may overtake). Every other message passes
 through in order. The testbed starts it for `Testbed(switch_lag_ms=...)`.
 
-  oflag.py LISTEN_HOST LISTEN_PORT CONTROLLER_HOST CONTROLLER_PORT --lag MS [--reorder]
+With `--late-barriers` it lags the other way: flow-mods reach the switch at once and the
+switch's barrier replies reach the controller `--lag` ms late (a loaded switch or control
+channel): the flows forward while the controller still waits for their confirmation, so a
+pair stays PENDING that long with its flows in use (`Testbed(late_barriers=True)`).
+
+  oflag.py LISTEN_HOST LISTEN_PORT CONTROLLER_HOST CONTROLLER_PORT --lag MS [--reorder | --late-barriers]
 
 Prints "listening" once it accepts connections; runs until SIGTERM.
 """
@@ -45,6 +50,20 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         await writer.drain()
 
 
+async def late_barrier_replies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lag: float) -> None:
+    """Switch to controller: every barrier reply `lag` seconds late, the rest at once."""
+    loop = asyncio.get_running_loop()
+    while True:
+        msg = await read_message(reader)
+        version, mtype, _, _ = HDR.unpack_from(msg)
+        barrier = BARRIER.get(version)
+        if barrier is not None and mtype == barrier[1]:
+            loop.call_later(lag, _write, writer, msg)
+            continue
+        writer.write(msg)
+        await writer.drain()
+
+
 async def controller_to_switch(reader: asyncio.StreamReader, to_switch: asyncio.StreamWriter,
                                to_controller: asyncio.StreamWriter, lag: float, reorder: bool) -> None:
     loop = asyncio.get_running_loop()
@@ -76,8 +95,12 @@ async def serve(args: argparse.Namespace) -> None:
         except OSError:
             sw_writer.close()
             return
-        tasks = [asyncio.create_task(pipe(sw_reader, ct_writer)),
-                 asyncio.create_task(controller_to_switch(ct_reader, sw_writer, ct_writer, lag, args.reorder))]
+        if args.late_barriers:
+            tasks = [asyncio.create_task(late_barrier_replies(sw_reader, ct_writer, lag)),
+                     asyncio.create_task(pipe(ct_reader, sw_writer))]
+        else:
+            tasks = [asyncio.create_task(pipe(sw_reader, ct_writer)),
+                     asyncio.create_task(controller_to_switch(ct_reader, sw_writer, ct_writer, lag, args.reorder))]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -103,6 +126,8 @@ def main() -> int:
     ap.add_argument("controller_port", type=int)
     ap.add_argument("--lag", type=float, required=True, help="ms between a barrier's reply and its flow-mods")
     ap.add_argument("--reorder", action="store_true", help="apply flow-mods out of order")
+    ap.add_argument("--late-barriers", action="store_true",
+                    help="flow-mods at once, the switch's barrier replies --lag ms late")
     asyncio.run(serve(ap.parse_args()))
     return 0
 

@@ -31,6 +31,7 @@ class Bed:
     mtu: int | None = None
     switch_lag_ms: float | None = None
     switch_reorder: bool = False
+    late_barriers: bool = False  # switch_lag_ms on the switch's barrier replies instead of its flow-mods
     host_offload: bool = False
     vrrp_gateway: bool = False  # mode "ha": a second VRRP instance on keepalived (a gateway address)
 
@@ -44,7 +45,8 @@ def running(bed: Bed) -> Iterator[Any]:
     emulation = Emulation(mtu=bed.mtu) if bed.mtu is not None else None
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
-                 host_offload=bed.host_offload, vrrp_gateway=bed.vrrp_gateway) as tb:
+                 late_barriers=bed.late_barriers, host_offload=bed.host_offload,
+                 vrrp_gateway=bed.vrrp_gateway) as tb:
         if tb.controlled and bed.mode != "ha":  # a pair's start waited for its election
             tb.wait_for_controller()
         if bed.strict is Strict.FULL:

@@ -99,6 +99,22 @@ class PacketIn:
     table_id: int
     match: dict[str, int]  # in_port, and metadata when the pipeline wrote some (as Open vSwitch sends)
     max_len: int
+    data: bytes = b""  # the frame's first max_len bytes
+
+
+def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0) -> bytes:
+    """The headers of a packet of tuple `t` (untagged Ethernet, IP, TCP or UDP) as the wire
+    has them, with `payload` bytes of data after them (zeros)."""
+    if t is None:
+        return bytes(12) + struct.pack("!H", 0x0806) + bytes(28)
+    l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, 0, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
+        else struct.pack("!HHHH", t.sport, t.dport, 8 + payload, 0)
+    src, dst = ipaddress.ip_address(t.src).packed, ipaddress.ip_address(t.dst).packed
+    if t.family == 4:
+        ip = struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(l4) + payload, 0, 0, 64, t.proto, 0) + src + dst
+    else:
+        ip = struct.pack("!IHBB", 6 << 28, len(l4) + payload, t.proto, 64) + src + dst
+    return bytes(12) + struct.pack("!H", ETH_IPV4 if t.family == 4 else ETH_IPV6) + ip + l4 + bytes(payload)
 
 
 @dataclass(frozen=True)
@@ -190,7 +206,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         elif msg.command in (ofp.OFPFC_MODIFY, ofp.OFPFC_MODIFY_STRICT):
             new = self.entry(msg, buf)
             for e in self.select(msg, msg.command == ofp.OFPFC_MODIFY_STRICT):
-                e.outputs, e.goto, e.metadata = new.outputs, new.goto, new.metadata
+                e.outputs, e.goto, e.metadata, e.raw = new.outputs, new.goto, new.metadata, new.raw
         else:
             raise NotImplementedError(f"flow-mod command {msg.command}")
 
@@ -334,9 +350,10 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     # --- what happens to a packet -----------------------------------------------------------------
 
     def packet(self, in_port: int, t: FlowTuple | None = None, tcp_flags: int = 0, vlan: int | None = None,
-               size: int = 100) -> Fate:
-        """Send one packet in at `in_port` (an IP packet of tuple `t`, else a non-IP frame):
-        the ports it leaves by and the packet-ins it makes (also put in `replies`)."""
+               size: int = 100, payload: int = 0) -> Fate:
+        """Send one packet in at `in_port` (an IP packet of tuple `t` with `payload` bytes of
+        data, else a non-IP frame): the ports it leaves by and the packet-ins it makes (also
+        put in `replies`, with the packet's first bytes)."""
         pkt = {"in_port": in_port, "vlan_vid": 0 if vlan is None else VID_PRESENT | vlan, "metadata": 0}
         if t is not None:
             pkt.update(eth_type=ETH_IPV4 if t.family == 4 else ETH_IPV6, ip_proto=t.proto,
@@ -357,7 +374,8 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             for port, max_len in e.outputs:
                 if port == self.ofproto.OFPP_CONTROLLER:
                     fields = {"in_port": in_port, **({"metadata": pkt["metadata"]} if pkt["metadata"] else {})}
-                    packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len))
+                    packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len,
+                                               frame(t, tcp_flags, payload)[:max_len]))
                 else:
                     outputs.append(port)
             if e.metadata is not None:

@@ -316,9 +316,12 @@ def test_the_second_direction_s_fin_ends_the_shunt():
     out = core.teardown_packet(fin_orig, 1, 120.2)
     assert types(out) == ["RestoreConntrack"]
     restore = out[0]
-    assert restore.tcp_state == cn.CT_TCP_LAST_ACK and restore.closer_is_reply  # the server closed first
+    assert restore.tcp_state == cn.CT_TCP_TIME_WAIT and restore.closer_is_reply  # the server closed first
     assert restore.mark == event().mark  # the entry's mark as the policy set it
-    assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
+    # The flows show the next packets first (close_watch.py), then go.
+    assert types(restore.then) == ["WatchFlows", "Later"] and types(restore.then[1].commands) == ["WatchEnds"]
+    watch = conn.watch
+    assert types(core.watch_ends(conn, watch, 120.5)) == ["RemoveFlows"] and core.watch_ends(conn, watch, 120.6) == []
     # A late FIN while the pair is going: nothing restored twice.
     assert core.teardown_packet(fin_orig, 1, 120.3) == []
     removed = _remove_pair(core, conn, "delete")
@@ -337,9 +340,9 @@ def test_a_close_caught_before_the_barrier_reply_is_taken_once_the_flows_are_con
     assert conn.state is cn.State.PENDING and conn.fins == 0  # nothing happens before the confirmation
     out = core.flows_confirmed(conn, 1.1)
     kinds = [type(x).__name__ for x in out]
-    assert kinds == ["Installed", "RestoreConntrack"]  # its entry, never deleted, goes to LAST_ACK
-    assert conn.state is cn.State.TAKING_DOWN and out[1].tcp_state == cn.CT_TCP_LAST_ACK
-    assert [type(x).__name__ for x in out[1].then] == ["RemoveFlows"]
+    assert kinds == ["Installed", "RestoreConntrack"]  # its entry, never deleted, goes to TIME_WAIT
+    assert conn.state is cn.State.TAKING_DOWN and out[1].tcp_state == cn.CT_TCP_TIME_WAIT
+    assert [type(x).__name__ for x in out[1].then] == ["WatchFlows", "Later"]
 
 
 def test_one_fin_before_the_barrier_reply_is_remembered_and_the_shunt_goes_on():
@@ -352,18 +355,21 @@ def test_one_fin_before_the_barrier_reply_is_remembered_and_the_shunt_goes_on():
     assert [type(x).__name__ for x in out] == ["Installed", "Later"]  # its entry goes after the drain
     assert isinstance(out[1].commands[0], cm.EntryDue)
     (restore,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, False), 1, 2.0)
-    assert isinstance(restore, cm.RestoreConntrack) and restore.tcp_state == cn.CT_TCP_LAST_ACK
+    assert isinstance(restore, cm.RestoreConntrack) and restore.tcp_state == cn.CT_TCP_TIME_WAIT
 
 
 def test_rst_restores_a_closed_entry_after_a_grace_and_strange_packet_ins_are_not_ours():
     core = connected()
     conn = shunted(core)
-    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
-    # Data still in flight towards the side that reset stays on the fast path a moment.
+    watch, later = core.teardown_packet(cookies.make_teardown(conn.ct_id, False, True), 1, 1.0)
+    # Data still in flight towards the side that reset stays on the fast path a moment, its
+    # packets shown to the controller (close_watch.py).
+    assert type(watch).__name__ == "WatchFlows" and conn.watch.forwarding
     assert type(later).__name__ == "Later" and later.delay == 0.5 and conn.state is cn.State.TAKING_DOWN
-    (restore,) = later.commands
+    (ends,) = later.commands
+    (restore,) = core.watch_ends(ends.conn, ends.watch, 1.5)
     assert restore.tcp_state == cn.CT_TCP_CLOSE and restore.timeout == 10
-    assert types(restore.then) == ["RemoveFlows"]
+    assert types(restore.then) == ["RemoveFlows"]  # watched already
     nograce = connected(rst_grace=0)
     conn0 = shunted(nograce)
     out = nograce.teardown_packet(cookies.make_teardown(conn0.ct_id, False, True), 1, 1.0)
@@ -390,8 +396,8 @@ def test_catchers_that_counted_end_shunts_their_dropped_packet_ins_would_have():
     assert ended == 3
     assert (closed.state, half.state, reset.state, already.state) == (
         cn.State.TAKING_DOWN, cn.State.DRAINING, cn.State.TAKING_DOWN, cn.State.TAKING_DOWN)
-    assert types(out) == ["RestoreConntrack", "Later", "RestoreConntrack"]
-    assert out[0].tcp_state == cn.CT_TCP_LAST_ACK and not out[0].closer_is_reply
+    assert types(out) == ["RestoreConntrack", "WatchFlows", "Later", "RestoreConntrack"]
+    assert out[0].tcp_state == cn.CT_TCP_TIME_WAIT and not out[0].closer_is_reply
     # The same counters read again (the next sweep) change nothing.
     assert core.catchers_counted(counted, 4.0) == ([], 0) and half.fins == 2
 
@@ -957,7 +963,7 @@ def test_stopping_removes_a_pair_whose_rst_grace_is_still_running():
     # flows go with the others (it was adopted by the next start, 1.2 M packets later).
     core = connected(rst_grace=0.5)
     conn = shunted(core)
-    (later,) = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
+    _, later = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
     assert type(later).__name__ == "Later" and conn.state is cn.State.TAKING_DOWN
     out = core.stopping(120.1, take_down=True)
     assert types(out) == ["RemoveFlows"] and out[0].conn is conn and out[0].directions == (False, True)
@@ -1004,7 +1010,7 @@ def test_a_half_closed_shunt_has_its_missing_catchers_read_in_the_single_layout(
                             cookies.make_teardown(1, True, True)] and due.commands == [] and due.ended == 0
     # The read finds the FIN its packet-in would have brought: the shunt ends as a close.
     out, ended = core.catchers_counted([cookies.make_teardown(1, True, False)], 10.6)
-    assert ended == 1 and out[0].tcp_state == cn.CT_TCP_LAST_ACK and not out[0].closer_is_reply
+    assert ended == 1 and out[0].tcp_state == cn.CT_TCP_TIME_WAIT and not out[0].closer_is_reply
     assert half.state is cn.State.TAKING_DOWN
     assert core.half_closed_due(20.0).catchers == [] and not core.half_closed  # gone from the watch
 
@@ -1019,9 +1025,10 @@ def test_a_half_closed_shunt_is_taken_as_closed_in_the_pipeline_layout():
     due = core.half_closed_due(10.4)
     assert due.catchers == [] and due.ended == 1 and half.state is cn.State.TAKING_DOWN
     (restore,) = due.commands
-    # The closing state a second FIN leaves, closed by the reply side: the firewall carries
-    # on a connection that was really only half-closed.
-    assert restore.tcp_state == cn.CT_TCP_LAST_ACK and restore.closer_is_reply
+    # The state a second FIN leaves, closed by the reply side; watched, so that a connection
+    # that was really only half-closed (and still sends data) is shunted again.
+    assert restore.tcp_state == cn.CT_TCP_TIME_WAIT and restore.closer_is_reply
+    assert types(restore.then) == ["WatchFlows", "Later"]
     assert alive.state is cn.State.DRAINING and not core.half_closed
 
 

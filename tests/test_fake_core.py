@@ -17,16 +17,19 @@ import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.core.close_watch import WATCH  # noqa: E402
 from nfshunt.core.connection import (
     CT_TCP_CLOSE,
     CT_TCP_ESTABLISHED,
     CT_TCP_LAST_ACK,
+    CT_TCP_TIME_WAIT,
     IDLE_RESTORE_TIMEOUT,
     REEVALUATE_TIMEOUT,
     SPLIT_CLOSE_TIMEOUT,
     Action,
     State,
 )
+from nfshunt.core.teardown_sweep import CHECK_AFTER  # noqa: E402
 from nfshunt.observe.accounting import Outcomes  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
 from nfshunt.openflow.channel import table_full  # noqa: E402
@@ -35,7 +38,8 @@ from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead  # noqa: E
 from nfshunt.openflow.session import Session  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
 from nfshunt.records.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple  # noqa: E402  # noqa: E402
+from nfshunt.records.model import OFP10, OFP13, UDP, FlowTuple  # noqa: E402  # noqa: E402
+from nfshunt.records.segment import parse_segment  # noqa: E402
 from nfshunt.switch.dispatch import Dispatcher  # noqa: E402
 from nfshunt.switch.switch import Switch  # noqa: E402
 from tests import fakeswitch as fs  # noqa: E402
@@ -169,6 +173,8 @@ class Rig:
             return []
         if isinstance(msg, fs.PacketIn):
             cookie, parsed = msg.cookie, cookies.parse(msg.cookie)
+            if parsed is not None and parsed.kind is cookies.Kind.SHUNT:  # a watched close's flow
+                return core.watch_sample(parsed.key, parsed.reply, parse_segment(msg.data), self.now)
             if parsed is not None and parsed.kind is cookies.Kind.PIPELINE:
                 cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
             return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
@@ -205,8 +211,9 @@ class Rig:
         self.run(self.core.conntrack_event(ev))
         return self.core.find(tuple_=ev.orig)
 
-    def packet(self, in_port: int, t: FlowTuple, tcp_flags: int = 0, vlan: int | None = None) -> fs.Fate:
-        fate = self.switch.packet(in_port, t, tcp_flags, vlan)
+    def packet(self, in_port: int, t: FlowTuple, tcp_flags: int = 0, vlan: int | None = None,
+               payload: int = 0) -> fs.Fate:
+        fate = self.switch.packet(in_port, t, tcp_flags, vlan, payload=payload)
         self.run()  # its packet-ins reach the core
         return fate
 
@@ -317,31 +324,22 @@ def test_fins_both_ways_reach_the_controller_and_hand_the_connection_back_closin
     assert rig.packet(FAST_A, conn.orig).outputs == (FAST_B,)
     rig.packet(FAST_B, conn.reply, tcp_flags=FIN)
     (restore,) = rig.worker.restores
-    assert (restore.tcp_state, restore.closer_is_reply) == (CT_TCP_LAST_ACK, False)
+    # The state the endpoints reach: TIME_WAIT (conntrack's own would be LAST_ACK until it saw
+    # the last ACK, which rides the shunt still installed).
+    assert (restore.tcp_state, restore.closer_is_reply) == (CT_TCP_TIME_WAIT, False)
+    assert restore.mark & DECISION_MASK  # nothing is left to decide
     assert fast(rig, conn)  # the flows wait for the kernel's answer
     rig.kernel_answers()
-    assert slow(rig, conn) and rig.flows(cookies.Kind.TEARDOWN) == [] and rig.flows(cookies.Kind.SHUNT) == []
+    # Watched (close_watch.py): every packet to the firewall, its headers to the controller;
+    # the catchers gone, no entry more on the switch.
+    fate = rig.packet(FAST_A, conn.orig, tcp_flags=0x10)  # the last ACK
+    assert fate.outputs == (SLOW_A,) and len(fate.packet_ins) == 1
+    assert rig.packet(FAST_B, conn.reply, tcp_flags=FIN).outputs == (SLOW_B,)  # a FIN resent: the firewall's
+    assert rig.flows(cookies.Kind.TEARDOWN) == [] and len(rig.flows(cookies.Kind.SHUNT)) == 2
+    rig.advance(WATCH)
+    assert slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
+    assert len(rig.worker.restores) == 1
     assert rig.counters.flat()["removed:shunt:tcp fin"] == 1 and not rig.core.by_key
-
-
-@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
-def test_an_update_without_a_state_for_the_closing_entry_a_close_left_shunts_nothing(pipeline):
-    """The entry a FIN teardown re-created keeps the shunt decision (nothing is left to
-    decide). Its later updates that do not carry the TCP state (the reply direction seen)
-    once shunted the ended connection again, and that shunt outlived it until its idle
-    timeout (seen on the testbed, reusing the tuples of connections just closed)."""
-    rig = Rig(OFP13, pipeline)
-    conn = shunted(rig)
-    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | 0x10)
-    rig.packet(FAST_B, conn.reply, tcp_flags=FIN)
-    rig.event(ct_id=99, state=CT_TCP_LAST_ACK, kind=EventKind.NEW)  # the re-created entry, as the kernel tells it
-    rig.kernel_answers()
-    assert not rig.core.by_key
-    assert rig.event(ct_id=99, state=None) is None  # its next update, without protoinfo
-    assert rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, conn)
-    assert rig.counters.flat()["ignored:tcp closing"] == 2
-    # A new connection on the same ports (SYN on the closed entry: a new one) is shunted as ever.
-    assert fast(rig, rig.event(ct_id=100, state=CT_TCP_ESTABLISHED, kind=EventKind.NEW))
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -371,6 +369,148 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
     rig.run()
     rig.advance(rig.core.cfg.rst_grace)
     assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_CLOSE]
+
+
+# --- a caught close on watch (close_watch.py) -----------------------------------------------------
+
+ACK, SYN = 0x10, 0x02
+
+
+def watched(rig: Rig, conn: Any) -> None:
+    """The close's entry re-created by the kernel: its flows now show the controller each
+    packet on its way to the firewall, and nothing else is on the switch of it."""
+    rig.kernel_answers()
+    fate = rig.packet(conn.ingress.fast, conn.orig, tcp_flags=ACK)  # (a last ACK: changes nothing)
+    assert fate.outputs == (conn.ingress.slow,) and len(fate.packet_ins) == 1
+    assert rig.flows(cookies.Kind.TEARDOWN) == [] and len(rig.flows(cookies.Kind.SHUNT)) == 2
+
+
+def undone(rig: Rig, conn: Any) -> None:
+    """A contradicted close: its entry back ESTABLISHED with the decision cleared, then the
+    flows go, and the policy's next mark shunts the connection again."""
+    closing, again = rig.worker.restores[-2:]
+    assert closing.tcp_state != CT_TCP_ESTABLISHED and closing.mark & DECISION_MASK
+    assert (again.tcp_state, again.timeout, again.mark & DECISION_MASK) == (CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, 0)
+    assert not rig.core.by_key and slow(rig, conn)  # the closing entry carries it meanwhile
+    counters = rig.counters.flat()
+    assert counters["teardowns_contradicted"] == 1 and counters["removed:shunt:close contradicted by its traffic"] == 1
+    assert fast(rig, rig.event(ct_id=conn.ct_id + 1))  # its next packet, marked by the policy again
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+@pytest.mark.parametrize("reply", [False, True], ids=["as-client", "as-server"])
+def test_a_forged_rst_is_contradicted_in_its_grace_by_the_side_it_claims_reset(pipeline, reply):
+    rig = Rig(OFP13, pipeline)
+    conn = shunted(rig)
+    side, tuple_ = (conn.egress.fast, conn.reply) if reply else (conn.ingress.fast, conn.orig)
+    other, other_tuple = (conn.ingress.fast, conn.orig) if reply else (conn.egress.fast, conn.reply)
+    rig.packet(side, tuple_, tcp_flags=RST)
+    # Its grace: the pair forwards on, each packet shown to the controller. The other side's
+    # data in flight and an RST's answers are what a real reset is followed by too.
+    fate = rig.packet(other, other_tuple, tcp_flags=ACK, payload=1400)
+    assert fate.outputs == (side,) and len(fate.packet_ins) == 1 and conn.state is State.TAKING_DOWN
+    rig.packet(side, tuple_, tcp_flags=RST)
+    assert conn.state is State.TAKING_DOWN
+    rig.packet(side, tuple_, tcp_flags=ACK)  # the side that "reset" goes on: it did not
+    assert conn.state is State.LIVE and rig.core.find(tuple_=conn.orig) is conn
+    assert not rig.packet(side, tuple_).packet_ins and fast(rig, conn)  # the flows as they were
+    assert len(rig.flows(cookies.Kind.TEARDOWN)) == (0 if pipeline else 4)
+    rig.advance(rig.core.cfg.rst_grace)  # the grace's end finds nothing to do
+    assert rig.worker.restores == [] and conn.state is State.LIVE and fast(rig, conn)
+    assert rig.counters.flat()["teardowns_contradicted"] == 1 and not rig.counters.flat().get("removed:shunt:tcp rst")
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_a_real_rst_stands_and_the_connection_is_handed_back_at_the_end_of_its_grace(pipeline):
+    rig = Rig(OFP13, pipeline)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data the client sent before the reset reached it
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # the server's answer to it
+    rig.advance(rig.core.cfg.rst_grace)
+    assert [(r.tcp_state, r.closer_is_reply) for r in rig.worker.restores] == [(CT_TCP_CLOSE, True)]
+    rig.kernel_answers()
+    assert not rig.core.by_key and slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
+    assert rig.counters.flat()["removed:shunt:tcp rst"] == 1 and "teardowns_contradicted" not in rig.counters.flat()
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_forged_fins_both_ways_are_undone_by_data_that_follows_them(pipeline):
+    rig = Rig(OFP13, pipeline)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    watched(rig, conn)
+    rig.packet(FAST_B, conn.reply, tcp_flags=ACK)  # acknowledgements: a half-close's too
+    assert len(rig.worker.restores) == 1
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data: neither side had closed
+    undone(rig, conn)
+
+
+def test_one_forged_fin_in_the_pipeline_layout_is_undone_once_taken_as_a_close():
+    """The pipeline layout takes a shunt half-closed for 0.3 s as closed (its second FIN's
+    packet-in lost, teardown_sweep): one forged FIN was enough to end it for good."""
+    rig = Rig(OFP13, True)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    rig.advance(CHECK_AFTER)
+    due = rig.core.half_closed_due(rig.now)  # the app's look at half-closed shunts (housekeeping)
+    assert due.ended == 1
+    rig.run(due.commands)
+    assert rig.worker.restores[-1].tcp_state == CT_TCP_TIME_WAIT
+    watched(rig, conn)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)
+    undone(rig, conn)
+
+
+def test_a_client_reconnecting_on_the_ports_during_the_watch_ends_it_at_once():
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+    watched(rig, conn)
+    assert rig.packet(FAST_A, conn.orig, tcp_flags=SYN).outputs == (SLOW_A,)  # judged by the firewall
+    assert rig.flows(cookies.Kind.SHUNT)
+    rig.packet(FAST_B, conn.reply, tcp_flags=SYN | ACK)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and not rig.core.by_key  # before the watch's end
+    assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_TIME_WAIT]
+    assert rig.counters.flat()["removed:shunt:tcp fin"] == 1
+
+
+def test_a_close_watched_when_the_switch_reconnects_keeps_its_closing_entry_and_its_flows_go():
+    """A reconnect re-reads the switch's flows: a pair taken down meanwhile is handed back
+    (ESTABLISHED, decision cleared) if the switch still has it. A watched close's entry is
+    the close's already: brought back ESTABLISHED, a closed connection's entry would outlive
+    it for 300 s with its decision open."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    watched(rig, conn)
+    rig.reconnect(rig.switch)
+    rig.kernel_answers()
+    assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_TIME_WAIT]
+    assert rig.flows(cookies.Kind.SHUNT) == [] and not rig.core.by_key
+    rig.advance(WATCH)
+    assert len(rig.worker.restores) == 1
+
+
+def test_a_forged_rst_caught_before_the_barrier_reply_is_contradicted_once_the_switch_confirms():
+    rig = Rig(OFP13)
+    conn = rig.core.conntrack_event(event())[0].conn
+    rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
+    rig.s.send.flush()  # flows in, barrier reply not yet read
+    barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
+    rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
+    rig.switch.packet(FAST_A, conn.orig, tcp_flags=RST)
+    rig.run()
+    rig.switch.replies.extend(barrier)
+    rig.run()
+    assert conn.state is State.TAKING_DOWN and rig.worker.deleted == []  # its grace, from DRAINING
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK)
+    # Back to DRAINING, whose end was waited for no more: the entry goes now (the pair forwards).
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)] and fast(rig, conn)
+    assert rig.worker.restores == []
 
 
 def test_a_closing_update_of_another_entry_or_of_a_block_changes_nothing():
@@ -600,6 +740,7 @@ def test_a_full_table_keeps_the_connection_on_the_slow_path_until_a_close_frees_
     rig.packet(FAST_A, first.orig, tcp_flags=FIN)
     rig.packet(FAST_B, first.reply, tcp_flags=FIN)
     rig.kernel_answers()
+    rig.advance(WATCH)  # the close's watch, over
     assert fast(rig, rig.core.find(tuple_=second.orig)) and slow(rig, first)
 
 

@@ -133,7 +133,8 @@ def test_goto_table_carries_written_metadata_and_a_controller_output_makes_a_pac
     assert (plain.outputs, plain.packet_ins, plain.cookies) == ((3,), (), (7, 8))
     fin = sw.packet(1, T, tcp_flags=0x11)
     assert fin.outputs == (3,) and fin.cookies == (7, 9)
-    assert fin.packet_ins == (fs.PacketIn(9, 1, {"in_port": 1, "metadata": 0x0001_0000_0000_002A}, 0xFFE5),)
+    assert fin.packet_ins == (fs.PacketIn(9, 1, {"in_port": 1, "metadata": 0x0001_0000_0000_002A}, 0xFFE5,
+                                          fs.frame(T, 0x11)),)  # the packet, up to max_len
     assert sw.take_replies() == list(fin.packet_ins)
     assert sw.packet(2, T).dropped  # table miss in table 0
 

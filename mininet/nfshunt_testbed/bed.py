@@ -106,7 +106,7 @@ class Testbed(Pair, Observation, Traffic):
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
                  switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
-                 vrrp_gateway: bool = False):
+                 vrrp_gateway: bool = False, late_barriers: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
@@ -135,6 +135,7 @@ class Testbed(Pair, Observation, Traffic):
         self._procs = []
         self.switch_lag_ms = switch_lag_ms
         self.switch_reorder = switch_reorder
+        self.late_barriers = late_barriers
         self._lag_proxy = None
         self._machine = MachineSettings(self.log)
         # The hosts' TSO and checksum offload (Linux's defaults) need Open vSwitch's

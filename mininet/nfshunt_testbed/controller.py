@@ -43,6 +43,7 @@ class Controllers(Topology):
     # Hardware-like barrier lag (oflag.py between s1 and the first firewall's controller).
     switch_lag_ms: float | None
     switch_reorder: bool
+    late_barriers: bool  # the lag on the switch's barrier replies instead (flows forward before they are confirmed)
     _lag_proxy: subprocess.Popen | None
 
     # --- config ---------------------------------------------------------------------------
@@ -121,13 +122,18 @@ class Controllers(Topology):
                 "--lag", str(self.switch_lag_ms)]
         if self.switch_reorder:
             args.append("--reorder")
+        if self.late_barriers:
+            args.append("--late-barriers")
         proxy = self._lag_proxy = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = proxy.stdout.readline() if proxy.stdout else ""
         if not line.startswith("listening"):
             err = proxy.stderr.read() if proxy.stderr and proxy.poll() is not None else ""
             raise TestbedError(f"the OpenFlow lag proxy did not start: {line}{err}")
-        self.log(f"switch emulates hardware: barriers answered at once, flow-mods applied {self.switch_lag_ms:g} ms "
-                 f"later{' and reordered' if self.switch_reorder else ''} (oflag.py)")
+        if self.late_barriers:
+            self.log(f"the switch's barrier replies reach the controller {self.switch_lag_ms:g} ms late (oflag.py)")
+        else:
+            self.log(f"switch emulates hardware: barriers answered at once, flow-mods applied {self.switch_lag_ms:g} "
+                     f"ms later{' and reordered' if self.switch_reorder else ''} (oflag.py)")
 
     def _stop_lag_proxy(self) -> None:
         if self._lag_proxy is not None:

@@ -18,6 +18,7 @@ from nfshunt.records.model import ConnEvent, FlowTuple, SwitchFlow
 from .address_flows import AddressFlow
 
 if TYPE_CHECKING:  # connection.py makes the take-down's commands: it imports this module
+    from .close_watch import CloseWatch
     from .connection import Conn
 
 
@@ -103,6 +104,35 @@ class RestoreConntrack:
     closer_is_reply: bool
     mark: int
     then: tuple["Command", ...]
+
+
+@dataclass(slots=True)
+class WatchFlows:
+    """Change a caught close's two flows in place (close_watch.py): each packet to the
+    peer's port (an RST's grace) or else to the firewall's bridge port of its side and its
+    own catchers gone, and its headers to the controller (answer each with core.watch_sample())."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class UnwatchFlows:
+    """An RST's grace contradicted (close_watch.py): the pair's flows as they were installed."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class WatchEnds:
+    """A caught close's watch is over (answer with core.watch_ends())."""
+    conn: Conn
+    watch: "CloseWatch"  # that watch (a later one of the same pair has its own end)
+
+
+@dataclass(slots=True)
+class CloseContradicted:
+    """A caught close that the connection's own traffic contradicted (a forged FIN or RST,
+    most likely): counted and logged; its take-down undoes itself."""
+    conn: Conn
+    claimed: str  # what the catchers had seen
 
 
 @dataclass(slots=True)
@@ -204,4 +234,4 @@ Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
-                InstallAddressBlocks, RemoveAddressBlocks]
+                InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

@@ -16,6 +16,10 @@ States of a pair (a shunt or a block), and the only transitions there are:
   and the slow path has drained (confirmation.py: `confirm`, `drain`).
 - LIVE: confirmed, its conntrack entry deleted: the firewall no longer tracks it.
 - TAKING_DOWN: its flows are being removed (one direction's flow-removed may have come).
+  A close the catchers caught is watched first: its flows stay a moment, changed to show
+  the controller each packet (close_watch.py, `watch_over`). An RST's pair is TAKING_DOWN
+  through its grace, still forwarding, and is handed back at its end; its own traffic
+  contradicting the RST puts it back in the state it left (`resume`: the one way back).
 - A LIVE pair that a reconnected switch lost with its table (a reboot) goes back to PENDING
   to be installed again; its entry stays deleted (`entry_deleted`), which the take-down
   rule below knows. One that a switch which kept its table no longer holds timed out
@@ -28,7 +32,9 @@ States of a pair (a shunt or a block), and the only transitions there are:
 The take-down rule, written once here (`Connections.hand_back`): a connection whose flows
 leave the switch goes back to the firewall *alive*. A TCP connection's conntrack entry is
 (re-)created before its flows go: ESTABLISHED with the policy's decision cleared (its next
-packet is judged by the current policy), or in the closing state a FIN or RST left it in.
+packet is judged by the current policy), or in the state a close reached (CLOSE after an
+RST, TIME_WAIT after both FINs). A caught close that the connection's own traffic then
+contradicts (a forged FIN or RST) is brought back ESTABLISHED with the decision cleared.
 Without it a strict firewall (tcp_loose 0, INVALID dropped) drops every later segment
 of a connection whose entry was deleted when the shunt was confirmed. Only a first install
 rolled back before its confirmation, and a connection that closed on the firewall before
@@ -46,7 +52,8 @@ from nfshunt.config.settings import PortGroup
 from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple
 
-from .commands import Command, RemoveFlows, RestoreConntrack, ShortenConntrack
+from .close_watch import WATCH, CloseWatch
+from .commands import Command, Later, RemoveFlows, RestoreConntrack, ShortenConntrack, WatchEnds, WatchFlows
 
 
 class State(enum.Enum):
@@ -71,6 +78,7 @@ TEARDOWN_TIMEOUT = {CT_TCP_FIN_WAIT: 120, CT_TCP_CLOSE_WAIT: 60, CT_TCP_LAST_ACK
 # switch): it might wait in FIN_WAIT for 2 minutes, and a strict firewall calls a new SYN
 # on its ports INVALID meanwhile. Traffic of a half-closed connection renews it as usual.
 SPLIT_CLOSE_TIMEOUT = 10
+CONTRADICTED = "close contradicted by its traffic"  # a watched close undone (close_watch.py): the removal's reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,7 @@ class Conn:
     early: list[tuple[int, int]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
+    watch: CloseWatch | None = None  # a caught close being watched (close_watch.py)
 
     @property
     def key(self) -> int:
@@ -299,14 +308,14 @@ class Connections:
         return self.hand_back(conn, reason, now, how)
 
     def hand_back(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE,
-                  directions: tuple[bool, ...] = (False, True)) -> list[Command]:
+                  directions: tuple[bool, ...] = (False, True), watch: CloseWatch | None = None) -> list[Command]:
         """The one take-down: the pair's flows (`directions` of them) leave the switch, and
         a TCP connection's entry is re-created first (see the module's docstring). The
-        pair is TAKING_DOWN until both flow-removed messages came (or a tick gives up)."""
-        conn.state = State.TAKING_DOWN
-        conn.removing_since = now
-        conn.remove_reason = conn.remove_reason or reason
-        self.removing.add(conn)
+        pair is TAKING_DOWN until both flow-removed messages came (or a tick gives up).
+        With `watch` (a close a catcher caught), the flows first show the connection's
+        packets to the controller on their way to the firewall, for WATCH seconds
+        (close_watch.py; `watch_over` ends it)."""
+        self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
             return [remove]
@@ -315,8 +324,41 @@ class Connections:
             # part of the close may have taken the switch, so it is not left waiting long.
             return [ShortenConntrack(conn.orig.family, conn.orig, conn.ct_id, SPLIT_CLOSE_TIMEOUT), remove]
         conn.entry_deleted = False
+        then: tuple[Command, ...] = (remove,)
+        if watch is not None:
+            conn.watch = watch
+            then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn, watch),)))
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), (remove,))]
+                                 conn.handback_mark(how), then)]
+
+    def going(self, conn: Conn, reason: str, now: float) -> None:
+        """-> TAKING_DOWN (the hand-back may come later: an RST's grace, close_watch.py)."""
+        conn.state = State.TAKING_DOWN
+        conn.removing_since = now
+        conn.remove_reason = conn.remove_reason or reason
+        self.removing.add(conn)
+
+    def resume(self, conn: Conn, draining: bool) -> None:
+        """TAKING_DOWN -> DRAINING or LIVE, as it was: an RST's grace that the connection's
+        traffic contradicted (close_watch.py). Nothing was handed back, its entry is as it was."""
+        conn.state = State.DRAINING if draining else State.LIVE
+        conn.removing_since = conn.remove_reason = None
+        self.removing.discard(conn)
+
+    def watch_over(self, conn: Conn, contradicted: bool) -> list[Command]:
+        """A watched close is decided (close_watch.py): its flows go now. Contradicted (the
+        endpoints did not close), its entry is brought back ESTABLISHED with the decision
+        cleared, so that its next packet is judged by the policy, and shunted, again. The
+        closing entry the watch began with carries the connection meanwhile (its window
+        tracking liberal), so the flows need not wait for the kernel's answer."""
+        assert conn.watch is not None
+        conn.watch.settled = True
+        if not contradicted:
+            return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
+        conn.remove_reason = CONTRADICTED
+        return [RestoreConntrack(conn.orig, conn.reply, REEVALUATE.tcp_state, REEVALUATE.timeout, False,
+                                 conn.handback_mark(REEVALUATE), ()),
+                RemoveFlows(conn, (False, True), CONTRADICTED)]
 
     def roll_back(self, conn: Conn, reason: str, how: Handback = REEVALUATE) -> list[Command]:
         """Flows the switch does not hold (refused, unanswered, never sent, or gone while it

@@ -11,7 +11,7 @@ and hands the rest to its parts, each given the state they share (core_state.Cor
 - admission: an event decided (the mark, an operator's pin, the port groups), the budget,
   the connections waiting for room, a block's eviction of a shunt;
 - confirmation: the switch's answer to an install, and when the shunt's entry goes;
-- teardown: a TCP shunt's FIN and RST caught, and its close handed back;
+- teardown: a TCP shunt's FIN and RST caught, its close handed back and watched;
 - removal: take-downs asked for, flows the switch removed, a pair's end;
 - reconcile: the switch's flows read back after a (re)connect, pairs adopted or repaired.
 
@@ -26,8 +26,10 @@ from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
 from nfshunt.records import markcodec
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
+from nfshunt.records.segment import Segment
 
 from .admission import Admission
+from .close_watch import CloseWatch
 from .commands import (
     Command,
     DeleteAllFlows,
@@ -340,6 +342,13 @@ class Core:
     def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
         """A FIN or RST seen by a catcher. None: the packet-in names no connection of ours."""
         return self._teardown.packet(cookie, in_port, now)
+
+    def watch_sample(self, key: int, reply: bool, seg: Segment | None, now: float) -> list[Command]:
+        """A packet a watched close's flow showed the controller (close_watch.py)."""
+        return self._teardown.sample(key, reply, seg, now)
+
+    def watch_ends(self, conn: Conn, watch: CloseWatch, now: float) -> list[Command]:
+        return self._teardown.watch_ends(conn, watch, now)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
         """Catchers whose counters show a FIN or RST: the commands, and the shunts ended."""

@@ -22,7 +22,7 @@ from nfshunt.config.settings import Config
 from nfshunt.records import cookies
 from nfshunt.records.model import SwitchFlow
 
-from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, ResyncConntrack
+from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, RemoveFlows, ResyncConntrack
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
 from .removal import Removal
@@ -128,7 +128,11 @@ class Reconciler:
         conns = self.shared.conns
         if conn.state is State.TAKING_DOWN:
             # Taken down while the switch was away (flush, unshunt, block, policy): the
-            # decision holds, whatever the switch still has.
+            # decision holds, whatever the switch still has. A caught close's entry is the
+            # close's already (close_watch.py): its watch ends, its flows go.
+            if present and conn.watch is not None:
+                conn.watch.settled = True
+                return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
             if present:
                 return conns.hand_back(conn, conn.remove_reason or "removal", now)
             return self.removal.finish(conn, conn.remove_reason or "removal")

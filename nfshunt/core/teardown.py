@@ -5,10 +5,13 @@ catchers (its own in the single layout, table 1's shared ones in the pipeline la
 forward the packet to the peer port in the switch and send its headers to the controller
 (nothing is re-injected: a packet the switch could not carry by packet-out would strand
 the close). On an RST, or once both directions have sent a FIN, the connection's
-conntrack entry is re-created in the closing state (CLOSE, LAST_ACK) and only then do the
-flows go: the rest of the close crosses the firewall, which recognises it instead of
-seeing stray packets of a connection it no longer tracks. A shunt with one FIN heard of
-is watched (teardown_sweep) in case the other's packet-in was lost.
+conntrack entry is re-created in the state the close reached (CLOSE, TIME_WAIT) and only
+then do the flows go: the rest of the close crosses the firewall, which recognises it
+instead of seeing stray packets of a connection it no longer tracks. Anyone on the path
+can send a FIN or RST with the tuple, so the flows first show the connection's next
+packets to the controller for a moment (close_watch.py), and traffic that contradicts the
+close undoes the take-down. A shunt with one FIN heard of is looked at again
+(teardown_sweep) in case the other's packet-in was lost.
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from nfshunt.records import cookies
+from nfshunt.records.segment import Segment
 
-from .commands import Command, Later
-from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_LAST_ACK, Conn, State, closing
+from .close_watch import CloseWatch, Verdict, judge
+from .commands import CloseContradicted, Command, EntryDue, Later, UnwatchFlows, WatchEnds, WatchFlows
+from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_TIME_WAIT, Conn, State, closing
 from .state import CoreState
 
 
@@ -36,10 +41,11 @@ class Teardown:
 
     def packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
         """A FIN or RST seen by a catcher (packet-in of its headers; the switch has
-        forwarded the packet itself). An RST ends the shunt at once; a FIN only once both
-        directions have sent one: after a single FIN the other side may still send data
-        (half-close), and the sender's retransmissions of data in flight are still due, so
-        the fast path stays. None: the packet-in names no connection of ours."""
+        forwarded the packet itself). An RST ends the shunt (at the end of its grace); a
+        FIN only once both directions have sent one: after a single FIN the other side may
+        still send data (half-close), and the sender's retransmissions of data in flight
+        are still due, so the fast path stays. Either is watched (close_watch.py). None:
+        the packet-in names no connection of ours."""
         parsed = cookies.parse(cookie)
         if parsed is None or parsed.kind is not cookies.Kind.TEARDOWN:
             return None
@@ -56,6 +62,9 @@ class Teardown:
             return []
         rst = cookies.is_rst(cookie)
         if rst:
+            self.shared.half_closed.discard(conn.key)
+            if self.shared.cfg.rst_grace:
+                return self._rst_grace(conn, reply, now)
             state, reason, closer = CT_TCP_CLOSE, "tcp rst", reply
         else:
             if conn.fins == 0:
@@ -64,15 +73,60 @@ class Teardown:
             if conn.fins != 3:
                 self.shared.half_closed.add(conn.key, now)
                 return []
-            state, reason, closer = CT_TCP_LAST_ACK, "tcp fin", conn.first_fin_reply
+            # Both FINs crossed, each answered at once by its receiver's ACK on the shunt still
+            # installed: the endpoints are in TIME_WAIT (the first closer) and closed. TIME_WAIT
+            # takes a resent FIN and its ACK as LAST_ACK would, and a SYN on the ports opens a
+            # new entry there (LAST_ACK, for 30 s, let it through in the closed one's).
+            state, reason, closer = CT_TCP_TIME_WAIT, "tcp fin", conn.first_fin_reply
         self.shared.half_closed.discard(conn.key)
-        down = self.shared.conns.hand_back(conn, reason, now, closing(state, closer))
-        if rst and self.shared.cfg.rst_grace:
-            # The side that reset may have data still coming (an aborted transfer has about
-            # one RTT in flight): it stays on the fast path for a moment, as it would with
-            # no firewall at all, instead of meeting a firewall that tracks a closed entry.
-            return [Later(self.shared.cfg.rst_grace, tuple(down))]
-        return down
+        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst)
+        return self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
+
+    def _rst_grace(self, conn: Conn, reply: bool, now: float) -> list[Command]:
+        """The side that reset may have data still coming (an aborted transfer has about one
+        RTT in flight): the pair goes on forwarding for `rst_grace`, as it would with no
+        firewall at all, instead of meeting a firewall that tracks a closed entry. It is
+        being taken down, and shows the controller its packets meanwhile (close_watch.py)."""
+        conn.watch = watch = CloseWatch(frozenset((reply,)), False, forwarding=True,
+                                        draining=conn.state is State.DRAINING)
+        self.shared.conns.going(conn, "tcp rst", now)
+        return [WatchFlows(conn), Later(self.shared.cfg.rst_grace, (WatchEnds(conn, watch),))]
+
+    def _reset_handed_back(self, conn: Conn, now: float) -> list[Command]:
+        """An RST's grace is over, the reset standing: its entry in CLOSE, then the flows go."""
+        assert conn.watch is not None
+        conn.watch.settled = True
+        return self.shared.conns.hand_back(conn, "tcp rst", now, closing(CT_TCP_CLOSE, True in conn.watch.reset))
+
+    def sample(self, key: int, reply: bool, seg: Segment | None, now: float) -> list[Command]:
+        """A packet of a watched close, its headers sent by the pair's flow of direction
+        `reply` (close_watch.py). Anything else (a pair no longer watched: packet-ins still
+        on their way when its watch ended) changes nothing."""
+        conn = self.shared.conns.named(cookies.Kind.SHUNT, key)
+        watch = None if conn is None else conn.watch
+        if conn is None or watch is None or watch.settled or seg is None or conn.state is not State.TAKING_DOWN:
+            return []
+        verdict = judge(watch, reply, seg)
+        if verdict is Verdict.NONE:
+            return []
+        if verdict is Verdict.REOPENED:
+            return self._reset_handed_back(conn, now) if watch.forwarding else \
+                self.shared.conns.watch_over(conn, False)
+        report = CloseContradicted(conn, watch.describe())
+        if watch.forwarding:  # nothing was handed back: the pair goes on, its flows as they were
+            watch.settled, conn.watch = True, None
+            self.shared.conns.resume(conn, watch.draining)
+            return [report, UnwatchFlows(conn), *((EntryDue(conn),) if watch.draining else ())]
+        return [report, *self.shared.conns.watch_over(conn, True)]
+
+    def watch_ends(self, conn: Conn, watch: CloseWatch, now: float) -> list[Command]:
+        """A watch's time is up with nothing against the close: an RST's grace hands the
+        connection back; a handed-back close's flows go."""
+        if conn.watch is not watch or watch.settled or not self.shared.conns.holds(conn, State.TAKING_DOWN):
+            return []
+        if watch.forwarding:
+            return self._reset_handed_back(conn, now)
+        return self.shared.conns.watch_over(conn, False)
 
     def catchers_counted(self, counted: Iterable[int], now: float) -> tuple[list[Command], int]:
         """Catchers whose packet counters show a FIN or RST (read after the switch dropped

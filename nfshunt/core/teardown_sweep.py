@@ -61,11 +61,12 @@ class TeardownSweep:
 #   - flow_layout pipeline: the catchers are shared and name no connection (their
 #     counters, read against the packet-ins, lagged and undercounted: 192 FINs counted for
 #     227 packet-ins received, so they cannot say that one was lost). A connection still
-#     half-closed CHECK_AFTER after its FIN is taken as closed: its entry is re-created in
-#     LAST_ACK, as after a second FIN. One that was really half-closed and still sends
-#     carries on through the firewall (conntrack takes its segments on into TIME_WAIT),
-#     only off the fast path. (Re-created ESTABLISHED instead, a closed connection's entry
-#     outlived it, and a new connection on its tuple did not get shunted within 15 s.)
+#     half-closed CHECK_AFTER after its FIN is taken as closed, as after a second FIN (its
+#     entry re-created in TIME_WAIT, its close watched: close_watch.py). One that is really
+#     half-closed, or whose FIN was forged, and still sends data contradicts the close: its
+#     entry goes back to ESTABLISHED, decision cleared, and the policy shunts it again.
+#     (Re-created ESTABLISHED at once instead, a closed connection's entry outlived it,
+#     and a new connection on its tuple did not get shunted within 15 s.)
 # A connection whose two packet-ins were both lost is not half-closed: it ends at its idle
 # timeout, as before.
 

@@ -363,6 +363,28 @@ class FlowBuilder(SwitchReads):
                                            cookies.make_teardown(conn.key, reply, rst), t))
         return out
 
+    def watch(self, conn: Conn) -> list[Any]:
+        """A caught close on watch (core/close_watch.py): the pair's two flows changed in
+        place (same match, priority and cookie: no entry more) to send each packet to the
+        peer (an RST's grace) or to the bridge port of its side, as the defaults would, and
+        its headers to the controller. Handed back, its own catchers go (the firewall sees
+        a FIN or RST now); `install` puts the pair back as it was."""
+        p, ofp = self.parser, self.ofp
+        forwarding = conn.watch is not None and conn.watch.forwarding
+        out = []
+        for reply in (False, True):
+            in_port, t, peer = self._direction(conn, reply)
+            to = peer if forwarding else (conn.egress if reply else conn.ingress).slow
+            actions = [p.OFPActionOutput(to), p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            out.append(p.OFPFlowMod(self.dp, cookie=conn.cookie(reply), command=ofp.OFPFC_MODIFY_STRICT,
+                                    idle_timeout=idle_timeout(self.cfg, conn), priority=self._priority(conn),
+                                    flags=ofp.OFPFF_SEND_FLOW_REM, match=self.match(in_port, t),
+                                    instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]))
+        if self.catchers_of_its_own(conn) and not forwarding:
+            out.extend(self._delete_cookie(cookies.make_teardown(conn.key, reply, rst))
+                       for reply in (False, True) for rst in (False, True))
+        return out
+
     def remove(self, conn: Conn, directions: tuple[bool, ...]) -> list[Any]:
         out = []
         prio = self._priority(conn)

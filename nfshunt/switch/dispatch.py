@@ -20,6 +20,7 @@ from nfshunt.core import commands as c
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
+from nfshunt.openflow.channel import RateLimitedLog
 from nfshunt.openflow.flows import ALL_ONES_64
 from nfshunt.openflow.inflight import (
     Barrier,
@@ -63,6 +64,7 @@ class Dispatcher:
         self.schedule = schedule  # run commands after a delay (the app's timer)
         self.post = post  # run commands on the event loop from another thread
         self.watch: ChangeWatch | None = None  # the change the turn being run is (its static flow-mods')
+        self.rlog = RateLimitedLog(LOG)
         report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
         self.handlers: dict[type, Handler] = {
             **report,
@@ -73,12 +75,16 @@ class Dispatcher:
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
+            c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, time.monotonic()),
+            c.CloseContradicted: self.close_contradicted,
             c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
         }
         # Commands that write to the switch: dropped while it is away (the core knows, and
         # its reconcile repairs what they would have done).
         self.on_switch: dict[type, OnSwitch] = {
             c.RemoveFlows: lambda _sw, s, cmd: s.send.queue(s.fb.remove(cmd.conn, cmd.directions)),
+            c.WatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.watch(cmd.conn)),
+            c.UnwatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.install(cmd.conn)),
             c.InstallDefaults: self.install_defaults,
             c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
             c.LimitPacketIns: self.limit_packet_ins,
@@ -239,6 +245,14 @@ class Dispatcher:
         then = cmd.then
         self.worker.restore(cmd.orig.family, cmd.orig, cmd.reply, cmd.tcp_state, cmd.timeout, cmd.closer_is_reply,
                             cmd.mark, lambda: self.post(sw, then))
+
+    def close_contradicted(self, _sw: Switch, cmd: c.CloseContradicted) -> None:
+        """A caught close its own traffic contradicted: a FIN or RST the endpoints did not
+        send (forged on the path, most likely)."""
+        self.counters.inc("teardowns_contradicted")
+        self.rlog.warning("close-contradicted", "a close the catchers saw (%s) was contradicted by the "
+                          "connection's traffic (forged?): its shunt goes on, or is judged again by the "
+                          "policy: %s", cmd.claimed, cmd.conn.describe())
 
     def clear_decisions(self, _sw: Switch, _cmd: c.ClearDecisions) -> None:
         def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread

@@ -39,6 +39,7 @@ from nfshunt.openflow.inflight import (
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
 from nfshunt.records.model import SwitchFlow
+from nfshunt.records.segment import parse_segment
 
 from .role_link import RoleLink
 from .switch import Switch
@@ -293,14 +294,19 @@ class Replies:
     # --- what the switch sends unasked ----------------------------------------------------------
 
     def packet_in(self, sw: Switch, msg: Any, now: float) -> None:
-        """Only the TCP teardown catchers send packets here (OpenFlow 1.3), and only the
-        headers: the switch forwarded the packet itself."""
+        """Only the TCP teardown catchers send packets here (OpenFlow 1.3), and a caught
+        close's flows while it is watched (core/close_watch.py); only the headers: the switch
+        forwarded the packet itself."""
         cookie = getattr(msg, "cookie", None)
         in_port = msg.match.get("in_port") if hasattr(msg.match, "get") else None
         if cookie is None or in_port is None:
             self._unexpected_packet_in("no cookie or in_port", cookie)
             return
         parsed = cookies.parse(cookie)
+        if parsed is not None and parsed.kind is cookies.Kind.SHUNT:
+            self.counters.add("packet_in", "teardown")
+            self.run(sw, sw.core.watch_sample(parsed.key, parsed.reply, parse_segment(bytes(msg.data)), now))
+            return
         if parsed is not None and parsed.kind is cookies.Kind.PIPELINE and parsed.reply:
             # A shared table-1 catcher: the metadata names the connection and direction.
             metadata = msg.match.get("metadata")

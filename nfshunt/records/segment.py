@@ -1,0 +1,46 @@
+"""A TCP segment as a packet-in carries it: the first bytes of an untagged Ethernet frame
+(IPv4 or IPv6, the TCP header right after the IP one), read for its flags and how much
+data it carries. What a caught close's watch judges (core/close_watch.py). No I/O."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
+ETH_IPV4, ETH_IPV6 = 0x0800, 0x86DD
+_ETH = 14
+_TCP_PROTO = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    flags: int  # the TCP flags byte
+    payload: int  # bytes of data, from the IP length (the frame itself may be cut short)
+
+    @property
+    def closes(self) -> bool:
+        """A FIN or RST: part of a close, whoever sent it."""
+        return bool(self.flags & (FIN | RST))
+
+
+def parse_segment(frame: bytes) -> Segment | None:
+    """The segment in a frame's headers; None if they are not those of an untagged TCP
+    segment over IPv4 or IPv6 without extension headers, or are cut before its flags."""
+    if len(frame) < _ETH + 20:
+        return None
+    eth_type = struct.unpack_from("!H", frame, 12)[0]
+    if eth_type == ETH_IPV4:
+        ihl = (frame[_ETH] & 0x0F) * 4
+        if frame[_ETH + 9] != _TCP_PROTO or ihl < 20:
+            return None
+        tcp, ip_data = _ETH + ihl, struct.unpack_from("!H", frame, _ETH + 2)[0] - ihl
+    elif eth_type == ETH_IPV6 and len(frame) >= _ETH + 40:
+        if frame[_ETH + 6] != _TCP_PROTO:
+            return None
+        tcp, ip_data = _ETH + 40, struct.unpack_from("!H", frame, _ETH + 4)[0]
+    else:
+        return None
+    if len(frame) < tcp + 14:
+        return None
+    header = (frame[tcp + 12] >> 4) * 4
+    return Segment(frame[tcp + 13], max(0, ip_data - header))
