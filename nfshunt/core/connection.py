@@ -140,6 +140,11 @@ class Conn:
     early: list[tuple[int, int]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
+    # What decided it (cookies.Authority, named in its cookie): an IDS's rule or an operator's
+    # pin that changed the policy's decision bounds the pair on the switch itself with
+    # `hard_timeout` (seconds from its install; adopted: what its flows had left; 0 none).
+    authority: cookies.Authority = cookies.Authority.POLICY
+    hard_timeout: int = 0
 
     @property
     def key(self) -> int:
@@ -162,7 +167,7 @@ class Conn:
         return self.action is Action.SHUNT and self.orig.proto == TCP
 
     def cookie(self, reply: bool) -> int:
-        return cookies.make(self.kind, self.key, reply)
+        return cookies.make(self.kind, self.key, reply, self.authority)
 
     def describe(self) -> str:
         return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
