@@ -31,9 +31,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from nfshunt.config.settings import IdsConfig
+from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.records import markcodec
 from nfshunt.records.model import OFP10, Action, ConnEvent, FlowTuple
@@ -274,17 +275,20 @@ class IdsBackend:
         key = (pair_key(rule.connection), action)
         conns = [conn for sw in self.host.switches if (conn := sw.core.find(tuple_=rule.connection)) is not None]
         self.waiting.setdefault(key, []).append(ans)
-        self._apply(rule, entry)
+        stream = self._apply(rule, entry)  # (waiters: a static stream's tuple dropped above it)
         if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
             return
-        if any(conn.action is action and conn.state in ACTIVE for conn in conns):
+        if stream:
+            self._answered(key, Outcome(Result.ADDED, reason="dropped in the switch above a static stream"), stream)
+        elif any(conn.action is action and conn.state in ACTIVE for conn in conns):
             self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
         elif decision is Decision.WAIT or (entry is None and not conns):
             self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 
-    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome) -> None:
+    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome,
+                  barriers: Iterable[threading.Event] = ()) -> None:
         for ans in self.waiting.pop(key, ()):
-            ans.answer(outcome)
+            ans.answer(outcome, barriers)
 
     def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[threading.Event]:
         """Put a kept rule into effect on every switch: barrier waiters of connected ones."""
@@ -299,9 +303,11 @@ class IdsBackend:
                     waiters.append(waiter)
                 self.host.run(sw, out, waiter)
         elif rule.connection is not None:
-            if self._holds(rule):
-                for sw in self.host.switches:
-                    self.host.run(sw, sw.core.ids_pin(rule.connection, self.store.hold(rule), now))
+            for sw in self.host.switches if self._holds(rule) else ():
+                out = sw.core.ids_pin(rule.connection, self.store.hold(rule), now)
+                waiter = threading.Event() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
+                waiters.extend([waiter] if waiter else [])
+                self.host.run(sw, out, waiter)
             if entry is not None:
                 self.host.feed([entry])
         return waiters
