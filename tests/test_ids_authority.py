@@ -279,3 +279,16 @@ def test_a_wall_clock_set_back_does_not_lengthen_a_rule_nor_one_set_forward_cut_
     rig.kernel_answers()  # its entry re-created: its flows go
     tick(rig, backend, 0)
     assert backend.store.ended("ids:zeek", "1").why == "expired" and slow(rig, conn)
+
+
+def test_an_address_block_nobody_here_names_is_kept_until_its_own_end():
+    """The pair's other controller (or a run whose rules file is gone) blocked a prefix: the
+    drop flows carry their own end, and a block is safe to keep until then."""
+    rig, backend, _, _ = setup()
+    backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.1/32", expire=100), 1.0)
+    peer = Rig(now=rig.now + 1)
+    rig.switch.expire(peer.now)
+    peer.reconnect(rig.switch)
+    assert peer.packet(FAST_A, ORIG).dropped
+    peer.advance(99)
+    assert not peer.packet(FAST_A, ORIG).dropped and not peer.flows(cookies.Kind.ADDRESS_BLOCK)
