@@ -156,6 +156,7 @@ def test_an_emptied_may_shunt_hands_the_saved_rules_shunts_back_at_the_next_star
                     tb.controller_output(since_start=True), 5, "the refusal at start in the log")
     finally:
         result = finish_iperf(srv, cli)
+    print(f"the handed-back transfer's longest stall: {longest_stall(result):.1f} s")
     assert "error" not in result, result.get("error")
     assert longest_stall(result) < 1.0
 
@@ -173,6 +174,7 @@ def test_an_ids_block_of_a_static_streams_connection_stops_its_frames_at_the_swi
         assert cycle(tb, 50)["echoed"] == 0, body
         counted = sum(int(f["n_packets"]) for f in _static(tb) if f["actions"] == "drop")
         assert counted >= 50, _static(tb)  # dropped at the switch, not carried past it
+        print(f"\n50 frames sent, 0 echoed, {counted} counted by the block's drops")
         assert (status, body["result"]) == (201, "added"), body  # once the switch had the drops
         drops = [f for f in _static(tb) if f["actions"] == "drop"]
         assert len(drops) == 2 and {f.get("hard_timeout") for f in drops} == {"61"}  # ended by the switch too
