@@ -16,7 +16,6 @@ the firewall alive.
 """
 from __future__ import annotations
 
-import logging
 import math
 
 from nfshunt.records import markcodec
@@ -28,7 +27,6 @@ from .connection import Conn
 from .pins import PIN_TTL, IdsHold, Pin, hard_timeout
 from .state import CoreState
 
-LOG = logging.getLogger("nfshunt")
 R_UNNAMED = "adopted with no authority this controller can name (no live IDS rule or operator pin)"
 
 
@@ -124,9 +122,6 @@ class Overrides:
         if conn.action is Action.BLOCK and conn.hard_timeout:
             if conn.authority is Authority.OPERATOR:  # held again, for what is left of it
                 self.shared.pins.hold(conn.orig, Action.BLOCK, now, conn.hard_timeout)
-            LOG.warning("adopted %s's block of %s with no %s here: kept until its own end on the switch, in %d s",
-                        conn.authority.name.lower(), conn.orig, "IDS rule" if conn.authority is Authority.IDS
-                        else "pin", conn.hard_timeout)
             return []
         return self.shared.conns.hand_back(conn, R_UNNAMED, now)
 
