@@ -292,3 +292,14 @@ def test_an_address_block_nobody_here_names_is_kept_until_its_own_end():
     assert peer.packet(FAST_A, ORIG).dropped
     peer.advance(99)
     assert not peer.packet(FAST_A, ORIG).dropped and not peer.flows(cookies.Kind.ADDRESS_BLOCK)
+
+
+def test_an_ids_block_in_a_stream_longer_than_a_hard_timeout_holds_is_written_again_before_it_lapses():
+    """A hard timeout is at most 65,535 s (18 h); a rule of a day keeps its drops all day."""
+    rig, backend, _, _ = setup(rig=Rig(openflow_versions=["1.3"], static_shunts=[STREAM]))
+    backend.submit(rule(rig, Kind.BLOCK, connection=IN_STREAM, expire=86400), 1.0)
+    assert {e.hard_timeout for e in rig.flows(cookies.Kind.STATIC) if not e.outputs} == {65535}
+    for _ in range(65536 // 2):
+        rig.advance(2)
+        assert rig.packet(FAST_A, IN_STREAM).dropped
+    assert {e.hard_timeout for e in rig.flows(cookies.Kind.STATIC) if not e.outputs} == {86400 - 65534 + 1}

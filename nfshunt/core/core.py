@@ -44,7 +44,7 @@ from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, max_pair_entries
 from .overrides import Overrides
-from .pins import PIN_TTL, IdsHold
+from .pins import PIN_TTL, IdsHold, hard_timeout
 from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
@@ -314,7 +314,10 @@ class Core:
         out = self._confirmation.sweep(now)
         out.extend(self._removal.overdue(now))
         self.pins.expire(now)
-        self.static.expire(now)
+        renew = {min(t, t.reversed()) for t, until in self.static.expire(now)
+                 if (pin := self.pins.get(t)) is not None and pin.action is Action.BLOCK and pin.expires > until}
+        for t in renew:  # a pin that outlasts its drops' hard timeout (at most 18 h): written again
+            out.extend(self.static.block(t, now, hard_timeout(self.pins[t].expires, now)))
         self.shared.address_blocks.expire(now)
         return out
 

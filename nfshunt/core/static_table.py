@@ -13,6 +13,8 @@ from nfshunt.records.model import FlowTuple, SwitchFlow
 
 from .commands import Command, InstallStatic, RemoveStatic
 
+RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding longer writes it again
+
 if TYPE_CHECKING:
     from nfshunt.config.settings import Config
 
@@ -59,17 +61,19 @@ class StaticTable:
     def unblock(self, t: FlowTuple, reason: str) -> list[Command]:
         """An operator's unshunt, or the end of the IDS rule that blocked it, lifts the block
         of a static stream's tuple."""
-        gone = [f for f, _ in self.blocks.values() if FlowTuple(t.family, t.proto, str(f.src.network_address),
-                                                                str(f.dst.network_address), f.src_port or 0,
-                                                                f.dst_port or 0) in (t, t.reversed())]
+        gone = [f for f, _ in self.blocks.values() if _blocked(f) in (t, t.reversed())]
         for f in gone:
             del self.blocks[f.cookie]
         return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), reason)] if gone else []
 
-    def expire(self, now: float) -> None:
-        """Blocks the switch's hard timeout has ended."""
+    def expire(self, now: float) -> list[tuple[FlowTuple, float]]:
+        """Blocks the switch's hard timeout has ended are forgotten; those it ends within
+        RENEW s are returned (their tuples and ends) for the core to write again if a pin
+        holds them longer (a hard timeout is at most 18 h: written again before it runs out,
+        the drop never lapses)."""
         for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
             del self.blocks[cookie]
+        return [(_blocked(f), until) for f, until in self.blocks.values() if until - RENEW <= now]
 
     def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
         """Split the switch's static flows from the rest. One of ours exactly right is
@@ -125,6 +129,12 @@ class StaticTable:
                          "packets": got.packets if got else None, "bytes": got.bytes if got else None,
                          "duration": round(got.duration, 3) if got else None})
         return rows
+
+
+def _blocked(flow: StaticFlow) -> FlowTuple:
+    """The tuple a block's exact drop matches."""
+    return FlowTuple(flow.family, flow.shunt.protocol, str(flow.src.network_address), str(flow.dst.network_address),
+                     flow.src_port or 0, flow.dst_port or 0)
 
 
 def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
