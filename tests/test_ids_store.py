@@ -226,3 +226,22 @@ def test_rules_are_judged_again_by_precedence_against_the_config_at_start(tmp_pa
     assert sorted(r.id for r in again.select()) == ["b", "in", "under"] and again.dirty
     assert {e.rule.id for e in again.judge(MayShunt())} == {"in", "under"}  # emptied: no IDS may shunt
     assert [r.id for r in again.select()] == ["b"]
+
+
+def test_a_running_rule_ends_on_the_monotonic_clock_and_a_restart_gives_it_no_more_than_its_expire(tmp_path):
+    """Issue 36.7: the wall clock stepped back an hour (while running, or across a restart)
+    lengthens no rule; stepped forward while running, it cuts none short."""
+    clock = Clock()
+    path = str(tmp_path / "ids-rules.json")
+    store = Store(path, max_rules=10, clock=clock)
+    store.add(rule("1", expire=100))
+    clock.wall_at, clock.mono_at = NOW + 3600, NOW + 50  # an hour forward, 50 s on
+    assert store.due(clock.mono_at) == []
+    clock.wall_at, clock.mono_at = NOW - 3600, NOW + 100  # an hour back, 100 s on
+    assert [r.id for r in store.due(clock.mono_at)] == ["1"]
+    store.save()
+    later = Clock()
+    later.wall_at, later.mono_at = NOW - 3600, 5.0  # restarted with the clock an hour back
+    again = Store(path, max_rules=10, clock=later)
+    again.load()
+    assert again.deadline(again.get("ids:zeek", "1")) == 5.0 + 100  # not 5 + 3700
