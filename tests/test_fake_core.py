@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
+from unittest import mock
 
 import pytest
 
@@ -115,6 +116,12 @@ class Rig:
                                      self._schedule, lambda _sw, cmds: self.run(cmds))
         # dispatch.py reads time.monotonic() here; the rig's clock is injected.
         self.dispatcher.handlers[cm.EntryDue] = lambda sw, cmd: sw.core.entry_due(cmd.conn, self.now)
+        install_address_blocks = self.dispatcher.install_address_blocks
+
+        def on_the_rigs_clock(sw: Switch, s: Session, cmd: cm.InstallAddressBlocks) -> None:
+            with mock.patch("nfshunt.switch.dispatch.time.monotonic", lambda: self.now):  # (the hard timeout's now)
+                install_address_blocks(sw, s, cmd)
+        self.dispatcher.on_switch[cm.InstallAddressBlocks] = on_the_rigs_clock
         self.timers: list[tuple[float, int, tuple[cm.Command, ...]]] = []
         self.seq = itertools.count()
         self.work: collections.deque[cm.Command] = collections.deque()

@@ -236,7 +236,7 @@ def test_pipeline_flows_read_back_name_the_port_table_1_outputs_to():
     for msg, out_port in zip(fb.install(conn), (3, 1), strict=True):
         stats = SimpleNamespace(match=msg.match, instructions=msg.instructions, cookie=msg.cookie,
                                 priority=msg.priority, packet_count=0, byte_count=0, duration_sec=0,
-                                duration_nsec=0)
+                                duration_nsec=0, hard_timeout=0)
         flow = fb.parse_stats(stats)
         assert flow.goto and flow.out_port == out_port
 
@@ -261,7 +261,7 @@ def test_an_openflow10_pair_with_wildcarded_addresses_is_not_read_as_exact():
     def read(match):
         return fb.parse_stats(SimpleNamespace(match=match, actions=mod.actions, cookie=mod.cookie,
                                               priority=mod.priority, packet_count=0, byte_count=0,
-                                              duration_sec=0, duration_nsec=0))
+                                              duration_sec=0, duration_nsec=0, hard_timeout=0))
     ofp = fb.ofp
     assert read(mod.match).exact
     wild = fb.parser.OFPMatch(wildcards=mod.match.wildcards | ofp.OFPFW_NW_SRC_ALL | ofp.OFPFW_NW_DST_ALL,
@@ -270,3 +270,22 @@ def test_an_openflow10_pair_with_wildcarded_addresses_is_not_read_as_exact():
     untagged_any = fb.parser.OFPMatch(in_port=1, dl_type=0x800, nw_proto=17, nw_src="10.0.0.1", nw_dst="10.0.0.2",
                                       tp_src=40000, tp_dst=5201)
     assert not read(untagged_any).exact
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("version", [OFP10, OFP13])
+def test_a_bounded_pairs_hard_timeout_and_authority_are_in_every_flow_templated_or_not(version, pipeline):
+    """An IDS's pair (issue 36.1): the hard timeout patched into the cached templates is what
+    os-ken writes, in the pair's flows and its catchers; its cookie names the IDS."""
+    if pipeline and version == OFP10:
+        pytest.skip("no pipeline layout in OpenFlow 1.0")
+    make = pipeline_builder if pipeline else (lambda templated: builder(version, templated))
+    fast, slow = make(templated=True), make(templated=False)
+    for hard, sport in ((61, 40000), (65535, 40001), (0, 40002)):
+        conn = conn_for(sport=sport)
+        conn.hard_timeout, conn.authority = hard, cookies.Authority.IDS
+        assert _wire(fast.install(conn)) == _wire(slow.install(conn))
+        assert _wire(fast.remove(conn, (False, True))) == _wire(slow.remove(conn, (False, True)))
+        msgs = slow.install(conn)
+        assert {m.hard_timeout for m in msgs} == {hard}
+        assert cookies.authority(msgs[0].cookie) is cookies.Authority.IDS and cookies.parse(msgs[0].cookie).key == 7

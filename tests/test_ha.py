@@ -8,6 +8,7 @@ not noticed on its own."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -192,6 +193,45 @@ def test_split_brain_the_switch_arbitrates_and_a_stale_masters_flow_mod_is_refus
         finally:
             conns.kill()
             server.kill()
+
+
+def test_a_takeover_hands_the_old_masters_ids_shunts_back_to_the_new_masters_firewall(integration_ready, tmp_path):
+    """Issue 36.2: the new master holds none of the old master's IDS rules (each controller
+    keeps its own, and an IDS speaks to the master's API), so it cannot name the authority
+    of an IDS's shunt it finds on the switch: it hands it back to its own firewall, alive
+    behind a strict policy, where the policy (which ignores the port) keeps it."""
+    from nfshunt_testbed.bed import H1_IP, H2_IP, STEADY_RATE
+    token = "ids-pair-token-0123456789abcdef0123"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"zeek {token}\n")
+    tokens.chmod(0o600)
+    ids = {"token_file": str(tokens), "may_shunt": {"prefixes": [f"{H2_IP}/32"], "ports": [IGNORE]}}
+    with _pair({"ids": ids}) as tb:
+        fw, fw2 = _elected(tb)
+        tb.strict_firewalls()
+        srv, cli = tb.start_transfer(IGNORE, 12, cport=47901, bitrate=STEADY_RATE)
+        try:
+            rule = {"id": "t1", "action": "shunt", "expire": 600, "connection": {
+                "protocol": "tcp", "src": H1_IP, "sport": 47901, "dst": H2_IP, "dport": IGNORE}}
+            out = tb.run(tb.node(fw), "curl", "-sS", "-m", "10", "-H", f"Authorization: Bearer {token}",
+                         "-H", "Content-Type: application/json", "--data-binary", json.dumps(rule),
+                         "http://127.0.0.1:9754/v1/rules", timeout=15)
+            assert json.loads(out)["result"] == "added", out
+            tb.wait_for(lambda: len(_has_conn_flow(tb, 47901)) == 2, 10, "the IDS's shunt of the transfer")
+            time.sleep(1)  # under way on the shunt; conntrackd has the control connection on fw2
+            failed_at = time.monotonic()
+            tb.fail_firewall(fw)
+            tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, "fw2 to take the switch over")
+            tb.wait_for(lambda: not _has_conn_flow(tb, 47901), 5, "fw2 to hand the IDS's shunt back")
+            handed = time.monotonic() - failed_at
+        finally:
+            result = finish_iperf(srv, cli)
+        print(f"fw2 handed the old master's IDS shunt back {handed:.2f} s after fw died; "
+              f"longest stall {longest_stall(result):.1f} s")
+        assert "error" not in result, result.get("error")
+        assert longest_stall(result) < 1.0
+        after = tb.controller_output(fw2).split("master of switch")[-1]
+        assert re.search(r"shunt removed \(adopted with no authority", after), "fw2 did not say why"
 
 
 def _pair_state(tb, logged):

@@ -6,7 +6,8 @@ import stat
 
 from nfshunt.config.settings import IdsConfig
 from nfshunt.ids.rules import Kind, parse
-from nfshunt.ids.store import Added, Counts, Store, write
+from nfshunt.ids.store import Added, Counts, write
+from nfshunt.ids.store import Store as _Store
 from nfshunt.records.model import Action, FlowTuple
 
 CFG = IdsConfig(token_file="/unused")
@@ -25,6 +26,24 @@ def rule(rule_id="1", source="ids:zeek", action="shunt", address=None, expire=60
 
 def counts(r):
     return Counts(packets=10, bytes=1500)
+
+
+class Clock:
+    """The store's two clocks, set by the test (both read NOW at first)."""
+
+    def __init__(self) -> None:
+        self.wall_at = self.mono_at = NOW
+
+    def wall(self) -> float:
+        return self.wall_at
+
+    def mono(self) -> float:
+        return self.mono_at
+
+
+def Store(path, max_rules, clock=None, **kw):  # noqa: N802 (the store, on the test's clock)
+    clock = clock or Clock()
+    return _Store(path, max_rules, wall=clock.wall, mono=clock.mono, **kw)
 
 
 def test_add_exists_duplicate_full():
@@ -110,8 +129,11 @@ def test_state_file_atomic_0600_and_reloaded_with_expiry(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert os.listdir(tmp_path / "state") == ["ids-rules.json"]  # no temporary left
     # Restart 50 s later: the short rule expired while the controller was down.
-    again = Store(path, max_rules=10)
-    [gone] = again.load(NOW + 50)
+    clock = Clock()
+    clock.wall_at, clock.mono_at = NOW + 50, 7.0  # (a new boot's monotonic clock, say)
+    again = Store(path, max_rules=10, clock=clock)
+    [gone] = again.load()
+    assert again.deadline(again.get("ids:zeek", "long")) == 7.0 + 50  # what the wall clock leaves of it
     assert gone.rule.id == "short" and gone.why == "expired while the controller was down"
     assert {r.id for r in again.select()} == {"long", "addr"}
     assert again.get("ids:zeek", "addr").address == ipaddress.ip_network("fd00:1::/64")
@@ -122,11 +144,13 @@ def test_state_file_atomic_0600_and_reloaded_with_expiry(tmp_path):
 def test_due_sees_only_rules_still_active():
     """The next expiry is kept in a heap (no scan of every rule a tick): a rule that ended
     before it, or whose id came back with a later expiry, is not due at the old time."""
-    store = Store(None, max_rules=10)
+    clock = Clock()
+    store = Store(None, max_rules=10, clock=clock)
     store.add(rule("1", expire=10))
     store.add(rule("2", expire=20, sport=2))
     store.remove("ids:zeek", "1", NOW + 5, counts)
     assert store.due(NOW + 15) == []
+    clock.wall_at = clock.mono_at = NOW + 5
     store.add(rule("1", expire=30, now=NOW + 5))
     assert [r.id for r in store.due(NOW + 25)] == ["2"]
     assert [r.id for r in store.due(NOW + 35)] == ["2", "1"]
@@ -166,10 +190,10 @@ def test_state_file_bad_entries_dropped_bad_file_kept_aside(tmp_path):
     path.write_text(json.dumps({"version": 1, "rules": [good, {**good, "id": "x/y"}, {**good, "extra": 1}, good,
                                                         {**good, "id": "p", "connection": {**CONN, "dport": 0}}]}))
     store = Store(str(path), max_rules=10)
-    assert store.load(NOW) == [] and [r.id for r in store.select()] == ["ok"]
+    assert store.load() == [] and [r.id for r in store.select()] == ["ok"]
     path.write_text("{not json")
     fresh = Store(str(path), max_rules=10)
-    assert fresh.load(NOW) == [] and len(fresh) == 0
+    assert fresh.load() == [] and len(fresh) == 0
     assert (tmp_path / "ids-rules.json.bad").exists() and not path.exists()
 
 
@@ -180,10 +204,52 @@ def test_state_file_over_the_cap(tmp_path):
         store.add(rule(str(i), sport=i + 1))
     store.save()
     smaller = Store(path, max_rules=2)
-    smaller.load(NOW)
+    smaller.load()
     assert len(smaller) == 2
 
 
 def test_missing_state_file_is_an_empty_start(tmp_path):
     store = Store(str(tmp_path / "none.json"), max_rules=3)
-    assert store.load(NOW) == [] and len(store) == 0
+    assert store.load() == [] and len(store) == 0
+
+
+def test_rules_are_judged_again_by_precedence_against_the_config_at_start(tmp_path):
+    """Issue 36.4: a saved shunt outside `ids.may_shunt` as it is now ends at start; a block,
+    and a shunt beneath another rule's block (its pin waits, as while running), stay."""
+    from nfshunt.config.settings import MayShunt
+    path = str(tmp_path / "ids-rules.json")
+    store = Store(path, max_rules=10)
+    store.add(rule("in", sport=1))
+    store.add(rule("out", sport=2, dport=22))
+    store.add(rule("b", action="block", sport=3))
+    store.add(rule("under", sport=3))
+    store.save()
+    again = Store(path, max_rules=10)
+    again.load()
+    scope = MayShunt(prefixes=(ipaddress.ip_network("10.0.0.0/24"),), ports=((5201, 5201),))
+    gone = again.judge(scope)
+    assert [(e.rule.id, e.why) for e in gone] == [
+        ("out", "refused at start: outside ids.may_shunt: the connection's server 10.0.0.2:22 (the end it was opened "
+                "to) is not on a listed port of a listed prefix")]
+    assert sorted(r.id for r in again.select()) == ["b", "in", "under"] and again.dirty
+    assert {e.rule.id for e in again.judge(MayShunt())} == {"in", "under"}  # emptied: no IDS may shunt
+    assert [r.id for r in again.select()] == ["b"]
+
+
+def test_a_running_rule_ends_on_the_monotonic_clock_and_a_restart_gives_it_no_more_than_its_expire(tmp_path):
+    """Issue 36.7: the wall clock stepped back an hour (while running, or across a restart)
+    lengthens no rule; stepped forward while running, it cuts none short."""
+    clock = Clock()
+    path = str(tmp_path / "ids-rules.json")
+    store = Store(path, max_rules=10, clock=clock)
+    store.add(rule("1", expire=100))
+    clock.wall_at, clock.mono_at = NOW + 3600, NOW + 50  # an hour forward, 50 s on
+    assert store.due(clock.mono_at) == []
+    clock.wall_at, clock.mono_at = NOW - 3600, NOW + 100  # an hour back, 100 s on
+    assert [r.id for r in store.due(clock.mono_at)] == ["1"]
+    store.save()
+    later = Clock()
+    later.wall_at, later.mono_at = NOW - 3600, 5.0  # restarted with the clock an hour back
+    again = Store(path, max_rules=10, clock=later)
+    again.load()
+    assert again.deadline(again.get("ids:zeek", "1")) == 5.0 + 100  # not 5 + 3700

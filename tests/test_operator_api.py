@@ -1,6 +1,8 @@
 """The operator API over several switches: a status request asks every connected switch
 for its flows and is answered once all have replied or gone; take-downs act on all."""
+import dataclasses
 import os
+import tempfile
 import threading
 import time
 from types import SimpleNamespace
@@ -32,7 +34,8 @@ def _api(connected=(True, True)):
             dp.id, dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
             sw.session = Session(dp, sw.cfg)
     app = SimpleNamespace(switches=switches, ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
-                          run=lambda sw, out: None)
+                          run=lambda sw, out: None,
+                          cfg=dataclasses.replace(TWO, state_dir=tempfile.mkdtemp(prefix="nfshunt-pins-")))
     # One live shunt on each switch.
     for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),
                                  event(ingress=3, egress=4, ct_id=2, sport=2)), strict=True):

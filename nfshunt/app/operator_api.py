@@ -31,6 +31,7 @@ from nfshunt.records import markcodec
 from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
 from nfshunt.switch.switch import Switch
 
+from . import pin_file
 from .control import parse_tuple
 
 LOG = logging.getLogger("nfshunt")
@@ -203,7 +204,30 @@ class OperatorAPI:
             self.app.run(sw, out)
         self.counters.add("operator", cmd)
         LOG.warning("operator %s of %s", cmd, orig)
+        self.save_pins(now)
         ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
+
+    def save_pins(self, now: float) -> None:
+        """The operator's pins written for the next start (pin_file.py): the first switch's,
+        which every switch holds alike."""
+        path = pin_file.path_in(self.app.cfg.state_dir)
+        try:
+            pin_file.save(path, list(self.switches[0].core.pins.items()), time.time(), now)
+        except OSError as exc:
+            LOG.error("cannot write the operator's pins to %s (%s): a restart would forget them", path, exc)
+
+    def restore_pins(self) -> None:
+        """At start, before the switches connect and the IDS rules are loaded: the operator's
+        pins of the last run held again for what is left of them (an operator's pin beats
+        an IDS's, so it is there first), and its blocks inside static streams made again."""
+        now = time.monotonic()
+        kept = pin_file.load(pin_file.path_in(self.app.cfg.state_dir), time.time())
+        for pin in kept:
+            for sw in self.switches:
+                sw.core.pin(pin.orig, pin.action, now, pin.left)  # (no switch yet: nothing to send)
+        if kept:
+            LOG.warning("held again the operator's %d pins of the last run (%s)", len(kept),
+                        pin_file.path_in(self.app.cfg.state_dir))
 
     def ids_remove(self, ev: EventControl, req: dict[str, Any]) -> None:
         """The operator takes an IDS's rule out (it beats every IDS)."""

@@ -91,6 +91,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
         self.run = self.dispatcher.run
+        self.operator.restore_pins()  # (before the IDS's rules: an operator's pin beats them)
         if self.cfg.ids is not None:
             self.ids = IdsBackend(self.cfg.ids, self, self.counters, self.audit, table.lookup)
             self.dispatcher.outcomes.watch = self.ids

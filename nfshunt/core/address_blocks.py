@@ -87,10 +87,11 @@ class AddressBlocks:
 
     def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
         """Split the switch's address-block flows from the rest: ours are kept (installed at
-        connect already), one no block names any more goes."""
+        connect already); one no block here names (another run's, or the pair's other
+        controller's) is a drop with its own end, kept until then; one without an end goes."""
         ours = self.by_cookie()
         blocks, rest = cookies.split(flows, cookies.Kind.ADDRESS_BLOCK)
-        stale = [flow.cookie for flow in blocks if flow.cookie not in ours]
+        stale = [flow.cookie for flow in blocks if flow.cookie not in ours and not flow.hard_timeout]
         out: list[Command] = []
         if stale:
             out.append(RemoveAddressBlocks(tuple(stale), tuple(f"cookie 0x{c:016x}" for c in stale),

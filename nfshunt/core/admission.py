@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from nfshunt.config.settings import PortGroup
 from nfshunt.records import markcodec
+from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
 
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows
 from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
+from .pins import hard_timeout
 from .state import CoreState
 
+# What `decide` found: action, port groups, idle timeout, authority, hard timeout.
+Decided = tuple[Action, PortGroup, PortGroup, "int | None", Authority, int]
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
@@ -83,7 +87,7 @@ class Admission:
         decided = self.decide(ev, closing)
         if isinstance(decided, Ignored):
             return [decided]
-        action, ingress, egress, idle = decided
+        action = decided[0]
         if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
             if ev.kind is EventKind.DUMP:
                 # Most likely the entry whose deletion is still on its way. A connection
@@ -112,17 +116,25 @@ class Admission:
                 return [Ignored(R_BUDGET, ev)]
             out.extend(victim)
         sh.waiting.pop(ev.orig, None)
-        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received,
-                    event_kind=ev.kind, tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle)
-        sh.remember(conn)
-        out.append(InstallFlows(conn))
+        out.append(InstallFlows(self._pair(ev, decided, slot)))
         return out
 
-    def decide(self, ev: ConnEvent, closing: bool) -> Ignored | tuple[Action, PortGroup, PortGroup, int | None]:
+    def _pair(self, ev: ConnEvent, decided: Decided, slot: int) -> Conn:
+        """The pair an event's decision makes, remembered."""
+        action, ingress, egress, idle, authority, hard = decided
+        conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event_kind=ev.kind,
+                    tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle, authority=authority,
+                    hard_timeout=hard)
+        self.shared.remember(conn)
+        return conn
+
+    def decide(self, ev: ConnEvent, closing: bool) -> Ignored | Decided:
         """What the mark (and a pin) decided for a new or updated entry, the port groups it
         crossed and the pin's idle timeout (an IDS rule's, where its action is taken;
-        None: the config's default); or why nothing is to be done. `closing`: the entry is
-        a closing TCP one, as its event or an earlier one said (closing.py)."""
+        None: the config's default); what decided it and, for a pin that changed the
+        policy's decision, the hard timeout that ends its pair with the pin; or why nothing
+        is to be done. `closing`: the entry is a closing TCP one, as its event or an earlier
+        one said (closing.py)."""
         if ev.mark & markcodec.NFSHUNT_BITS == 0:
             return Ignored(R_UNMARKED, ev)
         mark = markcodec.decode(ev.mark)
@@ -134,7 +146,7 @@ class Admission:
             return Ignored(R_UNKNOWN_ACTION, ev)
         pins = self.shared.pins
         pin = pins.get(ev.orig) if pins else None
-        idle = None
+        idle, authority, hard = None, Authority.POLICY, 0
         if pin is not None and pin.server is not None and pin.server != (ev.orig.dst, ev.orig.dport):
             # An IDS shunt judged on the other end as the server (before the entry was
             # seen): this connection goes the other way round, outside what was judged.
@@ -142,11 +154,17 @@ class Admission:
                 return Ignored(R_IDS_SERVER, ev)
             pin = None
         if pin is not None:
+            now = max(ev.received, self.shared.now)
             pin.ct_id = ev.ct_id
             if pin.action is Action.IGNORE:
                 return Ignored(R_PINNED, ev)
-            if pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE:
-                action = pin.action  # an IDS's shunt only of what the policy accepted and left alone
+            # (A pin at its end is not applied: an IDS rule's is released by its tick.)
+            if pin.expires > now and (pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE):
+                # (an IDS's shunt only of what the policy accepted and left alone)
+                if action is not pin.action:  # the pin, not the policy, decides: bounded by it
+                    authority = Authority.OPERATOR if pin.source is None else Authority.IDS
+                    hard = hard_timeout(pin.expires, now)
+                action = pin.action
             if action is pin.action:
                 idle = pin.idle_timeout
         if action is Action.IGNORE:
@@ -163,7 +181,7 @@ class Admission:
             return Ignored(R_CLOSING, ev)
         if ev.reply != ev.orig.reversed():
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
-        return action, ingress, egress, idle
+        return action, ingress, egress, idle, authority, hard
 
     # --- room on the switch -----------------------------------------------------------------
 

@@ -149,6 +149,11 @@ class Conn:
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
     watch: CloseWatch | None = None  # a caught close being watched (close_watch.py)
+    # What decided it (cookies.Authority, named in its cookie): an IDS's rule or an operator's
+    # pin that changed the policy's decision bounds the pair on the switch itself with
+    # `hard_timeout` (seconds from its install; adopted: what its flows had left; 0 none).
+    authority: cookies.Authority = cookies.Authority.POLICY
+    hard_timeout: int = 0
 
     @property
     def key(self) -> int:
@@ -171,7 +176,7 @@ class Conn:
         return self.action is Action.SHUNT and self.orig.proto == TCP
 
     def cookie(self, reply: bool) -> int:
-        return cookies.make(self.kind, self.key, reply)
+        return cookies.make(self.kind, self.key, reply, self.authority)
 
     def describe(self) -> str:
         return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"

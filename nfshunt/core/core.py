@@ -24,7 +24,6 @@ from typing import Any, Iterable
 
 from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
-from nfshunt.records import markcodec
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
@@ -42,12 +41,12 @@ from .commands import (
     RequestKeptDefaults,
     RequestSwitchFlows,
     RequestTableSize,
-    ResyncConntrack,
 )
 from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, max_pair_entries
-from .pins import PIN_TTL, IdsHold
+from .overrides import Overrides
+from .pins import PIN_TTL, IdsHold, hard_timeout
 from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
@@ -91,7 +90,8 @@ class Core:
         self._teardown = Teardown(sh)
         self._removal = Removal(sh, self._admission)
         self._confirmation = Confirmation(sh, self._admission, self._teardown)
-        self._reconciler = Reconciler(sh, self._removal)
+        self._overrides = Overrides(sh)
+        self._reconciler = Reconciler(sh, self._removal, self._overrides)
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
@@ -277,58 +277,20 @@ class Core:
             return self.conns.tuples.get(tuple_)
         return self.conns.with_id(ct_id) if ct_id is not None else None
 
-    def pin(self, orig: FlowTuple, action: Action, now: float) -> list[Command]:
-        """An operator's unshunt (IGNORE) or block for a connection, by tuple: its flows
-        go, and the entry its next packet re-creates on the slow path is held there
-        (unshunt) or blocked. Dumping conntrack applies it to a connection that is on
-        the slow path already."""
-        if action not in (Action.IGNORE, Action.BLOCK):
-            raise ValueError(action)
-        self.pins.hold(orig, action, now)
-        out: list[Command] = []
-        conn = self.conns.tuples.get(orig)
-        if conn is not None and not (action is Action.BLOCK and conn.action is Action.BLOCK):
-            out.extend(self.remove(conn, "unshunt by operator" if action is Action.IGNORE else "blocked by operator",
-                                   now))
-        if action is Action.BLOCK:
-            out.append(ResyncConntrack())
-            out.extend(self.static.block(orig, now, int(PIN_TTL)))
-        else:
-            out.extend(self.static.unblock(orig))
-        return out
+    def pin(self, orig: FlowTuple, action: Action, now: float, ttl: float = PIN_TTL) -> list[Command]:
+        """An operator's unshunt (IGNORE) or block for a connection, by tuple (overrides.py)."""
+        return self._overrides.pin(orig, action, now, ttl)
 
-    # --- an IDS's rules (ids_backend.py decides with ids_rules.precedence; these act) -------
+    # --- an IDS's rules (ids_backend.py decides with ids_rules.precedence; overrides.py acts) --
 
     def ids_pin(self, orig: FlowTuple, hold: IdsHold, now: float) -> list[Command]:
-        """An IDS's shunt or block of a connection, held as a lower pin (pins.py): a pair
-        the policy shunted is taken down for a block (its next packet's entry is blocked);
-        an entry on the slow path is decided when the backend feeds it (or its next event).
-        A pair already on the switch keeps the idle timeout it was installed with."""
-        if not self.pins.hold_for(orig, hold):
-            return []
-        conn = self.conns.tuples.get(orig)
-        if hold.action is Action.BLOCK and conn is not None and conn.action is not Action.BLOCK:
-            return self.remove(conn, f"blocked by {hold.source}", now)
-        return []
+        """An IDS's shunt or block of a connection, held as a lower pin."""
+        return self._overrides.ids_pin(orig, hold, now)
 
     def ids_release(self, orig: FlowTuple, source: str, reason: str, now: float,
                     successor: IdsHold | None = None) -> list[Command]:
-        """An IDS's rule of a connection ended: its pin goes (to `successor`, another IDS
-        rule of the connection, if one is left), and a pair that neither it nor the policy
-        would make now is handed back to the firewall, where admission judges it again."""
-        if not self.pins.release(orig, source):
-            return []
-        if successor is not None:
-            self.pins.hold_for(orig, successor)
-        conn = self.conns.tuples.get(orig)
-        if conn is None:
-            return []
-        mark = markcodec.decode(conn.mark)
-        policy = None if mark.action is None else self.cfg.action_for(mark.action)
-        wanted = successor.action if successor is not None else policy
-        if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
-            return []  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
-        return self.remove(conn, reason, now)
+        """An IDS's rule of a connection ended: its pin goes (to `successor`, if one is left)."""
+        return self._overrides.ids_release(orig, source, reason, now, successor)
 
     def block_address(self, net: Network, expires: float, reason: str) -> list[Command]:
         """An IDS's block of every frame to or from a prefix, until `expires` (monotonic)."""
@@ -360,10 +322,14 @@ class Core:
 
     def tick(self, now: float) -> list[Command]:
         """Housekeeping: deleted entries swept, overdue removals given up, pins expired."""
+        self.shared.now = now
         out = self._confirmation.sweep(now)
         out.extend(self._removal.overdue(now))
         self.pins.expire(now)
-        self.static.expire(now)
+        renew = {min(t, t.reversed()) for t, until in self.static.expire(now)
+                 if (pin := self.pins.get(t)) is not None and pin.action is Action.BLOCK and pin.expires > until}
+        for t in renew:  # a pin that outlasts its drops' hard timeout (at most 18 h): written again
+            out.extend(self.static.block(t, now, hard_timeout(self.pins[t].expires, now)))
         self.shared.address_blocks.expire(now)
         return out
 

@@ -13,10 +13,18 @@ Trust: only pairs this controller installed from a policy decision are ever inst
 again after a reconnect; pairs adopted from a switch's flow table (a restart) are kept
 while the switch has them and forgotten when it does not, so a peer that posed as the
 switch cannot get a forged pair onto the real one.
+
+Authority: an adopted pair is kept only while this controller can name what decided it
+(its cookie says: the policy, an IDS's rule, an operator's pin; overrides.judge_adopted).
+A shunt an IDS or an operator decided whose rule or pin is not held here (it ended while
+the controller was down, the restarted controller judged it again and dropped it, or the
+pair's other controller decided it) is handed back to the firewall; such a block is kept
+until its own hard timeout.
 """
 from __future__ import annotations
 
 import collections
+import math
 
 from nfshunt.config.settings import Config
 from nfshunt.records import cookies
@@ -25,10 +33,12 @@ from nfshunt.records.model import SwitchFlow
 from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, RemoveFlows, ResyncConntrack
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
+from .overrides import Overrides
 from .removal import Removal
 from .state import CoreState
 
 R_TIMED_OUT_AWAY = "timed out while the switch was away"
+R_PIN_ENDED_AWAY = "its IDS rule or operator's pin ended while the switch was away"
 R_NOT_ON_SWITCH = "not on the switch after a reconnect"  # adopted, or a re-install unconfirmed at a second break
 PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
@@ -50,9 +60,10 @@ def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
 
 
 class Reconciler:
-    def __init__(self, shared: CoreState, removal: Removal):
+    def __init__(self, shared: CoreState, removal: Removal, overrides: Overrides):
         self.shared = shared
         self.removal = removal
+        self.overrides = overrides
 
     def reconcile(self, flows: list[SwitchFlow], now: float) -> list[Command]:
         """The switch's flows (table 1 complete, or waited for long enough: Core.reconcile)."""
@@ -139,7 +150,7 @@ class Reconciler:
         if present:
             if conn.adopted and self.shared.stale_policy:
                 return conns.hand_back(conn, "policy changed while the controller was stopped", now)
-            return []
+            return self.overrides.judge_adopted(conn, now) if conn.adopted else []
         if conn.state not in ACTIVE and not conn.entry_deleted:
             return []
         if conn.adopted or self.shared.table_kept:
@@ -152,6 +163,8 @@ class Reconciler:
             # connection's traffic renews it; closes went unheard, so not an idle-out's 5 days).
             reason = R_TIMED_OUT_AWAY if conn.state in ACTIVE and not conn.adopted else R_NOT_ON_SWITCH
             return [*conns.roll_back(conn, reason), Removed(conn, reason)]
+        if not self.overrides.reinstall_bound(conn, now):
+            return [*conns.roll_back(conn, R_PIN_ENDED_AWAY), Removed(conn, R_PIN_ENDED_AWAY)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
 
@@ -189,8 +202,15 @@ class Reconciler:
         action = Action.SHUNT if kind is cookies.Kind.SHUNT else Action.BLOCK
         if not self._shaped(action, fwd.match.proto, dirs):
             return None
-        # Decided by an earlier run, which deleted its entry once the switch confirmed it.
+        # Decided by an earlier run, which deleted its entry once the switch confirmed it; its
+        # hard timeout, if it has one, is what its flows have left.
+        bounded = [f for f in (fwd, rev) if f.hard_timeout]
+        left = max(1, math.ceil(min(f.hard_timeout - f.duration for f in bounded))) if bounded else 0
+        authority = cookies.authority(fwd.cookie)
+        if cookies.authority(rev.cookie) is not authority:
+            authority = cookies.Authority.UNKNOWN  # not a pair this version writes: never named
         conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
-                    confirmed_time=now, adopted=True, entry_deleted=True, slot=key >> cookies.KEY_SLOT_SHIFT)
+                    confirmed_time=now, adopted=True, entry_deleted=True, slot=key >> cookies.KEY_SLOT_SHIFT,
+                    authority=authority, hard_timeout=left)
         self.shared.remember(conn)
         return conn

@@ -8,9 +8,10 @@ from nfshunt.records import cookies
 
 from .admission import Admission
 from .commands import Command, Removed
-from .connection import ACTIVE, IDLE, Conn, FlowCount, State
+from .connection import ACTIVE, IDLE, REEVALUATE, Conn, FlowCount, State
 from .state import CoreState
 
+R_HARD_TIMEOUT = "hard timeout"  # the switch's reason (flows.REMOVED_REASONS)
 REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
 
 
@@ -49,8 +50,10 @@ class Removal:
         out: list[Command] = []
         if conn.state in ACTIVE:
             # Idled out (or deleted by someone else): the connection is back on the slow
-            # path, idle, and may resume; the partner flow follows it.
-            out.extend(conns.hand_back(conn, reason, now, IDLE, directions=(not reply,)))
+            # path, idle, and may resume; the partner flow follows it. Ended by its hard
+            # timeout (its IDS rule's or operator's pin's end): judged again by its next packet.
+            how = REEVALUATE if reason == R_HARD_TIMEOUT else IDLE
+            out.extend(conns.hand_back(conn, reason, now, how, directions=(not reply,)))
         if len(conn.gone) == 2:
             out.extend(self.finish(conn, conn.remove_reason or reason))
         return out

@@ -20,7 +20,7 @@ from .teardown_sweep import HalfClosed
 
 class CoreState:
     __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy", "budget", "conns",
-                 "waiting", "pins", "static", "address_blocks", "half_closed", "closing")
+                 "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now")
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -44,6 +44,9 @@ class CoreState:
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()
         self.closing = ClosingEntries()  # TCP entries seen closing, for events that omit the state
+        # The last tick's time: an event retried from the waiting queue carries the time it
+        # was first heard, which a pin's pair must not take as now (pins.hard_timeout).
+        self.now = 0.0
 
     def remember(self, conn: Conn) -> None:
         """A new or adopted pair joins the table, with the entries it takes in this layout."""

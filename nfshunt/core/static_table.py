@@ -1,5 +1,5 @@
 """One switch's static shunts as the core keeps them: the flows the config wants, their
-counters as last read, operators' blocks inside a stream; installed at connect, brought
+counters as last read, operators' and IDSs' blocks inside a stream; installed at connect, brought
 into agreement by the reconcile, changed by a reload as the difference only. No I/O.
 """
 from __future__ import annotations
@@ -12,6 +12,8 @@ from nfshunt.records import cookies
 from nfshunt.records.model import FlowTuple, SwitchFlow
 
 from .commands import Command, InstallStatic, RemoveStatic
+
+RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding longer writes it again
 
 if TYPE_CHECKING:
     from nfshunt.config.settings import Config
@@ -31,8 +33,8 @@ class StaticTable:
         self.flows = switch_flows(cfg)
         self.counts: dict[int, Counts] = {}
         self.block_priority = cfg.block_priority
-        # Operators' blocks of tuples inside a static stream, by cookie: (flow, expires). The
-        # stream never reaches conntrack, so a block by policy or pin would never be decided.
+        # Operators' and IDSs' blocks of tuples inside a static stream, by cookie: (flow,
+        # expires). The stream never reaches conntrack, so a pin alone would never be decided.
         self.blocks: dict[int, tuple[StaticFlow, float]] = {}
 
     @property
@@ -46,29 +48,32 @@ class StaticTable:
         return [InstallStatic(flows, "switch connected")] if flows else []
 
     def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Command]:
-        """An operator's block of a tuple (either direction) some static flow carries: an
-        exact drop above it, for the pin's lifetime (the switch's hard timeout ends it)."""
+        """An operator's or an IDS's block of a tuple (either direction) some static flow
+        carries: an exact drop above it, for the pin's lifetime (the switch's hard timeout
+        ends it). A block of a tuple blocked already is written again: its hard timeout
+        is the new pin's (an OpenFlow add of the same match and priority replaces it)."""
         flows = [f.block(u, self.block_priority, lifetime) for f in self.flows.values() for u in (t, t.reversed())
                  if f.covers(u)]
-        new = [f for f in flows if f.cookie not in self.blocks]
         for f in flows:
             self.blocks[f.cookie] = (f, now + lifetime)
-        return [InstallStatic(tuple(new), "blocked by operator")] if new else []
+        return [InstallStatic(tuple(flows), "blocked")] if flows else []
 
-    def unblock(self, t: FlowTuple) -> list[Command]:
-        """An operator's unshunt lifts its block of a static stream's tuple."""
-        gone = [f for f, _ in self.blocks.values() if FlowTuple(t.family, t.proto, str(f.src.network_address),
-                                                                str(f.dst.network_address), f.src_port or 0,
-                                                                f.dst_port or 0) in (t, t.reversed())]
+    def unblock(self, t: FlowTuple, reason: str) -> list[Command]:
+        """An operator's unshunt, or the end of the IDS rule that blocked it, lifts the block
+        of a static stream's tuple."""
+        gone = [f for f, _ in self.blocks.values() if _blocked(f) in (t, t.reversed())]
         for f in gone:
             del self.blocks[f.cookie]
-        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), "unshunt by operator")
-                ] if gone else []
+        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), reason)] if gone else []
 
-    def expire(self, now: float) -> None:
-        """Blocks the switch's hard timeout has ended."""
+    def expire(self, now: float) -> list[tuple[FlowTuple, float]]:
+        """Blocks the switch's hard timeout has ended are forgotten; those it ends within
+        RENEW s are returned (their tuples and ends) for the core to write again if a pin
+        holds them longer (a hard timeout is at most 18 h: written again before it runs out,
+        the drop never lapses)."""
         for cookie in [k for k, (_, until) in self.blocks.items() if until <= now]:
             del self.blocks[cookie]
+        return [(_blocked(f), until) for f, until in self.blocks.values() if until - RENEW <= now]
 
     def reconcile(self, flows: list[SwitchFlow]) -> tuple[list[SwitchFlow], list[Command]]:
         """Split the switch's static flows from the rest. One of ours exactly right is
@@ -78,7 +83,10 @@ class StaticTable:
         found: dict[int, list[SwitchFlow]] = {}
         for flow in statics:
             found.setdefault(flow.cookie, []).append(flow)
-        stale = [cookie for cookie in found if cookie not in self.flows and cookie not in self.blocks]
+        # A block nobody here names (an operator's or an IDS's of another run or of the
+        # pair's other controller) is a drop with its own end: kept until then.
+        stale = [cookie for cookie, got in found.items() if cookie not in self.flows and cookie not in self.blocks
+                 and not all(f.out_port is None and f.hard_timeout and f.priority == self.block_priority for f in got)]
         wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
         missing = [f for cookie, f in self.flows.items() if cookie not in found]
         out: list[Command] = []
@@ -121,6 +129,12 @@ class StaticTable:
                          "packets": got.packets if got else None, "bytes": got.bytes if got else None,
                          "duration": round(got.duration, 3) if got else None})
         return rows
+
+
+def _blocked(flow: StaticFlow) -> FlowTuple:
+    """The tuple a block's exact drop matches."""
+    return FlowTuple(flow.family, flow.shunt.protocol, str(flow.src.network_address), str(flow.dst.network_address),
+                     flow.src_port or 0, flow.dst_port or 0)
 
 
 def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:

@@ -12,11 +12,13 @@ precedence rule (ids_rules.precedence) decide, and the core acts:
     pending when the connection has no live entry yet (its entry's event applies it);
   - an address block is a pair of drop flows on every served switch (address_blocks.py),
     above every shunt; `added` once each connected switch answered the barrier behind them.
-Expiry is hard, on the tick (wall clock: it holds across a restart): the flows go, and the
-rule is reported ended with what they counted (the flow-removed messages: ids_ends). The
-rules are kept in the state file, saved on the tick when changed (on a thread of its own:
-at 60,000 rules a write is ~50 ms) and at stop, loaded at start. A rule's view (state,
-counters) is ids_view's; its counters and audit ids_log's.
+Expiry is hard, on the tick (the monotonic clock while running, the wall clock across a
+restart: ids_store): the flows go, and the rule is reported ended with what they counted
+(the flow-removed messages: ids_ends); a pair the rule decided also ends on the switch by
+itself at the rule's end (its hard timeout: pins.py). The rules are kept in the state file,
+saved on the tick when changed (on a thread of its own: at 60,000 rules a write is ~50 ms)
+and at stop, loaded and judged again at start. A rule's view (state, counters) is
+ids_view's; its counters and audit ids_log's.
 
 The connection's live conntrack entry (what the policy decided) is read here, on the event
 loop, in the turn that judges the rule and pins it (kernel/table.lookup: a netlink request
@@ -32,9 +34,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from nfshunt.config.settings import IdsConfig
+from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.openflow.channel import RateLimitedLog
 from nfshunt.records import markcodec
@@ -45,7 +48,7 @@ from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
 from .loop import Answer, Host, LoopCalls
 from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence, server_of
-from .store import Added, Store, write
+from .store import Added, Store
 from .view import ended_view, read_counters, view
 
 LOG = logging.getLogger("nfshunt")
@@ -89,13 +92,13 @@ class IdsBackend:
         self.lookup = lookup
         self.wall = wall
         self.mono = mono
-        self.store = Store(cfg.state_file or None, cfg.max_rules, shared_whitelists=cfg.shared_whitelists)
+        self.store = Store(cfg.state_file or None, cfg.max_rules, shared_whitelists=cfg.shared_whitelists,
+                           wall=wall, mono=mono)
         self.log = RuleLog(counters, audit)
         self.waiting: dict[tuple[FlowTuple, Action], list[Answer]] = {}  # adds waiting for their pair's install
         self.ends = RuleEnds(host, self.store, self.log, self._answered, wall, mono)
         self.loop = LoopCalls(host)
         self._rlog = RateLimitedLog(LOG)
-        self._writer: threading.Thread | None = None  # the tick's write of the state file
 
     # --- the API's threads ----------------------------------------------------------------
 
@@ -274,19 +277,22 @@ class IdsBackend:
         # a new connection on the ports, which the firewall judges first.
         closing = entry is not None and entry.orig.proto == TCP and entry.tcp_state in TCP_CLOSING
         self.waiting.setdefault(key, []).append(ans)
-        self._apply(rule, None if closing else entry)
+        stream = self._apply(rule, None if closing else entry)  # (waiters: a static stream's tuple dropped above it)
         if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
             return
-        if any(conn.action is action and conn.state in ACTIVE for conn in conns):
+        if stream:
+            self._answered(key, Outcome(Result.ADDED, reason="dropped in the switch above a static stream"), stream)
+        elif any(conn.action is action and conn.state in ACTIVE for conn in conns):
             self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
         elif closing:
             self._answered(key, Outcome(Result.ADDED, pending=CLOSING))
         elif decision is Decision.WAIT or (entry is None and not conns):
             self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 
-    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome) -> None:
+    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome,
+                  barriers: Iterable[threading.Event] = ()) -> None:
         for ans in self.waiting.pop(key, ()):
-            ans.answer(outcome)
+            ans.answer(outcome, barriers)
 
     def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[threading.Event]:
         """Put a kept rule into effect on every switch: barrier waiters of connected ones."""
@@ -294,17 +300,18 @@ class IdsBackend:
         waiters: list[threading.Event] = []
         if rule.kind is Kind.BLOCK_ADDRESS:
             assert rule.address is not None
-            expires = now + rule.expires - self.wall()
             for sw in self.host.switches:
-                out = sw.core.block_address(rule.address, expires, f"{rule.source}/{rule.id}")
+                out = sw.core.block_address(rule.address, self.store.deadline(rule), f"{rule.source}/{rule.id}")
                 waiter = threading.Event()
                 if sw.session is not None:
                     waiters.append(waiter)
                 self.host.run(sw, out, waiter)
         elif rule.connection is not None:
-            if self._holds(rule):
-                for sw in self.host.switches:
-                    self.host.run(sw, sw.core.ids_pin(rule.connection, rule.hold, now))
+            for sw in self.host.switches if self._holds(rule) else ():
+                out = sw.core.ids_pin(rule.connection, self.store.hold(rule), now)
+                waiter = threading.Event() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
+                waiters.extend([waiter] if waiter else [])
+                self.host.run(sw, out, waiter)
             if entry is not None:
                 self.host.feed([entry])
         return waiters
@@ -353,55 +360,27 @@ class IdsBackend:
     def tick(self) -> None:
         """Rules whose hard expiry came lose their flows; ends due are reported; the state
         file written when something changed."""
-        for rule in self.store.due(self.wall()):
+        for rule in self.store.due(self.mono()):
             if rule.key not in self.ends:
                 self.ends.end(rule, "expired")
         self.ends.finish_due()
-        self._save_later()
+        self.store.save_soon()
 
     def load(self) -> None:
-        """At start (before the event loop runs): the kept rules back in effect, those that
-        expired while the controller was down reported."""
-        for ended in self.store.load(self.wall()):
+        """At start (before the event loop runs): the kept rules judged again against this
+        config (ids_store.judge: one it refuses now ends, and a pair of it adopted from the
+        switch is handed back: reconcile.py), the others back in effect; those that expired
+        while the controller was down reported."""
+        for ended in [*self.store.load(), *self.store.judge(self.cfg.may_shunt)]:
             self.log.ended(ended)
         for rule in list(self.store.rules.values()):
             self._apply(rule, None)
         if self.store.rules:
             LOG.info("IDS rules loaded from %s: %d active", self.store.path, len(self.store))
 
-    def _save_later(self) -> None:
-        """The state file written on a thread, one write at a time, of the rules as they are
-        now (a failed write leaves the store dirty: tried again next tick). At 60,000 rules a
-        write is ~50 ms the event loop must not wait for."""
-        if not self.store.dirty or self._writer is not None and self._writer.is_alive():
-            return
-        path = self.store.path
-        if path is None:
-            self.store.save()  # (kept in memory only)
-            return
-        lines = self.store.snapshot()
-
-        def run() -> None:
-            try:
-                write(path, lines)
-            except OSError as exc:
-                self.store.dirty = True
-                LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", path,
-                          exc)
-        self._writer = threading.Thread(target=run, name="nfshunt-ids-save", daemon=True)
-        self._writer.start()
-
     def save(self) -> None:
-        """At stop (and start): the state file written now, after the tick's write if one runs."""
-        if self._writer is not None:
-            self._writer.join()
-        if not self.store.dirty:
-            return
-        try:
-            self.store.save()
-        except OSError as exc:
-            LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick",
-                      self.store.path, exc)
+        """At stop (and start): the state file written now."""
+        self.store.save_now()
 
     def by_source(self) -> dict[str, int]:
         """Active rules by requester (read by status and the metrics' scrape)."""

@@ -87,7 +87,7 @@ class RuleEnds:
             key = pair_key(rule.connection)
             left = holder(r for r in self.store.of_connection(rule.connection)
                           if r.key != rule.key and r.key not in self.ending)
-            successor = None if left is None else left.hold
+            successor = None if left is None else self.store.hold(left)
             for sw in self.host.switches:
                 out = sw.core.ids_release(rule.connection, rule.source, reason, now, successor)
                 if any(isinstance(cmd, (c.RemoveFlows, c.RestoreConntrack)) for cmd in out):

@@ -33,7 +33,6 @@ from typing import Any, Iterable
 
 from nfshunt.config.settings import MAX_IDS_EXPIRE, IdsConfig, MayShunt
 from nfshunt.config.validate import _type_name, check_names
-from nfshunt.core.pins import IdsHold
 from nfshunt.records.model import TCP, UDP, Action, FlowTuple, canonical_address
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -99,14 +98,6 @@ class Rule:
     def action(self) -> Action:
         """What a connection rule asks of its pair: SHUNT or BLOCK."""
         return Action.SHUNT if self.kind is Kind.SHUNT else Action.BLOCK
-
-    @property
-    def hold(self) -> IdsHold:
-        """What a connection rule's pin holds its connection to (pins.py)."""
-        server = self.server
-        if server is None and self.kind is Kind.SHUNT and self.connection is not None:
-            server = server_of(self.connection)  # not judged on an entry: its dst, as precedence takes it
-        return IdsHold(self.action, self.source, self.idle_timeout, server)
 
     @property
     def target(self) -> tuple[Any, ...]:

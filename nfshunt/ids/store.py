@@ -1,9 +1,14 @@
 """The IDS rules kept: per requester, capped, expiring hard, surviving restarts.
 
 One owner thread (the controller's event loop) calls it; nothing here blocks but `save`.
-Time is passed in (`now`, wall-clock seconds, time.time()): a rule's expiry is an instant
-on the wall clock, so it holds across a restart of the controller, and a rule whose
-expiry passed while the controller was down is reported expired at `load`.
+Two clocks: a rule is made and kept with its expiry on the wall clock (`Rule.created`,
+`expires`: what the IDS and the state file say, and what holds across a restart of the
+controller), and while the controller runs it expires on the monotonic clock: when a rule
+is added or loaded, what is left of it by the wall clock (never more than its `expire`)
+becomes a monotonic deadline (`deadline`), and `due` and `expire` are asked with monotonic
+time. A step of the wall clock neither lengthens nor shortens a running rule; across a
+restart the wall clock is all there is (a rule whose expiry passed meanwhile is reported
+expired at `load`; a backward step meanwhile lengthens none beyond its own `expire`).
 
 The state file (`ids.state_file`, under the state directory by default) is written
 atomically (a temporary file in the same directory, fsynced, renamed over it; mode 0600)
@@ -13,9 +18,11 @@ bottleneck). Each rule's line is made once, when it is added (a rule never chang
 tick's `snapshot` is a list of them and the write can run off the owner's thread (60,000
 rules: 14 MB, ~350 ms to encode afresh and ~50 ms to join and write, bench `ids`).
 A crash loses at most the last tick's changes; an IDS reconciles by listing its rules.
+The tick's write runs on a thread of its own (`save_soon`), the stop's at once (`save_now`).
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import ipaddress
@@ -25,13 +32,16 @@ import logging
 import math
 import os
 import tempfile
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from nfshunt.config import jsonfile
-from nfshunt.config.settings import MAX_IDS_EXPIRE
+from nfshunt.config.settings import MAX_IDS_EXPIRE, MayShunt
 from nfshunt.config.validate import check_names
+from nfshunt.core.pins import IdsHold
 from nfshunt.records.model import Action, FlowTuple
 
 from .rules import (
@@ -39,6 +49,7 @@ from .rules import (
     MAX_IDLE_TIMEOUT,
     MAX_PRIORITY,
     RULE_ID,
+    Decision,
     Kind,
     Network,
     Rule,
@@ -48,6 +59,8 @@ from .rules import (
     _host,
     _int,
     pair_key,
+    precedence,
+    server_of,
 )
 
 LOG = logging.getLogger("nfshunt")
@@ -82,15 +95,19 @@ class Ended:
 
 
 class Store:
-    def __init__(self, path: str | None, max_rules: int, remember: int = 1000, shared_whitelists: bool = False):
+    def __init__(self, path: str | None, max_rules: int, remember: int = 1000, shared_whitelists: bool = False,
+                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
         """path: the state file (None: kept in memory only); remember: how many ended rules
         are kept for a requester that asks after one (a DELETE or GET racing the expiry);
         shared_whitelists: a whitelist exempts from every requester's blocks (else from
-        its own requester's only)."""
+        its own requester's only); wall, mono: the two clocks (the module's docstring)."""
         self.path = path
         self.max_rules = max_rules
         self.shared_whitelists = shared_whitelists
+        self.wall = wall
+        self.mono = mono
         self.rules: dict[tuple[str, str], Rule] = {}
+        self._deadlines: dict[tuple[str, str], float] = {}  # each active rule's end, monotonic
         # Each requester's rules in the order they were added, with their place in that
         # order: a listing's page is read from these off the owner's thread (`page`).
         self._by_source: dict[str, dict[tuple[str, str], tuple[int, Rule]]] = {}
@@ -99,10 +116,11 @@ class Store:
         self._lines: dict[tuple[str, str], bytes] = {}  # each active rule as the state file has it
         # Rules of an address (blocks, whitelists: few), asked about on every request: not a scan of all.
         self._addressed: dict[tuple[str, str], Rule] = {}
-        self._expiries: list[tuple[float, tuple[str, str]]] = []  # a heap: the next expiry, no scan a tick
+        self._expiries: list[tuple[float, tuple[str, str]]] = []  # a heap of deadlines: no scan a tick
         self._ended: OrderedDict[tuple[str, str], Ended] = OrderedDict()
         self._remember = remember
         self.dirty = False
+        self._writer: threading.Thread | None = None  # the tick's write of the state file
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -115,19 +133,22 @@ class Store:
             return Added.EXISTS if had.target == rule.target else Added.DUPLICATE
         if len(self.rules) >= self.max_rules:
             return Added.FULL
-        self._put(rule)
+        self._put(rule, self.wall(), self.mono())
         self._ended.pop(rule.key, None)
         self.dirty = True
         return Added.ADDED
 
-    def _put(self, rule: Rule) -> None:
+    def _put(self, rule: Rule, wall: float, mono: float) -> None:
+        """An active rule kept, its deadline what is left of it now by the wall clock (at
+        most its `expire`: a wall clock set back since it was made gives it no more)."""
+        deadline = self._deadlines[rule.key] = mono + min(float(rule.expire), max(0.0, rule.expires - wall))
         self.rules[rule.key] = rule
         self._by_source.setdefault(rule.source, {})[rule.key] = (next(self._order), rule)
         self._by_target.setdefault(rule.target, set()).add(rule.key)
         self._lines[rule.key] = json.dumps(rule.to_json(), separators=(",", ":")).encode()
         if rule.address is not None:
             self._addressed[rule.key] = rule
-        heapq.heappush(self._expiries, (rule.expires, rule.key))
+        heapq.heappush(self._expiries, (deadline, rule.key))
 
     def _drop(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
         del self.rules[rule.key]
@@ -135,6 +156,7 @@ class Store:
         del own[rule.key]
         if not own:
             del self._by_source[rule.source]
+        del self._deadlines[rule.key]
         del self._lines[rule.key]
         self._addressed.pop(rule.key, None)
         keys = self._by_target[rule.target]
@@ -144,7 +166,7 @@ class Store:
         if len(self._expiries) > 2 * len(self.rules) + 64:
             # Entries of rules removed before their expiry (up to 30 days away) are dropped
             # from the heap now and then, or adds and removals would grow it without bound.
-            self._expiries = [(r.expires, r.key) for r in self.rules.values()]
+            self._expiries = [(self._deadlines[k], k) for k in self.rules]
             heapq.heapify(self._expiries)
         ended = self._ended[rule.key] = Ended(rule, why, now, counts)
         while len(self._ended) > self._remember:
@@ -161,26 +183,39 @@ class Store:
         return self._drop(rule, "removed", now, counts(rule))
 
     def due(self, now: float) -> list[Rule]:
-        """The rules whose hard expiry has come (their flows go before they are `end`ed)."""
+        """The rules whose hard expiry has come by `now` (monotonic; their flows go before
+        they are `end`ed)."""
         heap = self._expiries
         due: dict[tuple[str, str], Rule] = {}
         while heap and heap[0][0] <= now:
-            expires, key = heapq.heappop(heap)
-            rule = self.rules.get(key)
-            if rule is not None and rule.expires == expires:  # else it ended before its expiry
-                due[key] = rule
-        for rule in due.values():  # active until `end`: due again on the next tick meanwhile
-            heapq.heappush(heap, (rule.expires, rule.key))
+            deadline, key = heapq.heappop(heap)
+            if self._deadlines.get(key) == deadline:  # else it ended before its expiry
+                due[key] = self.rules[key]
+        for key in due:  # active until `end`: due again on the next tick meanwhile
+            heapq.heappush(heap, (self._deadlines[key], key))
         return list(due.values())
+
+    def deadline(self, rule: Rule) -> float:
+        """An active rule's end on the monotonic clock."""
+        return self._deadlines[rule.key]
+
+    def hold(self, rule: Rule) -> IdsHold:
+        """What an active connection rule's pin holds its connection to (pins.py), until its end."""
+        server = rule.server
+        if server is None and rule.kind is Kind.SHUNT and rule.connection is not None:
+            server = server_of(rule.connection)  # not judged on an entry: its dst, as precedence takes it
+        return IdsHold(rule.action, rule.source, rule.idle_timeout, self._deadlines[rule.key], server)
 
     def end(self, rule: Rule, why: str, now: float, counts: Counts) -> Ended:
         """An active rule taken out once its flows are gone, with their counters."""
         return self._drop(rule, why, now, counts)
 
     def expire(self, now: float, counts: Callable[[Rule], Counts]) -> list[Ended]:
-        """Every rule whose hard expiry has come, taken out, with its flows' counters."""
-        due = [r for r in self.rules.values() if r.expires <= now]
-        return [self._drop(r, "expired", now, counts(r)) for r in sorted(due, key=lambda r: r.expires)]
+        """Every rule whose hard expiry has come by `now` (monotonic), taken out, with its
+        flows' counters."""
+        due = sorted((d, k) for k, d in self._deadlines.items() if d <= now)
+        wall = self.wall()
+        return [self._drop(self.rules[k], "expired", wall, counts(self.rules[k])) for _, k in due]
 
     # --- questions ----------------------------------------------------------------------------
 
@@ -274,9 +309,10 @@ class Store:
 
     # --- the state file -----------------------------------------------------------------------
 
-    def load(self, now: float) -> list[Ended]:
+    def load(self) -> list[Ended]:
         """The rules of the state file, at start; those that expired meanwhile are returned
-        (their flows, if any are left, time out on the switch: counters unknown)."""
+        (their flows, if any were left, ended on the switch at their hard timeout:
+        counters unknown)."""
         if self.path is None or not os.path.exists(self.path):
             return []
         try:
@@ -293,6 +329,7 @@ class Store:
                 pass
             return []
         gone = []
+        now, mono = self.wall(), self.mono()
         for i, raw in enumerate(doc["rules"]):
             try:
                 rule = from_json(raw)
@@ -305,11 +342,30 @@ class Store:
                 LOG.error("IDS rules file %s: rules[%d] is over ids.max_rules (%d): dropped", self.path, i,
                           self.max_rules)
             elif rule.expires <= now:
-                self._put(rule)
+                self._put(rule, now, mono)
                 gone.append(self._drop(rule, "expired while the controller was down", now, Counts()))
             else:
-                self._put(rule)
+                self._put(rule, now, mono)
         self.dirty = bool(gone)
+        return gone
+
+    def judge(self, allowed: MayShunt) -> list[Ended]:
+        """At start, after `load`: every rule judged again by ids_rules.precedence against
+        the config as it is now (`ids.may_shunt`) and the whitelists; one it refuses ends
+        (its flows, if a pair of it is on the switch, are handed back: reconcile.py). The
+        policy's decision of each connection is judged where it always is (admission); an
+        operator's pin and another rule's block are not reasons to end a rule here, as they
+        are not while it runs (its pin waits beneath them)."""
+        gone = []
+        wall = self.wall()
+        for rule in sorted(self.rules.values(), key=lambda r: (r.created, r.key)):
+            # (its server as it was judged: a shunt's rule keeps the entry's original destination)
+            verdict = precedence(rule, dataclasses.replace(self.situation(rule, server=rule.server), ids_block=None),
+                                 allowed)
+            if verdict.decision is Decision.REFUSE:
+                LOG.warning("IDS rule %s/%s refused at start (%s): it ends, its flows go", rule.source, rule.id,
+                            verdict.reason)
+                gone.append(self._drop(rule, f"refused at start: {verdict.reason}", wall, Counts()))
         return gone
 
     def snapshot(self) -> list[bytes]:
@@ -326,6 +382,40 @@ class Store:
             return
         write(self.path, list(self._lines.values()))
         self.dirty = False
+
+    def save_soon(self) -> None:
+        """The tick's write: on a thread, one write at a time, of the rules as they are now
+        (a failed write leaves the store dirty: tried again next tick). At 60,000 rules a
+        write is ~50 ms the event loop must not wait for."""
+        if not self.dirty or self._writer is not None and self._writer.is_alive():
+            return
+        path = self.path
+        if path is None:
+            self.save()  # (kept in memory only)
+            return
+        lines = self.snapshot()
+
+        def run() -> None:
+            try:
+                write(path, lines)
+            except OSError as exc:
+                self.dirty = True
+                LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", path,
+                          exc)
+        self._writer = threading.Thread(target=run, name="nfshunt-ids-save", daemon=True)
+        self._writer.start()
+
+    def save_now(self) -> None:
+        """At stop (and start): the state file written now, after the tick's write if one runs."""
+        if self._writer is not None:
+            self._writer.join()
+        if not self.dirty:
+            return
+        try:
+            self.save()
+        except OSError as exc:
+            LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", self.path,
+                      exc)
 
 
 def write(path: str, lines: list[bytes]) -> None:

@@ -25,6 +25,7 @@ ETH_IPV4 = 0x0800
 TCP_FIN, TCP_RST = 0x01, 0x04
 TEARDOWN_HEADERS = 128  # bytes of a caught FIN/RST sent to the controller: Ethernet, IP, TCP
 REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
+HARD_TIMEOUT_AT = {1: 60, 4: 28}  # a flow-mod's hard_timeout, bytes in: OpenFlow 1.0 (after the match), 1.3
 
 # The pipeline layout (flow_layout): a TCP shunt's two flows in table 0 write the
 # connection into the metadata and go on to table 1, where per port group one flow outputs
@@ -53,6 +54,13 @@ def idle_timeout(cfg: Config, conn: Conn) -> int:
     if conn.idle_timeout is not None:
         return conn.idle_timeout
     return cfg.default_shunt_timeout if conn.action is Action.SHUNT else cfg.default_block_timeout
+
+
+def _hard(msg: Any, hard: int) -> Any:
+    """An os-ken flow-mod given a pair's hard timeout (0: none)."""
+    if hard:
+        msg.hard_timeout = hard
+    return msg
 
 
 # Sentinels for templated flow-mods: byte patterns that occur once in a message.
@@ -84,13 +92,15 @@ class PatchedMsg:
 
 
 class _Template:
-    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at", "meta_group")
+    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at", "meta_group",
+                 "hard_at")
 
     def __init__(self, msg: Any, family: int, meta: int | None = None, ports: tuple[bool, bool] = (True, True)):
         msg.set_xid(0)
         msg.serialize()
         self.buf = bytes(msg.buf)
         self.family = family
+        self.hard_at = HARD_TIMEOUT_AT[msg.version]  # a flow-mod's fixed header field (0 in the template)
         s_src, s_dst = _S4 if family == 4 else _S6
         self.cookie_at = self._once(struct.pack("!Q", _S_COOKIE))
         self.src_at = self._once(ipaddress.ip_address(s_src).packed)
@@ -108,9 +118,11 @@ class _Template:
             raise ValueError("template field not found exactly once")
         return at
 
-    def make(self, cookie: int, t: FlowTuple) -> PatchedMsg:
+    def make(self, cookie: int, t: FlowTuple, hard: int = 0) -> PatchedMsg:
         b = bytearray(self.buf)
         struct.pack_into("!Q", b, self.cookie_at, cookie)
+        if hard:
+            struct.pack_into("!H", b, self.hard_at, hard)
         if self.meta_at is not None:
             struct.pack_into("!Q", b, self.meta_at, self.meta_group | (cookie & META_CONN_MASK))
         af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
@@ -141,11 +153,12 @@ class FlowBuilder(SwitchReads):
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
-                   meta: Any = None, ports: tuple[bool, bool] = (True, True)) -> Any:
+                   meta: Any = None, ports: tuple[bool, bool] = (True, True), hard: int = 0) -> Any:
         """The message for (cookie, tuple) from the cached template of its shape; `meta`
-        (cookie -> metadata) for a flow that carries the connection into table 1."""
+        (cookie -> metadata) for a flow that carries the connection into table 1; `hard`, a
+        pair's hard timeout, patched in (one template serves every value)."""
         if not self.templated:
-            return build(cookie, t)
+            return _hard(build(cookie, t), hard)
         tpl = self._templates.get(key, False)
         if tpl is False:
             s_src, s_dst = _S4 if family == 4 else _S6
@@ -156,8 +169,8 @@ class FlowBuilder(SwitchReads):
                 tpl = None  # a shape whose fields cannot be located: build it each time
             self._templates[key] = tpl
         if tpl is None:
-            return build(cookie, t)
-        return tpl.make(cookie, t)  # type: ignore[union-attr]  # False (not built) was replaced above
+            return _hard(build(cookie, t), hard)
+        return tpl.make(cookie, t, hard)  # type: ignore[union-attr]  # False (not built) was replaced above
 
     # --- matches ------------------------------------------------------------------------
 
@@ -252,7 +265,7 @@ class FlowBuilder(SwitchReads):
                 def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta) -> Any:
                     return self._goto(self.match(in_port, tt), meta(cookie), cookie, prio, idle)
                 out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle), build_goto,
-                                           t.family, conn.cookie(reply), t, meta))
+                                           t.family, conn.cookie(reply), t, meta, hard=conn.hard_timeout))
             return out
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
@@ -261,7 +274,7 @@ class FlowBuilder(SwitchReads):
             def build(cookie: int, tt: FlowTuple, in_port: int = in_port, out_port: int | None = out_port) -> Any:
                 return self._add(self.match(in_port, tt), out_port, cookie, prio, idle, True)
             out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle), build,
-                                       t.family, conn.cookie(reply), t))
+                                       t.family, conn.cookie(reply), t, hard=conn.hard_timeout))
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
         return out
@@ -346,7 +359,7 @@ class FlowBuilder(SwitchReads):
         # controller: the close never depends on re-injecting a packet (a large FIN segment
         # cannot always be carried by packet-out). No timeout (FINs are rare, an idle
         # timeout would expire under a live shunt): they go with the pair, and reconcile
-        # deletes any a dead controller left behind.
+        # deletes any a dead controller left behind. A pair's hard timeout is theirs too.
         out = []
         prio = self._priority(conn) + 1
         for reply in (False, True):
@@ -360,7 +373,7 @@ class FlowBuilder(SwitchReads):
                                         match=self.match(in_port, tt, tcp_flags=(bit, bit)),
                                         instructions=inst)
                 out.append(self._templated(("catch", t.family, in_port, peer, bit, prio), build, t.family,
-                                           cookies.make_teardown(conn.key, reply, rst), t))
+                                           cookies.make_teardown(conn.key, reply, rst), t, hard=conn.hard_timeout))
         return out
 
     def watch(self, conn: Conn) -> list[Any]:

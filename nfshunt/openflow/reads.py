@@ -88,9 +88,10 @@ class SwitchReads:
 
     def pair_stats_request(self, conn: Conn, catchers: bool = False) -> Any:
         """Flow stats of one pair's two flows (OpenFlow 1.3: by cookie, either direction);
-        with `catchers`, its teardown catchers too (any kind, FIN or RST)."""
+        with `catchers`, its teardown catchers too (any kind, FIN or RST; their cookies name
+        no authority)."""
         p, ofp = self.parser, self.ofp
-        mask = ALL_ONES_64 & ~cookies.DIRECTION_BIT
+        mask = ALL_ONES_64 & ~cookies.DIRECTION_BIT & ~cookies.AUTHORITY_MASK
         if catchers:
             mask &= ~cookies.RST_BIT & ~cookies.KIND_MASK
         return p.OFPFlowStatsRequest(self.dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, conn.cookie(False),
@@ -134,7 +135,8 @@ class SwitchReads:
             exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
         # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)
         return _new_flow(SwitchFlow, (stats.cookie, stats.priority, in_port, t, out_port, stats.packet_count,
-                                      stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact))
+                                      stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact,
+                                      stats.hard_timeout))
 
     # The OXM fields of a pair's match, by IP version and transport (see match()).
     PAIR_FIELDS = {frozenset(("in_port", "vlan_vid", "eth_type", "ip_proto", f"ipv{v}_src", f"ipv{v}_dst",

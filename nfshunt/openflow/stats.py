@@ -39,13 +39,14 @@ class FlowEntry:
     (a masked one reads as absent: never an exact match), the output ports of its actions
     in order, goto-table, and the metadata it writes."""
 
-    __slots__ = ("length", "table_id", "duration_sec", "duration_nsec", "priority", "cookie", "packet_count",
-                 "byte_count", "fields", "outs", "goto", "metadata")
+    __slots__ = ("length", "table_id", "duration_sec", "duration_nsec", "priority", "hard_timeout", "cookie",
+                 "packet_count", "byte_count", "fields", "outs", "goto", "metadata")
     length: int
     table_id: int
     duration_sec: int
     duration_nsec: int
     priority: int
+    hard_timeout: int
     cookie: int
     packet_count: int
     byte_count: int
@@ -57,7 +58,7 @@ class FlowEntry:
     @classmethod
     def parser(cls, buf: Any, offset: int) -> "FlowEntry":
         e = cls()
-        (e.length, e.table_id, e.duration_sec, e.duration_nsec, e.priority, _idle, _hard, _flags, e.cookie,
+        (e.length, e.table_id, e.duration_sec, e.duration_nsec, e.priority, _idle, e.hard_timeout, _flags, e.cookie,
          e.packet_count, e.byte_count) = _ENTRY.unpack_from(buf, offset)
         end = offset + e.length
         at = offset + _ENTRY.size

@@ -7,6 +7,10 @@
     bits 36-47  slot: tells apart live connections whose conntrack ids collide (ids are a
                 32-bit hash: about n^2/2^33 of n live entries share one; 1 in a 100,000
                 burst). The first pair of an id has slot 0, a second one slot 1 ...
+    bits 34-35  a pair's authority (shunts and blocks): 0 the policy, 1 an IDS's rule, 2 an
+                operator's pin (3: none this version writes). Read back by a reconcile after
+                a restart or a takeover, which keeps a pair only while it can name what
+                decided it (reconcile.py). Not part of the pair's key.
     bit  33     teardown catchers: 0 FIN, 1 RST
     bit  32     direction: 0 original, 1 reply; table-1 flows: 1 catcher (FIN or RST by bit 33)
     bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows: port group index;
@@ -34,8 +38,18 @@ class Kind(enum.IntEnum):
     ADDRESS_BLOCK = 7
 
 
+class Authority(enum.IntEnum):
+    """What decided a pair: its cookie says, so a controller that adopts it knows."""
+    POLICY = 0  # the firewall's policy (the mark), or an IDS or operator that agreed with it
+    IDS = 1  # an IDS's rule changed the policy's decision (ids/): bounded by the rule's expiry
+    OPERATOR = 2  # an operator's pin (a block): bounded by the pin's lifetime
+    UNKNOWN = 3  # not written by this version: never named, so never kept as a shunt
+
+
 _KINDS = {int(kind): kind for kind in Kind}  # Kind(x) costs a microsecond; a reconcile reads 200,000
 
+AUTHORITY_SHIFT = 34
+AUTHORITY_MASK = 3 << AUTHORITY_SHIFT
 RST_BIT = 1 << 33
 DIRECTION_BIT = 1 << 32
 SLOT_SHIFT = 36
@@ -48,11 +62,16 @@ def key(ct_id: int, slot: int = 0) -> int:
     return slot << KEY_SLOT_SHIFT | ct_id
 
 
-def make(kind: Kind, pair_key: int = 0, reply: bool = False) -> int:
+def make(kind: Kind, pair_key: int = 0, reply: bool = False, authority: Authority = Authority.POLICY) -> int:
     """A cookie naming `pair_key` (a conntrack id and its slot; a port group for table-1 flows).
-    `kind` and `reply` shift as the ints they are (no int() calls: two a flow-mod)."""
+    `kind`, `reply` and `authority` shift as the ints they are (no int() calls: two a flow-mod)."""
     return (OWNED_VALUE | kind << 48 | ((pair_key >> KEY_SLOT_SHIFT) % SLOTS) << SLOT_SHIFT
-            | reply << 32 | (pair_key & 0xFFFFFFFF))
+            | authority << AUTHORITY_SHIFT | reply << 32 | (pair_key & 0xFFFFFFFF))
+
+
+def authority(cookie: int) -> Authority:
+    """A pair's authority as its cookie names it."""
+    return Authority((cookie & AUTHORITY_MASK) >> AUTHORITY_SHIFT)
 
 
 def make_teardown(pair_key: int, reply: bool, rst: bool) -> int:

@@ -121,3 +121,4 @@ class SwitchFlow(NamedTuple):
     # untagged, nothing more) and a goto writes this pair's metadata: only such flows are
     # adopted; an older release's, a wildcarded or a foreign one carrying our cookie is not.
     exact: bool = True
+    hard_timeout: int = 0  # seconds from its install (0: none); `duration` of them have passed
