@@ -1,22 +1,14 @@
-"""The core, the flow builder, the send path and the dispatcher against the fake switch
-table (tests/fakeswitch.py): shunts, blocks, TCP teardown in both layouts, idle timeouts,
-reconcile and adoption, room on the switch, and every take-down. What the testbed showed
-with packets, shown here with "what happens to this packet?"; no root, no sleeps."""
+"""The controller (the real NFShuntApp on the rig: tests/support) against the fake switch:
+shunts, blocks, TCP teardown in both layouts, idle timeouts, reconcile and adoption, room
+on the switch, and every take-down. What the testbed showed with packets, shown here with
+"what happens to this packet?"; no root, no sleeps."""
 from __future__ import annotations
 
-import collections
-import contextlib
-import heapq
-import itertools
-import logging
-import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-os.environ.setdefault("OSKEN_HUB_TYPE", "native")
-from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.core import commands as cm
 from nfshunt.core.connection import (
     CT_TCP_CLOSE,
     CT_TCP_ESTABLISHED,
@@ -27,223 +19,13 @@ from nfshunt.core.connection import (
     Action,
     State,
 )
-from nfshunt.observe.accounting import Outcomes  # noqa: E402
-from nfshunt.observe.metrics import Metrics  # noqa: E402
-from nfshunt.openflow.channel import table_full  # noqa: E402
-from nfshunt.openflow.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
-from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
-from nfshunt.openflow.session import Session  # noqa: E402
-from nfshunt.records import cookies  # noqa: E402
-from nfshunt.records.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple  # noqa: E402  # noqa: E402
-from nfshunt.switch.dispatch import Dispatcher  # noqa: E402
-from nfshunt.switch.switch import Switch  # noqa: E402
-from tests import fakeswitch as fs  # noqa: E402
-from tests.helpers import config, event  # noqa: E402
-
-FIN, RST = 0x01, 0x04
-FAST_A, SLOW_A, FAST_B, SLOW_B = 1, 2, 3, 4  # tests.helpers' two port groups
-
-
-@dataclass
-class Restore:
-    """A re-creation the core asked of the kernel; `done` is the kernel's answer."""
-    orig: FlowTuple
-    tcp_state: int
-    timeout: int
-    closer_is_reply: bool
-    mark: int
-    done: Callable[[], None]
-
-
-class FakeWorker:
-    """The conntrack worker: requests recorded, re-creations answered when the test says."""
-
-    def __init__(self) -> None:
-        self.deleted: list[tuple[FlowTuple, int | None]] = []
-        self.restores: list[Restore] = []
-        self.unanswered: list[Restore] = []
-        self.dumps = 0
-        self.cleared: list[int] = []  # clear_marks masks
-        self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
-
-    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
-        self.deleted.append((orig, ct_id))
-
-    def restore(self, _family: int, orig: FlowTuple, _reply: FlowTuple, tcp_state: int, timeout: int,
-                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
-        r = Restore(orig, tcp_state, timeout, closer_is_reply, mark, done)
-        self.restores.append(r)
-        self.unanswered.append(r)
-
-    def liberal(self, *_args: Any) -> None:
-        pass
-
-    def expire(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
-        self.expired.append((orig, ct_id, timeout))
-
-    def dump(self) -> None:
-        self.dumps += 1
-
-    def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
-        self.cleared.append(mask)
-        done(0, 0, None)
-
-    def batched(self) -> contextlib.nullcontext:
-        return contextlib.nullcontext()
-
-
-class Rig:
-    """One switch's Core, FlowBuilder, SendPath and the Dispatcher, wired to a fake switch and
-    a fake worker as NFShuntApp wires them (its handlers' few lines are re-stated in `reply`)."""
-
-    def __init__(self, version: int = OFP13, pipeline: bool = False, switch: fs.FakeSwitch | None = None,
-                 table_size: int | None = None, now: float = 100.0, **cfg: Any):
-        self.now = now
-        self.switch = switch or fs.FakeSwitch(version, table_size, now)
-        self.switch.now = now
-        self.worker = FakeWorker()
-        self.sw = Switch(config(**cfg), 0)
-        self.sw.session = Session(self.switch, self.sw.cfg, pipeline)
-        metrics = Metrics(lambda: {})
-        self.counters = metrics.counters
-        self.dispatcher = Dispatcher(self.worker, Outcomes(metrics, logging.getLogger("nfshunt.fake-audit")),
-                                     self._schedule, lambda _sw, cmds: self.run(cmds))
-        # dispatch.py reads time.monotonic() here; the rig's clock is injected.
-        self.dispatcher.handlers[cm.EntryDue] = lambda sw, cmd: sw.core.entry_due(cmd.conn, self.now)
-        self.timers: list[tuple[float, int, tuple[cm.Command, ...]]] = []
-        self.seq = itertools.count()
-        self.work: collections.deque[cm.Command] = collections.deque()
-        self.busy = False
-        self.run(self.core.switch_connected(self.switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
-
-    @property
-    def s(self) -> Session:
-        assert self.sw.session is not None
-        return self.sw.session
-
-    @property
-    def core(self):
-        return self.sw.core
-
-    def _schedule(self, delay: float, _sw: Switch, cmds: tuple[cm.Command, ...]) -> None:
-        heapq.heappush(self.timers, (self.now + delay, next(self.seq), cmds))  # ties never compare commands
-
-    def run(self, cmds: Any = ()) -> None:
-        """Execute commands and their follow-ups, write to the switch, and hand what it says
-        back to the core (and so on) until all is quiet; re-entrant calls just queue."""
-        self.work.extend(cmds)
-        if self.busy:
-            return
-        self.busy = True
-        try:
-            while True:
-                while self.work:
-                    self.work.extend(self.dispatcher.execute(self.sw, self.work.popleft()) or ())
-                self.s.send.flush()
-                if not self.switch.replies:
-                    return
-                self.work.extend(self.reply(self.switch.replies.pop(0)))
-        finally:
-            self.busy = False
-
-    def reply(self, msg: Any) -> list[cm.Command]:
-        core, send, fb = self.core, self.s.send, self.s.fb
-        asked = self.s.inflight.answer(msg.xid, self.now) if hasattr(msg, "xid") else None
-        if isinstance(msg, fs.BarrierReply):
-            batch = asked.answered() if isinstance(asked, Barrier) else None
-            out: list[cm.Command] = []
-            for conn in batch.conns if batch else ():
-                failure = batch.failed.get(id(conn))
-                out += core.flows_confirmed(conn, self.now) if failure is None else \
-                    core.flows_failed(conn, *failure, now=self.now)
-            return out
-        if isinstance(msg, fs.Error):
-            send.error(msg.xid, f"switch error type={msg.type} code={msg.code}", table_full(msg))
-            return []
-        if isinstance(msg, fs.FlowRemoved):
-            return core.flow_removed(msg.cookie, REMOVED_REASONS[msg.reason], msg.packet_count, msg.byte_count,
-                                     msg.duration_sec + msg.duration_nsec / 1e9, self.now)
-        if isinstance(msg, fs.TableSizeReply):
-            core.table_size(msg.max_entries)
-            return []
-        if isinstance(msg, fs.PacketIn):
-            cookie, parsed = msg.cookie, cookies.parse(msg.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.PIPELINE:
-                cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
-            return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
-        assert isinstance(msg, fs.FlowStatsReply)
-        if isinstance(asked, FlowsRead):  # a read for someone else (status, an IDS rule's counters)
-            asked.done([fb.parse_stats(s) for s in msg.body])
-            return []
-        if isinstance(asked, CounterRead):
-            packets = {r: sum(s.packet_count for s in msg.body if bool(s.cookie & cookies.DIRECTION_BIT) == r)
-                       for r in (False, True)}
-            return core.counters_read(asked.conn, packets, self.now)
-        return core.reconcile([fb.parse_stats(s) for s in msg.body], self.now)
-
-    def reconnect(self, switch: fs.FakeSwitch) -> None:
-        """The switch's connection ends and one comes (the same switch, or another)."""
-        self.run(self.core.switch_disconnected())
-        self.sw.gone()
-        self.switch = switch
-        self.sw.session = Session(switch, self.sw.cfg, self.core.pipeline)
-        self.run(self.core.switch_connected(switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
-
-    def advance(self, seconds: float) -> None:
-        """Time passes: the switch's timeouts fire, due timers run, the core ticks."""
-        self.now += seconds
-        self.switch.expire(self.now)
-        due = []
-        while self.timers and self.timers[0][0] <= self.now:
-            due.extend(heapq.heappop(self.timers)[2])
-        self.run([*due, *self.core.tick(self.now)])
-
-    def event(self, **kw: Any) -> Any:
-        """A conntrack event (tests.helpers.event) reaches the core; its pair, if any."""
-        ev = event(received=self.now, **kw)
-        self.run(self.core.conntrack_event(ev))
-        return self.core.find(tuple_=ev.orig)
-
-    def packet(self, in_port: int, t: FlowTuple, tcp_flags: int = 0, vlan: int | None = None) -> fs.Fate:
-        fate = self.switch.packet(in_port, t, tcp_flags, vlan)
-        self.run()  # its packet-ins reach the core
-        return fate
-
-    def kernel_answers(self) -> list[Restore]:
-        """The worker reports every re-creation done: the flows that waited for it go."""
-        answered, self.worker.unanswered = self.worker.unanswered, []
-        for r in answered:
-            r.done()
-        return answered
-
-    def flows(self, kind: cookies.Kind) -> list[fs.Entry]:
-        return [e for e in self.switch.entries if (cookies.parse(e.cookie) or (None,))[0] is kind]
-
-
-def fast(rig: Rig, conn: Any) -> bool:
-    """Both directions of the connection take the fast path, port to port."""
-    return (rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.egress.fast,)
-            and rig.packet(conn.egress.fast, conn.reply).outputs == (conn.ingress.fast,))
-
-
-def slow(rig: Rig, conn: Any) -> bool:
-    """Both directions cross the firewall (the default flows to the bridge ports)."""
-    return (rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.ingress.slow,)
-            and rig.packet(conn.egress.fast, conn.reply).outputs == (conn.egress.slow,))
-
-
-LAYOUTS = [pytest.param(OFP13, False, id="single"), pytest.param(OFP13, True, id="pipeline"),
-           pytest.param(OFP10, False, id="openflow1.0")]
-
-
-def shunted(rig: Rig, **kw: Any) -> Any:
-    """A shunt confirmed by the switch and past its drain: LIVE, its conntrack entry deleted."""
-    conn = rig.event(**kw)
-    rig.advance(rig.core.cfg.drain)
-    assert conn.state is State.LIVE
-    return conn
-
+from nfshunt.openflow.flows import FlowBuilder
+from nfshunt.records import cookies
+from nfshunt.records.markcodec import DECISION_MASK
+from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple
+from tests.helpers import event
+from tests.support import fakeswitch as fs
+from tests.support.rig import FAST_A, FAST_B, FIN, LAYOUTS, RST, SLOW_A, SLOW_B, Rig, fast, shunted, slow
 
 # --- shunt, block -------------------------------------------------------------------------------
 
@@ -362,7 +144,7 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
     conn = rig.core.conntrack_event(event())[0].conn
     rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
     rig.s.send.flush()  # flows in, barrier reply not yet read
-    barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
+    barrier = [r for r in rig.switch.replies if type(r).__name__ == "OFPBarrierReply"]
     rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
     rig.switch.packet(FAST_A, conn.orig, tcp_flags=RST)
     rig.run()

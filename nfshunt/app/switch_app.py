@@ -59,6 +59,11 @@ REPLIES = {ofp_event.EventOFPBarrierReply: ("barrier reply", False),
 
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
+    # The host's kernel as the app reaches it: conntrack's worker and listener, the policy's
+    # chains. Made here; a test's rig (tests/support) subclasses the app with fakes of them.
+    Worker: Callable[..., ConntrackWorker] = ConntrackWorker
+    Listener: Callable[..., ConntrackListener] = ConntrackListener
+    Policy: Callable[..., PolicyWatch] = PolicyWatch
 
     def __init__(self, *args: Any, nfshunt_config: Config, nfshunt_config_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic, **kwargs: Any):
@@ -89,7 +94,7 @@ class NFShuntApp(app_manager.OSKenApp):
         self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
-        self.worker = ConntrackWorker(on_dump=self.feeds.dump, on_malformed=self._malformed)
+        self.worker = self.Worker(on_dump=self.feeds.dump, on_malformed=self._malformed)
         self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)), clock)
         self.run = self.dispatcher.run
@@ -100,7 +105,7 @@ class NFShuntApp(app_manager.OSKenApp):
             self.ids_api = ApiProcess(self.cfg.ids, self.ids, self.ids.submit_async,
                                       count=lambda why: self.counters.add("ids_refused", why.value),
                                       restarted=lambda: self.counters.inc("ids_api_restarts"))
-        self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
+        self.policy = self.Policy(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale
         rlog = RateLimitedLog(LOG)
@@ -110,8 +115,8 @@ class NFShuntApp(app_manager.OSKenApp):
         self.peers = Peers(self.switches, self.cfg.tls is not None, self.counters, rlog, self.replies,
                            self.roles, self.run, clock)
         install_connection_factory(self.peers.admit, self.peers.failed)  # before os-ken's listener starts
-        self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
-                                          self._malformed)
+        self.listener = self.Listener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
+                                      self._malformed)
 
     # --- threads ----------------------------------------------------------------------------
 
