@@ -74,6 +74,7 @@ class Entry:
 BARRIER, FLOWS, TABLE, METER_STATS, METER_SET, ROLE = "barrier", "flows", "table", "meter stats", "meter set", "role"
 _HEADER = struct.Struct("!BBHI")
 _ROLE = struct.Struct("!I4xQ")
+METER, SILENT = "meter", "silent"  # how packet-ins are lost (lose_packet_ins)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,10 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         self.mute: set[str] = set()  # requests left unanswered
         self.refuse: set[str] = set()  # requests answered with an error
         self.offset_check = False  # each turn checked idempotent (check_offset): the rig sets it
+        self.asked: collections.Counter[str] = collections.Counter()  # requests by kind (BARRIER, FLOWS, ...)
+        # Packet-ins a packet makes are lost: None (none is), METER (the controller meter
+        # drops them, counting), SILENT (lost uncounted: Open vSwitch's userspace datapath).
+        self.lose_packet_ins: str | None = None
         self.xid = 0
 
     def close(self) -> None:
@@ -171,7 +176,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         sends must be idempotent in effect. The test sees nothing of the copy."""
         twin = copy.copy(self)
         twin.entries = [dataclasses.replace(e) for e in self.entries]
-        twin.replies, twin.offset_check = [], False
+        twin.replies, twin.offset_check, twin.asked = [], False, collections.Counter()
         doubled = [msgs[j] for i in range(-1, len(msgs)) for j in (i, i + 1) if 0 <= j < len(msgs)]
         for msg in doubled:
             twin.receive(*msg)
@@ -194,10 +199,12 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             msg = ofproto_parser.msg(self, ofp.OFP_VERSION, msg_type, len(buf), xid, bytearray(buf))
             self.flow_mod(msg, buf, xid)
         elif msg_type == ofp.OFPT_BARRIER_REQUEST:
+            self.asked[BARRIER] += 1
             if BARRIER not in self.mute:
                 self.reply(ofp.OFPT_BARRIER_REPLY, xid)
         elif self.version13 and msg_type == ofp.OFPT_METER_MOD:
             self.meter_mods += 1
+            self.asked[METER_SET] += 1
             if METER_SET in self.refuse:
                 self.error(xid, ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN, buf)
         elif msg_type == (ofp.OFPT_MULTIPART_REQUEST if self.version13 else ofp.OFPT_STATS_REQUEST):
@@ -242,6 +249,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     def role_request(self, xid: int, buf: bytes) -> None:
         ofp = self.ofproto
         role, generation = _ROLE.unpack_from(buf, _HEADER.size)
+        self.asked[ROLE] += 1
         if ROLE in self.refuse:
             self.error(xid, ofp.OFPET_ROLE_REQUEST_FAILED, ofp.OFPRRFC_UNSUP, buf)
             return
@@ -389,12 +397,15 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         ofp = self.ofproto
         kind = struct.unpack_from("!H", buf, 8)[0]
         if kind in (getattr(ofp, "OFPMP_TABLE_FEATURES", -1), getattr(ofp, "OFPST_TABLE", -1)):
+            self.asked[TABLE] += 1
             self.table_request(xid, kind, buf)
         elif self.version13 and kind == ofp.OFPMP_METER:
+            self.asked[METER_STATS] += 1
             if METER_STATS not in self.mute:  # the controller meter's one band: what it dropped
                 self.multipart(xid, kind, [struct.pack("!IH6xIQQIIQQ", ofp.OFPM_CONTROLLER, 56, 0, 0, 0, 0, 0,
                                                        self.meter_drops, 0)])
         elif kind == (ofp.OFPMP_FLOW if self.version13 else ofp.OFPST_FLOW):
+            self.asked[FLOWS] += 1
             if FLOWS not in self.mute:
                 self.flow_stats(xid, kind, buf)
         else:
@@ -469,7 +480,10 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 if port == self.ofproto.OFPP_CONTROLLER:
                     fields = {"in_port": in_port, **({"metadata": pkt["metadata"]} if pkt["metadata"] else {})}
                     packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len))
-                    self.packet_in(packet_ins[-1], size)
+                    if self.lose_packet_ins is None:
+                        self.packet_in(packet_ins[-1], size)
+                    elif self.lose_packet_ins == METER:
+                        self.meter_drops += 1
                 else:
                     outputs.append(port)
             if e.metadata is not None:

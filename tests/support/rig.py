@@ -37,8 +37,6 @@ from tests.helpers import config, event
 from . import fakeswitch as fs
 from .kernel import FakeListener, FakePolicy, FakeWorker, Restore
 
-__all__ = ["FakeListener", "FakePolicy", "FakeWorker", "Restore"]
-
 FIN, RST, ACK = 0x01, 0x04, 0x10
 FAST_A, SLOW_A, FAST_B, SLOW_B = 1, 2, 3, 4  # tests.helpers' two port groups
 ERRORS = ("handler_errors", "internal_errors")  # the app's counts of its own exceptions
@@ -216,16 +214,24 @@ class Rig:
         self.pump()
 
     def advance(self, seconds: float) -> None:
-        """Time passes: the switch's timeouts fire, the core's delayed commands run when due
-        (each at its time), then the 1 s tick (housekeeping) comes."""
+        """Time passes: what the ticker finds due (the core's delayed commands, the look at
+        half-closed shunts every WATCH_PERIOD, the 1 s tick) runs at its time, the switch's
+        timeouts firing meanwhile; the advance ends with a tick (housekeeping)."""
         end = self._now + seconds
         feeds = self.app.feeds
-        while feeds.later and feeds.later[0][0] <= end:
-            self._at(feeds.later[0][0])
-        feeds.next_tick = min(feeds.next_tick, end)
+        for _ in range(1_000_000):
+            due = min(feeds.later[0][0] if feeds.later else end, feeds.next_watch, feeds.next_tick)
+            if due >= end:
+                break
+            self._at(due)
+        else:
+            raise AssertionError("the ticker never caught up (a command that schedules itself at once?)")
+        if feeds.next_tick > end:
+            feeds.next_tick = end
         self._at(end)
 
     def _at(self, t: float) -> None:
+        """One turn of the ticker at `t` (Feeds.turn posts what is due), served."""
         self._now = max(self._now, t)
         self.switch.expire(self._now)
         self.app.feeds.turn(self._now)
