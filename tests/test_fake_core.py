@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from nfshunt.core import commands as cm
+from nfshunt.core.confirmation import SWEEP_AFTER
 from nfshunt.core.connection import (
     CT_TCP_CLOSE,
     CT_TCP_ESTABLISHED,
@@ -73,6 +74,31 @@ def test_confirm_counters_keeps_the_entry_until_the_switch_counts_packets_both_w
     rig.advance(0.05)
     rig.advance(rig.core.cfg.drain)
     assert rig.worker.deleted == [(conn.orig, conn.ct_id)] and conn.state is State.LIVE
+
+
+def test_confirm_counters_one_way_waits_confirm_delay_before_the_entry_goes():
+    """A pair whose other direction is idle confirms on one direction's counters, but only
+    once confirm_delay has passed: the switch may forward one flow before the other."""
+    rig = Rig(OFP13, confirm="counters", confirm_delay=0.5, openflow_versions=["1.3"], default_shunt_timeout=60)
+    conn = rig.event()
+    assert rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.egress.fast,)  # one way only
+    rig.advance(0.3)  # read and read again: one direction counted, confirm_delay not passed
+    assert conn.state is State.DRAINING and rig.worker.deleted == []
+    rig.advance(0.3)  # past confirm_delay: the idle direction is not waited for
+    rig.advance(rig.core.cfg.drain)
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
+
+
+def test_a_pair_handed_back_before_its_sweep_keeps_the_entry_the_kernel_re_created():
+    """A deleted entry is swept by tuple SWEEP_AFTER later (in-flight packets may re-create
+    it); a pair handed back meanwhile has its entry re-created on purpose: no sweep of it."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.run(rig.core.pin(conn.orig, Action.IGNORE, rig.now))  # unshunted within the second
+    rig.kernel_answers()
+    assert slow(rig, conn)
+    rig.advance(SWEEP_AFTER + 1)
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id)]  # the deletion at confirmation only
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -314,6 +340,39 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_leaves
     assert rig.counters.flat()["removed:shunt:tcp closed on the firewall"] == 1
 
 
+def _forge(rig: Rig, conn: Any, reply: bool, t: FlowTuple, in_port: int, out_port: int) -> None:
+    """The switch's flow of one direction of `conn`'s pair replaced by another under the
+    same cookie (what another controller, a hand-made flow or a poser left)."""
+    cookie = conn.cookie(reply)
+    rig.switch.entries = [e for e in rig.switch.entries if e.cookie != cookie]
+    fb = rig.s.fb
+    rig.switch.send(_wire(fb._add(fb.match(in_port, t), out_port, cookie, rig.core.cfg.shunt_priority, 60, True)))
+
+
+@pytest.mark.parametrize("reply", [False, True], ids=["forward", "reverse"])
+def test_a_restarted_controller_adopts_no_shunt_whose_output_is_not_the_peer_fast_port(reply):
+    first = Rig(OFP13)
+    conn = shunted(first, proto=UDP)
+    in_port, t = (FAST_B, conn.reply) if reply else (FAST_A, conn.orig)
+    _forge(first, conn, reply, t, in_port, 9)  # out to a port of no group
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1)
+    assert again.core.find(tuple_=conn.orig) is None and not again.core.by_key
+    assert again.flows(cookies.Kind.SHUNT) == [] and again.counters.flat()["reconcile_deleted"] == 2
+    assert slow(again, conn) and again.worker.restores == []
+
+
+def test_a_restarted_controller_adopts_no_pair_whose_reverse_flow_does_not_mirror_the_forward_one():
+    first = Rig(OFP13)
+    conn = shunted(first, proto=UDP)
+    other = conn.reply._replace(sport=conn.reply.sport + 1)  # the reverse of another connection
+    _forge(first, conn, True, other, FAST_B, FAST_A)
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1)
+    assert again.core.find(tuple_=conn.orig) is None and again.core.find(tuple_=other) is None
+    assert again.flows(cookies.Kind.SHUNT) == [] and again.counters.flat()["reconcile_deleted"] == 2
+    assert again.worker.restores == [] and not any(k.startswith("removed:") for k in again.counters.flat())
+    assert slow(again, conn)
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig
@@ -399,6 +458,22 @@ def test_a_full_table_rolls_the_pair_back_and_the_connection_waits():
     assert rig.worker.deleted == [(first.orig, first.ct_id)]  # the refused one's entry was kept
     rig.run(rig.core.remove(first, "flush", rig.now))  # room: the waiting one goes in
     assert fast(rig, rig.core.find(tuple_=second.orig))
+
+
+def test_a_flow_refused_for_anything_but_room_rolls_back_and_does_not_wait_for_room():
+    """Only a full table makes a refused connection wait (and come back when room frees):
+    one the switch refuses for what it is would be refused again at every retry."""
+    rig = Rig(OFP13, max_shunts=2)
+    other = shunted(rig, ct_id=1, sport=41001)
+    refused = event(ct_id=2, sport=40002)
+    rig.switch.refuse_flow = lambda e: (cookies.parse(e.cookie) or (None, None))[1] == 2
+    rig.events([refused])
+    assert rig.core.find(tuple_=refused.orig) is None and not rig.core.waiting
+    assert rig.counters.flat()["refused:shunt"] == 1 and rig.packet(FAST_A, refused.orig).outputs == (SLOW_A,)
+    assert (refused.orig, refused.ct_id) not in rig.worker.deleted  # its entry kept: the firewall carries it
+    rig.run(rig.core.remove(other, "flush", rig.now))  # room freed: nothing waited for it
+    rig.kernel_answers()
+    assert rig.core.find(tuple_=refused.orig) is None and rig.counters.flat()["refused:shunt"] == 1
 
 
 def test_the_switch_reported_table_size_sets_the_budget():

@@ -28,7 +28,7 @@ import dataclasses
 import ipaddress
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from os_ken.ofproto import ofproto_parser, ofproto_protocol
 
@@ -139,6 +139,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         # Packet-ins a packet makes are lost: None (none is), METER (the controller meter
         # drops them, counting), SILENT (lost uncounted: Open vSwitch's userspace datapath).
         self.lose_packet_ins: str | None = None
+        # A flow-mod add it refuses for what it is, not for room (a match or action it
+        # does not support): answered OFPET_BAD_MATCH, nothing added.
+        self.refuse_flow: Callable[[Entry], bool] | None = None
         self.xid = 0
 
     def close(self) -> None:
@@ -322,6 +325,10 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 if (e.table_id, e.priority, e.match) == (new.table_id, new.priority, new.match)]
         if same:
             self.entries.remove(same[0])  # replaced, counters and all
+        elif self.refuse_flow is not None and self.refuse_flow(new):
+            self.error(xid, ofp.OFPET_BAD_MATCH, ofp.OFPBMC_BAD_FIELD if self.version13 else ofp.OFPBMC_BAD_FIELD,
+                       new.request)
+            return
         elif new.table_id == 0 and self.table_size is not None and len(self.table(0)) >= self.table_size:
             code = ofp.OFPFMFC_TABLE_FULL if self.version13 else ofp.OFPFMFC_ALL_TABLES_FULL
             self.error(xid, ofp.OFPET_FLOW_MOD_FAILED, code, new.request)
