@@ -75,6 +75,8 @@ BARRIER, FLOWS, TABLE, METER_STATS, METER_SET, ROLE = "barrier", "flows", "table
 _HEADER = struct.Struct("!BBHI")
 _ROLE = struct.Struct("!I4xQ")
 METER, SILENT = "meter", "silent"  # how packet-ins are lost (lose_packet_ins)
+NOCHANGE, EQUAL, MASTER, SLAVE = 0, 1, 2, 3  # OpenFlow 1.3 controller roles
+UNDEFINED_GENERATION = (1 << 64) - 1  # what Open vSwitch reports before any generation was set
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,8 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         self.replies: list[Any] = []
         self.meter_mods = 0
         self.meter_drops = 0  # packet-ins the controller meter dropped (its band's count)
-        self.generation: int | None = None  # the highest role generation asked for
+        self.generation: int | None = None  # the newest role generation it knows (switch-wide)
+        self.role = EQUAL  # this connection's role (a new connection's: EQUAL)
         self.mute: set[str] = set()  # requests left unanswered
         self.refuse: set[str] = set()  # requests answered with an error
         self.offset_check = False  # each turn checked idempotent (check_offset): the rig sets it
@@ -146,6 +149,16 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
 
     def close(self) -> None:
         self.closed = True
+
+    def connection(self) -> None:
+        """A new connection to it (the rig's handshake): its role is EQUAL again."""
+        self.closed = False
+        self.role = EQUAL
+
+    def other_master(self, generation: int) -> None:
+        """Another controller claimed MASTER with `generation`: this connection is SLAVE now."""
+        self.generation = generation
+        self.role = SLAVE
 
     # --- the datapath a FlowBuilder and a SendPath use ------------------------------------------
 
@@ -250,20 +263,22 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         return ofproto_parser.msg(self, self.ofproto.OFP_VERSION, self.ofproto.OFPT_FEATURES_REPLY, len(buf), 0, buf)
 
     def role_request(self, xid: int, buf: bytes) -> None:
+        """A role request (OpenFlow 1.3 6.3.6): MASTER or SLAVE with a generation older than
+        the newest it knows is refused as stale; NOCHANGE asks; the reply says the role."""
         ofp = self.ofproto
         role, generation = _ROLE.unpack_from(buf, _HEADER.size)
         self.asked[ROLE] += 1
         if ROLE in self.refuse:
             self.error(xid, ofp.OFPET_ROLE_REQUEST_FAILED, ofp.OFPRRFC_UNSUP, buf)
             return
-        if role in (ofp.OFPCR_ROLE_MASTER, ofp.OFPCR_ROLE_SLAVE):
-            # A generation older than one asked for before is stale (wrapping compare, OpenFlow 1.3 6.3.6).
-            if self.generation is not None and ((generation - self.generation) & (1 << 64) - 1) >> 63:
+        if role in (MASTER, SLAVE):
+            if self.generation is not None and (generation - self.generation) & UNDEFINED_GENERATION >= 1 << 63:
                 self.error(xid, ofp.OFPET_ROLE_REQUEST_FAILED, ofp.OFPRRFC_STALE, buf)
                 return
-            self.generation = generation
+            self.generation, self.role = generation, role
         if ROLE not in self.mute:
-            self.reply(ofp.OFPT_ROLE_REPLY, xid, _ROLE.pack(role, self.generation or 0))
+            generation = UNDEFINED_GENERATION if self.generation is None else self.generation
+            self.reply(ofp.OFPT_ROLE_REPLY, xid, _ROLE.pack(self.role, generation))
 
     @property
     def version13(self) -> bool:
@@ -273,6 +288,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
 
     def flow_mod(self, msg: Any, buf: bytes, xid: int) -> None:
         ofp = self.ofproto
+        if self.role == SLAVE:  # a slave's state changes are refused
+            self.error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_IS_SLAVE, buf)
+            return
         if msg.command == ofp.OFPFC_ADD:
             self.add(self.entry(msg, buf), xid)
         elif msg.command in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):

@@ -139,7 +139,7 @@ class Rig:
     def connect(self, switch: fs.FakeSwitch) -> None:
         """A handshake: the features reply, then the connection's move to MAIN_DISPATCHER."""
         self.switch = switch
-        switch.closed = False
+        switch.connection()
         self.post(ofp_event.ofp_msg_to_ev(switch.features()), CONFIG_DISPATCHER)
         self.post(_state_change(switch, MAIN_DISPATCHER), MAIN_DISPATCHER)
         self.pump()
