@@ -20,6 +20,7 @@ from nfshunt.core.connection import (
     Action,
     State,
 )
+from nfshunt.core.removal import REMOVAL_GRACE
 from nfshunt.openflow.flows import FlowBuilder
 from nfshunt.records import cookies
 from nfshunt.records.markcodec import DECISION_MASK
@@ -373,6 +374,50 @@ def test_a_restarted_controller_adopts_no_pair_whose_reverse_flow_does_not_mirro
     assert slow(again, conn)
 
 
+def test_a_new_connection_of_the_served_switch_replaces_one_not_yet_seen_dead(caplog):
+    """The switch comes back (rebooted: an empty table) before the controller saw its old
+    connection die: the new connection replaces the old one at once, and the old one's late
+    end changes nothing (was test_failsafe's on the testbed)."""
+    rig = Rig(OFP13, default_block_timeout=30)
+    block = shunted(rig, action=2, sport=5202)
+    old = rig.switch
+    new = fs.FakeSwitch(OFP13, now=rig.now)  # the same datapath id, from the same address
+    rig.connect(new)
+    assert old.closed and rig.s.dp is new and "replacing its old connection" in caplog.text
+    assert rig.packet(FAST_A, block.orig).dropped and len(rig.flows(cookies.Kind.DEFAULT)) == 4
+    rig.deliver_state(old, "dead")  # the old connection's end, noticed at last
+    assert rig.sw.session is not None and rig.s.dp is new
+    assert rig.counters.flat()["switch_connects"] == 2 and "switch_refused" not in str(rig.counters.flat())
+
+
+def test_a_connection_of_another_datapath_or_address_is_refused_while_the_switch_is_served():
+    rig = Rig(OFP13)
+    for other in (fs.FakeSwitch(OFP13, dpid=2), fs.FakeSwitch(OFP13, address=("192.0.2.9", 50001))):
+        rig.post_state(other)
+        assert other.closed and rig.s.dp is not other
+    assert rig.counters.flat()["switch_refused:another switch is served"] == 2
+
+
+def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns():
+    """The block's take-down waits for the switch however long it is away (a removal used
+    to be forgotten after REMOVAL_GRACE without one); when it returns the shunt goes and the
+    connection's entry, judged again, is blocked (was test_policy_change's on the testbed,
+    with a 6 s sleep)."""
+    rig = Rig(OFP13, default_shunt_timeout=60, default_block_timeout=60)
+    conn = shunted(rig, sport=46001)
+    switch = rig.switch
+    rig.disconnect()
+    rig.run(rig.core.pin(conn.orig, Action.BLOCK, rig.now))
+    rig.advance(REMOVAL_GRACE + 1)
+    assert conn.state is State.TAKING_DOWN
+    rig.connect(switch)  # it kept its table: the shunt is still there
+    rig.kernel_answers()  # the entry re-created: the flows go
+    assert rig.flows(cookies.Kind.SHUNT) == []
+    rig.event(sport=46001, ct_id=conn.ct_id + 1, kind=EventKind.NEW)  # the re-created entry, as the resync reads it
+    assert rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
+    assert rig.core.find(tuple_=conn.orig).action is Action.BLOCK
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig
@@ -477,8 +522,37 @@ def test_a_flow_refused_for_anything_but_room_rolls_back_and_does_not_wait_for_r
 
 
 def test_the_switch_reported_table_size_sets_the_budget():
-    rig = Rig(OFP13, switch=fs.FakeSwitch(reported_size=4 + 6 * 3))
+    """With max_shunts unset, a switch whose table holds 24 entries (4 for the defaults, 6 a
+    TCP shunt) takes 3 shunts; the fourth and fifth wait on the slow path, held back by the
+    budget, not refused by the switch (was test_pacing's on the testbed)."""
+    rig = Rig(OFP13, switch=fs.FakeSwitch(reported_size=24))
     assert rig.core.budget == 3
+    conns = [rig.event(ct_id=10 + i, sport=52001 + i) for i in range(5)]
+    st = rig.control({"cmd": "status", "connections": False})
+    assert (st["shunts"], st["max_shunts"], st["waiting"]) == (3, 3, 2) and conns[3:] == [None, None]
+    assert st["table"] == {"layout": "single", "max_entries": 24, "used": 22, "free": 2, "table_1": 0}
+    assert len(rig.flows(cookies.Kind.SHUNT) + rig.flows(cookies.Kind.TEARDOWN)) == 18
+    assert "refused:shunt" not in rig.counters.flat()
+
+
+# --- pacing (flow_mod_rate) ----------------------------------------------------------------------
+
+def test_a_burst_is_installed_at_the_flow_mod_rate_and_nothing_is_lost():
+    """60 TCP shunts (6 flow-mods each) at 120 flow-mods a second with room for 20 in the
+    queue: the rest wait on the slow path and go in as it drains; all 60 shunted, spread
+    over the time the rate takes (tests/test_pacing.py shows it on the testbed)."""
+    rate, n = 120, 60
+    rig = Rig(OFP13, flow_mod_rate=rate, install_queue=20, default_shunt_timeout=600)
+    start = rig.now
+    conns = [event(ct_id=100 + i, sport=51001 + i) for i in range(n)]
+    rig.events(conns)
+    assert rig.counters.flat()["install_queue_full"] >= 1 and len(rig.core.waiting) == n - 20
+    while len(rig.flows(cookies.Kind.SHUNT)) < 2 * n and rig.now - start < 10:
+        rig.advance(0.05)
+    assert len(rig.flows(cookies.Kind.SHUNT)) == 2 * n and not rig.core.waiting and not rig.s.send.queued
+    ages = sorted(c.confirmed_time for c in rig.core.by_key.values())
+    assert ages[-1] - ages[0] >= (n - 2) * 6 / rate * 0.8  # the rate held (less the bucket's burst)
+    assert all(fast(rig, rig.core.find(tuple_=c.orig)) for c in conns[::10])
 
 
 # --- every take-down ----------------------------------------------------------------------------

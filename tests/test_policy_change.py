@@ -116,35 +116,6 @@ def _nfshunt_rc(tb, *args):
     return proc.returncode, out
 
 
-def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(tb):
-    srv = tb.conn_server(SHUNT)
-    conns, _ = tb.open_conns(SHUNT, 1, cport_base=46001)
-    controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
-                                check=True).stdout.split()
-    try:
-        tb.wait_for(lambda: len([f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]) == 2,
-                    10, "the shunt")
-        mark = len(tb.controller_output())
-        subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
-        # Read from the log: a status request could wake a loop that failed to notice.
-        tb.wait_for(lambda: "disconnected" in tb.controller_output()[mark:], 3, "the switch away")
-        from nfshunt_testbed.bed import H1_IP, H2_IP
-        reply = tb.control({"cmd": "block", "tuple": f"tcp {H1_IP}:46001 -> {H2_IP}:{SHUNT}"})
-        assert reply.get("ok"), reply
-        time.sleep(6)  # longer than a removal used to be remembered without a switch
-        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
-
-        def port_flows():
-            return [f for f in tb.flows() if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
-        tb.wait_for(lambda: port_flows() and all(f["actions"] == "drop" for f in port_flows()), 5,
-                    "the shunt replaced by the operator's block after the switch returned", interval=0.05)
-        assert not [f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
-    finally:
-        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=False)
-        conns.kill()
-        srv.kill()
-
-
 # Its own client port (argv[4]): an ephemeral one may be the ports of an earlier test's
 # connection whose close is still tracked, and a strict firewall calls a new SYN on them
 # INVALID until that entry ends.

@@ -23,6 +23,7 @@ import pytest
 from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, register_instance
 
+from nfshunt.app.operator_api import EventControl
 from nfshunt.app.switch_app import NFShuntApp
 from nfshunt.core.connection import State
 from nfshunt.core.core import Core
@@ -31,6 +32,7 @@ from nfshunt.observe.trim import Trimmer
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
 from nfshunt.records.model import OFP10, OFP13, ConnEvent, FlowTuple
+from nfshunt.switch.feeds import TIMER_RESOLUTION
 from nfshunt.switch.switch import Switch
 from tests.helpers import config, event
 
@@ -146,6 +148,20 @@ class Rig:
         if switch.closed:  # refused by the app
             self.disconnect()
 
+    def post_state(self, switch: fs.FakeSwitch) -> None:
+        """Another connection's handshake, while this one stays (the app decides whether it
+        replaces the served one or is refused)."""
+        switch.connection()
+        self.post(ofp_event.ofp_msg_to_ev(switch.features()), CONFIG_DISPATCHER)
+        self.post(_state_change(switch, MAIN_DISPATCHER), MAIN_DISPATCHER)
+        self.pump()
+
+    def deliver_state(self, switch: fs.FakeSwitch, state: str) -> None:
+        """A connection's move to `state` ("dead": its end noticed)."""
+        self.post(_state_change(switch, DEAD_DISPATCHER if state == "dead" else MAIN_DISPATCHER),
+                  DEAD_DISPATCHER if state == "dead" else MAIN_DISPATCHER)
+        self.pump()
+
     def disconnect(self) -> None:
         """The connection ends (closed, or its echoes unanswered); what it had not read is lost."""
         self.pump()
@@ -221,6 +237,8 @@ class Rig:
         feeds = self.app.feeds
         for _ in range(1_000_000):
             due = min(feeds.later[0][0] if feeds.later else end, feeds.next_watch, feeds.next_tick)
+            if self.sw.session is not None and self.sw.session.send.queued:  # paced installs: every look
+                due = min(due, self._now + TIMER_RESOLUTION)
             if due >= end:
                 break
             self._at(due)
@@ -252,6 +270,15 @@ class Rig:
             then()
         self.pump()
         return answered
+
+    def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A control-socket request (`nfshunt status`, unshunt, block, flush...), answered
+        by the app's operator API on its event loop."""
+        ev = EventControl(request)
+        self.post(ev)
+        self.pump()
+        assert ev.done.is_set(), f"{request} not answered"
+        return ev.reply
 
     # --- what the switch holds -----------------------------------------------------------------
 
