@@ -167,3 +167,31 @@ def _wire(msg: Any) -> bytes:
     msg.set_xid(999)
     msg.serialize()
     return bytes(msg.buf)
+
+
+def test_entries_read_outside_the_listener_are_decided_as_events_are(app):
+    """An IDS request's lookup hands its entry to `feed`: the core decides it, the switch
+    gets its flows."""
+    dp = fs.FakeSwitch()
+    serve(app, ofp_event.ofp_msg_to_ev(dp.features()), CONFIG_DISPATCHER)
+    serve(app, state_change(dp, MAIN_DISPATCHER), MAIN_DISPATCHER)
+    while dp.replies:  # the switch's answers: reconciled
+        serve(app, ofp_event.ofp_msg_to_ev(dp.replies.pop(0)), MAIN_DISPATCHER)
+    assert app.switches[0].core.reconciled
+    ev = event()
+    app.feed([ev])
+    assert app.switches[0].core.find(tuple_=ev.orig) is not None
+    assert app.counters.flat()["conntrack_event:update"] == 1
+
+
+def test_a_malformed_conntrack_message_is_counted(app, caplog):
+    app._malformed("bad netlink length 3")
+    assert app.counters.flat()["netlink_malformed"] == 1 and "skipped malformed conntrack message" in caplog.text
+
+
+def test_sighup_reopens_the_audit_log_and_asks_for_a_reload(app, monkeypatch):
+    posted: list[Any] = []
+    monkeypatch.setattr(app, "send_event", lambda _name, ev, state=None: posted.append(ev))
+    app.reopen_logs()
+    (ev,) = posted
+    assert isinstance(ev, EventControl) and ev.request == {"cmd": "reload", "by": "SIGHUP"}
