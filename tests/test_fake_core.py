@@ -398,6 +398,19 @@ def test_a_connection_of_another_datapath_or_address_is_refused_while_the_switch
     assert rig.counters.flat()["switch_refused:another switch is served"] == 2
 
 
+def test_only_the_configured_datapath_from_an_allowed_address_is_served(caplog):
+    rig = Rig(OFP13, datapath_id="a1", switch_addresses=["127.0.0.1"], connect=False)
+    for stranger in (fs.FakeSwitch(OFP13, dpid=0xa2), fs.FakeSwitch(OFP13, dpid=0xa1, address=("192.0.2.9", 5))):
+        rig.connect(stranger)
+        assert stranger.closed and rig.sw.session is None and stranger.entries == []
+    assert rig.app.peers.admit(("192.0.2.9", 40000)) == "address not allowed"  # before the handshake, too
+    assert rig.app.peers.admit(("127.0.0.1", 40000)) is None
+    flat = rig.counters.flat()
+    assert flat["switch_refused:datapath id not configured"] == 1 and flat["switch_refused:address not allowed"] == 2
+    rig.connect(fs.FakeSwitch(OFP13, dpid=0xa1))
+    assert rig.core.reconciled and len(rig.flows(cookies.Kind.DEFAULT)) == 4
+
+
 def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns():
     """The block's take-down waits for the switch however long it is away (a removal used
     to be forgotten after REMOVAL_GRACE without one); when it returns the shunt goes and the
