@@ -148,3 +148,27 @@ def test_bad_requests_and_an_unknown_conntrack_id_are_answered_with_an_error():
     assert "not a tuple" in rig.control({"cmd": "block", "tuple": "tcp nonsense"})["error"]
     assert "integer 'ct_id'" in rig.control({"cmd": "unshunt", "ct_id": True})["error"]
     assert rig.control({"cmd": "unshunt", "ct_id": conn.ct_id})["ok"]
+
+
+def test_reevaluate_clears_the_decisions_hands_every_pair_back_and_records_the_policy():
+    """A new policy (`nfshunt iptables apply` asks for this): every shunt and block back to
+    the firewall, a TCP shunt's entry re-created first with its decision cleared, the
+    decided marks cleared in the kernel, the policy recorded as the pairs' from now on; the
+    next decision is the new policy's (the moves of running transfers on a real firewall:
+    tests/test_policy_change.py)."""
+    from nfshunt.records.markcodec import DECISION_MASK
+    from nfshunt.records.model import UDP
+    from tests.support.rig import FAST_A, Rig, fast, shunted, slow
+    rig = Rig(default_shunt_timeout=60, default_block_timeout=60)
+    tcp = shunted(rig, sport=45020, ct_id=1)
+    block = shunted(rig, sport=45021, ct_id=2, action=2, proto=UDP)
+    reply = rig.control({"cmd": "reevaluate", "reason": "policy changed"})
+    assert reply["ok"] and reply["removed"] == 2 and rig.worker.cleared == [DECISION_MASK]
+    assert rig.app.policy.recorded == 2  # (1: at start, once the switch was reconciled)
+    (restore,) = rig.worker.restores
+    assert restore.orig == tcp.orig and restore.mark == tcp.mark & ~DECISION_MASK
+    assert fast(rig, tcp)  # its flows wait for the kernel's re-creation
+    rig.kernel_answers()
+    assert slow(rig, tcp) and not rig.packet(FAST_A, block.orig).dropped and not rig.core.by_key
+    assert rig.event(sport=45020, ct_id=1, action=0) is None and slow(rig, tcp)  # the new policy ignores it
+    assert rig.counters.flat()["removed:shunt:policy changed"] == 1

@@ -66,7 +66,7 @@ def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stal
                     and tb.slow_path_packets() > slow0 + 1000, 5, "both transfers well under way before the change")
         out = _apply(tb, _swapped_policy(tmp_path))
         t0 = time.monotonic()
-        assert "decisions cleared on" in out
+        assert "sent back through the new policy" in out and "decisions cleared on" in out
         # iperf3's data connection is shunted at its next packet; its idle control connection
         # carries a cleared decision until it next sends.
         tb.wait_for(lambda: shunt_flows(tb, SHUNT) == [] and len(shunt_flows(tb, IGNORE)) >= 2, 2,
