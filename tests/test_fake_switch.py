@@ -164,3 +164,22 @@ def test_openflow10_matches_with_wildcards_and_masked_addresses():
     assert sw.packet(1, T).outputs == (2,)
     assert sw.packet(1, T._replace(src="10.0.1.1")).outputs == (3,)
     assert sw.packet(1, T._replace(src="10.0.1.1"), vlan=4).dropped  # 0xFFFF: untagged only
+
+
+def test_the_offset_check_passes_idempotent_turns_and_catches_one_that_is_not():
+    """Faucet's offset check (the rig turns it on): a turn of adds and deletes applied
+    again, each message twice, leaves the table as it was; a turn whose effect depends on
+    the table it meets does not (a delete by output port before a modify that points every
+    flow there: applied again, the delete takes everything), and is caught without changing
+    the table the test sees."""
+    sw = fs.FakeSwitch()
+    sw.offset_check = True
+    ofp = sw.ofproto
+    write(sw, flow(sw, {"in_port": 1}, [2], cookie=1), flow(sw, {"in_port": 2}, [1], cookie=2),
+          delete(sw, ofp.OFPFC_DELETE_STRICT, {"in_port": 2}, priority=10), flow(sw, {"in_port": 3}, [1], cookie=3))
+    assert sorted(e.cookie for e in sw.entries) == [1, 3]
+    repoint = flow(sw, {}, [2])
+    repoint.command = ofp.OFPFC_MODIFY
+    with pytest.raises(AssertionError, match="applied twice left another table"):
+        write(sw, delete(sw, ofp.OFPFC_DELETE, out_port=2), repoint)
+    assert [(e.cookie, e.outputs[0][0]) for e in sw.entries] == [(3, 2)]  # as applied once

@@ -185,15 +185,16 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     # --- Faucet's offset check ------------------------------------------------------------------
 
     def check_offset(self, msgs: list[tuple[int, int, bytes]]) -> None:
-        """The turn's messages delivered again, each twice, interleaved with the next one's
-        (m0 m0 m1 m1 ...; after Faucet's valve_test_lib), to a copy of the table as the turn
-        left it must leave that table as it was: a switch may apply a flow-mod twice (a
-        retransmission, a controller's retry after a reconnect) and every flow-mod NFShunt
-        sends must be idempotent in effect. The test sees nothing of the copy."""
+        """The turn's messages delivered twice, interleaved (each again right after the one
+        that follows it: m0 m1 m0 m2 m1 m3 m2 ...; Faucet's valve_test_lib at offset 1 of
+        a message) to a copy of the table as the turn left it must leave that table as it
+        was: a switch may apply a flow-mod twice (a controller's retry after a reconnect)
+        and every flow-mod NFShunt sends must be idempotent in effect. The test sees
+        nothing of the copy."""
         twin = copy.copy(self)
         twin.entries = [dataclasses.replace(e) for e in self.entries]
         twin.replies, twin.offset_check, twin.asked = [], False, collections.Counter()
-        doubled = [msgs[j] for i in range(-1, len(msgs)) for j in (i, i + 1) if 0 <= j < len(msgs)]
+        doubled = [msgs[j] for i in range(-2, len(msgs)) for j in (i, i + 2) if 0 <= j < len(msgs)]
         for msg in doubled:
             twin.receive(*msg)
         twin.replies.clear()  # (they name the twin as their datapath: no cycle left for the collector)
