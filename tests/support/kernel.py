@@ -92,10 +92,8 @@ class FakePolicy:
     """policy_state.PolicyWatch without iptables: whether the pairs found at start were
     decided under another policy is the test's to say (`stale`)."""
 
-    stale_at_start = False
-
     def __init__(self, _state_dir: str, switches: int, _pair: bool) -> None:
-        self.stale = self.stale_at_start
+        self.stale = False  # (Rig(stale_policy=True): changed while the controller was stopped)
         self.waiting = set(range(switches))
         self.recorded = 0  # times the live policy was recorded (every switch reconciled, a re-evaluation)
 

@@ -91,8 +91,8 @@ class Rig:
         app.events = queue.Queue()  # (unbounded: one thread posts and serves)
         app._events_sem = threading.Semaphore(0)
         app.is_active = False  # _event_loop returns once the queue is empty
-        app.send_event = lambda _name, ev, state=None: app.events.put((ev, state))  # type: ignore[method-assign]
-        self.worker: FakeWorker = app.worker  # type: ignore[assignment]
+        app.send_event = lambda _name, ev, state=None: app.events.put((ev, state))
+        self.worker: FakeWorker = app.worker
         self.busy = False
         self.errors_seen = 0
         self.raised = _Raised()
