@@ -421,11 +421,12 @@ def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(
     switch = rig.switch
     rig.disconnect()
     rig.run(rig.core.pin(conn.orig, Action.BLOCK, rig.now))
+    rig.kernel_answers()  # the entry re-created at once; the flows' removal waits for the switch
     rig.advance(REMOVAL_GRACE + 1)
-    assert conn.state is State.TAKING_DOWN
-    rig.connect(switch)  # it kept its table: the shunt is still there
-    rig.kernel_answers()  # the entry re-created: the flows go
-    assert rig.flows(cookies.Kind.SHUNT) == []
+    assert conn.state is State.TAKING_DOWN and rig.flows(cookies.Kind.SHUNT)
+    rig.connect(switch)  # it kept its table: the shunt is still there, and goes (handed back again)
+    rig.kernel_answers()
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
     rig.event(sport=46001, ct_id=conn.ct_id + 1, kind=EventKind.NEW)  # the re-created entry, as the resync reads it
     assert rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
     assert rig.core.find(tuple_=conn.orig).action is Action.BLOCK
