@@ -54,7 +54,7 @@ unit:
 
 # Mutation testing of the decision modules (setup.cfg's [mutmut]: nfshunt/core, the mark's
 # codec, the config's checks; docs/testing.md): each one-line change is run against the unit
-# tests that reach it. Not part of make test: about 20 min on 2 free cores. Then the score
+# tests that reach it. Not part of make test: 30-50 min on a 2-core VM. Then the score
 # per module; `mutmut results` lists the survivors, `mutmut show NAME` shows one.
 mutants:
 	$(VENV)/bin/mutmut run --max-children 2

@@ -31,7 +31,9 @@ class Saves:
         self.calls: list[tuple[str, ...]] = []
         monkeypatch.setattr(ps.subprocess, "run", self.run)
 
-    def run(self, argv: tuple[str, ...], **_kw: Any) -> Any:
+    def run(self, argv: tuple[str, ...], **kw: Any) -> Any:
+        # Its output read as text, a failure not raised, a hung command not waited for.
+        assert kw == {"capture_output": True, "text": True, "timeout": 10, "check": False}, kw
         self.calls.append(tuple(argv))
         failure = self.fail.get(argv[0])
         if isinstance(failure, BaseException):
@@ -70,8 +72,8 @@ def test_a_policy_that_cannot_be_read_has_no_fingerprint(monkeypatch, caplog, fa
 def test_a_recorded_fingerprint_is_read_back_and_a_damaged_record_is_none(tmp_path):
     assert ps.recorded(str(tmp_path)) is None  # none recorded
     value = "ab" * 32
-    ps.record(str(tmp_path / "new"), value)  # its folder made
-    assert ps.recorded(str(tmp_path / "new")) == value
+    ps.record(str(tmp_path / "new"), value)  # its folder made, the controller's own
+    assert ps.recorded(str(tmp_path / "new")) == value and (tmp_path / "new").stat().st_mode & 0o777 == 0o700
     assert not [p.name for p in (tmp_path / "new").iterdir() if p.name != ps.FILE]  # no temporary file left
     for damaged in ("ab" * 31, "AB" * 32, "xy" * 32, "ab" * 32 + "c", "\xff" * 64):
         (tmp_path / "new" / ps.FILE).write_bytes(damaged.encode("latin-1"))
