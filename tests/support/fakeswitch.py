@@ -345,8 +345,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         if same:
             self.entries.remove(same[0])  # replaced, counters and all
         elif self.refuse_flow is not None and self.refuse_flow(new):
-            self.error(xid, ofp.OFPET_BAD_MATCH, ofp.OFPBMC_BAD_FIELD if self.version13 else ofp.OFPBMC_BAD_FIELD,
-                       new.request)
+            self.error(xid, ofp.OFPET_BAD_MATCH, ofp.OFPBMC_BAD_FIELD, new.request)
             return
         elif new.table_id == 0 and self.table_size is not None and len(self.table(0)) >= self.table_size:
             code = ofp.OFPFMFC_TABLE_FULL if self.version13 else ofp.OFPFMFC_ALL_TABLES_FULL
