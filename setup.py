@@ -11,6 +11,7 @@ setup(
         "pyroute2==0.9.7",
         "prometheus-client==0.26.0",
     ],
-    extras_require={"test": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.8.6", "mypy==2.4.1"]},
+    extras_require={"test": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.8.6", "mypy==2.4.1", "coverage==7.17.5",
+                            "mutmut==3.8.1"]},
     entry_points={"console_scripts": ["nfshunt=nfshunt.cli:main"]},
 )

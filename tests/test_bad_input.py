@@ -2,6 +2,7 @@
 ConfigError naming a key; malformed netlink datagrams are counted and skipped."""
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -30,11 +31,23 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
 keys = st.one_of(st.sampled_from(sorted(TOP_LEVEL)), st.text(max_size=12))
 
 
-def _check(raw):
+def _check(raw, mutated=None):
+    """A config is accepted, or refused with a ConfigError naming a key of the config's (or
+    a known one: a required key missing, a default that conflicts); either way the input is
+    left as it was. An unknown key is never accepted. `mutated`: the one key changed from a
+    valid config, which a refusal names, or names in its problem (a check across keys)."""
+    before = repr(raw)
     try:
         from_dict(raw)
     except ConfigError as exc:
-        assert isinstance(exc.key, str) and exc.problem  # a message, naming the key where there is one
+        top = exc.key if exc.key in raw else re.split(r"[.\[]", exc.key)[0]
+        assert exc.problem and (top in TOP_LEVEL or top in raw), (exc.key, exc.problem)
+        if mutated is not None:
+            assert top == mutated or mutated in exc.problem, (mutated, exc.key, exc.problem)
+        return
+    finally:
+        assert repr(raw) == before  # bad input changes nothing, not even its own dict
+    assert set(raw) <= set(TOP_LEVEL), f"unknown keys accepted: {set(raw) - set(TOP_LEVEL)}"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -48,7 +61,7 @@ def test_random_configs_are_accepted_or_refused_with_a_key(raw):
 def test_one_mutated_key_of_a_valid_config(key, value):
     raw = dict(VALID)
     raw[key] = value
-    _check(raw)
+    _check(raw, key)
 
 
 @settings(max_examples=200, deadline=None)
@@ -56,7 +69,7 @@ def test_one_mutated_key_of_a_valid_config(key, value):
 def test_mutated_port_groups(index, field, value):
     raw = json.loads(json.dumps(VALID))
     raw["ports"][index % len(raw["ports"])][field] = value
-    _check(raw)
+    _check(raw, "ports")
 
 
 @settings(max_examples=50, deadline=None)
@@ -77,9 +90,26 @@ def _nlmsg(mtype, flags, payload):
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=400))
 def test_random_netlink_datagrams_are_counted_never_raised(blob):
+    """Each conntrack message of the datagram is an event or counted as malformed (one
+    count); a length that runs past the datagram is counted and ends it; messages of other
+    subsystems and types are not conntrack events, skipped."""
     bad = []
     events = parse_datagram(blob, 0.0, bad.append)
-    assert isinstance(events, list)
+    assert len(events) + len(bad) == _outcomes(blob) and all(isinstance(what, str) and what for what in bad)
+    assert all(ev.orig.family in (4, 6) for ev in events)
+
+
+def _outcomes(blob):
+    """What parse_datagram must report for `blob`, walked independently: one outcome per
+    conntrack NEW or DELETE message, one for a bad length (which ends the walk)."""
+    count, offset = 0, 0
+    while offset + 16 <= len(blob):
+        length, mtype = struct.unpack_from("=IH", blob, offset)
+        if length < 16 or offset + length > len(blob):
+            return count + 1
+        count += mtype >> 8 == 1 and mtype & 0xFF in (0, 2)
+        offset += (length + 3) & ~3
+    return count
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,7 +119,7 @@ def test_ctnetlink_headers_with_garbage_bodies_are_counted(body, flags):
     bad = []
     data = _nlmsg((1 << 8) | 0, flags, b"\x02\x00\x00\x00" + body)
     events = parse_datagram(data, 0.0, bad.append)
-    assert len(events) + len(bad) <= 1
+    assert len(events) + len(bad) == 1  # an event, or counted: never silently dropped
 
 
 def test_truncated_and_oversized_lengths_are_reported():

@@ -7,7 +7,7 @@ import pytest
 from nfshunt.core.close_watch import CloseWatch, Verdict, judge
 from nfshunt.records.model import TCP, UDP, FlowTuple
 from nfshunt.records.segment import ACK, FIN, RST, SYN, Segment, parse_segment
-from tests.fakeswitch import frame
+from tests.support.fakeswitch import frame
 
 V4 = FlowTuple(4, TCP, "10.0.0.1", "10.0.0.2", 40000, 5201)
 V6 = FlowTuple(6, TCP, "fd00::1", "fd00::2", 40000, 5201)

@@ -66,7 +66,7 @@ def test_a_handler_that_raises_is_counted_and_the_event_loop_goes_on(caplog):
 def test_installs_idle_outs_and_a_flush_leave_no_cycle_for_the_full_collection():
     """Full collections come minutes apart under load (collector.py): a pair's life must be
     freed by reference counting alone."""
-    from tests.test_fake_core import Rig
+    from tests.support.rig import Rig
     rig = Rig()
     gc.collect()
     gc.disable()

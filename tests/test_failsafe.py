@@ -137,7 +137,10 @@ def test_controller_crash_keeps_flows_and_nothing_unshunted_bypasses(fresh):
         assert "error" not in r and tb.conn_flows(IGNORE) == []
         assert tb.slow_path_packets() - slow0 > 0.9 * r["end"]["sum_sent"]["bytes"] / 9000
         conns, _ = tb.open_conns(SHUNT, 1, cport_base=47000)
-        time.sleep(0.5)  # give a (wrongly) running controller time to act; asserted below
+        # Decided by the policy (what a running controller acts on within milliseconds),
+        # and no flow for it.
+        tb.wait_for(lambda: [e for e in tb.conntrack() if e["sport"] == 47000 and e["mark"] & 0x10000000], 5,
+                    "the new connection's entry decided by the policy", interval=0.05)
         assert not [f for f in tb.conn_flows(SHUNT) if "47000" in (f.get("tp_src"), f.get("tp_dst"))]
         conns.kill()
     finally:
@@ -216,10 +219,11 @@ def _reconnected(tb):
 
 
 # Long timeouts: an idle block that timed out before the drop would come back only with its
-# client's next retransmission, not with the switch.
+# client's next retransmission, not with the switch. A switch that comes back with an empty
+# table (a reboot), and one that comes back on a new connection before its old one was seen
+# dead: test_fake_core on the rig (the same controller behaviour; 31 s of testbed here).
 @controller_config(default_block_timeout=30, default_shunt_timeout=30)
-@pytest.mark.parametrize("wipe", [False, True], ids=["control-link-drop", "switch-restart"])
-def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh, wipe):
+def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh):
     tb = fresh
     # 4 s: the flows are back about 1 s after the start; the transfer (and its shunts, which
     # its close takes down) must outlast that.
@@ -238,9 +242,6 @@ def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh
         # What an admin re-pointing the switch does, or a switch reboot looks like. The
         # controller is not asked anything until the flows are back.
         subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
-        if wipe:  # a rebooted switch comes back with an empty table
-            tb.ofctl("del-flows")
-            assert tb.flows() == []
         tb.wait_for(lambda: _log_has(tb, "disconnected", mark), 2, "the controller to log the switch going",
                     interval=0.05)
         subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
@@ -259,40 +260,6 @@ def test_switch_reconnect_brings_defaults_shunts_and_blocks_back_within_2s(fresh
 
 
 CONTROL_DROP = ["INPUT", "-i", "nfsmgmt1", "-p", "tcp", "--dport", "6653", "-j", "DROP"]
-
-
-@controller_config(echo_interval=30, default_block_timeout=30)  # nothing notices the old connection go
-def test_a_new_connection_of_the_served_switch_replaces_one_not_yet_seen_dead(fresh):
-    """The switch comes back before the controller saw its old connection die: the new
-    connection replaces the old one at once (it used to be refused for ever)."""
-    tb = fresh
-    bsrv = tb.conn_server(BLOCK)
-    blocked, _ = tb.open_conns(BLOCK, 1)
-    drop_old = None
-    try:
-        tb.wait_for(lambda: len(tb.conn_flows(BLOCK)) == 2, 10, "the block")
-        controller = _controller_targets()
-        # The old connection's end is never seen: its packets are dropped until the test is
-        # over (a drop of every control packet lifted before the reconnect let the switch's
-        # retransmitted FIN through first, once in 3 runs).
-        old_port = status(tb)["switch"]["address"].rsplit(":", 1)[1]
-        drop_old = [*CONTROL_DROP[:-2], "--sport", old_port, "-j", "DROP"]
-        mark = len(tb.controller_output())
-        tb.run(tb.fw, "iptables", "-w", "5", "-I", *drop_old)
-        subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
-        tb.ofctl("del-flows")  # and the switch rebooted
-        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
-        t0 = time.monotonic()
-        tb.wait_for(lambda: len(defaults(tb)) == 4 and len(tb.conn_flows(BLOCK)) == 2, 2,
-                    "defaults and the block back on the new connection", interval=0.05)
-        print(f"\nserved {time.monotonic() - t0:.3f} s after set-controller")
-        assert _log_has(tb, "replacing its old connection", mark) and not _log_has(tb, "refused", mark)
-    finally:
-        _restore_reconnect_backoff()
-        if drop_old:
-            tb.run(tb.fw, "iptables", "-w", "5", "-D", *drop_old, check=False)
-        blocked.kill()
-        bsrv.kill()
 
 
 def test_a_silent_control_link_is_noticed_by_echoes_and_shunting_resumes(fresh):
@@ -517,33 +484,8 @@ def test_fin_removes_the_shunt_promptly_and_the_close_completes_through_a_strict
         srv.kill()
 
 
-# --- policy changes --------------------------------------------------------------------------
-
-def test_new_policy_re_evaluates_existing_shunts_within_2s(fresh, tmp_path):
-    from nfshunt_testbed.bed import POLICY
-    tb = fresh
-    # 4 s: the change and both checks take under 2 s.
-    srv, cli = start_iperf(tb, SHUNT, 4)
-    try:
-        tb.wait_for(lambda: len(shunt_flows(tb)) == 4, 10, "the transfer's shunts")
-        new = tmp_path / "policy.rules"
-        # The new policy ignores 5201: it must stop being shunted.
-        new.write_text(open(POLICY).read().replace("dstport 5201", "dstport 5999")
-                       .replace("srcport 5201", "srcport 5999"))
-        out = tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", str(new))
-        t0 = time.monotonic()
-        assert "sent back through the new policy" in out
-        tb.wait_for(lambda: tb.conn_flows(SHUNT) == [], 2, "the old shunts to go", interval=0.05)
-        print(f"\nre-evaluated in {time.monotonic() - t0:.3f} s")
-        slow0 = tb.slow_path_packets()
-        tb.wait_for(lambda: tb.slow_path_packets() - slow0 > 1000, 5,
-                    "the transfer to run through the firewall (measured, not assumed)")
-        assert tb.conn_flows(SHUNT) == []
-    finally:
-        tb.nfshunt("iptables", "apply", "--config", tb.config_path, "--policy", POLICY, "--no-reevaluate")
-        result = finish_iperf(srv, cli)
-    assert "error" not in result
-
+# --- policy changes: a new policy's moves of running transfers, tests/test_policy_change.py;
+# every pair handed back and the decisions cleared, test_operator_api on the rig.
 
 # --- bad input and signals -----------------------------------------------------------------------
 

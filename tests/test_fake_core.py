@@ -1,24 +1,16 @@
-"""The core, the flow builder, the send path and the dispatcher against the fake switch
-table (tests/fakeswitch.py): shunts, blocks, TCP teardown in both layouts, idle timeouts,
-reconcile and adoption, room on the switch, and every take-down. What the testbed showed
-with packets, shown here with "what happens to this packet?"; no root, no sleeps."""
+"""The controller (the real NFShuntApp on the rig: tests/support) against the fake switch:
+shunts, blocks, TCP teardown in both layouts, idle timeouts, reconcile and adoption, room
+on the switch, and every take-down. What the testbed showed with packets, shown here with
+"what happens to this packet?"; no root, no sleeps."""
 from __future__ import annotations
 
-import collections
-import contextlib
-import heapq
-import itertools
-import logging
-import os
-from dataclasses import dataclass
-from typing import Any, Callable
-from unittest import mock
+from typing import Any
 
 import pytest
 
-os.environ.setdefault("OSKEN_HUB_TYPE", "native")
-from nfshunt.core import commands as cm  # noqa: E402
-from nfshunt.core.close_watch import WATCH  # noqa: E402
+from nfshunt.core import commands as cm
+from nfshunt.core.close_watch import WATCH
+from nfshunt.core.confirmation import SWEEP_AFTER
 from nfshunt.core.connection import (
     CT_TCP_CLOSE,
     CT_TCP_ESTABLISHED,
@@ -30,234 +22,15 @@ from nfshunt.core.connection import (
     Action,
     State,
 )
-from nfshunt.core.teardown_sweep import CHECK_AFTER  # noqa: E402
-from nfshunt.observe.accounting import Outcomes  # noqa: E402
-from nfshunt.observe.metrics import Metrics  # noqa: E402
-from nfshunt.openflow.channel import table_full  # noqa: E402
-from nfshunt.openflow.flows import REMOVED_REASONS, FlowBuilder, metadata_teardown  # noqa: E402
-from nfshunt.openflow.inflight import Barrier, CounterRead, FlowsRead  # noqa: E402
-from nfshunt.openflow.session import Session  # noqa: E402
-from nfshunt.records import cookies  # noqa: E402
-from nfshunt.records.markcodec import DECISION_MASK  # noqa: E402
-from nfshunt.records.model import OFP10, OFP13, UDP, FlowTuple  # noqa: E402  # noqa: E402
-from nfshunt.records.segment import parse_segment  # noqa: E402
-from nfshunt.switch.dispatch import Dispatcher  # noqa: E402
-from nfshunt.switch.switch import Switch  # noqa: E402
-from tests import fakeswitch as fs  # noqa: E402
-from tests.helpers import config, event  # noqa: E402
-
-FIN, RST = 0x01, 0x04
-FAST_A, SLOW_A, FAST_B, SLOW_B = 1, 2, 3, 4  # tests.helpers' two port groups
-
-
-@dataclass
-class Restore:
-    """A re-creation the core asked of the kernel; `done` is the kernel's answer."""
-    orig: FlowTuple
-    tcp_state: int
-    timeout: int
-    closer_is_reply: bool
-    mark: int
-    done: Callable[[], None]
-
-
-class FakeWorker:
-    """The conntrack worker: requests recorded, re-creations answered when the test says."""
-
-    def __init__(self) -> None:
-        self.deleted: list[tuple[FlowTuple, int | None]] = []
-        self.restores: list[Restore] = []
-        self.unanswered: list[Restore] = []
-        self.dumps = 0
-        self.cleared: list[int] = []  # clear_marks masks
-        self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
-
-    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
-        self.deleted.append((orig, ct_id))
-
-    def restore(self, _family: int, orig: FlowTuple, _reply: FlowTuple, tcp_state: int, timeout: int,
-                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
-        r = Restore(orig, tcp_state, timeout, closer_is_reply, mark, done)
-        self.restores.append(r)
-        self.unanswered.append(r)
-
-    def liberal(self, *_args: Any) -> None:
-        pass
-
-    def expire(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
-        self.expired.append((orig, ct_id, timeout))
-
-    def dump(self) -> None:
-        self.dumps += 1
-
-    def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
-        self.cleared.append(mask)
-        done(0, 0, None)
-
-    def batched(self) -> contextlib.nullcontext:
-        return contextlib.nullcontext()
-
-
-class Rig:
-    """One switch's Core, FlowBuilder, SendPath and the Dispatcher, wired to a fake switch and
-    a fake worker as NFShuntApp wires them (its handlers' few lines are re-stated in `reply`)."""
-
-    def __init__(self, version: int = OFP13, pipeline: bool = False, switch: fs.FakeSwitch | None = None,
-                 table_size: int | None = None, now: float = 100.0, **cfg: Any):
-        self.now = now
-        self.switch = switch or fs.FakeSwitch(version, table_size, now)
-        self.switch.now = now
-        self.worker = FakeWorker()
-        self.sw = Switch(config(**cfg), 0)
-        self.sw.session = Session(self.switch, self.sw.cfg, pipeline)
-        metrics = Metrics(lambda: {})
-        self.counters = metrics.counters
-        self.dispatcher = Dispatcher(self.worker, Outcomes(metrics, logging.getLogger("nfshunt.fake-audit")),
-                                     self._schedule, lambda _sw, cmds: self.run(cmds))
-        # dispatch.py reads time.monotonic() here; the rig's clock is injected.
-        self.dispatcher.handlers[cm.EntryDue] = lambda sw, cmd: sw.core.entry_due(cmd.conn, self.now)
-        install_address_blocks = self.dispatcher.install_address_blocks
-
-        def on_the_rigs_clock(sw: Switch, s: Session, cmd: cm.InstallAddressBlocks) -> None:
-            with mock.patch("nfshunt.switch.dispatch.time.monotonic", lambda: self.now):  # (the hard timeout's now)
-                install_address_blocks(sw, s, cmd)
-        self.dispatcher.on_switch[cm.InstallAddressBlocks] = on_the_rigs_clock
-        self.timers: list[tuple[float, int, tuple[cm.Command, ...]]] = []
-        self.seq = itertools.count()
-        self.work: collections.deque[cm.Command] = collections.deque()
-        self.busy = False
-        self.run(self.core.switch_connected(self.switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
-
-    @property
-    def s(self) -> Session:
-        assert self.sw.session is not None
-        return self.sw.session
-
-    @property
-    def core(self):
-        return self.sw.core
-
-    def _schedule(self, delay: float, _sw: Switch, cmds: tuple[cm.Command, ...]) -> None:
-        heapq.heappush(self.timers, (self.now + delay, next(self.seq), cmds))  # ties never compare commands
-
-    def run(self, cmds: Any = ()) -> None:
-        """Execute commands and their follow-ups, write to the switch, and hand what it says
-        back to the core (and so on) until all is quiet; re-entrant calls just queue."""
-        self.work.extend(cmds)
-        if self.busy:
-            return
-        self.busy = True
-        try:
-            while True:
-                while self.work:
-                    self.work.extend(self.dispatcher.execute(self.sw, self.work.popleft()) or ())
-                self.s.send.flush()
-                if not self.switch.replies:
-                    return
-                self.work.extend(self.reply(self.switch.replies.pop(0)))
-        finally:
-            self.busy = False
-
-    def reply(self, msg: Any) -> list[cm.Command]:
-        core, send, fb = self.core, self.s.send, self.s.fb
-        asked = self.s.inflight.answer(msg.xid, self.now) if hasattr(msg, "xid") else None
-        if isinstance(msg, fs.BarrierReply):
-            batch = asked.answered() if isinstance(asked, Barrier) else None
-            out: list[cm.Command] = []
-            for conn in batch.conns if batch else ():
-                failure = batch.failed.get(id(conn))
-                out += core.flows_confirmed(conn, self.now) if failure is None else \
-                    core.flows_failed(conn, *failure, now=self.now)
-            return out
-        if isinstance(msg, fs.Error):
-            send.error(msg.xid, f"switch error type={msg.type} code={msg.code}", table_full(msg))
-            return []
-        if isinstance(msg, fs.FlowRemoved):
-            return core.flow_removed(msg.cookie, REMOVED_REASONS[msg.reason], msg.packet_count, msg.byte_count,
-                                     msg.duration_sec + msg.duration_nsec / 1e9, self.now)
-        if isinstance(msg, fs.TableSizeReply):
-            core.table_size(msg.max_entries)
-            return []
-        if isinstance(msg, fs.PacketIn):
-            cookie, parsed = msg.cookie, cookies.parse(msg.cookie)
-            if parsed is not None and parsed.kind is cookies.Kind.SHUNT:  # a watched close's flow
-                return core.watch_sample(parsed.key, parsed.reply, parse_segment(msg.data), self.now)
-            if parsed is not None and parsed.kind is cookies.Kind.PIPELINE:
-                cookie = cookies.make_teardown(*metadata_teardown(msg.match["metadata"]), cookies.is_rst(cookie))
-            return core.teardown_packet(cookie, msg.match["in_port"], self.now) or []
-        assert isinstance(msg, fs.FlowStatsReply)
-        if isinstance(asked, FlowsRead):  # a read for someone else (status, an IDS rule's counters)
-            asked.done([fb.parse_stats(s) for s in msg.body])
-            return []
-        if isinstance(asked, CounterRead):
-            packets = {r: sum(s.packet_count for s in msg.body if bool(s.cookie & cookies.DIRECTION_BIT) == r)
-                       for r in (False, True)}
-            return core.counters_read(asked.conn, packets, self.now)
-        return core.reconcile([fb.parse_stats(s) for s in msg.body], self.now)
-
-    def reconnect(self, switch: fs.FakeSwitch) -> None:
-        """The switch's connection ends and one comes (the same switch, or another)."""
-        self.run(self.core.switch_disconnected())
-        self.sw.gone()
-        self.switch = switch
-        self.sw.session = Session(switch, self.sw.cfg, self.core.pipeline)
-        self.run(self.core.switch_connected(switch.ofproto.OFP_VERSION, self.s.fb.pipeline))
-
-    def advance(self, seconds: float) -> None:
-        """Time passes: the switch's timeouts fire, due timers run, the core ticks."""
-        self.now += seconds
-        self.switch.expire(self.now)
-        due = []
-        while self.timers and self.timers[0][0] <= self.now:
-            due.extend(heapq.heappop(self.timers)[2])
-        self.run([*due, *self.core.tick(self.now)])
-
-    def event(self, **kw: Any) -> Any:
-        """A conntrack event (tests.helpers.event) reaches the core; its pair, if any."""
-        ev = event(received=self.now, **kw)
-        self.run(self.core.conntrack_event(ev))
-        return self.core.find(tuple_=ev.orig)
-
-    def packet(self, in_port: int, t: FlowTuple, tcp_flags: int = 0, vlan: int | None = None,
-               payload: int = 0) -> fs.Fate:
-        fate = self.switch.packet(in_port, t, tcp_flags, vlan, payload=payload)
-        self.run()  # its packet-ins reach the core
-        return fate
-
-    def kernel_answers(self) -> list[Restore]:
-        """The worker reports every re-creation done: the flows that waited for it go."""
-        answered, self.worker.unanswered = self.worker.unanswered, []
-        for r in answered:
-            r.done()
-        return answered
-
-    def flows(self, kind: cookies.Kind) -> list[fs.Entry]:
-        return [e for e in self.switch.entries if (cookies.parse(e.cookie) or (None,))[0] is kind]
-
-
-def fast(rig: Rig, conn: Any) -> bool:
-    """Both directions of the connection take the fast path, port to port."""
-    return (rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.egress.fast,)
-            and rig.packet(conn.egress.fast, conn.reply).outputs == (conn.ingress.fast,))
-
-
-def slow(rig: Rig, conn: Any) -> bool:
-    """Both directions cross the firewall (the default flows to the bridge ports)."""
-    return (rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.ingress.slow,)
-            and rig.packet(conn.egress.fast, conn.reply).outputs == (conn.egress.slow,))
-
-
-LAYOUTS = [pytest.param(OFP13, False, id="single"), pytest.param(OFP13, True, id="pipeline"),
-           pytest.param(OFP10, False, id="openflow1.0")]
-
-
-def shunted(rig: Rig, **kw: Any) -> Any:
-    """A shunt confirmed by the switch and past its drain: LIVE, its conntrack entry deleted."""
-    conn = rig.event(**kw)
-    rig.advance(rig.core.cfg.drain)
-    assert conn.state is State.LIVE
-    return conn
-
+from nfshunt.core.removal import REMOVAL_GRACE
+from nfshunt.core.teardown_sweep import CHECK_AFTER, WATCH_PERIOD
+from nfshunt.openflow.flows import FlowBuilder
+from nfshunt.records import cookies
+from nfshunt.records.markcodec import DECISION_MASK
+from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple
+from tests.helpers import event
+from tests.support import fakeswitch as fs
+from tests.support.rig import ACK, FAST_A, FAST_B, FIN, LAYOUTS, RST, SLOW_A, SLOW_B, Rig, fast, shunted, slow
 
 # --- shunt, block -------------------------------------------------------------------------------
 
@@ -305,6 +78,31 @@ def test_confirm_counters_keeps_the_entry_until_the_switch_counts_packets_both_w
     rig.advance(0.05)
     rig.advance(rig.core.cfg.drain)
     assert rig.worker.deleted == [(conn.orig, conn.ct_id)] and conn.state is State.LIVE
+
+
+def test_confirm_counters_one_way_waits_confirm_delay_before_the_entry_goes():
+    """A pair whose other direction is idle confirms on one direction's counters, but only
+    once confirm_delay has passed: the switch may forward one flow before the other."""
+    rig = Rig(OFP13, confirm="counters", confirm_delay=0.5, openflow_versions=["1.3"], default_shunt_timeout=60)
+    conn = rig.event()
+    assert rig.packet(conn.ingress.fast, conn.orig).outputs == (conn.egress.fast,)  # one way only
+    rig.advance(0.3)  # read and read again: one direction counted, confirm_delay not passed
+    assert conn.state is State.DRAINING and rig.worker.deleted == []
+    rig.advance(0.3)  # past confirm_delay: the idle direction is not waited for
+    rig.advance(rig.core.cfg.drain)
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
+
+
+def test_a_pair_handed_back_before_its_sweep_keeps_the_entry_the_kernel_re_created():
+    """A deleted entry is swept by tuple SWEEP_AFTER later (in-flight packets may re-create
+    it); a pair handed back meanwhile has its entry re-created on purpose: no sweep of it."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.run(rig.core.pin(conn.orig, Action.IGNORE, rig.now))  # unshunted within the second
+    rig.kernel_answers()
+    assert slow(rig, conn)
+    rig.advance(SWEEP_AFTER + 1)
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id)]  # the deletion at confirmation only
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -367,7 +165,7 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
     conn = rig.core.conntrack_event(event())[0].conn
     rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
     rig.s.send.flush()  # flows in, barrier reply not yet read
-    barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
+    barrier = [r for r in rig.switch.replies if type(r).__name__ == "OFPBarrierReply"]
     rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
     rig.switch.packet(FAST_A, conn.orig, tcp_flags=RST)
     rig.run()
@@ -380,7 +178,7 @@ def test_a_fin_caught_before_the_barrier_reply_is_taken_once_the_switch_confirms
 
 # --- a caught close on watch (close_watch.py) -----------------------------------------------------
 
-ACK, SYN = 0x10, 0x02
+SYN = 0x02
 
 
 def watched(rig: Rig, conn: Any) -> None:
@@ -460,10 +258,10 @@ def test_one_forged_fin_in_the_pipeline_layout_is_undone_once_taken_as_a_close()
     rig = Rig(OFP13, True)
     conn = shunted(rig)
     rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
-    rig.advance(CHECK_AFTER)
-    due = rig.core.half_closed_due(rig.now)  # the app's look at half-closed shunts (housekeeping)
-    assert due.ended == 1
-    rig.run(due.commands)
+    # The app's looks at half-closed shunts (housekeeping's: each WATCH_PERIOD, the first a
+    # second after its start) find it once CHECK_AFTER has passed.
+    rig.advance(max(CHECK_AFTER + WATCH_PERIOD, rig.app.feeds.next_watch - rig.now))
+    assert rig.counters.flat()["teardowns_half_closed"] == 1
     assert rig.worker.restores[-1].tcp_state == CT_TCP_TIME_WAIT
     watched(rig, conn)
     rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)
@@ -507,7 +305,7 @@ def test_a_forged_rst_caught_before_the_barrier_reply_is_contradicted_once_the_s
     conn = rig.core.conntrack_event(event())[0].conn
     rig.dispatcher.execute(rig.sw, cm.InstallFlows(conn))
     rig.s.send.flush()  # flows in, barrier reply not yet read
-    barrier = [r for r in rig.switch.replies if isinstance(r, fs.BarrierReply)]
+    barrier = [r for r in rig.switch.replies if type(r).__name__ == "OFPBarrierReply"]
     rig.switch.replies = [r for r in rig.switch.replies if r not in barrier]
     rig.switch.packet(FAST_A, conn.orig, tcp_flags=RST)
     rig.run()
@@ -679,6 +477,97 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_leaves
     assert rig.counters.flat()["removed:shunt:tcp closed on the firewall"] == 1
 
 
+def _forge(rig: Rig, conn: Any, reply: bool, t: FlowTuple, in_port: int, out_port: int) -> None:
+    """The switch's flow of one direction of `conn`'s pair replaced by another under the
+    same cookie (what another controller, a hand-made flow or a poser left)."""
+    cookie = conn.cookie(reply)
+    rig.switch.entries = [e for e in rig.switch.entries if e.cookie != cookie]
+    fb = rig.s.fb
+    rig.switch.send(_wire(fb._add(fb.match(in_port, t), out_port, cookie, rig.core.cfg.shunt_priority, 60, True)))
+
+
+@pytest.mark.parametrize("reply", [False, True], ids=["forward", "reverse"])
+def test_a_restarted_controller_adopts_no_shunt_whose_output_is_not_the_peer_fast_port(reply):
+    first = Rig(OFP13)
+    conn = shunted(first, proto=UDP)
+    in_port, t = (FAST_B, conn.reply) if reply else (FAST_A, conn.orig)
+    _forge(first, conn, reply, t, in_port, 9)  # out to a port of no group
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1)
+    assert again.core.find(tuple_=conn.orig) is None and not again.core.by_key
+    assert again.flows(cookies.Kind.SHUNT) == [] and again.counters.flat()["reconcile_deleted"] == 2
+    assert slow(again, conn) and again.worker.restores == []
+
+
+def test_a_restarted_controller_adopts_no_pair_whose_reverse_flow_does_not_mirror_the_forward_one():
+    first = Rig(OFP13)
+    conn = shunted(first, proto=UDP)
+    other = conn.reply._replace(sport=conn.reply.sport + 1)  # the reverse of another connection
+    _forge(first, conn, True, other, FAST_B, FAST_A)
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1)
+    assert again.core.find(tuple_=conn.orig) is None and again.core.find(tuple_=other) is None
+    assert again.flows(cookies.Kind.SHUNT) == [] and again.counters.flat()["reconcile_deleted"] == 2
+    assert again.worker.restores == [] and not any(k.startswith("removed:") for k in again.counters.flat())
+    assert slow(again, conn)
+
+
+def test_a_new_connection_of_the_served_switch_replaces_one_not_yet_seen_dead(caplog):
+    """The switch comes back (rebooted: an empty table) before the controller saw its old
+    connection die: the new connection replaces the old one at once, and the old one's late
+    end changes nothing (was test_failsafe's on the testbed)."""
+    rig = Rig(OFP13, default_block_timeout=30)
+    block = shunted(rig, action=2, sport=5202)
+    old = rig.switch
+    new = fs.FakeSwitch(OFP13, now=rig.now)  # the same datapath id, from the same address
+    rig.connect(new)
+    assert old.closed and rig.s.dp is new and "replacing its old connection" in caplog.text
+    assert rig.packet(FAST_A, block.orig).dropped and len(rig.flows(cookies.Kind.DEFAULT)) == 4
+    rig.deliver_state(old, "dead")  # the old connection's end, noticed at last
+    assert rig.sw.session is not None and rig.s.dp is new
+    assert rig.counters.flat()["switch_connects"] == 2 and "switch_refused" not in str(rig.counters.flat())
+
+
+def test_a_connection_of_another_datapath_or_address_is_refused_while_the_switch_is_served():
+    rig = Rig(OFP13)
+    for other in (fs.FakeSwitch(OFP13, dpid=2), fs.FakeSwitch(OFP13, address=("192.0.2.9", 50001))):
+        rig.post_state(other)
+        assert other.closed and rig.s.dp is not other
+    assert rig.counters.flat()["switch_refused:another switch is served"] == 2
+
+
+def test_only_the_configured_datapath_from_an_allowed_address_is_served(caplog):
+    rig = Rig(OFP13, datapath_id="a1", switch_addresses=["127.0.0.1"], connect=False)
+    for stranger in (fs.FakeSwitch(OFP13, dpid=0xa2), fs.FakeSwitch(OFP13, dpid=0xa1, address=("192.0.2.9", 5))):
+        rig.connect(stranger)
+        assert stranger.closed and rig.sw.session is None and stranger.entries == []
+    assert rig.app.peers.admit(("192.0.2.9", 40000)) == "address not allowed"  # before the handshake, too
+    assert rig.app.peers.admit(("127.0.0.1", 40000)) is None
+    flat = rig.counters.flat()
+    assert flat["switch_refused:datapath id not configured"] == 1 and flat["switch_refused:address not allowed"] == 2
+    rig.connect(fs.FakeSwitch(OFP13, dpid=0xa1))
+    assert rig.core.reconciled and len(rig.flows(cookies.Kind.DEFAULT)) == 4
+
+
+def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns():
+    """The block's take-down waits for the switch however long it is away (a removal used
+    to be forgotten after REMOVAL_GRACE without one); when it returns the shunt goes and the
+    connection's entry, judged again, is blocked (was test_policy_change's on the testbed,
+    with a 6 s sleep)."""
+    rig = Rig(OFP13, default_shunt_timeout=60, default_block_timeout=60)
+    conn = shunted(rig, sport=46001)
+    switch = rig.switch
+    rig.disconnect()
+    rig.run(rig.core.pin(conn.orig, Action.BLOCK, rig.now))
+    rig.kernel_answers()  # the entry re-created at once; the flows' removal waits for the switch
+    rig.advance(REMOVAL_GRACE + 1)
+    assert conn.state is State.TAKING_DOWN and rig.flows(cookies.Kind.SHUNT)
+    rig.connect(switch)  # it kept its table: the shunt is still there, and goes (handed back again)
+    rig.kernel_answers()
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
+    rig.event(sport=46001, ct_id=conn.ct_id + 1, kind=EventKind.NEW)  # the re-created entry, as the resync reads it
+    assert rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
+    assert rig.core.find(tuple_=conn.orig).action is Action.BLOCK
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig
@@ -767,9 +656,54 @@ def test_a_full_table_rolls_the_pair_back_and_the_connection_waits():
     assert fast(rig, rig.core.find(tuple_=second.orig))
 
 
+def test_a_flow_refused_for_anything_but_room_rolls_back_and_does_not_wait_for_room():
+    """Only a full table makes a refused connection wait (and come back when room frees):
+    one the switch refuses for what it is would be refused again at every retry."""
+    rig = Rig(OFP13, max_shunts=2)
+    other = shunted(rig, ct_id=1, sport=41001)
+    refused = event(ct_id=2, sport=40002)
+    rig.switch.refuse_flow = lambda e: (cookies.parse(e.cookie) or (None, None))[1] == 2
+    rig.events([refused])
+    assert rig.core.find(tuple_=refused.orig) is None and not rig.core.waiting
+    assert rig.counters.flat()["refused:shunt"] == 1 and rig.packet(FAST_A, refused.orig).outputs == (SLOW_A,)
+    assert (refused.orig, refused.ct_id) not in rig.worker.deleted  # its entry kept: the firewall carries it
+    rig.run(rig.core.remove(other, "flush", rig.now))  # room freed: nothing waited for it
+    rig.kernel_answers()
+    assert rig.core.find(tuple_=refused.orig) is None and rig.counters.flat()["refused:shunt"] == 1
+
+
 def test_the_switch_reported_table_size_sets_the_budget():
-    rig = Rig(OFP13, switch=fs.FakeSwitch(reported_size=4 + 6 * 3))
+    """With max_shunts unset, a switch whose table holds 24 entries (4 for the defaults, 6 a
+    TCP shunt) takes 3 shunts; the fourth and fifth wait on the slow path, held back by the
+    budget, not refused by the switch (was test_pacing's on the testbed)."""
+    rig = Rig(OFP13, switch=fs.FakeSwitch(reported_size=24))
     assert rig.core.budget == 3
+    conns = [rig.event(ct_id=10 + i, sport=52001 + i) for i in range(5)]
+    st = rig.control({"cmd": "status", "connections": False})
+    assert (st["shunts"], st["max_shunts"], st["waiting"]) == (3, 3, 2) and conns[3:] == [None, None]
+    assert st["table"] == {"layout": "single", "max_entries": 24, "used": 22, "free": 2, "table_1": 0}
+    assert len(rig.flows(cookies.Kind.SHUNT) + rig.flows(cookies.Kind.TEARDOWN)) == 18
+    assert "refused:shunt" not in rig.counters.flat()
+
+
+# --- pacing (flow_mod_rate) ----------------------------------------------------------------------
+
+def test_a_burst_is_installed_at_the_flow_mod_rate_and_nothing_is_lost():
+    """60 TCP shunts (6 flow-mods each) at 120 flow-mods a second with room for 20 in the
+    queue: the rest wait on the slow path and go in as it drains; all 60 shunted, spread
+    over the time the rate takes (tests/test_pacing.py shows it on the testbed)."""
+    rate, n = 120, 60
+    rig = Rig(OFP13, flow_mod_rate=rate, install_queue=20, default_shunt_timeout=600)
+    start = rig.now
+    conns = [event(ct_id=100 + i, sport=51001 + i) for i in range(n)]
+    rig.events(conns)
+    assert rig.counters.flat()["install_queue_full"] >= 1 and len(rig.core.waiting) == n - 20
+    while len(rig.flows(cookies.Kind.SHUNT)) < 2 * n and rig.now - start < 10:
+        rig.advance(0.05)
+    assert len(rig.flows(cookies.Kind.SHUNT)) == 2 * n and not rig.core.waiting and not rig.s.send.queued
+    ages = sorted(c.confirmed_time for c in rig.core.by_key.values())
+    assert ages[-1] - ages[0] >= (n - 2) * 6 / rate * 0.8  # the rate held (less the bucket's burst)
+    assert all(fast(rig, rig.core.find(tuple_=c.orig)) for c in conns[::10])
 
 
 # --- every take-down ----------------------------------------------------------------------------

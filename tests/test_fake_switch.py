@@ -1,4 +1,4 @@
-"""The fake switch table itself (tests/fakeswitch.py): what it does with flow-mods written by
+"""The fake switch table itself (tests/support/fakeswitch.py): what it does with flow-mods written by
 os-ken, and where it sends packets. Held against what OpenFlow says a switch does, so the
 tests of the core that run on it (test_fake_core.py) can be believed."""
 import os
@@ -10,8 +10,8 @@ from os_ken.ofproto import ofproto_v1_3_parser as P13  # noqa: E402
 
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple  # noqa: E402
-from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import config  # noqa: E402
+from tests.support import fakeswitch as fs  # noqa: E402
 
 T = FlowTuple(4, TCP, "10.0.0.1", "10.0.0.2", 40000, 5201)
 
@@ -64,7 +64,7 @@ def test_an_add_of_the_same_match_and_priority_replaces_and_a_full_table_refuses
     err, barrier = sw.take_replies()
     assert (err.xid, err.type, err.code) == (refused.xid, sw.ofproto.OFPET_FLOW_MOD_FAILED,
                                              sw.ofproto.OFPFMFC_TABLE_FULL)
-    assert barrier == fs.BarrierReply(refused.xid + 1) and len(sw.entries) == 2
+    assert (type(barrier).__name__, barrier.xid) == ("OFPBarrierReply", refused.xid + 1) and len(sw.entries) == 2
     write(sw, flow(sw, {"in_port": 3}, [1], table_id=1))  # the size is table 0's
     assert len(sw.entries) == 3
 
@@ -107,6 +107,19 @@ def test_a_modify_changes_the_actions_of_the_entries_it_names_and_keeps_their_co
     assert [e.outputs for e in sw.entries] == [[(4, 0xFFE5)]] * 2 and sw.packet(1, T).outputs == (4,)
 
 
+def test_a_modify_s_new_actions_are_what_a_flow_stats_read_reports():
+    """A modified entry's instructions are the modify's in what the switch reports (a
+    watched close's flows, modified in place, are read back by reconcile and the sweep)."""
+    sw = fs.FakeSwitch()
+    fb = FlowBuilder(sw, config())
+    write(sw, flow(sw, {"in_port": 1}, [2], cookie=0x4E01000000000000, priority=100))
+    repoint = flow(sw, {"in_port": 1}, [3], cookie=0x4E01000000000000, priority=100)
+    repoint.command = sw.ofproto.OFPFC_MODIFY_STRICT
+    write(sw, repoint, fb.owned_flow_stats_request())
+    (reply,) = sw.take_replies()
+    assert [(f.cookie, f.out_port) for f in map(fb.parse_stats, reply.body)] == [(0x4E01000000000000, 3)]
+
+
 def test_idle_and_hard_timeouts_run_on_the_injected_clock_and_traffic_refreshes_idle():
     sw = fs.FakeSwitch(now=50.0)
     rem = sw.ofproto.OFPFF_SEND_FLOW_REM
@@ -133,9 +146,11 @@ def test_goto_table_carries_written_metadata_and_a_controller_output_makes_a_pac
     assert (plain.outputs, plain.packet_ins, plain.cookies) == ((3,), (), (7, 8))
     fin = sw.packet(1, T, tcp_flags=0x11)
     assert fin.outputs == (3,) and fin.cookies == (7, 9)
-    assert fin.packet_ins == (fs.PacketIn(9, 1, {"in_port": 1, "metadata": 0x0001_0000_0000_002A}, 0xFFE5,
-                                          fs.frame(T, 0x11)),)  # the packet, up to max_len
-    assert sw.take_replies() == list(fin.packet_ins)
+    wire = fs.frame(T, 0x11).ljust(100, b"\0")  # the packet's 100 bytes: its headers, padded
+    assert fin.packet_ins == (fs.PacketIn(9, 1, {"in_port": 1, "metadata": 0x0001_0000_0000_002A}, 0xFFE5, wire),)
+    (msg,) = sw.take_replies()  # the packet-in message, as os-ken reads it: the packet, up to max_len
+    assert (msg.cookie, msg.table_id, dict(msg.match.items()), msg.total_len, bytes(msg.data)) == \
+        (9, 1, {"in_port": 1, "metadata": 0x0001_0000_0000_002A}, 100, wire)
     assert sw.packet(2, T).dropped  # table miss in table 0
 
 
@@ -163,3 +178,22 @@ def test_openflow10_matches_with_wildcards_and_masked_addresses():
     assert sw.packet(1, T).outputs == (2,)
     assert sw.packet(1, T._replace(src="10.0.1.1")).outputs == (3,)
     assert sw.packet(1, T._replace(src="10.0.1.1"), vlan=4).dropped  # 0xFFFF: untagged only
+
+
+def test_the_offset_check_passes_idempotent_turns_and_catches_one_that_is_not():
+    """Faucet's offset check (the rig turns it on): a turn of adds and deletes applied
+    again, each message twice, leaves the table as it was; a turn whose effect depends on
+    the table it meets does not (a delete by output port before a modify that points every
+    flow there: applied again, the delete takes everything), and is caught without changing
+    the table the test sees."""
+    sw = fs.FakeSwitch()
+    sw.offset_check = True
+    ofp = sw.ofproto
+    write(sw, flow(sw, {"in_port": 1}, [2], cookie=1), flow(sw, {"in_port": 2}, [1], cookie=2),
+          delete(sw, ofp.OFPFC_DELETE_STRICT, {"in_port": 2}, priority=10), flow(sw, {"in_port": 3}, [1], cookie=3))
+    assert sorted(e.cookie for e in sw.entries) == [1, 3]
+    repoint = flow(sw, {}, [2])
+    repoint.command = ofp.OFPFC_MODIFY
+    with pytest.raises(AssertionError, match="applied twice left another table"):
+        write(sw, delete(sw, ofp.OFPFC_DELETE, out_port=2), repoint)
+    assert [(e.cookie, e.outputs[0][0]) for e in sw.entries] == [(3, 2)]  # as applied once

@@ -12,13 +12,14 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt.core.close_watch import WATCH  # noqa: E402
 from nfshunt.core.connection import REEVALUATE_TIMEOUT, State  # noqa: E402
+from nfshunt.core.static_table import RENEW  # noqa: E402
 from nfshunt.ids.calls import Result  # noqa: E402
 from nfshunt.ids.rules import Kind  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
 from nfshunt.records.model import UDP, Action, FlowTuple  # noqa: E402
-from tests import fakeswitch as fs  # noqa: E402
 from tests.helpers import event  # noqa: E402
-from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, Rig, fast, slow  # noqa: E402
+from tests.support import fakeswitch as fs  # noqa: E402
+from tests.support.rig import FAST_A, FAST_B, LAYOUTS, Rig, fast, slow  # noqa: E402
 from tests.test_ids_backend import ORIG, WALL, rule, setup, tick  # noqa: E402
 
 OTHER = event(sport=40001).orig  # tcp 10.0.0.1:40001 -> 10.0.0.2:5201
@@ -304,4 +305,6 @@ def test_an_ids_block_in_a_stream_longer_than_a_hard_timeout_holds_is_written_ag
     for _ in range(65536 // 2):
         rig.advance(2)
         assert rig.packet(FAST_A, IN_STREAM).dropped
-    assert {e.hard_timeout for e in rig.flows(cookies.Kind.STATIC) if not e.outputs} == {86400 - 65534 + 1}
+    # Written again RENEW s before the switch would end it (the app's tick, each second):
+    # the rule's time left then, and the hard timeout's grace.
+    assert {e.hard_timeout for e in rig.flows(cookies.Kind.STATIC) if not e.outputs} == {86400 - (65535 - RENEW) + 1}

@@ -1,6 +1,7 @@
 """The IDS backend (ids_backend.py) against the fake switch table: what an IDS's rule does
-to packets, and what each add is answered. The core, flow builder and dispatcher as
-test_fake_core's Rig wires them; the event loop is the test's own thread."""
+to packets, and what each add is answered. The app on the rig (tests/support: its core,
+dispatcher, replies and housekeeping); the backend is the test's, its posted work run at
+once (the test's thread is the event loop)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.records import cookies, markcodec  # noqa: E402
 from nfshunt.records.model import Action, EventKind, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
-from tests.test_fake_core import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
+from tests.support.rig import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
 
 WALL = 1_700_000_000.0
 ORIG = event().orig  # tcp 10.0.0.1:40000 -> 10.0.0.2:5201
@@ -339,7 +340,7 @@ def test_an_address_block_drops_to_and_from_the_prefix_above_shunts_and_expires_
 
 
 def test_an_address_block_is_installed_again_at_a_reconnect_and_kept_by_reconcile():
-    from tests import fakeswitch as fs
+    from tests.support import fakeswitch as fs
     rig, backend, _, _ = setup()
     backend.submit(rule(rig, Kind.BLOCK_ADDRESS, address="10.0.0.0/30"), 1.0)
     rig.reconnect(fs.FakeSwitch(now=rig.now))

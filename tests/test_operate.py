@@ -6,10 +6,10 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
+from nfshunt.core.admission import R_PINNED
 from tests.beds import Bed, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
@@ -121,7 +121,11 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_and_block(t
                     "the shunt to go")
         slow0 = tb.slow_path_packets()
         tb.wait_for(lambda: tb.slow_path_packets() > slow0 + 500, 5, "bridge counters to move again")
-        time.sleep(1)  # a re-shunt would happen within milliseconds: asserted next
+        # The policy decides the re-created entry again (shunt): the controller hears of it
+        # and keeps it on the firewall, pinned.
+        pinned = f"ignored:{R_PINNED}"
+        tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["counters"].get(pinned, 0), 5,
+                    "the controller to keep the connection's next decision on the firewall", interval=0.1)
         assert not [f for f in tb.conn_flows(SHUNT) if f.get("tp_src") == "45010"]
         # block: drop flows, the transfer stalls.
         out = tb.nfshunt("block", "--socket", sock, first["tuple"])

@@ -111,3 +111,67 @@ def test_the_shutdown_waiter_is_set_once_every_switch_confirmed():
     none = threading.Event()
     AllSet(0, none)
     assert none.is_set()
+
+
+# --- on the rig: the operator's requests through the app's event loop -----------------------------
+
+def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_holds_it_and_block_drops_it():
+    """status, unshunt and block as the control socket hands them to the app (the CLI and
+    the socket themselves: tests/test_operate.py on the testbed)."""
+    from nfshunt.core.admission import R_PINNED
+    from tests.support.rig import FAST_A, FAST_B, Rig, fast, shunted, slow
+    rig = Rig(default_shunt_timeout=60)
+    conn = shunted(rig, sport=45010)
+    assert fast(rig, conn)
+    (row,) = rig.control({"cmd": "status"})["connections"]
+    assert (row["action"], row["state"], row["tuple"][:18]) == ("shunt", "live", "tcp 10.0.0.1:45010")
+    assert row["packets"] == [1, 1]
+    rig.packet(FAST_A, conn.orig)
+    (row,) = rig.control({"cmd": "status"})["connections"]
+    assert row["packets"] == [2, 1] and row["bytes"][0] > 100
+    reply = rig.control({"cmd": "unshunt", "tuple": row["tuple"]})
+    assert reply["ok"] and reply["flows_removed"]
+    rig.kernel_answers()
+    assert slow(rig, conn)
+    again = rig.event(sport=45010, ct_id=conn.ct_id + 1)  # its next update, decided shunt by the policy
+    assert again is None and rig.counters.flat()[f"ignored:{R_PINNED}"] == 1 and slow(rig, conn)
+    assert rig.control({"cmd": "block", "tuple": row["tuple"]})["ok"]
+    blocked = rig.event(sport=45010, ct_id=conn.ct_id + 1)  # the dump the block asked for reads its entry
+    assert blocked is not None and rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
+    flat = rig.control({"cmd": "status"})["counters"]
+    assert flat["operator_unshunt"] == 1 and flat["operator_block"] == 1
+
+
+def test_bad_requests_and_an_unknown_conntrack_id_are_answered_with_an_error():
+    from tests.support.rig import Rig, shunted
+    rig = Rig()
+    conn = shunted(rig)
+    assert "no shunt or block with conntrack id 424242" in rig.control({"cmd": "unshunt", "ct_id": 424242})["error"]
+    assert "unknown command 'launch'" in rig.control({"cmd": "launch"})["error"]
+    assert "not a tuple" in rig.control({"cmd": "block", "tuple": "tcp nonsense"})["error"]
+    assert "integer 'ct_id'" in rig.control({"cmd": "unshunt", "ct_id": True})["error"]
+    assert rig.control({"cmd": "unshunt", "ct_id": conn.ct_id})["ok"]
+
+
+def test_reevaluate_clears_the_decisions_hands_every_pair_back_and_records_the_policy():
+    """A new policy (`nfshunt iptables apply` asks for this): every shunt and block back to
+    the firewall, a TCP shunt's entry re-created first with its decision cleared, the
+    decided marks cleared in the kernel, the policy recorded as the pairs' from now on; the
+    next decision is the new policy's (the moves of running transfers on a real firewall:
+    tests/test_policy_change.py)."""
+    from nfshunt.records.markcodec import DECISION_MASK
+    from nfshunt.records.model import UDP
+    from tests.support.rig import FAST_A, Rig, fast, shunted, slow
+    rig = Rig(default_shunt_timeout=60, default_block_timeout=60)
+    tcp = shunted(rig, sport=45020, ct_id=1)
+    block = shunted(rig, sport=45021, ct_id=2, action=2, proto=UDP)
+    reply = rig.control({"cmd": "reevaluate", "reason": "policy changed"})
+    assert reply["ok"] and reply["removed"] == 2 and rig.worker.cleared == [DECISION_MASK]
+    assert rig.app.policy.recorded == 2  # (1: at start, once the switch was reconciled)
+    (restore,) = rig.worker.restores
+    assert restore.orig == tcp.orig and restore.mark == tcp.mark & ~DECISION_MASK
+    assert fast(rig, tcp)  # its flows wait for the kernel's re-creation
+    rig.kernel_answers()
+    assert slow(rig, tcp) and not rig.packet(FAST_A, block.orig).dropped and not rig.core.by_key
+    assert rig.event(sport=45020, ct_id=1, action=0) is None and slow(rig, tcp)  # the new policy ignores it
+    assert rig.counters.flat()["removed:shunt:policy changed"] == 1

@@ -1,12 +1,12 @@
 """Flow-mod pacing (issue 13.3) on the real testbed: a burst of connections is installed
 at the configured flow-mod rate, the ones beyond the queue wait on the slow path and are
-installed as it drains, and none is lost."""
+installed as it drains, and none is lost. The same on the rig, and the budget a switch's
+reported table size sets: test_fake_core."""
 from __future__ import annotations
 
 import pytest
 
 from tests.beds import Bed
-from tests.test_failsafe import _limit_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
@@ -41,38 +41,3 @@ def test_a_burst_is_installed_at_the_flow_mod_rate_and_nothing_is_lost(tb):
     finally:
         conns.kill()
         srv.kill()
-
-
-def test_the_budget_comes_from_the_table_size_the_switch_reports(tb):
-    """Issue 13.2: with max_shunts unset, a switch whose table holds 24 entries (4 for the
-    defaults, 6 a TCP shunt) takes 3 shunts; the fourth and fifth wait on the slow path."""
-    # The burst before this test is torn down at the paced rate; a restart before its last
-    # pairs left the switch would adopt them and fill the budget of 3.
-    tb.wait_for(lambda: not _port_flows(tb), 30, "the earlier burst's flows gone from the switch", interval=0.2)
-    mark = len(tb.controller_output())
-    _limit_table(24)
-    srv = tb.conn_server(SHUNT)
-    conns = None
-    try:
-        tb.restart_controller()  # the table size is read at connect
-        tb.wait_for_controller()
-        budget = "switch 00000000000000a1 table 0 holds 24 entries: budget 3"
-        tb.wait_for(lambda: budget in tb.controller_output()[mark:], 5,
-                    "the budget derived from the table size")
-        conns, _ = tb.open_conns(SHUNT, 5, cport_base=52001)
-        tb.wait_for(lambda: tb.control({"cmd": "status", "connections": False})["waiting"] == 2, 10,
-                    "two connections waiting for room")
-        st = tb.control({"cmd": "status", "connections": False})
-        assert (st["shunts"], st["max_shunts"]) == (3, 3)
-        assert st["table"] == {"layout": "single", "max_entries": 24, "used": 22, "free": 2, "table_1": 0}
-        # The three pairs and their catchers on the switch (the last may still be on its way).
-        tb.wait_for(lambda: len(_port_flows(tb)) == 18, 5,
-                    "three shunts with their catchers on the switch")
-        assert st["counters"].get("refused:shunt", 0) == 0  # the budget held them, not the switch
-    finally:
-        if conns is not None:
-            conns.kill()
-        srv.kill()
-        _limit_table(None)
-        tb.restart_controller()
-        tb.wait_for_controller()

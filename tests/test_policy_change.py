@@ -66,7 +66,7 @@ def test_a_new_policy_moves_running_transfers_both_ways_within_2s_without_a_stal
                     and tb.slow_path_packets() > slow0 + 1000, 5, "both transfers well under way before the change")
         out = _apply(tb, _swapped_policy(tmp_path))
         t0 = time.monotonic()
-        assert "decisions cleared on" in out
+        assert "sent back through the new policy" in out and "decisions cleared on" in out
         # iperf3's data connection is shunted at its next packet; its idle control connection
         # carries a cleared decision until it next sends.
         tb.wait_for(lambda: shunt_flows(tb, SHUNT) == [] and len(shunt_flows(tb, IGNORE)) >= 2, 2,
@@ -114,35 +114,6 @@ def _nfshunt_rc(tb, *args):
                        env=tb._env(), cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out, _ = proc.communicate(timeout=30)
     return proc.returncode, out
-
-
-def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(tb):
-    srv = tb.conn_server(SHUNT)
-    conns, _ = tb.open_conns(SHUNT, 1, cport_base=46001)
-    controller = subprocess.run(["ovs-vsctl", "get-controller", "s1"], capture_output=True, text=True,
-                                check=True).stdout.split()
-    try:
-        tb.wait_for(lambda: len([f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]) == 2,
-                    10, "the shunt")
-        mark = len(tb.controller_output())
-        subprocess.run(["ovs-vsctl", "del-controller", "s1"], check=True)
-        # Read from the log: a status request could wake a loop that failed to notice.
-        tb.wait_for(lambda: "disconnected" in tb.controller_output()[mark:], 3, "the switch away")
-        from nfshunt_testbed.bed import H1_IP, H2_IP
-        reply = tb.control({"cmd": "block", "tuple": f"tcp {H1_IP}:46001 -> {H2_IP}:{SHUNT}"})
-        assert reply.get("ok"), reply
-        time.sleep(6)  # longer than a removal used to be remembered without a switch
-        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=True)
-
-        def port_flows():
-            return [f for f in tb.flows() if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
-        tb.wait_for(lambda: port_flows() and all(f["actions"] == "drop" for f in port_flows()), 5,
-                    "the shunt replaced by the operator's block after the switch returned", interval=0.05)
-        assert not [f for f in shunt_flows(tb) if "46001" in (f.get("tp_src"), f.get("tp_dst"))]
-    finally:
-        subprocess.run(["ovs-vsctl", "set-controller", "s1", *controller], check=False)
-        conns.kill()
-        srv.kill()
 
 
 # Its own client port (argv[4]): an ephemeral one may be the ports of an earlier test's

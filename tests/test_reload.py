@@ -103,53 +103,21 @@ def test_a_good_config_applies_the_difference_and_reports_what_it_kept(tmp_path)
 
 # --- what a reload's answer says: confirmed only when every flow-mod of it is in the switch --------
 
-class _Wired:
-    """A reload's path as the app wires it, on a fake switch: the operator API, the real
-    Dispatcher, SendPath and Replies; what the switch says back is handed to Replies by `pump`."""
-
-    def __init__(self, path, cfg, table_size=None, connected=True, pair=False):
-        import logging
-
-        from nfshunt.observe.accounting import Outcomes
-        from nfshunt.openflow.channel import RateLimitedLog
-        from nfshunt.openflow.session import Session
-        from nfshunt.switch.dispatch import Dispatcher
-        from nfshunt.switch.replies import Replies
-        from nfshunt.switch.role_link import RoleLink
-        from tests import fakeswitch as fs
-        from tests.test_fake_core import FakeWorker
-        metrics = Metrics(lambda: {})
-        self.cfg, self.config_path, self.started, self.counters = cfg, str(path), time.time(), metrics.counters
-        self.switches = [Switch(sw_cfg, i) for i, sw_cfg in enumerate(cfg.served)]
-        self.fake = fs.FakeSwitch(c.OFP13, table_size)
-        self.fs = fs
-        self.dispatcher = Dispatcher(FakeWorker(), Outcomes(metrics, logging.getLogger("nfshunt.test-audit")),
-                                     lambda *_: None, lambda *_: None)
-        self.replies = Replies(self.counters, RateLimitedLog(logging.getLogger("nfshunt")), None,
-                               RoleLink(self.counters, self.run), self.run)
-        sw = self.switches[0]
-        if connected:
-            sw.session = Session(self.fake, sw.cfg)
-        if not pair:  # (a pair's controller is backup until the switch grants it MASTER)
-            sw.core.switch_connected(c.OFP13)
-            sw.core.reconcile([], 0.0)
-
-    def run(self, sw, out, waiter=None):
-        self.dispatcher.run(sw, out, waiter)
-
-    def pump(self):
-        sw = self.switches[0]
-        for msg in self.fake.take_replies():
-            if isinstance(msg, self.fs.Error):
-                self.replies.error(sw, msg, time.monotonic())
-            else:
-                self.replies.reply(sw, msg, time.monotonic())
+def _rig(path, table_size=None, connect=True, **kw):
+    """The app on the rig (tests/support), started from the config file at `path` (raw(**kw))."""
+    from tests.support.rig import Rig
+    path.write_text(json.dumps(raw(**kw)))
+    rig = Rig(table_size=table_size, connect=connect, openflow_versions=["1.3"], static_shunts=[STREAM], **kw)
+    rig.app.config_path = str(path)
+    return rig
 
 
-def _reload_and_pump(app):
+def _reload_on(rig):
+    """`nfshunt reload`, answered by the app's operator API once the switch has answered (or
+    RELOAD_WAIT passed: the answer waits on a thread of its own)."""
     ev = EventControl({"cmd": "reload"})
-    OperatorAPI(app).handle(ev)
-    app.pump()
+    rig.post(ev)
+    rig.pump()
     assert ev.done.wait(6)
     return ev.reply
 
@@ -158,56 +126,55 @@ def test_a_flow_mod_the_switch_refuses_is_reported_and_the_reload_is_not_confirm
     """Table full: 1 of the 2 new flows fits. The answer says which one the switch refused and
     why; it is not "confirmed" (it was, with `flows 4`, whatever the switch said)."""
     path = tmp_path / "nfshunt.json"
-    app = _Wired(path, from_dict(raw()), table_size=1)
+    rig = _rig(path, table_size=4 + 2 + 1)  # the defaults, the stream's two flows, and one more
     path.write_text(json.dumps(raw(static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
-    reply = _reload_and_pump(app)
+    reply = _reload_on(rig)
     assert reply["ok"] and reply["static"] == {"added": 2, "removed": 0, "flows": 4}
     assert reply["confirmed"] is False and reply["confirmed_ms"] is None
     (row,) = reply["switches"]
     assert row["state"] == "failed" and row["sent"] == 2
     (refused,) = row["refused"]
     assert "static flow b (" in refused["flow"] and "table full" in refused["error"]
-    assert len(app.fake.table(0)) == 1
+    assert len(rig.switch.table(0)) == 4 + 2 + 1
 
 
 def test_a_reload_while_the_switch_is_away_is_pending_not_confirmed(tmp_path):
     """It answered "confirmed by the switch in ~0 ms" with no switch there."""
     path = tmp_path / "nfshunt.json"
-    app = _Wired(path, from_dict(raw()), connected=False)
-    app.switches[0].core.switch_disconnected()
+    rig = _rig(path, connect=False)
     path.write_text(json.dumps(raw(static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
-    reply = _reload_and_pump(app)
+    reply = _reload_on(rig)
     assert reply["confirmed"] is False
     (row,) = reply["switches"]
     assert row["state"] == "pending" and "not connected" in row["why"]
     assert reply["static"]["added"] == 2  # the table knows them: they go in when the switch connects
     path.write_text(json.dumps(raw(default_shunt_timeout=30, static_shunts=[STREAM, {**STREAM, "name": "b",
                                                                                      "dst_port": 1}])))
-    nothing = _reload_and_pump(app)  # no flow changes: nothing of it waits for the switch
+    nothing = _reload_on(rig)  # no flow changes: nothing of it waits for the switch
     assert nothing["confirmed"] is True and nothing["switches"][0]["state"] == "nothing to send"
 
 
 def test_a_silent_switch_leaves_the_reload_pending(tmp_path, monkeypatch):
     from nfshunt.app import operator_api
+    from tests.support import fakeswitch as fs
     monkeypatch.setattr(operator_api, "RELOAD_WAIT", 0.2)
     path = tmp_path / "nfshunt.json"
-    app = _Wired(path, from_dict(raw()))
+    rig = _rig(path)
+    rig.switch.mute.add(fs.BARRIER)  # the flow-mods go in; their barrier is never answered
     path.write_text(json.dumps(raw(static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
-    ev = EventControl({"cmd": "reload"})
-    OperatorAPI(app).handle(ev)  # nothing the switch says is handed back
-    assert ev.done.wait(5)
-    assert ev.reply["confirmed"] is False
-    (row,) = ev.reply["switches"]
+    reply = _reload_on(rig)
+    assert reply["confirmed"] is False
+    (row,) = reply["switches"]
     assert row["state"] == "pending" and "not answered" in row["why"]
 
 
 def test_a_pairs_backup_sends_nothing_and_says_so(tmp_path):
     path = tmp_path / "nfshunt.json"
     pair = {"pair": {"state_file": str(tmp_path / "pair.json")}, "delete_flows_on_shutdown": False}
-    app = _Wired(path, from_dict(raw(**pair)), pair=True)
+    rig = _rig(path, **pair)
     path.write_text(json.dumps(raw(**pair, static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
-    reply = _reload_and_pump(app)
-    assert app.fake.entries == []  # nothing sent (a real switch refuses a backup's flow-mods: IS_SLAVE)
+    reply = _reload_on(rig)
+    assert rig.switch.entries == []  # nothing sent (a real switch refuses a backup's flow-mods: IS_SLAVE)
     (row,) = reply["switches"]
     assert row["state"] == "backup" and reply["confirmed"] is True
 

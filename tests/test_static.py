@@ -106,6 +106,30 @@ def test_the_prefix_limit_priority_and_openflow_version_are_checked():
     assert err.value.key == "static_shunts" and "1.3" in err.value.problem
 
 
+@pytest.mark.parametrize("above_shunts, ok", [(1, False), (2, True)], ids=["catchers-tie", "above-catchers"])
+def test_static_priority_must_be_above_the_tcp_catchers_at_shunt_priority_plus_one(above_shunts, ok):
+    """A static flow at the catchers' priority (shunt_priority + 1) would tie with them
+    (which wins is the switch's choice); one above is the lowest allowed."""
+    shunt = config().shunt_priority
+    if ok:
+        assert static_config(STREAM, static_priority=shunt + above_shunts).static_priority == shunt + above_shunts
+        return
+    with pytest.raises(ConfigError) as err:
+        static_config(STREAM, static_priority=shunt + above_shunts)
+    assert err.value.key == "static_priority" and f"shunt_priority + 1 ({shunt + 1}" in err.value.problem
+
+
+@pytest.mark.parametrize("below_blocks, ok", [(0, False), (1, True)], ids=["ties-blocks", "below-blocks"])
+def test_static_priority_must_be_below_block_priority(below_blocks, ok):
+    block = config().block_priority
+    if ok:
+        assert static_config(STREAM, static_priority=block - below_blocks).static_priority == block - below_blocks
+        return
+    with pytest.raises(ConfigError) as err:
+        static_config(STREAM, static_priority=block - below_blocks)
+    assert err.value.key == "static_priority" and "block" in err.value.problem
+
+
 def builder(cfg, templated=False):
     """templated=False: os-ken message objects, whose fields the tests inspect."""
     fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), cfg)

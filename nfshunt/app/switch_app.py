@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -59,10 +59,17 @@ REPLIES = {ofp_event.EventOFPBarrierReply: ("barrier reply", False),
 
 class NFShuntApp(app_manager.OSKenApp):
     OFP_VERSIONS: list[int] = []  # set from the config by controller.run() before start
+    # The host's kernel as the app reaches it: conntrack's worker and listener, the policy's
+    # chains. Made here; a test's rig (tests/support) subclasses the app with fakes of them.
+    Worker: Callable[..., ConntrackWorker] = ConntrackWorker
+    Listener: Callable[..., ConntrackListener] = ConntrackListener
+    Policy: Callable[..., PolicyWatch] = PolicyWatch
 
-    def __init__(self, *args: Any, nfshunt_config: Config, nfshunt_config_path: str | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, nfshunt_config: Config, nfshunt_config_path: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cfg = nfshunt_config
+        self.clock = clock  # monotonic: every handler's `now` (a test's rig gives its own)
         self.config_path = nfshunt_config_path  # read again by a reload (operator_api)
         # The control socket is bound before the pair's state file is read (Switch): a role
         # that `nfshunt role` recorded there because no socket answered is read, or else the
@@ -73,9 +80,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
         self.router = Router(self.cfg)
         self.trimmer = Trimmer()
-        self.collections = FullCollections(time.monotonic())
+        self.collections = FullCollections(clock())
         self._events_read = 0  # conntrack events and dumped entries taken by the event loop
-        self.feeds = Feeds(self.switches, lambda ev: self.send_event(self.name, ev))
+        self.feeds = Feeds(self.switches, lambda ev: self.send_event(self.name, ev), clock)
         self.operator = OperatorAPI(self)
         # The IDS API (issue 28): served by a process of its own, whose calls this process's
         # threads hand to this event loop.
@@ -87,9 +94,9 @@ class NFShuntApp(app_manager.OSKenApp):
         self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
-        self.worker = ConntrackWorker(on_dump=self.feeds.dump, on_malformed=self._malformed)
+        self.worker = self.Worker(on_dump=self.feeds.dump, on_malformed=self._malformed)
         self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
-                                     lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
+                                     lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)), clock)
         self.run = self.dispatcher.run
         self.operator.restore_pins()  # (before the IDS's rules: an operator's pin beats them)
         if self.cfg.ids is not None:
@@ -100,18 +107,18 @@ class NFShuntApp(app_manager.OSKenApp):
                                       count=lambda why: self.counters.add("ids_refused", why.value),
                                       restarted=lambda: self.counters.inc("ids_api_restarts"),
                                       bad_frame=lambda: self.counters.inc("ids_api_bad_frames"))
-        self.policy = PolicyWatch(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
+        self.policy = self.Policy(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale
         rlog = RateLimitedLog(LOG)
-        self.roles = RoleLink(self.counters, self.run)
+        self.roles = RoleLink(self.counters, self.run, clock)
         self.replies = Replies(self.counters, rlog, self.policy, self.roles, self.run)
         self.housekeeping = Housekeeping(self.counters, rlog, self.replies, self.roles, self.run)
         self.peers = Peers(self.switches, self.cfg.tls is not None, self.counters, rlog, self.replies,
-                                   self.roles, self.run)
+                           self.roles, self.run, clock)
         install_connection_factory(self.peers.admit, self.peers.failed)  # before os-ken's listener starts
-        self.listener = ConntrackListener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
-                                          self._malformed)
+        self.listener = self.Listener(self.cfg.netlink_rcvbuf, self.feeds.events, self.feeds.overflow,
+                                      self._malformed)
 
     # --- threads ----------------------------------------------------------------------------
 
@@ -203,25 +210,25 @@ class NFShuntApp(app_manager.OSKenApp):
         what, parts = REPLIES[type(ev)]
         sw = self.peers.ours(ev.msg.datapath, what)
         if sw is not None:
-            (self.replies.stats if parts else self.replies.reply)(sw, ev.msg, time.monotonic())
+            (self.replies.stats if parts else self.replies.reply)(sw, ev.msg, self.clock())
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev: Any) -> None:
         sw = self.peers.ours(ev.msg.datapath, "error")
         if sw is not None:  # before the handshake or from a refused peer: no key per type and code
-            self.replies.error(sw, ev.msg, time.monotonic())
+            self.replies.error(sw, ev.msg, self.clock())
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
         sw = self.peers.ours(ev.msg.datapath, "packet-in")
         if sw is not None:
-            self.replies.packet_in(sw, ev.msg, time.monotonic())
+            self.replies.packet_in(sw, ev.msg, self.clock())
 
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
     def _flow_removed(self, ev: Any) -> None:
         sw = self.peers.ours(ev.msg.datapath, "flow-removed")
         if sw is not None:
-            self.replies.flow_removed(sw, ev.msg, time.monotonic())
+            self.replies.flow_removed(sw, ev.msg, self.clock())
 
     # --- conntrack, control and timers ------------------------------------------------------------
 
@@ -266,13 +273,13 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventWatch)
     def _watch(self, ev: EventWatch) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for sw in self.switches:
             self.housekeeping.watch(sw, now)
 
     @set_ev_cls(EventTick)
     def _tick(self, ev: EventTick) -> None:
-        now = time.monotonic()
+        now = self.clock()
         busy = any(sw.session is not None and sw.session.send.pending() > 0 for sw in self.switches)
         try:
             for sw in self.switches:
@@ -288,6 +295,6 @@ class NFShuntApp(app_manager.OSKenApp):
 
     @set_ev_cls(EventShutdown)
     def _shutdown(self, ev: EventShutdown) -> None:
-        self.housekeeping.shutdown(self.switches, time.monotonic(), ev.done,
+        self.housekeeping.shutdown(self.switches, self.clock(), ev.done,
                                    lambda sw, done: self.worker.after(
                                        lambda: self.send_event(self.name, EventRun(sw, (), done))))

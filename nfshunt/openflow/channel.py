@@ -296,11 +296,12 @@ class SendPath:
     stay on the slow path meanwhile, conntrack entries kept)."""
 
     def __init__(self, dp: Any, fb: FlowBuilder, inflight: InFlight, rate: float = 0, queue_max: int = 0,
-                 wanted: Callable[[Conn], bool] = lambda conn: True):
+                 wanted: Callable[[Conn], bool] = lambda conn: True, clock: Callable[[], float] = time.monotonic):
         self.dp = dp
         self.fb = fb
         self.inflight = inflight
-        self.pacer = Pacer(rate, time.monotonic()) if rate else None
+        self.clock = clock  # the event loop's (monotonic): when a barrier was asked
+        self.pacer = Pacer(rate, clock()) if rate else None
         self.queue_max = queue_max
         self.wanted = wanted  # a queued install the core no longer wants is dropped, not sent
         self.queued: collections.deque[Conn] = collections.deque()
@@ -369,7 +370,7 @@ class SendPath:
         if self._conns:
             batch = Batch(self._conns, self._xids)
             self._conns, self._xids = [], {}
-        self.inflight.ask(xid, Barrier(time.monotonic(), batch, waiter))
+        self.inflight.ask(xid, Barrier(self.clock(), batch, waiter))
 
     def error(self, xid: int, reason: str, table_full: bool) -> Conn | None:
         """An error message: the install it concerns (recorded as failed in its batch), if

@@ -8,6 +8,7 @@ session never asks whether the switch is there.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from nfshunt.config.settings import Config
@@ -21,16 +22,17 @@ from .inflight import Barrier, FlowsRead, InFlight, Request
 
 class Session:
     def __init__(self, dp: Any, cfg: Config, pipeline: bool = False,
-                 wanted: Callable[[Conn], bool] = lambda conn: True):
+                 wanted: Callable[[Conn], bool] = lambda conn: True, clock: Callable[[], float] = time.monotonic):
         self.dp = dp
         self.fb = FlowBuilder(dp, cfg, pipeline)
         self.inflight = InFlight()
         self._wanted = wanted  # a paced install the core still wants sent
+        self.clock = clock  # the event loop's
         self.send = self._send_path(cfg)
         self.meter_on = False  # the packet-in meter is set (and not refused)
 
     def _send_path(self, cfg: Config) -> SendPath:
-        return SendPath(self.dp, self.fb, self.inflight, cfg.flow_mod_rate, cfg.install_queue, self._wanted)
+        return SendPath(self.dp, self.fb, self.inflight, cfg.flow_mod_rate, cfg.install_queue, self._wanted, self.clock)
 
     def ask(self, msg: Any, request: Request) -> None:
         """Queue a request, registered in flight under its xid."""

@@ -57,8 +57,10 @@ def _static_delete(what: str) -> str:
 
 
 class Dispatcher:
-    def __init__(self, worker: ConntrackWorker, outcomes: Outcomes, schedule: Schedule, post: Post):
+    def __init__(self, worker: ConntrackWorker, outcomes: Outcomes, schedule: Schedule, post: Post,
+                 clock: Callable[[], float] = time.monotonic):
         self.worker = worker
+        self.clock = clock  # the event loop's (monotonic)
         self.outcomes = outcomes
         self.counters = outcomes.counters
         self.schedule = schedule  # run commands after a delay (the app's timer)
@@ -74,8 +76,8 @@ class Dispatcher:
             c.RestoreConntrack: self.restore_conntrack,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
-            c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, time.monotonic()),
-            c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, time.monotonic()),
+            c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
+            c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, self.clock()),
             c.CloseContradicted: self.close_contradicted,
             c.Later: lambda sw, cmd: self.schedule(cmd.delay, sw, cmd.commands),
         }
@@ -91,15 +93,15 @@ class Dispatcher:
             c.DeleteAllFlows: self.delete_all_flows,
             c.DeleteSwitchFlow: self.delete_switch_flow,
             c.RequestKeptDefaults: self.request_kept_defaults,
-            c.RequestTableSize: lambda _sw, s, _cmd: s.ask(s.fb.table_size_request(), TableSize(time.monotonic())),
+            c.RequestTableSize: lambda _sw, s, _cmd: s.ask(s.fb.table_size_request(), TableSize(self.clock())),
             c.RequestSwitchFlows: lambda _sw, s, _cmd: s.ask(s.fb.owned_flow_stats_request(),
-                                                             ReconcileRead(time.monotonic())),
+                                                             ReconcileRead(self.clock())),
             c.ReadCounters: lambda _sw, s, cmd: s.ask(s.fb.pair_stats_request(cmd.conn),
-                                                      CounterRead(time.monotonic(), cmd.conn)),
+                                                      CounterRead(self.clock(), cmd.conn)),
             c.InstallStatic: self.install_static,
             c.RemoveStatic: self.remove_static,
             c.ReadStaticCounters: lambda _sw, s, _cmd: s.ask(s.fb.static_stats_request(),
-                                                             StaticRead(time.monotonic())),
+                                                             StaticRead(self.clock())),
             c.InstallAddressBlocks: self.install_address_blocks,
             c.RemoveAddressBlocks: self.remove_address_blocks,
         }
@@ -144,14 +146,13 @@ class Dispatcher:
         elif waiter is not None:
             waiter.set()
 
-    @staticmethod
-    def _release(sw: Switch, session: Session) -> list[c.Command]:
+    def _release(self, sw: Switch, session: Session) -> list[c.Command]:
         """Paced installs whose turn has come go out; the queue's freed room goes to
         connections that waited for it."""
         send, core = session.send, sw.core
         before = len(send.queued)
         out: list[c.Command] = []
-        for conn in send.release(time.monotonic()):
+        for conn in send.release(self.clock()):
             out.extend(core.install_dropped(conn, "taken down before it was sent", wait=False))
         drained = before - len(send.queued)
         if drained and core.waiting:
@@ -177,22 +178,20 @@ class Dispatcher:
         s.send.queue(s.fb.defaults(cmd.groups))
         LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups), sw.name)
 
-    @staticmethod
-    def request_kept_defaults(sw: Switch, s: Session, _cmd: c.RequestKeptDefaults) -> None:
+    def request_kept_defaults(self, sw: Switch, s: Session, _cmd: c.RequestKeptDefaults) -> None:
         def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
             if flows is not None:  # (None: the switch went, or never answered: not known)
                 sw.core.defaults_kept(flows)
         s.ask(s.fb.cookie_stats_request(cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK),
-              FlowsRead(time.monotonic(), done))
+              FlowsRead(self.clock(), done))
         # A switch may reorder what no barrier separates: the defaults sent next must not
         # be in the table this read reports.
-        s.ask(s.fb.barrier(), Barrier(time.monotonic()))
+        s.ask(s.fb.barrier(), Barrier(self.clock()))
 
-    @staticmethod
-    def limit_packet_ins(_sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:
+    def limit_packet_ins(self, _sw: Switch, s: Session, cmd: c.LimitPacketIns) -> None:
         delete, add = s.fb.controller_meter(cmd.rate)
         s.send.queue([delete])
-        s.ask(add, MeterSet(time.monotonic()))
+        s.ask(add, MeterSet(self.clock()))
         s.meter_on = True
 
     @staticmethod
@@ -226,7 +225,7 @@ class Dispatcher:
             LOG.error("switch %s speaks OpenFlow 1.0: %d IDS address-block flows not installed (%s)", sw.name,
                       len(cmd.flows), cmd.reason)
             return
-        now = time.monotonic()
+        now = self.clock()
         s.send.queue([s.fb.address_block_add(f, now) for f in cmd.flows])
         self.outcomes.static("address_block_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows],
                              cmd.reason, "address_blocks")

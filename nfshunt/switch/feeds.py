@@ -62,10 +62,12 @@ Post = Callable[[event.EventBase], None]
 
 
 class Feeds:
-    def __init__(self, switches: list[Switch], post: Post):
+    def __init__(self, switches: list[Switch], post: Post, clock: Callable[[], float] = time.monotonic):
         self.switches = switches
         self.post = post
+        self.clock = clock  # the event loop's (monotonic)
         self.running = True
+        self.next_tick = self.next_watch = clock() + 1.0
         self.later: list[tuple[float, int, Switch, tuple[c.Command, ...]]] = []  # heap of (due, seq, switch, cmds)
         self._later_seq = 0
         self._later_lock = threading.Lock()
@@ -81,30 +83,33 @@ class Feeds:
         """Run `commands` after `delay` (the ticker posts them when due)."""
         with self._later_lock:
             self._later_seq += 1  # ties never compare the commands
-            heapq.heappush(self.later, (time.monotonic() + delay, self._later_seq, sw, commands))
+            heapq.heappush(self.later, (self.clock() + delay, self._later_seq, sw, commands))
 
     def ticker(self) -> None:
         """The 1 s housekeeping tick, and the core's delayed commands (Later) when due: one
         thread however many are waiting (an RST storm must not start a thread per RST)."""
-        next_tick = next_watch = time.monotonic() + 1.0
+        self.next_tick = self.next_watch = self.clock() + 1.0
         while self.running:
             time.sleep(TIMER_RESOLUTION)
-            now = time.monotonic()
-            due: dict[int, list[c.Command]] = {}
-            with self._later_lock:
-                while self.later and self.later[0][0] <= now:
-                    _, _, sw, commands = heapq.heappop(self.later)
-                    due.setdefault(sw.index, []).extend(commands)
-            for sw in self.switches:
-                session = sw.session
-                if sw.index in due or (session is not None and session.send.queued):  # paced installs wait their turn
-                    self.post(EventRun(sw, tuple(due.get(sw.index, ()))))
-            if now >= next_watch:
-                next_watch = now + WATCH_PERIOD
-                self.post(EventWatch())
-            if now >= next_tick:
-                next_tick = now + 1.0
-                self.post(EventTick())
+            self.turn(self.clock())
+
+    def turn(self, now: float) -> None:
+        """One look of the ticker at `now`: what is due is posted to the event loop."""
+        due: dict[int, list[c.Command]] = {}
+        with self._later_lock:
+            while self.later and self.later[0][0] <= now:
+                _, _, sw, commands = heapq.heappop(self.later)
+                due.setdefault(sw.index, []).extend(commands)
+        for sw in self.switches:
+            session = sw.session
+            if sw.index in due or (session is not None and session.send.queued):  # paced installs wait their turn
+                self.post(EventRun(sw, tuple(due.get(sw.index, ()))))
+        if now >= self.next_watch:
+            self.next_watch = now + WATCH_PERIOD
+            self.post(EventWatch())
+        if now >= self.next_tick:
+            self.next_tick = now + 1.0
+            self.post(EventTick())
 
     # --- conntrack ------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from the same address or over TLS.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -37,8 +38,9 @@ def _wanted(core: Core) -> Callable[[Conn], bool]:
 
 class Peers:
     def __init__(self, switches: list[Switch], tls: bool, counters: Counters, rlog: RateLimitedLog,
-                 replies: Replies, roles: RoleLink, run: Run):
+                 replies: Replies, roles: RoleLink, run: Run, clock: Callable[[], float] = time.monotonic):
         self.switches = switches
+        self.clock = clock  # the event loop's, for each session
         self.tls = tls  # a replacing connection may come from another address (authenticated)
         self.counters = counters
         self.rlog = rlog
@@ -104,7 +106,7 @@ class Peers:
             LOG.warning("switch %016x connected again from %s: replacing its old connection", dp.id, dp.address[0])
             self.disconnected(sw, "replaced by a new connection")
             old.close()
-        session = sw.session = Session(dp, sw.cfg, self._pipeline(sw, dp), _wanted(sw.core))
+        session = sw.session = Session(dp, sw.cfg, self._pipeline(sw, dp), _wanted(sw.core), self.clock)
         self.counters.inc("switch_connects")
         LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                  dp.address[1], openflow_label(dp.ofproto.OFP_VERSION))

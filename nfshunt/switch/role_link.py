@@ -19,15 +19,16 @@ Run = Callable[[Switch, Iterable[c.Command]], None]
 
 
 class RoleLink:
-    def __init__(self, counters: Counters, run: Run):
+    def __init__(self, counters: Counters, run: Run, clock: Callable[[], float] = time.monotonic):
         self.counters = counters
         self.run = run
+        self.clock = clock  # the event loop's
 
     def request(self, sw: Switch, req: RoleRequest) -> None:
         s = sw.session
         if s is None:
             return
-        s.ask(s.dp.ofproto_parser.OFPRoleRequest(s.dp, req.role, req.generation), RoleAsk(time.monotonic(), req))
+        s.ask(s.dp.ofproto_parser.OFPRoleRequest(s.dp, req.role, req.generation), RoleAsk(self.clock(), req))
         if req.role == MASTER:
             LOG.info("claiming MASTER of switch %s with generation %d", sw.name, req.generation)
         s.send.flush()
