@@ -25,13 +25,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nfshunt_testbed.bed import (  # noqa: E402
-    BLOCK_PORT,
-    IGNORE_PORT,
-    SHUNT_PORT,
-    Testbed,
-    prometheus,  # noqa: E402
-)
+from nfshunt_testbed import prometheus  # noqa: E402
+from nfshunt_testbed.bed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed  # noqa: E402
 
 METRICS_PORT, API_PORT = 9753, 9754
 TOKEN = "dashboard-picture-token-0123456789"

@@ -68,7 +68,7 @@ def tb(ready, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prom(tb):
-    from nfshunt_testbed.bed import prometheus
+    from nfshunt_testbed import prometheus
     started = time.monotonic()
     with prometheus.running(tb, interval="1s") as server:
         print(f"\nPrometheus scraping in {time.monotonic() - started:.1f} s")
@@ -78,7 +78,7 @@ def prom(tb):
 # --- what the test reads from the shipped files -------------------------------------------
 
 def _shipped():
-    from nfshunt_testbed.bed import prometheus
+    from nfshunt_testbed import prometheus
     return prometheus.dashboard_queries(), prometheus.alert_rules()
 
 
