@@ -67,7 +67,7 @@ class FakeWorker:
         self.cleared: list[int] = []  # clear_marks masks
         self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
 
-    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
+    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None, _counted: bool = False) -> None:
         self.deleted.append((orig, ct_id))
 
     def restore(self, _family: int, orig: FlowTuple, _reply: FlowTuple, tcp_state: int, timeout: int,

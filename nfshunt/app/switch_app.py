@@ -30,6 +30,7 @@ from nfshunt.kernel.listener import ConntrackListener
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes, audit_logger
 from nfshunt.observe.collector import FullCollections
+from nfshunt.observe.flowrecords import FlowRecords
 from nfshunt.observe.logs import BatchedFileHandler, flush_all
 from nfshunt.observe.metrics import Metrics
 from nfshunt.observe.trim import Trimmer
@@ -88,7 +89,11 @@ class NFShuntApp(app_manager.OSKenApp):
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
         self.worker = ConntrackWorker(on_dump=self.feeds.dump, on_malformed=self._malformed)
-        self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
+        outcomes = Outcomes(self.metrics, self.audit)
+        if self.cfg.accounting_log:  # a record for each pair that leaves, with the slow path's counts
+            outcomes.records = FlowRecords(self.cfg.accounting_log, self.cfg)
+            self.worker.on_counted = outcomes.records.slow_counted
+        self.dispatcher = Dispatcher(self.worker, outcomes, self.feeds.schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)))
         self.run = self.dispatcher.run
         if self.cfg.ids is not None:
@@ -174,7 +179,8 @@ class NFShuntApp(app_manager.OSKenApp):
     def reopen_logs(self) -> None:
         """SIGHUP: reopen the audit log (after logrotate moved it), then reload the config
         (the reload logs its outcome; nobody waits for the answer)."""
-        for handler in self.audit.handlers:
+        records = self.dispatcher.outcomes.records
+        for handler in [*self.audit.handlers, *([records.handler] if records is not None else [])]:
             if isinstance(handler, BatchedFileHandler):
                 handler.reopen()
         LOG.info("reopened the audit log")
