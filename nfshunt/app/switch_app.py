@@ -250,8 +250,14 @@ class NFShuntApp(app_manager.OSKenApp):
         self.worker.dump()
 
     def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """On the control server's thread: hand over to the event loop and wait."""
-        ev = EventControl(request)
+        """On the control server's thread: what reads the kernel or a file is read here
+        (operator_api.off_loop), the rest is handed over to the event loop."""
+        reply = self.operator.off_loop(request, self._ask_loop)
+        return reply if reply is not None else self._ask_loop(request)
+
+    def _ask_loop(self, request: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        """Hand a request (and what was read for it) to the event loop and wait."""
+        ev = EventControl(request, context)
         self.send_event(self.name, ev)
         if not ev.done.wait(5.0):
             return {"error": "the controller did not answer within 5 s"}
