@@ -227,6 +227,19 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explainview import cmd_explain as explain
+    return explain(args, _socket(args))
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from .topview import cmd_top as top
+    if not 0.2 <= args.interval <= 60:
+        print("nfshunt top: --interval must be 0.2-60 seconds", file=sys.stderr)
+        return EXIT_CONFIG
+    return top(args, _socket(args))
+
+
 def cmd_ids_remove(args: argparse.Namespace) -> int:
     reply = _ask(args, {"cmd": "ids_remove", "source": args.source, "id": args.id})
     if reply is None:
@@ -381,6 +394,18 @@ def _control_commands(sub: Any) -> None:
         _control_args(sp)
         sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
         sp.set_defaults(func=cmd_control)
+    ex = sub.add_parser("explain", help="why a connection is (not) on the fast path, through every layer: "
+                        "conntrack, the policy rule, the controller, the switch's flows")
+    _control_args(ex)
+    ex.add_argument("target", nargs="+", help="a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201', a conntrack "
+                    "id, or a pair's cookie (0x...)")
+    ex.add_argument("--json", action="store_true", help="machine-readable output")
+    ex.set_defaults(func=cmd_explain)
+    tp = sub.add_parser("top", help="a live view of the busiest connections on both paths (q quits)")
+    _control_args(tp)
+    tp.add_argument("--once", action="store_true", help="print one frame as text and exit")
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    tp.set_defaults(func=cmd_top)
     ir = sub.add_parser("ids-remove", help="take an IDS's rule out (the operator beats every IDS), e.g. an "
                         "address block: its flows go, it is reported ended")
     _control_args(ir)

@@ -9,6 +9,8 @@ request to a callback (the app answers it on its event loop). Requests:
   {"cmd": "unshunt"|"block", "tuple": "tcp 10.0.0.1:40000 -> 10.0.0.2:5201"}   ... or tuple
   {"cmd": "reload"}                                   read the config again (operator_api.reload)
   {"cmd": "ids_remove", "source": "ids:zeek", "id": "12"}   an IDS's rule taken out by the operator
+  {"cmd": "explain", "target": "tcp 10.0.0.1:40000 -> 10.0.0.2:5201"}   one connection through every layer
+  {"cmd": "top", "limit": 20}                          the busiest connections of both paths, with rates
 
 Refusals (not root, bad request) come back as {"error": "..."}; the socket file is mode
 0600 in a 0700 directory, and the peer's credentials are checked as well.

@@ -31,8 +31,9 @@ from nfshunt.records import markcodec
 from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
 from nfshunt.switch.switch import Switch
 
-from . import pin_file
+from . import pin_file, top
 from .control import parse_tuple
+from .explain import Explain, Gathered, finish, gather, parse_target
 
 LOG = logging.getLogger("nfshunt")
 
@@ -40,9 +41,10 @@ LOG = logging.getLogger("nfshunt")
 class EventControl(event.EventBase):
     """A control-socket request, answered on the event loop."""
 
-    def __init__(self, request: dict[str, Any]):
+    def __init__(self, request: dict[str, Any], context: Any = None):
         super().__init__()
         self.request = request
+        self.context = context  # what the control socket's thread read first (explain, top)
         self.reply: dict[str, Any] = {}
         self.done = threading.Event()
 
@@ -127,6 +129,23 @@ class Controller(Protocol):
 class OperatorAPI:
     def __init__(self, app: Controller):
         self.app = app
+        self.explainer = Explain(app)
+        self.sampler = top.TopSampler()
+
+    def off_loop(self, request: dict[str, Any],
+                 ask: Callable[[dict[str, Any], Any], dict[str, Any]]) -> dict[str, Any] | None:
+        """On the control socket's thread, before and after the event loop's part: what
+        reads the kernel or a file (explain, top). None: the request is the loop's alone."""
+        if request.get("cmd") == "top":
+            return self.top(request, ask)
+        if request.get("cmd") != "explain":
+            return None
+        try:
+            target = parse_target(request.get("target"))
+        except ValueError as exc:
+            return {"error": str(exc), "bad_input": True}
+        reply = ask(request, gather(target))
+        return reply if "error" in reply else finish(reply, self.app.cfg.audit_log)
 
     @property
     def counters(self) -> Any:
@@ -173,9 +192,34 @@ class OperatorAPI:
                 self.role(ev, req.get("role"))
             case "reload":
                 self.reload(ev, str(req.get("by") or "control socket"))
+            case "top" if ev.context == "top":
+                self.ask_top(ev, now)
+            case "explain" if isinstance(ev.context, Gathered):
+                self.explainer.on_loop(ev.context, ev.answer, now)
             case _:
                 ev.answer({"error": f"unknown command {cmd!r} (status, flush, reevaluate, unshunt, block, "
-                                    "ids_remove, role, reload)"})
+                                    "ids_remove, role, reload, explain)"})
+
+    def top(self, request: dict[str, Any], ask: Callable[[dict[str, Any], Any], dict[str, Any]]) -> dict[str, Any]:
+        """nfshunt top: conntrack's entries read here, the switches' counters on the loop."""
+        limit = request.get("limit", top.LIMIT_DEFAULT)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= top.LIMIT_MAX:
+            return {"error": f"limit must be an integer 1-{top.LIMIT_MAX}", "bad_input": True}
+        entries, acct, error = top.read_slow()
+        view = ask(request, "top")
+        if "error" in view:
+            return view
+        return {**self.sampler.rate(view, entries, acct, limit), "conntrack_error": error}
+
+    def ask_top(self, ev: EventControl, now: float) -> None:
+        """top's part on the loop: every pair's counters, read from each connected switch."""
+        counters = self.counters.flat()
+        request = StatusRequest(ev, lambda flows: top.loop_view(self.switches, counters, flows, time.monotonic()))
+        for sw in self.switches:
+            if sw.session is not None:
+                request.asked.add(sw.index)
+                sw.session.read_flows(functools.partial(request.got, sw.index), now)
+        request.answer_if_complete()
 
     def ask_status(self, ev: EventControl, req: dict[str, Any], now: float) -> None:
         """Status: with the connections, once every connected switch's flows are read back."""

@@ -30,6 +30,7 @@ from nfshunt.kernel.listener import ConntrackListener
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes, audit_logger
 from nfshunt.observe.collector import FullCollections
+from nfshunt.observe.flowrecords import FlowRecords
 from nfshunt.observe.logs import BatchedFileHandler, flush_all
 from nfshunt.observe.metrics import Metrics
 from nfshunt.observe.trim import Trimmer
@@ -95,7 +96,11 @@ class NFShuntApp(app_manager.OSKenApp):
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
         self.worker = self.Worker(on_dump=self.feeds.dump, on_malformed=self._malformed)
-        self.dispatcher = Dispatcher(self.worker, Outcomes(self.metrics, self.audit), self.feeds.schedule,
+        outcomes = Outcomes(self.metrics, self.audit)
+        if self.cfg.accounting_log:  # a record for each pair that leaves, with the slow path's counts
+            outcomes.records = FlowRecords(self.cfg.accounting_log, self.cfg)
+            self.worker.on_counted = outcomes.records.slow_counted
+        self.dispatcher = Dispatcher(self.worker, outcomes, self.feeds.schedule,
                                      lambda sw, cmds: self.send_event(self.name, EventRun(sw, cmds)), clock)
         self.run = self.dispatcher.run
         self.operator.restore_pins()  # (before the IDS's rules: an operator's pin beats them)
@@ -182,7 +187,8 @@ class NFShuntApp(app_manager.OSKenApp):
     def reopen_logs(self) -> None:
         """SIGHUP: reopen the audit log (after logrotate moved it), then reload the config
         (the reload logs its outcome; nobody waits for the answer)."""
-        for handler in self.audit.handlers:
+        records = self.dispatcher.outcomes.records
+        for handler in [*self.audit.handlers, *([records.handler] if records is not None else [])]:
             if isinstance(handler, BatchedFileHandler):
                 handler.reopen()
         LOG.info("reopened the audit log")
@@ -252,8 +258,14 @@ class NFShuntApp(app_manager.OSKenApp):
         self.worker.dump()
 
     def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """On the control server's thread: hand over to the event loop and wait."""
-        ev = EventControl(request)
+        """On the control server's thread: what reads the kernel or a file is read here
+        (operator_api.off_loop), the rest is handed over to the event loop."""
+        reply = self.operator.off_loop(request, self._ask_loop)
+        return reply if reply is not None else self._ask_loop(request)
+
+    def _ask_loop(self, request: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        """Hand a request (and what was read for it) to the event loop and wait."""
+        ev = EventControl(request, context)
         self.send_event(self.name, ev)
         if not ev.done.wait(5.0):
             return {"error": "the controller did not answer within 5 s"}

@@ -167,6 +167,7 @@ class Config:
     metrics_address: str | None = None
     metrics_port: int = 9753
     audit_log: str | None = None
+    accounting_log: str | None = None  # a record (JSON line) for each pair that leaves the switch (flowrecords.py)
     # Where the controller keeps what must outlive it: the fingerprint of the policy the
     # switch's pairs were decided under (policy_state.py).
     state_dir: str = "/var/lib/nfshunt"
@@ -445,6 +446,7 @@ TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
     "metrics_address": _optional(_address),
     "metrics_port": _int(1, 65535),
     "audit_log": _optional(_log_path),
+    "accounting_log": _optional(_log_path),
     "state_dir": _dir_path,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),

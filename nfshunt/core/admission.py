@@ -9,6 +9,9 @@ the newest shunt, up to `max_block_share` of the budget.
 """
 from __future__ import annotations
 
+import enum
+from typing import NamedTuple
+
 from nfshunt.config.settings import PortGroup
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
@@ -46,6 +49,39 @@ R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
 
 
+class Act(enum.Enum):
+    """What admission does with an event (its verdict's step)."""
+    IGNORE = "ignore"  # counted under its reason, nothing else
+    FORGET = "forget"  # a DESTROY: what waited or was pinned for the entry goes
+    DELETE_STALE = "delete stale"  # an entry re-created behind a live pair: deleted
+    TAKE_DOWN = "take down"  # a shunt whose entry closed on the firewall
+    QUEUE = "queue"  # waits for the pair being taken down on its tuple
+    WAIT = "wait"  # decided, no room (budget, id slots): waits on the slow path
+    EVICT = "evict"  # a block that takes the newest shunt's room, installed
+    INSTALL = "install"
+
+
+# The members as module names: the per-event checks below read them (an Enum member read
+# from its class is a slow attribute lookup, several an event).
+IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, QUEUE, WAIT, EVICT, INSTALL = Act
+
+
+
+class Verdict(NamedTuple):
+    """An event's verdict (`Admission.verdict`): the step, the R_* reason where nothing is
+    installed ("": installed), the pair its tuple names (EVICT: the shunt evicted), what the
+    policy (and a pin) decided where it got that far, and the slot an install takes."""
+    act: Act
+    reason: str
+    existing: Conn | None
+    decided: Decided | None
+    slot: int
+    ignored: Ignored | None = None  # the outcome decide made, where it said why not (made once)
+
+
+_new_verdict = tuple.__new__  # Verdict(...) goes through a Python-level __new__: one an event
+
+
 def created_by(conn: Conn) -> ConnEvent:
     """The event that created the pair, made again for a retry."""
     assert conn.event_kind is not None
@@ -62,59 +98,36 @@ class Admission:
         closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
         if closing:
             sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
-        if ev.kind is EventKind.DESTROY:
+        act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
+        if act is IGNORE:
+            return [ignored or Ignored(reason, ev)]
+        if act is FORGET:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
             sh.pins.destroyed(ev)
             return [Ignored(R_DESTROY, ev)]
-        # A connection we handle: either side may be the new entry's original direction.
-        existing = sh.conns.tuples.get(ev.orig)
-        if existing is not None:
-            if existing.state in ACTIVE and existing.ct_id != ev.ct_id:
-                # Packets still in the slow path when the flows went in re-created an entry
-                # (loose pickup); the connection runs on the fast path, so it is stale.
-                return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
-            if closing and existing.ct_id == ev.ct_id and existing.action is Action.SHUNT \
-                    and existing.state is not State.TAKING_DOWN:
-                # Its FINs crossed the firewall while the flows went in: the shunt would
-                # outlive the connection, carrying a later one on its ports past the firewall.
-                existing.closed_on_firewall = True
-                if existing.remove_reason is not None:  # a take-down already waits for the confirmation
-                    return [Ignored(R_CLOSING, ev)]
-                down = sh.conns.take_down(existing, R_CLOSED_ON_FIREWALL, ev.received, closed_on_firewall(ev.tcp_state))
-                return [*down, Ignored(R_CLOSING, ev)]
-            if existing.state is not State.TAKING_DOWN:
-                return [Ignored(R_DUPLICATE, ev)]
-        decided = self.decide(ev, closing)
-        if isinstance(decided, Ignored):
-            return [decided]
-        action = decided[0]
-        if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
-            if ev.kind is EventKind.DUMP:
-                # Most likely the entry whose deletion is still on its way. A connection
-                # that really resumes says so with live events of its own.
-                return [Ignored(R_DUPLICATE, ev)]
-            existing.resume = ev
+        if act is DELETE_STALE:
+            # Packets still in the slow path when the flows went in re-created an entry
+            # (loose pickup); the connection runs on the fast path, so it is stale.
+            return [DeleteConntrack(ev.orig.family, ev.orig, ev.ct_id), Ignored(R_DUPLICATE, ev)]
+        if act is TAKE_DOWN and conn is not None:
+            # Its FINs crossed the firewall while the flows went in: the shunt would
+            # outlive the connection, carrying a later one on its ports past the firewall.
+            conn.closed_on_firewall = True
+            if conn.remove_reason is not None:  # a take-down already waits for the confirmation
+                return [Ignored(R_CLOSING, ev)]
+            down = sh.conns.take_down(conn, R_CLOSED_ON_FIREWALL, ev.received, closed_on_firewall(ev.tcp_state))
+            return [*down, Ignored(R_CLOSING, ev)]
+        if act is QUEUE and conn is not None:
+            conn.resume = ev  # handled once the old pair is gone
             return [Ignored(R_QUEUED, ev)]
-        if sh.version is None or not sh.reconciled:
-            return [Ignored(R_BACKUP if sh.backup else R_NO_SWITCH, ev)]
-        if ev.orig.family == 6 and sh.version < OFP13:
-            return [Ignored(R_IPV6_OF10, ev)]
-        slot = sh.conns.free_slot(ev.ct_id)
-        if slot is None:
-            # Ids are a 32-bit hash: live pairs share one now and then and take the next
-            # slot; with every slot of this id taken, the connection waits on the slow path.
+        assert decided is not None
+        action = decided[0]
+        if act is WAIT:
             self.wait(ev, front=action is Action.BLOCK)
-            return [Ignored(R_ID_COLLISION, ev)]
+            return [Ignored(reason, ev)]
         out: list[Command] = []
-        if sh.budget and sh.conns.shunts + sh.conns.blocks >= sh.budget:
-            if action is Action.SHUNT:
-                self.wait(ev, front=False)
-                return [Ignored(R_BUDGET, ev)]
-            victim = self.evict_for_block(ev.received)
-            if victim is None:
-                self.wait(ev, front=True)
-                return [Ignored(R_BUDGET, ev)]
-            out.extend(victim)
+        if act is EVICT:
+            out.extend(self.evict_for_block(ev.received, conn) or ())
         sh.waiting.pop(ev.orig, None)
         out.append(InstallFlows(self._pair(ev, decided, slot)))
         return out
@@ -127,6 +140,61 @@ class Admission:
                     hard_timeout=hard)
         self.shared.remember(conn)
         return conn
+
+    def verdict(self, ev: ConnEvent, closing: bool) -> Verdict:
+        """What conntrack_event does with an event, and why: decided before anything is
+        changed (only `decide` notes on a pin the entry it applies to), so a dry run
+        (`dry_run`: nfshunt explain) gets the very reason an event would get."""
+        sh = self.shared
+        if ev.kind is EventKind.DESTROY:
+            return _new_verdict(Verdict, (FORGET, R_DESTROY, None, None, 0, None))
+        # A connection we handle: either side may be the new entry's original direction.
+        existing = sh.conns.tuples.get(ev.orig)
+        if existing is not None:
+            if existing.state in ACTIVE and existing.ct_id != ev.ct_id:
+                return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
+            if closing and existing.ct_id == ev.ct_id and existing.action is Action.SHUNT \
+                    and existing.state is not State.TAKING_DOWN:
+                return _new_verdict(Verdict, (TAKE_DOWN, R_CLOSING, existing, None, 0, None))
+            if existing.state is not State.TAKING_DOWN:
+                return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
+        decided = self.decide(ev, closing)
+        if isinstance(decided, Ignored):
+            return _new_verdict(Verdict, (IGNORE, decided.reason, existing, None, 0, decided))
+        action = decided[0]
+        if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
+            if ev.kind is EventKind.DUMP:
+                # Most likely the entry whose deletion is still on its way. A connection
+                # that really resumes says so with live events of its own.
+                return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, decided, 0, None))
+            return _new_verdict(Verdict, (QUEUE, R_QUEUED, existing, decided, 0, None))
+        if sh.version is None or not sh.reconciled:
+            return _new_verdict(Verdict, (IGNORE, R_BACKUP if sh.backup else R_NO_SWITCH, None, decided, 0, None))
+        if ev.orig.family == 6 and sh.version < OFP13:
+            return _new_verdict(Verdict, (IGNORE, R_IPV6_OF10, None, decided, 0, None))
+        slot = sh.conns.free_slot(ev.ct_id)
+        if slot is None:
+            # Ids are a 32-bit hash: live pairs share one now and then and take the next
+            # slot; with every slot of this id taken, the connection waits on the slow path.
+            return _new_verdict(Verdict, (WAIT, R_ID_COLLISION, None, decided, 0, None))
+        if sh.budget and sh.conns.shunts + sh.conns.blocks >= sh.budget:
+            victim = None if action is Action.SHUNT else self._victim()
+            if victim is None:
+                return _new_verdict(Verdict, (WAIT, R_BUDGET, None, decided, 0, None))
+            return _new_verdict(Verdict, (EVICT, "", victim, decided, slot, None))  # (`existing`: the one evicted)
+        return _new_verdict(Verdict, (INSTALL, "", None, decided, slot, None))
+
+    def dry_run(self, ev: ConnEvent) -> Verdict:
+        """The verdict an event for this entry would get now, with nothing changed: the
+        closing entries are asked, not taught, and a pin keeps the entry it applied to."""
+        sh = self.shared
+        pin = sh.pins.get(ev.orig) if sh.pins else None
+        applied = pin.ct_id if pin is not None else None
+        try:
+            return self.verdict(ev, sh.closing.peek(ev))
+        finally:
+            if pin is not None:
+                pin.ct_id = applied
 
     def decide(self, ev: ConnEvent, closing: bool) -> Ignored | Decided:
         """What the mark (and a pin) decided for a new or updated entry, the port groups it
@@ -207,23 +275,29 @@ class Admission:
         budget = self.shared.budget or (conns.shunts + conns.blocks)
         return conns.blocks < budget * self.shared.cfg.max_block_share
 
-    def evict_for_block(self, now: float) -> list[Command] | None:
-        """Make room for a block: take down the newest active shunt (blocks come first).
-        None: blocks may not evict (max_block_share), or there is no shunt to evict."""
-        if not self._blocks_may_evict():
-            return None
-        conns = self.shared.conns
-        victim: Conn | None = None
-        for conn in conns.by_key.values():
-            if conn.action is Action.SHUNT and conn.state in ACTIVE and (
-                    victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
-                victim = conn
+    def evict_for_block(self, now: float, victim: Conn | None = None) -> list[Command] | None:
+        """Make room for a block: take down the newest active shunt (blocks come first; the
+        verdict names it). None: blocks may not evict (max_block_share), or there is no
+        shunt to evict."""
+        victim = victim or self._victim()
         if victim is None:
             return None
         # The budget is freed now; the evicted connection returns to the slow path alive
         # and, judged there again, waits for room like any other shunt.
+        conns = self.shared.conns
         conns.uncount(victim)
         return conns.hand_back(victim, "evicted for a block", now)
+
+    def _victim(self) -> Conn | None:
+        """The shunt a block would evict: the newest active one, if blocks may evict."""
+        if not self._blocks_may_evict():
+            return None
+        victim: Conn | None = None
+        for conn in self.shared.conns.by_key.values():
+            if conn.action is Action.SHUNT and conn.state in ACTIVE and (
+                    victim is None or (conn.confirmed_time or 0) >= (victim.confirmed_time or 0)):
+                victim = conn
+        return victim
 
     def room_freed(self, room: int) -> list[Command]:
         """The switch can take `room` more installs: that many waiting connections are

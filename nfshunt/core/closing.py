@@ -50,3 +50,11 @@ class ClosingEntries:
             return True
         entries.pop(key, None)
         return False
+
+    def peek(self, ev: ConnEvent) -> bool:
+        """What `closing` would answer for the event, learning nothing (a dry run)."""
+        if ev.orig.proto != TCP or ev.kind is EventKind.DESTROY:
+            return False
+        if ev.tcp_state is None:
+            return (ev.ct_id, ev.orig) in self._entries
+        return ev.tcp_state in TCP_CLOSING

@@ -169,6 +169,7 @@ class DeleteConntrack:
     family: int
     orig: FlowTuple
     ct_id: int | None  # None: whatever entry holds this tuple
+    counted: bool = False  # a shunt's own entry: its last counters are the slow path's share (accounting)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from nfshunt.config.static import Network
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
-from .admission import Admission
+from .admission import Admission, Verdict
 from .close_watch import CloseWatch
 from .commands import (
     Command,
@@ -229,6 +229,10 @@ class Core:
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         """A conntrack event: the install it calls for, or why there is none."""
         return self._admission.conntrack_event(ev)
+
+    def dry_run(self, ev: ConnEvent) -> Verdict:
+        """The verdict an event for this entry would get now, nothing changed (explain)."""
+        return self._admission.dry_run(ev)
 
     def room_freed(self, room: int) -> list[Command]:
         """The switch can take `room` more installs (the flow-mod queue drained)."""

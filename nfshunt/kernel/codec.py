@@ -15,7 +15,7 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW, nfct_msg
 
 from nfshunt.records import markcodec
-from nfshunt.records.model import ConnEvent, EventKind, FlowTuple, address_text
+from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple, address_text
 
 NETLINK_NETFILTER = 12
 SO_RCVBUFFORCE = 33
@@ -146,6 +146,37 @@ def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received:
                      state, received)
 
 
+# Beyond what the core needs (explain, top, the accounting records): counters, zone, timestamps.
+CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_ZONE, CTA_TIMESTAMP = 9, 10, 18, 20
+CTA_COUNTERS_PACKETS, CTA_COUNTERS_BYTES = 1, 2
+CTA_TIMESTAMP_START, CTA_TIMESTAMP_STOP = 1, 2
+BE64 = struct.Struct("!Q")
+
+
+def _be(data: bytes, span: tuple[int, int] | None, fmt: struct.Struct) -> int | None:
+    return fmt.unpack_from(data, span[0])[0] if span is not None and span[1] - span[0] >= fmt.size else None
+
+
+def parse_counts(data: bytes, offset: int, length: int) -> EntryCounts:
+    """The counters, zone, timeout and timestamps of one ctnetlink entry message (a dump's
+    part, a lookup's answer, a delete's echo): what the kernel sends of them, no more."""
+    top = _attrs(data, offset + NLMSG_HDR.size + 4, offset + length)
+    counted: list[tuple[int | None, int | None]] = []
+    for atype in (CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY):
+        span = top.get(atype)
+        inner = _attrs(data, *span) if span is not None else {}
+        counted.append((_be(data, inner.get(CTA_COUNTERS_PACKETS), BE64),
+                        _be(data, inner.get(CTA_COUNTERS_BYTES), BE64)))
+    (op, ob), (rp, rb) = counted
+    stamp = top.get(CTA_TIMESTAMP)
+    stamps = _attrs(data, *stamp) if stamp is not None else {}
+    return EntryCounts(packets=(op, rp) if op is not None and rp is not None else None,
+                       bytes=(ob, rb) if ob is not None and rb is not None else None,
+                       zone=_be(data, top.get(CTA_ZONE), BE16) or 0, timeout=_be(data, top.get(CTA_TIMEOUT), BE32),
+                       start_ns=_be(data, stamps.get(CTA_TIMESTAMP_START), BE64),
+                       stop_ns=_be(data, stamps.get(CTA_TIMESTAMP_STOP), BE64))
+
+
 def _mirrored(orig: FlowTuple, reply: FlowTuple) -> FlowTuple:
     """The reply tuple; without NAT, made of the original's own address objects: a shunt
     keeps both tuples for its life, and sharing the addresses saves 128 B a shunt."""
@@ -217,14 +248,31 @@ def tuple_attr(atype: int, t: FlowTuple, nested: int = NLA_F_NESTED) -> bytes:
     return nla(atype | nested, nla(CTA_TUPLE_IP | nested, ip) + nla(CTA_TUPLE_PROTO | nested, proto))
 
 
-def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int) -> bytes:
+NLM_F_ECHO = 0x08
+
+
+def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int, echo: bool = False) -> bytes:
     """IPCTNL_MSG_CT_DELETE for a tuple (and id: only that entry), packed by hand: pyroute2's
-    encoder costs ~100 us a message and deletes run at the shunt rate."""
+    encoder costs ~100 us a message and deletes run at the shunt rate. With `echo` the
+    kernel also sends the requester the entry's destroy event (its last counters)."""
     body = struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
     if ct_id is not None:
         body += nla(CTA_ID, BE32.pack(ct_id))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
-                          NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+                          NLM_F_REQUEST | NLM_F_ACK | (NLM_F_ECHO if echo else 0), seq, 0) + body
+
+
+def destroyed_entries(data: bytes) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each IPCTNL_MSG_CT_DELETE message in a datagram (a delete's echo)."""
+    offset = 0
+    kind = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
+    while offset + NLMSG_HDR.size <= len(data):
+        length, mtype = NLMSG_HDR.unpack_from(data, offset)[:2]
+        if length < NLMSG_HDR.size or offset + length > len(data):
+            return
+        if mtype == kind:
+            yield offset, length
+        offset += (length + 3) & ~3
 
 
 def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: int, seq: int) -> bytes:

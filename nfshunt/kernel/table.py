@@ -9,12 +9,12 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from pyroute2.netlink import NLM_F_REQUEST
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 
-from nfshunt.records.model import ConnEvent, EventKind, FlowTuple
+from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple
 
 from .codec import (
     AF,
@@ -33,6 +33,7 @@ from .codec import (
     mark_update_message,
     netlink_acks,
     nla,
+    parse_counts,
     parse_fast,
     tuple_attr,
 )
@@ -43,8 +44,25 @@ def raw_dump(on_malformed: Callable[[str], None], mark: tuple[int, int] | None =
     """The whole conntrack table (IPv4 and IPv6) over a socket of its own, parsed with the
     fast parser: pyroute2's decoder would need ~18 s for 100,000 entries. With `mark`
     (value, mask) the kernel sends only entries whose mark & mask equals value."""
+    return _dump(on_malformed, mark, lambda data, offset, length, now: parse_fast(data, offset, length,
+                                                                                 EventKind.DUMP, now))
+
+
+def dump_counted(on_malformed: Callable[[str], None],
+                 mark: tuple[int, int] | None = CROSSED_PLUMBING) -> list[tuple[ConnEvent, EntryCounts]]:
+    """A dump (by default of the entries that crossed the bridge plumbing) with each entry's
+    counters (`nfshunt top`; conntrack counts bytes only with nf_conntrack_acct=1)."""
+    return _dump(on_malformed, mark, lambda data, offset, length, now: (
+        parse_fast(data, offset, length, EventKind.DUMP, now), parse_counts(data, offset, length)))
+
+
+T = TypeVar("T")
+
+
+def _dump(on_malformed: Callable[[str], None], mark: tuple[int, int] | None,
+          parse: Callable[[bytes, int, int, float], T]) -> list[T]:
     now = time.monotonic()
-    events: list[ConnEvent] = []
+    events: list[T] = []
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:
         try:
@@ -73,7 +91,7 @@ def raw_dump(on_malformed: Callable[[str], None], mark: tuple[int, int] | None =
                         raise OSError(-code, f"conntrack dump refused: {errno.errorcode.get(-code, code)}")
                 elif mtype >> 8 == NFNL_SUBSYS_CTNETLINK:
                     try:
-                        events.append(parse_fast(data, offset, length, EventKind.DUMP, now))
+                        events.append(parse(data, offset, length, now))
                     except Exception as exc:
                         on_malformed(f"dump: {type(exc).__name__}: {exc}")
                 offset += (length + 3) & ~3
@@ -146,9 +164,15 @@ class _Lookups:
         self.sock.close()
 
     def ask(self, t: FlowTuple) -> ConnEvent | None:
-        """The entry whose original tuple is `t`, or None (the kernel's error: none).
-        Only the answer carrying this request's sequence number is taken: anything else
-        on the socket is an earlier request's, late."""
+        """The entry whose original tuple is `t`, or None (the kernel's error: none)."""
+        found = self.ask_raw(t)
+        return None if found is None else parse_fast(*found, EventKind.DUMP, time.monotonic())
+
+    def ask_raw(self, t: FlowTuple) -> tuple[bytes, int, int] | None:
+        """The kernel's answer for the entry whose original tuple is `t`, as (datagram,
+        offset, length), or None (the kernel's error: none). Only the answer carrying this
+        request's sequence number is taken: anything else on the socket is an earlier
+        request's, late."""
         self.seq = self.seq % 0xFFFFFFFF + 1
         body = struct.pack("=BBH", AF[t.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
         self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
@@ -166,7 +190,7 @@ class _Lookups:
                     raise OSError("conntrack lookup: bad netlink length")
                 if seq == self.seq:
                     if mtype >> 8 == NFNL_SUBSYS_CTNETLINK:
-                        return parse_fast(data, offset, length, EventKind.DUMP, time.monotonic())
+                        return data, offset, length
                     return None
                 offset += (length + 3) & ~3
             if time.monotonic() >= deadline:  # late answers only, for the whole wait
@@ -191,6 +215,36 @@ def lookup(t: FlowTuple) -> ConnEvent | None:
         _LOOKUPS.own = None
         own.sock.close()
         raise
+
+
+def lookup_counted(t: FlowTuple) -> tuple[ConnEvent, EntryCounts] | None:
+    """`lookup` with the entry's counters, zone and timestamps (nfshunt explain; its own
+    socket, as lookup's, for the calling thread)."""
+    own: _Lookups | None = getattr(_LOOKUPS, "own", None)
+    if own is None:
+        own = _LOOKUPS.own = _Lookups()
+    try:
+        found = own.ask_raw(t) or own.ask_raw(t.reversed())
+    except BaseException:
+        _LOOKUPS.own = None
+        own.sock.close()
+        raise
+    if found is None:
+        return None
+    return parse_fast(*found, EventKind.DUMP, time.monotonic()), parse_counts(*found)
+
+
+ACCT_SYSCTL = "/proc/sys/net/netfilter/nf_conntrack_acct"
+TIMESTAMP_SYSCTL = "/proc/sys/net/netfilter/nf_conntrack_timestamp"
+
+
+def sysctl_on(path: str) -> bool | None:
+    """A 0/1 sysctl of this network namespace (procfs shows the reader's); None: missing."""
+    try:
+        with open(path) as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return None
 
 
 def dump_entries() -> Iterable[ConnEvent]:

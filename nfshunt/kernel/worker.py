@@ -13,14 +13,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from nfshunt.records.model import ConnEvent, FlowTuple
+from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple
 
 from .codec import (
     CROSSED_PLUMBING,
     NETLINK_NETFILTER,
     delete_message,
+    destroyed_entries,
     liberal_message,
     netlink_acks,
+    parse_counts,
+    parse_fast,
     restore_message,
     timeout_message,
 )
@@ -36,6 +39,7 @@ class Delete:
     family: int
     orig: FlowTuple
     ct_id: int | None  # with an id the kernel deletes only that entry
+    echo: bool = False  # its last counters go to `on_counted` (the kernel echoes the destroy event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,9 @@ class ConntrackWorker:
                  on_malformed: Callable[[str], None], batch: int = 256):
         self.on_dump = on_dump
         self.on_malformed = on_malformed
+        # A counted delete's entry as the kernel destroyed it (its tuple, id, counters):
+        # the pair's accounting record takes the slow path's share from it. Worker thread.
+        self.on_counted: Callable[[FlowTuple, int, EntryCounts], None] | None = None
         self.batch = batch
         self.q: queue.Queue = queue.Queue()  # lists of requests; dump, clear and stop on their own
         self._local = threading.local()
@@ -138,8 +145,10 @@ class ConntrackWorker:
             if held:
                 self.q.put(held)
 
-    def delete(self, family: int, orig: FlowTuple, ct_id: int | None) -> None:
-        self._put(Delete(family, orig, ct_id))
+    def delete(self, family: int, orig: FlowTuple, ct_id: int | None, counted: bool = False) -> None:
+        """Delete an entry; `counted` (a shunt's own entry, accounting on): its last
+        counters go to `on_counted`."""
+        self._put(Delete(family, orig, ct_id, counted and self.on_counted is not None))
 
     def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
                 closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
@@ -227,10 +236,12 @@ class ConntrackWorker:
     def _send_batch(self, batch: list[Request]) -> None:
         out = bytearray()
         pending: dict[int, Request] = {}
+        echoes = False
         for item in batch:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             if isinstance(item, Delete):
-                out += delete_message(item.family, item.orig, item.ct_id, self._seq)
+                out += delete_message(item.family, item.orig, item.ct_id, self._seq, item.echo)
+                echoes = echoes or item.echo
             elif isinstance(item, Liberal):
                 out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
             elif isinstance(item, Expire):
@@ -246,11 +257,26 @@ class ConntrackWorker:
                 data = self.sock.recv(1 << 16)
             except socket.timeout:
                 break
+            if echoes:
+                self._counted(data)
             for seq, code in netlink_acks(data):
                 if seq in pending:
                     self._account(pending.pop(seq), -code)
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
+
+    def _counted(self, data: bytes) -> None:
+        """Deleted entries the kernel echoed (a delete with NLM_F_ECHO): their last counters."""
+        report = self.on_counted
+        for offset, length in destroyed_entries(data):
+            try:
+                entry = parse_fast(data, offset, length, EventKind.DESTROY, 0.0)
+                counts = parse_counts(data, offset, length)
+            except Exception as exc:  # a strange message is counted and skipped
+                self.on_malformed(f"delete echo: {type(exc).__name__}: {exc}")
+                continue
+            if report is not None:
+                report(entry.orig, entry.ct_id, counts)
 
     def _account(self, item: Request, err: int) -> None:
         if isinstance(item, Delete):

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from nfshunt.core import commands as c
 from nfshunt.core.connection import Conn
 
+from .flowrecords import FlowRecords
 from .logs import BatchedFileHandler
 from .metrics import Metrics
 
@@ -81,6 +82,7 @@ class Outcomes:
         self.handlers = {c.Ignored: self.ignored, c.Installed: self.installed, c.Refused: self.refused,
                          c.Removed: self.removed}
         self.watch: Watch | None = None  # the IDS backend: adds wait for installs, ends for removals
+        self.records: FlowRecords | None = None  # accounting_log: a record for each pair that leaves
 
     def static(self, event: str, switch: str, flows: list[tuple[int, str]], reason: str,
                family: str = "static_flows") -> None:
@@ -127,5 +129,7 @@ class Outcomes:
                  extra={"fields": conn_fields(conn, "removed", reason=cmd.reason, **count)})
         if self.audit.handlers:
             self.audit.info(json.dumps(audit_record(conn, cmd.reason)))
+        if self.records is not None:
+            self.records.ended(conn, cmd.reason)
         if self.watch is not None:
             self.watch.removed(conn)

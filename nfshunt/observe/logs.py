@@ -82,8 +82,10 @@ class BatchedFileHandler(_Batched, logging.FileHandler):
 
 
 def flush_all() -> None:
-    """Flush every batched handler (the app's tick); reopen audit files logrotate moved."""
-    for logger in [logging.getLogger()] + [logging.getLogger(n) for n in ("nfshunt", "nfshunt.audit")]:
+    """Flush every batched handler (the app's tick); reopen audit and accounting files
+    logrotate moved."""
+    names = ("nfshunt", "nfshunt.audit", "nfshunt.accounting")
+    for logger in [logging.getLogger()] + [logging.getLogger(n) for n in names]:
         for handler in logger.handlers:
             if isinstance(handler, _Batched):
                 handler.flush()

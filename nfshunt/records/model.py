@@ -122,3 +122,19 @@ class SwitchFlow(NamedTuple):
     # adopted; an older release's, a wildcarded or a foreign one carrying our cookie is not.
     exact: bool = True
     hard_timeout: int = 0  # seconds from its install (0: none); `duration` of them have passed
+
+
+@dataclass(frozen=True, slots=True)
+class EntryCounts:
+    """What the kernel counts for a conntrack entry beyond what the core needs (explain, top
+    and the accounting records read it; never the event path). Packets and bytes by
+    direction (original, reply) exist only with net.netfilter.nf_conntrack_acct=1 (None
+    otherwise); the start and stop (wall clock, ns) only with nf_conntrack_timestamp=1;
+    the zone is 0 unless the firewall's raw table sets one (`-j CT --zone`)."""
+
+    packets: tuple[int, int] | None = None
+    bytes: tuple[int, int] | None = None
+    zone: int = 0
+    timeout: int | None = None  # seconds the entry has left
+    start_ns: int | None = None
+    stop_ns: int | None = None

@@ -71,7 +71,7 @@ class Dispatcher:
         self.handlers: dict[type, Handler] = {
             **report,
             c.InstallFlows: self.install_flows,
-            c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id),
+            c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id, cmd.counted),
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),

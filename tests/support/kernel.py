@@ -44,7 +44,7 @@ class FakeWorker:
     def stop(self) -> None:
         self.running = False
 
-    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None) -> None:
+    def delete(self, _family: int, orig: FlowTuple, ct_id: int | None, _counted: bool = False) -> None:
         self.deleted.append((orig, ct_id))
 
     def restore(self, _family: int, orig: FlowTuple, _reply: FlowTuple, tcp_state: int, timeout: int,
