@@ -1,5 +1,5 @@
 """The accounting records (accounting_log): one JSON line a pair, in the documented schema
-(the README's table names every field, in order), with both paths' counts."""
+(docs/operating.md's table names every field, in order), with both paths' counts."""
 import json
 import os
 import re
@@ -24,13 +24,13 @@ def pair(action=1, mark=None):
     return conn
 
 
-def test_the_readme_documents_every_field_in_order():
-    with open(os.path.join(REPO, "README.md")) as fh:
-        readme = fh.read()
-    section = readme.split("**Accounting records**", 1)[1].split("\n\n", 2)[1]
+def test_the_docs_document_every_field_in_order():
+    with open(os.path.join(REPO, "docs", "operating.md")) as fh:
+        page = fh.read()
+    section = page.split("**Accounting records**", 1)[1].split("\n\n", 2)[1]
     documented = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
     assert documented == list(flowrecords.FIELDS)
-    assert flowrecords.SCHEMA in readme
+    assert flowrecords.SCHEMA in page
 
 
 def test_a_record_carries_both_paths_and_the_conntrack_start():
