@@ -13,7 +13,7 @@ from nfshunt.config.settings import DEFAULT_CONTROL_SOCKET, Config, ConfigError,
 
 from . import __version__
 
-# Exit codes (the README's table, "Operating it"): 0 done; 1 failed (the controller not
+# Exit codes (docs/operating.md's table): 0 done; 1 failed (the controller not
 # reached, a request refused); 2 a config that fails validation (or a usage error:
 # argparse's); reload only: 3 applied but not known to be in every switch yet (pending),
 # 4 applied and a switch refused a flow-mod of it.

@@ -4,7 +4,7 @@ packets and bytes, for an admin's log shipper (config `accounting_log`).
 A shunted connection crosses two paths: the firewall carried it until the shunt (conntrack
 counted that, with net.netfilter.nf_conntrack_acct=1: the entry's counters when the
 controller deleted it, which the kernel echoes to the delete), then the switch (its flows'
-counters, from their flow-removed messages). The schema (SCHEMA, documented in the README
+counters, from their flow-removed messages). The schema (SCHEMA, documented in docs/operating.md
 and held by tests/test_flowrecords.py) changes only with its version.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nfshunt.records.model import TCP, UDP, EntryCounts, FlowTuple
 from .logs import BatchedFileHandler
 
 SCHEMA = "nfshunt.accounting/1"
-# Every key of a record, in its order (the README's table; a test holds it).
+# Every key of a record, in its order (docs/operating.md's table; a test holds it).
 FIELDS = ("schema", "time", "action", "authority", "reason", "family", "proto", "src", "sport", "dst", "dport",
           "zone", "vlan", "ct_id", "switch_ports", "start", "start_from", "end", "duration",
           "slow_counted", "slow_orig_packets", "slow_orig_bytes", "slow_reply_packets", "slow_reply_bytes",
