@@ -313,24 +313,11 @@ class Store:
         """The rules of the state file, at start; those that expired meanwhile are returned
         (their flows, if any were left, ended on the switch at their hard timeout:
         counters unknown)."""
-        if self.path is None or not os.path.exists(self.path):
-            return []
-        try:
-            doc = jsonfile.read(self.path, self.max_rules * BYTES_A_RULE + 4096)
-            if not isinstance(doc, dict) or doc.get("version") != FORMAT or not isinstance(doc.get("rules"), list):
-                raise jsonfile.JsonInputError("", f"not a version {FORMAT} IDS rules file")
-        except jsonfile.JsonInputError as exc:
-            aside = f"{self.path}.bad"
-            LOG.error("cannot read the IDS rules file %s (%s): starting with no IDS rules; the file is kept as "
-                      "%s. Each IDS can list and add its rules again", self.path, exc, aside)
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
+        if self.path is None:
             return []
         gone = []
         now, mono = self.wall(), self.mono()
-        for i, raw in enumerate(doc["rules"]):
+        for i, raw in enumerate(read(self.path, self.max_rules)):
             try:
                 rule = from_json(raw)
             except RuleError as exc:
@@ -416,6 +403,28 @@ class Store:
         except OSError as exc:
             LOG.error("cannot write the IDS rules file %s (%s): kept in memory, tried again next tick", self.path,
                       exc)
+
+
+def read(path: str, max_rules: int) -> list[Any]:
+    """The state file's rules, each as written (checked by `from_json`); none if there is
+    no file, and none if it cannot be read, which is then kept aside as `<path>.bad`."""
+    if not os.path.exists(path):
+        return []
+    try:
+        doc = jsonfile.read(path, max_rules * BYTES_A_RULE + 4096)
+        if not isinstance(doc, dict) or doc.get("version") != FORMAT or not isinstance(doc.get("rules"), list):
+            raise jsonfile.JsonInputError("", f"not a version {FORMAT} IDS rules file")
+    except jsonfile.JsonInputError as exc:
+        aside = f"{path}.bad"
+        LOG.error("cannot read the IDS rules file %s (%s): starting with no IDS rules; the file is kept as "
+                  "%s. Each IDS can list and add its rules again", path, exc, aside)
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        return []
+    rules: list[Any] = doc["rules"]
+    return rules
 
 
 def write(path: str, lines: list[bytes]) -> None:
