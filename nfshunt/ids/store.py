@@ -453,7 +453,7 @@ def write(path: str, lines: list[bytes]) -> None:
 
 
 def _overlap(a: Network, b: Network) -> bool:
-    return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
+    return a.version == b.version and a.overlaps(b)
 
 
 def from_json(raw: Any, created_at: float | None = None) -> Rule:
@@ -483,8 +483,8 @@ def from_json(raw: Any, created_at: float | None = None) -> Rule:
         conn = _connection("connection", raw.get("connection"))
     else:
         try:
-            address = ipaddress.ip_network(raw.get("address"), strict=True)
-        except (TypeError, ValueError):
+            address = ipaddress.ip_network(raw["address"], strict=True)
+        except (KeyError, TypeError, ValueError):
             raise RuleError("address", "not an address or prefix") from None
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
                 _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),
