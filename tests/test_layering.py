@@ -179,7 +179,6 @@ def test_the_graph_sees_function_level_relative_and_type_checking_imports():
     assert _reaches({"a": {"b"}, "b": {"os_ken"}}, "a", "os_ken") == ["a", "b", "os_ken"]
 
 
-@pytest.mark.xfail(strict=True, reason="the move's second slice: config<->static cycle, two long definitions, the app")
 def test_no_class_or_function_is_too_long():
     long = []
     for name, path in _modules().items():
@@ -194,7 +193,6 @@ def test_no_class_or_function_is_too_long():
     assert not long, "\n".join(long)
 
 
-@pytest.mark.xfail(strict=True, reason="the move's second slice: config<->static cycle, two long definitions, the app")
 def test_the_os_ken_app_stays_a_shim():
     with open(_modules()[APP_MODULE]) as fh:
         size = len(fh.read().splitlines())

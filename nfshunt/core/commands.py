@@ -9,17 +9,15 @@ times as much to build. Nothing changes a command once made.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 from nfshunt.config.settings import PortGroup
 from nfshunt.config.static import StaticFlow
 from nfshunt.records.model import ConnEvent, FlowTuple, SwitchFlow
 
 from .address_flows import AddressFlow
-
-if TYPE_CHECKING:  # connection.py makes the take-down's commands: it imports this module
-    from .close_watch import CloseWatch
-    from .connection import Conn
+from .close_watch import CloseWatch
+from .connection import Conn
 
 
 @dataclass(slots=True)
@@ -124,7 +122,7 @@ class UnwatchFlows:
 class WatchEnds:
     """A caught close's watch is over (answer with core.watch_ends())."""
     conn: Conn
-    watch: "CloseWatch"  # that watch (a later one of the same pair has its own end)
+    watch: CloseWatch  # that watch (a later one of the same pair has its own end)
 
 
 @dataclass(slots=True)

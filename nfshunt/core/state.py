@@ -11,8 +11,9 @@ from nfshunt.records.model import ConnEvent, FlowTuple
 
 from .address_blocks import AddressBlocks
 from .closing import ClosingEntries
-from .connection import Conn, Connections
+from .connection import Conn
 from .layout import pair_entries
+from .pairs import Connections
 from .pins import Pins
 from .static_table import StaticTable
 from .teardown_sweep import HalfClosed

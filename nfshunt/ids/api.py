@@ -50,7 +50,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nfshunt.config import jsonfile
@@ -249,7 +249,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "nfshunt-ids"
     sys_version = ""
 
-    client_address: "Peer"
+    client_address: "Peer"  # (what _Server.process_request passes)
+    rfile: io.BufferedReader  # (setup's, which keeps the deadline)
+    raw_requestline: bytes  # (http.server's: the request line as read)
+    # http.server's email.message.Message, or a strict head's _Headers: the handler asks
+    # both only `get`, which they answer alike.
+    headers: Any
 
     def setup(self) -> None:
         super().setup()
@@ -596,7 +601,10 @@ def _certificate_name(sock: socket.socket) -> str | None:
     if not isinstance(sock, ssl.SSLSocket):
         return None
     cert = sock.getpeercert() or {}
-    for rdn in cert.get("subject", ()):
+    # The subject's RDNs, each of (name, value) pairs; typeshed gives every field of a
+    # certificate one type (a string or tuples nested either way).
+    subject = cast("tuple[tuple[tuple[str, str], ...], ...]", cert.get("subject", ()))
+    for rdn in subject:
         for key, value in rdn:
             if key == "commonName" and CLIENT_NAME.fullmatch(value):
                 return str(value)
@@ -618,15 +626,18 @@ def listen(cfg: IdsConfig) -> socket.socket:
     return sock
 
 
-class Peer(NamedTuple):
-    """A connection's other end: its address and port; `who`, the client it counts as for
-    its share of connections and of failed logins (its address; on this host, its address
-    and its local user, whose uid the kernel names: on the loopback every local user is
-    127.0.0.1); when it was accepted (monotonic)."""
-    host: str
-    port: int
+class Peer(tuple[str, int]):
+    """A connection's other end: its address and port (the client address http.server
+    knows); `who`, the client it counts as for its share of connections and of failed
+    logins (its address; on this host, its address and its local user, whose uid the kernel
+    names: on the loopback every local user is 127.0.0.1); when it was accepted (monotonic)."""
     who: str
     accepted: float
+
+    def __new__(cls, host: str, port: int, who: str, accepted: float) -> Peer:
+        peer = super().__new__(cls, (host, port))
+        peer.who, peer.accepted = who, accepted
+        return peer
 
 
 def _who(request: socket.socket, host: str, port: int) -> str:

@@ -309,9 +309,9 @@ class IdsBackend:
         elif rule.connection is not None:
             for sw in self.host.switches if self._holds(rule) else ():
                 out = sw.core.ids_pin(rule.connection, self.store.hold(rule), now)
-                waiter = threading.Event() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
-                waiters.extend([waiter] if waiter else [])
-                self.host.run(sw, out, waiter)
+                static = threading.Event() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
+                waiters.extend([static] if static else [])
+                self.host.run(sw, out, static)
             if entry is not None:
                 self.host.feed([entry])
         return waiters

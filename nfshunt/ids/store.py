@@ -313,24 +313,11 @@ class Store:
         """The rules of the state file, at start; those that expired meanwhile are returned
         (their flows, if any were left, ended on the switch at their hard timeout:
         counters unknown)."""
-        if self.path is None or not os.path.exists(self.path):
-            return []
-        try:
-            doc = jsonfile.read(self.path, self.max_rules * BYTES_A_RULE + 4096)
-            if not isinstance(doc, dict) or doc.get("version") != FORMAT or not isinstance(doc.get("rules"), list):
-                raise jsonfile.JsonInputError("", f"not a version {FORMAT} IDS rules file")
-        except jsonfile.JsonInputError as exc:
-            aside = f"{self.path}.bad"
-            LOG.error("cannot read the IDS rules file %s (%s): starting with no IDS rules; the file is kept as "
-                      "%s. Each IDS can list and add its rules again", self.path, exc, aside)
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
+        if self.path is None:
             return []
         gone = []
         now, mono = self.wall(), self.mono()
-        for i, raw in enumerate(doc["rules"]):
+        for i, raw in enumerate(read(self.path, self.max_rules)):
             try:
                 rule = from_json(raw)
             except RuleError as exc:
@@ -418,6 +405,28 @@ class Store:
                       exc)
 
 
+def read(path: str, max_rules: int) -> list[Any]:
+    """The state file's rules, each as written (checked by `from_json`); none if there is
+    no file, and none if it cannot be read, which is then kept aside as `<path>.bad`."""
+    if not os.path.exists(path):
+        return []
+    try:
+        doc = jsonfile.read(path, max_rules * BYTES_A_RULE + 4096)
+        if not isinstance(doc, dict) or doc.get("version") != FORMAT or not isinstance(doc.get("rules"), list):
+            raise jsonfile.JsonInputError("", f"not a version {FORMAT} IDS rules file")
+    except jsonfile.JsonInputError as exc:
+        aside = f"{path}.bad"
+        LOG.error("cannot read the IDS rules file %s (%s): starting with no IDS rules; the file is kept as "
+                  "%s. Each IDS can list and add its rules again", path, exc, aside)
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        return []
+    rules: list[Any] = doc["rules"]
+    return rules
+
+
 def write(path: str, lines: list[bytes]) -> None:
     """The state file of these rules' lines (`Store.snapshot`), written atomically; from any thread."""
     data = b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}"
@@ -444,7 +453,7 @@ def write(path: str, lines: list[bytes]) -> None:
 
 
 def _overlap(a: Network, b: Network) -> bool:
-    return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
+    return a.version == b.version and a.overlaps(b)
 
 
 def from_json(raw: Any, created_at: float | None = None) -> Rule:
@@ -474,8 +483,8 @@ def from_json(raw: Any, created_at: float | None = None) -> Rule:
         conn = _connection("connection", raw.get("connection"))
     else:
         try:
-            address = ipaddress.ip_network(raw.get("address"), strict=True)
-        except (TypeError, ValueError):
+            address = ipaddress.ip_network(raw["address"], strict=True)
+        except (KeyError, TypeError, ValueError):
             raise RuleError("address", "not an address or prefix") from None
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
                 _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),

@@ -5,9 +5,6 @@ ProtocolDesc in tests); nothing here sends anything.
 """
 from __future__ import annotations
 
-import ipaddress
-import socket
-import struct
 from typing import Any
 
 from nfshunt.config.settings import Config, PortGroup
@@ -18,14 +15,23 @@ from nfshunt.core.layout import catches_teardown, goes_to_pipeline, pair_entries
 from nfshunt.records import cookies
 from nfshunt.records.model import OFP10, TCP, FlowTuple, SwitchFlow
 
-from .reads import ALL_ONES_64, ETH_IPV6, META_CONN_MASK, META_GROUP_SHIFT, OFP10_VLAN_NONE, OFP13_VID_NONE, SwitchReads
+from .reads import (
+    ALL_ONES_64,
+    ETH_IPV6,
+    META_CONN_MASK,
+    META_GROUP_MASK,
+    META_GROUP_SHIFT,
+    OFP10_VLAN_NONE,
+    OFP13_VID_NONE,
+    SwitchReads,
+)
+from .templates import Templates, with_hard
 
 ETH_IPV4 = 0x0800
 
 TCP_FIN, TCP_RST = 0x01, 0x04
 TEARDOWN_HEADERS = 128  # bytes of a caught FIN/RST sent to the controller: Ethernet, IP, TCP
 REMOVED_REASONS = {0: "idle timeout", 1: "hard timeout", 2: "delete", 3: "group delete"}
-HARD_TIMEOUT_AT = {1: 60, 4: 28}  # a flow-mod's hard_timeout, bytes in: OpenFlow 1.0 (after the match), 1.3
 
 # The pipeline layout (flow_layout): a TCP shunt's two flows in table 0 write the
 # connection into the metadata and go on to table 1, where per port group one flow outputs
@@ -34,7 +40,6 @@ HARD_TIMEOUT_AT = {1: 60, 4: 28}  # a flow-mod's hard_timeout, bytes in: OpenFlo
 # Metadata bits 48-63 name the egress port group, bits 0-47 the connection as its flows'
 # cookies do: conntrack id, direction, slot (META_GROUP_SHIFT, META_CONN_MASK: flowreads.py).
 PIPELINE_TABLE = 1
-META_GROUP_MASK = ALL_ONES_64 & ~((1 << META_GROUP_SHIFT) - 1)
 
 
 def pipeline_metadata(group: int, cookie: int) -> int:
@@ -56,86 +61,6 @@ def idle_timeout(cfg: Config, conn: Conn) -> int:
     return cfg.default_shunt_timeout if conn.action is Action.SHUNT else cfg.default_block_timeout
 
 
-def _hard(msg: Any, hard: int) -> Any:
-    """An os-ken flow-mod given a pair's hard timeout (0: none)."""
-    if hard:
-        msg.hard_timeout = hard
-    return msg
-
-
-# Sentinels for templated flow-mods: byte patterns that occur once in a message.
-_S_COOKIE = 0x4EA5C3E1D2B49687
-_S4 = ("10.201.202.203", "10.204.205.206")
-_S6 = ("fd5a:5b5c:5d5e:5f60:6162:6364:6566:6768", "fd7a:7b7c:7d7e:7f80:8182:8384:8586:8788")
-_S_PORTS = (0xE9EA, 0xEBEC)
-
-
-class PatchedMsg:
-    """A serialised flow-mod from a template with this connection's fields patched in.
-
-    Built by os-ken once per shape (version, family, protocol, ports, actions, priority,
-    flags ...), then copied and patched: a few microseconds instead of the ~60 us os-ken
-    takes to build and serialise each message. Quacks like an os-ken message for the send
-    path (xid, set_xid, serialize, buf)."""
-
-    __slots__ = ("buf", "xid")
-
-    def __init__(self, buf: bytearray):
-        self.buf = buf
-        self.xid: int | None = None
-
-    def set_xid(self, xid: int) -> None:
-        self.xid = xid
-
-    def serialize(self) -> None:
-        struct.pack_into("!I", self.buf, 4, self.xid or 0)
-
-
-class _Template:
-    __slots__ = ("buf", "cookie_at", "src_at", "dst_at", "sport_at", "dport_at", "family", "meta_at", "meta_group",
-                 "hard_at")
-
-    def __init__(self, msg: Any, family: int, meta: int | None = None, ports: tuple[bool, bool] = (True, True)):
-        msg.set_xid(0)
-        msg.serialize()
-        self.buf = bytes(msg.buf)
-        self.family = family
-        self.hard_at = HARD_TIMEOUT_AT[msg.version]  # a flow-mod's fixed header field (0 in the template)
-        s_src, s_dst = _S4 if family == 4 else _S6
-        self.cookie_at = self._once(struct.pack("!Q", _S_COOKIE))
-        self.src_at = self._once(ipaddress.ip_address(s_src).packed)
-        self.dst_at = self._once(ipaddress.ip_address(s_dst).packed)
-        # A static shunt's flow may match any port (ports: which the message has).
-        self.sport_at = self._once(struct.pack("!H", _S_PORTS[0])) if ports[0] else None
-        self.dport_at = self._once(struct.pack("!H", _S_PORTS[1])) if ports[1] else None
-        # The metadata names the connection as the cookie does (META_CONN_MASK).
-        self.meta_at = None if meta is None else self._once(struct.pack("!Q", meta))
-        self.meta_group = 0 if meta is None else meta & META_GROUP_MASK  # the shape's port group, kept
-
-    def _once(self, pattern: bytes) -> int:
-        at = self.buf.find(pattern)
-        if at < 0 or self.buf.find(pattern, at + 1) >= 0:
-            raise ValueError("template field not found exactly once")
-        return at
-
-    def make(self, cookie: int, t: FlowTuple, hard: int = 0) -> PatchedMsg:
-        b = bytearray(self.buf)
-        struct.pack_into("!Q", b, self.cookie_at, cookie)
-        if hard:
-            struct.pack_into("!H", b, self.hard_at, hard)
-        if self.meta_at is not None:
-            struct.pack_into("!Q", b, self.meta_at, self.meta_group | (cookie & META_CONN_MASK))
-        af, size = (socket.AF_INET, 4) if self.family == 4 else (socket.AF_INET6, 16)
-        # inet_pton: a fraction of ipaddress's cost, and the listener's own text form
-        b[self.src_at:self.src_at + size] = socket.inet_pton(af, t.src)
-        b[self.dst_at:self.dst_at + size] = socket.inet_pton(af, t.dst)
-        if self.sport_at is not None:
-            struct.pack_into("!H", b, self.sport_at, t.sport)
-        if self.dport_at is not None:
-            struct.pack_into("!H", b, self.dport_at, t.dport)
-        return PatchedMsg(b)
-
-
 class FlowBuilder(SwitchReads):
     """The messages that change the switch's table; the ones that ask it something and
     read its answers are SwitchReads' (flowreads.py)."""
@@ -148,8 +73,7 @@ class FlowBuilder(SwitchReads):
         self.cfg = cfg
         self.pipeline = pipeline and self.version != OFP10
         self._group = {g: i for i, g in enumerate(cfg.ports)}
-        self._templates: dict[tuple, _Template | None] = {}
-        self._cookie_delete: tuple[bytes, int] | None = None
+        self.templates = Templates()
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
@@ -158,19 +82,8 @@ class FlowBuilder(SwitchReads):
         (cookie -> metadata) for a flow that carries the connection into table 1; `hard`, a
         pair's hard timeout, patched in (one template serves every value)."""
         if not self.templated:
-            return _hard(build(cookie, t), hard)
-        tpl = self._templates.get(key, False)
-        if tpl is False:
-            s_src, s_dst = _S4 if family == 4 else _S6
-            sentinel = FlowTuple(family, t.proto, s_src, s_dst, *_S_PORTS)
-            try:
-                tpl = _Template(build(_S_COOKIE, sentinel), family, None if meta is None else meta(_S_COOKIE), ports)
-            except ValueError:
-                tpl = None  # a shape whose fields cannot be located: build it each time
-            self._templates[key] = tpl
-        if tpl is None:
-            return _hard(build(cookie, t), hard)
-        return tpl.make(cookie, t, hard)  # type: ignore[union-attr]  # False (not built) was replaced above
+            return with_hard(build(cookie, t), hard)
+        return self.templates.flow(key, build, family, cookie, t, meta, ports, hard)
 
     # --- matches ------------------------------------------------------------------------
 
@@ -419,17 +332,7 @@ class FlowBuilder(SwitchReads):
     def _delete_cookie(self, cookie: int) -> Any:
         if not self.templated:
             return self.delete_by_cookie(cookie, ALL_ONES_64)
-        if self._cookie_delete is None:
-            msg = self.delete_by_cookie(_S_COOKIE, ALL_ONES_64)
-            msg.set_xid(0)
-            msg.serialize()
-            buf = bytes(msg.buf)
-            at = buf.find(struct.pack("!Q", _S_COOKIE))
-            self._cookie_delete = (buf, at)
-        buf, at = self._cookie_delete
-        b = bytearray(buf)
-        struct.pack_into("!Q", b, at, cookie)
-        return PatchedMsg(b)
+        return self.templates.cookie_delete(cookie, lambda c: self.delete_by_cookie(c, ALL_ONES_64))
 
     def delete_by_cookie(self, cookie: int, mask: int) -> Any:
         p, ofp = self.parser, self.ofp

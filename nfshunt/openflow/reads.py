@@ -21,6 +21,7 @@ OFP10_VLAN_NONE = 0xFFFF  # OpenFlow 1.0 dl_vlan: frames without an 802.1Q tag
 OFP13_VID_NONE = 0x0000  # OpenFlow 1.3 vlan_vid: no VLAN tag (OFPVID_NONE)
 META_GROUP_SHIFT = 48  # bits 48-63 of a pipeline shunt's metadata: port group index + 1 (the egress)
 META_CONN_MASK = ((1 << META_GROUP_SHIFT) - 1) & ~cookies.RST_BIT
+META_GROUP_MASK = ALL_ONES_64 & ~((1 << META_GROUP_SHIFT) - 1)  # the port group's bits
 _PORT_FIELDS = {TCP: ("tcp_src", "tcp_dst"), UDP: ("udp_src", "udp_dst")}  # the match's port fields by protocol
 _new_flow = tuple.__new__
 
