@@ -97,7 +97,9 @@ def paired(tb, target, action):
 def test_a_shunted_transfer_is_explained_through_every_layer(tb):
     from nfshunt_testbed.bed import STEADY_RATE
     target = tuple_of(48001, SHUNT)
-    srv, cli = tb.start_transfer(SHUNT, 5, cport=48001, bitrate=STEADY_RATE)
+    # Long enough to outlast every question below on a loaded machine (a 5 s one closed before
+    # the last: 'tcp closing'); stopped once they are answered.
+    srv, cli = tb.start_transfer(SHUNT, 60, cport=48001, bitrate=STEADY_RATE)
     try:
         got = paired(tb, target, "shunt")
         got = tb.wait_for(lambda: (g := explain(tb, target))["switches"][0]["flows"] and
@@ -115,6 +117,7 @@ def test_a_shunted_transfer_is_explained_through_every_layer(tb):
         assert by_cookie["tuple"] == got["tuple"] and by_cookie["verdict"]["code"] == "shunt"
         assert explain(tb, str(row["pair"]["ct_id"]))["tuple"] == got["tuple"]
     finally:
+        cli.terminate()
         finish_iperf(srv, cli, timeout=20)
 
 

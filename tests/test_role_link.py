@@ -65,6 +65,18 @@ def test_a_master_that_notices_a_newer_master_stands_by_and_leaves_its_pairs_to_
     assert fast(rig, conn) and rig.worker.restores == []  # the pair stays on the switch, the other's now
 
 
+def test_a_masters_role_queries_are_role_check_interval_apart_counted_from_its_claim(tmp_path):
+    # Its claim's reply told it the role: the next query is due role_check_interval after it,
+    # not at the first tick (a restarted master asked at once and learnt of a newer claim
+    # before any refusal could tell it: test_ha's split brain saw no IS_SLAVE refusal).
+    rig = pair_rig(tmp_path, role_check_interval=60)
+    rig.switch.other_master(rig.switch.generation + 2)
+    rig.advance(2)
+    assert rig.sw.roles.granted == "master"  # no query yet: it does not know
+    rig.advance(60)
+    assert rig.sw.roles.granted == "backup" and rig.counters.flat()["role_demotions"] == 1
+
+
 def test_a_master_refused_as_slave_stands_by_at_once(tmp_path):
     rig = pair_rig(tmp_path, role_check_interval=60)
     rig.switch.other_master(rig.switch.generation + 2)

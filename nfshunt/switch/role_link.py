@@ -29,6 +29,7 @@ class RoleLink:
         if s is None:
             return
         s.ask(s.dp.ofproto_parser.OFPRoleRequest(s.dp, req.role, req.generation), RoleAsk(self.clock(), req))
+        sw.role_checked = self.clock()  # its reply says the role: the next check is an interval on
         if req.role == MASTER:
             LOG.info("claiming MASTER of switch %s with generation %d", sw.name, req.generation)
         s.send.flush()
