@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
 
-from .validate import ConfigError, _bool, _choice, _dpid, _int, _object, _str
+from . import validate as v
+from .validate import ConfigError
 
 if TYPE_CHECKING:
     from .settings import Config
@@ -119,14 +120,14 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     if not isinstance(value, list):
         raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
                           "\"fast_ports\": [a, b]})")
-    fields = {"name": _str, "protocol": _choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
-              "src_port": _int(1, 65535), "dst_port": _int(1, 65535), "fast_ports": _port_pair,
-              "both_directions": _bool, "datapath_id": _dpid}
+    fields = {"name": v.string, "protocol": v.choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
+              "src_port": v.integer(1, 65535), "dst_port": v.integer(1, 65535), "fast_ports": _port_pair,
+              "both_directions": v.boolean, "datapath_id": v.dpid}
     out = []
     names: dict[str, int] = {}
     for i, raw in enumerate(value):
         at = f"{key}[{i}]"
-        entry = _object(at, raw, fields, required=("protocol", "src", "dst", "fast_ports"))
+        entry = v.read_object(at, raw, fields, required=("protocol", "src", "dst", "fast_ports"))
         entry["protocol"] = PROTOCOLS[entry["protocol"]]
         shunt = StaticShunt(**entry)
         if shunt.src.version != shunt.dst.version:
@@ -141,7 +142,7 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
 
 
 def _network(key: str, value: Any) -> Network:
-    value = _str(key, value)
+    value = v.string(key, value)
     try:
         return ipaddress.ip_network(value, strict=True)
     except ValueError as exc:
@@ -151,7 +152,7 @@ def _network(key: str, value: Any) -> Network:
 def _port_pair(key: str, value: Any) -> tuple[int, int]:
     if not isinstance(value, list) or len(value) != 2:
         raise ConfigError(key, "expected [source side fast port, destination side fast port]")
-    a, b = (_int(1, 0xFFFFFF00)(f"{key}[{i}]", v) for i, v in enumerate(value))
+    a, b = (v.integer(1, 0xFFFFFF00)(f"{key}[{i}]", port) for i, port in enumerate(value))
     if a == b:
         raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
     return a, b
@@ -159,7 +160,7 @@ def _port_pair(key: str, value: Any) -> tuple[int, int]:
 
 def max_prefix(key: str, value: Any) -> dict[int, int]:
     """`static_shunt_max_prefix`: {"ipv4": 24, "ipv6": 64}, the widest prefix an entry may name."""
-    given = _object(key, value, {"ipv4": _int(0, 32), "ipv6": _int(0, 128)})
+    given = v.read_object(key, value, {"ipv4": v.integer(0, 32), "ipv6": v.integer(0, 128)})
     return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
 
 

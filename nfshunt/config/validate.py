@@ -1,6 +1,6 @@
 """The checks every config key is made of: each value checked and converted, or a
-ConfigError naming the key and what is wrong. Shared by config.py and the modules whose
-keys it reads (static.py); they import nothing else of the config.
+ConfigError naming the key and what is wrong. Shared by every module of the config (one
+per object: settings, switch, ids, pair, static) and by the IDS rules' own checks.
 """
 from __future__ import annotations
 
@@ -19,34 +19,34 @@ class ConfigError(ValueError):
         super().__init__(f"config key '{key}': {problem}" if key else problem)
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return {bool: "boolean", int: "integer", str: "string", list: "list",
             dict: "object", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def _bool(key: str, value: Any) -> bool:
+def boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(key, f"expected true or false, got {_type_name(value)} {value!r}")
+        raise ConfigError(key, f"expected true or false, got {type_name(value)} {value!r}")
     return value
 
 
-def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+def integer(lo: int, hi: int) -> Callable[[str, Any], int]:
     def check(key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {_type_name(value)} {value!r}")
+            raise ConfigError(key, f"expected an integer, got {type_name(value)} {value!r}")
         if not lo <= value <= hi:
             raise ConfigError(key, f"{value} is outside {lo}-{hi}")
         return value
     return check
 
 
-def _str(key: str, value: Any) -> str:
+def string(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(key, f"expected a non-empty string, got {_type_name(value)} {value!r}")
+        raise ConfigError(key, f"expected a non-empty string, got {type_name(value)} {value!r}")
     return value
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+def choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     def check(key: str, value: Any) -> str:
         if value not in choices:
             raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
@@ -60,29 +60,29 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
 
 
-def _ifname(key: str, value: Any) -> str:
-    value = _str(key, value)
+def ifname(key: str, value: Any) -> str:
+    value = string(key, value)
     if not _IFNAME.fullmatch(value) or value in (".", ".."):
         raise ConfigError(key, f"{value!r} is not a valid interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return value
 
 
-def _number(lo: float, hi: float) -> Callable[[str, Any], float]:
+def number(lo: float, hi: float) -> Callable[[str, Any], float]:
     def check(key: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {_type_name(value)} {value!r}")
+            raise ConfigError(key, f"expected a number, got {type_name(value)} {value!r}")
         if not lo <= value <= hi:
             raise ConfigError(key, f"{value} is outside {lo:g}-{hi:g}")
         return float(value)
     return check
 
 
-def _networks(key: str, value: Any) -> tuple[str, ...]:
+def networks(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise ConfigError(key, f"expected a list of addresses or networks, got {_type_name(value)}")
+        raise ConfigError(key, f"expected a list of addresses or networks, got {type_name(value)}")
     out = []
     for i, v in enumerate(value):
-        v = _str(f"{key}[{i}]", v)
+        v = string(f"{key}[{i}]", v)
         try:
             ipaddress.ip_network(v, strict=False)
         except ValueError:
@@ -91,8 +91,8 @@ def _networks(key: str, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _address(key: str, value: Any) -> str:
-    value = _str(key, value)
+def address(key: str, value: Any) -> str:
+    value = string(key, value)
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -100,9 +100,9 @@ def _address(key: str, value: Any) -> str:
     return value
 
 
-def _path(key: str, value: Any) -> str:
+def path(key: str, value: Any) -> str:
     """A file name the kernel can take: no NUL (it would cut the name), UTF-8 encodable."""
-    value = _str(key, value)
+    value = string(key, value)
     if "\0" in value:
         raise ConfigError(key, f"{value!r} contains a NUL byte")
     try:
@@ -112,37 +112,37 @@ def _path(key: str, value: Any) -> str:
     return value
 
 
-def _file(key: str, value: Any) -> str:
-    value = _path(key, value)
+def existing_file(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isfile(value):
         raise ConfigError(key, f"file {value!r} does not exist")
     return value
 
 
-def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+def optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
     def optional(key: str, value: Any) -> Any:
         return None if value is None else check(key, value)
     return optional
 
 
-def _log_path(key: str, value: Any) -> str:
-    value = _path(key, value)
+def log_path(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
         raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
     return value
 
 
-def _dir_path(key: str, value: Any) -> str:
-    value = _path(key, value)
+def dir_path(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isabs(value) or (os.path.exists(value) and not os.path.isdir(value)):
         raise ConfigError(key, f"{value!r} must be an absolute path of a directory (created if missing)")
     return value
 
 
-def _socket_path(key: str, value: Any) -> str | None:
+def socket_path(key: str, value: Any) -> str | None:
     if value is None:
         return None
-    value = _path(key, value)
+    value = path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or len(value.encode()) > 107:
         raise ConfigError(key, f"{value!r} must be an absolute file path of at most 107 bytes (or null: no socket)")
     if os.path.isdir(value):
@@ -154,7 +154,7 @@ def _socket_path(key: str, value: Any) -> str | None:
 _DPID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}|[0-9a-fA-F]{1,2}(?::[0-9a-fA-F]{1,2}){1,7}", re.ASCII)
 
 
-def _dpid(key: str, value: Any) -> int | None:
+def dpid(key: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -162,7 +162,7 @@ def _dpid(key: str, value: Any) -> int | None:
             raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id (up to 16 hex digits, "
                               "0x-prefixed or not, or up to 8 colon-separated bytes)")
         value = int(value.replace(":", ""), 16)
-    return _int(0, 2**64 - 1)(key, value)
+    return integer(0, 2**64 - 1)(key, value)
 
 
 def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable[str],
@@ -170,7 +170,7 @@ def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable
     """`value` is an object whose names are all `allowed` and include every `required` one;
     else `error(path, problem)`. Shared by the config and the IDS API's request bodies."""
     if not isinstance(value, dict):
-        raise error(key, f"expected an object, got {_type_name(value)}")
+        raise error(key, f"expected an object, got {type_name(value)}")
     allowed = tuple(allowed)
     prefix = f"{key}." if key else ""
     for name in value:
@@ -182,7 +182,7 @@ def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable
     return value
 
 
-def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
+def read_object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
             required: tuple[str, ...] = ()) -> dict[str, Any]:
     check_names(key, value, fields, required)
     prefix = f"{key}." if key else ""

@@ -10,8 +10,9 @@ import socket
 import struct
 from typing import Any
 
-from nfshunt.config.settings import Config, PortGroup
+from nfshunt.config.settings import Config
 from nfshunt.config.static import StaticFlow
+from nfshunt.config.switch import PortGroup
 from nfshunt.core.address_flows import AddressFlow
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import catches_teardown, goes_to_pipeline, pair_entries
