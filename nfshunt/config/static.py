@@ -15,16 +15,14 @@ from __future__ import annotations
 import ipaddress
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
 
 from . import validate as v
+from .switch import PortGroup
 from .validate import ConfigError
-
-if TYPE_CHECKING:
-    from .settings import Config
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
 # The widest prefix an entry may name without raising `static_shunt_max_prefix`: any host
@@ -48,7 +46,7 @@ class StaticShunt:
     name: str | None = None
     datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
 
-    def on(self, cfg: "Config") -> bool:
+    def on(self, cfg: "OneSwitch") -> bool:
         """This entry's flows go on that switch (one switch's config)."""
         return set(self.fast_ports) <= {g.fast for g in cfg.ports} and (
             self.datapath_id is None or self.datapath_id == cfg.datapath_id)
@@ -115,6 +113,34 @@ def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: i
 
 # --- config --------------------------------------------------------------------------------
 
+class OneSwitch(Protocol):
+    """What the static entries read of one switch's config (settings.Config, or one of
+    its `served`): which entries are on it and their flows. A protocol, so that this
+    module needs nothing of settings, which imports it."""
+    @property
+    def ports(self) -> tuple[PortGroup, ...]: ...
+    @property
+    def datapath_id(self) -> int | None: ...
+    @property
+    def static_shunts(self) -> tuple[StaticShunt, ...]: ...
+    @property
+    def static_priority(self) -> int: ...
+
+
+class Scope(OneSwitch, Protocol):
+    """What check() reads of the whole config (settings.Config)."""
+    @property
+    def served(self) -> tuple[OneSwitch, ...]: ...
+    @property
+    def openflow_versions(self) -> tuple[str, ...]: ...
+    @property
+    def shunt_priority(self) -> int: ...
+    @property
+    def block_priority(self) -> int: ...
+    @property
+    def static_shunt_max_prefix(self) -> dict[int, int]: ...
+
+
 def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
     if not isinstance(value, list):
@@ -164,7 +190,7 @@ def max_prefix(key: str, value: Any) -> dict[int, int]:
     return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
 
 
-def check(cfg: "Config") -> None:
+def check(cfg: Scope) -> None:
     """What an entry must agree on with the rest of the config: its ports, the prefix
     limit, the priorities, the OpenFlow version; and no two entries' flows overlap."""
     shunts = cfg.static_shunts
@@ -300,7 +326,7 @@ def _key(shunt: StaticShunt, priority: int) -> int:
     return zlib.crc32(text.encode())
 
 
-def switch_flows(cfg: "Config") -> dict[int, StaticFlow]:
+def switch_flows(cfg: OneSwitch) -> dict[int, StaticFlow]:
     """Every static flow of one switch's config (its entries: those on its ports), by cookie."""
     out: dict[int, StaticFlow] = {}
     keys: set[int] = set()
