@@ -7,7 +7,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import validate as v
 from .validate import ConfigError
@@ -57,12 +57,19 @@ class IdsConfig:
     shared_whitelists: bool = False  # a whitelist exempts from every client's blocks (else its own client's)
 
 
+TLS = v.Table("ids.tls", "The IDS API's TLS.", {
+    "certificate": v.Key(v.existing_file, "The API's certificate (PEM)."),
+    "private_key": v.Key(v.existing_file, "The API's private key (PEM)."),
+    "client_ca": v.Key(v.existing_file, "A CA whose client certificates the API accepts: then a client "
+                       "certificate authenticates a request, and its common name names the client."),
+}, required=("certificate", "private_key"), record=IdsTLS)
+
+
+@v.takes("object or null", "see `ids.tls`; null: none")
 def tls(key: str, value: Any) -> IdsTLS | None:
     if value is None:
         return None
-    fields: dict[str, Callable[[str, Any], Any]] = {"certificate": v.existing_file, "private_key": v.existing_file,
-                                                    "client_ca": v.existing_file}
-    return IdsTLS(**v.read_object(key, value, fields, required=("certificate", "private_key")))
+    return IdsTLS(**TLS.read(key, value))
 
 
 def port_range(key: str, value: Any) -> tuple[int, int]:
@@ -79,23 +86,46 @@ def port_range(key: str, value: Any) -> tuple[int, int]:
     return port, port
 
 
+@v.takes("list of strings", "IP addresses or networks")
+def _prefixes(key: str, value: Any) -> tuple[Any, ...]:
+    return tuple(ipaddress.ip_network(n, strict=False) for n in v.networks(key, value))
+
+
+@v.takes("list", "ports (1-65535) or ranges \"low-high\"")
+def _ports(key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"expected a list of ports or ranges, got {v.type_name(value)}")
+    return tuple(port_range(f"{key}[{i}]", p) for i, p in enumerate(value))
+
+
+MAY_SHUNT = v.Table("ids.may_shunt", "Which connections an IDS may shunt: one whose server (the end it was "
+                    "opened to) is inside one of `prefixes` and, when `ports` are listed, listens on one of them. "
+                    "An IDS may block anything; it may shunt nothing outside this.", {
+    "prefixes": v.Key(_prefixes, "The servers' networks.", default="[] (none)"),
+    "ports": v.Key(_ports, "The servers' ports and port ranges, such as `[5201, \"50000-51000\"]`.",
+                   default="[] (any port)"),
+}, record=MayShunt)
+
+
+@v.takes("object", "see `ids.may_shunt`")
 def may_shunt(key: str, value: Any) -> MayShunt:
-    def prefixes(k: str, value: Any) -> tuple[Any, ...]:
-        return tuple(ipaddress.ip_network(n, strict=False) for n in v.networks(k, value))
-
-    def ports(k: str, value: Any) -> tuple[tuple[int, int], ...]:
-        if not isinstance(value, list):
-            raise ConfigError(k, f"expected a list of ports or ranges, got {v.type_name(value)}")
-        return tuple(port_range(f"{k}[{i}]", p) for i, p in enumerate(value))
-    return MayShunt(**v.read_object(key, value, {"prefixes": prefixes, "ports": ports}))
+    return MayShunt(**MAY_SHUNT.read(key, value))
 
 
+MAX_PREFIX = v.Table("ids.max_prefix", "The widest address block an IDS rule may name, by family.", {
+    "ipv4": v.Key(v.integer(0, 32), "The shortest IPv4 prefix length.", default=str(IdsConfig().max_prefix[4])),
+    "ipv6": v.Key(v.integer(0, 128), "The shortest IPv6 prefix length.", default=str(IdsConfig().max_prefix[6])),
+})
+
+
+@v.takes("object", "see `ids.max_prefix`")
 def max_prefix(key: str, value: Any) -> dict[int, int]:
-    given = v.read_object(key, value, {"ipv4": v.integer(0, 32), "ipv6": v.integer(0, 128)})
+    given = MAX_PREFIX.read(key, value)
     default = IdsConfig().max_prefix
     return {4: given.get("ipv4", default[4]), 6: given.get("ipv6", default[6])}
 
 
+@v.takes("string", "the name of a regular file of mode 0600")
 def token_file(key: str, value: Any) -> str:
     """A token file readable by its owner only: a token others can read is no secret."""
     value = v.path(key, value)
@@ -111,6 +141,7 @@ def token_file(key: str, value: Any) -> str:
     return value
 
 
+@v.takes("string", "a user name, not root")
 def user(key: str, value: Any) -> str:
     """A user name (not root: the API's process must keep no privilege)."""
     value = v.string(key, value)
@@ -121,18 +152,49 @@ def user(key: str, value: Any) -> str:
     return value
 
 
+IDS = v.Table("ids", "The IDS request API (an HTTP API in a process of its own): off unless the section is "
+              "there. A change takes a restart.", {
+    "listen_address": v.Key(v.address, "Where the API listens; an address that is not a loopback one needs `tls`."),
+    "listen_port": v.Key(v.integer(1, 65535), "The API's port; not one of the controller's other listeners' on "
+                         "the same address."),
+    "token_file": v.Key(token_file, "Bearer tokens, one `<client> <token>` line each (`<client> <token> admin`: "
+                        "may list every client's rules; one bare token: client `ids`), re-read when it changes. "
+                        "Required unless `tls.client_ca` authenticates the clients.", default="null (none)"),
+    "tls": v.Key(tls, "The API's TLS (`ids.tls`)."),
+    "may_shunt": v.Key(may_shunt, "Which connections an IDS may shunt (`ids.may_shunt`).", default="none"),
+    "max_rules": v.Key(v.integer(1, 1_000_000), "Active rules, all clients together; more are refused "
+                       "(`error: full`), never evicting the policy's shunts."),
+    "rate_limit": v.Key(v.integer(1, 1_000_000), "Requests a second of one authenticated client; more are "
+                        "answered 429."),
+    "rate_limit_unauthenticated": v.Key(v.integer(1, 1_000_000), "Failed authentications a second of one "
+                                        "client (an address; on this host, an address and a local user); "
+                                        "more are answered 429 and closed."),
+    "max_body_bytes": v.Key(v.integer(1024, 1 << 20), "The largest request body (a rule's is about 300 bytes); "
+                            "larger is answered 413."),
+    "max_prefix": v.Key(max_prefix, "The widest address block a rule may name (`ids.max_prefix`).",
+                        default=v.family_map(IdsConfig().max_prefix)),
+    "max_connections": v.Key(v.integer(1, 10_000), "Connections open at once (each holds one thread); more are "
+                             "closed at once (`busy`)."),
+    "max_connections_per_client": v.Key(v.integer(1, 10_000), "Of `max_connections`, open at once from one "
+                                        "client (`client_busy`); at most `max_connections`."),
+    "answer_timeout": v.Key(v.number(0.1, 60), "Seconds an add may wait for the switch before it is answered "
+                            "pending."),
+    "default_expire": v.Key(v.integer(1, MAX_IDS_EXPIRE), "A rule's expiry in seconds when its body names none "
+                            "(SciPass's bodies)."),
+    "state_file": v.Key(v.log_path, "Where the rules are kept across restarts (written atomically, mode 0600).",
+                        default=f"`<state_dir>/{IDS_STATE_FILE}`"),
+    "user": v.Key(user, "The user the API's process runs as, with no capability."),
+    "shared_whitelists": v.Key(v.boolean, "A client's whitelist exempts from every client's blocks (false: "
+                               "from its own client's only)."),
+}, record=IdsConfig)
+
+
+@v.takes("object or null", "see `ids`; null: off")
 def parse(key: str, value: Any) -> IdsConfig | None:
     """`ids`: the section's own keys (its port against the controller's: check_port_free)."""
     if value is None:
         return None
-    fields = {"listen_address": v.address, "listen_port": v.integer(1, 65535), "token_file": token_file,
-              "tls": tls, "may_shunt": may_shunt, "max_rules": v.integer(1, 1_000_000),
-              "rate_limit": v.integer(1, 1_000_000), "max_body_bytes": v.integer(1024, 1 << 20),
-              "max_prefix": max_prefix, "max_connections": v.integer(1, 10_000),
-              "answer_timeout": v.number(0.1, 60), "default_expire": v.integer(1, MAX_IDS_EXPIRE),
-              "state_file": v.log_path, "user": user, "rate_limit_unauthenticated": v.integer(1, 1_000_000),
-              "max_connections_per_client": v.integer(1, 10_000), "shared_whitelists": v.boolean}
-    ids = IdsConfig(**v.read_object(key, value, fields))
+    ids = IdsConfig(**IDS.read(key, value))
     if "max_connections_per_client" in value and ids.max_connections_per_client > ids.max_connections:
         raise ConfigError(f"{key}.max_connections_per_client", f"{ids.max_connections_per_client} is over "
                           f"{key}.max_connections ({ids.max_connections})")

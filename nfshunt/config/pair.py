@@ -21,19 +21,12 @@ class PairConfig:
     vrrp_instances: tuple[str, ...] = ("NFSHUNT",)
 
 
-def parse(key: str, value: Any) -> PairConfig | None:
-    if value is None:
-        return None
-    fields = {"state_file": v.log_path, "start_role": v.choice(("backup", "master")),
-              "role_check_interval": v.number(1, 60), "vrrp_instances": vrrp_instances}
-    return PairConfig(**v.read_object(key, value, fields, required=("state_file",)))
-
-
 # keepalived's instance names as its notify FIFO writes them (INSTANCE "NAME" STATE PRIORITY)
 # and nfshunt-notify-fifo reads them: one word, nothing a shell or the quotes would change.
 VRRP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
 
 
+@v.takes("list of strings", "keepalived VRRP instance names (1-64 of A-Z a-z 0-9 _ . -), each once")
 def vrrp_instances(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list of keepalived VRRP instance names, such as [\"NFSHUNT\"]")
@@ -44,6 +37,25 @@ def vrrp_instances(key: str, value: Any) -> tuple[str, ...]:
     if len(set(value)) != len(value):
         raise ConfigError(key, "names an instance twice")
     return tuple(value)
+
+
+PAIR = v.Table("pair", "This controller is one of an active-backup firewall pair (keepalived moves the role). "
+               "Needs `openflow_versions` [\"1.3\"], `delete_flows_on_shutdown` false, "
+               "`delete_foreign_flows_on_startup` false, `default_no_shunting` true and one switch.", {
+    "state_file": v.Key(v.log_path, "Where the role and generation this controller last took are kept across "
+                        "restarts (a takeover asked for while it was down waits here)."),
+    "start_role": v.Key(v.choice(("backup", "master")), "The role before the state file exists."),
+    "role_check_interval": v.Key(v.number(1, 60), "Seconds between a master's role queries to the switch."),
+    "vrrp_instances": v.Key(vrrp_instances, "The keepalived VRRP instances whose state changes move this "
+                            "controller; others (a gateway address's, say) are not NFShunt's."),
+}, required=("state_file",), record=PairConfig)
+
+
+@v.takes("object or null", "see `pair`; null: a lone controller")
+def parse(key: str, value: Any) -> PairConfig | None:
+    if value is None:
+        return None
+    return PairConfig(**PAIR.read(key, value))
 
 
 def check_switches(switches: int) -> None:

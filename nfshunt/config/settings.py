@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from nfshunt.records import markcodec
 from nfshunt.records.model import OPENFLOW_VERSIONS, Action
@@ -134,6 +134,8 @@ class Config:
         return self.mark_actions.get(number)
 
 
+@v.takes("object", "action numbers `0`-`15` (decimal strings, no leading zero) to " +
+         ", ".join(f"`{a}`" for a in ACTIONS))
 def _mark_actions(key: str, value: Any) -> dict[int, Action]:
     if not isinstance(value, dict) or not value:
         raise ConfigError(key, "expected a non-empty object mapping numbers to actions")
@@ -147,47 +149,75 @@ def _mark_actions(key: str, value: Any) -> dict[int, Action]:
     return result
 
 
-TOP_LEVEL: dict[str, Callable[[str, Any], Any]] = {
-    "mark_actions": _mark_actions,
-    "delete_flows_on_startup": v.boolean,
-    "delete_flows_on_shutdown": v.boolean,
-    "default_shunt_timeout": v.integer(1, 65535),
-    "default_block_timeout": v.integer(1, 65535),
-    "default_no_shunting": v.boolean,
-    "delete_foreign_flows_on_startup": v.boolean,
-    "openflow_versions": switch.versions,
-    "listen_address": v.address,
-    "listen_port": v.integer(1, 65535),
-    "tls": switch.tls,
-    "echo_interval": v.number(0.1, 60),
-    "echo_misses": v.integer(1, 100),
-    "max_block_share": v.number(0, 1),
-    "default_priority": v.integer(1, 65535),
-    "shunt_priority": v.integer(1, 65534),  # TCP teardown catchers sit one above
-    "block_priority": v.integer(1, 65534),
-    "netlink_rcvbuf": v.integer(4096, 1 << 30),
-    "tcp_teardown": v.boolean,
-    "rst_grace": v.number(0, 5),
-    "control_socket": v.socket_path,
-    "metrics_address": v.optional(v.address),
-    "metrics_port": v.integer(1, 65535),
-    "audit_log": v.optional(v.log_path),
-    "accounting_log": v.optional(v.log_path),
-    "state_dir": v.dir_path,
-    "log_level": v.choice(LOG_LEVELS),
-    "log_format": v.choice(LOG_FORMATS),
-    "bridge": v.ifname,
-    "pair": pair.parse,
-    "static_shunts": static.parse,
-    "static_shunt_max_prefix": static.max_prefix,
-    "static_priority": v.integer(1, 65534),
-    "ids": ids_config.parse,
+K = v.Key
+TOP_LEVEL: dict[str, v.Key] = {
+    "mark_actions": K(_mark_actions, "What each action number in the connection mark (bits 16-19) means, "
+                      "such as `{\"0\": \"ignore\", \"1\": \"shunt\", \"2\": \"block\"}`."),
+    "delete_flows_on_startup": K(v.boolean, "At a switch's connect, delete NFShunt's flows nothing accounts for "
+                                 "(half pairs, port groups no longer configured); complete pairs are adopted."),
+    "delete_flows_on_shutdown": K(v.boolean, "At a stop, remove the shunt and block flows (the default flows stay, "
+                                  "so traffic keeps crossing the firewall); false: they stay and the next start "
+                                  "adopts them (hitless restarts; a pair needs false)."),
+    "default_shunt_timeout": K(v.integer(1, 65535), "Idle timeout in seconds of a shunt's flows."),
+    "default_block_timeout": K(v.integer(1, 65535), "Idle timeout in seconds of a block's flows."),
+    "default_no_shunting": K(v.boolean, "Install the default fast-to-slow flows of every port group, so that "
+                             "everything crosses the firewall unless shunted; false only for a switch that keeps "
+                             "its own forwarding."),
+    "delete_foreign_flows_on_startup": K(v.boolean, "At a switch's connect, also delete every flow that is not "
+                                         "NFShunt's."),
+    "openflow_versions": K(switch.versions, "The OpenFlow versions offered to the switch; IPv6, `counters`, "
+                           "`pipeline`, static shunts and a pair need 1.3."),
+    "listen_address": K(v.address, "The OpenFlow listener's address."),
+    "listen_port": K(v.integer(1, 65535), "The OpenFlow listener's port."),
+    "tls": K(switch.tls, "The OpenFlow listener's TLS (`tls`); without it a listener on a non-loopback address "
+             "lets any host that reaches it pose as the switch (check-config warns)."),
+    "echo_interval": K(v.number(0.1, 60), "Seconds between echo requests to the switch."),
+    "echo_misses": K(v.integer(1, 100), "Unanswered echoes after which the switch's connection is dead (noticed "
+                     "within (misses + 1) x interval)."),
+    "max_block_share": K(v.number(0, 1), "Blocks may evict shunts only while they hold less than this share of "
+                         "the switch's budget; beyond it they wait like shunts."),
+    "default_priority": K(v.integer(1, 65535), "The default flows' priority; lower than `shunt_priority` and "
+                          "`block_priority`."),
+    "shunt_priority": K(v.integer(1, 65534), "A shunt's flows' priority (its TCP catchers sit one above)."),
+    "block_priority": K(v.integer(1, 65534), "A block's flows' priority."),
+    "netlink_rcvbuf": K(v.integer(4096, 1 << 30), "The conntrack event socket's buffer in bytes (SO_RCVBUFFORCE; "
+                        "the kernel doubles it, about 1.3 KB a waiting event); an overflow costs a dump of the "
+                        "whole table."),
+    "tcp_teardown": K(v.boolean, "OpenFlow 1.3: a FIN or RST of a shunted TCP connection removes its shunt at once "
+                      "(else the idle timeout does)."),
+    "rst_grace": K(v.number(0, 5), "Seconds a TCP shunt goes on forwarding after its RST is caught (an aborted "
+                   "transfer's tail) before it is handed back to the firewall; 0: at once."),
+    "control_socket": K(v.socket_path, "The root-only Unix socket of `nfshunt status`, `reload`, `flush`, "
+                        "`unshunt`, `block`."),
+    "metrics_address": K(v.optional(v.address), "The Prometheus endpoint's address; null: no endpoint."),
+    "metrics_port": K(v.integer(1, 65535), "The Prometheus endpoint's port."),
+    "audit_log": K(v.optional(v.log_path), "A file that gets one JSON line per removed shunt or block; null: "
+                   "none."),
+    "accounting_log": K(v.optional(v.log_path), "A file that gets one accounting record (JSON line, schema "
+                        "`nfshunt.accounting/1`) per pair that leaves the switch; null: none."),
+    "state_dir": K(v.dir_path, "Where the controller keeps what must outlive it: the fingerprint of the policy "
+                   "the switch's pairs were decided under, operator pins, the IDS rules."),
+    "log_level": K(v.choice(LOG_LEVELS), "`DEBUG` also logs every ignored event with its reason."),
+    "log_format": K(v.choice(LOG_FORMATS), "`json`: one JSON object a log line."),
+    "bridge": K(v.ifname, "The firewall bridge's name (informational)."),
+    "pair": K(pair.parse, "One controller of an active-backup firewall pair (`pair`)."),
+    "static_shunts": K(static.parse, "Engineered streams on the fast path from their first frame "
+                       "(`static_shunts[]`)."),
+    "static_shunt_max_prefix": K(static.max_prefix, "The widest prefix a static shunt may name "
+                                 "(`static_shunt_max_prefix`).", default=v.family_map(static.DEFAULT_MAX_PREFIX)),
+    "static_priority": K(v.integer(1, 65534), "Static shunts' flows' priority: above `shunt_priority` + 1 "
+                         "(the TCP catchers), below `block_priority` (an operator's block wins)."),
+    "ids": K(ids_config.parse, "The IDS request API (`ids`)."),
     **PER_SWITCH,  # at the top level: the one switch's, or every switch's default
 }
+TABLE = v.Table("", "The controller's keys; the per-switch ones (see `switches[]`) are the one switch's, or "
+                "every switch's default.", {**TOP_LEVEL, "switches": K(switch.switches, "Several switches served "
+                "by this controller, instead of `ports` and `datapath_id` (`switches[]`).", default="none: one "
+                "switch, the top level's")}, required=("mark_actions",), record=Config)
 
 
 def from_dict(raw: Any) -> Config:
-    values = v.read_object("", raw, {**TOP_LEVEL, "switches": switch.switches}, required=("mark_actions",))
+    values = TABLE.read("", raw)
     switches = values.pop("switches", None)
     if switches is None and "ports" not in values:
         raise ConfigError("ports", "required key is missing (or list several switches in 'switches')")

@@ -141,19 +141,55 @@ class Scope(OneSwitch, Protocol):
     def static_shunt_max_prefix(self) -> dict[int, int]: ...
 
 
+@v.takes("string", "an address or a prefix, host bits zero")
+def _network(key: str, value: Any) -> Network:
+    value = v.string(key, value)
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+
+
+@v.takes("list of 2 integers", "two different switch ports, 1-4294967040")
+def _port_pair(key: str, value: Any) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ConfigError(key, "expected [source side fast port, destination side fast port]")
+    a, b = (v.integer(1, 0xFFFFFF00)(f"{key}[{i}]", port) for i, port in enumerate(value))
+    if a == b:
+        raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
+    return a, b
+
+
+ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from its first frame, outside the "
+                "firewall (which never sees, tracks, logs or polices its frames): keep it as narrow as the stream.", {
+    "name": v.Key(v.string, "The stream's name in logs, status and metrics; each once.", default="none (a "
+                  "description of the match)"),
+    "protocol": v.Key(v.choice(tuple(PROTOCOLS)), "The stream's IP protocol."),
+    "src": v.Key(_network, "The source host (or network: every host in it may then send on the stream); no "
+                 "wider than `static_shunt_max_prefix`."),
+    "dst": v.Key(_network, "The destination host or network, of the source's family."),
+    "src_port": v.Key(v.integer(1, 65535), "The source port.", default="any"),
+    "dst_port": v.Key(v.integer(1, 65535), "The destination port; give it at least.", default="any"),
+    "fast_ports": v.Key(_port_pair, "The fast ports of the source's and the destination's port groups, on one "
+                        "switch."),
+    "both_directions": v.Key(v.boolean, "Add the reverse flow too (destination to source, ports swapped); false "
+                             "for a stream that flows one way."),
+    "datapath_id": v.Key(v.dpid, "The switch, when several switches have both fast ports.", default="the one "
+                         "switch with both fast ports"),
+}, required=("protocol", "src", "dst", "fast_ports"), record=StaticShunt)
+
+
+@v.takes("list of objects", "streams (`static_shunts[]`); no two overlap; needs OpenFlow 1.3 only")
 def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
     if not isinstance(value, list):
         raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
                           "\"fast_ports\": [a, b]})")
-    fields = {"name": v.string, "protocol": v.choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
-              "src_port": v.integer(1, 65535), "dst_port": v.integer(1, 65535), "fast_ports": _port_pair,
-              "both_directions": v.boolean, "datapath_id": v.dpid}
     out = []
     names: dict[str, int] = {}
     for i, raw in enumerate(value):
         at = f"{key}[{i}]"
-        entry = v.read_object(at, raw, fields, required=("protocol", "src", "dst", "fast_ports"))
+        entry = ENTRY.read(at, raw)
         entry["protocol"] = PROTOCOLS[entry["protocol"]]
         shunt = StaticShunt(**entry)
         if shunt.src.version != shunt.dst.version:
@@ -167,26 +203,19 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     return tuple(out)
 
 
-def _network(key: str, value: Any) -> Network:
-    value = v.string(key, value)
-    try:
-        return ipaddress.ip_network(value, strict=True)
-    except ValueError as exc:
-        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+MAX_PREFIX = v.Table("static_shunt_max_prefix", "The widest `src` or `dst` prefix a static shunt may name, by "
+                     "family: every host inside it may send on the stream, past the firewall.", {
+    "ipv4": v.Key(v.integer(0, 32), "The shortest IPv4 prefix length (24: one subnet).",
+                  default=str(DEFAULT_MAX_PREFIX[4])),
+    "ipv6": v.Key(v.integer(0, 128), "The shortest IPv6 prefix length (64: one subnet).",
+                  default=str(DEFAULT_MAX_PREFIX[6])),
+})
 
 
-def _port_pair(key: str, value: Any) -> tuple[int, int]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise ConfigError(key, "expected [source side fast port, destination side fast port]")
-    a, b = (v.integer(1, 0xFFFFFF00)(f"{key}[{i}]", port) for i, port in enumerate(value))
-    if a == b:
-        raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
-    return a, b
-
-
+@v.takes("object", "see `static_shunt_max_prefix`")
 def max_prefix(key: str, value: Any) -> dict[int, int]:
     """`static_shunt_max_prefix`: {"ipv4": 24, "ipv6": 64}, the widest prefix an entry may name."""
-    given = v.read_object(key, value, {"ipv4": v.integer(0, 32), "ipv6": v.integer(0, 128)})
+    given = MAX_PREFIX.read(key, value)
     return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
 
 

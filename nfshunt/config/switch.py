@@ -3,7 +3,7 @@ the keys each entry of `switches` may set, and what one switch's keys must agree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from nfshunt.records import markcodec
 from nfshunt.records.model import OPENFLOW_VERSIONS
@@ -27,15 +27,26 @@ class TLSConfig:
     ca_certificate: str | None = None
 
 
+PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, the switch port cabled to the "
+                     "firewall bridge's port that serves it, and that bridge port's number in the mark.", {
+    "fast": v.Key(v.integer(1, 0xFFFFFF00), "The switch's external port (OpenFlow port number)."),
+    "slow": v.Key(v.integer(1, 0xFFFFFF00), "The switch port cabled to the firewall bridge's port that serves "
+                  "`fast`; not the same as `fast`."),
+    "physdevin": v.Key(v.integer(1, markcodec.MAX_PORT), "The bridge port's number in the connection mark's "
+                       "ingress and egress fields; each once, across all switches."),
+    "bridge_port": v.Key(v.ifname, "The bridge port's interface name, for `nfshunt iptables` (its physdev "
+                         "rules); each once, across all switches."),
+}, required=("fast", "slow", "physdevin"), record=PortGroup)
+
+
 def port_group(key: str, value: Any) -> PortGroup:
-    fields = {"fast": v.integer(1, 0xFFFFFF00), "slow": v.integer(1, 0xFFFFFF00),
-              "physdevin": v.integer(1, markcodec.MAX_PORT), "bridge_port": v.ifname}
-    group = PortGroup(**v.read_object(key, value, fields, required=("fast", "slow", "physdevin")))
+    group = PortGroup(**PORT_GROUP.read(key, value))
     if group.fast == group.slow:
         raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
     return group
 
 
+@v.takes("list of objects", "port groups (`ports[]`), at least one; each switch port once")
 def ports(key: str, value: Any) -> tuple[PortGroup, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list of port groups")
@@ -64,6 +75,7 @@ def unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
             seen[(attr, value)] = path
 
 
+@v.takes("list of strings", "OpenFlow versions, each once: " + ", ".join(f"`{n}`" for n in OPENFLOW_VERSIONS))
 def versions(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list such as [\"1.0\", \"1.3\"]")
@@ -74,36 +86,61 @@ def versions(key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+TLS = v.Table("tls", "The OpenFlow listener's TLS.", {
+    "private_key": v.Key(v.existing_file, "The controller's private key (PEM)."),
+    "certificate": v.Key(v.existing_file, "The controller's certificate (PEM), which the switch checks."),
+    "ca_certificate": v.Key(v.existing_file, "A CA the switch's certificate must be signed by; without it the "
+                            "switch's certificate is not verified (check-config warns)."),
+}, required=("private_key", "certificate"), record=TLSConfig)
+
+
+@v.takes("object or null", "see `tls`; null: plain TCP")
 def tls(key: str, value: Any) -> TLSConfig | None:
     if value is None:
         return None
-    fields: dict[str, Callable[[str, Any], Any]] = {"private_key": v.existing_file, "certificate": v.existing_file,
-                                                    "ca_certificate": v.existing_file}
-    return TLSConfig(**v.read_object(key, value, fields, required=("private_key", "certificate")))
+    return TLSConfig(**TLS.read(key, value))
 
 
-# What each entry of `switches` may set; the other keys are the controller's (or, at the
-# top level, every switch's default).
-PER_SWITCH: dict[str, Callable[[str, Any], Any]] = {
-    "datapath_id": v.dpid,
-    "ports": ports,
-    "switch_addresses": v.networks,
-    "packet_in_rate": v.integer(0, 1_000_000),
-    "flow_mod_rate": v.integer(0, 10_000_000),
-    "install_queue": v.integer(1, 1_000_000),
-    "max_shunts": v.integer(0, 10_000_000),
-    "flow_layout": v.choice(("auto", "single", "pipeline")),
-    "confirm": v.choice(("barrier", "counters", "delay")),
-    "confirm_delay": v.number(0, 10),
-    "drain": v.number(0, 5),
+# What each entry of `switches` may set; the other keys are the controller's. At the top
+# level the same keys are the one switch's, or every switch's default.
+PER_SWITCH: dict[str, v.Key] = {
+    "datapath_id": v.Key(v.dpid, "Serve only the switch of this datapath id (others are refused at the "
+                         "handshake); unset, the first switch to connect is served (check-config warns).",
+                         default="null (any)"),
+    "ports": v.Key(ports, "The switch's port groups (`ports[]`).", default="required, unless `switches` is "
+                   "given"),
+    "switch_addresses": v.Key(v.networks, "Addresses or networks the switch may connect from; a connection "
+                              "from elsewhere is closed before the OpenFlow handshake. Empty: any (check-config "
+                              "warns when there is no TLS either)."),
+    "packet_in_rate": v.Key(v.integer(0, 1_000_000), "OpenFlow 1.3: packet-ins a second the switch may send "
+                            "(its controller meter, set at every connect); 0: not limited."),
+    "flow_mod_rate": v.Key(v.integer(0, 10_000_000), "Flow-mods a second the switch is sent; installs beyond it "
+                           "queue, their connections stay on the slow path meanwhile. Removals never wait. "
+                           "0: not limited."),
+    "install_queue": v.Key(v.integer(1, 1_000_000), "Installs that may wait for `flow_mod_rate`; beyond it they "
+                           "wait for room as for a full table (counted, never lost)."),
+    "max_shunts": v.Key(v.integer(0, 10_000_000), "Most shunt and block pairs on the switch at once: shunts "
+                        "beyond it wait on the slow path, a block evicts the newest shunt. 0: derived from the "
+                        "table size the switch reports at connect (what fits after the defaults)."),
+    "flow_layout": v.Key(v.choice(("auto", "single", "pipeline")), "Where a TCP shunt's FIN/RST catchers "
+                         "live: `single` (4 a connection beside its 2 flows in table 0), `pipeline` (OpenFlow 1.3: "
+                         "shared catchers per port group in table 1), `auto` (pipeline when the switch reports at "
+                         "least 2 tables)."),
+    "confirm": v.Key(v.choice(("barrier", "counters", "delay")), "When a shunt's conntrack entry may go: at the "
+                     "barrier reply (`barrier`: Open vSwitch), once its flows' packet counters rose (`counters`: "
+                     "hardware; OpenFlow 1.3 only), or `confirm_delay` after the barrier (`delay`); then `drain`."),
+    "confirm_delay": v.Key(v.number(0, 10), "Seconds after the barrier reply, for `confirm` `delay`."),
+    "drain": v.Key(v.number(0, 5), "Seconds more before the entry goes, for packets still queued on the slow path."),
 }
+SWITCH = v.Table("switches[]", "One of several switches this controller serves, all cabled to the same firewall "
+                 "bridge.", PER_SWITCH, required=("datapath_id", "ports"), inherits="the top-level key's value")
 
 
+@v.takes("list of objects", "switches (`switches[]`), at least one; each datapath id once")
 def switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list of switches ({\"datapath_id\": ..., \"ports\": [...]})")
-    entries = tuple(v.read_object(f"{key}[{i}]", entry, PER_SWITCH, required=("datapath_id", "ports"))
-                    for i, entry in enumerate(value))
+    entries = tuple(SWITCH.read(f"{key}[{i}]", entry) for i, entry in enumerate(value))
     seen: dict[int, str] = {}
     for i, entry in enumerate(entries):
         dpid = entry["datapath_id"]
