@@ -132,8 +132,22 @@ PER_SWITCH: dict[str, v.Key] = {
     "confirm_delay": v.Key(v.number(0, 10), "Seconds after the barrier reply, for `confirm` `delay`."),
     "drain": v.Key(v.number(0, 5), "Seconds more before the entry goes, for packets still queued on the slow path."),
 }
+
+
+@v.takes("string or integer", "a datapath id: up to 16 hex digits (0x optional), up to 8 colon-separated bytes, "
+         "or an integer")
+def _datapath_id(key: str, value: Any) -> int:
+    dpid = v.dpid(key, value)
+    if dpid is None:
+        raise ConfigError(key, "each of several switches needs its datapath id")
+    return dpid
+
+
 SWITCH = v.Table("switches[]", "One of several switches this controller serves, all cabled to the same firewall "
-                 "bridge.", PER_SWITCH, required=("datapath_id", "ports"), inherits="the top-level key's value")
+                 "bridge.", {
+                     **PER_SWITCH,
+                     "datapath_id": v.Key(_datapath_id, "This switch's datapath id; each once."),
+                 }, required=("datapath_id", "ports"), inherits="the top-level key's value")
 
 
 @v.takes("list of objects", "switches (`switches[]`), at least one; each datapath id once")
@@ -144,8 +158,6 @@ def switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     seen: dict[int, str] = {}
     for i, entry in enumerate(entries):
         dpid = entry["datapath_id"]
-        if dpid is None:
-            raise ConfigError(f"{key}[{i}].datapath_id", "each of several switches needs its datapath id")
         if dpid in seen:
             raise ConfigError(f"{key}[{i}].datapath_id", f"{dpid:016x} is already used by {seen[dpid]}")
         seen[dpid] = f"{key}[{i}]"
