@@ -33,7 +33,8 @@ from os_ken.controller import ofp_event
 from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
-from nfshunt.config.settings import Config, PortGroup
+from nfshunt.config.settings import Config
+from nfshunt.config.switch import PortGroup
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import entries_per_pair
 from nfshunt.openflow.channel import address_allowed

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from nfshunt.config.settings import IdsConfig, MayShunt
+from nfshunt.config.ids import IdsConfig, MayShunt
 from nfshunt.ids.api import IDLE_SECONDS, PREAUTH_SECONDS, IdsApi
 from nfshunt.ids.calls import Outcome, Page, Reject, Result, RuleView, State
 from nfshunt.ids.rules import Decision, precedence

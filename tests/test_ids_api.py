@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
+from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
 from nfshunt.ids.api import IdsApi
 from nfshunt.ids.calls import Reject
 from nfshunt.records.model import TCP, Action, FlowTuple

@@ -15,7 +15,7 @@ import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from nfshunt.app.operator_api import rules_by_source  # noqa: E402
-from nfshunt.config.settings import IdsConfig, MayShunt  # noqa: E402
+from nfshunt.config.ids import IdsConfig, MayShunt  # noqa: E402
 from nfshunt.ids.backend import CLOSING, NO_ENTRY, IdsBackend  # noqa: E402
 from nfshunt.ids.calls import Outcome, Reject, Result  # noqa: E402
 from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
+from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
 from nfshunt.ids.backend import Submitted
 from nfshunt.ids.calls import Reject
 from nfshunt.ids.frames import MAX_REQUEST, Channel, FrameError
@@ -182,7 +182,7 @@ def test_a_child_that_cannot_serve_fails_the_start_with_its_reason(tmp_path):
 CONTROLLER = """
 import sys, time
 sys.path[:0] = [{root!r}]
-from nfshunt.config.settings import IdsConfig
+from nfshunt.config.ids import IdsConfig
 from nfshunt.ids.process import ApiProcess
 from tests.idsfake import FakeBackend
 cfg = IdsConfig(listen_port=0, token_file={tokens!r})

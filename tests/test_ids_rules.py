@@ -3,7 +3,7 @@ import ipaddress
 
 import pytest
 
-from nfshunt.config.settings import IdsConfig, MayShunt
+from nfshunt.config.ids import IdsConfig, MayShunt
 from nfshunt.ids.rules import (
     DOTTED_QUAD,
     Decision,

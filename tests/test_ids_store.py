@@ -4,7 +4,7 @@ import json
 import os
 import stat
 
-from nfshunt.config.settings import IdsConfig
+from nfshunt.config.ids import IdsConfig
 from nfshunt.ids.rules import Kind, parse
 from nfshunt.ids.store import Added, Counts, write
 from nfshunt.ids.store import Store as _Store
@@ -216,7 +216,7 @@ def test_missing_state_file_is_an_empty_start(tmp_path):
 def test_rules_are_judged_again_by_precedence_against_the_config_at_start(tmp_path):
     """Issue 36.4: a saved shunt outside `ids.may_shunt` as it is now ends at start; a block,
     and a shunt beneath another rule's block (its pin waits, as while running), stay."""
-    from nfshunt.config.settings import MayShunt
+    from nfshunt.config.ids import MayShunt
     path = str(tmp_path / "ids-rules.json")
     store = Store(path, max_rules=10)
     store.add(rule("in", sport=1))

@@ -346,7 +346,7 @@ def test_a_typo_in_the_instances_shows_at_once_and_a_bad_config_acts_on_nothing(
 def test_the_default_instance_is_the_shipped_keepalived_confs():
     import re
 
-    from nfshunt.config.settings import PairConfig
+    from nfshunt.config.pair import PairConfig
     shipped = os.path.join(os.path.dirname(__file__), "..", "config", "ha", "keepalived.conf")
     with open(shipped) as fh:
         assert re.findall(r"^vrrp_instance (\S+) \{", fh.read(), re.M) == list(PairConfig("x").vrrp_instances)

@@ -83,6 +83,6 @@ def test_the_unit_lets_the_ids_api_process_give_up_its_privileges_and_the_instal
     assert {"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"} <= set(svc["CapabilityBoundingSet"].split())
     assert "seccomp" in svc["SystemCallFilter"].split()
     assert int(svc["TasksMax"]) >= 64 * 2 + 32  # the API's threads (ids.max_connections) and the calls' waiting
-    from nfshunt.config.settings import IdsConfig
+    from nfshunt.config.ids import IdsConfig
     script = open(os.path.join(REPO, "scripts", "install-deps.sh")).read()
     assert "useradd --system" in script and IdsConfig().user in script

@@ -15,15 +15,14 @@ from __future__ import annotations
 import ipaddress
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
 
-from .validate import ConfigError, _bool, _choice, _dpid, _int, _object, _str
-
-if TYPE_CHECKING:
-    from .settings import Config
+from . import validate as v
+from .switch import PortGroup
+from .validate import ConfigError
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
 # The widest prefix an entry may name without raising `static_shunt_max_prefix`: any host
@@ -47,7 +46,7 @@ class StaticShunt:
     name: str | None = None
     datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
 
-    def on(self, cfg: "Config") -> bool:
+    def on(self, cfg: "OneSwitch") -> bool:
         """This entry's flows go on that switch (one switch's config)."""
         return set(self.fast_ports) <= {g.fast for g in cfg.ports} and (
             self.datapath_id is None or self.datapath_id == cfg.datapath_id)
@@ -114,19 +113,83 @@ def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: i
 
 # --- config --------------------------------------------------------------------------------
 
+class OneSwitch(Protocol):
+    """What the static entries read of one switch's config (settings.Config, or one of
+    its `served`): which entries are on it and their flows. A protocol, so that this
+    module needs nothing of settings, which imports it."""
+    @property
+    def ports(self) -> tuple[PortGroup, ...]: ...
+    @property
+    def datapath_id(self) -> int | None: ...
+    @property
+    def static_shunts(self) -> tuple[StaticShunt, ...]: ...
+    @property
+    def static_priority(self) -> int: ...
+
+
+class Scope(OneSwitch, Protocol):
+    """What check() reads of the whole config (settings.Config)."""
+    @property
+    def served(self) -> tuple[OneSwitch, ...]: ...
+    @property
+    def openflow_versions(self) -> tuple[str, ...]: ...
+    @property
+    def shunt_priority(self) -> int: ...
+    @property
+    def block_priority(self) -> int: ...
+    @property
+    def static_shunt_max_prefix(self) -> dict[int, int]: ...
+
+
+@v.takes("string", "an address or a prefix, host bits zero")
+def _network(key: str, value: Any) -> Network:
+    value = v.string(key, value)
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+
+
+@v.takes("list of 2 integers", "two different switch ports, 1-4294967040")
+def _port_pair(key: str, value: Any) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ConfigError(key, "expected [source side fast port, destination side fast port]")
+    a, b = (v.integer(1, 0xFFFFFF00)(f"{key}[{i}]", port) for i, port in enumerate(value))
+    if a == b:
+        raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
+    return a, b
+
+
+ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from its first frame, outside the "
+                "firewall (which never sees, tracks, logs or polices its frames): keep it as narrow as the stream.", {
+    "name": v.Key(v.string, "The stream's name in logs, status and metrics; each once.", default="none (a "
+                  "description of the match)"),
+    "protocol": v.Key(v.choice(tuple(PROTOCOLS)), "The stream's IP protocol."),
+    "src": v.Key(_network, "The source host (or network: every host in it may then send on the stream); no "
+                 "wider than `static_shunt_max_prefix`."),
+    "dst": v.Key(_network, "The destination host or network, of the source's family."),
+    "src_port": v.Key(v.integer(1, 65535), "The source port.", default="any"),
+    "dst_port": v.Key(v.integer(1, 65535), "The destination port; give it at least.", default="any"),
+    "fast_ports": v.Key(_port_pair, "The fast ports of the source's and the destination's port groups, on one "
+                        "switch."),
+    "both_directions": v.Key(v.boolean, "Add the reverse flow too (destination to source, ports swapped); false "
+                             "for a stream that flows one way."),
+    "datapath_id": v.Key(v.dpid, "The switch, when several switches have both fast ports.", default="the one "
+                         "switch with both fast ports"),
+}, required=("protocol", "src", "dst", "fast_ports"), record=StaticShunt)
+
+
+@v.takes("list of objects", "streams (`static_shunts[]`); no two overlap; needs OpenFlow 1.3 only")
 def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     """`static_shunts`: each entry's own keys (what needs the rest of the config: check())."""
     if not isinstance(value, list):
         raise ConfigError(key, "expected a list of streams ({\"protocol\": \"udp\", \"src\": ..., \"dst\": ..., "
                           "\"fast_ports\": [a, b]})")
-    fields = {"name": _str, "protocol": _choice(tuple(PROTOCOLS)), "src": _network, "dst": _network,
-              "src_port": _int(1, 65535), "dst_port": _int(1, 65535), "fast_ports": _port_pair,
-              "both_directions": _bool, "datapath_id": _dpid}
     out = []
     names: dict[str, int] = {}
     for i, raw in enumerate(value):
         at = f"{key}[{i}]"
-        entry = _object(at, raw, fields, required=("protocol", "src", "dst", "fast_ports"))
+        entry = ENTRY.read(at, raw)
         entry["protocol"] = PROTOCOLS[entry["protocol"]]
         shunt = StaticShunt(**entry)
         if shunt.src.version != shunt.dst.version:
@@ -140,30 +203,23 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     return tuple(out)
 
 
-def _network(key: str, value: Any) -> Network:
-    value = _str(key, value)
-    try:
-        return ipaddress.ip_network(value, strict=True)
-    except ValueError as exc:
-        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+MAX_PREFIX = v.Table("static_shunt_max_prefix", "The widest `src` or `dst` prefix a static shunt may name, by "
+                     "family: every host inside it may send on the stream, past the firewall.", {
+    "ipv4": v.Key(v.integer(0, 32), "The shortest IPv4 prefix length (24: one subnet).",
+                  default=str(DEFAULT_MAX_PREFIX[4])),
+    "ipv6": v.Key(v.integer(0, 128), "The shortest IPv6 prefix length (64: one subnet).",
+                  default=str(DEFAULT_MAX_PREFIX[6])),
+})
 
 
-def _port_pair(key: str, value: Any) -> tuple[int, int]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise ConfigError(key, "expected [source side fast port, destination side fast port]")
-    a, b = (_int(1, 0xFFFFFF00)(f"{key}[{i}]", v) for i, v in enumerate(value))
-    if a == b:
-        raise ConfigError(f"{key}[1]", f"the same port {b} as the source side: a stream crosses two port groups")
-    return a, b
-
-
+@v.takes("object", "see `static_shunt_max_prefix`")
 def max_prefix(key: str, value: Any) -> dict[int, int]:
     """`static_shunt_max_prefix`: {"ipv4": 24, "ipv6": 64}, the widest prefix an entry may name."""
-    given = _object(key, value, {"ipv4": _int(0, 32), "ipv6": _int(0, 128)})
+    given = MAX_PREFIX.read(key, value)
     return {4: given.get("ipv4", DEFAULT_MAX_PREFIX[4]), 6: given.get("ipv6", DEFAULT_MAX_PREFIX[6])}
 
 
-def check(cfg: "Config") -> None:
+def check(cfg: Scope) -> None:
     """What an entry must agree on with the rest of the config: its ports, the prefix
     limit, the priorities, the OpenFlow version; and no two entries' flows overlap."""
     shunts = cfg.static_shunts
@@ -299,7 +355,7 @@ def _key(shunt: StaticShunt, priority: int) -> int:
     return zlib.crc32(text.encode())
 
 
-def switch_flows(cfg: "Config") -> dict[int, StaticFlow]:
+def switch_flows(cfg: OneSwitch) -> dict[int, StaticFlow]:
     """Every static flow of one switch's config (its entries: those on its ports), by cookie."""
     out: dict[int, StaticFlow] = {}
     keys: set[int] = set()

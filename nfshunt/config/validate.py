@@ -1,13 +1,20 @@
 """The checks every config key is made of: each value checked and converted, or a
-ConfigError naming the key and what is wrong. Shared by config.py and the modules whose
-keys it reads (static.py); they import nothing else of the config.
+ConfigError naming the key and what is wrong. Shared by every module of the config (one
+per object: settings, switch, ids, pair, static) and by the IDS rules' own checks.
+
+Each object's keys are a Table: per key its Check (which also says, in words, what it
+takes) and its help text. The parser reads an object through its Table and the key
+reference (reference.py, docs/config-keys.md) prints the same Tables, so the two agree.
 """
 from __future__ import annotations
 
 import ipaddress
 import os
 import re
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -19,39 +26,90 @@ class ConfigError(ValueError):
         super().__init__(f"config key '{key}': {problem}" if key else problem)
 
 
-def _type_name(value: Any) -> str:
+class Check(Generic[T]):
+    """One key's check (the raw JSON value to its typed value, or a ConfigError naming the
+    key) and what it takes, in words: its JSON type and the values allowed."""
+    __slots__ = ("fn", "kind", "allowed")
+
+    def __init__(self, fn: Callable[[str, Any], T], kind: str, allowed: str = ""):
+        self.fn, self.kind, self.allowed = fn, kind, allowed
+
+    def __call__(self, key: str, value: Any) -> T:
+        return self.fn(key, value)
+
+
+def takes(kind: str, allowed: str = "") -> Callable[[Callable[[str, Any], T]], Check[T]]:
+    """A parser function made a Check (a decorator): `kind` its JSON type, `allowed` what it accepts."""
+    def wrap(fn: Callable[[str, Any], T]) -> Check[T]:
+        return Check(fn, kind, allowed)
+    return wrap
+
+
+@dataclass(frozen=True)
+class Key:
+    """A key of a config object: its check and what it means (the key reference's text)."""
+    check: Check[Any]
+    help: str
+    default: str | None = None  # the default in words, where the record's own is not the config's form
+
+
+@dataclass(frozen=True)
+class Table:
+    """One config object's keys, read by the parser and printed by the key reference."""
+    where: str  # the object's place in the config, as the reference names it ("" the top level, "ids.tls")
+    about: str  # what the object is, one sentence
+    keys: dict[str, Key]
+    required: tuple[str, ...] = ()
+    record: type | None = None  # the dataclass its values become: its field defaults are the keys' defaults
+    inherits: str = ""  # where an omitted key's value comes from, when not from the record
+
+    def read(self, key: str, value: Any) -> dict[str, Any]:
+        """The object at `key`: every name a known key, the required ones there, each value checked."""
+        check_names(key, value, self.keys, self.required)
+        prefix = f"{key}." if key else ""
+        return {name: self.keys[name].check(f"{prefix}{name}", raw) for name, raw in value.items()}
+
+
+def family_map(by_family: dict[int, int]) -> str:
+    """{4: 24, 6: 64} as the config writes it ({"ipv4": 24, "ipv6": 64}), for a default in words."""
+    return "{" + ", ".join(f'"ipv{family}": {n}' for family, n in sorted(by_family.items())) + "}"
+
+
+def type_name(value: Any) -> str:
     return {bool: "boolean", int: "integer", str: "string", list: "list",
             dict: "object", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def _bool(key: str, value: Any) -> bool:
+@takes("boolean")
+def boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(key, f"expected true or false, got {_type_name(value)} {value!r}")
+        raise ConfigError(key, f"expected true or false, got {type_name(value)} {value!r}")
     return value
 
 
-def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+def integer(lo: int, hi: int) -> Check[int]:
     def check(key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {_type_name(value)} {value!r}")
+            raise ConfigError(key, f"expected an integer, got {type_name(value)} {value!r}")
         if not lo <= value <= hi:
             raise ConfigError(key, f"{value} is outside {lo}-{hi}")
         return value
-    return check
+    return Check(check, "integer", f"{lo}-{hi}")
 
 
-def _str(key: str, value: Any) -> str:
+@takes("string", "not empty")
+def string(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(key, f"expected a non-empty string, got {_type_name(value)} {value!r}")
+        raise ConfigError(key, f"expected a non-empty string, got {type_name(value)} {value!r}")
     return value
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+def choice(choices: tuple[str, ...]) -> Check[str]:
     def check(key: str, value: Any) -> str:
         if value not in choices:
             raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
         return value
-    return check
+    return Check(check, "string", "one of " + ", ".join(f"`{c}`" for c in choices))
 
 
 # Letters, digits, '_', '.', '-': what every tool accepts. Linux allows more, but '+' is
@@ -60,29 +118,31 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
 
 
-def _ifname(key: str, value: Any) -> str:
-    value = _str(key, value)
+@takes("string", "an interface name: 1-15 of A-Z a-z 0-9 _ . -")
+def ifname(key: str, value: Any) -> str:
+    value = string(key, value)
     if not _IFNAME.fullmatch(value) or value in (".", ".."):
         raise ConfigError(key, f"{value!r} is not a valid interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return value
 
 
-def _number(lo: float, hi: float) -> Callable[[str, Any], float]:
+def number(lo: float, hi: float) -> Check[float]:
     def check(key: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {_type_name(value)} {value!r}")
+            raise ConfigError(key, f"expected a number, got {type_name(value)} {value!r}")
         if not lo <= value <= hi:
             raise ConfigError(key, f"{value} is outside {lo:g}-{hi:g}")
         return float(value)
-    return check
+    return Check(check, "number", f"{lo:g}-{hi:g}")
 
 
-def _networks(key: str, value: Any) -> tuple[str, ...]:
+@takes("list of strings", "IP addresses or networks")
+def networks(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise ConfigError(key, f"expected a list of addresses or networks, got {_type_name(value)}")
+        raise ConfigError(key, f"expected a list of addresses or networks, got {type_name(value)}")
     out = []
     for i, v in enumerate(value):
-        v = _str(f"{key}[{i}]", v)
+        v = string(f"{key}[{i}]", v)
         try:
             ipaddress.ip_network(v, strict=False)
         except ValueError:
@@ -91,8 +151,9 @@ def _networks(key: str, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _address(key: str, value: Any) -> str:
-    value = _str(key, value)
+@takes("string", "an IP address")
+def address(key: str, value: Any) -> str:
+    value = string(key, value)
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -100,9 +161,10 @@ def _address(key: str, value: Any) -> str:
     return value
 
 
-def _path(key: str, value: Any) -> str:
+@takes("string", "a file name (no NUL byte, UTF-8)")
+def path(key: str, value: Any) -> str:
     """A file name the kernel can take: no NUL (it would cut the name), UTF-8 encodable."""
-    value = _str(key, value)
+    value = string(key, value)
     if "\0" in value:
         raise ConfigError(key, f"{value!r} contains a NUL byte")
     try:
@@ -112,37 +174,41 @@ def _path(key: str, value: Any) -> str:
     return value
 
 
-def _file(key: str, value: Any) -> str:
-    value = _path(key, value)
+@takes("string", "the name of a file that exists")
+def existing_file(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isfile(value):
         raise ConfigError(key, f"file {value!r} does not exist")
     return value
 
 
-def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
-    def optional(key: str, value: Any) -> Any:
+def optional(check: Check[T]) -> Check[T | None]:
+    def optional(key: str, value: Any) -> T | None:
         return None if value is None else check(key, value)
-    return optional
+    return Check(optional, f"{check.kind} or null", check.allowed)
 
 
-def _log_path(key: str, value: Any) -> str:
-    value = _path(key, value)
+@takes("string", "an absolute file path (its directory is created)")
+def log_path(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or os.path.isdir(value):
         raise ConfigError(key, f"{value!r} must be an absolute path of a file (its directory is created)")
     return value
 
 
-def _dir_path(key: str, value: Any) -> str:
-    value = _path(key, value)
+@takes("string", "an absolute directory path (created if missing)")
+def dir_path(key: str, value: Any) -> str:
+    value = path(key, value)
     if not os.path.isabs(value) or (os.path.exists(value) and not os.path.isdir(value)):
         raise ConfigError(key, f"{value!r} must be an absolute path of a directory (created if missing)")
     return value
 
 
-def _socket_path(key: str, value: Any) -> str | None:
+@takes("string or null", "an absolute file path of at most 107 bytes; null: none")
+def socket_path(key: str, value: Any) -> str | None:
     if value is None:
         return None
-    value = _path(key, value)
+    value = path(key, value)
     if not os.path.isabs(value) or value.endswith("/") or len(value.encode()) > 107:
         raise ConfigError(key, f"{value!r} must be an absolute file path of at most 107 bytes (or null: no socket)")
     if os.path.isdir(value):
@@ -154,7 +220,9 @@ def _socket_path(key: str, value: Any) -> str | None:
 _DPID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}|[0-9a-fA-F]{1,2}(?::[0-9a-fA-F]{1,2}){1,7}", re.ASCII)
 
 
-def _dpid(key: str, value: Any) -> int | None:
+@takes("string, integer or null", "a datapath id: up to 16 hex digits (0x optional), up to 8 "
+       "colon-separated bytes, or an integer; null: any")
+def dpid(key: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -162,7 +230,7 @@ def _dpid(key: str, value: Any) -> int | None:
             raise ConfigError(key, f"{value!r} is not a hexadecimal datapath id (up to 16 hex digits, "
                               "0x-prefixed or not, or up to 8 colon-separated bytes)")
         value = int(value.replace(":", ""), 16)
-    return _int(0, 2**64 - 1)(key, value)
+    return integer(0, 2**64 - 1)(key, value)
 
 
 def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable[str],
@@ -170,7 +238,7 @@ def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable
     """`value` is an object whose names are all `allowed` and include every `required` one;
     else `error(path, problem)`. Shared by the config and the IDS API's request bodies."""
     if not isinstance(value, dict):
-        raise error(key, f"expected an object, got {_type_name(value)}")
+        raise error(key, f"expected an object, got {type_name(value)}")
     allowed = tuple(allowed)
     prefix = f"{key}." if key else ""
     for name in value:
@@ -180,10 +248,3 @@ def check_names(key: str, value: Any, allowed: Iterable[str], required: Iterable
         if name not in value:
             raise error(f"{prefix}{name}", f"required {noun} is missing")
     return value
-
-
-def _object(key: str, value: Any, fields: dict[str, Callable[[str, Any], Any]],
-            required: tuple[str, ...] = ()) -> dict[str, Any]:
-    check_names(key, value, fields, required)
-    prefix = f"{key}." if key else ""
-    return {name: fields[name](f"{prefix}{name}", raw) for name, raw in value.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from nfshunt.config.settings import PortGroup
+from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from nfshunt.config.settings import PortGroup
 from nfshunt.config.static import StaticFlow
+from nfshunt.config.switch import PortGroup
 from nfshunt.records.model import ConnEvent, FlowTuple, SwitchFlow
 
 from .address_flows import AddressFlow

@@ -37,7 +37,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nfshunt.config.settings import PortGroup
+from nfshunt.config.switch import PortGroup
 from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple
 

@@ -54,7 +54,7 @@ from typing import Any, Callable, NamedTuple, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nfshunt.config import jsonfile
-from nfshunt.config.settings import IdsConfig
+from nfshunt.config.ids import IdsConfig
 from nfshunt.kernel import sockdiag
 
 from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleBackend

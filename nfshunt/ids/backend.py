@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from nfshunt.config.settings import IdsConfig
+from nfshunt.config.ids import IdsConfig
 from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.openflow.channel import RateLimitedLog

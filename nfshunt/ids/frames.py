@@ -31,7 +31,7 @@ import struct
 import threading
 from typing import Any
 
-from nfshunt.config.settings import IdsConfig, IdsTLS, MayShunt
+from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
 
 from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleView, State
 from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError

@@ -46,7 +46,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
-from nfshunt.config.settings import IdsConfig
+from nfshunt.config.ids import IdsConfig
 from nfshunt.openflow.channel import RateLimitedLog
 
 from . import frames, tokens

@@ -31,8 +31,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from nfshunt.config.settings import MAX_IDS_EXPIRE, IdsConfig, MayShunt
-from nfshunt.config.validate import _type_name, check_names
+from nfshunt.config.ids import MAX_IDS_EXPIRE, IdsConfig, MayShunt
+from nfshunt.config.validate import check_names
+from nfshunt.config.validate import type_name as _type_name
 from nfshunt.records.model import TCP, UDP, Action, FlowTuple, canonical_address
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

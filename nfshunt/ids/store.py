@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from nfshunt.config import jsonfile
-from nfshunt.config.settings import MAX_IDS_EXPIRE, MayShunt
+from nfshunt.config.ids import MAX_IDS_EXPIRE, MayShunt
 from nfshunt.config.validate import check_names
 from nfshunt.core.pins import IdsHold
 from nfshunt.records.model import Action, FlowTuple

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nfshunt.config.settings import Config, PortGroup
+from nfshunt.config.settings import Config
 from nfshunt.config.static import StaticFlow
+from nfshunt.config.switch import PortGroup
 from nfshunt.core.address_flows import AddressFlow
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import catches_teardown, goes_to_pipeline, pair_entries

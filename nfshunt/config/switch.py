@@ -1,0 +1,192 @@
+"""The switch's side of the config: port groups, the OpenFlow listener's versions and TLS,
+the keys each entry of `switches` may set, and what one switch's keys must agree on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nfshunt.records import markcodec
+from nfshunt.records.model import OPENFLOW_VERSIONS
+
+from . import validate as v
+from .validate import ConfigError
+
+
+@dataclass(frozen=True)
+class PortGroup:
+    fast: int
+    slow: int
+    physdevin: int
+    bridge_port: str | None = None
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    private_key: str
+    certificate: str
+    ca_certificate: str | None = None
+
+
+PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, the switch port cabled to the "
+                     "firewall bridge's port that serves it, and that bridge port's number in the mark.", {
+    "fast": v.Key(v.integer(1, 0xFFFFFF00), "The switch's external port (OpenFlow port number)."),
+    "slow": v.Key(v.integer(1, 0xFFFFFF00), "The switch port cabled to the firewall bridge's port that serves "
+                  "`fast`; not the same as `fast`."),
+    "physdevin": v.Key(v.integer(1, markcodec.MAX_PORT), "The bridge port's number in the connection mark's "
+                       "ingress and egress fields; each once, across all switches."),
+    "bridge_port": v.Key(v.ifname, "The bridge port's interface name, for `nfshunt iptables` (its physdev "
+                         "rules); each once, across all switches."),
+}, required=("fast", "slow", "physdevin"), record=PortGroup)
+
+
+def port_group(key: str, value: Any) -> PortGroup:
+    group = PortGroup(**PORT_GROUP.read(key, value))
+    if group.fast == group.slow:
+        raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
+    return group
+
+
+@v.takes("list of objects", "port groups (`ports[]`), at least one; each switch port once")
+def ports(key: str, value: Any) -> tuple[PortGroup, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of port groups")
+    groups = tuple(port_group(f"{key}[{i}]", g) for i, g in enumerate(value))
+    unique_bridge_ports([(f"{key}[{i}]", g) for i, g in enumerate(groups)])
+    seen: dict[tuple[str, Any], int] = {}
+    for i, g in enumerate(groups):
+        for attr in ("fast", "slow"):
+            port = getattr(g, attr)
+            if ("switch", port) in seen:
+                raise ConfigError(f"{key}[{i}].{attr}",
+                                  f"switch port {port} is already used by {key}[{seen[('switch', port)]}]")
+            seen[("switch", port)] = i
+    return groups
+
+
+def unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
+    """physdevin and bridge_port name the firewall's bridge ports: each once, whichever
+    switch its group is on (groups: each with the key path it was read from)."""
+    seen: dict[tuple[str, Any], str] = {}
+    for path, g in groups:
+        for attr in ("physdevin", "bridge_port"):
+            value = getattr(g, attr)
+            if value is not None and (attr, value) in seen:
+                raise ConfigError(f"{path}.{attr}", f"{value!r} is already used by {seen[(attr, value)]}")
+            seen[(attr, value)] = path
+
+
+@v.takes("list of strings", "OpenFlow versions, each once: " + ", ".join(f"`{n}`" for n in OPENFLOW_VERSIONS))
+def versions(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list such as [\"1.0\", \"1.3\"]")
+    for i, version in enumerate(value):
+        v.choice(tuple(OPENFLOW_VERSIONS))(f"{key}[{i}]", version)
+    if len(set(value)) != len(value):
+        raise ConfigError(key, "lists a version twice")
+    return tuple(value)
+
+
+TLS = v.Table("tls", "The OpenFlow listener's TLS.", {
+    "private_key": v.Key(v.existing_file, "The controller's private key (PEM)."),
+    "certificate": v.Key(v.existing_file, "The controller's certificate (PEM), which the switch checks."),
+    "ca_certificate": v.Key(v.existing_file, "A CA the switch's certificate must be signed by; without it the "
+                            "switch's certificate is not verified (check-config warns)."),
+}, required=("private_key", "certificate"), record=TLSConfig)
+
+
+@v.takes("object or null", "see `tls`; null: plain TCP")
+def tls(key: str, value: Any) -> TLSConfig | None:
+    if value is None:
+        return None
+    return TLSConfig(**TLS.read(key, value))
+
+
+# What each entry of `switches` may set; the other keys are the controller's. At the top
+# level the same keys are the one switch's, or every switch's default.
+PER_SWITCH: dict[str, v.Key] = {
+    "datapath_id": v.Key(v.dpid, "Serve only the switch of this datapath id (others are refused at the "
+                         "handshake); unset, the first switch to connect is served (check-config warns).",
+                         default="null (any)"),
+    "ports": v.Key(ports, "The switch's port groups (`ports[]`).", default="required, unless `switches` is "
+                   "given"),
+    "switch_addresses": v.Key(v.networks, "Addresses or networks the switch may connect from; a connection "
+                              "from elsewhere is closed before the OpenFlow handshake. Empty: any (check-config "
+                              "warns when there is no TLS either)."),
+    "packet_in_rate": v.Key(v.integer(0, 1_000_000), "OpenFlow 1.3: packet-ins a second the switch may send "
+                            "(its controller meter, set at every connect); 0: not limited."),
+    "flow_mod_rate": v.Key(v.integer(0, 10_000_000), "Flow-mods a second the switch is sent; installs beyond it "
+                           "queue, their connections stay on the slow path meanwhile. Removals never wait. "
+                           "0: not limited."),
+    "install_queue": v.Key(v.integer(1, 1_000_000), "Installs that may wait for `flow_mod_rate`; beyond it they "
+                           "wait for room as for a full table (counted, never lost)."),
+    "max_shunts": v.Key(v.integer(0, 10_000_000), "Most shunt and block pairs on the switch at once: shunts "
+                        "beyond it wait on the slow path, a block evicts the newest shunt. 0: derived from the "
+                        "table size the switch reports at connect (what fits after the defaults)."),
+    "flow_layout": v.Key(v.choice(("auto", "single", "pipeline")), "Where a TCP shunt's FIN/RST catchers "
+                         "live: `single` (4 a connection beside its 2 flows in table 0), `pipeline` (OpenFlow 1.3: "
+                         "shared catchers per port group in table 1), `auto` (pipeline when the switch reports at "
+                         "least 2 tables)."),
+    "confirm": v.Key(v.choice(("barrier", "counters", "delay")), "When a shunt's conntrack entry may go: at the "
+                     "barrier reply (`barrier`: Open vSwitch), once its flows' packet counters rose (`counters`: "
+                     "hardware; OpenFlow 1.3 only), or `confirm_delay` after the barrier (`delay`); then `drain`."),
+    "confirm_delay": v.Key(v.number(0, 10), "Seconds after the barrier reply, for `confirm` `delay`."),
+    "drain": v.Key(v.number(0, 5), "Seconds more before the entry goes, for packets still queued on the slow path."),
+}
+
+
+@v.takes("string or integer", "a datapath id: up to 16 hex digits (0x optional), up to 8 colon-separated bytes, "
+         "or an integer")
+def _datapath_id(key: str, value: Any) -> int:
+    dpid = v.dpid(key, value)
+    if dpid is None:
+        raise ConfigError(key, "each of several switches needs its datapath id")
+    return dpid
+
+
+SWITCH = v.Table("switches[]", "One of several switches this controller serves, all cabled to the same firewall "
+                 "bridge.", {
+                     **PER_SWITCH,
+                     "datapath_id": v.Key(_datapath_id, "This switch's datapath id; each once."),
+                 }, required=("datapath_id", "ports"), inherits="the top-level key's value")
+
+
+@v.takes("list of objects", "switches (`switches[]`), at least one; each datapath id once")
+def switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of switches ({\"datapath_id\": ..., \"ports\": [...]})")
+    entries = tuple(SWITCH.read(f"{key}[{i}]", entry) for i, entry in enumerate(value))
+    seen: dict[int, str] = {}
+    for i, entry in enumerate(entries):
+        dpid = entry["datapath_id"]
+        if dpid in seen:
+            raise ConfigError(f"{key}[{i}].datapath_id", f"{dpid:016x} is already used by {seen[dpid]}")
+        seen[dpid] = f"{key}[{i}]"
+    unique_bridge_ports([(f"{key}[{i}].ports[{j}]", g) for i, entry in enumerate(entries)
+                         for j, g in enumerate(entry["ports"])])
+    return entries
+
+
+class SwitchKeys(Protocol):
+    """What check() reads of one switch's config (settings.Config)."""
+    @property
+    def confirm(self) -> str: ...
+    @property
+    def flow_layout(self) -> str: ...
+    @property
+    def openflow_versions(self) -> tuple[str, ...]: ...
+    @property
+    def tcp_teardown(self) -> bool: ...
+
+
+def check(cfg: SwitchKeys, prefix: str = "") -> None:
+    """What the keys of one switch's config must agree on (prefix: where its keys are)."""
+    if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
+        raise ConfigError(f"{prefix}confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set "
+                          "openflow_versions to [\"1.3\"], or use delay")
+    if cfg.flow_layout == "pipeline":
+        if "1.3" not in cfg.openflow_versions:
+            raise ConfigError(f"{prefix}flow_layout", "pipeline needs OpenFlow 1.3 (goto-table): add \"1.3\" to "
+                              "openflow_versions, or use single")
+        if not cfg.tcp_teardown:
+            raise ConfigError(f"{prefix}flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown "
+                              "is false: use single or auto")
