@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "nfshunt")
 TOP = "top"  # cli, probe, iptables, __main__: the commands, above every layer
@@ -163,7 +161,6 @@ def test_the_ids_logic_never_imports_the_http_server():
     assert not wrong, f"{', '.join(wrong)} import {IDS_SERVER}"
 
 
-@pytest.mark.xfail(strict=True, reason="the move's second slice: config<->static cycle, two long definitions, the app")
 def test_no_module_imports_one_that_imports_it_back():
     graph = _graph()
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from nfshunt.config.ids import MAX_IDS_EXPIRE, IdsConfig, MayShunt
-from nfshunt.config.validate import check_names
-from nfshunt.config.validate import type_name as _type_name
+from nfshunt.config.validate import check_names, type_name
 from nfshunt.records.model import TCP, UDP, Action, FlowTuple, canonical_address
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -142,7 +141,7 @@ def _int(field: str, value: Any, lo: int, hi: int, text: bool = False) -> int:
     if text and isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,10}", value, re.ASCII):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RuleError(field, f"expected an integer, got {_type_name(value)} {value!r:.40}")
+        raise RuleError(field, f"expected an integer, got {type_name(value)} {value!r:.40}")
     if not lo <= value <= hi:
         raise RuleError(field, f"{value} is outside {lo}-{hi}")
     return value
@@ -151,7 +150,7 @@ def _int(field: str, value: Any, lo: int, hi: int, text: bool = False) -> int:
 def _expire(field: str, value: Any) -> int:
     """Hard expiry in seconds, > 0; a fraction rounds up (Zeek sends intervals as doubles)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RuleError(field, f"expected a number of seconds, got {_type_name(value)} {value!r:.40}")
+        raise RuleError(field, f"expected a number of seconds, got {type_name(value)} {value!r:.40}")
     if not 0 < value <= MAX_IDS_EXPIRE:
         raise RuleError(field, f"{value} is outside (0, {MAX_IDS_EXPIRE}] seconds")
     return math.ceil(value)
@@ -160,7 +159,7 @@ def _expire(field: str, value: Any) -> int:
 def _host(field: str, value: Any, scipass: bool = False) -> str:
     """One address in the listener's text form (SciPass: also "a/32" or "a/128")."""
     if not isinstance(value, str):
-        raise RuleError(field, f"expected an address, got {_type_name(value)} {value!r:.40}")
+        raise RuleError(field, f"expected an address, got {type_name(value)} {value!r:.40}")
     text = value
     if scipass and "/" in value:
         try:
@@ -206,7 +205,7 @@ def _tuple(field: str, proto: int, src: str, dst: str, sport: int, dport: int, n
 
 def _prefix(field: str, value: Any, max_prefix: dict[int, int]) -> Network:
     if not isinstance(value, str):
-        raise RuleError(field, f"expected an address or prefix, got {_type_name(value)} {value!r:.40}")
+        raise RuleError(field, f"expected an address or prefix, got {type_name(value)} {value!r:.40}")
     try:
         net = ipaddress.ip_network(value, strict=True)
     except ValueError:
