@@ -662,20 +662,24 @@ PAPER_JITTER = (
 RAMP_S = 0.5  # after the background starts, before the window opens
 
 
-def wait_until_settled(tb: Testbed, since: float, quiet: float = 0.3, timeout: float = 10) -> int:
-    """Slow-path packets since the stream started, once the counter has stood still for
-    `quiet` s (the stream is on the fast path) and at least 0.5 s of the stream went by."""
-    start = tb.slow_path_packets()
-    last, last_change = start, time.monotonic()
+def wait_until_settled(tb: Testbed, since: float, before: int, quiet: float = 0.3, timeout: float = 10) -> int:
+    """Slow-path packets since the stream started, once the stream has crossed the firewall
+    (a reactive shunt's first frame must: its decision is made there) and the counter has
+    then stood still for `quiet` s (the stream is on the fast path). A counter still at
+    `before` is a stream not yet sending (its sender slow to start on a loaded machine), not
+    a shunted one: it once read 0 frames before the shunt that way."""
+    last, last_change = tb.slow_path_packets(), time.monotonic()
     deadline = time.monotonic() + timeout
     while True:
         time.sleep(0.05)
         now = tb.slow_path_packets()
         if now != last:
             last, last_change = now, time.monotonic()
-        if time.monotonic() - since >= 0.5 and time.monotonic() - last_change >= quiet:
+        if last > before and time.monotonic() - since >= 0.5 and time.monotonic() - last_change >= quiet:
             return last
         if time.monotonic() > deadline:
+            if last == before:
+                raise TestbedError(f"the stream never crossed the firewall in {timeout:g} s: not sending")
             raise TestbedError(f"the stream still crosses the firewall after {timeout:g} s: no shunt")
 
 
@@ -722,7 +726,7 @@ def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, second
                           path=os.path.join(tb.workdir, f"cyclic-{index}.bin"))
     procs: list[subprocess.Popen] = []
     try:
-        before_shunt = wait_until_settled(tb, started) - before if path.shunted else None
+        before_shunt = wait_until_settled(tb, started, before) - before if path.shunted else None
         procs = background_load(tb, load, link_mbit, seconds + RAMP_S + 5)
         time.sleep(RAMP_S)
         slow_start, window_start = tb.slow_path_packets(), time.time_ns()

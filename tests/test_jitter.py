@@ -42,7 +42,9 @@ def test_jitter_quick_run(quick_jitter):
     assert float(rows["direct", "0%"]["slow_path_pps"]) == 0
     assert float(rows["reactive", "0%"]["slow_path_pps"]) < 0.05 * 1e6 / int(rows["reactive", "0%"]["cycle_us"])
     assert float(rows["firewall", "0%"]["slow_path_pps"]) >= 900
-    assert all(int(rows["reactive", ld]["frames_before_shunt"]) >= 2 for ld in ("0%", "10%"))
+    # (the first frame and the receiver's one answer, which made the entry ESTABLISHED)
+    before = {ld: int(rows["reactive", ld]["frames_before_shunt"]) for ld in ("0%", "10%")}
+    assert all(n >= 2 for n in before.values()), before
     # A static shunt's stream stays off the firewall (that not even its first frame crosses it
     # is test_static_testbed's, with a watch flow: the slow ports' raw counters read here
     # also carry the hosts' own chatter, a few packets).
