@@ -621,18 +621,20 @@ def exp_cwnd(args: argparse.Namespace) -> int:
 class JitterPath:
     """One path of the jitter experiment: the testbed mode (and config keys) it runs on.
     `shunted`: the stream ends on the fast path after crossing the firewall zero or more
-    times; the frames that crossed it before are counted on the slow path's counters."""
+    times; the frames that crossed it before are counted on the slow path's counters.
+    `reactive`: its shunt is decided on the firewall, so its first frames must cross it."""
     key: str
     mode: str
     label: str
     color: str
     shunted: bool = False
     config: tuple[tuple[str, Any], ...] = ()
+    reactive: bool = False
 
 
 JITTER_PATHS = (
     JitterPath("direct", "direct", "direct switching", "tab:green"),
-    JitterPath("reactive", "nfshunt", "reactive shunt", "tab:blue", shunted=True),
+    JitterPath("reactive", "nfshunt", "reactive shunt", "tab:blue", shunted=True, reactive=True),
     JitterPath("firewall", "firewall", "firewall only", "tab:red"),
     # Declared in the config (static_shunts): on the fast path from its first frame.
     JitterPath("static", "nfshunt", "static shunt", "tab:purple", shunted=True,
@@ -662,12 +664,13 @@ PAPER_JITTER = (
 RAMP_S = 0.5  # after the background starts, before the window opens
 
 
-def wait_until_settled(tb: Testbed, since: float, before: int, quiet: float = 0.3, timeout: float = 10) -> int:
-    """Slow-path packets since the stream started, once the stream has crossed the firewall
-    (a reactive shunt's first frame must: its decision is made there) and the counter has
-    then stood still for `quiet` s (the stream is on the fast path). A counter still at
-    `before` is a stream not yet sending (its sender slow to start on a loaded machine), not
-    a shunted one: it once read 0 frames before the shunt that way."""
+def wait_until_settled(tb: Testbed, since: float, before: int, reactive: bool, quiet: float = 0.3,
+                       timeout: float = 10) -> int:
+    """Slow-path packets since the stream started, once the counter has stood still for
+    `quiet` s (the stream is on the fast path) and at least 0.5 s of the stream went by; a
+    reactive shunt's stream must first have crossed the firewall (its decision is made
+    there): a counter still at `before` is then a stream not yet sending (its sender slow to
+    start on a loaded machine), not a shunted one: it once read 0 frames before the shunt."""
     last, last_change = tb.slow_path_packets(), time.monotonic()
     deadline = time.monotonic() + timeout
     while True:
@@ -675,10 +678,11 @@ def wait_until_settled(tb: Testbed, since: float, before: int, quiet: float = 0.
         now = tb.slow_path_packets()
         if now != last:
             last, last_change = now, time.monotonic()
-        if last > before and time.monotonic() - since >= 0.5 and time.monotonic() - last_change >= quiet:
+        if (last > before or not reactive) and time.monotonic() - since >= 0.5 and \
+                time.monotonic() - last_change >= quiet:
             return last
         if time.monotonic() > deadline:
-            if last == before:
+            if last == before and reactive:
                 raise TestbedError(f"the stream never crossed the firewall in {timeout:g} s: not sending")
             raise TestbedError(f"the stream still crosses the firewall after {timeout:g} s: no shunt")
 
@@ -726,7 +730,7 @@ def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, second
                           path=os.path.join(tb.workdir, f"cyclic-{index}.bin"))
     procs: list[subprocess.Popen] = []
     try:
-        before_shunt = wait_until_settled(tb, started, before) - before if path.shunted else None
+        before_shunt = wait_until_settled(tb, started, before, path.reactive) - before if path.shunted else None
         procs = background_load(tb, load, link_mbit, seconds + RAMP_S + 5)
         time.sleep(RAMP_S)
         slow_start, window_start = tb.slow_path_packets(), time.time_ns()
