@@ -407,7 +407,7 @@ class OperatorAPI:
         "switch", "table" and "pair" describe the first switch (the only one, usually)."""
         now = time.monotonic()
         conns = []
-        switches = []
+        switches: list[dict[str, Any]] = []
         for sw in self.switches:
             by_cookie = {f.cookie: f for f in flows.get(sw.index) or []}
             for conn in sw.core.by_key.values() if connections else ():

@@ -20,7 +20,7 @@ takes on the switch layout.py's; the operator's pins pins.py's.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Generic, Iterable, TypeVar, cast, overload
 
 from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
@@ -54,30 +54,37 @@ from .teardown import HalfClosedDue, Teardown
 
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
 PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say so)
+T = TypeVar("T")
 
 
-class _Shared:
-    """A Core attribute that is the parts' shared state's, read and written through it."""
+class _Shared(Generic[T]):
+    """A Core attribute that is the parts' shared state's, read and written through it
+    (T: its type in CoreState, so that reads through the Core are checked)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, core: Core | None, owner: type | None = None) -> Any:
-        return self if core is None else getattr(core.shared, self.name)
+    @overload
+    def __get__(self, core: None, owner: type | None = None) -> _Shared[T]: ...
+    @overload
+    def __get__(self, core: Core, owner: type | None = None) -> T: ...
 
-    def __set__(self, core: Core, value: Any) -> None:
+    def __get__(self, core: Core | None, owner: type | None = None) -> T | _Shared[T]:
+        return self if core is None else cast(T, getattr(core.shared, self.name))
+
+    def __set__(self, core: Core, value: T) -> None:
         setattr(core.shared, self.name, value)
 
 
 class Core:
     # The switch as the core knows it (core_state.py says what each one means).
-    cfg = _Shared()
-    version = _Shared()
-    pipeline = _Shared()
-    backup = _Shared()
-    reconciled = _Shared()
-    stale_policy = _Shared()  # set by the app at start (policy_state.py)
-    budget = _Shared()
+    cfg: _Shared[Config] = _Shared()
+    version: _Shared[int | None] = _Shared()
+    pipeline: _Shared[bool] = _Shared()
+    backup: _Shared[bool] = _Shared()
+    reconciled: _Shared[bool] = _Shared()
+    stale_policy: _Shared[bool] = _Shared()  # set by the app at start (policy_state.py)
+    budget: _Shared[int] = _Shared()
 
     def __init__(self, cfg: Config):
         sh = self.shared = CoreState(cfg)
