@@ -62,7 +62,7 @@ def pair_mods(cfg: Config, n: int, removed: bool = False) -> list[bytes]:
     """The flow-mods of n shunt pairs as the controller builds them, between its first and
     last port group, one bytes a pair; removed=False clears the send-flow-removed flag."""
     fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), cfg)
-    a, b = cfg.ports[0], cfg.ports[-1]
+    a, b = cfg.switches[0].ports[0], cfg.switches[0].ports[-1]
     out = []
     for i in range(n):
         t = pair_tuple(i)

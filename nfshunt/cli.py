@@ -82,12 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
-    print(f"{args.config}: OK: {len(cfg.ports)} port groups, actions "
+    print(f"{args.config}: OK: {len(cfg.all_port_groups)} port groups, actions "
           + ", ".join(f"{n}={a}" for n, a in sorted(cfg.mark_actions.items()))
           + f", OpenFlow {'/'.join(cfg.openflow_versions)} on {cfg.listen_address}:{cfg.listen_port}")
-    for sw in cfg.served:
+    for sw in cfg.switches:
         where = f"switch {sw.datapath_id:016x} (port groups " + ", ".join(str(g.physdevin) for g in sw.ports) + \
-            "): " if cfg.switches else ""
+            "): " if sw.at else ""  # listed in `switches`
         print(f"{where}entries deleted after confirm={sw.confirm}"
               + (f" (+{sw.confirm_delay:g} s)" if sw.confirm != "barrier" else "") + f" and a {sw.drain:g} s drain")
     if cfg.pair is not None:

@@ -47,11 +47,12 @@ def xmark(value_mask: tuple[int, int]) -> str:
 
 
 def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
-    missing = [i for i, g in enumerate(cfg.ports) if not g.bridge_port]
+    groups = cfg.all_port_groups
+    missing = [i for i, g in enumerate(groups) if not g.bridge_port]
     if missing:
         raise ConfigError(f"ports[{missing[0]}].bridge_port",
                           "required for iptables: the bridge interface cabled to this group's slow port")
-    return [(g.physdevin, g.bridge_port) for g in cfg.ports]  # type: ignore[misc]
+    return [(g.physdevin, g.bridge_port) for g in groups]  # type: ignore[misc]
 
 
 def plumbing_rules(cfg: Config) -> list[str]:

@@ -34,7 +34,7 @@ from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
 from nfshunt.config.settings import Config
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import PortGroup, SwitchConfig
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import entries_per_pair
 from nfshunt.openflow.channel import address_allowed
@@ -91,7 +91,7 @@ class ProbeApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPStateChange, MAIN_DISPATCHER)
     def _connected(self, ev: Any) -> None:
         dp = ev.datapath
-        for sw in self.cfg.served:  # several switches: the first configured one to connect is probed
+        for sw in self.cfg.switches:  # several switches: the first configured one to connect is probed
             if address_allowed(dp.address[0], sw.switch_addresses) and (
                     sw.datapath_id is None or dp.id == sw.datapath_id):
                 self.switch.put((dp, sw))
@@ -122,11 +122,11 @@ class ProbeApp(app_manager.OSKenApp):
 class Prober:
     """Drives one switch connection synchronously from the probe's own thread."""
 
-    def __init__(self, app: ProbeApp, dp: Any, cfg: Config):
-        self.app, self.dp, self.cfg = app, dp, cfg
+    def __init__(self, app: ProbeApp, dp: Any, cfg: Config, switch: SwitchConfig):
+        self.app, self.dp, self.cfg, self.switch = app, dp, cfg, switch
         self.p, self.ofp = dp.ofproto_parser, dp.ofproto
         self.of13 = dp.ofproto.OFP_VERSION != OFP10
-        self.fb = FlowBuilder(dp, cfg)
+        self.fb = FlowBuilder(dp, cfg, switch=switch)
 
     def ask(self, msg: Any, timeout: float = TIMEOUT) -> list[Any]:
         """Send a request; its replies (multipart ones gathered), or [] on an error or silence."""
@@ -219,7 +219,7 @@ class Prober:
 
     def shapes(self, report: Report) -> dict[str, bool]:
         """Each shape: installed, read back (as many flows as were sent), removed."""
-        groups = self.cfg.ports
+        groups = self.switch.ports
         if len(groups) < 2:
             report.say("shapes: skipped (one port group: a pair needs two)")
             return {}
@@ -229,7 +229,7 @@ class Prober:
         shapes: list[tuple[str, list[Any], Conn | None, list[Any]]]  # name, install, pair, undo
         if self.of13:
             udp6 = self._conn(2, UDP, 6, Action.SHUNT, a, b, SHAPE_ID)
-            meter_delete, meter_add = self.fb.controller_meter(self.cfg.packet_in_rate or 1000)
+            meter_delete, meter_add = self.fb.controller_meter(self.switch.packet_in_rate or 1000)
             shapes = [(SHAPE_TCP, self.fb.install(tcp), tcp, []),
                       (SHAPE_IPV6, self.fb.install(udp6), udp6, []),
                       (SHAPE_BLOCK, self.fb.install(block), block, []),
@@ -269,14 +269,14 @@ class Prober:
     def _pipeline(self, conn: Conn) -> list[Any]:
         """The pipeline layout's flows as the controller builds them: the pair going on to
         table 1, and table 1's outputs and catchers (under the probe's cookie)."""
-        fb = FlowBuilder(self.dp, self.cfg, pipeline=True)
-        shared = fb.pipeline_flows(self.cfg.ports)
+        fb = FlowBuilder(self.dp, self.cfg, pipeline=True, switch=self.switch)
+        shared = fb.pipeline_flows(self.switch.ports)
         for msg in shared:
             msg.cookie, msg.priority = PROBE_COOKIE, msg.priority + PIPELINE_PROBE_PRIORITY
         return fb.install(conn) + shared
 
     def flow_mod_rate(self, report: Report, pairs: int) -> float | None:
-        groups = self.cfg.ports
+        groups = self.switch.ports
         a, b = groups[0], groups[-1]
         if a is b:
             return None
@@ -351,7 +351,7 @@ class Prober:
         return lags
 
 
-def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes: dict[str, bool],
+def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None, shapes: dict[str, bool],
               rate: float | None, lags: list[float]) -> None:
     s = report.settings
     s["openflow_versions"] = ["1.3"] if of13 else ["1.0"]
@@ -361,7 +361,7 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
     if of13:
         s["flow_layout"] = "auto" if pipeline else "single"
     if of13:
-        s["packet_in_rate"] = cfg.packet_in_rate if shapes.get(SHAPE_METER) else 0
+        s["packet_in_rate"] = switch.packet_in_rate if shapes.get(SHAPE_METER) else 0
     if rate is not None:
         s["flow_mod_rate"] = 0 if rate > 20000 else max(10, int(rate * 0.8 // 10 * 10))
     if lags:
@@ -372,7 +372,7 @@ def recommend(report: Report, cfg: Config, of13: bool, size: int | None, shapes:
             s["confirm"] = "counters" if of13 else "delay"
             s["confirm_delay"] = round(max(0.1, worst * 1.5), 1)
     if size is not None:
-        s["max_shunts"] = max(0, (size - 2 * len(cfg.ports)) // entries_per_pair(teardown, pipeline))
+        s["max_shunts"] = max(0, (size - 2 * len(switch.ports)) // entries_per_pair(teardown, pipeline))
     if not shapes or not all(ok for name, ok in shapes.items() if name in REQUIRED):
         report.ok = False
 
@@ -422,12 +422,12 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
     print(f"probe-switch: waiting up to {wait:.0f} s for the switch on {cfg.listen_address}:{cfg.listen_port} ...",
           flush=True)
     try:
-        dp, cfg = app.switch.get(timeout=wait)
+        dp, switch = app.switch.get(timeout=wait)
     except queue.Empty:
         print("probe-switch: no switch connected (is it pointed at this address, and the controller stopped?)",
               file=sys.stderr)
         return 1
-    prober = Prober(app, dp, cfg)
+    prober = Prober(app, dp, cfg, switch)
     report = Report()
     report.say(f"switch {dp.id:016x} from {dp.address[0]}, OpenFlow {'1.3' if prober.of13 else '1.0'}")
     try:
@@ -437,13 +437,13 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
         shapes = prober.shapes(report)
         rate = prober.flow_mod_rate(report, pairs)
         lags = prober.lag(report, lag_runs)
-        recommend(report, cfg, prober.of13, size, shapes, rate, lags)
+        recommend(report, switch, prober.of13, size, shapes, rate, lags)
     finally:
         if not prober.delete_probe_flows(wait=CLEAN_WAIT):
             report.ok = False
             report.say(f"the switch still holds probe flows {CLEAN_WAIT:.0f} s after their delete: delete them by "
                        "cookie/mask " + ", ".join(f"0x{c:016x}/0x{m:016x}" for c, m in PROBE_FLOWS))
-    several = len(app.cfg.served) > 1
+    several = len(app.cfg.switches) > 1
     print("recommended settings (merge into the config" + (
         f"; all but openflow_versions and tcp_teardown into the entry of switches for {dp.id:016x}"
         if several else "") + "):")

@@ -268,7 +268,7 @@ def test_a_datapath_id_is_ascii_hex_only(dpid):
                                         ("00:00:00:00:00:00:00:a1", 0xA1), ("ffffffffffffffff", 2**64 - 1),
                                         (161, 161), ("0:1", 1)])
 def test_a_datapath_id_in_hex_or_as_an_integer_is_accepted(dpid, value):
-    assert from_dict(_with(datapath_id=dpid)).datapath_id == value
+    assert from_dict(_with(datapath_id=dpid)).switches[0].datapath_id == value
 
 
 # --- the pair state file ------------------------------------------------------------------

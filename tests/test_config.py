@@ -1,7 +1,9 @@
+import dataclasses
 import json
 
 import pytest
 
+from nfshunt.config import settings, switch
 from nfshunt.config.settings import ConfigError, from_dict, load
 from tests.helpers import BASE
 
@@ -27,8 +29,9 @@ def test_original_config_is_accepted_with_safe_defaults():
     assert cfg.default_shunt_timeout == 10
     assert cfg.listen_address == "0.0.0.0" and cfg.listen_port == 6653
     assert cfg.openflow_versions == ("1.0", "1.3")
-    assert cfg.tls is None and cfg.max_shunts == 0
-    assert cfg.by_physdevin[2].fast == 3
+    (sw,) = cfg.switches  # one switch: the top level's
+    assert cfg.tls is None and sw.max_shunts == 0 and sw.at == ""
+    assert sw.by_physdevin[2].fast == 3
     assert cfg.mark_actions == {0: "ignore", 1: "shunt", 2: "block"}
 
 
@@ -203,7 +206,7 @@ def test_counters_confirmation_needs_openflow_13():
     with pytest.raises(ConfigError) as err:
         from_dict(with_(confirm="counters"))
     assert err.value.key == "confirm" and "OpenFlow 1.3" in str(err.value)
-    assert from_dict(with_(confirm="counters", openflow_versions=["1.3"])).confirm == "counters"
+    assert from_dict(with_(confirm="counters", openflow_versions=["1.3"])).switches[0].confirm == "counters"
     with pytest.raises(ConfigError):
         from_dict(with_(confirm="eventually"))
 
@@ -217,8 +220,9 @@ def test_flow_layout_errors_name_the_key_and_the_fix(overrides, problem):
     with pytest.raises(ConfigError) as err:
         from_dict(with_(**overrides))
     assert err.value.key == "flow_layout" and problem in str(err.value)
-    assert from_dict(with_()).flow_layout == "auto"
-    assert from_dict(with_(flow_layout="pipeline", openflow_versions=["1.0", "1.3"])).flow_layout == "pipeline"
+    assert from_dict(with_()).switches[0].flow_layout == "auto"
+    (sw,) = from_dict(with_(flow_layout="pipeline", openflow_versions=["1.0", "1.3"])).switches
+    assert sw.flow_layout == "pipeline"
 
 
 def _two_switches(**extra):
@@ -229,18 +233,26 @@ def _two_switches(**extra):
     return {"mark_actions": BASE["mark_actions"], "switches": [first, second]}
 
 
+def test_each_key_has_one_record_the_controller_s_or_the_switch_s():
+    """A key is read from one place: the controller's (Config) or each switch's own
+    (SwitchConfig), never both, so the type check refuses a read from the wrong one."""
+    controller = {f.name for f in dataclasses.fields(settings.Config)}
+    own = {f.name for f in dataclasses.fields(switch.SwitchConfig) if f.init and f.compare}
+    assert not controller & own
+    assert own == set(switch.PER_SWITCH)
+    assert controller | own == set(settings.TABLE.keys)
+
+
 def test_several_switches_each_get_their_own_config_and_the_firewall_all_groups():
     cfg = from_dict({**_two_switches(max_shunts=5, flow_layout="single"), "flow_mod_rate": 100})
-    assert [g.physdevin for g in cfg.ports] == [1, 2, 3, 4]  # the plumbing marks every bridge port
-    a1, a2 = cfg.served
+    assert [g.physdevin for g in cfg.all_port_groups] == [1, 2, 3, 4]  # the plumbing marks every bridge port
+    a1, a2 = cfg.switches
+    assert (a1.at, a2.at) == ("switches[0].", "switches[1].")
     assert (a1.datapath_id, a2.datapath_id) == (0xA1, 0xA2)
     assert sorted(a1.by_physdevin) == [1, 2] and sorted(a2.by_physdevin) == [3, 4]
     assert (a1.max_shunts, a2.max_shunts) == (0, 5) and (a1.flow_layout, a2.flow_layout) == ("auto", "single")
     assert a1.flow_mod_rate == a2.flow_mod_rate == 100  # a top-level key is every switch's default
-    assert sorted(cfg.by_physdevin) == [1, 2, 3, 4]  # each switch's own map was not shared
     assert not any("datapath_id" in w for w in cfg.security_warnings())
-    single = from_dict(ORIGINAL)
-    assert single.served == (single,)
 
 
 @pytest.mark.parametrize("raw,key,problem", [

@@ -101,4 +101,4 @@ def test_a_default_in_the_reference_is_the_parser_s():
     for name in ("default_shunt_timeout", "netlink_rcvbuf", "shunt_priority", "confirm_delay", "listen_port"):
         assert f"| `{name}` | " in doc
         row = next(line for line in doc.splitlines() if line.startswith(f"| `{name}` |"))
-        assert row.split(" | ")[2] == str(getattr(cfg, name))
+        assert row.split(" | ")[2] == str(getattr(cfg.switches[0] if name == "confirm_delay" else cfg, name))

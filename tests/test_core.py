@@ -47,7 +47,7 @@ def test_shunt_installs_then_deletes_conntrack_only_after_confirmation():
     assert (conn.action, conn.ingress.fast, conn.egress.fast) == ("shunt", 1, 3)
     out = core.flows_confirmed(conn, 100.002)
     # The entry stays while the slow path drains (packets queued there must still find it).
-    assert types(out) == ["Installed", "Later"] and out[1].delay == core.cfg.drain
+    assert types(out) == ["Installed", "Later"] and out[1].delay == core.switch.drain
     assert out[0].latency == pytest.approx(0.002)
     assert conn.state is cn.State.DRAINING
     (delete,) = core.entry_due(conn, 100.06)
@@ -77,7 +77,7 @@ def test_confirm_counters_waits_for_both_directions_or_one_after_the_delay():
     assert types(again) == ["Later"] and types(again[0].commands) == ["ReadCounters"]
     assert types(core.counters_read(conn, {False: 12}, 100.1)) == ["Later"]  # one way, too early to tell
     (drain,) = core.counters_read(conn, {False: 12, True: 3}, 100.15)
-    assert drain.delay == core.cfg.drain and types(drain.commands) == ["EntryDue"]
+    assert drain.delay == core.switch.drain and types(drain.commands) == ["EntryDue"]
     one_way = connected(confirm="counters", confirm_delay=0.4, openflow_versions=["1.3"])
     (install,) = one_way.conntrack_event(event(proto=UDP))
     one_way.flows_confirmed(install.conn, 100.0)
@@ -1037,7 +1037,7 @@ def test_probe_recommends_the_budget_the_core_derives_from_the_same_table(teardo
     from nfshunt import probe  # imports os-ken: only here
     report = probe.Report()
     shapes = {probe.SHAPE_TCP: teardown, probe.SHAPE_PIPELINE: pipeline}
-    probe.recommend(report, config(), True, 1000, shapes, None, [])
+    probe.recommend(report, config().switches[0], True, 1000, shapes, None, [])
     core = connected(tcp_teardown=teardown)
     core.pipeline = pipeline
     assert report.settings["max_shunts"] == core.table_size(1000)

@@ -15,6 +15,11 @@ from nfshunt.records.model import OFP10, OFP13, TCP, UDP, Action, EventKind, Swi
 from tests.helpers import config, event
 
 
+def _state(cfg):
+    """The one switch's shared core state."""
+    return CoreState(cfg, cfg.switches[0])
+
+
 def test_a_pin_holds_both_directions_and_only_its_own_entry_ending_lifts_an_unshunt():
     pins = Pins()
     ev = event(ct_id=5)
@@ -62,7 +67,7 @@ def test_pins_expire_by_their_last_hold_and_an_ids_pin_never():
 
 
 def test_the_admission_decides_against_the_shared_state_alone():
-    shared = CoreState(config(max_shunts=1))
+    shared = _state(config(max_shunts=1))
     admission = adm.Admission(shared)
     assert admission.conntrack_event(event())[0].reason == adm.R_NO_SWITCH
     shared.version, shared.reconciled = OFP13, True
@@ -74,7 +79,7 @@ def test_the_admission_decides_against_the_shared_state_alone():
 
 def test_waiting_blocks_go_first_and_the_newest_shunts_fall_off_a_full_queue(monkeypatch):
     monkeypatch.setattr(adm, "WAITING_MAX", 3)
-    shared = CoreState(config())
+    shared = _state(config())
     admission = adm.Admission(shared)
     for sport in (1, 2, 3):
         admission.wait(event(sport=sport), front=False)
@@ -83,7 +88,7 @@ def test_waiting_blocks_go_first_and_the_newest_shunts_fall_off_a_full_queue(mon
 
 
 def test_a_pair_waits_again_as_its_event_but_an_adopted_one_never():
-    shared = CoreState(config())
+    shared = _state(config())
     shared.version, shared.reconciled = OFP13, True
     admission = adm.Admission(shared)
     ev = event(action=2)
@@ -115,7 +120,7 @@ def _table_1(groups, missing=0):
 
 
 def test_table_1_is_complete_with_every_flow_of_every_port_group_of_this_config():
-    cfg = config()  # two port groups, fast ports 1 and 3
+    cfg = config().switches[0]  # two port groups, fast ports 1 and 3
     assert table_1_complete(cfg, _table_1([(0, 1), (1, 3)]))
     assert not table_1_complete(cfg, _table_1([(0, 1), (1, 3)], missing=1))
     assert not table_1_complete(cfg, _table_1([(0, 1), (1, 4)]))  # group 1's flows output elsewhere

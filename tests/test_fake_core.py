@@ -43,7 +43,7 @@ def test_a_shunt_forwards_both_directions_fast_to_fast_and_its_entry_goes_after_
     conn = rig.event()
     assert conn.state is State.DRAINING and fast(rig, conn)
     assert rig.worker.deleted == []  # the slow path drains first
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert rig.worker.deleted == [(conn.orig, conn.ct_id)] and conn.state is State.LIVE
     # Only this connection, and only untagged: the same tuple under an 802.1Q tag is another network's.
     assert rig.packet(FAST_A, orig._replace(sport=40001)).outputs == (SLOW_A,)
@@ -76,7 +76,7 @@ def test_confirm_counters_keeps_the_entry_until_the_switch_counts_packets_both_w
     assert conn.state is State.DRAINING and rig.worker.deleted == []
     assert fast(rig, conn)  # a packet each way, counted by the switch
     rig.advance(0.05)
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert rig.worker.deleted == [(conn.orig, conn.ct_id)] and conn.state is State.LIVE
 
 
@@ -89,7 +89,7 @@ def test_confirm_counters_one_way_waits_confirm_delay_before_the_entry_goes():
     rig.advance(0.3)  # read and read again: one direction counted, confirm_delay not passed
     assert conn.state is State.DRAINING and rig.worker.deleted == []
     rig.advance(0.3)  # past confirm_delay: the idle direction is not waited for
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
 
 

@@ -82,11 +82,11 @@ def test_ipv6_cannot_be_built_for_openflow10():
 @pytest.mark.parametrize("version", [OFP10, OFP13])
 def test_defaults_removal_and_requests_serialise(version):
     fb = builder(version)
-    msgs = fb.defaults(config().ports) + fb.remove(conn_for(), (False, True)) + [
+    msgs = fb.defaults(config().switches[0].ports) + fb.remove(conn_for(), (False, True)) + [
         fb.delete_all(), fb.barrier(), fb.owned_flow_stats_request()]
     for msg in msgs:
         msg.serialize()
-    assert len(fb.defaults(config().ports)) == 4
+    assert len(fb.defaults(config().switches[0].ports)) == 4
 
 
 def test_tcp_shunt_on_openflow13_gets_catchers_that_forward_and_tell_the_controller():
@@ -211,7 +211,7 @@ def test_pipeline_keeps_udp_shunts_and_blocks_in_table_0():
 
 def test_pipeline_table_1_has_an_output_and_four_catchers_per_port_group():
     fb = pipeline_builder()
-    ports = config().ports
+    ports = config().switches[0].ports
     msgs = fb.pipeline_flows(ports)
     assert len(msgs) == layout.PIPELINE_ENTRIES * len(ports)
     for msg in msgs:

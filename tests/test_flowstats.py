@@ -59,7 +59,7 @@ def _shapes():
                dict(sport=1, dport=65535, ct_id=2**32 - 1), dict(ingress=2, egress=1)):
         conn = conn_for(**kw)
         mods += single.install(conn) + pipeline.install(conn)
-    mods += single.defaults(config().ports) + pipeline.pipeline_flows(config().ports)
+    mods += single.defaults(config().switches[0].ports) + pipeline.pipeline_flows(config().switches[0].ports)
     foreign = [
         P.OFPFlowMod(DP, cookie=0x1234, priority=5, match=P.OFPMatch(eth_type=0x0806),
                      instructions=[P.OFPInstructionActions(OFP.OFPIT_APPLY_ACTIONS,
@@ -130,7 +130,7 @@ def test_a_field_of_the_wrong_size_is_refused():
 
 @pytest.mark.parametrize("cut", [1, 8, 20, 47])
 def test_a_truncated_or_zero_length_entry_is_refused_not_looped_on(cut):
-    good = _entry(FlowBuilder(DP, config()).defaults(config().ports)[0])
+    good = _entry(FlowBuilder(DP, config()).defaults(config().switches[0].ports)[0])
     assert _parse(_reply([good[:-cut]]), FlowEntry) is None  # the reply is dropped whole
     zero = bytearray(good)
     zero[0:2] = b"\x00\x00"

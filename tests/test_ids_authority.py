@@ -31,7 +31,7 @@ def _shunted(rig, backend, entries, expire=60, idle_timeout=600, orig=ORIG, **kw
     out = backend.submit(rule(rig, expire=expire, idle_timeout=idle_timeout, connection=orig, **kw), 1.0)
     assert out.result is Result.ADDED and out.pending is None, out
     conn = rig.core.find(tuple_=orig)
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert conn.state is State.LIVE and fast(rig, conn)
     return conn
 
@@ -186,7 +186,7 @@ def test_a_takeover_hands_the_old_masters_ids_shunt_back_and_keeps_its_blocks_un
 def test_a_pair_of_an_unknown_authority_or_directions_that_disagree_is_not_kept():
     rig = Rig()
     conn = rig.event()
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     for e in rig.switch.entries:  # another release's, or forged: authority 3
         if e.cookie >> 48 == 0x4E02 and e.cookie & cookies.DIRECTION_BIT:
             e.cookie |= cookies.AUTHORITY_MASK

@@ -271,7 +271,7 @@ def test_an_entry_nfshunt_will_never_shunt_is_refused_as_not_accepted(mark):
 def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
     rig, backend, _, _ = setup()
     conn = rig.event()  # the policy shunts it
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     out = backend.submit(rule(rig, Kind.BLOCK), 0.01)
     assert out.result is Result.ADDED and out.pending  # waits for the pair's take-down and the block
     rig.kernel_answers()  # the entry re-created, decision cleared; the flows go
@@ -310,7 +310,7 @@ def test_a_connection_rule_expires_hard_its_pair_handed_back_and_reported_with_c
     entries[ORIG] = event(action=0)
     backend.submit(rule(rig, expire=5), 1.0)
     conn = rig.core.find(tuple_=ORIG)
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     fast(rig, conn)
     tick(rig, backend, 5)
     rig.kernel_answers()  # re-created, decision cleared: the policy judges it again
@@ -510,7 +510,7 @@ def test_a_pair_on_the_switch_before_the_rule_keeps_the_idle_timeout_it_was_inst
     out = backend.submit(rule(rig, idle_timeout=30), 1.0)
     assert out.result is Result.EXISTS
     assert _idle_timeouts(rig, cookies.Kind.SHUNT) == [10, 10]
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert backend.rule("ids:zeek", "1").flows_idle_timeout == 10  # the view says what the switch has
 
 

@@ -25,14 +25,14 @@ TWO = from_dict({"mark_actions": BASE["mark_actions"], "switches": [
 
 
 def _api(connected=(True, True)):
-    switches = [Switch(cfg, i) for i, cfg in enumerate(TWO.served)]
+    switches = [Switch(TWO, i) for i in range(len(TWO.switches))]
     for sw, up in zip(switches, connected, strict=True):
         sw.core.switch_connected(c.OFP13)
         sw.core.reconcile([], 0.0)
         if up:
             dp = FakeDatapath()
-            dp.id, dp.address = sw.cfg.datapath_id, ("192.0.2.1", 40000)
-            sw.session = Session(dp, sw.cfg)
+            dp.id, dp.address = sw.switch.datapath_id, ("192.0.2.1", 40000)
+            sw.session = Session(dp, sw.cfg, switch=sw.switch)
     app = SimpleNamespace(switches=switches, ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
                           run=lambda sw, out: None,
                           cfg=dataclasses.replace(TWO, state_dir=tempfile.mkdtemp(prefix="nfshunt-pins-")))

@@ -34,7 +34,7 @@ def test_the_plan_takes_the_live_keys_and_keeps_the_others():
     assert set(p.changed) == {"default_shunt_timeout", "log_level", "static_shunts"}
     assert p.kept == ("listen_port",)
     assert p.config.listen_port == running.listen_port and p.config.default_shunt_timeout == 30
-    assert len(p.config.static_shunts) == 2 and p.config.by_physdevin == running.by_physdevin
+    assert len(p.config.static_shunts) == 2 and p.config.switches[0].by_physdevin == running.switches[0].by_physdevin
     assert reload.plan(running, from_dict(raw())).changed == ()
 
 
@@ -47,8 +47,36 @@ def test_another_list_of_switches_changes_nothing():
     assert p.changed == () and "switches" in p.kept and p.config.default_shunt_timeout == 10
 
 
+def _two(top=None, second=None):
+    return from_dict({"mark_actions": BASE["mark_actions"], **(top or {}), "switches": [
+        {"datapath_id": "a1", "ports": BASE["ports"]},
+        {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}], **(second or {})}]})
+
+
+def test_a_switch_s_key_is_reported_for_each_switch_it_changes():
+    """A top-level per-switch key of several switches is each one's default: the plan names
+    the switches whose value changes (not the top-level key, which no switch runs with)."""
+    p = reload.plan(_two(), _two(top={"drain": 0.2, "flow_layout": "single"}))
+    assert p.changed == ("switches[0].drain", "switches[1].drain")
+    assert p.kept == ("switches[0].flow_layout", "switches[1].flow_layout")
+    assert [sw.drain for sw in p.config.switches] == [0.2, 0.2]
+    assert [sw.flow_layout for sw in p.config.switches] == ["auto", "auto"]
+    p = reload.plan(_two(second={"drain": 0.1}), _two(top={"drain": 0.3}, second={"drain": 0.1}))
+    assert p.changed == ("switches[0].drain",) and [sw.drain for sw in p.config.switches] == [0.3, 0.1]
+
+
+def test_a_datapath_id_named_at_a_reload_is_kept_until_a_restart():
+    """One switch, then the same one as the only entry of `switches` (with its datapath id):
+    the running controller still serves any datapath id, and says so."""
+    running = from_dict(raw())
+    new = from_dict({k: v for k, v in raw().items() if k != "ports"} | {"switches": [
+        {"datapath_id": "a1", "ports": BASE["ports"]}]})
+    p = reload.plan(running, new)
+    assert p.kept == ("datapath_id",) and p.config.switches[0].datapath_id is None
+
+
 def _app(path, cfg):
-    switches = [Switch(sw_cfg, i) for i, sw_cfg in enumerate(cfg.served)]
+    switches = [Switch(cfg, i) for i in range(len(cfg.switches))]
     for sw in switches:
         sw.core.switch_connected(c.OFP13)
         sw.core.reconcile([], 0.0)

@@ -123,7 +123,7 @@ def test_a_new_shunts_counters_are_summed_over_the_parts_of_their_read():
     conn = rig.event()
     assert fast(rig, conn)
     rig.advance(0.05)
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
 
 
@@ -169,7 +169,7 @@ def test_an_unanswered_barrier_rolls_its_installs_back_and_the_connection_is_tri
     rig.switch.mute.clear()
     again = rig.event()
     assert again is not None
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert again.state is State.LIVE and fast(rig, again)
 
 
@@ -222,7 +222,7 @@ def test_an_unanswered_counter_read_is_asked_again_and_the_shunt_confirmed_once_
     assert conn.state is State.DRAINING and rig.worker.deleted == []
     rig.switch.mute.clear()
     rig.advance(EXPIRY + 0.5)  # given up again; now answered
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
 
 

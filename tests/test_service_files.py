@@ -32,8 +32,9 @@ def test_the_pica8_example_is_deployed_with_tls_a_pinned_switch_and_an_allow_lis
     assert set(raw["tls"]) == {"private_key", "certificate", "ca_certificate"}
     raw.pop("tls")
     cfg = from_dict(raw)
-    assert cfg.datapath_id == 0xA1 and cfg.switch_addresses == ("192.0.2.1",)
-    assert cfg.confirm == "counters"  # hardware answers the barrier before it forwards
+    (sw,) = cfg.switches
+    assert sw.datapath_id == 0xA1 and sw.switch_addresses == ("192.0.2.1",)
+    assert sw.confirm == "counters"  # hardware answers the barrier before it forwards
 
 
 def test_systemd_unit_restarts_on_failure_after_network_and_ovs_and_checks_first():

@@ -26,11 +26,16 @@ def static_config(*entries, **kw):
     return config(openflow_versions=["1.3"], static_shunts=list(entries), **kw)
 
 
+def _table(cfg):
+    """The one switch's static table."""
+    return StaticTable(cfg, cfg.switches[0])
+
+
 def test_a_stream_makes_one_flow_a_direction_between_shunts_and_blocks():
     cfg = static_config(STREAM)
     (shunt,) = cfg.static_shunts
     assert shunt.protocol == UDP and shunt.src_port is None and shunt.both_directions
-    flows = sorted(StaticTable(cfg).flows.values(), key=lambda f: f.reply)
+    flows = sorted(StaticTable(cfg, cfg.switches[0]).flows.values(), key=lambda f: f.reply)
     assert [(f.in_port, f.out_port, f.reply) for f in flows] == [(1, 3, False), (3, 1, True)]
     fwd, rev = flows
     assert (str(rev.src), str(rev.dst), rev.src_port, rev.dst_port) == ("10.0.0.2/32", "10.0.0.1/32", 34964, None)
@@ -41,14 +46,14 @@ def test_a_stream_makes_one_flow_a_direction_between_shunts_and_blocks():
 
 def test_one_direction_only():
     cfg = static_config({**STREAM, "both_directions": False})
-    assert [f.in_port for f in StaticTable(cfg).flows.values()] == [1]
+    assert [f.in_port for f in StaticTable(cfg, cfg.switches[0]).flows.values()] == [1]
 
 
 def test_an_entrys_cookie_is_stable_and_names_its_fields():
-    a = StaticTable(static_config(STREAM)).flows
-    assert StaticTable(static_config(STREAM)).flows.keys() == a.keys()
-    assert StaticTable(static_config({**STREAM, "name": "renamed"})).flows.keys() == a.keys()
-    assert not StaticTable(static_config({**STREAM, "dst_port": 34965})).flows.keys() & a.keys()
+    a = _table(static_config(STREAM)).flows
+    assert _table(static_config(STREAM)).flows.keys() == a.keys()
+    assert _table(static_config({**STREAM, "name": "renamed"})).flows.keys() == a.keys()
+    assert not _table(static_config({**STREAM, "dst_port": 34965})).flows.keys() & a.keys()
 
 
 @pytest.mark.parametrize("entry,key,problem", [
@@ -151,7 +156,7 @@ def test_templated_flow_mods_are_byte_for_byte_os_kens_for_every_shape():
                {**STREAM, "name": "e", "dst": "10.0.0.9", "both_directions": False}]
     entries[2].pop("dst_port")
     cfg = static_config(*entries)
-    table = StaticTable(cfg)
+    table = StaticTable(cfg, cfg.switches[0])
     core = c.Core(cfg)
     blocks = core.static.block(FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964), 0.0, 3600)[0].flows
     plain, fast = builder(cfg), builder(cfg, templated=True)
@@ -164,7 +169,7 @@ def test_templated_flow_mods_are_byte_for_byte_os_kens_for_every_shape():
 def test_the_flow_mod_masks_prefixes_leaves_omitted_ports_any_and_never_idles_out():
     cfg = static_config({**STREAM, "src": "10.0.1.0/24", "both_directions": False})
     fb = builder(cfg)
-    (flow,) = StaticTable(cfg).flows.values()
+    (flow,) = StaticTable(cfg, cfg.switches[0]).flows.values()
     msg = fb.static_add(flow)
     fields = dict(msg.match.items())
     assert fields["ipv4_src"] == ("10.0.1.0", "255.255.255.0") and fields["ipv4_dst"] == "10.0.0.2"
@@ -177,7 +182,7 @@ def test_the_flow_mod_masks_prefixes_leaves_omitted_ports_any_and_never_idles_ou
 
 def test_ipv6_flow():
     cfg = static_config({**STREAM, "src": "fd00::1", "dst": "fd00:2::/64"})
-    msg = builder(cfg).static_add(next(iter(StaticTable(cfg).flows.values())))
+    msg = builder(cfg).static_add(next(iter(StaticTable(cfg, cfg.switches[0]).flows.values())))
     fields = dict(msg.match.items())
     assert fields["eth_type"] == 0x86DD and fields["ipv6_src"] == "fd00::1"
     assert fields["ipv6_dst"] == ("fd00:2::", "ffff:ffff:ffff:ffff::")
@@ -226,17 +231,18 @@ def test_reconcile_keeps_right_flows_repairs_wrong_and_missing_and_deletes_stale
 
 def test_reload_applies_the_difference_only():
     other = {**STREAM, "name": "drive", "dst": "10.0.0.3"}
-    table = StaticTable(static_config(STREAM, other))
+    table = _table(static_config(STREAM, other))
     kept = {f.cookie for f in table.flows.values() if f.shunt.name == "plc-cycle"}
     changed = {**other, "dst_port": 1000}
     added = {**STREAM, "name": "new", "dst": "10.0.0.4"}
-    out = table.reload(static_config(STREAM, changed, added))
+    new = static_config(STREAM, changed, added)
+    out = table.reload(new, new.switches[0])
     install, remove = out
     assert isinstance(install, cmds.InstallStatic) and isinstance(remove, cmds.RemoveStatic)
     assert {f.shunt.name for f in install.flows} == {"drive", "new"} and len(install.flows) == 4
     assert len(remove.cookies) == 2 and not kept & set(remove.cookies)
     assert not kept & {f.cookie for f in install.flows}
-    assert table.reload(static_config(STREAM, changed, added)) == []
+    assert table.reload(new, new.switches[0]) == []
 
 
 def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream_until_unshunt():
@@ -273,7 +279,7 @@ def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
 
     from nfshunt.observe.accounting import Outcomes
     from nfshunt.observe.metrics import Metrics
-    table = StaticTable(static_config(STREAM))
+    table = _table(static_config(STREAM))
     fwd = next(f for f in table.flows.values() if not f.reply)
     table.counted([as_read(fwd, packets=7, bytes=3584, duration=2.5)])
     rows = table.status()
@@ -320,4 +326,4 @@ def test_with_several_switches_an_entry_names_its_switch_when_its_ports_are_on_m
         from_dict({**two, "static_shunts": [{**STREAM, "datapath_id": "b7"}]})
     assert err.value.key == "static_shunts[0].datapath_id" and "not a served switch" in err.value.problem
     cfg = from_dict({**two, "static_shunts": [{**STREAM, "datapath_id": "a2"}]})
-    assert [StaticTable(sw).entries for sw in cfg.served] == [0, 2]
+    assert [StaticTable(cfg, sw).entries for sw in cfg.switches] == [0, 2]

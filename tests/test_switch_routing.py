@@ -35,7 +35,7 @@ def test_events_without_both_ports_go_where_a_core_can_say_why_they_are_ignored(
 
 def test_the_routed_core_shunts_and_the_other_never_sees_the_connection():
     router = Router(TWO)
-    cores = [c.Core(sw) for sw in TWO.served]
+    cores = [c.Core(TWO, sw) for sw in TWO.switches]
     for core in cores:
         core.switch_connected(c.OFP13)
         core.reconcile([], 0.0)

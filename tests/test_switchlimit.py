@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import switchlimit  # noqa: E402
 
 CFG = config()
+PORTS = (CFG.switches[0].ports[0], CFG.switches[0].ports[-1])  # the first and last port group (as switchlimit)
 
 
 def split(data: bytes) -> list[bytes]:
@@ -32,7 +33,7 @@ def test_the_measurement_writes_the_controllers_flow_mods_without_the_removed_fl
     want = []
     for i in range(3):
         t = switchlimit.pair_tuple(i)
-        for msg in fb.install(Conn(t, t.reversed(), RATE_ID + i, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)):
+        for msg in fb.install(Conn(t, t.reversed(), RATE_ID + i, Action.SHUNT, *PORTS, 0.0)):
             msg.set_xid(i + 1)
             msg.serialize()
             want.append(bytes(msg.buf))
@@ -50,9 +51,9 @@ def test_the_cleanup_deletes_exactly_the_measurement_cookies():
     msg = switchlimit.delete_all_pairs(CFG)
     cookie, mask = struct.unpack_from("!QQ", msg, 8)
     t = switchlimit.pair_tuple(7)
-    conn = Conn(t, t.reversed(), RATE_ID + 7, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)
+    conn = Conn(t, t.reversed(), RATE_ID + 7, Action.SHUNT, *PORTS, 0.0)
     assert conn.cookie(True) & mask == cookie & mask
-    other = Conn(t, t.reversed(), 0x12345678, Action.SHUNT, CFG.ports[0], CFG.ports[-1], 0.0)
+    other = Conn(t, t.reversed(), 0x12345678, Action.SHUNT, *PORTS, 0.0)
     assert other.cookie(False) & mask != cookie & mask
 
 

@@ -310,9 +310,9 @@ class OperatorAPI:
             logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
         static = {"added": 0, "removed": 0}
         waits: list[tuple[Switch, ChangeWatch | None, dict[str, Any]]] = []
-        for sw, cfg in zip(self.switches, change.config.served, strict=True):
+        for sw in self.switches:
             before = set(sw.core.static.flows)
-            waits.append(self._reload_switch(sw, cfg))
+            waits.append(self._reload_switch(sw, change.config))
             after = set(sw.core.static.flows)
             static["added"] += len(after - before)
             static["removed"] += len(before - after)
@@ -332,10 +332,10 @@ class OperatorAPI:
     def _reload_switch(self, sw: Switch, cfg: Config) -> tuple[Switch, ChangeWatch | None, dict[str, Any]]:
         """One switch's part of a reload: its config and static flows changed, and what it
         is sent watched (None: nothing is sent, the row says why)."""
-        sw.cfg = cfg
+        sw.cfg, sw.switch = cfg, cfg.switches[sw.index]
         if sw.session is not None:
-            sw.session.fb.cfg = cfg
-        out = sw.core.reload(cfg)
+            sw.session.fb.cfg, sw.session.fb.switch = cfg, sw.switch
+        out = sw.core.reload(cfg, sw.switch)
         row: dict[str, Any] = {"datapath_id": sw.name}
         if sw.session is not None and sw.core.backup:
             row.update(state="backup", why="not master of the switch (a pair's backup): the master programs it, "
@@ -407,7 +407,7 @@ class OperatorAPI:
         "switch", "table" and "pair" describe the first switch (the only one, usually)."""
         now = time.monotonic()
         conns = []
-        switches = []
+        switches: list[dict[str, Any]] = []
         for sw in self.switches:
             by_cookie = {f.cookie: f for f in flows.get(sw.index) or []}
             for conn in sw.core.by_key.values() if connections else ():
@@ -424,10 +424,10 @@ class OperatorAPI:
                 "connected": dp is not None,
                 "reconciled": dp is not None and core.reconciled,  # its table read back and agreed: shunting
                 "datapath_id": f"{dp.id:016x}" if dp is not None and dp.id is not None else
-                (sw.name if sw.cfg.datapath_id is not None else None),
+                (sw.name if sw.switch.datapath_id is not None else None),
                 "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
                 "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
-                "ports": [g.physdevin for g in sw.cfg.ports],
+                "ports": [g.physdevin for g in sw.switch.ports],
                 "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
                 "pending": send.pending() if send is not None else 0,
                 "queued": len(send.queued) if send is not None else 0,

@@ -62,7 +62,7 @@ class Parts:
         self.control: ControlServer | None = None
         if self.cfg.control_socket:
             self.control = ControlServer(self.cfg.control_socket, self._control_request)
-        self.switches = [Switch(cfg, i) for i, cfg in enumerate(self.cfg.served)]
+        self.switches = [Switch(self.cfg, i) for i in range(len(self.cfg.switches))]
         self.router = Router(self.cfg)
         self.trimmer = Trimmer()
         self.collections = FullCollections(clock())

@@ -53,7 +53,8 @@ def default(table: Table, name: str) -> str:
         return key.default
     if table.inherits:
         return table.inherits
-    fields = {f.name: f for f in dataclasses.fields(table.record)} if table.record else {}
+    records = (table.record, *table.also) if table.record else table.also
+    fields = {f.name: f for record in records for f in dataclasses.fields(record)}
     found = fields.get(name)
     if found is None:
         raise ValueError(f"{table.where or 'top level'}.{name}: no default found")

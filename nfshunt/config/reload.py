@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from .settings import Config
+from .switch import SwitchConfig
 
-# Keys a running controller takes from a reloaded config.
+# Keys a running controller takes from a reloaded config (the controller's, or each switch's).
 LIVE = ("default_shunt_timeout", "default_block_timeout", "rst_grace", "drain", "confirm_delay", "max_block_share",
         "packet_in_rate", "log_level", "static_shunts", "static_shunt_max_prefix", "static_priority")
-# Not compared: derived from the others.
-_DERIVED = ("by_physdevin", "switches")
 
 
 @dataclass(frozen=True)
@@ -32,27 +31,31 @@ class Plan:
     kept: tuple[str, ...]
 
 
-def _differs(old: Config, new: Config, prefix: str = "") -> list[str]:
-    return [prefix + f.name for f in dataclasses.fields(Config)
-            if f.name not in _DERIVED and getattr(old, f.name) != getattr(new, f.name)]
+_Record = TypeVar("_Record", Config, SwitchConfig)
+
+
+def _differs(old: _Record, new: _Record, prefix: str = "") -> list[str]:
+    """The keys whose values differ (not the switches, compared one by one; nor what is derived)."""
+    return [prefix + f.name for f in dataclasses.fields(old)
+            if f.compare and f.name != "switches" and getattr(old, f.name) != getattr(new, f.name)]
+
+
+def _live(old: _Record, src: _Record) -> _Record:
+    """`old` with the live keys' values of `src`."""
+    return dataclasses.replace(old, **{f.name: getattr(src, f.name) for f in dataclasses.fields(old)
+                                       if f.name in LIVE})
 
 
 def plan(running: Config, new: Config) -> Plan:
     differs = _differs(running, new)
-    if len(running.served) != len(new.served):
+    if len(running.switches) != len(new.switches):
         differs.append("switches")
     else:
-        for i, (old_sw, new_sw) in enumerate(zip(running.served, new.served, strict=True)):
-            if running.switches:
-                differs.extend(d for d in _differs(old_sw, new_sw, f"switches[{i}].") if d not in differs)
+        for old_sw, new_sw in zip(running.switches, new.switches, strict=True):
+            differs.extend(d for d in _differs(old_sw, new_sw, old_sw.at) if d not in differs)
     changed = tuple(d for d in dict.fromkeys(differs) if d.rsplit(".", 1)[-1] in LIVE)
     kept = tuple(d for d in dict.fromkeys(differs) if d.rsplit(".", 1)[-1] not in LIVE)
     if "switches" in kept:  # another list of switches: no switch's config can be matched up
         return Plan(running, (), kept)
-
-    def live(old: Config, src: Config, **more: Any) -> Config:
-        return dataclasses.replace(old, by_physdevin={}, **{k: getattr(src, k) for k in LIVE}, **more)
-    if running.switches:
-        served = tuple(live(o, n) for o, n in zip(running.switches, new.switches, strict=True))
-        return Plan(live(running, new, switches=served), changed, kept)
-    return Plan(live(running, new), changed, kept)
+    switches = tuple(_live(o, n) for o, n in zip(running.switches, new.switches, strict=True))
+    return Plan(dataclasses.replace(_live(running, new), switches=switches), changed, kept)

@@ -25,7 +25,7 @@ from . import jsonfile, pair, static, switch
 from . import validate as v
 from .ids import IDS_STATE_FILE, IdsConfig
 from .pair import PairConfig
-from .switch import PER_SWITCH, PortGroup, TLSConfig
+from .switch import PER_SWITCH, PortGroup, SwitchConfig, TLSConfig
 from .validate import ConfigError
 
 ACTIONS = tuple(a.value for a in Action)  # ("ignore", "shunt", "block")
@@ -39,7 +39,11 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; more is a wrong file
 
 @dataclass(frozen=True)
 class Config:
-    ports: tuple[PortGroup, ...]
+    """The controller's keys. Each served switch's own keys (ports, datapath id, pacing,
+    layout, confirmation) are its SwitchConfig in `switches`, never read from here."""
+    # Every switch this controller serves, in the config's order: one (the top level's
+    # per-switch keys) unless the config lists several in `switches`.
+    switches: tuple[SwitchConfig, ...]
     mark_actions: dict[int, Action]
     delete_flows_on_startup: bool = True
     delete_flows_on_shutdown: bool = True
@@ -51,35 +55,18 @@ class Config:
     listen_address: str = "0.0.0.0"
     listen_port: int = 6653
     tls: TLSConfig | None = None
-    datapath_id: int | None = None
-    switch_addresses: tuple[str, ...] = ()
     echo_interval: float = 0.4
     echo_misses: int = 3
-    packet_in_rate: int = 1000
-    flow_mod_rate: int = 0
-    install_queue: int = 10000
     max_block_share: float = 0.5
     default_priority: int = 100
     shunt_priority: int = 33000
     block_priority: int = 33100
-    max_shunts: int = 0
     # The kernel charges ~1.3 KB a queued event and doubles this (SO_RCVBUFFORCE): 128 MiB
     # holds a 100,000-entry burst and its deletes' events, taken only while events wait.
     # A smaller buffer overflows, and each overflow costs a dump of the whole table.
     netlink_rcvbuf: int = 128 * 1024 * 1024
     tcp_teardown: bool = True
-    # Where a TCP shunt's FIN/RST catchers live: "single" (4 per connection beside its 2
-    # flows in table 0), "pipeline" (OpenFlow 1.3: table 0's flows go on to table 1, where 5
-    # shared flows per port group catch and output), "auto" (pipeline if the switch has 2 tables).
-    flow_layout: str = "auto"
     rst_grace: float = 0.5
-    # When a shunt's conntrack entry may go (the switch forwards on its flows): "barrier"
-    # (the barrier reply, right for Open vSwitch), "counters" (its flows' packet counters
-    # rose) or "delay" (confirm_delay after the barrier); then `drain` more for packets
-    # still queued on the slow path.
-    confirm: str = "barrier"
-    confirm_delay: float = 0.5
-    drain: float = 0.05
     control_socket: str | None = DEFAULT_CONTROL_SOCKET
     metrics_address: str | None = None
     metrics_port: int = 9753
@@ -92,24 +79,16 @@ class Config:
     log_format: str = "text"
     bridge: str | None = None
     pair: PairConfig | None = None
-    # Several switches (`switches`): one Config per switch, each with that switch's
-    # datapath_id, ports and overrides; `ports` above then holds every switch's groups
-    # (the firewall's bridge ports, for the iptables plumbing). Empty: one switch, this one.
-    switches: tuple["Config", ...] = ()
     # Engineered streams on the fast path from their first frame (static.py).
     static_shunts: tuple[static.StaticShunt, ...] = ()
     static_shunt_max_prefix: dict[int, int] = field(default_factory=lambda: {4: 24, 6: 64})
     static_priority: int = 33050
     ids: IdsConfig | None = None  # the IDS request API; None: off
-    by_physdevin: dict[int, PortGroup] = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        self.by_physdevin.update({p.physdevin: p for p in self.ports})
 
     @property
-    def served(self) -> tuple["Config", ...]:
-        """The config of each switch this controller serves (itself when there is one)."""
-        return self.switches or (self,)
+    def all_port_groups(self) -> tuple[PortGroup, ...]:
+        """Every switch's port groups: the firewall bridge's ports (the iptables plumbing)."""
+        return tuple(g for sw in self.switches for g in sw.ports)
 
     @property
     def ofp_versions(self) -> list[int]:
@@ -122,11 +101,11 @@ class Config:
         if self.tls is None and not loopback:
             out.append(f"the OpenFlow listener on {self.listen_address} has no TLS: any host that reaches "
                        f"port {self.listen_port} can pose as the switch; set 'tls' (with ca_certificate)")
-            if not all(sw.switch_addresses for sw in self.served):
+            if not all(sw.switch_addresses for sw in self.switches):
                 out.append("no 'switch_addresses': connections are accepted from any address")
         if self.tls is not None and self.tls.ca_certificate is None:
             out.append("tls has no ca_certificate: the switch's certificate is not verified")
-        if self.datapath_id is None and not self.switches:
+        if any(sw.datapath_id is None for sw in self.switches):  # one switch (several each name theirs)
             out.append("no 'datapath_id': the first switch to connect is served")
         return out
 
@@ -213,46 +192,47 @@ TOP_LEVEL: dict[str, v.Key] = {
 TABLE = v.Table("", "The controller's keys; the per-switch ones (see `switches[]`) are the one switch's, or "
                 "every switch's default.", {**TOP_LEVEL, "switches": K(switch.switches, "Several switches served "
                 "by this controller, instead of `ports` and `datapath_id` (`switches[]`).", default="none: one "
-                "switch, the top level's")}, required=("mark_actions",), record=Config)
+                "switch, the top level's")}, required=("mark_actions",), record=Config, also=(SwitchConfig,))
 
 
 def from_dict(raw: Any) -> Config:
     values = TABLE.read("", raw)
-    switches = values.pop("switches", None)
-    if switches is None and "ports" not in values:
+    entries = values.pop("switches", None)
+    top = {name: values.pop(name) for name in PER_SWITCH if name in values}  # the one switch's, or the default
+    if entries is None and "ports" not in top:
         raise ConfigError("ports", "required key is missing (or list several switches in 'switches')")
-    if switches is not None:
+    if entries is not None:
         for name in ("ports", "datapath_id"):
-            if name in values:
+            if name in top:
                 raise ConfigError(name, "goes into each entry of 'switches' when several are listed")
-        values["ports"] = tuple(g for entry in switches for g in entry["ports"])
     ids = values.get("ids")
     if ids is not None and not ids.state_file:
         values["ids"] = dataclasses.replace(ids, state_file=os.path.join(values.get("state_dir", Config.state_dir),
                                                                          IDS_STATE_FILE))
-    cfg = Config(**values)
-    if switches is not None:
-        if cfg.pair is not None:
-            pair.check_switches(len(switches))
-        served = []
-        for i, entry in enumerate(switches):
-            one = dataclasses.replace(cfg, by_physdevin={}, **entry)
-            switch.check(one, f"switches[{i}].")
-            served.append(one)
-        cfg = dataclasses.replace(cfg, by_physdevin={}, switches=tuple(served))
-    _check(cfg)
+    if entries is None:
+        cfg = Config(switches=(SwitchConfig(**top),), **values)
+        _check(cfg, cfg.switches[0])
+        return cfg
+    if values.get("pair") is not None:
+        pair.check_switches(len(entries))
+    cfg = Config(switches=tuple(SwitchConfig(**{**top, **entry}, at=f"switches[{i}].")
+                                for i, entry in enumerate(entries)), **values)
+    for sw in cfg.switches:
+        switch.check(sw, cfg.openflow_versions, cfg.tcp_teardown)
+    _check(cfg, SwitchConfig(**{**top, "ports": ()}))
     return cfg
 
 
-def _check(cfg: Config) -> None:
-    """What the top-level keys must agree on, and each object's checks against the rest."""
+def _check(cfg: Config, top: SwitchConfig) -> None:
+    """What the top-level keys must agree on, and each object's checks against the rest
+    (top: the top level's per-switch keys, the one switch or every switch's default)."""
     if cfg.default_priority >= min(cfg.shunt_priority, cfg.block_priority):
         raise ConfigError("default_priority", "must be lower than shunt_priority and block_priority,"
                           " or shunts would never win over the slow path")
     if not cfg.default_no_shunting and cfg.delete_flows_on_startup and cfg.delete_foreign_flows_on_startup:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
-    switch.check(cfg)
+    switch.check(top, cfg.openflow_versions, cfg.tcp_teardown)
     static.check(cfg)
     if cfg.ids is not None:
         others = [("listen_port", cfg.listen_address, cfg.listen_port)]

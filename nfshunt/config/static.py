@@ -21,7 +21,7 @@ from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
 
 from . import validate as v
-from .switch import PortGroup
+from .switch import SwitchConfig
 from .validate import ConfigError
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
@@ -46,10 +46,10 @@ class StaticShunt:
     name: str | None = None
     datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
 
-    def on(self, cfg: "OneSwitch") -> bool:
-        """This entry's flows go on that switch (one switch's config)."""
-        return set(self.fast_ports) <= {g.fast for g in cfg.ports} and (
-            self.datapath_id is None or self.datapath_id == cfg.datapath_id)
+    def on(self, switch: SwitchConfig) -> bool:
+        """This entry's flows go on that switch."""
+        return set(self.fast_ports) <= {g.fast for g in switch.ports} and (
+            self.datapath_id is None or self.datapath_id == switch.datapath_id)
 
     @property
     def label(self) -> str:
@@ -113,24 +113,19 @@ def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: i
 
 # --- config --------------------------------------------------------------------------------
 
-class OneSwitch(Protocol):
-    """What the static entries read of one switch's config (settings.Config, or one of
-    its `served`): which entries are on it and their flows. A protocol, so that this
-    module needs nothing of settings, which imports it."""
-    @property
-    def ports(self) -> tuple[PortGroup, ...]: ...
-    @property
-    def datapath_id(self) -> int | None: ...
+class Entries(Protocol):
+    """What the static flows read of the controller's config (settings.Config: a protocol,
+    so that this module needs nothing of settings, which imports it)."""
     @property
     def static_shunts(self) -> tuple[StaticShunt, ...]: ...
     @property
     def static_priority(self) -> int: ...
 
 
-class Scope(OneSwitch, Protocol):
+class Scope(Entries, Protocol):
     """What check() reads of the whole config (settings.Config)."""
     @property
-    def served(self) -> tuple[OneSwitch, ...]: ...
+    def switches(self) -> tuple[SwitchConfig, ...]: ...
     @property
     def openflow_versions(self) -> tuple[str, ...]: ...
     @property
@@ -232,8 +227,8 @@ def check(cfg: Scope) -> None:
         raise ConfigError("static_priority", f"{cfg.static_priority} must be above shunt_priority + 1 "
                           f"({cfg.shunt_priority + 1}: the TCP catchers) and below block_priority "
                           f"({cfg.block_priority}): an operator's block must still win")
-    groups = [{g.fast for g in sw.ports} for sw in cfg.served]
-    dpids = {sw.datapath_id for sw in cfg.served}
+    groups = [{g.fast for g in sw.ports} for sw in cfg.switches]
+    dpids = {sw.datapath_id for sw in cfg.switches}
     seen = _Seen()
     for i, shunt in enumerate(shunts):
         at = f"static_shunts[{i}]"
@@ -244,7 +239,7 @@ def check(cfg: Scope) -> None:
             raise ConfigError(f"{at}.fast_ports", "both ports must be on the same switch")
         if shunt.datapath_id is not None and shunt.datapath_id not in dpids:
             raise ConfigError(f"{at}.datapath_id", f"{shunt.datapath_id:016x} is not a served switch")
-        served = [sw.datapath_id for sw in cfg.served if shunt.on(sw)]
+        served = [sw.datapath_id for sw in cfg.switches if shunt.on(sw)]
         if not served:
             raise ConfigError(f"{at}.fast_ports", "not the fast ports of that switch")
         if len(served) > 1:
@@ -355,11 +350,11 @@ def _key(shunt: StaticShunt, priority: int) -> int:
     return zlib.crc32(text.encode())
 
 
-def switch_flows(cfg: OneSwitch) -> dict[int, StaticFlow]:
-    """Every static flow of one switch's config (its entries: those on its ports), by cookie."""
+def switch_flows(cfg: Entries, switch: SwitchConfig) -> dict[int, StaticFlow]:
+    """Every static flow of one switch (the entries on its ports), by cookie."""
     out: dict[int, StaticFlow] = {}
     keys: set[int] = set()
-    for shunt in sorted((s for s in cfg.static_shunts if s.on(cfg)), key=repr):
+    for shunt in sorted((s for s in cfg.static_shunts if s.on(switch)), key=repr):
         key = _key(shunt, cfg.static_priority)
         while key in keys:  # two entries of one hash (1 in 2^32 a pair): the later one probes on
             key = (key + 1) & 0xFFFFFFFF

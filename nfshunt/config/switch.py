@@ -2,8 +2,8 @@
 the keys each entry of `switches` may set, and what one switch's keys must agree on."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from nfshunt.records import markcodec
 from nfshunt.records.model import OPENFLOW_VERSIONS
@@ -134,6 +134,36 @@ PER_SWITCH: dict[str, v.Key] = {
 }
 
 
+@dataclass(frozen=True)
+class SwitchConfig:
+    """One served switch's own keys (PER_SWITCH): the top level's when the config names one
+    switch, else an entry of `switches` (the top level's value where the entry says nothing).
+    The controller's keys are settings.Config's: each key has one place to be read from."""
+    ports: tuple[PortGroup, ...]
+    datapath_id: int | None = None
+    switch_addresses: tuple[str, ...] = ()
+    packet_in_rate: int = 1000
+    flow_mod_rate: int = 0
+    install_queue: int = 10000
+    max_shunts: int = 0
+    # Where a TCP shunt's FIN/RST catchers live: "single" (4 per connection beside its 2
+    # flows in table 0), "pipeline" (OpenFlow 1.3: table 0's flows go on to table 1, where 5
+    # shared flows per port group catch and output), "auto" (pipeline if the switch has 2 tables).
+    flow_layout: str = "auto"
+    # When a shunt's conntrack entry may go (the switch forwards on its flows): "barrier"
+    # (the barrier reply, right for Open vSwitch), "counters" (its flows' packet counters
+    # rose) or "delay" (confirm_delay after the barrier); then `drain` more for packets
+    # still queued on the slow path.
+    confirm: str = "barrier"
+    confirm_delay: float = 0.5
+    drain: float = 0.05
+    at: str = field(default="", compare=False)  # where its keys are in the config: "" or "switches[i]."
+    by_physdevin: dict[int, PortGroup] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_physdevin", {g.physdevin: g for g in self.ports})
+
+
 @v.takes("string or integer", "a datapath id: up to 16 hex digits (0x optional), up to 8 colon-separated bytes, "
          "or an integer")
 def _datapath_id(key: str, value: Any) -> int:
@@ -147,7 +177,7 @@ SWITCH = v.Table("switches[]", "One of several switches this controller serves, 
                  "bridge.", {
                      **PER_SWITCH,
                      "datapath_id": v.Key(_datapath_id, "This switch's datapath id; each once."),
-                 }, required=("datapath_id", "ports"), inherits="the top-level key's value")
+                 }, required=("datapath_id", "ports"), inherits="the top-level key's value", record=SwitchConfig)
 
 
 @v.takes("list of objects", "switches (`switches[]`), at least one; each datapath id once")
@@ -166,27 +196,17 @@ def switches(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     return entries
 
 
-class SwitchKeys(Protocol):
-    """What check() reads of one switch's config (settings.Config)."""
-    @property
-    def confirm(self) -> str: ...
-    @property
-    def flow_layout(self) -> str: ...
-    @property
-    def openflow_versions(self) -> tuple[str, ...]: ...
-    @property
-    def tcp_teardown(self) -> bool: ...
-
-
-def check(cfg: SwitchKeys, prefix: str = "") -> None:
-    """What the keys of one switch's config must agree on (prefix: where its keys are)."""
-    if cfg.confirm == "counters" and "1.0" in cfg.openflow_versions:
+def check(sw: SwitchConfig, openflow_versions: tuple[str, ...], tcp_teardown: bool) -> None:
+    """What one switch's keys must agree on, with the controller's OpenFlow versions and
+    TCP teardown (its key paths under sw.at)."""
+    prefix = sw.at
+    if sw.confirm == "counters" and "1.0" in openflow_versions:
         raise ConfigError(f"{prefix}confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set "
                           "openflow_versions to [\"1.3\"], or use delay")
-    if cfg.flow_layout == "pipeline":
-        if "1.3" not in cfg.openflow_versions:
+    if sw.flow_layout == "pipeline":
+        if "1.3" not in openflow_versions:
             raise ConfigError(f"{prefix}flow_layout", "pipeline needs OpenFlow 1.3 (goto-table): add \"1.3\" to "
                               "openflow_versions, or use single")
-        if not cfg.tcp_teardown:
+        if not tcp_teardown:
             raise ConfigError(f"{prefix}flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown "
                               "is false: use single or auto")

@@ -61,6 +61,7 @@ class Table:
     keys: dict[str, Key]
     required: tuple[str, ...] = ()
     record: type | None = None  # the dataclass its values become: its field defaults are the keys' defaults
+    also: tuple[type, ...] = ()  # other dataclasses some of its keys go to (the top level's per-switch keys)
     inherits: str = ""  # where an omitted key's value comes from, when not from the record
 
     def read(self, key: str, value: Any) -> dict[str, Any]:

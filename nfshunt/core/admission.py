@@ -237,8 +237,9 @@ class Admission:
                 idle = pin.idle_timeout
         if action is Action.IGNORE:
             return Ignored(R_POLICY_IGNORE, ev)
-        ingress = cfg.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
-        egress = cfg.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
+        by_physdevin = self.shared.switch.by_physdevin
+        ingress = by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
+        egress = by_physdevin.get(mark.egress)  # type: ignore[arg-type]
         if ingress is None or egress is None:
             return Ignored(R_UNKNOWN_PORT, ev)
         if ingress is egress:

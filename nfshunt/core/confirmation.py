@@ -39,9 +39,9 @@ class Confirmation:
         conns = self.shared.conns
         if not conns.holds(conn, State.PENDING):
             return []
-        cfg = self.shared.cfg
-        counters = cfg.confirm == "counters" and conn.action is Action.SHUNT
-        wait = (cfg.confirm_delay if cfg.confirm == "delay" else 0.0) + cfg.drain
+        sw = self.shared.switch
+        counters = sw.confirm == "counters" and conn.action is Action.SHUNT
+        wait = (sw.confirm_delay if sw.confirm == "delay" else 0.0) + sw.drain
         keep = conn.action is Action.SHUNT and (counters or wait > 0)
         conns.confirmed(conn, now, keep_entry=keep)
         if conn.remove_reason is not None:
@@ -87,12 +87,12 @@ class Confirmation:
         counters are read again; a pair that carries nothing at all is read every second."""
         if not self.shared.conns.holds(conn, State.DRAINING):
             return []
-        cfg = self.shared.cfg
+        sw = self.shared.switch
         waited = now - (conn.confirmed_time or now)
         counted = sum(1 for n in packets.values() if n > 0)
-        if counted == 2 or (counted == 1 and waited >= cfg.confirm_delay):
-            return [self._entry_goes(conn, cfg.drain, now)]
-        return [Later(COUNTER_POLL if waited < max(1.0, cfg.confirm_delay) else 1.0, (ReadCounters(conn),))]
+        if counted == 2 or (counted == 1 and waited >= sw.confirm_delay):
+            return [self._entry_goes(conn, sw.drain, now)]
+        return [Later(COUNTER_POLL if waited < max(1.0, sw.confirm_delay) else 1.0, (ReadCounters(conn),))]
 
     def sweep(self, now: float) -> list[Command]:
         """Packets still queued in the slow path when the entry was deleted can re-create it

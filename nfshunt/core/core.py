@@ -20,10 +20,11 @@ takes on the switch layout.py's; the operator's pins pins.py's.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Generic, Iterable, TypeVar, cast, overload
 
 from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
+from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
@@ -54,33 +55,42 @@ from .teardown import HalfClosedDue, Teardown
 
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
 PIPELINE_READS = 50  # ... this many times (5 s), then reconcile anyway (and say so)
+T = TypeVar("T")
 
 
-class _Shared:
-    """A Core attribute that is the parts' shared state's, read and written through it."""
+class _Shared(Generic[T]):
+    """A Core attribute that is the parts' shared state's, read and written through it
+    (T: its type in CoreState, so that reads through the Core are checked)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, core: Core | None, owner: type | None = None) -> Any:
-        return self if core is None else getattr(core.shared, self.name)
+    @overload
+    def __get__(self, core: None, owner: type | None = None) -> _Shared[T]: ...
+    @overload
+    def __get__(self, core: Core, owner: type | None = None) -> T: ...
 
-    def __set__(self, core: Core, value: Any) -> None:
+    def __get__(self, core: Core | None, owner: type | None = None) -> T | _Shared[T]:
+        return self if core is None else cast(T, getattr(core.shared, self.name))
+
+    def __set__(self, core: Core, value: T) -> None:
         setattr(core.shared, self.name, value)
 
 
 class Core:
     # The switch as the core knows it (core_state.py says what each one means).
-    cfg = _Shared()
-    version = _Shared()
-    pipeline = _Shared()
-    backup = _Shared()
-    reconciled = _Shared()
-    stale_policy = _Shared()  # set by the app at start (policy_state.py)
-    budget = _Shared()
+    cfg: _Shared[Config] = _Shared()  # the controller's keys
+    switch: _Shared[SwitchConfig] = _Shared()  # this switch's own keys
+    version: _Shared[int | None] = _Shared()
+    pipeline: _Shared[bool] = _Shared()
+    backup: _Shared[bool] = _Shared()
+    reconciled: _Shared[bool] = _Shared()
+    stale_policy: _Shared[bool] = _Shared()  # set by the app at start (policy_state.py)
+    budget: _Shared[int] = _Shared()
 
-    def __init__(self, cfg: Config):
-        sh = self.shared = CoreState(cfg)
+    def __init__(self, cfg: Config, switch: SwitchConfig | None = None):
+        """switch: which of cfg.switches this core decides for (the first by default)."""
+        sh = self.shared = CoreState(cfg, cfg.switches[0] if switch is None else switch)
         # The shared tables, read by status, metrics and tests (never rebound).
         self.conns, self.waiting, self.pins, self.static, self.half_closed = \
             sh.conns, sh.waiting, sh.pins, sh.static, sh.half_closed
@@ -119,7 +129,7 @@ class Core:
 
     def switch_connected(self, version: int, pipeline: bool = False) -> list[Command]:
         """The switch is ours to program (connected; in a pair, granted MASTER)."""
-        sh, cfg = self.shared, self.shared.cfg
+        sh, cfg, switch = self.shared, self.shared.cfg, self.shared.switch
         sh.version = version
         sh.pipeline = pipeline
         self.pipeline_reads = 0
@@ -136,11 +146,11 @@ class Core:
         out.extend(sh.static.connected())  # before the defaults: their first frame never crosses the firewall
         out.extend(sh.address_blocks.connected())  # likewise: a blocked host's first frame is dropped
         if cfg.default_no_shunting:
-            out.append(InstallDefaults(cfg.ports))
+            out.append(InstallDefaults(switch.ports))
         if pipeline:
-            out.append(InstallPipeline(cfg.ports))
-        if version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate:
-            out.append(LimitPacketIns(cfg.packet_in_rate))
+            out.append(InstallPipeline(switch.ports))
+        if version >= OFP13 and cfg.tcp_teardown and switch.packet_in_rate:
+            out.append(LimitPacketIns(switch.packet_in_rate))
         out.append(RequestTableSize())
         out.append(RequestSwitchFlows())
         return out
@@ -149,21 +159,21 @@ class Core:
         """The default flows the switch held when it connected (RequestKeptDefaults): one of
         this config's means it kept its table across the break (a pair's other firewall's
         defaults, or anything a switch answers unfiltered, say nothing of ours)."""
-        mine = default_paths(self.shared.cfg)
+        mine = default_paths(self.shared.switch)
         self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
 
-    def reload(self, cfg: Config) -> list[Command]:
+    def reload(self, cfg: Config, switch: SwitchConfig) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
         change as the difference only; the packet-in meter takes a new rate. Nothing is sent
         to a switch that is not ours now (away, or a pair's backup)."""
         sh = self.shared
-        old, sh.cfg = sh.cfg, cfg
-        out: list[Command] = sh.static.reload(cfg)
+        old, sh.cfg, sh.switch = sh.switch, cfg, switch
+        out: list[Command] = sh.static.reload(cfg, switch)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
-        if sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
-                cfg.packet_in_rate != old.packet_in_rate:
-            out.append(LimitPacketIns(cfg.packet_in_rate))
+        if sh.version >= OFP13 and cfg.tcp_teardown and switch.packet_in_rate and \
+                switch.packet_in_rate != old.packet_in_rate:
+            out.append(LimitPacketIns(switch.packet_in_rate))
         return out
 
     def stopping(self, now: float, take_down: bool) -> list[Command]:
@@ -218,7 +228,7 @@ class Core:
         if self.shared.reconciled:  # a read asked for before a reconnect, answered after this one's
             return []
         flows = list(flows)
-        if self.shared.pipeline and not table_1_complete(self.shared.cfg, flows) and \
+        if self.shared.pipeline and not table_1_complete(self.shared.switch, flows) and \
                 self.pipeline_reads < PIPELINE_READS:
             self.pipeline_reads += 1
             return [Later(PIPELINE_READ_AGAIN, (RequestSwitchFlows(),))]
@@ -342,19 +352,19 @@ class Core:
     def default_entries(self) -> int:
         """Entries of table 0 that are not any connection's: the defaults, the static shunts,
         the address blocks."""
-        return (2 * len(self.cfg.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
+        return (2 * len(self.switch.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
             self.shared.address_blocks.entries
 
     def shared_entries(self) -> int:
         """The pipeline layout's table 1 (its own table: not counted against table 0)."""
-        return PIPELINE_ENTRIES * len(self.cfg.ports) if self.pipeline else 0
+        return PIPELINE_ENTRIES * len(self.switch.ports) if self.pipeline else 0
 
     def table_size(self, max_entries: int) -> int | None:
         """The switch reported how many entries its table 0 holds: with no `max_shunts`,
         the budget becomes what fits after the defaults, counting every pair at the most a
         pair takes (a TCP shunt with its teardown catchers). Returns the new budget."""
         self.table_max = max_entries
-        if self.cfg.max_shunts or self.version is None:
+        if self.switch.max_shunts or self.version is None:
             return None
         self.budget = max(1, (max_entries - self.default_entries()) // self.max_pair_entries())
         return self.budget

@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import math
 
-from nfshunt.config.settings import Config
+from nfshunt.config.switch import SwitchConfig
 from nfshunt.records import cookies
 from nfshunt.records.model import SwitchFlow
 
@@ -44,19 +44,20 @@ PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
 
 
-def default_paths(cfg: Config) -> set[tuple[int, int]]:
-    """(in_port, out_port) of each default flow this config installs."""
-    return {(g.slow, g.fast) for g in cfg.ports} | {(g.fast, g.slow) for g in cfg.ports}
+def default_paths(switch: SwitchConfig) -> set[tuple[int, int]]:
+    """(in_port, out_port) of each default flow this switch's config installs."""
+    return {(g.slow, g.fast) for g in switch.ports} | {(g.fast, g.slow) for g in switch.ports}
 
 
-def table_1_complete(cfg: Config, flows: list[SwitchFlow]) -> bool:
-    """Every table-1 flow of this config is on the switch."""
+def table_1_complete(switch: SwitchConfig, flows: list[SwitchFlow]) -> bool:
+    """Every table-1 flow of this switch's config is on the switch."""
+    ports = switch.ports
     found: collections.Counter[int] = collections.Counter()
     for flow in cookies.split(flows, cookies.Kind.PIPELINE)[0]:
         parsed = cookies.parse(flow.cookie)
-        if parsed is not None and parsed.key < len(cfg.ports) and flow.out_port == cfg.ports[parsed.key].fast:
+        if parsed is not None and parsed.key < len(ports) and flow.out_port == ports[parsed.key].fast:
             found[parsed.key] += 1
-    return all(found[i] >= PIPELINE_ENTRIES for i in range(len(cfg.ports)))
+    return all(found[i] >= PIPELINE_ENTRIES for i in range(len(ports)))
 
 
 class Reconciler:
@@ -99,11 +100,11 @@ class Reconciler:
     def _sort_flows(self, flows: list[SwitchFlow], out: list[Command]) -> tuple[Pairs, list[tuple[int, SwitchFlow]]]:
         """NFShunt's flows by pair and the teardown catchers; defaults and table-1 flows
         that are not this config's are deleted on the way."""
-        cfg = self.shared.cfg
+        cfg, ports = self.shared.cfg, self.shared.switch.ports
         pairs: Pairs = {}
         catchers: list[tuple[int, SwitchFlow]] = []
         crowded: dict[PairKey, list[SwitchFlow]] = {}
-        expected_defaults = default_paths(cfg)
+        expected_defaults = default_paths(self.shared.switch)
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
             if parsed is None:
@@ -120,7 +121,7 @@ class Reconciler:
                 # Table-1 flows of a port group (re-installed at every connect), or of
                 # another layout or port list: those are only reachable by flows of ours
                 # that are deleted too, so they go whatever delete_flows_on_startup says.
-                if not self.shared.pipeline or key >= len(cfg.ports) or flow.out_port != cfg.ports[key].fast:
+                if not self.shared.pipeline or key >= len(ports) or flow.out_port != ports[key].fast:
                     out.append(DeleteSwitchFlow(flow, "table-1 flow not in this layout"))
             else:
                 dirs = pairs.setdefault((kind, key), {})
@@ -187,7 +188,7 @@ class Reconciler:
         fwd, rev = dirs[False], dirs[True]
         if fwd.match is None or rev.match is None:
             return None
-        ports = {g.fast: g for g in self.shared.cfg.ports}
+        ports = {g.fast: g for g in self.shared.switch.ports}
         ingress, egress = ports.get(fwd.in_port or -1), ports.get(rev.in_port or -1)
         if ingress is None or egress is None:
             return None

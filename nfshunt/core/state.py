@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 from nfshunt.config.settings import Config
+from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import ConnEvent, FlowTuple
 
 from .address_blocks import AddressBlocks
@@ -20,11 +21,12 @@ from .teardown_sweep import HalfClosed
 
 
 class CoreState:
-    __slots__ = ("cfg", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy", "budget", "conns",
-                 "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now")
+    __slots__ = ("cfg", "switch", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy",
+                 "budget", "conns", "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now")
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, switch: SwitchConfig):
+        self.cfg = cfg  # the controller's keys
+        self.switch = switch  # this switch's own keys (ports, pacing, confirmation)
         self.version: int | None = None  # negotiated OpenFlow version; None: no switch (or not master)
         self.pipeline = False  # the switch's flows use the pipeline layout (two tables)
         self.backup = cfg.pair is not None  # one of a pair, not (yet) granted MASTER
@@ -35,12 +37,12 @@ class CoreState:
         # The policy changed since the pairs on the switch were decided (set by the app at
         # start, from policy_state.py): the first reconcile hands every adopted pair back.
         self.stale_policy = False
-        self.budget = cfg.max_shunts  # pairs allowed at once (0: no limit)
+        self.budget = switch.max_shunts  # pairs allowed at once (0: no limit)
         self.conns = Connections()
         # Connections refused for lack of room, oldest first; blocks go to the front.
         self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
         self.pins = Pins()  # operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK
-        self.static = StaticTable(cfg)  # engineered streams (static.py): not pairs, not in the budget
+        self.static = StaticTable(cfg, switch)  # engineered streams (static.py): not pairs, not in the budget
         self.address_blocks = AddressBlocks(cfg.block_priority)  # an IDS's prefix drops (address_blocks.py)
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()

@@ -17,6 +17,7 @@ RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding 
 
 if TYPE_CHECKING:
     from nfshunt.config.settings import Config
+    from nfshunt.config.switch import SwitchConfig
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class Counts:
 class StaticTable:
     """One switch's static flows: what the config wants, and their counters as last read."""
 
-    def __init__(self, cfg: "Config"):
-        self.flows = switch_flows(cfg)
+    def __init__(self, cfg: "Config", switch: "SwitchConfig"):
+        self.flows = switch_flows(cfg, switch)
         self.counts: dict[int, Counts] = {}
         self.block_priority = cfg.block_priority
         # Operators' and IDSs' blocks of tuples inside a static stream, by cookie: (flow,
@@ -99,11 +100,11 @@ class StaticTable:
             out.append(InstallStatic((*wrong, *missing), "missing after connect"))
         return rest, out
 
-    def reload(self, cfg: "Config") -> list[Command]:
+    def reload(self, cfg: "Config", switch: "SwitchConfig") -> list[Command]:
         """A new config's static flows, as the difference only: new ones first, then the
         old ones go (an entry that changed in place is overwritten by its new flow); an
         unchanged flow is not touched."""
-        new = switch_flows(cfg)
+        new = switch_flows(cfg, switch)
         added = tuple(f for cookie, f in new.items() if cookie not in self.flows)
         removed = tuple(f for cookie, f in self.flows.items() if cookie not in new)
         self.flows = new

@@ -9,7 +9,7 @@ from typing import Any
 
 from nfshunt.config.settings import Config
 from nfshunt.config.static import StaticFlow
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import PortGroup, SwitchConfig
 from nfshunt.core.address_flows import AddressFlow
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import catches_teardown, goes_to_pipeline, pair_entries
@@ -66,14 +66,16 @@ class FlowBuilder(SwitchReads):
     """The messages that change the switch's table; the ones that ask it something and
     read its answers are SwitchReads' (flowreads.py)."""
 
-    def __init__(self, dp: Any, cfg: Config, pipeline: bool = False):
+    def __init__(self, dp: Any, cfg: Config, pipeline: bool = False, switch: SwitchConfig | None = None):
+        """switch: which of cfg.switches it builds for (the first by default)."""
         self.dp = dp
         self.ofp = dp.ofproto
         self.parser = dp.ofproto_parser
         self.version = self.ofp.OFP_VERSION
-        self.cfg = cfg
+        self.cfg = cfg  # the controller's keys
+        self.switch = cfg.switches[0] if switch is None else switch  # the switch's own
         self.pipeline = pipeline and self.version != OFP10
-        self._group = {g: i for i, g in enumerate(cfg.ports)}
+        self._group = {g: i for i, g in enumerate(self.switch.ports)}
         self.templates = Templates()
         self.templated = True  # off: every message from os-ken (tests compare the two)
 

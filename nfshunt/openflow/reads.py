@@ -9,6 +9,7 @@ from typing import Any
 
 from os_ken.ofproto import ofproto_v1_0
 
+from nfshunt.config.switch import SwitchConfig
 from nfshunt.core.connection import Conn
 from nfshunt.records import cookies
 from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
@@ -28,13 +29,13 @@ _new_flow = tuple.__new__
 
 class SwitchReads:
     """Requests that ask the switch, and the reading of what it answers. The builder that
-    mixes it in sets dp, ofp, parser, version and cfg."""
+    mixes it in sets dp, ofp, parser, version and switch (its switch's config)."""
 
     dp: Any
     ofp: Any
     parser: Any
     version: int
-    cfg: Any
+    switch: SwitchConfig
 
     def controller_meter(self, rate: int) -> list[Any]:
         """The reserved controller meter (OFPM_CONTROLLER) with one drop band: the switch
@@ -131,7 +132,8 @@ class SwitchReads:
         exact = t is not None and in_port is not None and exact
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
             group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
-            out_port = self.cfg.ports[group].fast if 0 <= group < len(self.cfg.ports) else None
+            ports = self.switch.ports
+            out_port = ports[group].fast if 0 <= group < len(ports) else None
             # The catchers name the connection by the metadata: it must be this pair's.
             exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
         # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)

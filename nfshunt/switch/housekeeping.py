@@ -53,7 +53,7 @@ class Housekeeping:
     def read_slow_path(sw: Switch, s: Session, now: float) -> None:
         """The default flows' counters (OpenFlow 1.3: read by cookie): every byte the switch
         hands the firewall and takes back, the slow path's traffic (metrics)."""
-        slow_ports = {g.slow for g in sw.cfg.ports}
+        slow_ports = {g.slow for g in sw.switch.ports}
         cookie, mask = cookies.make(cookies.Kind.DEFAULT), cookies.OWNED_MASK | cookies.KIND_MASK
 
         def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop

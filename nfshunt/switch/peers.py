@@ -51,7 +51,7 @@ class Peers:
 
     def admit(self, address: tuple[str, int]) -> str | None:
         """On os-ken's accept thread, before the handshake: the peer's address."""
-        if any(address_allowed(address[0], sw.cfg.switch_addresses) for sw in self.switches):
+        if any(address_allowed(address[0], sw.switch.switch_addresses) for sw in self.switches):
             return None
         self.counters.add("switch_refused", "address not allowed")
         self.rlog.warning("refused-address", "refused an OpenFlow connection from %s: not in switch_addresses",
@@ -87,12 +87,12 @@ class Peers:
 
     def connected(self, dp: Any) -> None:
         """The handshake is done: serve the datapath if it is a configured switch's."""
-        sw = next((s for s in self.switches if s.cfg.datapath_id is None or s.cfg.datapath_id == dp.id), None)
+        sw = next((s for s in self.switches if s.switch.datapath_id is None or s.switch.datapath_id == dp.id), None)
         if sw is None:
             self._refuse(dp, "datapath id not configured", "not the configured datapath_id " + ", ".join(
                 s.name for s in self.switches))
             return
-        if not address_allowed(dp.address[0], sw.cfg.switch_addresses):
+        if not address_allowed(dp.address[0], sw.switch.switch_addresses):
             self._refuse(dp, "address not allowed", f"not in the switch_addresses of {sw.name}")
             return
         old = sw.session.dp if sw.session is not None else None
@@ -106,7 +106,7 @@ class Peers:
             LOG.warning("switch %016x connected again from %s: replacing its old connection", dp.id, dp.address[0])
             self.disconnected(sw, "replaced by a new connection")
             old.close()
-        session = sw.session = Session(dp, sw.cfg, self._pipeline(sw, dp), _wanted(sw.core), self.clock)
+        session = sw.session = Session(dp, sw.cfg, self._pipeline(sw, dp), _wanted(sw.core), self.clock, sw.switch)
         self.counters.inc("switch_connects")
         LOG.info("switch %016x connected from %s:%s, OpenFlow %s", dp.id, dp.address[0],
                  dp.address[1], openflow_label(dp.ofproto.OFP_VERSION))
@@ -117,9 +117,8 @@ class Peers:
 
     def _pipeline(self, sw: Switch, dp: Any) -> bool:
         """The flow layout for this switch (config flow_layout), logged with why."""
-        cfg = sw.cfg
-        layout, tables = cfg.flow_layout, self._tables.get(dp, 0)
-        if layout == "single" or not cfg.tcp_teardown:
+        layout, tables = sw.switch.flow_layout, self._tables.get(dp, 0)
+        if layout == "single" or not sw.cfg.tcp_teardown:
             return False
         if dp.ofproto.OFP_VERSION == OFP10 or tables < 2:
             why = "OpenFlow 1.0" if dp.ofproto.OFP_VERSION == OFP10 else f"the switch reports {tables} table(s)"

@@ -129,7 +129,7 @@ class Replies:
                           core.static.entries, core.default_entries())
             if budget is None:
                 LOG.info("switch %s table 0 holds %d entries; max_shunts %d is the budget", sw.name, max_entries,
-                         sw.cfg.max_shunts)
+                         sw.switch.max_shunts)
             else:
                 LOG.info("switch %s table 0 holds %d entries: budget %d shunt and block pairs (max_shunts unset; "
                          "%d entries for the defaults, at most %d a pair)", sw.name, max_entries, budget,
@@ -149,7 +149,7 @@ class Replies:
             self.rlog.warning("teardowns-untraceable", "the switch dropped %d teardown packet-ins (packet_in_rate "
                               "%d/s): in the pipeline layout a shunt that lost one FIN's ends as half-closed, one "
                               "that lost both at the idle timeout (%d s); flow_layout single finds them from "
-                              "per-connection catchers", new, sw.cfg.packet_in_rate, sw.cfg.default_shunt_timeout)
+                              "per-connection catchers", new, sw.switch.packet_in_rate, sw.cfg.default_shunt_timeout)
         if not sw.core.pipeline and sw.sweep.due(now):
             s.ask(s.fb.catcher_stats_request(), CatcherRead(now))
             s.send.flush()
@@ -164,7 +164,7 @@ class Replies:
         if ended:
             self.counters.inc("teardowns_from_counters", ended)
             self.rlog.warning("teardowns-from-counters", "the switch dropped teardown packet-ins (packet_in_rate "
-                              "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.cfg.packet_in_rate,
+                              "%d/s): %d shunts ended from their FIN/RST catchers' counters", sw.switch.packet_in_rate,
                               ended)
         self.run(sw, out)
 

@@ -43,7 +43,7 @@ class RoleLink:
             LOG.warning("no longer master of switch %s (%s): standing by, the switch's pairs are the other "
                         "controller's now", sw.name, change.demoted)
             if sw.session is not None:  # what was queued for the switch is not ours to send any more
-                sw.session.disown(sw.cfg)
+                sw.session.disown(sw.switch)
             self.run(sw, sw.core.stand_by())
         if change.promoted and sw.session is not None:
             self.counters.inc("role_promotions")

@@ -1,8 +1,9 @@
 """The switches one controller serves (config `switches`), and which one a connection is for.
 
-A `Switch` is one configured datapath: its own config (ports, datapath id, pacing,
-layout), decision core, pair roles and, while connected, its session (session.py). The app
-keeps one per configured switch and hands each switch message to the switch whose
+A `Switch` is one configured datapath: its own config (`switch`, a SwitchConfig: ports,
+datapath id, pacing, layout, confirmation) beside the controller's (`cfg`), its decision
+core, pair roles and, while connected, its session (session.py). The app keeps one per
+configured switch and hands each switch message to the switch whose
 connection it came on.
 
 Every switch's port groups are bridge ports of the one firewall, so a connection's mark
@@ -29,9 +30,10 @@ class Switch:
     """One served datapath and everything this controller keeps about it."""
 
     def __init__(self, cfg: Config, index: int):
-        self.cfg = cfg
+        self.cfg = cfg  # the controller's keys
         self.index = index
-        self.core = Core(cfg)
+        self.switch = cfg.switches[index]  # this switch's own keys
+        self.core = Core(cfg, self.switch)
         self.session: Session | None = None  # the connection served now
         self.roles = Roles(cfg.pair.state_file, cfg.pair.start_role) if cfg.pair else None
         self.role_checked = 0.0
@@ -45,7 +47,7 @@ class Switch:
     @property
     def name(self) -> str:
         """How logs name the switch: its configured datapath id (or the connected one's)."""
-        dpid = self.cfg.datapath_id if self.cfg.datapath_id is not None else \
+        dpid = self.switch.datapath_id if self.switch.datapath_id is not None else \
             getattr(self.session.dp, "id", None) if self.session is not None else None
         return f"{dpid:016x}" if dpid is not None else "(any datapath id)"
 
@@ -60,8 +62,8 @@ class Router:
     """Which switch a conntrack event is for, from the port groups in its mark."""
 
     def __init__(self, cfg: Config):
-        self.several = len(cfg.served) > 1
-        self.by_physdevin = {g.physdevin: i for i, sw in enumerate(cfg.served) for g in sw.ports}
+        self.several = len(cfg.switches) > 1
+        self.by_physdevin = {g.physdevin: i for i, sw in enumerate(cfg.switches) for g in sw.ports}
 
     def route(self, ev: ConnEvent) -> int | Ignored:
         """The index of the switch whose core takes the event, or why no switch does."""

@@ -321,7 +321,7 @@ def slow(rig: Rig, conn: Any) -> bool:
 def shunted(rig: Rig, **kw: Any) -> Any:
     """A shunt confirmed by the switch and past its drain: LIVE, its conntrack entry deleted."""
     conn = rig.event(**kw)
-    rig.advance(rig.core.cfg.drain)
+    rig.advance(rig.core.switch.drain)
     assert conn.state is State.LIVE
     return conn
 
