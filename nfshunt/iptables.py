@@ -47,12 +47,12 @@ def xmark(value_mask: tuple[int, int]) -> str:
 
 
 def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
-    groups = cfg.all_port_groups
-    missing = [i for i, g in enumerate(groups) if not g.bridge_port]
-    if missing:
-        raise ConfigError(f"ports[{missing[0]}].bridge_port",
-                          "required for iptables: the bridge interface cabled to this group's slow port")
-    return [(g.physdevin, g.bridge_port) for g in groups]  # type: ignore[misc]
+    for sw in cfg.switches:  # the key named as it is in the file (switches[i].ports[j] with several)
+        for i, g in enumerate(sw.ports):
+            if not g.bridge_port:
+                raise ConfigError(f"{sw.at}ports[{i}].bridge_port",
+                                  "required for iptables: the bridge interface cabled to this group's slow port")
+    return [(g.physdevin, g.bridge_port) for g in cfg.all_port_groups]  # type: ignore[misc]
 
 
 def plumbing_rules(cfg: Config) -> list[str]:

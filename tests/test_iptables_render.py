@@ -45,6 +45,21 @@ def test_bridge_port_names_are_required(tmp_path):
         iptables.render(config(ports=[{"fast": 1, "slow": 2, "physdevin": 1}]), [])
 
 
+def test_a_missing_bridge_port_is_named_where_it_is_in_a_file_of_several_switches():
+    ports = [{"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "fw-eth0"},
+             {"fast": 3, "slow": 4, "physdevin": 2, "bridge_port": "fw-eth1"}]
+    from nfshunt.config.settings import from_dict
+    from tests.helpers import BASE
+    raw = {k: v for k, v in BASE.items() if k not in ("ports", "datapath_id")}
+    cfg = from_dict({**raw, "switches": [
+        {"datapath_id": "a1", "ports": ports},
+        {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3, "bridge_port": "fw-eth2"},
+                                        {"fast": 3, "slow": 4, "physdevin": 4}]}]})
+    with pytest.raises(ConfigError) as info:
+        iptables.render(cfg, [])
+    assert info.value.key == "switches[1].ports[1].bridge_port"  # not the 4th of every group: ports[3]
+
+
 def test_policy_file_lines_are_checked(tmp_path):
     bad = tmp_path / "p.rules"
     bad.write_text("-A FORWARD -j ACCEPT\n")
