@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from nfshunt.config.settings import Config
-from nfshunt.config.static import Network
+from nfshunt.config.static import Network, StaticFlow
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
@@ -152,13 +152,14 @@ class Core:
         mine = default_paths(self.shared.cfg)
         self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
 
-    def reload(self, cfg: Config) -> list[Command]:
+    def reload(self, cfg: Config, flows: dict[int, StaticFlow] | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
-        change as the difference only; the packet-in meter takes a new rate. Nothing is sent
-        to a switch that is not ours now (away, or a pair's backup)."""
+        change as the difference only (`flows`: its static flows, built beforehand); the
+        packet-in meter takes a new rate. Nothing is sent to a switch that is not ours now
+        (away, or a pair's backup)."""
         sh = self.shared
         old, sh.cfg = sh.cfg, cfg
-        out: list[Command] = sh.static.reload(cfg)
+        out: list[Command] = sh.static.reload(cfg, flows)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
         if sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \

@@ -99,11 +99,11 @@ class StaticTable:
             out.append(InstallStatic((*wrong, *missing), "missing after connect"))
         return rest, out
 
-    def reload(self, cfg: "Config") -> list[Command]:
-        """A new config's static flows, as the difference only: new ones first, then the
-        old ones go (an entry that changed in place is overwritten by its new flow); an
-        unchanged flow is not touched."""
-        new = switch_flows(cfg)
+    def reload(self, cfg: "Config", flows: dict[int, StaticFlow] | None = None) -> list[Command]:
+        """A new config's static flows (`flows`: switch_flows(cfg), built beforehand off the
+        event loop), as the difference only: new ones first, then the old ones go (an entry
+        that changed in place is overwritten by its new flow); an unchanged flow is not touched."""
+        new = switch_flows(cfg) if flows is None else flows
         added = tuple(f for cookie, f in new.items() if cookie not in self.flows)
         removed = tuple(f for cookie, f in self.flows.items() if cookie not in new)
         self.flows = new
