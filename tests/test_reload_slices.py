@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -183,3 +184,26 @@ def test_a_slice_is_sized_to_the_budget_at_the_last_ones_pace():
         sizer.took(sizer.size, 0.0)
     assert sizer.size == reloading.MAX_SLICE
 
+
+def test_the_signal_pipe_reads_a_sighup_at_once():
+    """The controller's main thread blocks on the wakeup pipe: a SIGHUP is read the moment
+    it comes (it looked every 0.5 s)."""
+    import signal
+
+    from nfshunt.app import controller
+    old = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        signals = controller.Signals()
+        sent = []
+
+        def hup():
+            time.sleep(0.05)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGHUP)
+        threading.Thread(target=hup).start()
+        assert signals.wait() == [signal.SIGHUP]
+        assert time.monotonic() - sent[0] < 0.25  # (a poll's half period on average; here: microseconds)
+    finally:
+        signal.set_wakeup_fd(-1)
+        for s, handler in old.items():
+            signal.signal(s, handler)
