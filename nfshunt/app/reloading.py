@@ -2,14 +2,15 @@
 the event loop but for what must be on it.
 
 The thread that asked (the control socket's; SIGHUP's is started from the event loop)
-reads and validates the file, makes the plan and builds each switch's static flows: for
-10,000 static entries that is a second or more, during which the loop used to serve
-nothing (conntrack events, the switch's replies, status requests). The loop then takes one
-short turn to swap the config in and diff each switch's static table (Core.reload), and
-one turn per slice of the difference: a slice is as many flow-mods as SLICE_BUDGET of the
-loop's time allows, sized from the last slice's pace (Sizer), sent behind a barrier of its
-own, so whatever came meanwhile is served between slices. The answer comes once every
-slice is sent and every barrier behind them answered (or RELOAD_WAIT passed).
+reads and validates the file, makes the plan and works out each switch's static change
+(StaticTable.change: the new flows, the difference as commands): for 10,000 static entries
+a second or more, during which the loop used to serve nothing (conntrack events, the
+switch's replies, status requests). The loop then takes one short turn to swap the config
+and the static tables in (Core.reload), and one turn per slice of the difference: a slice
+is as many flow-mods as SLICE_BUDGET of the loop's time allows at the last slice's pace
+(Sizer), sent behind a barrier of its own, so whatever came meanwhile is served between
+slices. The answer comes once every slice is sent and every barrier behind them answered
+(or RELOAD_WAIT passed).
 
 One reload at a time: one asked while another is read, applied or waiting for the
 switches is refused, saying so, and changes nothing (ask again once the first is answered).
@@ -27,8 +28,8 @@ from typing import Any, Callable, Iterable, Protocol
 from nfshunt.config import reload
 from nfshunt.config import settings as config
 from nfshunt.config.settings import Config
-from nfshunt.config.static import StaticFlow, switch_flows
 from nfshunt.core import commands as c
+from nfshunt.core.static_table import StaticChange
 from nfshunt.observe.metrics import Counters
 from nfshunt.openflow.inflight import ChangeWatch
 from nfshunt.switch.switch import Switch
@@ -162,7 +163,7 @@ class Reloader:
             return
         threading.Thread(target=lambda: answer(self.reload(request)), name="reload", daemon=True).start()
 
-    def _apply(self, by: str, change: reload.Plan, flows: list[dict[int, StaticFlow]]) -> dict[str, Any]:
+    def _apply(self, by: str, change: reload.Plan, statics: list[StaticChange]) -> dict[str, Any]:
         """The loop's turn: the new config swapped in, each switch's static table diffed."""
         t0 = time.perf_counter()
         app = self.app
@@ -171,12 +172,13 @@ class Reloader:
             logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
         static = {"added": 0, "removed": 0}
         switches: list[tuple[Switch, dict[str, Any], list[c.Command] | None]] = []
-        for sw, cfg, new in zip(app.switches, change.config.served, flows, strict=True):
+        for sw, cfg, static_change in zip(app.switches, change.config.served, statics, strict=True):
             old = sw.core.static.flows
             sw.cfg = cfg
             if sw.session is not None:
                 sw.session.fb.cfg = cfg
-            out = sw.core.reload(cfg, new)
+            out = sw.core.reload(cfg, static_change)
+            new = sw.core.static.flows
             added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
             static["added"] += added
             static["removed"] += removed
@@ -233,10 +235,12 @@ class Reloader:
         except config.ConfigError as exc:
             LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
             return {"error": f"reload refused, nothing changed: {path}: {exc}", "invalid_config": True}
-        change = reload.plan(self.app.cfg, new)  # (the running config: only a reload changes it, one at a time)
-        flows = [switch_flows(cfg) for cfg in change.config.served]
+        # The running config and static tables, read here: only a reload changes them (one at
+        # a time), and a table's flows are replaced, never changed in place.
+        change = reload.plan(self.app.cfg, new)
+        statics = [sw.core.static.change(cfg) for sw, cfg in zip(self.app.switches, change.config.served, strict=True)]
         validated = time.monotonic()
-        reply = self._on_loop(functools.partial(self._apply, by, change, flows))
+        reply = self._on_loop(functools.partial(self._apply, by, change, statics))
         if reply is None or "applied" not in reply:
             LOG.error("reload (%s): the event loop did not take it within %g s: nothing changed", by, LOOP_WAIT)
             return {"error": f"the controller's event loop did not take the reload within {LOOP_WAIT:g} s: "

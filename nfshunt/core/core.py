@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from nfshunt.config.settings import Config
-from nfshunt.config.static import Network, StaticFlow
+from nfshunt.config.static import Network
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
 from nfshunt.records.segment import Segment
 
@@ -50,6 +50,7 @@ from .pins import PIN_TTL, IdsHold, hard_timeout
 from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
+from .static_table import StaticChange
 from .teardown import HalfClosedDue, Teardown
 
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
@@ -152,14 +153,14 @@ class Core:
         mine = default_paths(self.shared.cfg)
         self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
 
-    def reload(self, cfg: Config, flows: dict[int, StaticFlow] | None = None) -> list[Command]:
+    def reload(self, cfg: Config, static: StaticChange | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
-        change as the difference only (`flows`: its static flows, built beforehand); the
-        packet-in meter takes a new rate. Nothing is sent to a switch that is not ours now
-        (away, or a pair's backup)."""
+        change as the difference only (`static`: worked out beforehand, StaticTable.change);
+        the packet-in meter takes a new rate. Nothing is sent to a switch that is not ours
+        now (away, or a pair's backup)."""
         sh = self.shared
         old, sh.cfg = sh.cfg, cfg
-        out: list[Command] = sh.static.reload(cfg, flows)
+        out: list[Command] = sh.static.reload(cfg, static)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
         if sh.version >= OFP13 and cfg.tcp_teardown and cfg.packet_in_rate and \
