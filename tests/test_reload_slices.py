@@ -168,14 +168,15 @@ def test_slices_keep_the_order_and_split_only_static_changes():
 
 
 def test_a_slice_is_sized_to_the_budget_at_the_last_ones_pace():
+    pace = reloading.SLICE_BUDGET / 500  # the time of one flow-mod at which 500 fill the budget
     sizer = reloading.Sizer()
-    assert sizer.size == reloading.FIRST_SLICE
-    sizer.took(200, 200 * 20e-6)  # 20 us a flow-mod: 500 fit in 10 ms, but at most twice the last
+    assert sizer.size == reloading.FIRST_SLICE == 200
+    sizer.took(200, 200 * pace)  # 500 would fit, but at most twice the last
     assert sizer.size == 400
-    sizer.took(400, 400 * 20e-6)
-    assert sizer.size == pytest.approx(reloading.SLICE_BUDGET / 20e-6, abs=1)
-    sizer.took(500, 500 * 200e-6)  # ten times slower (a loaded machine): fifty
-    assert sizer.size == 50
+    sizer.took(400, 400 * pace)
+    assert sizer.size == pytest.approx(500, abs=1)
+    sizer.took(500, 500 * pace * 10)  # ten times slower (a loaded machine): fifty
+    assert sizer.size == pytest.approx(50, abs=1)
     sizer.took(50, 1.0)  # however slow, a slice moves on
     assert sizer.size == reloading.MIN_SLICE
     sizer.took(5, 1e-9)  # too few to tell the pace
