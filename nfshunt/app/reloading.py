@@ -166,7 +166,7 @@ class Reloader:
         threading.Thread(target=lambda: answer(self.reload(request)), name="reload", daemon=True).start()
 
     def _apply(self, by: str, change: Plan, statics: list[StaticChange]) -> dict[str, Any]:
-        """The loop's turn: the new config swapped in, each switch's static table diffed."""
+        """The loop's turn: the new config swapped in, each switch's static change taken in."""
         t0 = time.perf_counter()
         app = self.app
         app.cfg = change.config
