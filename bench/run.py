@@ -15,10 +15,14 @@
   reload   static shunts changed by a reload (`nfshunt reload`): 1, 100 and 1,000 streams added,
            then removed; time from the request to every new flow confirmed (barrier), beside
            the switch's own time for as many flow-mods written straight to it
+  reload-hold  the longest the controller's event loop is held while a reload adds 10,000 static
+           streams (20,000 flow-mods) and removes them again: requests the loop answers at once,
+           sent back to back on the control socket meanwhile, each timed (what a conntrack event
+           or a switch reply would wait), beside the controller's own longest turn and the switch alone
   ids      shunt requests to the IDS API (issue 28) at a rate, each against a live conntrack entry
            the policy accepted and left alone: send -> `201 added` (after the switch's barrier),
            every answer counted by status, beside the switch alone at the same rate and its top rate
-  all      the four (not reload, not ids)
+  all      the four (not reload, reload-hold, ids)
 
 --quick runs each small (the test suite does). Results: bench/results/<bench>-<time>/
 <bench>.md and CSV, with the machine (cores, kernel, Open vSwitch, datapath).
@@ -34,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from typing import Any, Iterable
@@ -583,6 +588,145 @@ def bench_reload(args: argparse.Namespace) -> int:
     return 0
 
 
+PROBE = {"cmd": "loop-probe"}  # unknown: the event loop answers it with an error, in its shortest turn
+
+
+class LoopProbe:
+    """Requests the event loop answers at once, sent back to back on the control socket from
+    a thread of the bench, each one's round trip kept with when it was sent: the longest is
+    an upper bound of how long the loop was held meanwhile. (Not `status`: with 10,000
+    static streams a status itself takes a quarter of a second of the loop, its per-flow rows.)"""
+
+    def __init__(self, tb: Testbed):
+        self.tb = tb
+        self.times: list[tuple[float, float]] = []  # (sent, seconds to the answer)
+        self.errors = 0  # no answer (the loop's own error is the expected answer)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                reply = self.tb.control(PROBE, timeout=30)
+            except Exception:
+                reply = {}
+            self.times.append((t0, time.monotonic() - t0))
+            self.errors += "unknown command" not in str(reply.get("error"))
+
+    def __enter__(self) -> "LoopProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def during(self, start: float, end: float) -> list[float]:
+        """Round trips (ms) of the requests sent between start and end."""
+        return [dt * 1000 for t0, dt in self.times if start <= t0 <= end]
+
+    def overlapping(self, start: float, end: float) -> float:
+        """The longest round trip (ms) of a request in flight at any moment between start and end."""
+        return max([dt * 1000 for t0, dt in self.times if t0 < end and t0 + dt > start] or [math.nan])
+
+
+def _status_ms(tb: Testbed) -> float:
+    """One status (counts only) round trip, in ms."""
+    t0 = time.monotonic()
+    tb.control({"cmd": "status", "connections": False}, timeout=30)
+    return (time.monotonic() - t0) * 1000
+
+
+def _hold_streams(n: int, run: int) -> list[dict[str, Any]]:
+    """n streams host to host, distinct from every other run's; no name, so that 10,000 of
+    them stay inside the config's size limit (1 MiB) written compactly."""
+    return [{"protocol": "udp", "src": f"10.{100 + run}.{i // 250}.{i % 250 + 1}", "dst": "10.0.0.2",
+             "dst_port": 30000, "fast_ports": [1, 3]} for i in range(n)]
+
+
+def bench_reload_hold(args: argparse.Namespace) -> int:
+    size = (args.sizes or [500 if args.quick else 10000])[0]
+    runs = args.runs or (1 if args.quick else 5)
+    res = Results(args.out, "reload-hold", {
+        "static streams": size, "runs": runs,
+        "stream": "UDP host to host, both directions (2 flows a stream), OpenFlow 1.3",
+        "change": "a reload adds the streams, the next removes them (config written compactly, no names)",
+        "probe": f"`{json.dumps(PROBE)}` requests back to back on the control socket (the event loop answers each "
+                 "at once: an unknown command), each timed from the bench, a new connection each; idle: the same for "
+                 "2 s before the first reload",
+        "status": "one `status` (counts only) round trip after each reload: what it costs with the streams in",
+        "controller's own": "the reload's answer: validated_ms (file read, checked, the difference worked out), "
+                            "loop_ms_max (the longest turn it took of the event loop), slices, confirmed_ms",
+        "switch alone": "2N flow-mods of exact-match pairs, serialised beforehand, written to s1's management "
+                        "socket behind one barrier (bench/switchlimit.py), in the same testbed"})
+    with Testbed(mode="nfshunt", config={"log_level": "INFO"}, log=print) as tb:
+        tb.wait_for_controller()
+        base = tb.nfshunt_config()
+        limit = switchlimit.measure(nfconfig.load(tb.config_path), "s1", size)
+        with LoopProbe(tb) as probe:
+            time.sleep(2)
+        idle = summary([dt * 1000 for _, dt in probe.times])
+        print(f"idle probe: median {idle['median']:.1f} ms, max {idle['max']:.1f} ms ({idle['n']} requests)")
+        for run in range(runs):
+            for change, streams in (("add", _hold_streams(size, run)), ("remove", [])):
+                with open(tb.config_path, "w") as fh:
+                    json.dump({**base, "static_shunts": streams}, fh, separators=(",", ":"))
+                with LoopProbe(tb) as probe:
+                    time.sleep(0.2)
+                    t0 = time.monotonic()
+                    reply = tb.control({"cmd": "reload"}, timeout=60)
+                    t1 = time.monotonic()
+                if not reply.get("confirmed"):
+                    raise TestbedError(f"reload of {size} streams not confirmed: {reply}")
+                during = probe.during(t0, t1)
+                waited = probe.overlapping(t0, t1)  # (one sent just before the reload waits for its turns too)
+                checked = t0 + reply["validated_ms"] / 1000  # (about: the controller's clock started a little later)
+                row = {"streams": size, "run": run, "change": change, "flows": 2 * size,
+                       "probe_n": len(during), "probe_errors": probe.errors, "probe_max_ms": waited,
+                       "probe_max_validating_ms": probe.overlapping(t0, checked),
+                       "probe_max_applying_ms": probe.overlapping(checked, t1),
+                       "probe_p99_ms": pct(during, 0.99), "probe_median_ms": pct(during, 0.5),
+                       "loop_ms_max": reply.get("loop_ms_max", math.nan), "slices": reply.get("slices", 1),
+                       "validated_ms": reply["validated_ms"], "confirmed_ms": reply["confirmed_ms"],
+                       "client_ms": (t1 - t0) * 1000, "idle_probe_median_ms": idle["median"],
+                       "idle_probe_max_ms": idle["max"], "status_ms": _status_ms(tb),
+                       "switch_alone_ms": size / limit["pairs_per_s"] * 1000}
+                res.add(row)
+                print(f"[#{run + 1} {change}] the probe waited at most {waited:.1f} ms (validating "
+                      f"{row['probe_max_validating_ms']:.1f}, applying {row['probe_max_applying_ms']:.1f}; "
+                      f"p99 {row['probe_p99_ms']:.1f}, {len(during)} requests); the controller's longest turn "
+                      f"{row['loop_ms_max']:.1f} ms in {row['slices']} slices; validated "
+                      f"{row['validated_ms']:.0f} ms, confirmed {row['confirmed_ms']:.0f} ms; a status after it "
+                      f"{row['status_ms']:.0f} ms; switch alone {row['switch_alone_ms']:.0f} ms", flush=True)
+    body = ["Milliseconds: median over the runs, and the spread (min-max). `probe waited` is the longest round "
+            "trip of a probe request in flight at any moment of the reload, measured by the bench: an upper bound "
+            "of the event loop's longest hold (it includes the control socket and the scheduling of the bench and "
+            f"of the controller's threads; idle, the same requests took {f(idle['median'])} ms median, "
+            f"{f(idle['max'])} ms max). `loop turn` is the controller's own measure of its longest turn for the "
+            "reload; `validating`, `applying`: the probe's longest wait while the file was read and checked off "
+            "the loop, and while the loop took the change in and sent it. `status` is one status (counts only) "
+            "right after the reload.", "",
+            *md_table(["change", "flows", "probe waited", "validating", "applying", "probe p99", "loop turn", "slices",
+                       "validated", "confirmed", "status", "switch alone"],
+                      [[change, f"{2 * size}", *(_spread([r[k] for r in res.rows if r["change"] == change])
+                                                 for k in ("probe_max_ms", "probe_max_validating_ms",
+                                                           "probe_max_applying_ms", "probe_p99_ms", "loop_ms_max",
+                                                           "slices",
+                                                           "validated_ms", "confirmed_ms", "status_ms",
+                                                           "switch_alone_ms"))]
+                       for change in ("add", "remove")])]
+    print(f"report: {res.report('Reload: how long the event loop is held', body, False)}")
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    vals = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return "–"
+    return f"{f(pct(vals, 0.5), 1)} ({f(min(vals), 1)}-{f(max(vals), 1)})"
+
+
 # --- ids ---------------------------------------------------------------------------------------------
 
 IDS_PORT = 9754
@@ -769,7 +913,7 @@ def _shunts_or_none(tb: Testbed) -> int | None:
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "ids", "all"])
+    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "reload-hold", "ids", "all"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
@@ -803,7 +947,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             if name == "rate-tcp":
                 sub.feed = "tcp"
             {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale,
-             "burst": bench_burst, "reload": bench_reload, "ids": bench_ids}[name](sub)
+             "burst": bench_burst, "reload": bench_reload, "reload-hold": bench_reload_hold,
+             "ids": bench_ids}[name](sub)
     except TestbedError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -76,3 +76,17 @@ def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready)
                                                                  (10, "remove")}
     assert all(0 < float(r["validated_ms"]) <= float(r["confirmed_ms"]) for r in data)
     assert "switch alone" in machine_report(tmp_path / "reload.md")
+
+
+def test_the_reload_hold_benchmark_times_status_requests_during_each_reload(tmp_path, integration_ready):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "reload-hold", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    print(proc.stdout[-4000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    data = csv_rows(tmp_path / "reload-hold.csv")
+    assert [(int(r["streams"]), r["change"]) for r in data] == [(500, "add"), (500, "remove")]
+    for r in data:  # a request is in flight at every moment of the reload: at least one overlaps it
+        assert float(r["probe_max_ms"]) > 0 and float(r["status_ms"]) > 0 and float(r["loop_ms_max"]) > 0
+        assert int(r["slices"]) >= 1 and int(r["probe_errors"]) == 0
+        assert 0 < float(r["validated_ms"]) <= float(r["confirmed_ms"])
+    assert "switch alone" in machine_report(tmp_path / "reload-hold.md")

@@ -245,6 +245,26 @@ def test_reload_applies_the_difference_only():
     assert table.reload(new, new.switches[0]) == []
 
 
+def test_a_change_worked_out_beforehand_changes_nothing_until_committed_and_only_against_its_table():
+    """A reload works the difference out off the event loop (StaticTable.change) and commits
+    it on the loop (reload): worked out, nothing changed; committed, the table is the new one;
+    worked out against a table that has changed since, it is worked out again."""
+    other = {**STREAM, "name": "drive", "dst": "10.0.0.3"}
+    first = static_config(STREAM)
+    table = StaticTable(first, first.switches[0])
+    before = table.flows
+    cfg = static_config(STREAM, other)
+    change = table.change(cfg, cfg.switches[0])
+    assert table.flows is before and [type(x) for x in change.commands] == [cmds.InstallStatic]
+    only_other = static_config(other)
+    stale = table.change(only_other, only_other.switches[0])  # (against the table as it is now)
+    assert table.reload(cfg, cfg.switches[0], change) == list(change.commands) and table.flows is change.flows
+    out = table.reload(only_other, only_other.switches[0], stale)  # the table changed since: the difference again
+    assert [type(x) for x in out] == [cmds.RemoveStatic] and set(table.flows) == set(stale.flows)
+    (remove,) = out
+    assert set(remove.cookies) == set(before) and len(remove.what) == 2
+
+
 def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream_until_unshunt():
     from nfshunt.records.model import FlowTuple
     cfg = static_config(STREAM)

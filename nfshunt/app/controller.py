@@ -13,6 +13,33 @@ from nfshunt.config.settings import Config
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 LOG = logging.getLogger("nfshunt")
+STOP = (signal.SIGTERM, signal.SIGINT)
+
+
+class Signals:
+    """SIGTERM, SIGINT and SIGHUP for the main thread, the moment each arrives: the
+    interpreter writes each one's number to a pipe (signal.set_wakeup_fd) that the main
+    thread reads, blocked. No polling (SIGHUP was looked for every 0.5 s), and nothing done
+    inside a handler (one that sets an Event takes a lock the interrupted thread may hold)."""
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()  # (not inherited by the processes we start)
+        os.set_blocking(write, False)
+        for signum in (*STOP, signal.SIGHUP):
+            signal.signal(signum, _noted)  # a Python handler: the number goes to the pipe
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def wait(self) -> list[signal.Signals]:
+        """Block until one of the signals comes; those that came, in order (ours only)."""
+        ours = {*STOP, signal.SIGHUP}
+        while True:
+            got = [signal.Signals(n) for n in os.read(self._read, 64) if n in ours]
+            if got:
+                return got
+
+
+def _noted(_signum: int, _frame: object) -> None:
+    """Nothing: the main thread reads the signal from the wakeup pipe."""
 
 
 def _configure_osken(cfg: Config) -> None:
@@ -44,16 +71,7 @@ def run(cfg: Config, path: str | None = None) -> int:
     from . import switch_app
 
     switch_app.NFShuntApp.OFP_VERSIONS = cfg.ofp_versions
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        LOG.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    reopen = threading.Event()
-    signal.signal(signal.SIGHUP, lambda *_: reopen.set())
+    signals = Signals()  # (before start-up: one that comes meanwhile is acted on after it)
 
     manager = AppManager.get_instance()
     manager.load_apps(["nfshunt.app.switch_app"])
@@ -73,10 +91,14 @@ def run(cfg: Config, path: str | None = None) -> int:
              " (TLS)" if cfg.tls else "")
     for warning in cfg.security_warnings():
         LOG.warning("%s", warning)
-    while not stop.wait(0.5):
-        if reopen.is_set():
-            reopen.clear()
+    while True:
+        got = signals.wait()
+        if signal.SIGHUP in got:
             app.reopen_logs()
+        stop = next((signum for signum in got if signum in STOP), None)
+        if stop is not None:
+            LOG.info("received %s, shutting down", stop.name)
+            break
     done = threading.Event()
     app.send_event(app.name, switch_app.EventShutdown(done))
     if not done.wait(3.0):

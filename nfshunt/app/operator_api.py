@@ -1,6 +1,7 @@
 """The operator API: what the control socket's requests do (status, flush, reevaluate,
-unshunt, block, ids_remove: an IDS's rule taken out), answered on the app's event loop. The app hands each request over
-(EventControl) and lends this class its state; nothing here talks to a socket.
+unshunt, block, ids_remove: an IDS's rule taken out; reload: reloading.py), answered on
+the app's event loop. The app hands each request over (EventControl) and lends this class
+its state; nothing here talks to a socket.
 
 With several switches every request concerns all of them: status reads each connected
 switch's flows and answers once all have replied (or gone); flush, reevaluate, unshunt
@@ -15,8 +16,6 @@ from typing import Any, Callable, Iterable, Protocol
 
 from os_ken.controller import event
 
-from nfshunt.config import reload
-from nfshunt.config import settings as config
 from nfshunt.config.settings import Config
 from nfshunt.core import commands as c
 from nfshunt.core.connection import Action
@@ -26,7 +25,6 @@ from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import conn_fields
 from nfshunt.observe.metrics import Counters
-from nfshunt.openflow.inflight import ChangeWatch
 from nfshunt.records import markcodec
 from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
 from nfshunt.switch.switch import Switch
@@ -34,6 +32,7 @@ from nfshunt.switch.switch import Switch
 from . import pin_file, top
 from .control import parse_tuple
 from .explain import Explain, Gathered, finish, gather, parse_target
+from .reloading import Reloader
 
 LOG = logging.getLogger("nfshunt")
 
@@ -78,35 +77,6 @@ def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
     return {k: sum(row[k] for row in rows) for k in keys}
 
 
-RELOAD_WAIT = 4.0  # seconds a reload's answer waits for the switches' barriers (the socket waits 5)
-
-
-def reload_answer(head: dict[str, Any], waits: list[tuple[Switch, ChangeWatch | None, dict[str, Any]]],
-                  started: float) -> dict[str, Any]:
-    """A reload's answer once each switch's barrier is answered (or RELOAD_WAIT passed):
-    per switch `state` confirmed (every flow-mod of the change in it), failed (it refused
-    some: `refused` says which and why), pending (not known to be in it: `why`), backup (a
-    pair's backup sends nothing), and `confirmed` only if no switch is failed or pending."""
-    deadline = time.monotonic() + RELOAD_WAIT
-    rows, last = [], None
-    for _sw, watch, row in waits:
-        if watch is not None:
-            if not watch.wait(max(0.0, deadline - time.monotonic())):
-                row.update(state="pending", why=f"the switch has not answered within {RELOAD_WAIT:g} s")
-            elif watch.refused:
-                row.update(state="failed", refused=[{"flow": what, "error": why} for what, why in watch.refused])
-            elif watch.unanswered is not None:
-                row.update(state="pending" if row["changed_flows"] else "nothing to send", why=watch.unanswered)
-            else:
-                row["state"] = "confirmed"
-                last = max(last or 0.0, watch.at or 0.0)
-            row["sent"] = len(watch.xids)
-        rows.append(row)
-    confirmed = all(row["state"] not in ("pending", "failed") for row in rows)
-    return {**head, "switches": rows, "confirmed": confirmed,
-            "confirmed_ms": round(((last or started) - started) * 1000, 3) if confirmed else None}
-
-
 class Controller(Protocol):
     """What the operator API needs of the controller, and nothing more."""
     cfg: Config
@@ -125,17 +95,28 @@ class Controller(Protocol):
     def role_change(self, sw: Switch, change: Change) -> None:
         """Act on a pair's role change."""
 
+    def post(self, ev: event.EventBase) -> None:
+        """Hand an event to the event loop (from any thread)."""
+
 
 class OperatorAPI:
     def __init__(self, app: Controller):
         self.app = app
         self.explainer = Explain(app)
         self.sampler = top.TopSampler()
+        self.reloader = Reloader(app, self._post)
+
+    def _post(self, request: dict[str, Any], context: Any) -> EventControl:
+        ev = EventControl(request, context)
+        self.app.post(ev)
+        return ev
 
     def off_loop(self, request: dict[str, Any],
                  ask: Callable[[dict[str, Any], Any], dict[str, Any]]) -> dict[str, Any] | None:
         """On the control socket's thread, before and after the event loop's part: what
-        reads the kernel or a file (explain, top). None: the request is the loop's alone."""
+        reads the kernel or a file (explain, top, reload). None: the request is the loop's alone."""
+        if request.get("cmd") == "reload":
+            return self.reloader.reload(request)
         if request.get("cmd") == "top":
             return self.top(request, ask)
         if request.get("cmd") != "explain":
@@ -190,8 +171,8 @@ class OperatorAPI:
                 self.ids_remove(ev, req)
             case "role":
                 self.role(ev, req.get("role"))
-            case "reload":
-                self.reload(ev, str(req.get("by") or "control socket"))
+            case "reload":  # (a step of one: reloading.py; or SIGHUP's, done off the loop from here)
+                self.reloader.on_loop(ev.context, ev.answer, req)
             case "top" if ev.context == "top":
                 self.ask_top(ev, now)
             case "explain" if isinstance(ev.context, Gathered):
@@ -285,65 +266,6 @@ class OperatorAPI:
             self.counters.add("operator", "ids_remove")
             LOG.warning("operator removed IDS rule %s/%s", source, rule_id)
             ev.answer({"ok": True, "source": source, "id": rule_id})
-
-    def reload(self, ev: EventControl, by: str) -> None:
-        """Read and validate the config file again (reload.py): a bad one changes nothing;
-        of a good one the live keys apply, static shunts as the difference only. Answered
-        once every connected switch has answered the new flows' barrier: confirmed only if
-        every flow-mod of the change is in every switch; otherwise what is pending (a switch
-        away, or silent) or failed (a flow-mod the switch refused), switch by switch."""
-        path = self.app.config_path
-        if path is None:
-            ev.answer({"error": "this controller was not started from a config file"})
-            return
-        started = time.monotonic()
-        try:
-            new = config.load(path)
-        except config.ConfigError as exc:
-            LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
-            ev.answer({"error": f"reload refused, nothing changed: {path}: {exc}", "invalid_config": True})
-            return
-        validated = time.monotonic()
-        change = reload.plan(self.app.cfg, new)
-        self.app.cfg = change.config
-        if "log_level" in change.changed:  # else a --log-level given at start stays
-            logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
-        static = {"added": 0, "removed": 0}
-        waits: list[tuple[Switch, ChangeWatch | None, dict[str, Any]]] = []
-        for sw in self.switches:
-            before = set(sw.core.static.flows)
-            waits.append(self._reload_switch(sw, change.config))
-            after = set(sw.core.static.flows)
-            static["added"] += len(after - before)
-            static["removed"] += len(before - after)
-            waits[-1][2]["changed_flows"] = len(after ^ before)
-        static["flows"] = sum(sw.core.static.entries for sw in self.switches)
-        self.counters.add("operator", "reload")
-        LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
-                    ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
-                    f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
-        head = {"ok": True, "changed": list(change.changed), "static": static,
-                "kept": {key: "needs a restart: running value kept" for key in change.kept},
-                "validated_ms": round((validated - started) * 1000, 3)}
-        # On a thread of its own: the barriers come back on the event loop.
-        threading.Thread(target=lambda: ev.answer(reload_answer(head, waits, started)), name="reload-answer",
-                         daemon=True).start()
-
-    def _reload_switch(self, sw: Switch, cfg: Config) -> tuple[Switch, ChangeWatch | None, dict[str, Any]]:
-        """One switch's part of a reload: its config and static flows changed, and what it
-        is sent watched (None: nothing is sent, the row says why)."""
-        sw.cfg, sw.switch = cfg, cfg.switches[sw.index]
-        if sw.session is not None:
-            sw.session.fb.cfg, sw.session.fb.switch = cfg, sw.switch
-        out = sw.core.reload(cfg, sw.switch)
-        row: dict[str, Any] = {"datapath_id": sw.name}
-        if sw.session is not None and sw.core.backup:
-            row.update(state="backup", why="not master of the switch (a pair's backup): the master programs it, "
-                                            "this controller installs these flows when it takes over")
-            return sw, None, row
-        watch = ChangeWatch()
-        self.app.run(sw, out, watch)
-        return sw, watch, row
 
     def role(self, ev: EventControl, role: Any) -> None:
         """A pair's takeover or step-down (keepalived's notify, an admin). Answered once the

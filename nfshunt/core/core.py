@@ -51,6 +51,7 @@ from .pins import PIN_TTL, IdsHold, hard_timeout
 from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
+from .static_table import StaticChange
 from .teardown import HalfClosedDue, Teardown
 
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
@@ -162,13 +163,14 @@ class Core:
         mine = default_paths(self.shared.switch)
         self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
 
-    def reload(self, cfg: Config, switch: SwitchConfig) -> list[Command]:
+    def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
-        change as the difference only; the packet-in meter takes a new rate. Nothing is sent
-        to a switch that is not ours now (away, or a pair's backup)."""
+        change as the difference only (`static`: worked out beforehand, StaticTable.change);
+        the packet-in meter takes a new rate. Nothing is sent to a switch that is not ours
+        now (away, or a pair's backup)."""
         sh = self.shared
         old, sh.cfg, sh.switch = sh.switch, cfg, switch
-        out: list[Command] = sh.static.reload(cfg, switch)
+        out: list[Command] = sh.static.reload(cfg, switch, static)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
         if sh.version >= OFP13 and cfg.tcp_teardown and switch.packet_in_rate and \

@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class StaticChange:
+    """A reload's static flows and what it takes to get there from a table's (`base`), worked
+    out off the event loop (10,000 entries' flows and their removals' descriptions: 0.7 s)."""
+    base: dict[int, StaticFlow]
+    flows: dict[int, StaticFlow]
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True)
 class Counts:
     packets: int
     bytes: int
@@ -100,22 +109,34 @@ class StaticTable:
             out.append(InstallStatic((*wrong, *missing), "missing after connect"))
         return rest, out
 
-    def reload(self, cfg: "Config", switch: "SwitchConfig") -> list[Command]:
-        """A new config's static flows, as the difference only: new ones first, then the
-        old ones go (an entry that changed in place is overwritten by its new flow); an
-        unchanged flow is not touched."""
-        new = switch_flows(cfg, switch)
-        added = tuple(f for cookie, f in new.items() if cookie not in self.flows)
-        removed = tuple(f for cookie, f in self.flows.items() if cookie not in new)
-        self.flows = new
-        for f in removed:
-            self.counts.pop(f.cookie, None)
+    def change(self, cfg: "Config", switch: "SwitchConfig",
+               flows: dict[int, StaticFlow] | None = None) -> "StaticChange":
+        """A new config's static flows for this switch (`flows`: switch_flows(cfg, switch), if
+        built already) as the difference from this table's: new ones first, then the old ones
+        go (an entry that changed in place is overwritten by its new flow); an unchanged flow
+        is not touched. Changes nothing: a reload works it out off the event loop (it only
+        reads `flows`, which nothing changes in place) and `reload` commits it there."""
+        base = self.flows
+        new = switch_flows(cfg, switch) if flows is None else flows
+        added = tuple(f for cookie, f in new.items() if cookie not in base)
+        removed = tuple(f for cookie, f in base.items() if cookie not in new)
         out: list[Command] = []
         if added:
             out.append(InstallStatic(added, "reload"))
         if removed:
             out.append(RemoveStatic(tuple(f.cookie for f in removed), tuple(f.describe() for f in removed), "reload"))
-        return out
+        return StaticChange(base, new, tuple(out))
+
+    def reload(self, cfg: "Config", switch: "SwitchConfig", change: "StaticChange | None" = None) -> list[Command]:
+        """A new config's static flows taken, as the difference only (`change`: worked out
+        beforehand from this table as it still is, or else here)."""
+        if change is None or change.base is not self.flows:
+            change = self.change(cfg, switch, None if change is None else change.flows)
+        gone = change.base.keys() - change.flows.keys()
+        self.flows = change.flows
+        for cookie in gone:
+            self.counts.pop(cookie, None)
+        return list(change.commands)
 
     def counted(self, flows: Iterable[SwitchFlow]) -> None:
         """A read of the static flows' counters (flow stats by cookie)."""
