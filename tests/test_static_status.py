@@ -166,3 +166,23 @@ def test_the_metrics_per_stream_counters_equal_the_rows_sums_as_read_and_after_a
     assert rig.control({"cmd": "status", "connections": False})["static"]["packets"] == sum(
         p for p, _ in _by_stream(rows).values())
 
+
+
+def test_nfshunt_status_prints_the_counts_and_with_static_a_page_of_rows(monkeypatch, capsys):
+    """The CLI: one line of counts by default (and how to list them); --static NAME --limit
+    asks for that page and says where the listing stands."""
+    from nfshunt import cli
+    from nfshunt.app import control
+    api = _api(config(openflow_versions=["1.3"], static_shunts=streams(3)))
+    asked = []
+    monkeypatch.setattr(control, "request", lambda _path, payload: asked.append(payload) or _ask(api, payload))
+    assert cli.main(["status", "--socket", "/nonexistent"]) == 0
+    out = capsys.readouterr().out
+    assert "static shunts: 3 streams, 6 flows, 6 on the switch; packets 21, bytes 2.1K  (nfshunt status --static" \
+        in out and "static flows" not in out
+    assert cli.main(["status", "--socket", "/nonexistent", "--static", "cell-1", "--limit", "1"]) == 0
+    assert asked[-1] == {"cmd": "status", "static": True, "limit": 1, "offset": 0, "name": "cell-1"}
+    out = capsys.readouterr().out
+    assert "static flows of 'cell-1': 1-1 of 2; the next: --offset 1" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("cell-1 ")]
+    assert "udp 10.1.0.2/32:* -> 10.0.0.2/32:30000 port 1 -> 3" in row
