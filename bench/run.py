@@ -595,7 +595,8 @@ class LoopProbe:
     """Requests the event loop answers at once, sent back to back on the control socket from
     a thread of the bench, each one's round trip kept with when it was sent: the longest is
     an upper bound of how long the loop was held meanwhile. (Not `status`: with 10,000
-    static streams a status itself takes a quarter of a second of the loop, its per-flow rows.)"""
+    static streams a status took a quarter of a second of the loop for its per-flow rows,
+    before it only counted them by default; the probe stays the loop's shortest turn.)"""
 
     def __init__(self, tb: Testbed):
         self.tb = tb

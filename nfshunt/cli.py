@@ -155,7 +155,12 @@ def _size(n: int | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    reply = _ask(args, {"cmd": "status"})
+    request: dict[str, Any] = {"cmd": "status"}
+    if args.static is not None:  # one page of the static flows' rows (all streams', or NAME's)
+        request.update({"static": True, "limit": args.limit, "offset": args.offset})
+        if args.static:
+            request["name"] = args.static
+    reply = _ask(args, request)
     if reply is None:
         return 1
     if args.json:
@@ -189,14 +194,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     sources = reply.get("rules_by_source") or {}
     if sources:
         print("decided by: " + ", ".join(f"{source} {n}" for source, n in sources.items()))
-    statics = reply.get("static_shunts") or []
-    if statics:
-        print(f"static shunts: {len(statics)} flows")
-        print(f"{'name':<20}{'dir':<6}{'flow':<64}{'packets':>12}{'bytes':>12}")
-        for row in statics:
-            where = "" if row["on_switch"] else "  (not on the switch at the last read)"
-            print(f"{row['name'][:19]:<20}{row['direction'][:4]:<6}{row['flow']:<64}{_size(row['packets']):>12}"
-                  f"{_size(row['bytes']):>12}{where}")
+    _print_static(reply)
     conns = reply["connections"]
     if conns:
         print(f"{'action':<7}{'state':<9}{'tuple':<48}{'ports':>7}{'age s':>9}{'packets':>17}{'bytes':>17}")
@@ -206,6 +204,30 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{cn['action']:<7}{cn['state']:<9}{cn['tuple']:<48}{cn['ingress']:>3}->{cn['egress']:<3}"
                   f"{cn['age']:>9.1f}{pk:>17}{by:>17}")
     return 0
+
+
+def _print_static(reply: dict[str, Any]) -> None:
+    """The static shunts' counts, and the page of their flows if one was asked."""
+    st = reply.get("static") or {}
+    if st.get("flows"):
+        missing = f" ({st['missing']} NOT on the switch at the last read)" if st["missing"] else ""
+        print(f"static shunts: {st['streams']} streams, {st['flows']} flows, {st['on_switch']} on the switch{missing}; "
+              f"packets {_size(st['packets'])}, bytes {_size(st['bytes'])}"
+              + ("" if "static_page" in reply else "  (nfshunt status --static [NAME] lists them)"))
+    page = reply.get("static_page")
+    if page is None:
+        return
+    rows = reply["static_shunts"]
+    which = f" of {page['name']!r}" if page["name"] else ""
+    more = f"; the next: --offset {page['next']}" if page["next"] is not None else ""
+    first = f"{page['offset'] + 1}-{page['offset'] + len(rows)}" if rows else "none"
+    print(f"static flows{which}: {first} of {page['matched']}{more}")
+    if rows:
+        print(f"{'name':<20}{'dir':<6}{'flow':<64}{'packets':>12}{'bytes':>12}")
+    for row in rows:
+        where = "" if row["on_switch"] else "  (not on the switch at the last read)"
+        print(f"{row['name'][:19]:<20}{row['direction'][:4]:<6}{row['flow']:<64}{_size(row['packets']):>12}"
+              f"{_size(row['bytes']):>12}{where}")
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -387,6 +409,10 @@ def _control_commands(sub: Any) -> None:
     st = sub.add_parser("status", help="the running controller's switch and connections")
     _control_args(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--static", nargs="?", const="", metavar="NAME",
+                    help="list the static shunts' flows, one row each (of the stream NAME only, if given)")
+    st.add_argument("--limit", type=int, default=100, help="rows of --static's listing (1-1000, default 100)")
+    st.add_argument("--offset", type=int, default=0, help="rows of --static's listing to skip (default 0)")
     st.set_defaults(func=cmd_status)
     for name, text in (("unshunt", "send a shunted connection back through the firewall and keep it there"),
                        ("block", "drop a connection in the switch")):

@@ -75,7 +75,7 @@ def test_a_status_asked_during_a_reload_is_answered_between_its_slices(tmp_path,
     rig.post(status)
     while not status.done.is_set():
         one_turn(rig)
-    assert status.reply["static_shunts"] and 2 + 50 <= status.static_then <= 2 + 100
+    assert status.reply["static"]["flows"] == 602 and 2 + 50 <= status.static_then <= 2 + 100
     assert not reload_ev.done.is_set()
     _serve(rig, reload_ev.done)
     reply = reload_ev.reply

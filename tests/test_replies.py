@@ -113,7 +113,8 @@ def test_the_static_flows_counters_read_each_tick_reach_status():
     for _ in range(3):
         assert rig.packet(FAST_A, t).outputs == (FAST_B,)
     rig.advance(1)
-    (row,) = [r for r in rig.core.static.status() if r["direction"] == "original"]
+    (row,) = [r for r in rig.control({"cmd": "status", "static": True})["static_shunts"]
+              if r["direction"] == "original"]
     assert row["on_switch"] and row["packets"] == 3
 
 

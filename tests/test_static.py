@@ -294,19 +294,21 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
 
 def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():
     import logging
+    from types import SimpleNamespace
 
     from prometheus_client import generate_latest
 
+    from nfshunt.app.operator_api import static_gauges
     from nfshunt.observe.accounting import Outcomes
     from nfshunt.observe.metrics import Metrics
     table = _table(static_config(STREAM))
     fwd = next(f for f in table.flows.values() if not f.reply)
     table.counted([as_read(fwd, packets=7, bytes=3584, duration=2.5)])
-    rows = table.status()
+    rows = table.rows()
     assert [(r["direction"], r["packets"], r["on_switch"]) for r in sorted(rows, key=lambda r: r["direction"])] == [
         ("original", 7, True), ("reply", None, False)]
     metrics = Metrics(lambda: {"shunts": 0, "blocks": 0, "connected": 1, "max_shunts": 0, "waiting": 0,
-                               "static": rows})
+                               "static": static_gauges([SimpleNamespace(core=SimpleNamespace(static=table))])})
     text = generate_latest(metrics.registry).decode()
     assert 'nfshunt_static_packets_total{direction="original",name="plc-cycle"} 7.0' in text
     assert 'nfshunt_static_bytes_total{direction="original",name="plc-cycle"} 3584.0' in text

@@ -115,7 +115,7 @@ def test_every_frame_of_a_static_stream_goes_fast_including_the_first(tb, slow_p
     assert slow_path_watch() == 0, "a frame of the static stream crossed the firewall"
     assert not [e for e in tb.conntrack() if PORT in (e["sport"], e["dport"])]
     status = tb.control({"cmd": "status"})
-    rows = tb.wait_for(lambda: [r for r in tb.control({"cmd": "status"})["static_shunts"]
+    rows = tb.wait_for(lambda: [r for r in tb.control({"cmd": "status", "static": True})["static_shunts"]
                                 if r["packets"] == FRAMES], 5, "status to show the static counters")
     assert {r["direction"] for r in rows} == {"original", "reply"} and status["shunts"] == 0
 

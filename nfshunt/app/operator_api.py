@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from os_ken.controller import event
@@ -70,6 +71,54 @@ class StatusRequest:
     def answer_if_complete(self) -> None:
         if not self.asked:
             self.ev.answer(self.status(self.flows))
+
+
+STATIC_COUNTS = ("streams", "flows", "on_switch", "missing", "packets", "bytes")  # status's static part
+STATIC_LIMIT_DEFAULT, STATIC_LIMIT_MAX = 100, 1000  # rows of a status's static listing
+
+
+@dataclass(frozen=True)
+class StaticListing:
+    """A status's page of static flow rows (`"static": true`; `name`: one stream's only)."""
+    name: str | None
+    offset: int
+    limit: int
+
+    @classmethod
+    def of(cls, req: dict[str, Any]) -> "StaticListing | None":
+        """The request's listing (None: not asked); ValueError for a bad one."""
+        want = req.get("static", False)
+        if want is False:
+            return None
+        if want is not True:
+            raise ValueError("static must be true or false")
+        name, limit, offset = req.get("name"), req.get("limit", STATIC_LIMIT_DEFAULT), req.get("offset", 0)
+        if name is not None and (not isinstance(name, str) or not 1 <= len(name) <= 256):
+            raise ValueError("name must be a static shunt's name (a string of 1-256 characters)")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= STATIC_LIMIT_MAX:
+            raise ValueError(f"limit must be an integer 1-{STATIC_LIMIT_MAX}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError("offset must be an integer 0 or more")
+        return cls(name, offset, limit)
+
+    def page(self, switches: list[Switch]) -> dict[str, Any]:
+        """The rows offset..offset+limit of every switch's static flows in turn (only those
+        rows are made), and where the listing stands."""
+        rows: list[dict[str, Any]] = []
+        skip, matched = self.offset, 0
+        for sw in switches:
+            table = sw.core.static
+            n = table.matching(self.name)
+            matched += n
+            if skip >= n:
+                skip -= n
+                continue
+            if len(rows) < self.limit:
+                rows += [{**row, "datapath_id": sw.name} for row in table.rows(self.name, skip, self.limit - len(rows))]
+            skip = 0
+        end = self.offset + len(rows)
+        return {"static_shunts": rows, "static_page": {"name": self.name, "offset": self.offset, "limit": self.limit,
+                                                       "matched": matched, "next": end if end < matched else None}}
 
 
 def totals(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
@@ -203,11 +252,17 @@ class OperatorAPI:
         request.answer_if_complete()
 
     def ask_status(self, ev: EventControl, req: dict[str, Any], now: float) -> None:
-        """Status: with the connections, once every connected switch's flows are read back."""
-        if req.get("connections") is False:  # counts only: cheap with 100k shunts
-            ev.answer(self.status({}, connections=False))
+        """Status: with the connections, once every connected switch's flows are read back;
+        the static flows as counts, and one page of their rows if asked (`static`)."""
+        try:
+            listing = StaticListing.of(req)
+        except ValueError as exc:
+            ev.answer({"error": str(exc), "bad_input": True})
             return
-        request = StatusRequest(ev, self.status)
+        if req.get("connections") is False:  # counts only: cheap with 100k shunts (and 10k static streams)
+            ev.answer(self.status({}, connections=False, listing=listing))
+            return
+        request = StatusRequest(ev, functools.partial(self.status, listing=listing))
         for sw in self.switches:
             request.flows[sw.index] = None
             if sw.session is not None:
@@ -324,9 +379,11 @@ class OperatorAPI:
             raise ValueError(f"no shunt or block with conntrack id {ct_id}; give the tuple instead")
         return conn.orig
 
-    def status(self, flows: dict[int, list[SwitchFlow] | None], connections: bool = True) -> dict[str, Any]:
+    def status(self, flows: dict[int, list[SwitchFlow] | None], connections: bool = True,
+               listing: "StaticListing | None" = None) -> dict[str, Any]:
         """Every switch's state and pairs; the top-level counts are their sums, and
-        "switch", "table" and "pair" describe the first switch (the only one, usually)."""
+        "switch", "table" and "pair" describe the first switch (the only one, usually).
+        The static flows are counted (`static`), listed a page at a time only if asked."""
         now = time.monotonic()
         conns = []
         switches: list[dict[str, Any]] = []
@@ -355,8 +412,9 @@ class OperatorAPI:
                 "queued": len(send.queued) if send is not None else 0,
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
                 "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
-                "static_shunts": sw.core.static.status()})
+                "static": sw.core.static.summary()})
         first = switches[0]
+        listed = {} if listing is None else listing.page(self.switches)
         return {
             "switch": {k: first[k] for k in ("connected", "reconciled", "datapath_id", "openflow", "address")},
             "switches": switches,
@@ -366,7 +424,7 @@ class OperatorAPI:
             "table": first["table"], "pair": first["pair"],
             "rules_by_source": rules_by_source(self.switches, self.app.ids),
             "counters": self.counters.flat(), "connections": conns,
-            "static_shunts": [row for sw in switches for row in sw["static_shunts"]]}
+            "static": totals([sw["static"] for sw in switches], STATIC_COUNTS), **listed}
 
 
 def rules_by_source(switches: list[Switch], ids: IdsBackend | None) -> dict[str, int]:
@@ -393,7 +451,7 @@ def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, A
         per_switch.append({"datapath_id": sw.name, "connected": 1 if sw.session is not None else 0,
                            "shunts": sw.core.shunts, "blocks": sw.core.blocks, "max_shunts": sw.core.budget,
                            "table_max": table["max_entries"], "table_used": table["used"],
-                           "table_1": table["table_1"], "static": sw.core.static.status()})
+                           "table_1": table["table_1"]})
     maxes = [sw["table_max"] for sw in per_switch]
     roles = switches[0].roles
     return {"switches": per_switch,
@@ -402,9 +460,27 @@ def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, A
             "queued": sum(len(sw.session.send.queued) for sw in switches if sw.session is not None),
             "table_max": None if None in maxes else sum(maxes),
             "pair": roles.status() if roles is not None else None,
-            "static": [row for sw in per_switch for row in sw["static"]],
+            "static": static_gauges(switches),
             "slow_path_bytes": _summed([sw.slow_path_bytes for sw in switches]),
             "rules": rules_by_source(switches, ids)}
+
+
+def static_gauges(switches: list[Switch]) -> dict[str, Any]:
+    """The static flows' counts and their counters by stream and direction, summed when they
+    were read (StaticTable.counted): O(streams) a scrape, not a walk over every flow."""
+    flows = missing = 0
+    by_group: dict[tuple[str, bool], tuple[int, int]] = {}
+    for sw in switches:
+        table = sw.core.static
+        counted = table.totals  # (one read: the loop replaces it whole)
+        flows += len(table.flows)
+        missing += max(0, len(table.flows) - counted.on_switch)
+        for group, (_, p, b) in counted.by_group.items():
+            was = by_group.get(group, (0, 0))
+            by_group[group] = (was[0] + p, was[1] + b)
+    return {"flows": flows, "missing": missing,
+            "by_stream": [{"name": name, "direction": "reply" if reply else "original", "packets": p, "bytes": b}
+                          for (name, reply), (p, b) in by_group.items()]}
 
 
 def _summed(counts: list[dict[str, int]]) -> dict[str, int]:

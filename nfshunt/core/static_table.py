@@ -12,6 +12,7 @@ from nfshunt.records import cookies
 from nfshunt.records.model import FlowTuple, SwitchFlow
 
 from .commands import Command, InstallStatic, RemoveStatic
+from .static_view import Counts, StaticIndex, StaticTotals, matching, page, summary
 
 RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding longer writes it again
 
@@ -27,13 +28,7 @@ class StaticChange:
     base: dict[int, StaticFlow]
     flows: dict[int, StaticFlow]
     commands: tuple[Command, ...]
-
-
-@dataclass(frozen=True)
-class Counts:
-    packets: int
-    bytes: int
-    duration: float
+    index: StaticIndex  # the new flows' (status's listing and totals)
 
 
 class StaticTable:
@@ -41,7 +36,9 @@ class StaticTable:
 
     def __init__(self, cfg: "Config", switch: "SwitchConfig"):
         self.flows = switch_flows(cfg, switch)
+        self.index = StaticIndex.of(self.flows)
         self.counts: dict[int, Counts] = {}
+        self.totals = StaticTotals()  # the counts added up when they are read (status, metrics: no walk)
         self.block_priority = cfg.block_priority
         # Operators' and IDSs' blocks of tuples inside a static stream, by cookie: (flow,
         # expires). The stream never reaches conntrack, so a pin alone would never be decided.
@@ -125,7 +122,7 @@ class StaticTable:
             out.append(InstallStatic(added, "reload"))
         if removed:
             out.append(RemoveStatic(tuple(f.cookie for f in removed), tuple(f.describe() for f in removed), "reload"))
-        return StaticChange(base, new, tuple(out))
+        return StaticChange(base, new, tuple(out), StaticIndex.of(new))
 
     def reload(self, cfg: "Config", switch: "SwitchConfig", change: "StaticChange | None" = None) -> list[Command]:
         """A new config's static flows taken, as the difference only (`change`: worked out
@@ -133,24 +130,26 @@ class StaticTable:
         if change is None or change.base is not self.flows:
             change = self.change(cfg, switch, None if change is None else change.flows)
         gone = change.base.keys() - change.flows.keys()
-        self.flows = change.flows
-        for cookie in gone:
-            self.counts.pop(cookie, None)
+        counted = [(self.index.group[cookie], got) for cookie in gone if (got := self.counts.pop(cookie, None))]
+        self.flows, self.index = change.flows, change.index
+        self.totals = self.totals.without(counted)
         return list(change.commands)
 
     def counted(self, flows: Iterable[SwitchFlow]) -> None:
-        """A read of the static flows' counters (flow stats by cookie)."""
-        self.counts = {f.cookie: Counts(f.packets, f.bytes, f.duration) for f in flows if f.cookie in self.flows}
+        """A read of the static flows' counters (flow stats by cookie), added up once here."""
+        self.counts, self.totals = StaticTotals.read(flows, self.index)
 
-    def status(self) -> list[dict[str, Any]]:
-        rows = []
-        for cookie, f in self.flows.items():
-            got = self.counts.get(cookie)
-            rows.append({"name": f.shunt.label, "direction": "reply" if f.reply else "original",
-                         "flow": f.describe(), "cookie": f"0x{cookie:016x}", "on_switch": got is not None,
-                         "packets": got.packets if got else None, "bytes": got.bytes if got else None,
-                         "duration": round(got.duration, 3) if got else None})
-        return rows
+    def summary(self) -> dict[str, Any]:
+        """Status's and the metrics' view: counts and sums, O(1)."""
+        return summary(len(self.flows), self.index, self.totals)
+
+    def rows(self, name: str | None = None, offset: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """One page of the flows, one row each (of the stream `name` names, if given)."""
+        return page(self.flows, self.index, self.counts, name, offset, limit)
+
+    def matching(self, name: str | None = None) -> int:
+        """How many flows `rows` pages through."""
+        return matching(self.flows, self.index, name)
 
 
 def _blocked(flow: StaticFlow) -> FlowTuple:

@@ -156,9 +156,9 @@ class AppCollector(Collector):
             for direction, n in sorted(slow.items()):
                 by_direction.add_metric([direction], n)
             yield by_direction
-        statics = snap.get("static") or []
-        if statics:
-            yield from _statics(statics)
+        static = snap.get("static")
+        if static and static["flows"]:
+            yield from _statics(static)
         rules = snap.get("rules")
         if rules is not None:
             by_source = GaugeMetricFamily("nfshunt_rules", "What decides the switch now, by source: policy (pairs "
@@ -209,20 +209,20 @@ def _table(snap: dict[str, Any]) -> Iterable[Any]:
                             value=snap.get("queued", 0))
 
 
-def _statics(statics: list[dict[str, Any]]) -> Iterable[Any]:
-    """The static shunts' flows: their counters, how many are configured and missing."""
-    packets = CounterMetricFamily("nfshunt_static_packets", "Packets a static shunt's flow forwarded "
-                                  "(as last read from the switch)", labels=("name", "direction"))
-    nbytes = CounterMetricFamily("nfshunt_static_bytes", "Bytes a static shunt's flow forwarded "
-                                 "(as last read from the switch)", labels=("name", "direction"))
-    for row in statics:
-        if row["packets"] is not None:
-            packets.add_metric([row["name"], row["direction"]], row["packets"])
-            nbytes.add_metric([row["name"], row["direction"]], row["bytes"])
+def _statics(static: dict[str, Any]) -> Iterable[Any]:
+    """The static shunts' flows: their counters by stream and direction (summed when they
+    were read), how many are configured and missing."""
+    packets = CounterMetricFamily("nfshunt_static_packets", "Packets a static shunt's flows forwarded, by "
+                                  "stream and direction (as last read from the switch)", labels=("name", "direction"))
+    nbytes = CounterMetricFamily("nfshunt_static_bytes", "Bytes a static shunt's flows forwarded, by stream "
+                                 "and direction (as last read from the switch)", labels=("name", "direction"))
+    for one in static["by_stream"]:
+        packets.add_metric([one["name"], one["direction"]], one["packets"])
+        nbytes.add_metric([one["name"], one["direction"]], one["bytes"])
     yield from (packets, nbytes)
-    yield GaugeMetricFamily("nfshunt_static_flows", "Static shunt flows configured", value=len(statics))
+    yield GaugeMetricFamily("nfshunt_static_flows", "Static shunt flows configured", value=static["flows"])
     yield GaugeMetricFamily("nfshunt_static_flows_missing", "Static shunt flows not found on the switch "
-                            "at the last read", value=sum(not row["on_switch"] for row in statics))
+                            "at the last read", value=static["missing"])
 
 
 class Metrics:
