@@ -343,7 +343,11 @@ def test_a_long_overflowing_burst_leaves_no_entry_unshunted(fresh):
     tb = fresh
     left, st = _burst(tb, 30_000, 0)
     assert st["counters"].get("netlink_overflows", 0) >= 1, "the burst did not overflow the socket"
-    assert st["counters"].get("switch_disconnects", 0) == 0, "the switch was dropped under the burst"
+    # (Once in ten suite runs the switch was dropped here, its reason not kept: the controller's
+    # words on it are now in the failure.)
+    assert st["counters"].get("switch_disconnects", 0) == 0, "the switch was dropped under the burst: " + " | ".join(
+        line for line in tb.controller_output(since_start=True).splitlines()
+        if "disconnected" in line or "closing the connection" in line or "failed" in line)
     # Conntrack ids are 32 bits: among 30,000 a repeat is ~10 % likely, and that connection
     # rightly waits on the slow path until the pair holding its id is gone.
     collided = st["counters"].get("ignored:conntrack id of a live pair", 0)
