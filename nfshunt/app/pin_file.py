@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -55,21 +54,7 @@ def save(path: str, pins: Iterable[tuple[FlowTuple, Pin]], wall: float, mono: fl
             continue
         seen.add(t)
         rows.append({"tuple": str(t), "action": NAMES[pin.action], "expires": round(wall + pin.expires - mono, 3)})
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{FILE}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"version": FORMAT, "pins": rows}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    jsonfile.write_atomic(path, json.dumps({"version": FORMAT, "pins": rows}).encode())
 
 
 def load(path: str, wall: float) -> list[Kept]:

@@ -1,4 +1,5 @@
-"""Small JSON documents read safely: the config file, the pair state file, control requests.
+"""Small JSON documents read safely (the config file, the pair state file, control requests)
+and state files written atomically (`write_atomic`).
 
 Whatever the input, the answer is the parsed value or a JsonInputError naming where in
 the document the problem is and the limit it broke: never a hang (only regular files are
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 from typing import Any
 
 MAX_DEPTH = 32  # our documents nest 4 levels; this keeps repr() and every walk far from recursion limits
@@ -119,3 +121,29 @@ def read(path: str, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise JsonInputError("", f"{path} is larger than {max_bytes} bytes (the limit)")
     return parse(data, path)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """`data` as the file at `path`, whole or not at all: written beside it (mode 0600, its
+    folder made 0700), synced, renamed over it, and the rename synced too (it survives a
+    power cut). OSError is the caller's to report; no temporary file is left behind."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -429,27 +428,7 @@ def read(path: str, max_rules: int) -> list[Any]:
 
 def write(path: str, lines: list[bytes]) -> None:
     """The state file of these rules' lines (`Store.snapshot`), written atomically; from any thread."""
-    data = b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}"
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)  # the rename itself survives a power cut
-    finally:
-        os.close(dfd)
+    jsonfile.write_atomic(path, b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}")
 
 
 def _overlap(a: Network, b: Network) -> bool:
