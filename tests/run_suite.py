@@ -1,24 +1,28 @@
-"""`make test`: the whole suite, as three pytest runs side by side.
+"""`make test`: the whole suite, as four pytest runs side by side.
 
 The tests marked `testbed` build the one testbed a set of namespaces can hold (the testbed
 lock serialises them), and most of their time is spent waiting on the network and on timers:
 the machine is about two thirds idle through them. So:
-- the testbed tests run in one run (their output is shown as it comes);
+- the testbed tests that count or time packets run in one run, at the machine's ordinary
+  priority (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
-  probe, and the modules that count flows and read logs rather than count or time packets:
-  layouts, operation, several switches) run meanwhile on a second testbed, on a machine of
-  their own (mininet/own_machine.py: namespaces and an Open vSwitch of their own). Its
-  switch ports keep the machine's small socket buffer, so the tests that count every frame
-  (the testbed's own, jitter, static shunts: one lost 83 of 4,000 there) stay on the first,
-  as do the firewall pair (a boot's role settling was caught mid-way there once), explain,
-  the dashboard and the IDS bounds (on the second, its run grew from 146 to 263 s, beside
-  the first testbed's timed tests for longer: 3 of 5 clean-clone runs failed one of those);
+  probe, the dashboard, and modules that count flows and read logs: layouts, operation,
+  several switches) run meanwhile on a second testbed, and those marked `third_bed` (the
+  firewall pair, the IDS on the testbed, explain, trust, the controller's end-to-end cases)
+  on a third, each on a machine of its own (mininet/own_machine.py: namespaces and an Open
+  vSwitch of their own). Their switch ports keep the machine's small socket buffer, so the
+  tests that count every frame (the testbed's own, jitter, static shunts: one lost 83 of
+  4,000 there) stay on the first;
 - every other test (the pure ones and the integration tests that need no testbed: conntrack,
   iptables and the control channel in namespaces of their own) runs meanwhile too.
-The runs alongside have a lower CPU priority, so that the first testbed's timing is not
-disturbed (the benchmarks load the machine flat out by design; a transfer there once took
-10 s to be shunted on the first testbed at an equal priority).
-The other two runs' output follows the first's; the exit status is the first failure's.
+The second testbed's run and the last have a lower CPU priority, so that the testbeds' timing
+is not disturbed (the benchmarks load the machine flat out by design; a transfer there once
+took 10 s to be shunted on the first testbed at an equal priority). The third runs at the
+first's priority: the firewall pair's timers (VRRP, role checks, keepalived's notify
+scripts) starved at the lower one (2 of 2 runs failed a pair test there). With the third
+testbed the first's run went from 619 to 343 s (`make test` 10:20 to about 6 min on the
+2-core VM).
+The other runs' output follows the first's; the exit status is the first failure's.
 Extra arguments go to every run. Ctrl-C or a SIGTERM stops every run the way Ctrl-C stops
 pytest, so that each testbed is torn down.
 """
@@ -76,11 +80,12 @@ def main(extra: list[str]) -> int:
             proc = subprocess.Popen(argv, stdout=out, stderr=None if shown else subprocess.STDOUT,
                                     env=dict(os.environ, **(env or {})))
             runs.append(Run(title, proc, out, stop))
-        start("the testbed tests", [*pytest, "-m", "testbed and not second_bed"], shown=True)
-        second = _second_machine()
-        start("the tests on a second testbed, on a machine of their own (run alongside)",
-              ["nice", "-n", str(BESIDE_NICENESS), *second, *pytest, "-m", "second_bed"],
-              stop=signal.SIGTERM if second else signal.SIGINT)
+        start("the testbed tests", [*pytest, "-m", "testbed and not second_bed and not third_bed"], shown=True)
+        machine = _second_machine()
+        for which, niceness in (("second", BESIDE_NICENESS), ("third", 0)):
+            start(f"the tests on a {which} testbed, on a machine of their own (run alongside)",
+                  ["nice", "-n", str(niceness), *machine, *pytest, "-m", f"{which}_bed"],
+                  stop=signal.SIGTERM if machine else signal.SIGINT)
         start("the tests that need no testbed (run alongside)",
               ["nice", "-n", str(BESIDE_NICENESS), *pytest, "-m", "not testbed"], {SIDE_ENV: "1"})
 
@@ -101,7 +106,7 @@ def main(extra: list[str]) -> int:
                 run.out.seek(0)
                 print(f"\n=== {run.title} ===", flush=True)
                 sys.stdout.write(run.out.read())
-    print("\nexit status: testbed run {}; second testbed {}; the rest {}".format(*codes))
+    print("\nexit status: testbed run {}; second testbed {}; third testbed {}; the rest {}".format(*codes))
     return next((code for code in codes if code), 0)
 
 

@@ -10,7 +10,7 @@ from nfshunt.records import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 
 @pytest.fixture(scope="module", params=["1.0", "1.3"])

@@ -20,7 +20,7 @@ import pytest
 
 from tests.beds import Bed, running
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS_PORT, API_PORT = 9753, 9754

@@ -17,7 +17,7 @@ from tests.beds import Bed, running
 from tests.test_failsafe import CONTROL_DROP, finish_iperf
 from tests.test_ids import TOKEN, connection
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHUNT, BLOCK, IGNORE = 5201, 5202, 5203

@@ -14,7 +14,7 @@ import pytest
 from tests.beds import Bed, running
 from tests.test_failsafe import finish_iperf
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 SHUNT, IGNORE, OUTSIDE = 5201, 5203, 5205  # the example policy: 5201 shunted, 5203 and 5205 ignored
 API_PORT = 9754

@@ -17,7 +17,7 @@ import pytest
 
 from tests.beds import Bed, Strict, running
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 IGNORE = 5203  # the example policy leaves 5203 to the firewall (accepted, not decided "shunt")
 API_PORT = 9754

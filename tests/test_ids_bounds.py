@@ -22,7 +22,7 @@ from tests.test_failsafe import finish_iperf, longest_stall
 from tests.test_ids import API_PORT, IGNORE, TOKEN, api, connection
 from tests.test_static_testbed import ECHO, PORT, STREAM, cycle
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 IDS_KEYS = {"listen_port": API_PORT, "answer_timeout": 3.0,
             "may_shunt": {"prefixes": ["10.0.0.2/32"], "ports": [IGNORE]}}

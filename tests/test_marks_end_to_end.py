@@ -9,7 +9,7 @@ from nfshunt.records import markcodec
 from tests.beds import Bed, running
 from tests.helpers import wait_listening
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 
 def test_conntrack_marks_carry_ports_and_action(integration_ready):

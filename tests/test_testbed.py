@@ -105,10 +105,12 @@ def test_emulated_rtt_matches_the_request(netns, mechanism):
     with Testbed(mode="direct", emulation=emu) as tb:
         assert tb.delay_mechanism == mechanism
         assert abs(tb.rtt_measured - 60) <= 3
-        # TCP sees the same delay (its smoothed RTT, from iperf3), plus what its own full-rate
-        # queue in the delay line adds (up to 16 ms seen on the 2-core VM).
-        summary = tb.iperf_summary(tb.iperf(5201, 2))
-        assert 57 <= summary["mean_rtt_ms"] <= 80
+        # TCP sees the same delay (its smoothed RTT, from iperf3). Paced, so that its own queue
+        # in the delay line adds nothing: at full rate that queue added up to 16 ms alone and
+        # 27 ms beside `make test`'s other testbeds (60.9-61.3 ms paced, alone).
+        from nfshunt_testbed.bed import STEADY_RATE
+        summary = tb.iperf_summary(tb.iperf(5201, 2, bitrate=STEADY_RATE))
+        assert 57 <= summary["mean_rtt_ms"] <= 70
         # And the other direction of measurement agrees.
         from nfshunt_testbed.linkemu import measure_rtt
         assert abs(measure_rtt(tb.run, tb.h2, H1_IP, count=4) - 60) <= 3

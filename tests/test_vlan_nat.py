@@ -9,7 +9,7 @@ from tests.beds import Bed
 from tests.test_overload import FLOOD
 from tests.test_teardown_close import _pair
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 SHUNT = 5201
 
 # FLOOD's frame with an 802.1Q tag (VLAN 100) between the MAC addresses and the EtherType.
