@@ -8,10 +8,14 @@ import pytest
 
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
+from nfshunt.app import explain as ex  # noqa: E402
+from nfshunt.core import admission as adm  # noqa: E402
 from nfshunt.core.static_table import StaticTable  # noqa: E402
 from nfshunt.ids.rules import Kind, pair_key, scipass_id  # noqa: E402
-from nfshunt.records.model import TCP, UDP, FlowTuple  # noqa: E402
-from tests.helpers import config  # noqa: E402
+from nfshunt.kernel.codec import parse_datagram  # noqa: E402
+from nfshunt.records import markcodec  # noqa: E402
+from nfshunt.records.model import OFP13, TCP, UDP, Action, FlowTuple  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
 
 T = FlowTuple(4, TCP, "10.0.0.2", "10.0.0.1", 5201, 40000)
 T6 = FlowTuple(6, UDP, "2001:db8::1", "2001:db8::2", 40000, 34964)
@@ -61,3 +65,55 @@ def test_a_zoned_connections_scipass_id_is_its_own():
 def test_a_zoned_tuples_str_and_repr_differ_from_zone_0s(zone):
     z = T._replace(zone=zone)
     assert str(z) == f"{T} zone {zone}" and repr(z) == f"{repr(T)[:-1]}, zone={zone})"
+
+
+# --- admission: no VLAN names a zone yet, so a zoned entry stays on the firewall ------------
+
+def _connected():
+    from nfshunt.core import core as c
+    core = c.Core(config())
+    core.switch_connected(OFP13)
+    core.reconcile([], 0.0)
+    return core
+
+
+def _zoned_message(zone, action):
+    """The ctnetlink event of a decided entry (ports 1 -> 2) in conntrack zone `zone`, as
+    the kernel sends it: an admin's own `-j CT --zone` rule put it there."""
+    import socket
+
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
+    t = dict(family=socket.AF_INET, proto=TCP, saddr="10.0.0.1", daddr="10.0.0.2")
+    m = nfct_msg.create_from(tuple_orig=NFCTAttrTuple(sport=40000, dport=5201, **t),
+                             tuple_reply=NFCTAttrTuple(sport=5201, dport=40000, **{**t, "saddr": "10.0.0.2",
+                                                                                     "daddr": "10.0.0.1"}),
+                             id=7, mark=markcodec.encode(1, 2, action), zone=zone,
+                             protoinfo={"attrs": [["CTA_PROTOINFO_TCP", {"attrs": [["CTA_PROTOINFO_TCP_STATE", 3]]}]]})
+    m["header"]["type"] = 1 << 8
+    m["nfgen_family"] = socket.AF_INET
+    m.encode()
+    return bytes(m.data)
+
+
+@pytest.mark.parametrize("action", [1, 2])  # shunt, block
+def test_a_zoned_entry_heard_from_the_kernel_is_ignored_not_installed_untagged(action):
+    """Before: the zone was dropped by the parser, and the entry was shunted (or blocked)
+    with untagged flows, its take-down's delete then sent for zone 0's entry (ENOENT)."""
+    core = _connected()
+    (ev,) = parse_datagram(_zoned_message(100, action), 1.0, lambda what: pytest.fail(what))
+    out = core.conntrack_event(ev)
+    assert [(type(x).__name__, x.reason) for x in out] == [("Ignored", "vlan: zone not configured on its port groups")]
+    assert not core.by_key and not core.waiting
+    (untagged,) = parse_datagram(_zoned_message(0, action), 1.0, lambda what: pytest.fail(what))
+    assert [type(x).__name__ for x in core.conntrack_event(untagged)] == ["InstallFlows"]
+
+
+def test_a_zoned_event_is_ignored_whatever_an_operator_pinned_and_its_untagged_twin_is_not():
+    core = _connected()
+    zoned = event(zone=100)
+    core.pin(zoned.orig, Action.BLOCK, 0.0)
+    (cmd,) = core.conntrack_event(zoned)
+    assert cmd.reason == adm.R_VLAN and not core.by_key
+    assert core.dry_run(event(zone=7)).reason == adm.R_VLAN
+    assert [type(x).__name__ for x in core.conntrack_event(event(ct_id=8))] == ["InstallFlows"]
+    assert adm.R_VLAN in ex.REASONS
