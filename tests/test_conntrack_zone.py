@@ -117,3 +117,56 @@ def test_a_zoned_event_is_ignored_whatever_an_operator_pinned_and_its_untagged_t
     assert core.dry_run(event(zone=7)).reason == adm.R_VLAN
     assert [type(x).__name__ for x in core.conntrack_event(event(ct_id=8))] == ["InstallFlows"]
     assert adm.R_VLAN in ex.REASONS
+
+
+# --- text forms: operator commands, explain targets, the pins file ---------------------------
+
+@pytest.mark.parametrize("text,zone", [
+    ("tcp 10.0.0.1:40000 -> 10.0.0.2:5201 zone 100", 100),
+    ("udp [fd00::1]:1 -> [fd00::2]:2  zone  65535 ", 65535),
+    ("tcp 10.0.0.1:40000 -> 10.0.0.2:5201 zone 0", 0),
+    ("tcp 10.0.0.1:40000 -> 10.0.0.2:5201", 0),
+])
+def test_a_tuples_text_names_its_zone_and_reads_back(text, zone):
+    from nfshunt.app.control import parse_tuple
+    t = parse_tuple(text)
+    assert t.zone == zone and parse_tuple(str(t)) == t
+    assert ex.parse_target(text).tuple == t
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone 65536", "zone '65536': a conntrack zone must be 0-65535"),
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone 0100000", "zone '0100000': a conntrack zone must be 0-65535"),
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone -1", "zone '-1': a conntrack zone must be 0-65535"),
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone vlan100", "zone 'vlan100': a conntrack zone must be 0-65535"),
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone \u0661", "a conntrack zone must be 0-65535"),  # an Arabic-Indic 1
+    ("tcp 10.0.0.1:1 -> 10.0.0.2:2 zone", "not a tuple"),
+])
+def test_a_bad_zone_is_refused_with_its_reason(text, problem):
+    from nfshunt.app.control import parse_tuple
+    with pytest.raises(ValueError, match=problem):
+        parse_tuple(text)
+    with pytest.raises(ValueError, match=problem):
+        ex.parse_target(text)
+
+
+def test_the_pins_file_keeps_a_pins_zone_and_reads_an_old_file_as_zone_0(tmp_path):
+    import json
+
+    from nfshunt.app import pin_file
+    from nfshunt.core.pins import Pin
+    t = FlowTuple(4, TCP, "10.0.0.1", "10.0.0.2", 40000, 5201)
+    path = str(tmp_path / pin_file.FILE)
+    pins = [(t._replace(zone=100), Pin(Action.BLOCK, 600.0)), (t, Pin(Action.IGNORE, 600.0)),
+            (t._replace(zone=200), Pin(Action.IGNORE, 600.0))]
+    pin_file.save(path, pins, 1000.0, 0.0)
+    kept = {k.orig: k.action for k in pin_file.load(path, 1000.0)}
+    assert kept == {t._replace(zone=100): Action.BLOCK, t: Action.IGNORE, t._replace(zone=200): Action.IGNORE}
+    with open(path) as fh:
+        assert [row["tuple"] for row in json.load(fh)["pins"]] == [
+            "tcp 10.0.0.1:40000 -> 10.0.0.2:5201 zone 100", "tcp 10.0.0.1:40000 -> 10.0.0.2:5201",
+            "tcp 10.0.0.1:40000 -> 10.0.0.2:5201 zone 200"]
+    with open(path, "w") as fh:  # as main wrote it
+        json.dump({"version": 1, "pins": [{"tuple": str(t), "action": "block", "expires": 1600.0}]}, fh)
+    (old,) = pin_file.load(path, 1000.0)
+    assert old.orig == t and old.orig.zone == 0 and old.action is Action.BLOCK
