@@ -24,12 +24,12 @@ def config(**overrides):
 
 
 def event(action=1, ingress=1, egress=2, proto=TCP, state=3, family=4, ct_id=7, sport=40000,
-          dport=5201, kind=EventKind.UPDATE, mark=None, received=100.0):
+          dport=5201, kind=EventKind.UPDATE, mark=None, received=100.0, zone=0):
     if family == 4:
         src, dst = "10.0.0.1", "10.0.0.2"
     else:
         src, dst = "fd00::1", "fd00::2"
-    orig = FlowTuple(family, proto, src, dst, sport, dport)
+    orig = FlowTuple(family, proto, src, dst, sport, dport, zone)
     if mark is None:
         mark = markcodec.encode(ingress, egress, action, admin=0x1234)
     return ConnEvent(kind, ct_id, orig, orig.reversed(), mark, state if proto == TCP else None, received)

@@ -14,8 +14,9 @@ ipv4 = st.ip_addresses(v=4).map(str)
 ipv6 = st.ip_addresses(v=6).map(str)
 
 
-def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create, reply=None):
-    """A ctnetlink message; `reply` (src, dst, sport, dport): a NAT'd reply tuple."""
+def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create, reply=None, zone=None):
+    """A ctnetlink message; `reply` (src, dst, sport, dport): a NAT'd reply tuple; `zone`:
+    CTA_ZONE (the kernel sends it only for a zone other than 0)."""
     rsrc, rdst, rsport, rdport = reply or (dst, src, dport, sport)
     af = socket.AF_INET if family == 4 else socket.AF_INET6
     kw = {}
@@ -25,6 +26,8 @@ def message(family, proto, src, dst, sport, dport, ct_id, mark, state, create, r
             ["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", {"value": (0x23, 0)}]]}]]}
     if mark is not None:
         kw["mark"] = mark
+    if zone is not None:
+        kw["zone"] = zone
     m = nfct_msg.create_from(
         tuple_orig=NFCTAttrTuple(family=af, saddr=src, daddr=dst, proto=proto, sport=sport, dport=dport),
         tuple_reply=NFCTAttrTuple(family=af, saddr=rsrc, daddr=rdst, proto=proto, sport=rsport, dport=rdport),
@@ -240,3 +243,96 @@ def test_hand_packed_restore_of_the_hand_backs_states_is_pyroute2s(family, src, 
     for timeout, mark in ((0, 0), (120, 0x71210000), (432000, 0xFFFFFFFF)):
         args = (family, orig, orig.reversed(), state, timeout, closer_is_reply, mark, 1)
         assert restore_message(*args) == pyroute2_restore(*args)
+
+
+# --- the conntrack zone (issue 37) ------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([4, 6]), st.sampled_from([6, 17]), st.data(), st.integers(0, 65535), st.booleans(),
+       st.booleans())
+def test_both_parsers_put_the_entrys_zone_in_both_tuples(family, proto, data, zone, create, nat):
+    src = data.draw(ipv4 if family == 4 else ipv6)
+    dst = data.draw(ipv4 if family == 4 else ipv6)
+    reply = (data.draw(ipv4 if family == 4 else ipv6), src, 61000, 40000) if nat else None
+    raw = message(family, proto, src, dst, 40000, 5201, 7, 0x71210000, 3, create, reply, zone=zone)
+    (fast,) = parse_datagram(raw, 1.5, lambda what: (_ for _ in ()).throw(AssertionError(what)))
+    m = nfct_msg(raw)
+    m.decode()
+    assert fast == parse_entry(m, EventKind.NEW if create else EventKind.UPDATE, 1.5)
+    assert fast.orig.zone == fast.reply.zone == zone
+    assert (fast.reply == fast.orig.reversed()) is not nat
+
+
+def test_the_same_tuple_in_two_zones_parses_to_two_originals():
+    a = message(4, 6, "10.9.0.1", "10.9.0.2", 41000, 5201, 1, 0x71210000, 3, True, zone=100)
+    b = message(4, 6, "10.9.0.1", "10.9.0.2", 41000, 5201, 2, 0x71210000, 3, True, zone=200)
+    x, y = parse_datagram(a + b, 0.0, lambda what: None)
+    assert x.orig != y.orig and (x.orig.zone, y.orig.zone) == (100, 200)
+    assert x.orig._replace(zone=0) == y.orig._replace(zone=0)
+
+
+def _directional(where):
+    """An entry whose `where` tuple (CTA_TUPLE_ORIG or _REPLY) carries CTA_TUPLE_ZONE 100:
+    what `-j CT --zone-orig 100` (or --zone-reply) makes."""
+    import struct
+
+    from nfshunt.kernel import codec
+    t = model.FlowTuple(4, 6, "10.9.0.1", "10.9.0.2", 41000, 5201)
+    tuples = {codec.CTA_TUPLE_ORIG: t, codec.CTA_TUPLE_REPLY: t.reversed()}
+    body = struct.pack("=BBH", socket.AF_INET, 0, 0)
+    for atype, tup in tuples.items():
+        nest = codec.tuple_attr(atype, tup)
+        if atype == where:
+            zone = codec.nla(codec.CTA_TUPLE_ZONE, struct.pack("!H", 100))
+            nest = codec.nla(atype | codec.NLA_F_NESTED, nest[4:] + zone)
+        body += nest
+    body += codec.nla(codec.CTA_ID, struct.pack("!I", 5)) + codec.nla(codec.CTA_MARK, struct.pack("!I", 0x71210000))
+    return codec.NLMSG_HDR.pack(16 + len(body), 1 << 8, 0x400, 1, 0) + body
+
+
+@pytest.mark.parametrize("where", [1, 2])  # CTA_TUPLE_ORIG, CTA_TUPLE_REPLY
+def test_a_directional_zone_is_refused_as_malformed_by_both_parsers(where):
+    from nfshunt.kernel.codec import DIRECTIONAL_ZONE, MalformedEvent
+    raw = _directional(where)
+    bad = []
+    assert parse_datagram(raw, 0.0, bad.append) == [] and bad == [f"MalformedEvent: {DIRECTIONAL_ZONE}"]
+    assert "directional conntrack zone" in DIRECTIONAL_ZONE
+    m = nfct_msg(raw)
+    m.decode()
+    with pytest.raises(MalformedEvent, match="directional conntrack zone"):
+        parse_entry(m, EventKind.NEW, 0.0)
+
+
+def _requests(t):
+    """Every request the codec builds that names one entry, for tuple t."""
+    from nfshunt.kernel import codec
+    f = t.family
+    return {"delete": codec.delete_message(f, t, 9, 3), "delete any id": codec.delete_message(f, t, None, 3),
+            "mark": codec.mark_update_message(f, t, 9, 0x10010000, 0x100f0000, 3),
+            "liberal": codec.liberal_message(f, t, 9, 3), "timeout": codec.timeout_message(f, t, 9, 120, 3),
+            "restore": codec.restore_message(f, t, t.reversed(), 3, 120, False, 0x71210000, 3),
+            "get": codec.get_message(t, 3)}
+
+
+@pytest.mark.parametrize("family,src,dst", [(4, "10.9.0.1", "10.9.0.2"), (6, "fd00::1", "fd00::2")])
+@pytest.mark.parametrize("zone", [1, 100, 65535])
+def test_every_request_naming_an_entry_carries_its_zone_and_zone_0_none(family, src, dst, zone):
+    """A request without CTA_ZONE is about zone 0's entry (ENOENT for a zoned one, or its
+    zone-0 twin changed, or a restore made in zone 0): each carries the zone, as its last
+    attribute, and a zone-0 request is byte for byte what it was (no CTA_ZONE)."""
+    import struct
+
+    from nfshunt.kernel import codec
+    plain = model.FlowTuple(family, 6, src, dst, 41000, 5201)
+    zoned = plain._replace(zone=zone)
+    assert codec.zone_attr(plain) == b""
+    for name, raw in _requests(plain).items():
+        m = nfct_msg(raw)
+        m.decode()
+        assert m.get_attr("CTA_ZONE") is None, name
+    for (name, raw), (_, unzoned) in zip(_requests(zoned).items(), _requests(plain).items(), strict=True):
+        m = nfct_msg(raw)
+        m.decode()
+        assert m["header"]["length"] == len(raw) and m.get_attr("CTA_ZONE") == zone, name
+        attr = codec.nla(codec.CTA_ZONE, struct.pack("!H", zone))
+        assert raw == struct.pack("=I", len(unzoned) + len(attr)) + unzoned[4:] + attr, name

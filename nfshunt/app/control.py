@@ -43,17 +43,22 @@ class NotRunning(ControlError):
     """No controller listens on the socket (not started yet, or stopped)."""
 
 
-_TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*$",
-                    re.ASCII)
+_TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)"
+                    r"(?:\s+zone\s+(\S+))?\s*$", re.ASCII)
+ZONE_MAX = 65535  # a conntrack zone is a u16
 
 
 def parse_tuple(text: str) -> FlowTuple:
-    """'tcp 10.0.0.1:40000 -> 10.0.0.2:5201' (IPv6 in brackets) as a FlowTuple."""
+    """'tcp 10.0.0.1:40000 -> 10.0.0.2:5201' (IPv6 in brackets), with ' zone N' after it
+    for an entry in conntrack zone N (str(FlowTuple) writes it so), as a FlowTuple."""
     import ipaddress
     m = _TUPLE.match(text)
     if not m:
-        raise ValueError(f"not a tuple: {text!r} (expected e.g. 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201')")
-    proto, src, sport, dst, dport = m.groups()
+        raise ValueError(f"not a tuple: {text!r} (expected e.g. 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201', "
+                         "optionally followed by ' zone 100')")
+    proto, src, sport, dst, dport, zone = m.groups()
+    if zone is not None and not (zone.isascii() and zone.isdigit() and len(zone) <= 5 and int(zone) <= ZONE_MAX):
+        raise ValueError(f"zone {zone!r}: a conntrack zone must be 0-{ZONE_MAX}")
     a, b = ipaddress.ip_address(src), ipaddress.ip_address(dst)
     if a.version != b.version:
         raise ValueError("source and destination are of different address families")
@@ -61,7 +66,7 @@ def parse_tuple(text: str) -> FlowTuple:
         if not 0 < int(port) < 65536:
             raise ValueError(f"port {port} out of range")
     return FlowTuple(a.version, TCP if proto == "tcp" else UDP, canonical_address(str(a)),
-                     canonical_address(str(b)), int(sport), int(dport))
+                     canonical_address(str(b)), int(sport), int(dport), int(zone or 0))
 
 
 class ControlServer:

@@ -37,8 +37,9 @@ MAX_TARGET = 256  # characters: a tuple with two IPv6 addresses fits in 110
 READ_WAIT = 3.0  # seconds the answer waits for the switches' flows (the socket waits 5)
 AUDIT_TAIL = 1 << 20  # bytes of the audit log read from its end
 HISTORY = 10  # audit lines shown, newest last
-USAGE = ("give a tuple ('tcp 10.0.0.1:40000 -> 10.0.0.2:5201', IPv6 in brackets), a conntrack id (a decimal "
-         "number) or a pair's cookie (0x followed by 16 hex digits)")
+USAGE = ("give a tuple ('tcp 10.0.0.1:40000 -> 10.0.0.2:5201', IPv6 in brackets, ' zone N' after it for an "
+         "entry in conntrack zone N), a conntrack id (a decimal number) or a pair's cookie (0x followed by 16 hex "
+         "digits)")
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,8 @@ REASONS = {
     adm.R_ID_COLLISION: "every slot of its conntrack id is held by live pairs (a hash collision): it waits",
     adm.R_CLOSED_ON_FIREWALL: "it closed on the firewall",
     adm.R_IDS_SERVER: "an IDS's shunt was judged on the other end as the server: not applied to this direction",
+    adm.R_VLAN: "its entry is in a conntrack zone (a `-j CT --zone` rule) that no VLAN of its port groups names: "
+                "it stays on the firewall",
 }
 PRE_ESTABLISHED = {"NONE", "SYN_SENT", "SYN_RECV", "SYN_SENT2"}
 

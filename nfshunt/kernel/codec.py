@@ -37,8 +37,9 @@ def parse_entry(msg: nfct_msg, kind: EventKind, received: float) -> ConnEvent:
     family = FAMILY.get(msg["nfgen_family"])
     if family is None:
         raise MalformedEvent(f"address family {msg['nfgen_family']}")
-    orig = _tuple(msg.get_attr("CTA_TUPLE_ORIG"), family)
-    reply = _tuple(msg.get_attr("CTA_TUPLE_REPLY"), family)
+    zone = msg.get_attr("CTA_ZONE") or 0
+    orig = _tuple(msg.get_attr("CTA_TUPLE_ORIG"), family, zone)
+    reply = _tuple(msg.get_attr("CTA_TUPLE_REPLY"), family, zone)
     ct_id = msg.get_attr("CTA_ID")
     if orig is None or reply is None or ct_id is None:
         raise MalformedEvent("missing tuple or id")
@@ -46,9 +47,12 @@ def parse_entry(msg: nfct_msg, kind: EventKind, received: float) -> ConnEvent:
     return ConnEvent(kind, ct_id, orig, reply, msg.get_attr("CTA_MARK") or 0, state, received)
 
 
-def _tuple(nla: Any, family: int) -> FlowTuple | None:
+def _tuple(nla: Any, family: int, zone: int) -> FlowTuple | None:
     if nla is None:
         return None
+    if any(attr[0] == "UNKNOWN" and attr[1]["header"]["type"] & NLA_TYPE_MASK == CTA_TUPLE_ZONE
+           for attr in nla["attrs"]):  # (pyroute2's tuple does not name it)
+        raise MalformedEvent(DIRECTIONAL_ZONE)
     ip = nla.get_attr("CTA_TUPLE_IP")
     proto = nla.get_attr("CTA_TUPLE_PROTO")
     if ip is None or proto is None:
@@ -59,12 +63,16 @@ def _tuple(nla: Any, family: int) -> FlowTuple | None:
     if src is None or dst is None or num is None:
         return None
     return FlowTuple(family, num, src, dst, proto.get_attr("CTA_PROTO_SRC_PORT") or 0,
-                     proto.get_attr("CTA_PROTO_DST_PORT") or 0)
+                     proto.get_attr("CTA_PROTO_DST_PORT") or 0, zone)
 
 
 # ctnetlink attribute numbers (include/uapi/linux/netfilter/nfnetlink_conntrack.h).
 CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_TIMEOUT, CTA_MARK, CTA_ID, CTA_MARK_MASK = 1, 2, 4, 7, 8, 12, 21
-CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_ZONE = 18  # be16; the kernel sends it only for a zone other than 0
+CTA_TUPLE_IP, CTA_TUPLE_PROTO, CTA_TUPLE_ZONE = 1, 2, 3
+# A zone of one direction only (`-j CT --zone-orig/--zone-reply`): its two tuples would be
+# looked up in different zones, which no pair of switch flows can stand for.
+DIRECTIONAL_ZONE = "directional conntrack zone (CTA_TUPLE_ZONE): not supported"
 CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
 CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
@@ -92,10 +100,12 @@ def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
 _PORTS = tuple(range(65536))
 
 
-def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowTuple:
+def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int, zone: int) -> FlowTuple:
     if span is None:
         raise MalformedEvent("missing tuple")
     t = _attrs(data, *span)
+    if CTA_TUPLE_ZONE in t:
+        raise MalformedEvent(DIRECTIONAL_ZONE)
     ip, proto = t.get(CTA_TUPLE_IP), t.get(CTA_TUPLE_PROTO)
     if ip is None or proto is None:
         raise MalformedEvent("tuple without addresses or protocol")
@@ -114,7 +124,7 @@ def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int) -> FlowT
     return FlowTuple(family, data[num[0]],
                      address_text(data[src[0]:src[1]]), address_text(data[dst[0]:dst[1]]),
                      _PORTS[BE16.unpack_from(data, sp[0])[0]] if sp and sp[1] - sp[0] >= 2 else 0,
-                     _PORTS[BE16.unpack_from(data, dp[0])[0]] if dp and dp[1] - dp[0] >= 2 else 0)
+                     _PORTS[BE16.unpack_from(data, dp[0])[0]] if dp and dp[1] - dp[0] >= 2 else 0, zone)
 
 
 def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received: float) -> ConnEvent:
@@ -139,15 +149,17 @@ def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received:
             st = _attrs(data, *tcp).get(CTA_PROTOINFO_TCP_STATE)
             if st is not None and st[1] > st[0]:
                 state = data[st[0]]
-    orig = _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family)
-    reply = _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family)
+    zone = top.get(CTA_ZONE)  # (sent only for a zone other than 0; as a shared int, like the ports)
+    zone_id = _PORTS[BE16.unpack_from(data, zone[0])[0]] if zone is not None and zone[1] - zone[0] >= 2 else 0
+    orig = _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family, zone_id)
+    reply = _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family, zone_id)
     return ConnEvent(kind, BE32.unpack_from(data, ct_id[0])[0], orig, _mirrored(orig, reply),
                      BE32.unpack_from(data, mark[0])[0] if mark and mark[1] - mark[0] == 4 else 0,
                      state, received)
 
 
-# Beyond what the core needs (explain, top, the accounting records): counters, zone, timestamps.
-CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_ZONE, CTA_TIMESTAMP = 9, 10, 18, 20
+# Beyond what the core needs (explain, top, the accounting records): counters, timestamps.
+CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_TIMESTAMP = 9, 10, 20
 CTA_COUNTERS_PACKETS, CTA_COUNTERS_BYTES = 1, 2
 CTA_TIMESTAMP_START, CTA_TIMESTAMP_STOP = 1, 2
 BE64 = struct.Struct("!Q")
@@ -238,6 +250,13 @@ def nla(atype: int, payload: bytes) -> bytes:
     return NLA_HDR.pack(4 + len(payload), atype) + payload + b"\0" * (-len(payload) & 3)
 
 
+def zone_attr(t: FlowTuple) -> bytes:
+    """CTA_ZONE naming t's zone, for a request about one entry: without it the kernel looks
+    in zone 0 only (ENOENT, or worse a zone-0 twin changed, or a restore made in zone 0).
+    Nothing for zone 0, so those requests stay byte for byte what they were."""
+    return nla(CTA_ZONE, BE16.pack(t.zone)) if t.zone else b""
+
+
 def tuple_attr(atype: int, t: FlowTuple, nested: int = NLA_F_NESTED) -> bytes:
     af = socket.AF_INET if t.family == 4 else socket.AF_INET6
     src_t, dst_t = (CTA_IP_V4_SRC, CTA_IP_V4_DST) if t.family == 4 else (CTA_IP_V6_SRC, CTA_IP_V6_DST)
@@ -249,6 +268,7 @@ def tuple_attr(atype: int, t: FlowTuple, nested: int = NLA_F_NESTED) -> bytes:
 
 
 NLM_F_ECHO = 0x08
+IPCTNL_MSG_CT_GET = 1
 
 
 def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int, echo: bool = False) -> bytes:
@@ -258,8 +278,16 @@ def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int, echo:
     body = struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
     if ct_id is not None:
         body += nla(CTA_ID, BE32.pack(ct_id))
+    body += zone_attr(t)
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
                           NLM_F_REQUEST | NLM_F_ACK | (NLM_F_ECHO if echo else 0), seq, 0) + body
+
+
+def get_message(t: FlowTuple, seq: int) -> bytes:
+    """IPCTNL_MSG_CT_GET of the one entry whose original tuple is t (a lookup)."""
+    body = struct.pack("=BBH", AF[t.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + zone_attr(t)
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+                          NLM_F_REQUEST, seq, 0) + body
 
 
 def destroyed_entries(data: bytes) -> Iterator[tuple[int, int]]:
@@ -279,7 +307,7 @@ def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: 
     """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: change an existing entry's mark, only the
     bits in `mask` (the kernel keeps the others: new = (old & ~mask) ^ mark)."""
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
-            + nla(CTA_MARK, BE32.pack(mark & mask)) + nla(CTA_MARK_MASK, BE32.pack(mask)))
+            + nla(CTA_MARK, BE32.pack(mark & mask)) + nla(CTA_MARK_MASK, BE32.pack(mask)) + zone_attr(t))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
@@ -290,7 +318,7 @@ def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
     Packed by hand: one goes with every TCP shunt."""
     tcp = nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, LIBERAL_FLAGS) + nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, LIBERAL_FLAGS)
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
-            + nla(CTA_PROTOINFO | NLA_F_NESTED, nla(CTA_PROTOINFO_TCP | NLA_F_NESTED, tcp)))
+            + nla(CTA_PROTOINFO | NLA_F_NESTED, nla(CTA_PROTOINFO_TCP | NLA_F_NESTED, tcp)) + zone_attr(t))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
@@ -299,7 +327,7 @@ def timeout_message(family: int, t: FlowTuple, ct_id: int, timeout: int, seq: in
     """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: give an existing entry (that id only)
     `timeout` seconds; its state, mark and flags stay. Packed by hand like its neighbours."""
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
-            + nla(CTA_TIMEOUT, BE32.pack(timeout)))
+            + nla(CTA_TIMEOUT, BE32.pack(timeout)) + zone_attr(t))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
@@ -317,7 +345,7 @@ def restore_message(family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: i
            + nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, CLOSER_FLAGS if closer_is_reply else LIBERAL_FLAGS))
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, orig, 0)
             + tuple_attr(CTA_TUPLE_REPLY, reply, 0) + nla(CTA_TIMEOUT, BE32.pack(timeout))
-            + nla(CTA_MARK, BE32.pack(mark)) + nla(CTA_PROTOINFO, nla(CTA_PROTOINFO_TCP, tcp)))
+            + nla(CTA_MARK, BE32.pack(mark)) + nla(CTA_PROTOINFO, nla(CTA_PROTOINFO_TCP, tcp)) + zone_attr(orig))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
                           NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, seq, 0) + body
 
@@ -348,5 +376,4 @@ def event_filter(flags: int = markcodec.FLAG_INGRESS) -> list[tuple[int, int, in
         (0x06, 0, 0, 0),              # drop
     ]
 
-IPCTNL_MSG_CT_GET = 1
 NLM_F_DUMP = 0x300

@@ -17,12 +17,10 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple
 
 from .codec import (
-    AF,
     BE32,
     CROSSED_PLUMBING,
     CTA_MARK,
     CTA_MARK_MASK,
-    CTA_TUPLE_ORIG,
     IPCTNL_MSG_CT_GET,
     NETLINK_NETFILTER,
     NLM_F_DUMP,
@@ -30,12 +28,12 @@ from .codec import (
     NLMSG_ERROR,
     NLMSG_HDR,
     SO_RCVBUFFORCE,
+    get_message,
     mark_update_message,
     netlink_acks,
     nla,
     parse_counts,
     parse_fast,
-    tuple_attr,
 )
 
 LOG = logging.getLogger("nfshunt.conntrack")
@@ -174,9 +172,7 @@ class _Lookups:
         request's sequence number is taken: anything else on the socket is an earlier
         request's, late."""
         self.seq = self.seq % 0xFFFFFFFF + 1
-        body = struct.pack("=BBH", AF[t.family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
-        self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
-                                      NLM_F_REQUEST, self.seq, 0) + body)
+        self.sock.send(get_message(t, self.seq))
         deadline = time.monotonic() + LOOKUP_SECONDS
         while True:
             try:

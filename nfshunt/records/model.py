@@ -71,7 +71,11 @@ class EventKind(enum.Enum):
 class FlowTuple(NamedTuple):
     """One direction of a connection: what the switch matches on. A named tuple: made
     for every event and looked up in several tables per shunt, and a tuple's hash and
-    equality run in C (a frozen dataclass's in Python)."""
+    equality run in C (a frozen dataclass's in Python).
+
+    `zone` is the conntrack zone (0-65535) of the entry the tuple belongs to: the same
+    addresses and ports in two zones (two VLANs' firewall bridges) are two connections.
+    Zone 0 (no zone, untagged) prints and reprs exactly as the 6-field tuple did."""
 
     family: int  # 4 or 6
     proto: int
@@ -79,15 +83,25 @@ class FlowTuple(NamedTuple):
     dst: str
     sport: int
     dport: int
+    zone: int = 0
 
     def __str__(self) -> str:
         name = {TCP: "tcp", UDP: "udp"}.get(self.proto, str(self.proto))
         if self.family == 6:
-            return f"{name} [{self.src}]:{self.sport} -> [{self.dst}]:{self.dport}"
-        return f"{name} {self.src}:{self.sport} -> {self.dst}:{self.dport}"
+            text = f"{name} [{self.src}]:{self.sport} -> [{self.dst}]:{self.dport}"
+        else:
+            text = f"{name} {self.src}:{self.sport} -> {self.dst}:{self.dport}"
+        return f"{text} zone {self.zone}" if self.zone else text
+
+    def __repr__(self) -> str:
+        # Stable ids hash a repr (ids/rules.scipass_id, config/static block cookies), kept
+        # in state files and installed cookies: a zone-0 tuple's is the 6-field form's.
+        text = (f"FlowTuple(family={self.family!r}, proto={self.proto!r}, src={self.src!r}, dst={self.dst!r}, "
+                f"sport={self.sport!r}, dport={self.dport!r}")
+        return f"{text}, zone={self.zone!r})" if self.zone else f"{text})"
 
     def reversed(self) -> "FlowTuple":
-        return FlowTuple(self.family, self.proto, self.dst, self.src, self.dport, self.sport)
+        return FlowTuple(self.family, self.proto, self.dst, self.src, self.dport, self.sport, self.zone)
 
 
 @dataclass(slots=True)
