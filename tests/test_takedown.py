@@ -14,7 +14,7 @@ import pytest
 from tests.beds import Bed, Strict
 from tests.test_failsafe import TCP_PAIR, finish_iperf, longest_stall, shunt_flows, start_iperf, wait_flows_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 SHUNT, BLOCK = 5201, 5202
 BASE = {"default_shunt_timeout": 30}
