@@ -284,8 +284,8 @@ def _tcp_pair():
 
 
 def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False,
-                    we_read: bool = False) -> bool:
-    """Run the echo loop for 1 s (interval 0.05 s, 2 misses allowed) with a switch that
+                    we_read: bool = False, misses: int = 3) -> bool:
+    """Run the echo loop for 1 s (interval 0.05 s, `misses` unanswered echoes end it) with a switch that
     never answers an echo. It may keep sending (bytes nobody reads), and the controller
     may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
@@ -302,7 +302,7 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
-    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, 2
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, misses - 1  # as app/controller.py sets it
     ended = threading.Event()
     dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
     def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 1 s
@@ -458,3 +458,9 @@ def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is
         sender.join(timeout=2)
         peer.close()
         ours.close()
+
+
+def test_one_allowed_miss_ends_a_silent_connection_rather_than_turning_the_echoes_off():
+    """`echo_misses: 1` is os-ken's maximum_unreplied_echo_requests 0, which os-ken reads as
+    no echoes at all: a switch that vanished was never noticed."""
+    assert _echo_loop_ends(misses=1)

@@ -148,7 +148,7 @@ class ChannelDatapath(osken_controller.Datapath):
             try:
                 data = data[self.socket.send(data):]
             except TimeoutError:
-                if self.state == DEAD_DISPATCHER or not self.max_unreplied_echo_requests:
+                if self.state == DEAD_DISPATCHER or self.max_unreplied_echo_requests < 0:
                     raise
                 LOG.warning("the switch at %s took nothing for the socket timeout; it still works by its "
                             "echoes: waiting", self.address[0])
@@ -172,8 +172,8 @@ class ChannelDatapath(osken_controller.Datapath):
         with flow-mods waiting for it, acknowledged more of them (a hung switch process
         stops reading, so the acknowledgements stop). A switch that vanished does neither,
         and the unanswered echoes end the connection as before."""
-        if not self.max_unreplied_echo_requests:
-            return
+        if self.max_unreplied_echo_requests < 0:  # (os-ken reads 0 as no echoes: `echo_misses: 1`
+            return                                # then turned the check off instead of ending at one miss)
         backlog, seen = False, self._tcp_counts()
         while self.send_q and len(self.unreplied_echo_requests) <= self.max_unreplied_echo_requests:
             now = self._tcp_counts()
