@@ -6,10 +6,10 @@ the machine is about two thirds idle through them. So:
 - the testbed tests that count or time packets run in one run, at the machine's ordinary
   priority (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
-  probe, the dashboard, and modules that count flows and read logs: layouts, operation,
-  several switches) run meanwhile on a second testbed, and those marked `third_bed` (the IDS
-  on the testbed, explain, trust, forged closes, take-downs, the controller's end-to-end
-  cases) on a third, each on a machine of its own (mininet/own_machine.py: namespaces and an
+  probe, the dashboard, trust, and modules that count flows and read logs: layouts,
+  operation, several switches) run meanwhile on a second testbed, and those marked
+  `third_bed` (the IDS on the testbed, explain, forged closes, take-downs, closes and port
+  reuse, the controller's end-to-end cases) on a third, each on a machine of its own (mininet/own_machine.py: namespaces and an
   Open vSwitch of their own). Their switch ports keep the machine's small socket buffer, so
   the tests that count every frame (the testbed's own, jitter, static shunts: one lost 83 of
   4,000 there) stay on the first; so does the firewall pair (on the third, 3 of 4 runs failed
