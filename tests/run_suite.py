@@ -9,11 +9,11 @@ the machine is about two thirds idle through them. So:
   probe, the dashboard, trust, and modules that count flows and read logs: layouts,
   operation, several switches) run meanwhile on a second testbed, and those marked
   `third_bed` (the IDS on the testbed, explain, forged closes, take-downs, closes and port
-  reuse, the controller's end-to-end cases) on a third, each on a machine of its own (mininet/own_machine.py: namespaces and an
-  Open vSwitch of their own). Their switch ports keep the machine's small socket buffer, so
-  the tests that count every frame (the testbed's own, jitter, static shunts: one lost 83 of
-  4,000 there) stay on the first; so does the firewall pair (on the third, 3 of 4 runs failed
-  one of its tests);
+  reuse, the controller's end-to-end cases) on a third, each on a machine of its own
+  (mininet/own_machine.py: namespaces and an Open vSwitch of their own). Their switch ports
+  keep the machine's small socket buffer, so the tests that count every frame (the testbed's
+  own, jitter, static shunts: one lost 83 of 4,000 there) stay on the first; so does the
+  firewall pair (on the third, 3 of 4 runs failed one of its tests);
 - every other test (the pure ones and the integration tests that need no testbed: conntrack,
   iptables and the control channel in namespaces of their own) runs meanwhile too.
 The second testbed's run and the last have a lower CPU priority, so that the testbeds' timing
