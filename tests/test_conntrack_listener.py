@@ -22,11 +22,11 @@ class LossySocket:
     def fileno(self):
         return self.sock.fileno()
 
-    def recv_into(self, buf):
+    def recv_into(self, buf, nbytes=0, flags=0):
         if not self.lost:
             self.lost = True
             raise OSError(errno.ENOBUFS, "No buffer space available")
-        return self.sock.recv_into(buf)
+        return self.sock.recv_into(buf, nbytes, flags)
 
     def close(self):
         self.sock.close()
@@ -34,8 +34,7 @@ class LossySocket:
 
 @pytest.fixture
 def lossy(monkeypatch):
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    ours.settimeout(0.05)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking, as _open's
     monkeypatch.setattr(ctlistener.ConntrackListener, "_open", lambda self: LossySocket(ours))
     monkeypatch.setattr(ctlistener, "parse_datagram", lambda data, now, bad: [data])
     yield theirs
@@ -83,8 +82,8 @@ def test_under_a_storm_that_never_drains_the_loss_is_reported_anyway_and_again_o
 def test_events_queued_together_reach_the_event_loop_in_one_hand_over_and_a_lone_one_at_once(monkeypatch):
     """Under a burst, one event-loop turn (and one write to the switch) for what is queued,
     not one a datagram; at low load a single event is not held back waiting for more."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    ours.settimeout(5)  # a read that waited for more would hold the lone event this long
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking, as _open's: a
+    # read that waited for more would hold the lone event for good
     monkeypatch.setattr(ctlistener.ConntrackListener, "_open", lambda self: ours)
     monkeypatch.setattr(ctlistener, "parse_datagram", lambda data, now, bad: [data])
     monkeypatch.setattr(ctlistener, "COALESCE_MAX", 4)
