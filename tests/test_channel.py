@@ -285,7 +285,7 @@ def _tcp_pair():
 
 def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False,
                     we_read: bool = False, misses: int = 3) -> bool:
-    """Run the echo loop for 1 s (interval 0.05 s, `misses` unanswered echoes end it) with a switch that
+    """Run the echo loop for 2 s (interval 0.2 s, `misses` unanswered echoes end it) with a switch that
     never answers an echo. It may keep sending (bytes nobody reads), and the controller
     may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
@@ -302,18 +302,21 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
-    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, misses - 1  # as app/controller.py sets it
+    # 0.2 s: at 0.05 s, a loaded CI run (three testbeds beside this niced one) starved the
+    # fake switch's reader for 3 intervals once, and a switch working through its backlog
+    # read as hung (the echo loop now judges behind a full send queue too).
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.2, misses - 1  # as app/controller.py sets it
     ended = threading.Event()
     dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
-    def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 1 s
+    def flow_mods():  # 48 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 2 s
         with contextlib.suppress(OSError):
-            dp.socket.sendall(bytes(16 << 20))
+            dp.socket.sendall(bytes(48 << 20))
     if backlog:
         threading.Thread(target=flow_mods, daemon=True).start()
     threading.Thread(target=dp._send_loop, daemon=True).start()
     threading.Thread(target=dp._echo_request_loop, daemon=True).start()
     peer.setblocking(False)
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 2.0
     try:
         while time.monotonic() < deadline and not ended.is_set():
             if peer_sends:
