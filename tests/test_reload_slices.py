@@ -84,16 +84,28 @@ def test_a_status_asked_during_a_reload_is_answered_between_its_slices(tmp_path,
     assert len(rig.flows(cookies.Kind.STATIC)) == 602
 
 
-def test_a_second_reload_while_one_is_applied_is_refused_and_changes_nothing(tmp_path, small_slices):
+def test_a_second_reload_while_one_is_applied_is_refused_and_changes_nothing(tmp_path, small_slices, monkeypatch):
+    """Asked as soon as the loop has applied the first, before the first's thread has run on
+    (held here; a loaded CI run once got there first): it is told the first is being
+    applied, not still being validated."""
     path = tmp_path / "nfshunt.json"
     rig = _rig(path)
     path.write_text(json.dumps(raw(default_shunt_timeout=30, static_shunts=[STREAM, *streams(200)])))
+    held, on_loop = threading.Event(), reloading.Reloader._on_loop
+
+    def holding(self, work):
+        reply = on_loop(self, work)
+        if reply is not None and "applied" in reply:
+            held.wait(10)
+        return reply
+    monkeypatch.setattr(reloading.Reloader, "_on_loop", holding)
     first = EventControl({"cmd": "reload"})
     rig.post(first)
     one_turn(rig)
     one_turn(rig)  # applied: the config swapped in, the slices to come
     path.write_text(json.dumps(raw(default_shunt_timeout=40, static_shunts=[STREAM])))
     second = rig.app.operator.off_loop({"cmd": "reload"}, None)  # (what the control socket's thread does)
+    held.set()
     assert second is not None and second["busy"] is True
     assert "reload refused, nothing changed" in second["error"] and "being applied: 0 of 400" in second["error"]
     _serve(rig, first.done)

@@ -165,8 +165,11 @@ class Reloader:
             return
         threading.Thread(target=lambda: answer(self.reload(request)), name="reload", daemon=True).start()
 
-    def _apply(self, by: str, change: Plan, statics: list[StaticChange]) -> dict[str, Any]:
-        """The loop's turn: the new config swapped in, each switch's static change taken in."""
+    def _apply(self, by: str, change: Plan, statics: list[StaticChange], progress: Progress) -> dict[str, Any]:
+        """The loop's turn: the new config swapped in, each switch's static change taken in.
+        The progress says "applied" from this turn on: a second reload asked as soon as the
+        loop has answered is told so, not that this one is still being validated (its thread
+        may not have run yet)."""
         t0 = time.perf_counter()
         app = self.app
         app.cfg = change.config
@@ -197,6 +200,7 @@ class Reloader:
         LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
                     ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
                     f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
+        progress.total = sum(flow_mods(cmd) for _, _, out in switches for cmd in out or ())
         head = {"ok": True, "changed": list(change.changed), "static": static,
                 "kept": {key: "needs a restart: running value kept" for key in change.kept}}
         return {"applied": Applied(head, switches, time.perf_counter() - t0)}
@@ -239,13 +243,12 @@ class Reloader:
             LOG.error("reload (%s) refused, nothing changed: %s: %s", by, path, exc)
             return {"error": f"reload refused, nothing changed: {path}: {exc}", "invalid_config": True}
         validated = time.monotonic()
-        reply = self._on_loop(functools.partial(self._apply, by, change, statics))
+        reply = self._on_loop(functools.partial(self._apply, by, change, statics, progress))
         if reply is None or "applied" not in reply:
             LOG.error("reload (%s): the event loop did not take it within %g s: nothing changed", by, LOOP_WAIT)
             return {"error": f"the controller's event loop did not take the reload within {LOOP_WAIT:g} s: "
                              "nothing changed"}
         applied: Applied = reply["applied"]
-        progress.total = sum(flow_mods(cmd) for _, _, out in applied.switches for cmd in out or ())
         longest, slices = applied.took, 0
         sizer = Sizer()
         rows: list[tuple[dict[str, Any], list[SliceWatch] | None]] = []
