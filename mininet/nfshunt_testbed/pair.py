@@ -219,8 +219,10 @@ class Pair(Controllers):
         """The firewall keepalived made master holds the switch (the default flows point to it)
         and has held it for `hold` s: keepalived can make both hosts master for a moment at
         boot, and the one that yields may claim the switch after the other did (its notify
-        runs late), so a single look can fall into that moment. (fw, seconds from the call
-        until it first held it for good)."""
+        runs late), so a single look can fall into that moment. Held by its running
+        controller: the flows a killed one left point to the same host, and a boot that
+        reads them is done before the new controller has the switch (or its control
+        socket). (fw, seconds from the call until it first held it for good)."""
         start = time.monotonic()
         since: tuple[Firewall, float] | None = None
 
@@ -228,13 +230,19 @@ class Pair(Controllers):
             nonlocal since
             active = self.active_firewall()
             now = time.monotonic()
-            if active is None or not self.defaults_point_to(active):
+            if active is None or not self.claimed(active) or not self.defaults_point_to(active):
                 since = None
             elif since is None or since[0] is not active:
                 since = (active, now)
             return (since[0], since[1] - start) if since is not None and now - since[1] >= hold else None
         return self.wait_for(settled, timeout + hold, f"the firewall keepalived made master to hold the switch "
                              f"for {hold:g} s", interval=0.05)
+
+    def claimed(self, fw: Firewall) -> bool:
+        """fw's running controller has made itself the switch's master and not stood down
+        since (read from its log: asking it would change what the test observes)."""
+        out = self.controller_output(fw, since_start=True)
+        return out.rfind(": programming it (") > out.rfind("no longer master of switch")
 
     def active_firewall(self) -> Firewall | None:
         """The firewall keepalived made master (it holds the VRRP address); None: none or
