@@ -8,8 +8,8 @@ from types import SimpleNamespace
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 from nfshunt.core import commands as cm  # noqa: E402
+from nfshunt.observe.logs import RateLimitedLog  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
-from nfshunt.openflow.channel import RateLimitedLog  # noqa: E402
 from nfshunt.openflow.inflight import (
     EXPIRY,
     Barrier,

@@ -26,10 +26,10 @@ from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes, audit_logger
 from nfshunt.observe.collector import FullCollections
 from nfshunt.observe.flowrecords import FlowRecords
-from nfshunt.observe.logs import BatchedFileHandler, flush_all
+from nfshunt.observe.logs import BatchedFileHandler, RateLimitedLog, flush_all
 from nfshunt.observe.metrics import Metrics
 from nfshunt.observe.trim import Trimmer
-from nfshunt.openflow.channel import RateLimitedLog, install_connection_factory
+from nfshunt.openflow.channel import install_connection_factory
 from nfshunt.records.model import ConnEvent
 from nfshunt.switch.dispatch import Dispatcher
 from nfshunt.switch.feeds import EventRun, Feeds

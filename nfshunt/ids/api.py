@@ -34,6 +34,7 @@ Routes (the requester is "ids:<client>"; its ids are its own):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import email.utils
 import http.server
@@ -46,6 +47,7 @@ import re
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -56,6 +58,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from nfshunt.config import jsonfile
 from nfshunt.config.ids import IdsConfig
 from nfshunt.kernel import sockdiag
+from nfshunt.observe.logs import RateLimitedLog
 
 from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleBackend
 from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
@@ -69,6 +72,11 @@ PAGE_SIZE = 500  # rules a listing's page has unless ?limit= says fewer or more 
 LIST_RULES = 20000  # rules a second a client may list (a page of 1,000 is ~10 ms of the controller's CPU)
 NEXT_HEADER = "X-Next-After"  # a SciPass list cut at its limit: the ?after= of the rest
 WRITE_SECONDS = 10.0  # an answer must be taken within this
+# Answers a client may leave unread before a write waits (the kernel doubles it): without
+# it, autotuning lets one connection hold up to tcp_wmem's maximum (4 MB here) of them, so
+# a client that never reads costs that much a connection and is cut off only once that is
+# full, after seconds of answering it (CI: over 10 s on a loaded machine).
+SEND_BUFFER = 256 * 1024
 HEAD_BYTES = 16384  # a request's line and headers (curl's are ~200 bytes)
 RATE_CLIENTS = 10000  # clients whose rate is tracked at once (the oldest forgotten)
 
@@ -137,6 +145,7 @@ class _DeadlineReader(io.RawIOBase):
         # an ioctl for each settimeout). TLS keeps Python's timeouts: the ssl module does
         # not report a kernel timeout as one.
         self.kernel_timeouts = not isinstance(sock, ssl.SSLSocket)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         if self.kernel_timeouts:
             sock.settimeout(None)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(WRITE_SECONDS))
@@ -275,9 +284,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             super().handle_one_request()
         except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
             self.log_error("Request timed out: %r", exc)
+            self.server.api.count(Reject.UNREAD)
             self.close_connection = True
         if self.close_connection and self._reader.received and time.monotonic() >= self._reader.deadline:
             self.server.api.count(Reject.TIMEOUT)  # a request begun and not finished in time
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):  # the last answer's buffered rest: its client cut off (counted) or gone
+            super().finish()
 
     def parse_request(self) -> bool:
         """http.server's parse_request, done here for a strict head (_strict_head)."""
@@ -665,6 +679,14 @@ class _Server(http.server.ThreadingHTTPServer):
         self.socket = api.listening if api.listening is not None else listen(api.cfg)
         self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+        self._rlog = RateLimitedLog(LOG)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection's thread ended on an exception (socketserver's default prints its
+        traceback to stderr, once for every such connection a client opens)."""
+        self.api.count(Reject.INTERNAL)
+        self._rlog.warning("connection", "ids api: the connection from %s ended on an error: %r",
+                           client_address[0], sys.exc_info()[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A connection takes one of ids.max_connections slots, and one of its client's

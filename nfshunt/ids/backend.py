@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 from nfshunt.config.ids import IdsConfig
 from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
-from nfshunt.openflow.channel import RateLimitedLog
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.records import markcodec
 from nfshunt.records.model import OFP10, TCP, TCP_CLOSING, Action, ConnEvent, FlowTuple
 

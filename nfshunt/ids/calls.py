@@ -29,6 +29,7 @@ class Reject(enum.StrEnum):
     UNANSWERED = "unanswered"  # 504: the backend did not answer in time
     INTERNAL = "internal"  # 500
     TIMEOUT = "timeout"  # the request did not arrive within its deadline: connection cut
+    UNREAD = "unread"  # the client took no answer within WRITE_SECONDS: connection cut
     FORBIDDEN = "forbidden"  # 403: another client's rules, to a client whose token is not an admin's
     BUSY = "busy"  # ids.max_connections open: connection closed at once
     CLIENT_BUSY = "client_busy"  # ids.max_connections_per_client of its client open: closed at once

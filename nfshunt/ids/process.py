@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from nfshunt.config.ids import IdsConfig
-from nfshunt.openflow.channel import RateLimitedLog
+from nfshunt.observe.logs import RateLimitedLog
 
 from . import frames, tokens
 from .api import REQUEST_SECONDS, IdsApi, listen

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 FLUSH_INTERVAL = 0.5
 
@@ -91,3 +92,31 @@ def flush_all() -> None:
                 handler.flush()
             if isinstance(handler, BatchedFileHandler):
                 handler.check_rotated()
+
+
+class RateLimitedLog:
+    """At most one line per key every `interval` seconds, with how many were held back."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0):
+        self.logger = logger
+        self.interval = interval
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def allow(self, key: str) -> int | None:
+        """How many lines of this key were held back since the last one, if this one may
+        be logged; None if it is held back too."""
+        now = time.monotonic()
+        last, held = self._last.get(key, (-1e9, 0))
+        if now - last < self.interval:
+            self._last[key] = (last, held + 1)
+            return None
+        self._last[key] = (now, 0)
+        return held
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        held = self.allow(key)
+        if held is None:
+            return
+        if held:
+            msg += f" ({held} more like this since the last report)"
+        self.logger.warning(msg, *args)

@@ -27,6 +27,7 @@ from os_ken.controller.handler import DEAD_DISPATCHER
 from os_ken.lib import hub
 
 from nfshunt.core.connection import Conn
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.records.model import OFP10
 
 from .flows import FlowBuilder
@@ -41,34 +42,6 @@ SEND_CHUNK = 256 * 1024  # bytes a write to the switch gets the socket timeout f
 # answering barriers is seen to progress (one barrier behind 93,000 pairs went 16 s
 # unanswered and the whole burst was rolled back).
 BATCH_PAIRS = 1000
-
-
-class RateLimitedLog:
-    """At most one line per key every `interval` seconds, with how many were held back."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 10.0):
-        self.logger = logger
-        self.interval = interval
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def allow(self, key: str) -> int | None:
-        """How many lines of this key were held back since the last one, if this one may
-        be logged; None if it is held back too."""
-        now = time.monotonic()
-        last, held = self._last.get(key, (-1e9, 0))
-        if now - last < self.interval:
-            self._last[key] = (last, held + 1)
-            return None
-        self._last[key] = (now, 0)
-        return held
-
-    def warning(self, key: str, msg: str, *args: Any) -> None:
-        held = self.allow(key)
-        if held is None:
-            return
-        if held:
-            msg += f" ({held} more like this since the last report)"
-        self.logger.warning(msg, *args)
 
 
 Admit = Callable[[tuple[str, int]], str | None]  # the peer's address -> None to admit, or why not

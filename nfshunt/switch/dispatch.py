@@ -20,7 +20,7 @@ from nfshunt.core import commands as c
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
-from nfshunt.openflow.channel import RateLimitedLog
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.openflow.flows import ALL_ONES_64
 from nfshunt.openflow.inflight import (
     Barrier,

@@ -11,8 +11,8 @@ from typing import Callable, Iterable
 
 from nfshunt.core import commands as c
 from nfshunt.core.teardown_sweep import CHECK_AFTER
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.observe.metrics import Counters
-from nfshunt.openflow.channel import RateLimitedLog
 from nfshunt.openflow.inflight import FlowsRead, MeterRead, StaticRead, WatchRead
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies

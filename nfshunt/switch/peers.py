@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterable
 from nfshunt.core import commands as c
 from nfshunt.core.connection import Conn, State
 from nfshunt.core.core import PIPELINE_ENTRIES, Core
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.observe.metrics import Counters
-from nfshunt.openflow.channel import RateLimitedLog, address_allowed
+from nfshunt.openflow.channel import address_allowed
 from nfshunt.openflow.session import Session
 from nfshunt.records.model import OFP10, openflow_label
 

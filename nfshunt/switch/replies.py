@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterable
 from nfshunt.core import commands as c
 from nfshunt.core.core import PIPELINE_READ_AGAIN, PIPELINE_READS
 from nfshunt.core.policy_state import PolicyWatch
+from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.observe.metrics import Counters
-from nfshunt.openflow.channel import RateLimitedLog, table_full
+from nfshunt.openflow.channel import table_full
 from nfshunt.openflow.flows import REMOVED_REASONS, metadata_teardown
 from nfshunt.openflow.inflight import (
     EXPIRY,
