@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from nfshunt import routed_checks
 from nfshunt.config.settings import ACTIONS, Config, ConfigError
 from nfshunt.records import markcodec
 from nfshunt.records.model import Action
@@ -57,6 +58,8 @@ def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
 
 def plumbing_rules(cfg: Config) -> list[str]:
     """The rules of NFShunt's four plumbing chains (BRIEF.md section 4)."""
+    if routed_checks.routed(cfg):
+        return routed_rules(cfg)
     ports = bridge_ports(cfg)
     rules = [
         # Only packets that entered through a bridge port concern NFShunt.
@@ -80,6 +83,36 @@ def plumbing_rules(cfg: Config) -> list[str]:
     ]
     rules += [f"-A NFSHUNT_POST_PD_OUT -m physdev --physdev-is-bridged --physdev-out {ifname} "
               f"-j MARK --set-xmark {xmark(markcodec.egress_xmark(n))}" for n, ifname in ports]
+    return rules + _decision_rules(cfg)
+
+
+def routed_rules(cfg: Config) -> list[str]:
+    """The same chains on a routing firewall: its interfaces named by -i / -o (mangle
+    PREROUTING / POSTROUTING), no physdev. A packet the firewall sends itself never passes
+    NFSHUNT_PRE, so it has no ingress flag and NFSHUNT_POST returns at once. Mangle
+    POSTROUTING runs before nat's, and the NEW event after both: it carries the mark and a
+    NAT's reply tuple together (docs/design/routed.md, 5.1)."""
+    ports = routed_checks.interfaces(cfg)
+    rules = [
+        f"-A NFSHUNT_PRE -j CONNMARK --restore-mark --nfmask {OURS} --ctmask {OURS}",
+        f"-A NFSHUNT_PRE -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j NFSHUNT_PRE_PD_IN",
+    ]
+    rules += [f"-A NFSHUNT_PRE_PD_IN -i {ifname} -j MARK --set-xmark {xmark(markcodec.ingress_xmark(n))}"
+              for n, ifname in ports]
+    rules += [
+        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j RETURN",
+        f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_EGRESS)} -j NFSHUNT_POST_PD_OUT",
+        f"-A NFSHUNT_POST -m mark --mark {_hex(markcodec.FLAG_DECIDED)}/{_hex(markcodec.FLAG_DECIDED)} -j RETURN",
+        "-A NFSHUNT_POST -j NFSHUNT_POLICY",
+        f"-A NFSHUNT_POST -j CONNMARK --save-mark --nfmask {OURS} --ctmask {OURS}",
+    ]
+    rules += [f"-A NFSHUNT_POST_PD_OUT -o {ifname} -j MARK --set-xmark {xmark(markcodec.egress_xmark(n))}"
+              for n, ifname in ports]
+    return rules + _decision_rules(cfg)
+
+
+def _decision_rules(cfg: Config) -> list[str]:
+    rules = []
     for action, chain in DECISIONS.items():
         number = _action_number(cfg, action)
         if number is not None:
@@ -198,6 +231,8 @@ class Iptables:
 
 def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
     """Problems that must stop an apply, each with what to do; [] when all is well."""
+    if routed_checks.routed(cfg):
+        return routed_checks.preflight(cfg, families, fix_sysctl)
     problems = []
     try:
         ports = bridge_ports(cfg)
@@ -299,7 +334,7 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
     except IptablesError as exc:
         return _fail(str(exc))
     if args.fix_sysctl:
-        fix_sysctls(families)
+        (routed_checks.fix_sysctls if routed_checks.routed(cfg) else fix_sysctls)(families)
     for ipt, text in zip(tables, texts, strict=True):
         try:
             ipt.restore_text(text)

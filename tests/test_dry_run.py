@@ -129,13 +129,19 @@ def _vlan():
     return connected(), event(zone=100)
 
 
+def _routed():
+    return connected(forwarding="routed", openflow_versions=["1.3"],
+                     ports=[{"fast": 1, "slow": 2, "physdevin": 1, "interface": "fw-eth0"},
+                            {"fast": 3, "slow": 4, "physdevin": 2, "interface": "fw-eth1"}]), event()
+
+
 SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOWN_ACTION: _unknown_action,
           adm.R_UNKNOWN_PORT: _unknown_port, adm.R_SAME_PORT: _same_port, adm.R_POLICY_IGNORE: _policy_ignore,
           adm.R_PROTOCOL: _protocol, adm.R_CLOSING: _closing, adm.R_DESTROY: _destroy,
           adm.R_NO_SWITCH: _no_switch, adm.R_BACKUP: _backup, adm.R_IPV6_OF10: _ipv6_of10,
           adm.R_DUPLICATE: _duplicate, adm.R_QUEUED: _queued, adm.R_BUDGET: _budget, adm.R_PINNED: _pinned,
           adm.R_NAT: _nat, adm.R_ID_COLLISION: _id_collision, adm.R_IDS_SERVER: _ids_server,
-          adm.R_VLAN: _vlan}
+          adm.R_VLAN: _vlan, adm.R_ROUTED: _routed}
 # Not a reason an event is ignored for: the removal's reason of a shunt whose entry
 # closed on the firewall (its event is ignored as R_CLOSING; see the take-down test below).
 NOT_IGNORED = {adm.R_CLOSED_ON_FIREWALL}

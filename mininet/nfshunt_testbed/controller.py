@@ -54,6 +54,10 @@ class Controllers(Topology):
         ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
                  {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
         groups: dict[str, Any] = {"ports": ports}
+        if self.mode == "routed":  # the router's interfaces, not bridge ports
+            ports = [{"fast": g["fast"], "slow": g["slow"], "physdevin": g["physdevin"], "interface": g["bridge_port"]}
+                     for g in ports]
+            groups = {"ports": ports, "forwarding": "routed"}
         if self.mode == "two-switch":
             groups = {"switches": [
                 {"datapath_id": S1_DPID, "ports": ports},

@@ -187,11 +187,13 @@ def stop_process(proc: subprocess.Popen, timeout: float = 5, sig: int = signal.S
     return proc.returncode
 
 
-def shape_slow_path(run: Runner, fw, intfs: tuple[str, ...], emu: Emulation) -> None:
-    """Both directions through the bridge: each bridge port's egress gets the firewall's rate and buffer."""
+def shape_slow_path(run: Runner, fw, intfs: tuple[str, ...], emu: Emulation, bridge: bool = True) -> None:
+    """Both directions through the bridge (or, without one, the router): each of its ports'
+    egress gets the firewall's rate and buffer."""
     for intf in intfs:
         run(fw, "ip", "link", "set", intf, "mtu", str(emu.mtu))
-    run(fw, "ip", "link", "set", "br0", "mtu", str(emu.mtu))
+    if bridge:
+        run(fw, "ip", "link", "set", "br0", "mtu", str(emu.mtu))
     if not emu.slow_mbit:
         return
     for intf in intfs:

@@ -52,7 +52,12 @@ FIXED_CLIENT_PORTS = "40000,41000-55999"
 OPENFLOW_PROTOCOLS = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}  # Open vSwitch's names for the versions
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
-MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch")
+MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch", "routed")
+# Mode "routed": the firewall routes between two subnets, the hosts' gateway on each side.
+ROUTED_IPS = ("10.0.1.1", "10.0.2.1")
+ROUTED_GATEWAYS = ("10.0.1.254", "10.0.2.254")
+ROUTED_IP6S = ("fd01::1", "fd02::1")
+ROUTED_GATEWAYS6 = ("fd01::fe", "fd02::fe")
 H3_IP, H4_IP = "10.0.0.3", "10.0.0.4"
 S1_DPID, S2_DPID = "00000000000000a1", "00000000000000a2"
 # The pair's second firewall (mode "ha"): its slow ports, control link, and the pair's links.
@@ -71,9 +76,11 @@ class TestbedError(RuntimeError):
 
 
 class TwoHostTopo(Topo):
-    def build(self, ha: bool = False, two_switch: bool = False) -> None:  # type: ignore[override]
-        h1 = self.addHost("h1", ip=f"{H1_IP}/24")
-        h2 = self.addHost("h2", ip=f"{H2_IP}/24")
+    def build(self, ha: bool = False, two_switch: bool = False,  # type: ignore[override]
+              routed: bool = False) -> None:
+        ips = ROUTED_IPS if routed else (H1_IP, H2_IP)
+        h1 = self.addHost("h1", ip=f"{ips[0]}/24")
+        h2 = self.addHost("h2", ip=f"{ips[1]}/24")
         fw = self.addHost("fw", ip=None)
         s1 = self.addSwitch("s1", dpid=S1_DPID)
         self.addLink(h1, s1, port2=FAST1)
@@ -167,6 +174,18 @@ class Topology:
         return [self.net.get(h) for h in ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)]]  # type: ignore[union-attr]
 
     @property
+    def h1_ip(self) -> str:
+        return ROUTED_IPS[0] if self.mode == "routed" else H1_IP
+
+    @property
+    def h2_ip(self) -> str:
+        return ROUTED_IPS[1] if self.mode == "routed" else H2_IP
+
+    @property
+    def h2_ip6(self) -> str:
+        return ROUTED_IP6S[1] if self.mode == "routed" else H2_IP6
+
+    @property
     def fw(self) -> Host:
         return self.net.get("fw")  # type: ignore[union-attr]
 
@@ -175,7 +194,7 @@ class Topology:
 
     @property
     def controlled(self) -> bool:
-        return self.mode in ("nfshunt", "ha", "two-switch")
+        return self.mode in ("nfshunt", "ha", "two-switch", "routed")
 
     @property
     def switch_ports(self) -> tuple[int, ...]:
@@ -244,7 +263,8 @@ class Topology:
         """The network, not built yet: every node, link and switch; the switches connect to
         `controller` (Mininet's argument: None, or one controller factory a firewall)."""
         ofproto = OPENFLOW_PROTOCOLS[self.of_version]
-        return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch"),
+        return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch",
+                                        routed=self.mode == "routed"),
                        controller=controller, autoSetMacs=True,
                        switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
                                                            else "kernel", failMode="secure",
@@ -264,14 +284,23 @@ class Topology:
             # (a bind to 41002 failed "address in use" once in CI).
             self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}",
                      f"net.ipv6.conf.{intf}.accept_dad=0")
-            self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
+            if self.mode == "routed":  # each side its own subnet, the firewall its gateway
+                self.run(host, "ip", "-6", "addr", "add", f"{ROUTED_IP6S[i]}/64", "dev", intf, "nodad")
+                self.run(host, "ip", "route", "add", "default", "via", ROUTED_GATEWAYS[i])
+                self.run(host, "ip", "-6", "route", "add", "default", "via", ROUTED_GATEWAYS6[i])
+            else:
+                self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
             # The userspace datapath completes checksums of offloaded packets only with its
             # own TSO support on (set in start() when host_offload asks for it).
             if not self.host_offload:
                 self.run(host, "ethtool", "-K", intf, "tx", "off", check=False)
 
     def _setup_bridge(self, firewall: Firewall) -> None:
-        """The firewall node's bridge br0 over its switch ports, netfilter on bridged traffic."""
+        """The firewall node's bridge br0 over its switch ports, netfilter on bridged traffic
+        (mode "routed": no bridge, the node routes between its switch ports)."""
+        if self.mode == "routed":
+            self._setup_router(firewall)
+            return
         fw = self.node(firewall)
         # A transparent bridge sends nothing of its own: no addresses, no IPv6 on the bridge
         # or its ports (their neighbour and multicast-listener messages would be counted
@@ -291,6 +320,21 @@ class Topology:
         for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
             self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
         self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+
+    def _setup_router(self, firewall: Firewall) -> None:
+        """Mode "routed": fw-eth0 and fw-eth1 are the gateways of h1's and h2's subnets (IPv4
+        and IPv6), and the node forwards between them through the same netfilter policy."""
+        fw = self.node(firewall)
+        for i, intf in enumerate(firewall.intfs[:2]):
+            self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
+            # IPv4 only: without its link-local address a router sends no neighbour
+            # solicitation for a packet it forwards (seen: fd02::1 stayed INCOMPLETE).
+            self.run(fw, "ip", "-4", "addr", "flush", "dev", intf)
+            self.run(fw, "ip", "addr", "add", f"{ROUTED_GATEWAYS[i]}/24", "dev", intf)
+            self.run(fw, "ip", "-6", "addr", "add", f"{ROUTED_GATEWAYS6[i]}/64", "dev", intf, "nodad")
+            self.run(fw, "ip", "link", "set", intf, "up")
+        self.run(fw, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
+                 "net.netfilter.nf_conntrack_tcp_loose=1")
 
     def _setup_mgmt(self, fw: Firewall) -> None:
         root_if, fw_if = fw.mgmt_ifs
@@ -337,7 +381,7 @@ class Topology:
             subprocess.run(["ovs-vsctl", "set", "interface", intf, f"mtu_request={emu.mtu}"],
                            check=True, capture_output=True)
         for fw in self.firewalls:
-            shape_slow_path(self.run, self.node(fw), fw.intfs, emu)
+            shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=self.mode != "routed")
         half = emu.rtt_ms / 2
         try:
             mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"
@@ -357,7 +401,7 @@ class Topology:
                 for attempt in range(RTT_ATTEMPTS):
                     if attempt:
                         time.sleep(1.0)
-                    self.rtt_measured = measure_rtt(self.run, self.h1, H2_IP)
+                    self.rtt_measured = measure_rtt(self.run, self.h1, self.h2_ip)
                     self.log(f"RTT requested {emu.rtt_ms:g} ms, measured {self.rtt_measured:.2f} ms "
                              f"(delay mechanism: {mechanism})")
                     if rtt_within(emu.rtt_ms, self.rtt_measured):

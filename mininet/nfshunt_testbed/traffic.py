@@ -85,7 +85,7 @@ class Traffic(Topology):
         """An iperf3 transfer h1 -> h2; the parsed JSON, or {"error": ...} (stalled or refused).
         `watch` is called every 0.2 s while it runs (to look at flows before a FIN removes them)."""
         srv = self.iperf_server(port, interval)
-        args = ["iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "5000"]
+        args = ["iperf3", "-c", self.h2_ip, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "5000"]
         if interval:
             args += ["-i", str(interval)]
         if cport:
@@ -120,7 +120,7 @@ class Traffic(Topology):
         """An iperf3 transfer h1 -> h2 in the background (server, client); the receiver's
         intervals come back with the result (finish_transfer)."""
         srv = self.iperf_server(port, interval)
-        args = ["iperf3", "-c", H2_IP, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
+        args = ["iperf3", "-c", self.h2_ip, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
                 "--get-server-output", "--connect-timeout", "5000"]
         if cport:
             args += ["--cport", str(cport)]

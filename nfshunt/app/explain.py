@@ -331,6 +331,8 @@ REASONS = {
     adm.R_IDS_SERVER: "an IDS's shunt was judged on the other end as the server: not applied to this direction",
     adm.R_VLAN: "its entry is in a conntrack zone (a `-j CT --zone` rule) that no VLAN of its port groups names: "
                 "it stays on the firewall",
+    adm.R_ROUTED: "the firewall routes (forwarding \"routed\"): shunts through a routing firewall are not built "
+                  "yet, so it stays on the firewall",
 }
 PRE_ESTABLISHED = {"NONE", "SYN_SENT", "SYN_RECV", "SYN_SENT2"}
 

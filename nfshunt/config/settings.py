@@ -219,6 +219,9 @@ def from_dict(raw: Any) -> Config:
                                 for i, entry in enumerate(entries)), **values)
     for sw in cfg.switches:
         switch.check(sw, cfg.openflow_versions, cfg.tcp_teardown)
+        if sw.forwarding != cfg.switches[0].forwarding:  # one firewall, one iptables plumbing
+            raise ConfigError(f"{sw.at}forwarding", f"{sw.forwarding}, and switches[0] is "
+                              f"{cfg.switches[0].forwarding}: one firewall routes or bridges for all its switches")
     _check(cfg, SwitchConfig(**{**top, "ports": ()}))
     return cfg
 

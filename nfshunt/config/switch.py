@@ -18,6 +18,7 @@ class PortGroup:
     slow: int
     physdevin: int
     bridge_port: str | None = None
+    interface: str | None = None  # routed mode (forwarding "routed"): the router's interface, not a bridge port
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,23 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
                        "ingress and egress fields; each once, across all switches."),
     "bridge_port": v.Key(v.ifname, "The bridge port's interface name, for `nfshunt iptables` (its physdev "
                          "rules); each once, across all switches."),
+    "interface": v.Key(v.ifname, "With `forwarding` `routed`, in place of `bridge_port`: the firewall's routed "
+                       "interface cabled to `slow`, for `nfshunt iptables` (its -i/-o rules); each once, across "
+                       "all switches."),
 }, required=("fast", "slow", "physdevin"), record=PortGroup)
 
 
 def port_group(key: str, value: Any) -> PortGroup:
     group = PortGroup(**PORT_GROUP.read(key, value))
+    if group.bridge_port is not None and group.interface is not None:
+        raise ConfigError(f"{key}.interface", "a port group names the firewall's bridge port (bridged) or its "
+                          "routed interface (routed), not both")
     if group.fast == group.slow:
         raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
     return group
+
+
+FORWARDING = ("bridged", "routed")
 
 
 @v.takes("list of objects", "port groups (`ports[]`), at least one; each switch port once")
@@ -68,7 +78,7 @@ def unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
     switch its group is on (groups: each with the key path it was read from)."""
     seen: dict[tuple[str, Any], str] = {}
     for path, g in groups:
-        for attr in ("physdevin", "bridge_port"):
+        for attr in ("physdevin", "bridge_port", "interface"):
             value = getattr(g, attr)
             if value is not None and (attr, value) in seen:
                 raise ConfigError(f"{path}.{attr}", f"{value!r} is already used by {seen[(attr, value)]}")
@@ -131,6 +141,10 @@ PER_SWITCH: dict[str, v.Key] = {
                      "hardware; OpenFlow 1.3 only), or `confirm_delay` after the barrier (`delay`); then `drain`."),
     "confirm_delay": v.Key(v.number(0, 10), "Seconds after the barrier reply, for `confirm` `delay`."),
     "drain": v.Key(v.number(0, 5), "Seconds more before the entry goes, for packets still queued on the slow path."),
+    "forwarding": v.Key(v.choice(FORWARDING), "How the firewall forwards between the port groups: `bridged` (a "
+                        "transparent bridge, `bridge_port`s) or `routed` (it routes between its interfaces, "
+                        "`interface`s; OpenFlow 1.3). Routed connections are not shunted yet: each is left on the "
+                        "firewall and counted (docs/design/routed.md). The same for every switch."),
 }
 
 
@@ -157,6 +171,7 @@ class SwitchConfig:
     confirm: str = "barrier"
     confirm_delay: float = 0.5
     drain: float = 0.05
+    forwarding: str = "bridged"  # "bridged" | "routed" (FORWARDING): how the firewall forwards between the groups
     at: str = field(default="", compare=False)  # where its keys are in the config: "" or "switches[i]."
     by_physdevin: dict[int, PortGroup] = field(init=False, compare=False, repr=False)
 
@@ -200,6 +215,7 @@ def check(sw: SwitchConfig, openflow_versions: tuple[str, ...], tcp_teardown: bo
     """What one switch's keys must agree on, with the controller's OpenFlow versions and
     TCP teardown (its key paths under sw.at)."""
     prefix = sw.at
+    forwarding_check(sw, openflow_versions)
     if sw.confirm == "counters" and "1.0" in openflow_versions:
         raise ConfigError(f"{prefix}confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set "
                           "openflow_versions to [\"1.3\"], or use delay")
@@ -210,3 +226,20 @@ def check(sw: SwitchConfig, openflow_versions: tuple[str, ...], tcp_teardown: bo
         if not tcp_teardown:
             raise ConfigError(f"{prefix}flow_layout", "pipeline holds the TCP teardown catchers, and tcp_teardown "
                               "is false: use single or auto")
+
+
+def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> None:
+    """A routed switch's groups name interfaces, a bridged one's bridge ports; routed needs
+    OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL packet-ins: docs/design/routed.md)."""
+    routed = sw.forwarding == "routed"
+    for i, g in enumerate(sw.ports):
+        if routed and g.bridge_port is not None:
+            raise ConfigError(f"{sw.at}ports[{i}].bridge_port", "a routing firewall has no bridge: name its routed "
+                              "interface in \"interface\"")
+        if not routed and g.interface is not None:
+            raise ConfigError(f"{sw.at}ports[{i}].interface", "names a routed interface, and this switch's "
+                              "forwarding is bridged: set \"forwarding\": \"routed\", or name the bridge port in "
+                              "\"bridge_port\"")
+    if routed and "1.0" in openflow_versions:
+        raise ConfigError(f"{sw.at}forwarding", "routed needs OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL "
+                          "packet-ins): set openflow_versions to [\"1.3\"]")

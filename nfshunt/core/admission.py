@@ -51,6 +51,9 @@ R_IDS_SERVER = "ids shunt: not the server it was judged on"
 # zone but 0, e.g. an admin's own `-j CT --zone` rule). Untagged flows would carry another
 # VLAN's traffic, and requests naming the entry would miss it.
 R_VLAN = "vlan: zone not configured on its port groups"
+# A routing firewall's connection would need the router's rewrite (MACs, TTL; NAT): not
+# built yet, so it stays on the firewall (docs/design/routed.md, slice 1).
+R_ROUTED = "routed: shunting through a routing firewall is not built yet"
 
 
 class Act(enum.Enum):
@@ -248,6 +251,8 @@ class Admission:
             return Ignored(R_UNKNOWN_PORT, ev)
         if ingress is egress:
             return Ignored(R_SAME_PORT, ev)
+        if self.shared.switch.forwarding == "routed":  # (bridged flows would hand the host the router's frames)
+            return Ignored(R_ROUTED, ev)
         if ev.orig.zone:
             return Ignored(R_VLAN, ev)
         if ev.orig.proto not in (TCP, UDP):

@@ -1,0 +1,82 @@
+"""A routing firewall's side of `nfshunt iptables` (forwarding "routed"): the interfaces its
+plumbing names with -i/-o, and what they must be before the plumbing goes in.
+
+The firewall routes between its interfaces, each cabled to a slow port of the switch: each is
+the gateway of the hosts behind its fast port, so it must exist, be up, carry an address of each
+family applied, and not be a bridge port; the kernel must forward. Read over netlink (pyroute2),
+as the bridged checks are (docs/design/routed.md).
+"""
+from __future__ import annotations
+
+import socket
+
+from nfshunt.config.settings import Config, ConfigError
+
+IFF_UP = 0x1
+FORWARDING = {"ipv4": "/proc/sys/net/ipv4/ip_forward", "ipv6": "/proc/sys/net/ipv6/conf/all/forwarding"}
+FAMILY = {"ipv4": (socket.AF_INET, "IPv4"), "ipv6": (socket.AF_INET6, "IPv6")}
+
+
+def routed(cfg: Config) -> bool:
+    """The firewall routes (every switch's forwarding is the same: config/settings holds it)."""
+    return cfg.switches[0].forwarding == "routed"
+
+
+def interfaces(cfg: Config) -> list[tuple[int, str]]:
+    """(physdevin, interface) of every port group; ConfigError naming the first without one."""
+    for sw in cfg.switches:
+        for i, g in enumerate(sw.ports):
+            if not g.interface:
+                raise ConfigError(f"{sw.at}ports[{i}].interface", "required for iptables in routed mode: the "
+                                  "firewall's interface cabled to this group's slow port")
+    return [(g.physdevin, g.interface) for g in cfg.all_port_groups]  # type: ignore[misc]
+
+
+def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
+    """Problems that must stop an apply on a routing firewall, each with what to do."""
+    try:
+        names = [name for _, name in interfaces(cfg)]
+    except ConfigError as exc:
+        return [str(exc)]
+    problems = check_interfaces(names, families)
+    for family in families:
+        name = FORWARDING[family].removeprefix("/proc/sys/").replace("/", ".")
+        try:
+            with open(FORWARDING[family]) as fh:
+                on = fh.read().strip() == "1"
+        except OSError:
+            problems.append(f"{name} is missing: this kernel has no {FAMILY[family][1]}")
+            continue
+        if not on and not fix_sysctl:
+            problems.append(f"{name} is 0, so the firewall does not route {FAMILY[family][1]}: "
+                            f"run `sysctl -w {name}=1` or pass --fix-sysctl")
+    return problems
+
+
+def fix_sysctls(families: list[str]) -> None:
+    for family in families:
+        with open(FORWARDING[family], "w") as fh:
+            fh.write("1\n")
+
+
+def check_interfaces(names: list[str], families: list[str]) -> list[str]:
+    from pyroute2 import IPRoute
+    problems = []
+    with IPRoute() as ipr:
+        for ifname in names:
+            index = ipr.link_lookup(ifname=ifname)
+            if not index:
+                problems.append(f"interface {ifname} does not exist: create it or fix ports[].interface")
+                continue
+            link = ipr.get_links(index[0])[0]
+            if link.get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_KIND") == "bridge":
+                problems.append(f"interface {ifname} is a bridge port: a routing firewall routes between its "
+                                f"interfaces (`ip link set {ifname} nomaster`, or forwarding \"bridged\")")
+            if not link["flags"] & IFF_UP:
+                problems.append(f"interface {ifname} is down: `ip link set {ifname} up`")
+            for family in families:
+                af, label = FAMILY[family]
+                if not [a for a in ipr.get_addr(family=af, index=index[0]) if a["scope"] == 0]:  # (not link-local)
+                    problems.append(f"interface {ifname} has no {label} address: a routed interface is the "
+                                    f"gateway of the hosts behind its port group, give it one (or --ipv4-only)")
+    return problems

@@ -1,0 +1,109 @@
+"""A routing firewall (forwarding "routed", docs/design/routed.md slice 1): its config keys,
+its iptables plumbing (interfaces by -i/-o, no physdev), and the controller leaving each of its
+connections on the firewall, counted, until routed shunts (MAC and TTL rewrite) exist."""
+import os
+
+import pytest
+
+from nfshunt import iptables, routed_checks
+from nfshunt.config.settings import ConfigError, from_dict
+from nfshunt.core import admission as adm
+from nfshunt.core import core as c
+from nfshunt.records.model import OFP13
+from tests.helpers import BASE, config, event
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+ROUTED_PORTS = [{"fast": 1, "slow": 2, "physdevin": 1, "interface": "fw-eth0"},
+                {"fast": 3, "slow": 4, "physdevin": 2, "interface": "fw-eth1"}]
+
+
+def routed(**overrides):
+    return config(**{"forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.3"], **overrides})
+
+
+def test_a_routed_config_reads_its_interfaces_and_a_bridged_one_is_unchanged():
+    cfg = routed()
+    assert cfg.switches[0].forwarding == "routed" and routed_checks.routed(cfg)
+    assert routed_checks.interfaces(cfg) == [(1, "fw-eth0"), (2, "fw-eth1")]
+    assert [g.interface for g in cfg.switches[0].ports] == ["fw-eth0", "fw-eth1"]
+    plain = config()
+    assert plain.switches[0].forwarding == "bridged" and not routed_checks.routed(plain)
+    assert [g.interface for g in plain.switches[0].ports] == [None, None]
+
+
+def _two(first, second):
+    entry = {"ports": [{"fast": 1, "slow": 2, "physdevin": 1, "interface": "fw-eth0"},
+                       {"fast": 3, "slow": 4, "physdevin": 2, "interface": "fw-eth1"}]}
+    other = {"ports": [{"fast": 1, "slow": 2, "physdevin": 3, "bridge_port": "fw-eth2"},
+                       {"fast": 3, "slow": 4, "physdevin": 4, "bridge_port": "fw-eth3"}]}
+    return {"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"],
+            "switches": [{"datapath_id": "a1", "forwarding": first, **entry},
+                         {"datapath_id": "a2", "forwarding": second, **other}]}
+
+
+@pytest.mark.parametrize("raw,key,words", [
+    ({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"]}, "ports[0].bridge_port",
+     "a routing firewall has no bridge"),
+    ({**BASE, "ports": ROUTED_PORTS}, "ports[0].interface", "forwarding is bridged"),
+    ({**BASE, "forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.0", "1.3"]},
+     "forwarding", "routed needs OpenFlow 1.3"),
+    ({**BASE, "forwarding": "switched"}, "forwarding", "bridged"),
+    ({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"],
+      "ports": [{**ROUTED_PORTS[0], "bridge_port": "fw-eth0"}, ROUTED_PORTS[1]]}, "ports[0].interface", "not both"),
+    ({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"],
+      "ports": [ROUTED_PORTS[0], {**ROUTED_PORTS[1], "interface": "fw-eth0"}]}, "ports[1].interface",
+     "already used by ports[0]"),
+    (_two("routed", "bridged"), "switches[1].forwarding", "one firewall routes or bridges for all its switches"),
+])
+def test_a_routed_config_that_cannot_work_is_refused_with_the_key_and_what_to_do(raw, key, words):
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw)
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_the_routed_plumbing_names_the_interfaces_and_matches_golden():
+    policy = iptables.read_policy(os.path.join(os.path.dirname(GOLDEN), "..", "iptables", "policy-example.rules"))
+    text = iptables.render(routed(), policy)
+    path = os.path.join(GOLDEN, "routed-two-port.rules")
+    if os.environ.get("NFSHUNT_UPDATE_GOLDEN") == "1":
+        with open(path, "w") as fh:
+            fh.write(text)
+    with open(path) as fh:
+        assert text == fh.read()
+    assert "physdev" not in text  # no bridge: a routed packet would RETURN at the physdev checks
+    assert "-A NFSHUNT_PRE_PD_IN -i fw-eth0 -j MARK --set-xmark 0x41000000/0x4f000000" in text
+    assert "-A NFSHUNT_POST_PD_OUT -o fw-eth1 -j MARK --set-xmark 0x20200000/0x20f00000" in text
+
+
+def test_routed_plumbing_without_an_interface_names_the_key():
+    cfg = routed(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "interface": "fw-eth0"},
+                        {"fast": 3, "slow": 4, "physdevin": 2}])
+    with pytest.raises(ConfigError) as err:
+        iptables.render(cfg, [])
+    assert err.value.key == "ports[1].interface" and "routed mode" in str(err.value)
+
+
+def test_preflight_refuses_interfaces_that_do_not_exist_and_changes_nothing():
+    cfg = routed(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "interface": "nfsh-none0"},
+                        {"fast": 3, "slow": 4, "physdevin": 2, "interface": "nfsh-none1"}])
+    problems = iptables.preflight(cfg, ["ipv4"], fix_sysctl=True)
+    assert "interface nfsh-none0 does not exist: create it or fix ports[].interface" in problems
+    assert not any("bridge" in p for p in problems)  # no br_netfilter checks for a router
+
+
+def connected(cfg):
+    core = c.Core(cfg)
+    core.switch_connected(OFP13)
+    core.reconcile([], 0.0)
+    return core
+
+
+@pytest.mark.parametrize("action", [1, 2])  # shunt, block
+def test_a_routed_connection_stays_on_the_firewall_counted_and_a_bridged_one_is_installed(action):
+    """Bridged flows would carry a routed connection with the hosts' frames addressed to the
+    router's MAC and its TTL unchanged: the receiver would drop them."""
+    core = connected(routed())
+    out = core.conntrack_event(event(action=action))
+    assert [(type(x).__name__, x.reason) for x in out] == [("Ignored", adm.R_ROUTED)]
+    assert not core.by_key and not core.waiting
+    assert [type(x).__name__ for x in connected(config()).conntrack_event(event(action=action))] == ["InstallFlows"]
