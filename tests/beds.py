@@ -34,6 +34,7 @@ class Bed:
     late_barriers: bool = False  # switch_lag_ms on the switch's barrier replies instead of its flow-mods
     host_offload: bool = False
     vrrp_gateway: bool = False  # mode "ha": a second VRRP instance on keepalived (a gateway address)
+    nat: str | None = None  # mode "routed": "masquerade" translates h1's subnet on its way to h2's
 
 
 @contextmanager
@@ -46,7 +47,7 @@ def running(bed: Bed) -> Iterator[Any]:
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
                  late_barriers=bed.late_barriers, host_offload=bed.host_offload,
-                 vrrp_gateway=bed.vrrp_gateway) as tb:
+                 vrrp_gateway=bed.vrrp_gateway, nat=bed.nat) as tb:
         if tb.controlled and bed.mode != "ha":  # a pair's start waited for its election
             tb.wait_for_controller()
         if bed.strict is Strict.FULL:

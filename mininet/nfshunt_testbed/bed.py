@@ -106,9 +106,12 @@ class Testbed(Pair, Observation, Traffic):
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
                  switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
-                 vrrp_gateway: bool = False, late_barriers: bool = False):
+                 vrrp_gateway: bool = False, late_barriers: bool = False, nat: str | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        if nat not in (None, "masquerade") or (nat is not None and mode != "routed"):
+            raise ValueError("nat: only \"masquerade\", in mode routed")
+        self.nat = nat  # mode "routed": the firewall masquerades h1's subnet towards h2's
         self.mode = mode
         self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
         self.of_version = of_version

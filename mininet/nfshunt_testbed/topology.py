@@ -145,6 +145,7 @@ class Topology:
     """The nodes and links, and running things in the nodes. The state below is the
     testbed's (set by Testbed.__init__), shared by its jobs."""
     mode: str
+    nat: str | None  # mode "routed": "masquerade", or no translation
     of_version: str
     datapath: str  # Open vSwitch's: "system" (kernel) or "netdev" (userspace)
     net: Mininet | None
@@ -335,6 +336,12 @@ class Topology:
             self.run(fw, "ip", "link", "set", intf, "up")
         self.run(fw, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
                  "net.netfilter.nf_conntrack_tcp_loose=1")
+        if self.nat == "masquerade":  # h1's connections leave with fw-eth1's address
+            out = firewall.intfs[1]
+            self.run(fw, "iptables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-o", out, "-s",
+                     f"{ROUTED_IPS[0]}/24", "-j", "MASQUERADE")
+            self.run(fw, "ip6tables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-o", out, "-s",
+                     f"{ROUTED_IP6S[0]}/64", "-j", "MASQUERADE")
 
     def _setup_mgmt(self, fw: Firewall) -> None:
         root_if, fw_if = fw.mgmt_ifs
