@@ -10,7 +10,7 @@ from nfshunt.core import core as c
 from nfshunt.core.connection import Action
 from nfshunt.core.pins import IdsHold
 from nfshunt.records import cookies, markcodec
-from nfshunt.records.model import OFP10, OFP13, EventKind, FlowTuple
+from nfshunt.records.model import OFP10, OFP13, EventKind, FlowTuple, NextHop
 from tests.helpers import config, event
 
 
@@ -129,10 +129,21 @@ def _vlan():
     return connected(), event(zone=100)
 
 
-def _routed():
-    return connected(forwarding="routed", openflow_versions=["1.3"],
+def _routed(**more):
+    return connected(forwarding="routed", openflow_versions=["1.3"], **more,
                      ports=[{"fast": 1, "slow": 2, "physdevin": 1, "interface": "fw-eth0"},
                             {"fast": 3, "slow": 4, "physdevin": 2, "interface": "fw-eth1"}]), event()
+
+
+def _hop_unknown():
+    return _routed(experimental_routed=True, flow_layout="single")
+
+
+def _hop_elsewhere():
+    core, ev = _hop_unknown()
+    hop = NextHop("fw-eth0", "02:00:00:00:fe:00", "02:00:00:00:00:09")  # both by fw-eth0
+    core.shared.next_hops.learn({"10.0.0.2": hop, "10.0.0.1": hop}, ev.received)
+    return core, ev
 
 
 SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOWN_ACTION: _unknown_action,
@@ -141,7 +152,8 @@ SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOW
           adm.R_NO_SWITCH: _no_switch, adm.R_BACKUP: _backup, adm.R_IPV6_OF10: _ipv6_of10,
           adm.R_DUPLICATE: _duplicate, adm.R_QUEUED: _queued, adm.R_BUDGET: _budget, adm.R_PINNED: _pinned,
           adm.R_NAT: _nat, adm.R_ID_COLLISION: _id_collision, adm.R_IDS_SERVER: _ids_server,
-          adm.R_VLAN: _vlan, adm.R_ROUTED: _routed}
+          adm.R_VLAN: _vlan, adm.R_ROUTED: _routed, adm.R_HOP_UNKNOWN: _hop_unknown,
+          adm.R_HOP_ELSEWHERE: _hop_elsewhere}
 # Not a reason an event is ignored for: the removal's reason of a shunt whose entry
 # closed on the firewall (its event is ignored as R_CLOSING; see the take-down test below).
 NOT_IGNORED = {adm.R_CLOSED_ON_FIREWALL}

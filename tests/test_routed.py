@@ -9,7 +9,9 @@ from nfshunt import iptables, routed_checks
 from nfshunt.config.settings import ConfigError, from_dict
 from nfshunt.core import admission as adm
 from nfshunt.core import core as c
-from nfshunt.records.model import OFP13
+from nfshunt.core.commands import InstallFlows, ResolveHops
+from nfshunt.kernel import routes
+from nfshunt.records.model import OFP13, NextHop
 from tests.helpers import BASE, config, event
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
@@ -107,3 +109,97 @@ def test_a_routed_connection_stays_on_the_firewall_counted_and_a_bridged_one_is_
     assert [(type(x).__name__, x.reason) for x in out] == [("Ignored", adm.R_ROUTED)]
     assert not core.by_key and not core.waiting
     assert [type(x).__name__ for x in connected(config()).conntrack_event(event(action=action))] == ["InstallFlows"]
+
+
+# --- slice 2 (experimental_routed): shunts with the router's rewrite ---------------------------
+
+FW0, FW1, H1_MAC, H2_MAC = "02:00:00:00:fe:00", "02:00:00:00:fe:01", "02:00:00:00:01:01", "02:00:00:00:02:01"
+GOOD = {"10.0.0.2": NextHop("fw-eth1", FW1, H2_MAC), "10.0.0.1": NextHop("fw-eth0", FW0, H1_MAC)}
+
+
+def experimental(**overrides):
+    return routed(experimental_routed=True, flow_layout="single", **overrides)
+
+
+def test_a_routed_shunt_asks_the_firewall_s_tables_then_installs_with_both_next_hops():
+    core = connected(experimental())
+    ev = event()
+    ask, ignored = core.conntrack_event(ev)
+    assert isinstance(ask, ResolveHops) and ask.event is ev and ask.addresses == ("10.0.0.2", "10.0.0.1")
+    assert ignored.reason == adm.R_HOP_UNKNOWN and not core.by_key
+    (install,) = core.next_hops_known(GOOD, ev, 100.0)
+    assert isinstance(install, InstallFlows)
+    assert install.conn.hops == (GOOD["10.0.0.2"], GOOD["10.0.0.1"])
+    # Known for a while: the next connection to the same hosts is installed at once.
+    (again,) = core.conntrack_event(event(ct_id=8, sport=40001, received=105.0))
+    assert isinstance(again, InstallFlows) and again.conn.hops == install.conn.hops
+    # Then asked again (the tables may have changed; their events are a later slice).
+    assert isinstance(core.conntrack_event(event(ct_id=9, sport=40002, received=111.0))[0], ResolveHops)
+
+
+@pytest.mark.parametrize("answers,reason", [
+    ({**GOOD, "10.0.0.2": routes.R_UNRESOLVED}, routes.R_UNRESOLVED),
+    ({**GOOD, "10.0.0.1": routes.R_NO_ROUTE}, routes.R_NO_ROUTE),
+    ({**GOOD, "10.0.0.2": NextHop("fw-eth0", FW0, H2_MAC)}, adm.R_HOP_ELSEWHERE),
+])
+def test_a_routed_connection_without_a_usable_next_hop_stays_on_the_firewall_counted(answers, reason):
+    core = connected(experimental())
+    ev = event()
+    core.conntrack_event(ev)
+    assert [(type(x).__name__, x.reason) for x in core.next_hops_known(answers, ev, 100.0)] == [("Ignored", reason)]
+    assert not core.by_key
+
+
+def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_configs_never_ask():
+    (install,) = connected(experimental()).conntrack_event(event(action=2))
+    assert isinstance(install, InstallFlows) and install.conn.hops is None
+    assert [type(x).__name__ for x in connected(routed()).conntrack_event(event())] == ["Ignored"]
+
+
+@pytest.mark.parametrize("raw,key,words", [
+    ({**BASE, "experimental_routed": True, "flow_layout": "single"}, "experimental_routed", "needs \"forwarding\""),
+    ({**BASE, "forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.3"],
+      "experimental_routed": True}, "experimental_routed", "set flow_layout to single"),
+])
+def test_experimental_routed_refuses_what_it_cannot_build(raw, key, words):
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw)
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_a_routed_shunt_s_flows_decrement_the_ttl_then_rewrite_both_macs_before_the_output():
+    from os_ken.ofproto import ofproto_protocol
+
+    from nfshunt.openflow.flows import FlowBuilder
+    core = connected(experimental())
+    ev = event()
+    core.conntrack_event(ev)
+    (install,) = core.next_hops_known(GOOD, ev, 100.0)
+    fb = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), experimental())
+    fb.templated = False
+    msgs = fb.install(install.conn)
+    assert len(msgs) == 6  # 2 flows, 4 catchers (single layout)
+    for msg in msgs:
+        msg.serialize()
+    seen = []
+    for msg in msgs:
+        actions = msg.instructions[0].actions
+        names = [type(a).__name__ for a in actions]
+        assert names[:3] == ["OFPActionDecNwTtl", "OFPActionSetField", "OFPActionSetField"], names
+        macs = (actions[1].value, actions[2].value)
+        forward = actions[3].port == 3
+        assert macs == ((FW1, H2_MAC) if forward else (FW0, H1_MAC))
+        seen.append(forward)
+    assert sorted(seen) == [False] * 3 + [True] * 3
+    # Templated (the hot path), the same bytes.
+    fb2 = FlowBuilder(ofproto_protocol.ProtocolDesc(OFP13), experimental())
+    plain = [bytes(m.buf) for m in _serialized(fb.install(install.conn))]
+    assert [bytes(m.buf) for m in _serialized(fb2.install(install.conn))] == plain
+    assert [bytes(m.buf) for m in _serialized(fb2.install(install.conn))] == plain  # (from the templates)
+
+
+def _serialized(msgs):
+    for m in msgs:
+        m.set_xid(0)
+        m.serialize()
+    return msgs

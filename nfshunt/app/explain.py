@@ -333,6 +333,10 @@ REASONS = {
                 "it stays on the firewall",
     adm.R_ROUTED: "the firewall routes (forwarding \"routed\"): shunts through a routing firewall are not built "
                   "yet, so it stays on the firewall",
+    adm.R_HOP_UNKNOWN: "the firewall's route and neighbour tables are being asked where its two directions go; it "
+                       "is judged again with their answer",
+    adm.R_HOP_ELSEWHERE: "the firewall routes one of its directions out of another interface than the port "
+                         "group's: the switch cannot send it there, so it stays on the firewall",
 }
 PRE_ESTABLISHED = {"NONE", "SYN_SENT", "SYN_RECV", "SYN_SENT2"}
 

@@ -145,6 +145,11 @@ PER_SWITCH: dict[str, v.Key] = {
                         "transparent bridge, `bridge_port`s) or `routed` (it routes between its interfaces, "
                         "`interface`s; OpenFlow 1.3). Routed connections are not shunted yet: each is left on the "
                         "firewall and counted (docs/design/routed.md). The same for every switch."),
+    "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections (not NAT) with "
+                                 "the router's rewrite (source MAC of its egress interface, the next hop's MAC "
+                                 "from its neighbour table, TTL - 1). Experimental: TTL expiry, table changes "
+                                 "and NAT are not handled yet (docs/design/routed.md); needs `flow_layout` "
+                                 "`single`."),
 }
 
 
@@ -172,6 +177,7 @@ class SwitchConfig:
     confirm_delay: float = 0.5
     drain: float = 0.05
     forwarding: str = "bridged"  # "bridged" | "routed" (FORWARDING): how the firewall forwards between the groups
+    experimental_routed: bool = False  # routed shunts (docs/design/routed.md slice 2), not only counted refusals
     at: str = field(default="", compare=False)  # where its keys are in the config: "" or "switches[i]."
     by_physdevin: dict[int, PortGroup] = field(init=False, compare=False, repr=False)
 
@@ -240,6 +246,12 @@ def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> No
             raise ConfigError(f"{sw.at}ports[{i}].interface", "names a routed interface, and this switch's "
                               "forwarding is bridged: set \"forwarding\": \"routed\", or name the bridge port in "
                               "\"bridge_port\"")
+    if sw.experimental_routed and not routed:
+        raise ConfigError(f"{sw.at}experimental_routed", "shunts through a routing firewall: needs \"forwarding\": "
+                          "\"routed\"")
+    if sw.experimental_routed and sw.flow_layout != "single":
+        raise ConfigError(f"{sw.at}experimental_routed", "routed shunts are built in the single flow layout only: "
+                          "set flow_layout to single")
     if routed and "1.0" in openflow_versions:
         raise ConfigError(f"{sw.at}forwarding", "routed needs OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL "
                           "packet-ins): set openflow_versions to [\"1.3\"]")

@@ -17,9 +17,11 @@ from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
 
-from .commands import Command, DeleteConntrack, Ignored, InstallFlows
+from . import routing
+from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
 from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
 from .pins import hard_timeout
+from .routing import NextHopTable
 from .state import CoreState
 
 # What `decide` found: action, port groups, idle timeout, authority, hard timeout.
@@ -54,6 +56,10 @@ R_VLAN = "vlan: zone not configured on its port groups"
 # A routing firewall's connection would need the router's rewrite (MACs, TTL; NAT): not
 # built yet, so it stays on the firewall (docs/design/routed.md, slice 1).
 R_ROUTED = "routed: shunting through a routing firewall is not built yet"
+# With experimental_routed (slice 2): the next hops are being asked for, or the firewall
+# would route a direction out of another interface than its port group's (routing.py).
+R_HOP_UNKNOWN = routing.R_HOP_UNKNOWN
+R_HOP_ELSEWHERE = routing.R_HOP_ELSEWHERE
 
 
 class Act(enum.Enum):
@@ -107,6 +113,8 @@ class Admission:
             sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
+            if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)
+                return [ResolveHops(ev, NextHopTable.wanted(ev)), ignored or Ignored(reason, ev)]
             return [ignored or Ignored(reason, ev)]
         if act is FORGET:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
@@ -145,6 +153,9 @@ class Admission:
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event_kind=ev.kind,
                     tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle, authority=authority,
                     hard_timeout=hard)
+        if action is Action.SHUNT and self.shared.switch.experimental_routed:
+            hops = self.shared.next_hops.hops(ev, ingress, egress, ev.received)  # (decide found them)
+            conn.hops = hops if not isinstance(hops, str) else None
         self.shared.remember(conn)
         return conn
 
@@ -166,6 +177,9 @@ class Admission:
             if existing.state is not State.TAKING_DOWN:
                 return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
         decided = self.decide(ev, closing)
+        if not isinstance(decided, Ignored) and sh.switch.experimental_routed and decided[0] is Action.SHUNT:
+            hops = sh.next_hops.hops(ev, decided[1], decided[2], ev.received)  # (routing.py)
+            decided = Ignored(hops, ev) if isinstance(hops, str) else decided
         if isinstance(decided, Ignored):
             return _new_verdict(Verdict, (IGNORE, decided.reason, existing, None, 0, decided))
         action = decided[0]
@@ -251,8 +265,8 @@ class Admission:
             return Ignored(R_UNKNOWN_PORT, ev)
         if ingress is egress:
             return Ignored(R_SAME_PORT, ev)
-        if self.shared.switch.forwarding == "routed":  # (bridged flows would hand the host the router's frames)
-            return Ignored(R_ROUTED, ev)
+        if self.shared.switch.forwarding == "routed" and not self.shared.switch.experimental_routed:
+            return Ignored(R_ROUTED, ev)  # (a bridge's flows would hand the host the router's frames)
         if ev.orig.zone:
             return Ignored(R_VLAN, ev)
         if ev.orig.proto not in (TCP, UDP):

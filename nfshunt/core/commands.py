@@ -68,6 +68,14 @@ class RequestTableSize:
 
 
 @dataclass(slots=True)
+class ResolveHops:
+    """Ask the firewall's route and neighbour tables where `addresses` go; answer with
+    core.next_hops_known(), which judges `event` again (a routing firewall's shunt)."""
+    event: ConnEvent
+    addresses: tuple[str, ...]
+
+
+@dataclass(slots=True)
 class ResyncConntrack:
     """Dump the conntrack table and feed every entry to core.conntrack_event()."""
 
@@ -231,7 +239,8 @@ class Removed:
 
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
-                RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ClearDecisions,
+                RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
+                ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

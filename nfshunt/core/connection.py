@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import cookies, markcodec
-from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple
+from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, NextHop
 
 from .close_watch import CloseWatch
 
@@ -134,6 +134,7 @@ class Conn:
     # controller knows its flows are in; they are taken once it does.
     early: list[tuple[int, int]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
+    hops: tuple[NextHop, NextHop] | None = None  # a routing firewall's: the original's, the reply's (routing.py)
     idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
     watch: CloseWatch | None = None  # a caught close being watched (close_watch.py)
     # What decided it (cookies.Authority, named in its cookie): an IDS's rule or an operator's

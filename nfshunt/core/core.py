@@ -25,7 +25,7 @@ from typing import Generic, Iterable, TypeVar, cast, overload
 from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
 from nfshunt.config.switch import SwitchConfig
-from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, SwitchFlow
+from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, NextHop, SwitchFlow
 from nfshunt.records.segment import Segment
 
 from .admission import Admission, Verdict
@@ -240,6 +240,11 @@ class Core:
 
     def conntrack_event(self, ev: ConnEvent) -> list[Command]:
         """A conntrack event: the install it calls for, or why there is none."""
+        return self._admission.conntrack_event(ev)
+
+    def next_hops_known(self, answers: dict[str, NextHop | str], ev: ConnEvent, now: float) -> list[Command]:
+        """The firewall's tables answered a ResolveHops: the event is judged again."""
+        self.shared.next_hops.learn(answers, now)
         return self._admission.conntrack_event(ev)
 
     def dry_run(self, ev: ConnEvent) -> Verdict:

@@ -16,13 +16,15 @@ from .connection import Conn
 from .layout import pair_entries
 from .pairs import Connections
 from .pins import Pins
+from .routing import NextHopTable
 from .static_table import StaticTable
 from .teardown_sweep import HalfClosed
 
 
 class CoreState:
     __slots__ = ("cfg", "switch", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy",
-                 "budget", "conns", "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now")
+                 "budget", "conns", "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now",
+                 "next_hops")
 
     def __init__(self, cfg: Config, switch: SwitchConfig):
         self.cfg = cfg  # the controller's keys
@@ -47,6 +49,7 @@ class CoreState:
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()
         self.closing = ClosingEntries()  # TCP entries seen closing, for events that omit the state
+        self.next_hops = NextHopTable()  # a routing firewall's next hops (routing.py)
         # The last tick's time: an event retried from the waiting queue carries the time it
         # was first heard, which a pin's pair must not take as now (pins.hard_timeout).
         self.now = 0.0

@@ -62,6 +62,16 @@ def idle_timeout(cfg: Config, conn: Conn) -> int:
     return cfg.default_shunt_timeout if conn.action is Action.SHUNT else cfg.default_block_timeout
 
 
+def routed_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
+    """A routed shunt's rewrite of one direction, as its router's (docs/design/routed.md):
+    TTL / hop limit - 1 first (an expiring frame then reaches the controller as it arrived),
+    the egress interface's MAC as source, the next hop's as destination. None bridged."""
+    if conn.hops is None:
+        return ()
+    hop = conn.hops[reply]
+    return p.OFPActionDecNwTtl(), p.OFPActionSetField(eth_src=hop.eth_src), p.OFPActionSetField(eth_dst=hop.eth_dst)
+
+
 class FlowBuilder(SwitchReads):
     """The messages that change the switch's table; the ones that ask it something and
     read its answers are SwitchReads' (flowreads.py)."""
@@ -116,10 +126,10 @@ class FlowBuilder(SwitchReads):
     # --- flow-mods ----------------------------------------------------------------------
 
     def _add(self, match: Any, out_port: int | None, cookie: int, priority: int,
-             idle: int, notify: bool) -> Any:
+             idle: int, notify: bool, rewrite: tuple[Any, ...] = ()) -> Any:
         p, ofp = self.parser, self.ofp
         flags = ofp.OFPFF_SEND_FLOW_REM if notify else 0
-        actions = [] if out_port is None else [p.OFPActionOutput(out_port)]
+        actions = [] if out_port is None else [*rewrite, p.OFPActionOutput(out_port)]
         if self.version == OFP10:
             return p.OFPFlowMod(self.dp, match=match, cookie=cookie, command=ofp.OFPFC_ADD,
                                 idle_timeout=idle, priority=priority, flags=flags, actions=actions)
@@ -186,10 +196,13 @@ class FlowBuilder(SwitchReads):
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
             out_port = peer if shunt else None
+            rewrite = routed_actions(self.parser, conn, reply) if shunt else ()
 
-            def build(cookie: int, tt: FlowTuple, in_port: int = in_port, out_port: int | None = out_port) -> Any:
-                return self._add(self.match(in_port, tt), out_port, cookie, prio, idle, True)
-            out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle), build,
+            def build(cookie: int, tt: FlowTuple, in_port: int = in_port, out_port: int | None = out_port,
+                      rewrite: tuple[Any, ...] = rewrite) -> Any:
+                return self._add(self.match(in_port, tt), out_port, cookie, prio, idle, True, rewrite)
+            out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle, rewrite and
+                                        conn.hops[reply]), build,
                                        t.family, conn.cookie(reply), t, hard=conn.hard_timeout))
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
@@ -280,7 +293,8 @@ class FlowBuilder(SwitchReads):
         prio = self._priority(conn) + 1
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
-            actions = [p.OFPActionOutput(peer), p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            actions = [*routed_actions(p, conn, reply), p.OFPActionOutput(peer),
+                       p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
             inst = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
             for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
                 def build(cookie: int, tt: FlowTuple, in_port: int = in_port, bit: int = bit,
@@ -288,7 +302,7 @@ class FlowBuilder(SwitchReads):
                     return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=prio,
                                         match=self.match(in_port, tt, tcp_flags=(bit, bit)),
                                         instructions=inst)
-                out.append(self._templated(("catch", t.family, in_port, peer, bit, prio), build, t.family,
+                out.append(self._templated(("catch", t.family, in_port, peer, bit, prio, conn.hops), build, t.family,
                                            cookies.make_teardown(conn.key, reply, rst), t, hard=conn.hard_timeout))
         return out
 
@@ -304,7 +318,8 @@ class FlowBuilder(SwitchReads):
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
             to = peer if forwarding else (conn.egress if reply else conn.ingress).slow
-            actions = [p.OFPActionOutput(to), p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            actions = [*(routed_actions(p, conn, reply) if forwarding else ()), p.OFPActionOutput(to),
+                       p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
             out.append(p.OFPFlowMod(self.dp, cookie=conn.cookie(reply), command=ofp.OFPFC_MODIFY_STRICT,
                                     idle_timeout=idle_timeout(self.cfg, conn), priority=self._priority(conn),
                                     flags=ofp.OFPFF_SEND_FLOW_REM, match=self.match(in_port, t),

@@ -152,3 +152,13 @@ class EntryCounts:
     timeout: int | None = None  # seconds the entry has left
     start_ns: int | None = None
     stop_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NextHop:
+    """Where a routing firewall sends a destination (its route and neighbour tables): out of
+    `ifname`, from that interface's MAC to the next hop's. A routed shunt's flow does that
+    rewrite, and takes the TTL one lower (docs/design/routed.md)."""
+    ifname: str
+    eth_src: str
+    eth_dst: str

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
+from nfshunt.kernel.routes import NextHops
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.observe.logs import RateLimitedLog
@@ -67,6 +68,7 @@ class Dispatcher:
         self.post = post  # run commands on the event loop from another thread
         self.watch: ChangeWatch | None = None  # the change the turn being run is (its static flow-mods')
         self.rlog = RateLimitedLog(LOG)
+        self.next_hops: NextHops | None = None  # a routing firewall's tables (opened on first use)
         report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
         self.handlers: dict[type, Handler] = {
             **report,
@@ -74,6 +76,7 @@ class Dispatcher:
             c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id, cmd.counted),
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
+            c.ResolveHops: self.resolve_hops,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
@@ -236,6 +239,14 @@ class Dispatcher:
                              cmd.reason, "address_blocks")
 
     # --- the kernel ---------------------------------------------------------------------------
+
+    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> list[c.Command]:
+        """Asked on the event loop (experimental_routed: a route lookup and a neighbour
+        lookup a new destination, ~0.1 ms; the answers are kept, core/routing.py)."""
+        if self.next_hops is None:
+            self.next_hops = NextHops()
+        answers = {address: self.next_hops.resolve(address) for address in dict.fromkeys(cmd.addresses)}
+        return sw.core.next_hops_known(answers, cmd.event, self.clock())
 
     def restore_conntrack(self, sw: Switch, cmd: c.RestoreConntrack) -> None:
         """The entry first; the commands that wait for it (the flows' removal) run on the
