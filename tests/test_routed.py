@@ -146,7 +146,10 @@ def test_a_routed_connection_without_a_usable_next_hop_stays_on_the_firewall_cou
     core = connected(experimental())
     ev = event()
     core.conntrack_event(ev)
-    assert [(type(x).__name__, x.reason) for x in core.next_hops_known(answers, ev, 100.0)] == [("Ignored", reason)]
+    out = core.next_hops_known(answers, ev, 100.0)
+    assert [x.reason for x in out if type(x).__name__ == "Ignored"] == [reason]
+    assert [type(x).__name__ for x in out if type(x).__name__ != "Ignored"] == (
+        [] if reason == adm.R_HOP_ELSEWHERE else ["Later"])  # (the tables' no is asked again)
     assert not core.by_key
 
 
@@ -203,3 +206,45 @@ def _serialized(msgs):
         m.set_xid(0)
         m.serialize()
     return msgs
+
+
+def test_the_switch_is_asked_for_invalid_ttl_packet_ins_keeping_the_others_nfshunt_needs():
+    """OpenFlow 1.3 has no set-config flag for it: OFPT_SET_ASYNC, whose masks replace the
+    connection's, so flow-removed (idle timeouts) and the catchers' packet-ins stay on."""
+    from os_ken.ofproto import ofproto_protocol
+    from os_ken.ofproto import ofproto_v1_3 as ofp
+
+    from nfshunt.openflow.flows import OFPR_INVALID_TTL, invalid_ttl_packet_ins, packet_out
+    dp = ofproto_protocol.ProtocolDesc(OFP13)
+    msg = invalid_ttl_packet_ins(dp)
+    msg.set_xid(7)
+    msg.serialize()
+    assert OFPR_INVALID_TTL == ofp.OFPR_INVALID_TTL
+    master_pin, slave_pin = msg.packet_in_mask
+    assert master_pin == 1 << ofp.OFPR_NO_MATCH | 1 << ofp.OFPR_ACTION | 1 << ofp.OFPR_INVALID_TTL and slave_pin == 0
+    assert msg.flow_removed_mask[0] == sum(1 << r for r in (ofp.OFPRR_IDLE_TIMEOUT, ofp.OFPRR_HARD_TIMEOUT,
+                                                           ofp.OFPRR_DELETE, ofp.OFPRR_GROUP_DELETE))
+    # The bytes the measurement sent to Open vSwitch (design F4), but for the masks it added.
+    assert bytes(msg.buf)[:16] == bytes.fromhex("041c002000000007" "00000007" "00000000")
+    out = packet_out(dp, 2, b"\x00" * 60)
+    out.serialize()
+    assert [a.port for a in out.actions] == [2] and out.in_port == ofp.OFPP_CONTROLLER
+
+
+def test_a_next_hop_the_tables_did_not_give_is_asked_for_again_a_few_times_then_left():
+    """A UDP stream's entry sends no event after its decision: without a retry, a MAC not
+    resolved at that moment would keep it on the firewall for good."""
+    from nfshunt.core import routing
+    from nfshunt.core.commands import Later
+    core = connected(experimental())
+    ev = event(proto=17, state=None)
+    core.conntrack_event(ev)
+    unresolved = {**GOOD, "10.0.0.1": routes.R_UNRESOLVED}
+    out = core.next_hops_known(unresolved, ev, 100.0)
+    (later,) = [x for x in out if isinstance(x, Later)]
+    (again,) = later.commands
+    assert later.delay == routing.KEEP_NONE and isinstance(again, ResolveHops)
+    assert (again.event, again.attempt) == (ev, 1)
+    assert not any(isinstance(x, Later) for x in core.next_hops_known(unresolved, ev, 101.1, routing.RETRIES))
+    (install,) = core.next_hops_known(GOOD, ev, 102.2, 2)  # resolved meanwhile: shunted
+    assert isinstance(install, InstallFlows) and install.conn.hops == (GOOD["10.0.0.2"], GOOD["10.0.0.1"])

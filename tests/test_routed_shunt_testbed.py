@@ -59,3 +59,73 @@ def test_a_shunted_transfer_reaches_h2_with_the_router_s_macs_and_a_ttl_one_lowe
     assert len(frames) >= 100, out[-2000:]
     assert set(frames) == {(router, h2, "63")}, set(frames)
     assert forwarded < len(frames) / 10, f"the firewall routed {forwarded} datagrams while h2 got {len(frames)}"
+
+
+# A UDP stream h1:47000 -> h2:5201 (h2 echoes), which the policy shunts; on "probe" one
+# datagram with TTL 1, and the ICMP error it brings back read from the socket's error queue
+# (IP_RECVERR, as traceroute's UDP probes): {"origin", "type", "code", "offender"} or {}.
+PROBE = r"""
+import json, select, socket, struct, sys, time
+SOL_IP, IP_RECVERR, MSG_ERRQUEUE = 0, 11, 0x2000
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 47000)); s.connect((sys.argv[1], 5201)); s.setblocking(False)
+s.setsockopt(SOL_IP, IP_RECVERR, 1)
+print("ready", flush=True)
+deadline = None
+while deadline is None or time.monotonic() < deadline:
+    try:
+        s.send(b"stream")
+    except OSError:
+        pass  # (an earlier datagram's error, reported on the next send: read below)
+    try:
+        data, anc, _, _ = s.recvmsg(512, 512, MSG_ERRQUEUE)
+        for level, kind, raw in anc:
+            if level == SOL_IP and kind == IP_RECVERR:
+                _errno, origin, icmp_type, code = struct.unpack_from("=IBBB", raw)
+                offender = socket.inet_ntoa(raw[16 + 4:16 + 8])
+                print(json.dumps({"origin": origin, "type": icmp_type, "code": code, "offender": offender}), flush=True)
+                sys.exit(0)
+    except BlockingIOError:
+        pass
+    try:
+        while s.recv(512):
+            pass
+    except OSError:
+        pass
+    if deadline is None and select.select([sys.stdin], [], [], 0)[0] and sys.stdin.readline().strip() == "probe":
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 1)
+        s.send(b"probe")
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 64)
+        deadline = time.monotonic() + 3
+    time.sleep(0.02)
+print("{}", flush=True)
+"""
+ECHO = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 5201))
+while True:
+    data, peer = s.recvfrom(2048); s.sendto(data, peer)
+"""
+
+
+def test_a_shunted_datagram_whose_ttl_expires_is_answered_by_the_firewall_as_a_router(tb):
+    """The traceroute rule: the switch's dec_ttl finds the TTL expiring and sends the frame
+    to the controller (OpenFlow 1.3 set_async: invalid-TTL packet-ins), which hands it to
+    the firewall; the firewall answers ICMP time exceeded from its own address on h1's side."""
+    from nfshunt_testbed.bed import PYTHON
+    echo = tb.spawn(tb.h2, PYTHON, "-c", ECHO)
+    probe = tb.h1.popen([PYTHON, "-c", PROBE, tb.h2_ip], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert probe.stdout.readline().strip() == "ready"
+        tb.wait_for(lambda: [f for f in tb.conn_flows(SHUNT) if "dec_ttl" in f["actions"] and "udp" in f], 10,
+                    "the UDP stream's routed shunt")
+        probe.stdin.write("probe\n")
+        probe.stdin.flush()
+        answer = json.loads(probe.stdout.readline())
+    finally:
+        probe.kill()
+        probe.communicate()
+        echo.kill()
+    assert answer == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}, answer  # ICMP, time exceeded
+    counters = tb.control({"cmd": "status", "connections": False})["counters"]
+    assert counters.get("packet_in:ttl expired", 0) >= 1, counters

@@ -73,6 +73,7 @@ class ResolveHops:
     core.next_hops_known(), which judges `event` again (a routing firewall's shunt)."""
     event: ConnEvent
     addresses: tuple[str, ...]
+    attempt: int = 0  # asked again while the tables say no (routing.RETRIES)
 
 
 @dataclass(slots=True)

@@ -28,11 +28,13 @@ from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, NextHop, SwitchFlow
 from nfshunt.records.segment import Segment
 
+from . import routing
 from .admission import Admission, Verdict
 from .close_watch import CloseWatch
 from .commands import (
     Command,
     DeleteAllFlows,
+    Ignored,
     InstallDefaults,
     InstallPipeline,
     Later,
@@ -42,6 +44,7 @@ from .commands import (
     RequestKeptDefaults,
     RequestSwitchFlows,
     RequestTableSize,
+    ResolveHops,
 )
 from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
@@ -242,10 +245,16 @@ class Core:
         """A conntrack event: the install it calls for, or why there is none."""
         return self._admission.conntrack_event(ev)
 
-    def next_hops_known(self, answers: dict[str, NextHop | str], ev: ConnEvent, now: float) -> list[Command]:
-        """The firewall's tables answered a ResolveHops: the event is judged again."""
+    def next_hops_known(self, answers: dict[str, NextHop | str], ev: ConnEvent, now: float,
+                        attempt: int = 0) -> list[Command]:
+        """The firewall's tables answered a ResolveHops: the event is judged again (and, if
+        they had no next hop for it, asked again later: routing.RETRIES)."""
         self.shared.next_hops.learn(answers, now)
-        return self._admission.conntrack_event(ev)
+        out = self._admission.conntrack_event(ev)
+        if attempt < routing.RETRIES and any(isinstance(x, Ignored) and x.reason in answers.values() for x in out):
+            again = ResolveHops(ev, routing.NextHopTable.wanted(ev), attempt + 1)
+            out.append(Later(routing.KEEP_NONE, (again,)))
+        return out
 
     def dry_run(self, ev: ConnEvent) -> Verdict:
         """The verdict an event for this entry would get now, nothing changed (explain)."""

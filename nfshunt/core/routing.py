@@ -9,6 +9,9 @@ from nfshunt.records.model import ConnEvent, NextHop
 
 KEEP = 10.0  # seconds an answer is used (the tables' change events come in a later slice)
 KEEP_NONE = 1.0  # seconds "no next hop" is believed: the neighbour may resolve any moment
+# A connection whose next hop the tables did not give is asked for again, KEEP_NONE apart,
+# this many times: a UDP stream's entry sends no event after its decision to retry on.
+RETRIES = 5
 R_HOP_UNKNOWN = "routed: next hop being looked up"
 R_HOP_ELSEWHERE = "routed: the route leaves by another interface than the port group's"
 

@@ -62,6 +62,26 @@ def idle_timeout(cfg: Config, conn: Conn) -> int:
     return cfg.default_shunt_timeout if conn.action is Action.SHUNT else cfg.default_block_timeout
 
 
+OFPR_INVALID_TTL = 2  # OpenFlow 1.3's packet-in reason for a frame dec_ttl found expiring
+
+
+def invalid_ttl_packet_ins(dp: Any) -> Any:
+    """OpenFlow 1.3 OFPT_SET_ASYNC: as master, packet-ins for no match, an action and an
+    expiring TTL (off by default in Open vSwitch: the frame is dropped unheard), all port
+    status and flow-removed reasons; nothing as slave (the defaults otherwise). OF1.3 has no
+    set-config flag for it (OFPC_INVALID_TTL_TO_CONTROLLER is 1.1-1.2's)."""
+    p = dp.ofproto_parser
+    return p.OFPSetAsync(dp, packet_in_mask=[0b111, 0], port_status_mask=[0b111, 0b111],
+                         flow_removed_mask=[0b1111, 0])
+
+
+def packet_out(dp: Any, port: int, data: bytes) -> Any:
+    """A frame the controller hands on, whole, out of `port`."""
+    p, ofp = dp.ofproto_parser, dp.ofproto
+    return p.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                          actions=[p.OFPActionOutput(port)], data=data)
+
+
 def routed_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
     """A routed shunt's rewrite of one direction, as its router's (docs/design/routed.md):
     TTL / hop limit - 1 first (an expiring frame then reaches the controller as it arrived),

@@ -22,7 +22,7 @@ from nfshunt.kernel.routes import NextHops
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.observe.logs import RateLimitedLog
-from nfshunt.openflow.flows import ALL_ONES_64
+from nfshunt.openflow.flows import ALL_ONES_64, invalid_ttl_packet_ins
 from nfshunt.openflow.inflight import (
     Barrier,
     ChangeWatch,
@@ -178,6 +178,8 @@ class Dispatcher:
 
     @staticmethod
     def install_defaults(sw: Switch, s: Session, cmd: c.InstallDefaults) -> None:
+        if sw.switch.experimental_routed:  # (at every connect, as the defaults: the setting is the connection's)
+            s.send.queue([invalid_ttl_packet_ins(s.dp)])
         s.send.queue(s.fb.defaults(cmd.groups))
         LOG.info("default slow-path flows installed for %d port groups of switch %s", len(cmd.groups), sw.name)
 
@@ -246,7 +248,7 @@ class Dispatcher:
         if self.next_hops is None:
             self.next_hops = NextHops()
         answers = {address: self.next_hops.resolve(address) for address in dict.fromkeys(cmd.addresses)}
-        return sw.core.next_hops_known(answers, cmd.event, self.clock())
+        return sw.core.next_hops_known(answers, cmd.event, self.clock(), cmd.attempt)
 
     def restore_conntrack(self, sw: Switch, cmd: c.RestoreConntrack) -> None:
         """The entry first; the commands that wait for it (the flows' removal) run on the

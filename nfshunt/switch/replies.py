@@ -20,7 +20,7 @@ from nfshunt.core.policy_state import PolicyWatch
 from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.observe.metrics import Counters
 from nfshunt.openflow.channel import table_full
-from nfshunt.openflow.flows import REMOVED_REASONS, metadata_teardown
+from nfshunt.openflow.flows import OFPR_INVALID_TTL, REMOVED_REASONS, metadata_teardown, packet_out
 from nfshunt.openflow.inflight import (
     EXPIRY,
     Barrier,
@@ -303,6 +303,9 @@ class Replies:
         if cookie is None or in_port is None:
             self._unexpected_packet_in("no cookie or in_port", cookie)
             return
+        if getattr(msg, "reason", None) == OFPR_INVALID_TTL:
+            self._ttl_expired(sw, in_port, bytes(msg.data))
+            return
         parsed = cookies.parse(cookie)
         if parsed is not None and parsed.kind is cookies.Kind.SHUNT:
             self.counters.add("packet_in", "teardown")
@@ -321,6 +324,18 @@ class Replies:
             return
         self.counters.add("packet_in", "teardown")
         self.run(sw, out)
+
+    def _ttl_expired(self, sw: Switch, in_port: int, data: bytes) -> None:
+        """A routed shunt's frame whose TTL would expire (its dec_ttl comes first, so the
+        frame is as it arrived): to the firewall, by its side's slow port, which answers
+        as a router must (ICMP time exceeded: traceroute shows the firewall's hop)."""
+        group = next((g for g in sw.switch.ports if g.fast == in_port), None)
+        if group is None or sw.session is None:
+            self._unexpected_packet_in("ttl expired on no fast port", None)
+            return
+        self.counters.add("packet_in", "ttl expired")
+        sw.session.send.queue([packet_out(sw.session.dp, group.slow, data)])
+        self.run(sw, [])  # (written now)
 
     def _unexpected_packet_in(self, reason: str, cookie: int | None) -> None:
         self.counters.add("packet_in", reason)
