@@ -83,8 +83,10 @@ while deadline is None or time.monotonic() < deadline:
             if level == SOL_IP and kind == IP_RECVERR:
                 _errno, origin, icmp_type, code = struct.unpack_from("=IBBB", raw)
                 offender = socket.inet_ntoa(raw[16 + 4:16 + 8])
-                print(json.dumps({"origin": origin, "type": icmp_type, "code": code, "offender": offender}), flush=True)
-                sys.exit(0)
+                if deadline is not None:  # (before the probe: a port unreachable while h2's echo starts)
+                    print(json.dumps({"origin": origin, "type": icmp_type, "code": code, "offender": offender}),
+                          flush=True)
+                    sys.exit(0)
     except BlockingIOError:
         pass
     try:
@@ -114,6 +116,8 @@ def test_a_shunted_datagram_whose_ttl_expires_is_answered_by_the_firewall_as_a_r
     the firewall; the firewall answers ICMP time exceeded from its own address on h1's side."""
     from nfshunt_testbed.bed import PYTHON
     echo = tb.spawn(tb.h2, PYTHON, "-c", ECHO)
+    tb.wait_for(lambda: tb.run(tb.h2, "ss", "-Hlun", "sport", "=", f":{SHUNT}", check=False).strip(), 5,
+                "h2's echo to listen", interval=0.05)
     probe = tb.h1.popen([PYTHON, "-c", PROBE, tb.h2_ip], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert probe.stdout.readline().strip() == "ready"
