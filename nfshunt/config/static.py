@@ -235,6 +235,11 @@ def check(cfg: Scope) -> None:
         for j, port in enumerate(shunt.fast_ports):
             if not any(port in fast for fast in groups):
                 raise ConfigError(f"{at}.fast_ports[{j}]", f"{port} is not the fast port of a configured port group")
+        untagged = {g.fast for sw in cfg.switches for g in sw.ports if g.untagged == 0}
+        for j, port in enumerate(shunt.fast_ports):
+            if port not in untagged:
+                raise ConfigError(f"{at}.fast_ports[{j}]", f"port {port}'s group carries no untagged frames (its "
+                                  "\"untagged\"), and static shunts of VLAN traffic are not supported yet")
         if not any(set(shunt.fast_ports) <= fast for fast in groups):
             raise ConfigError(f"{at}.fast_ports", "both ports must be on the same switch")
         if shunt.datapath_id is not None and shunt.datapath_id not in dpids:
