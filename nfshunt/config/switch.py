@@ -44,6 +44,16 @@ class PortGroup:
         object.__setattr__(self, "vid_of_zone", vids)
         object.__setattr__(self, "zone_of_vid", {vid: zone for zone, vid in vids.items()})
 
+    @property
+    def trunk(self) -> bool:
+        """Not today's untagged-only group: its defaults patch each tag, and drop the rest."""
+        return bool(self.vlans) or self.untagged != 0
+
+    @property
+    def default_flows(self) -> int:
+        """Table-0 entries of its defaults: both ways per carried tag, and a drop per port on a trunk."""
+        return 2 * len(self.zone_of_vid) + 2 if self.trunk else 2
+
 
 @dataclass(frozen=True)
 class TLSConfig:

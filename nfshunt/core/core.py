@@ -354,7 +354,8 @@ class Core:
     def default_entries(self) -> int:
         """Entries of table 0 that are not any connection's: the defaults, the static shunts,
         the address blocks."""
-        return (2 * len(self.switch.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
+        return (sum(g.default_flows for g in self.switch.ports) if self.cfg.default_no_shunting else 0) + \
+            self.static.entries + \
             self.shared.address_blocks.entries
 
     def shared_entries(self) -> int:

@@ -44,9 +44,12 @@ PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
 
 
-def default_paths(switch: SwitchConfig) -> set[tuple[int, int]]:
-    """(in_port, out_port) of each default flow this switch's config installs."""
-    return {(g.slow, g.fast) for g in switch.ports} | {(g.fast, g.slow) for g in switch.ports}
+def default_paths(switch: SwitchConfig) -> set[tuple[int, int | None]]:
+    """(in_port, out_port) of each default flow this switch's config installs (out_port
+    None: a trunk's drop of the tags it does not carry)."""
+    paths: set[tuple[int, int | None]] = {(g.slow, g.fast) for g in switch.ports}
+    paths |= {(g.fast, g.slow) for g in switch.ports}
+    return paths | {(port, None) for g in switch.ports if g.trunk for port in (g.fast, g.slow)}
 
 
 def table_1_complete(switch: SwitchConfig, flows: list[SwitchFlow]) -> bool:

@@ -68,6 +68,9 @@ class Entry:
     used: float
     packets: int = 0
     bytes: int = 0
+    # Its actions in order, as ("out", port, max_len), ("vid", vid), ("push", 0), ("pop", 0):
+    # what a packet's tag is at each output.
+    ops: tuple[tuple[int | str, ...], ...] = ()
 
 
 # Requests `mute` and `refuse` name.
@@ -89,9 +92,28 @@ class PacketIn:
     data: bytes = b""  # the frame's first max_len bytes (what the message carries)
 
 
-def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0) -> bytes:
-    """The headers of a packet of tuple `t` (untagged Ethernet, IP, TCP or UDP) as the wire
-    has them, with `payload` bytes of data after them (zeros)."""
+def _op(action: Any) -> tuple[int | str, ...] | None:
+    """An action as Entry.ops has it (None: one the fake switch ignores)."""
+    name = type(action).__name__
+    if name == "OFPActionOutput":
+        return ("out", action.port, getattr(action, "max_len", 0))
+    if name == "OFPActionSetField" and action.key == "vlan_vid":
+        return ("vid", action.value & 0xFFF)
+    if name == "OFPActionVlanVid":
+        return ("vid", action.vlan_vid)
+    if name == "OFPActionPushVlan":
+        return ("push", 0)
+    if name in ("OFPActionPopVlan", "OFPActionStripVlan"):
+        return ("pop", 0)
+    return None
+
+
+def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None) -> bytes:
+    """The headers of a packet of tuple `t` (Ethernet, with an 802.1Q tag of id `vlan` if
+    given, IP, TCP or UDP) as the wire has them, with `payload` bytes of data after them (zeros)."""
+    if vlan is not None:
+        untagged = frame(t, tcp_flags, payload)
+        return untagged[:12] + struct.pack("!HH", 0x8100, vlan) + untagged[12:]
     if t is None:
         return bytes(12) + struct.pack("!H", 0x0806) + bytes(28)
     l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, 0, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
@@ -110,6 +132,7 @@ class Fate:
     outputs: tuple[int, ...]
     packet_ins: tuple[PacketIn, ...]
     cookies: tuple[int, ...]  # of the entries it went through, table by table
+    tags: tuple[int | None, ...] = ()  # the VLAN id each output left with (None: untagged)
 
     @property
     def dropped(self) -> bool:
@@ -317,7 +340,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         elif msg.command in (ofp.OFPFC_MODIFY, ofp.OFPFC_MODIFY_STRICT):
             new = self.entry(msg, buf)
             for e in self.select(msg, msg.command == ofp.OFPFC_MODIFY_STRICT):
-                e.outputs, e.goto, e.metadata, e.raw = new.outputs, new.goto, new.metadata, new.raw
+                e.outputs, e.goto, e.metadata, e.raw, e.ops = new.outputs, new.goto, new.metadata, new.raw, new.ops
         else:
             raise NotImplementedError(f"flow-mod command {msg.command}")
 
@@ -336,8 +359,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             actions, goto, metadata = msg.actions, None, None
             raw, table_id = buf[8:48] + buf[72:], 0  # its match, then its actions
         outputs = [(a.port, getattr(a, "max_len", 0)) for a in actions if hasattr(a, "port")]
+        ops = tuple(op for op in map(_op, actions) if op is not None)
         return Entry(table_id, msg.priority, match, msg.cookie, msg.idle_timeout, msg.hard_timeout, msg.flags,
-                     outputs, goto, metadata, raw, buf, self.now, self.now)
+                     outputs, goto, metadata, raw, buf, self.now, self.now, ops=ops)
 
     def match_of(self, msg: Any) -> Match:
         """A flow-mod's match in the 1.3 names (untagged is vlan_vid 0 in both versions)."""
@@ -502,7 +526,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         data, else a non-IP frame): the ports it leaves by and the packet-ins it makes (also
         put in `replies`, with the packet's first bytes). The packet is `size` bytes long, or
         its headers and payload if longer (a shorter frame padded with zeros, as Ethernet's)."""
-        wire = frame(t, tcp_flags, payload)
+        wire = frame(t, tcp_flags, payload, vlan)
         wire += bytes(max(0, size - len(wire)))
         size = len(wire)
         pkt = {"in_port": in_port, "vlan_vid": 0 if vlan is None else VID_PRESENT | vlan, "metadata": 0}
@@ -513,6 +537,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         else:
             pkt["eth_type"] = 0x0806
         outputs: list[int] = []
+        tags: list[int | None] = []
         packet_ins: list[PacketIn] = []
         seen: list[int] = []
         table: int | None = 0
@@ -522,7 +547,14 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 break  # a table miss: dropped (no table-miss flow in 1.3)
             e.packets, e.bytes, e.used = e.packets + 1, e.bytes + size, self.now
             seen.append(e.cookie)
-            for port, max_len in e.outputs:
+            for op, *args in e.ops:
+                if op != "out":  # a retag: the frame's tag from here on
+                    vid = args[0] if op == "vid" else 0  # (a pushed tag's id is 0 until set)
+                    pkt["vlan_vid"] = 0 if op == "pop" else VID_PRESENT | vid
+                    wire = frame(t, tcp_flags, payload, None if op == "pop" else vid)
+                    wire += bytes(max(0, size - len(wire)))
+                    continue
+                port, max_len = args
                 if port == self.ofproto.OFPP_CONTROLLER:
                     fields = {"in_port": in_port, **({"metadata": pkt["metadata"]} if pkt["metadata"] else {})}
                     packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len, wire[:max_len]))
@@ -532,11 +564,12 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                         self.meter_drops += 1
                 else:
                     outputs.append(port)
+                    tags.append(pkt["vlan_vid"] & 0xFFF if pkt["vlan_vid"] else None)
             if e.metadata is not None:
                 value, mask = e.metadata
                 pkt["metadata"] = (pkt["metadata"] & ~mask) | (value & mask)
             table = e.goto
-        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen))
+        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen), tuple(tags))
 
     def packet_in(self, p: PacketIn, size: int) -> None:
         """The packet-in message (OpenFlow 1.3): the packet up to the catcher's max_len."""
