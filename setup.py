@@ -12,6 +12,6 @@ setup(
         "prometheus-client==0.26.0",
     ],
     extras_require={"test": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.8.6", "mypy==2.4.1", "coverage==7.17.5",
-                            "mutmut==3.8.1"]},
+                            "mutmut==3.8.1", "py-spy==0.4.3"]},
     entry_points={"console_scripts": ["nfshunt=nfshunt.cli:main"]},
 )

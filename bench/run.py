@@ -48,6 +48,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "mininet"))
 sys.path.insert(0, REPO)
 
+import profiles  # noqa: E402
 import switchlimit  # noqa: E402
 from ctfeed import address  # noqa: E402
 from experiments import Capture, Results, last_of_first_burst  # noqa: E402
@@ -153,41 +154,67 @@ def counts(tb: Testbed, within: float = 120) -> dict[str, Any]:
         time.sleep(1)
 
 
+def profile_path(args: argparse.Namespace, res: Results, name: str) -> str | None:
+    """Where --profile keeps a run's py-spy samples (bench/profiles.py), beside its report."""
+    if not args.profile:
+        return None
+    os.makedirs(res.out, exist_ok=True)
+    return os.path.join(res.out, f"{name}-profile.txt")
+
+
+def profile_section(paths: list[str]) -> list[str]:
+    """The report's section of where the controller's time went, over every sampled run."""
+    raw = ""
+    for path in paths:
+        with open(path) as fh:
+            raw += fh.read() + "\n"
+    files = ", ".join(f"`{os.path.basename(p)}`" for p in paths)
+    return ["", "## Where the controller's time went", "",
+            f"py-spy samples of the controller process while the load ran (`bench/profiles.py`; raw: {files}).",
+            "", *profiles.table(profiles.summarise(raw))]
+
+
 # --- latency -----------------------------------------------------------------------------------
+
+def _latency_runs(tb: Testbed, res: Results, runs: int, bitrate: str) -> None:
+    for run in range(runs):
+        cport = 40000 + run
+        caps: list[Capture] = []
+        try:
+            for intf in ("s1-eth1", "s1-eth2", "s1-eth4"):
+                caps.append(Capture(intf, f"tcp port {cport}", os.path.join(tb.workdir, f"{intf}-{run}.pcap")))
+            tb.iperf(SHUNT_PORT, 1, cport=cport, bitrate=bitrate)
+        finally:
+            pkts = [cap.stop() for cap in caps]
+        tb.wait_for(lambda cport=cport: [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport], 5,
+                    "the conntrack deletion", interval=0.05)
+        syns = [t for t, sp, _, fl in pkts[0] if sp == cport and fl & 0x02 and not fl & 0x10]
+        inst = [e for e in log_events(tb, "installed") if e.get("sport") == cport]
+        dele = [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport]
+        slow = [t for t, *_ in pkts[1] + pkts[2]]
+        if not (syns and inst and dele and slow):
+            print(f"[{run + 1}/{runs}] incomplete run skipped", flush=True)
+            continue
+        t0, confirmed = syns[0], inst[-1]["ts"]
+        row = {"run": run, "event_ms": (confirmed - inst[-1]["latency_ms"] / 1000 - t0) * 1000,
+               "confirmed_ms": (confirmed - t0) * 1000, "ct_deleted_ms": (dele[0]["ts"] - t0) * 1000,
+               "last_slow_ms": (last_of_first_burst(slow) - t0) * 1000,
+               "controller_ms": inst[-1]["latency_ms"]}
+        res.add(row)
+        print(f"[{run + 1}/{runs}] event {row['event_ms']:.2f} confirmed {row['confirmed_ms']:.2f} "
+              f"deleted {row['ct_deleted_ms']:.2f} last slow {row['last_slow_ms']:.2f} ms", flush=True)
+
 
 def bench_latency(args: argparse.Namespace) -> int:
     runs = args.runs or (2 if args.quick else 100)
     res = Results(args.out, "latency", {"runs": runs, "transfer": f"iperf3 -t 1 -b {args.bitrate} on the shunted "
                                         "port, one per run (low load: the machine is not saturated)",
                                         "OpenFlow": "1.3", "capture": "tcpdump on s1-eth1 (SYN) and s1-eth2/4 (slow)"})
+    sampled = profile_path(args, res, "latency")
     with Testbed(mode="nfshunt", config={"log_format": "json"}, log=print) as tb:
         tb.wait_for_controller()
-        for run in range(runs):
-            cport = 40000 + run
-            caps: list[Capture] = []
-            try:
-                for intf in ("s1-eth1", "s1-eth2", "s1-eth4"):
-                    caps.append(Capture(intf, f"tcp port {cport}", os.path.join(tb.workdir, f"{intf}-{run}.pcap")))
-                tb.iperf(SHUNT_PORT, 1, cport=cport, bitrate=args.bitrate)
-            finally:
-                pkts = [cap.stop() for cap in caps]
-            tb.wait_for(lambda cport=cport: [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport], 5,
-                        "the conntrack deletion", interval=0.05)
-            syns = [t for t, sp, _, fl in pkts[0] if sp == cport and fl & 0x02 and not fl & 0x10]
-            inst = [e for e in log_events(tb, "installed") if e.get("sport") == cport]
-            dele = [e for e in log_events(tb, "ct_deleted") if e.get("sport") == cport]
-            slow = [t for t, *_ in pkts[1] + pkts[2]]
-            if not (syns and inst and dele and slow):
-                print(f"[{run + 1}/{runs}] incomplete run skipped", flush=True)
-                continue
-            t0, confirmed = syns[0], inst[-1]["ts"]
-            row = {"run": run, "event_ms": (confirmed - inst[-1]["latency_ms"] / 1000 - t0) * 1000,
-                   "confirmed_ms": (confirmed - t0) * 1000, "ct_deleted_ms": (dele[0]["ts"] - t0) * 1000,
-                   "last_slow_ms": (last_of_first_burst(slow) - t0) * 1000,
-                   "controller_ms": inst[-1]["latency_ms"]}
-            res.add(row)
-            print(f"[{run + 1}/{runs}] event {row['event_ms']:.2f} confirmed {row['confirmed_ms']:.2f} "
-                  f"deleted {row['ct_deleted_ms']:.2f} last slow {row['last_slow_ms']:.2f} ms", flush=True)
+        with profiles.sampled(tb.controller.pid, sampled):  # type: ignore[union-attr]
+            _latency_runs(tb, res, runs, args.bitrate)
     body = ["Milliseconds since the client's SYN reached the switch. Thesis (100 runs, means): 3.3 ms to the "
             "event, 58 ms to flows programmed, 75.8 ms to the last slow-path packet.", "",
             "| stage | n | median | p90 | p99 | max |", "|---|---|---|---|---|---|"]
@@ -198,6 +225,8 @@ def bench_latency(args: argparse.Namespace) -> int:
                        ("controller_ms", "controller: event read -> confirmed")):
         s = summary([r[key] for r in res.rows])
         body.append(f"| {label} | {s['n']} | {f(s['median'])} | {f(s['p90'])} | {f(s['p99'])} | {f(s['max'])} |")
+    if sampled:
+        body += profile_section([sampled])
     print(f"report: {res.report('Shunt latency', body, False)}")
     return 0
 
@@ -466,6 +495,7 @@ def bench_burst(args: argparse.Namespace) -> int:
         "logging": "INFO, JSON (one line per shunt, as in production)",
         "switch limit": "the same 2N flow-mods, serialised beforehand, written to s1's management socket "
                         "behind one barrier, in the same testbed just before the burst"})
+    sampled: list[str] = []
     for size in sizes:
         for run in range(runs):
             with Testbed(mode="nfshunt", config={"log_format": "json", "log_level": "INFO",
@@ -481,15 +511,19 @@ def bench_burst(args: argparse.Namespace) -> int:
                 overflow0 = counts(tb)["counters"].get("netlink_overflows", 0)
                 print(f"[{size} #{run + 1}] switch alone: {limit['pairs_per_s']:,.0f} pairs/s; creating {size} "
                       "entries", flush=True)
-                feeder = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "ctfeed.py"), "--rate", "0", "--count",
-                                  str(size), "--proto", "udp", stdout=subprocess.PIPE)
-                line, _ = feeder.communicate(timeout=600)
-                fed = json.loads(line.strip().splitlines()[-1])
-                # Until every created entry is deleted, or none is for 30 s (an entry whose
-                # conntrack id a live pair holds waits on the slow path until that pair goes).
-                # deleted_at: the last deletion seen; entries_left says how many wait.
-                left, deleted_at = until_settled(lambda base=ct0: conntrack_count(tb) - base, lambda n: n <= 0, 30,
-                                                 max(60.0, size / 100), 0.1)
+                path = profile_path(args, res, f"burst-{size}-{run + 1}")
+                with profiles.sampled(pid, path):
+                    feeder = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "ctfeed.py"), "--rate", "0", "--count",
+                                      str(size), "--proto", "udp", stdout=subprocess.PIPE)
+                    line, _ = feeder.communicate(timeout=600)
+                    fed = json.loads(line.strip().splitlines()[-1])
+                    # Until every created entry is deleted, or none is for 30 s (an entry whose
+                    # conntrack id a live pair holds waits on the slow path until that pair goes).
+                    # deleted_at: the last deletion seen; entries_left says how many wait.
+                    left, deleted_at = until_settled(lambda base=ct0: conntrack_count(tb) - base, lambda n: n <= 0,
+                                                     30, max(60.0, size / 100), 0.1)
+                if path:
+                    sampled.append(path)
                 cpu1, rss = proc_usage(pid)
                 st = counts(tb)
                 overflows = st["counters"].get("netlink_overflows", 0) - overflow0
@@ -526,6 +560,8 @@ def bench_burst(args: argparse.Namespace) -> int:
                         f"{r['entries_left']}", f"{r['waiting']}", f"{r['refused']}", f"{r['netlink_overflows']}",
                         f"{r['controller_cpu_s']:.1f}", f"{r['controller_rss_mb']:.0f}"]
                        for r in res.rows))]
+    if sampled:
+        body += profile_section(sampled)
     print(f"report: {res.report('Burst: shunts a second against the switch alone', body, False)}")
     return 0
 
@@ -916,6 +952,8 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "reload-hold", "ids", "all"])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="latency, burst: sample the controller with py-spy while "
+                    "the load runs; the report says where its time went (bench/profiles.py)")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
     ap.add_argument("--bitrate", default="100M", help="latency: iperf3 rate of each run (default 100M)")

@@ -1,6 +1,7 @@
 """The benchmarks in quick mode: they run on the real testbed and write well-formed
 results. No timing is asserted (speed is measured in bench/, not in tests)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def quick(tmp_path_factory, integration_ready):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "all", "--quick", "--seconds", "1",
-                           "--out", str(out)],
+                           "--profile", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
@@ -48,7 +49,13 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert all(int(r["switch_read_entries"]) >= 2 * 1000 for r in data)  # the pairs the reconcile reads
     if name == "burst":  # every entry shunted and deleted; the switch's own rate measured beside it
         assert all(int(r["shunted"]) == int(r["created"]) == 2000 and int(r["entries_left"]) == 0 for r in data)
-    machine_report(quick / name / f"{csvname}.md")
+    report = machine_report(quick / name / f"{csvname}.md")
+    if name in ("latency", "burst"):  # --profile: py-spy sampled the controller, the report sums it per stage
+        assert "## Where the controller's time went" in report
+        samples = re.search(r"^([\d,]+) samples of the controller at work", report, re.M)
+        assert samples and int(samples[1].replace(",", "")) > 0, report
+        if name == "burst":  # 2,000 shunts: each stage worked long enough to be seen
+            assert "| decision |" in report and "| netlink parse |" in report
 
 
 def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):

@@ -284,8 +284,8 @@ def _tcp_pair():
 
 
 def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads: bool = False,
-                    we_read: bool = False) -> bool:
-    """Run the echo loop for 1 s (interval 0.05 s, 2 misses allowed) with a switch that
+                    we_read: bool = False, misses: int = 3) -> bool:
+    """Run the echo loop for 2 s (interval 0.2 s, `misses` unanswered echoes end it) with a switch that
     never answers an echo. It may keep sending (bytes nobody reads), and the controller
     may have a backlog of flow-mods for it, which it reads slowly or not at all. True: the
     loop gave the connection up."""
@@ -302,18 +302,21 @@ def _echo_loop_ends(peer_sends: bool = False, backlog: bool = False, peer_reads:
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
     dp = ChannelDatapath(ours, ("127.0.0.1", 1))
-    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, 2
+    # 0.2 s: at 0.05 s, a loaded CI run (three testbeds beside this niced one) starved the
+    # fake switch's reader for 3 intervals once, and a switch working through its backlog
+    # read as hung (the echo loop now judges behind a full send queue too).
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.2, misses - 1  # as app/controller.py sets it
     ended = threading.Event()
     dp.close = ended.set  # the real close tells os-ken's apps; this records the decision
-    def flow_mods():  # 16 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 1 s
+    def flow_mods():  # 48 MB: far more than both buffers hold, or 64 KB / 5 ms reads in 2 s
         with contextlib.suppress(OSError):
-            dp.socket.sendall(bytes(16 << 20))
+            dp.socket.sendall(bytes(48 << 20))
     if backlog:
         threading.Thread(target=flow_mods, daemon=True).start()
     threading.Thread(target=dp._send_loop, daemon=True).start()
     threading.Thread(target=dp._echo_request_loop, daemon=True).start()
     peer.setblocking(False)
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 2.0
     try:
         while time.monotonic() < deadline and not ended.is_set():
             if peer_sends:
@@ -378,3 +381,89 @@ def test_the_factory_asks_its_own_admission_and_reports_to_its_own_failure_hook(
         assert failed == []
     finally:
         install_connection_factory()
+
+
+def test_a_full_send_queue_does_not_keep_the_echo_loop_from_giving_a_silent_switch_up():
+    """Behind a switch that reads nothing the send queue fills; the echo loop waited for
+    room to queue its echo and never judged the switch again (only the send's socket
+    timeout could end the connection)."""
+    import threading
+
+    from os_ken.controller.handler import DEAD_DISPATCHER
+
+    from nfshunt.openflow.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, 2
+    ended = threading.Event()
+    dp.close = ended.set
+    while dp._send_q_sem.acquire(blocking=False):  # the queue full: no send loop drains it
+        dp.send_q.put((b"flow-mods", False))
+    threading.Thread(target=dp._echo_request_loop, daemon=True).start()
+    try:
+        assert ended.wait(1.0), "the echo loop waited for room in the send queue"
+    finally:
+        dp.max_unreplied_echo_requests = -1
+        dp.state = DEAD_DISPATCHER
+        peer.close()
+        ours.close()
+
+
+def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is_waited_for():
+    """A busy switch (Open vSwitch applying a 30,000-pair burst on a loaded machine) read
+    nothing for the whole socket timeout while still sending: the write failed and the
+    connection went with every pending shunt. Now the write waits while the echo loop
+    finds the switch working, and the stream arrives whole."""
+    import socket
+    import threading
+    import time
+
+    from os_ken.controller.handler import DEAD_DISPATCHER
+
+    from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
+    ours, peer = _tcp_pair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    dp.echo_request_interval, dp.max_unreplied_echo_requests = 0.05, 2
+    ours.settimeout(0.3)
+    ended = threading.Event()
+    dp.close = ended.set
+    size = 4 * SEND_CHUNK
+    payload = bytes(range(256)) * (size // 256)
+    received = bytearray()
+
+    def busy_switch():  # answers all along (a barrier reply every 5 ms), reads nothing for 1 s
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            peer.sendall(b"\x04\x15\x00\x08\x00\x00\x00\x00")
+            time.sleep(0.005)
+        while bytes(received[:len(payload)]) != payload and not ended.is_set():
+            data = peer.recv(65536)
+            if not data:
+                return
+            received.extend(data)
+    reader = threading.Thread(target=busy_switch, daemon=True)
+    reader.start()
+    sender = threading.Thread(target=dp._send_loop, daemon=True)
+    sender.start()
+    dp.send(payload)  # first in the stream: the echoes go behind it
+    threading.Thread(target=dp._echo_request_loop, daemon=True).start()
+    try:
+        reader.join(timeout=10)
+        assert not ended.is_set(), "the echo loop gave up a switch that kept answering"
+        assert sender.is_alive(), "the write gave up a switch that kept answering"
+        assert bytes(received[:len(payload)]) == payload
+    finally:
+        dp.max_unreplied_echo_requests = -1
+        dp.state = DEAD_DISPATCHER
+        dp._wake_sender()
+        sender.join(timeout=2)
+        peer.close()
+        ours.close()
+
+
+def test_one_allowed_miss_ends_a_silent_connection_rather_than_turning_the_echoes_off():
+    """`echo_misses: 1` is os-ken's maximum_unreplied_echo_requests 0, which os-ken reads as
+    no echoes at all: a switch that vanished was never noticed."""
+    assert _echo_loop_ends(misses=1)

@@ -30,7 +30,7 @@ import pytest
 from tests.beds import Bed, Strict
 from tests.test_failsafe import shunt_flows
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 SHUNT = 5201
 LATE_BARRIERS_MS = 400

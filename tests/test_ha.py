@@ -18,7 +18,7 @@ import pytest
 
 from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 SHUNT, IGNORE, UNPACED = 5201, 5203, 5205
 

@@ -12,7 +12,7 @@ import pytest
 from tests.beds import Bed, Strict, running
 from tests.test_failsafe import catchers, shunt_flows
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 SHUNT = 5201
 
 

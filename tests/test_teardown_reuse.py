@@ -22,7 +22,7 @@ import pytest
 
 from tests.beds import Bed, Strict
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 SHUNT = 5201
 N = 20
 ROUNDS = 6

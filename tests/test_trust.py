@@ -13,7 +13,7 @@ import pytest
 from tests.beds import Bed, running
 from tests.ofpeer import ForgedSwitch, forged_flow
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 FORGED_PORT = 2222
 FORGED = 0x4E02000000001234

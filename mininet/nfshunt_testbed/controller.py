@@ -216,8 +216,15 @@ class Controllers(Topology):
 
     def control(self, payload: dict[str, Any], timeout: float = 10, fw: Firewall | None = None) -> dict[str, Any]:
         """One request on a controller's control socket (a path: reachable from any netns)."""
-        from nfshunt.app.control import request
-        return request((fw or self.firewalls[0]).control_socket, payload, timeout)
+        from nfshunt.app.control import NotRunning, request
+        fw = fw or self.firewalls[0]
+        try:
+            return request(fw.control_socket, payload, timeout)
+        except NotRunning as exc:  # say how it ended: a test's failure should not need a re-run
+            proc = fw.controller
+            ended = "not started by the testbed" if proc is None else (
+                "still running" if proc.poll() is None else f"exited with status {proc.returncode}")
+            raise NotRunning(f"{exc}; {fw.name}'s controller process: {ended}") from None
 
     def controller_output(self, fw: Firewall | None = None, since_start: bool = False) -> str:
         """The controller's log; since_start: only the running controller's."""

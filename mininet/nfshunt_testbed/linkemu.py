@@ -216,8 +216,12 @@ def measure_rtt(run: Runner, src, dst_ip: str, count: int = 8) -> float:
     return statistics.median(times)
 
 
+def rtt_within(requested_ms: float, measured_ms: float) -> bool:
+    return abs(measured_ms - requested_ms) <= max(RTT_TOLERANCE * requested_ms, RTT_FLOOR_MS)
+
+
 def check_rtt(requested_ms: float, measured_ms: float) -> None:
     allowed = max(RTT_TOLERANCE * requested_ms, RTT_FLOOR_MS)
-    if abs(measured_ms - requested_ms) > allowed:
+    if not rtt_within(requested_ms, measured_ms):
         raise EmulationError(f"measured RTT {measured_ms:.2f} ms is more than {allowed:.2f} ms away from "
                              f"the requested {requested_ms:g} ms; refusing to run")

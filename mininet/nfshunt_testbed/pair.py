@@ -173,7 +173,11 @@ class Pair(Controllers):
         process on the node dies at once (keepalived's VRRP child and a notify script under
         way too, which would otherwise outlive it and act on the next start)."""
         if sig == signal.SIGKILL:
-            self._signal_all(self.node(fw), signal.SIGKILL)
+            node = self.node(fw)
+            for pid in processes_in_netns(os.stat(f"/proc/{node.pid}/ns/net").st_ino):
+                if pid != node.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         while fw.daemons:
             stop_process(fw.daemons.pop(), 5, sig)
         # A killed keepalived leaves its VRRP address behind; a host that died has none.

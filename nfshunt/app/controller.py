@@ -1,6 +1,7 @@
 """`nfshunt run`: start os-ken with the NFShunt app and run until SIGTERM/SIGINT."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -65,6 +66,9 @@ def _configure_osken(cfg: Config) -> None:
 
 
 def run(cfg: Config, path: str | None = None) -> int:
+    # A fatal signal (a C extension's SIGSEGV, an abort) writes every thread's stack to the
+    # log instead of ending the controller without a word.
+    faulthandler.enable()
     _configure_osken(cfg)
     from os_ken.base.app_manager import AppManager
 

@@ -135,8 +135,9 @@ class CloseContradicted:
 
 @dataclass(slots=True)
 class ShortenConntrack:
-    """Give an existing conntrack entry (that id only) `timeout` seconds; its state stays,
-    and its traffic renews it by its state's own timeout."""
+    """Give an existing conntrack entry, still closing, `timeout` seconds; its state stays,
+    and its traffic renews it by its state's own timeout. The kernel would change whatever
+    entry holds the tuple: the worker sends it only to this closing entry (Expire.meant_for)."""
     family: int
     orig: FlowTuple
     ct_id: int

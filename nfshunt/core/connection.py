@@ -102,7 +102,7 @@ def closed_on_firewall(tcp_state: int | None) -> Handback:
 class Conn:
     orig: FlowTuple
     reply: FlowTuple
-    ct_id: int  # the kernel's id of its entry (32 bits, a hash: another live entry may share it)
+    ct_id: int  # its entry's kernel id (a 32-bit hash: another live entry, or one re-made on the tuple, may share it)
     action: Action  # SHUNT or BLOCK
     ingress: PortGroup  # bridge port the original direction entered by
     egress: PortGroup

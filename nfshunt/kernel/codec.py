@@ -272,9 +272,10 @@ IPCTNL_MSG_CT_GET = 1
 
 
 def delete_message(family: int, t: FlowTuple, ct_id: int | None, seq: int, echo: bool = False) -> bytes:
-    """IPCTNL_MSG_CT_DELETE for a tuple (and id: only that entry), packed by hand: pyroute2's
-    encoder costs ~100 us a message and deletes run at the shunt rate. With `echo` the
-    kernel also sends the requester the entry's destroy event (its last counters)."""
+    """IPCTNL_MSG_CT_DELETE for a tuple (and id: the kernel refuses an entry with another
+    id, ENOENT; but one re-created on the tuple mostly has the same id), packed by hand:
+    pyroute2's encoder costs ~100 us a message and deletes run at the shunt rate. With
+    `echo` the kernel also sends the requester the entry's destroy event (its last counters)."""
     body = struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t)
     if ct_id is not None:
         body += nla(CTA_ID, BE32.pack(ct_id))
@@ -304,8 +305,9 @@ def destroyed_entries(data: bytes) -> Iterator[tuple[int, int]]:
 
 
 def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: int, seq: int) -> bytes:
-    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: change an existing entry's mark, only the
-    bits in `mask` (the kernel keeps the others: new = (old & ~mask) ^ mark)."""
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: change the mark of the entry that holds the
+    tuple now, only the bits in `mask` (the kernel keeps the others: new = (old & ~mask) ^
+    mark). The kernel ignores CTA_ID on an update, as on the two below."""
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
             + nla(CTA_MARK, BE32.pack(mark & mask)) + nla(CTA_MARK_MASK, BE32.pack(mask)) + zone_attr(t))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
@@ -313,9 +315,9 @@ def mark_update_message(family: int, t: FlowTuple, ct_id: int, mark: int, mask: 
 
 
 def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
-    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: set BE_LIBERAL on both directions of an
-    existing TCP entry (struct nf_ct_tcp_flags: the flag and a mask of only that bit).
-    Packed by hand: one goes with every TCP shunt."""
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: set BE_LIBERAL on both directions of the TCP
+    entry that holds the tuple now, whatever its id (struct nf_ct_tcp_flags: the flag and a
+    mask of only that bit). Packed by hand: one goes with every TCP shunt."""
     tcp = nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, LIBERAL_FLAGS) + nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, LIBERAL_FLAGS)
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
             + nla(CTA_PROTOINFO | NLA_F_NESTED, nla(CTA_PROTOINFO_TCP | NLA_F_NESTED, tcp)) + zone_attr(t))
@@ -324,8 +326,9 @@ def liberal_message(family: int, t: FlowTuple, ct_id: int, seq: int) -> bytes:
 
 
 def timeout_message(family: int, t: FlowTuple, ct_id: int, timeout: int, seq: int) -> bytes:
-    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: give an existing entry (that id only)
-    `timeout` seconds; its state, mark and flags stay. Packed by hand like its neighbours."""
+    """IPCTNL_MSG_CT_NEW without NLM_F_CREATE: give the entry that holds the tuple now,
+    whatever its id (the worker looks it up first: Expire.meant_for), `timeout` seconds;
+    its state, mark and flags stay. Packed by hand like its neighbours."""
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, t) + nla(CTA_ID, BE32.pack(ct_id))
             + nla(CTA_TIMEOUT, BE32.pack(timeout)) + zone_attr(t))
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,

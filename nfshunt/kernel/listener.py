@@ -44,6 +44,7 @@ LOSS_REPORT_MAX = 1.0  # seconds a loss may wait for the event queue to drain be
 # read during a 100,000 burst waited up to 1.7 s (median 0.7); with 250, up to 0.7 s
 # (median 0.26), for 5-10 % less burst speed (bench/results/2026-11-23/coalesce-d/).
 COALESCE_MAX = 250
+WAKE = 0.5  # seconds the listener waits for an event before it looks whether stop() was asked
 
 
 class ConntrackListener:
@@ -68,8 +69,7 @@ class ConntrackListener:
         except OSError as exc:  # the parser still copes; it just reads everything
             LOG.warning("cannot filter conntrack events in the kernel: %s", exc)
         sock.bind((0, NFNLGRP_CONNTRACK_NEW | NFNLGRP_CONNTRACK_UPDATE | NFNLGRP_CONNTRACK_DESTROY))
-        sock.settimeout(0.5)  # wake up to notice stop()
-        return sock
+        return sock  # blocking: the waits are select()'s (WAKE), each read MSG_DONTWAIT
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="conntrack-listener", daemon=True)
@@ -89,9 +89,13 @@ class ConntrackListener:
             if lost_since is not None:
                 lost_since = self._report_loss(lost_since)
             try:
-                n = self.sock.recv_into(buf)
-            except socket.timeout:
+                if not select.select([self.sock], [], [], WAKE)[0]:
+                    continue
+                n = self.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:  # (woken for nothing)
                 continue
+            except ValueError:  # closed by stop()
+                return
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
                     if lost_since is None:
@@ -119,10 +123,16 @@ class ConntrackListener:
         burst the event loop takes them in one turn and one write to the switch, not a
         turn each (bursts of 10,000 ran 2-3 times faster); at low load the queue is empty
         and nothing waits. True if the kernel reported a loss."""
-        while len(events) < COALESCE_MAX and select.select([self.sock], [], [], 0)[0]:
+        while len(events) < COALESCE_MAX:
+            # One read a datagram until the queue is empty: a select() before each, and the
+            # poll() Python makes before a read on a socket with a timeout, were three system
+            # calls a datagram (the listener was the burst's largest cost: 17 % of the
+            # controller's samples at 20,000 entries, bench/results/2026-11-27).
             try:
-                n = self.sock.recv_into(buf)
-            except OSError as exc:  # socket.timeout included: the main loop deals with the rest
+                n = self.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            except OSError as exc:  # the main loop deals with the rest
                 return exc.errno == errno.ENOBUFS
             events.extend(parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed))
         return False

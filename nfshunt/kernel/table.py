@@ -101,7 +101,9 @@ def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
                 batch: int = 256) -> tuple[int, int]:
     """Clear the `mask` bits of every entry's mark (a new policy: each entry's next packet
     is judged again). Dumps the entries that have the ingress flag, then updates them in
-    acknowledged batches. Returns (cleared, failed); an entry gone meanwhile is neither."""
+    acknowledged batches. Returns (cleared, failed); an entry gone meanwhile is neither, and
+    one re-created on its tuple meanwhile is cleared too (the kernel checks no id on an
+    update): harmless, it is judged again like every other."""
     report = on_malformed or (lambda what: LOG.warning("skipped malformed entry: %s", what))
     entries = [e for e in raw_dump(report, CROSSED_PLUMBING) if e.mark & mask]
     cleared = failed = 0
@@ -196,35 +198,38 @@ class _Lookups:
 _LOOKUPS = threading.local()
 
 
-def lookup(t: FlowTuple) -> ConnEvent | None:
-    """The live conntrack entry of a connection named by either direction's tuple (an IDS
-    names it as it saw it), or None; one request each way on the calling thread's own
-    socket (the IDS API's threads call it, never the event loop). After any error the
-    socket is dropped, and with it any answer still to come: the next lookup opens another."""
+def _asked(ask: Callable[[_Lookups], T]) -> T:
+    """`ask` on the calling thread's lookup socket (opened on first use). After any error
+    the socket is dropped, and with it any answer still to come: the next lookup opens
+    another."""
     own: _Lookups | None = getattr(_LOOKUPS, "own", None)
     if own is None:
         own = _LOOKUPS.own = _Lookups()
     try:
-        entry = own.ask(t)
-        return entry if entry is not None else own.ask(t.reversed())
+        return ask(own)
     except BaseException:
         _LOOKUPS.own = None
         own.sock.close()
         raise
+
+
+def lookup(t: FlowTuple) -> ConnEvent | None:
+    """The live conntrack entry of a connection named by either direction's tuple (an IDS
+    names it as it saw it), or None; one request each way on the calling thread's own
+    socket (the IDS API's threads call it, never the event loop)."""
+    return _asked(lambda own: own.ask(t) or own.ask(t.reversed()))
+
+
+def entry_of(orig: FlowTuple) -> ConnEvent | None:
+    """The entry whose original tuple is exactly `orig` now, or None: one request on the
+    calling thread's socket (the conntrack worker checks an update's entry with it)."""
+    return _asked(lambda own: own.ask(orig))
 
 
 def lookup_counted(t: FlowTuple) -> tuple[ConnEvent, EntryCounts] | None:
     """`lookup` with the entry's counters, zone and timestamps (nfshunt explain; its own
     socket, as lookup's, for the calling thread)."""
-    own: _Lookups | None = getattr(_LOOKUPS, "own", None)
-    if own is None:
-        own = _LOOKUPS.own = _Lookups()
-    try:
-        found = own.ask_raw(t) or own.ask_raw(t.reversed())
-    except BaseException:
-        _LOOKUPS.own = None
-        own.sock.close()
-        raise
+    found = _asked(lambda own: own.ask_raw(t) or own.ask_raw(t.reversed()))
     if found is None:
         return None
     return parse_fast(*found, EventKind.DUMP, time.monotonic()), parse_counts(*found)

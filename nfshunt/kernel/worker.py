@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple
+from nfshunt.records.model import TCP_CLOSING, ConnEvent, EntryCounts, EventKind, FlowTuple
 
 from .codec import (
     CROSSED_PLUMBING,
@@ -27,18 +27,24 @@ from .codec import (
     restore_message,
     timeout_message,
 )
-from .table import clear_marks, raw_dump
+from .table import clear_marks, entry_of, raw_dump
 
 LOG = logging.getLogger("nfshunt.conntrack")
 
 
 # The worker's requests. Deletes, liberal marks and restores go in lists (a turn's worth
 # in one netlink write); a clear, a callback, a dump and the stop (None) go on their own.
+#
+# An entry's id does not name it for good. The kernel checks it on a delete only; an update
+# (liberal, timeout, mark) changes whatever entry holds the tuple. And the id is a hash of
+# the entry's memory and tuple: an entry re-created on the tuple (a client reusing its port
+# reopens a TIME_WAIT or CLOSE entry) mostly gets the old one's memory, so its id (measured
+# on 6.18: 20 of 20 reopens). docs/behaviour.md says what each request risks from that.
 @dataclass(frozen=True, slots=True)
 class Delete:
     family: int
     orig: FlowTuple
-    ct_id: int | None  # with an id the kernel deletes only that entry
+    ct_id: int | None  # with an id the kernel refuses another entry (not a re-created one: see above)
     echo: bool = False  # its last counters go to `on_counted` (the kernel echoes the destroy event)
 
 
@@ -46,7 +52,7 @@ class Delete:
 class Liberal:
     family: int
     orig: FlowTuple
-    ct_id: int
+    ct_id: int  # not checked (see above): a lookup first would cost ~40 us a TCP shunt
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,13 @@ class Expire:
     orig: FlowTuple
     ct_id: int
     timeout: int
+
+    def meant_for(self, entry: ConnEvent | None) -> bool:
+        """Whether `entry`, the one holding the tuple now, is still the closing entry this
+        was asked for. One re-created on the tuple has the same id as often as not (see
+        above) but begins in an opening state; given the short timeout, a new connection
+        idle for it would lose its entry (behind a strict firewall, the connection)."""
+        return entry is not None and entry.ct_id == self.ct_id and entry.tcp_state in TCP_CLOSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +119,7 @@ class ConntrackWorker:
         self.deleted = 0
         self.delete_missing = 0
         self.restored = 0
+        self.stale = 0  # expires not sent: the tuple's entry is no longer the one asked for
         self._dump_lock = threading.Lock()
         self._dump_queued = False
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -161,11 +175,13 @@ class ConntrackWorker:
     def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
         """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
         applies a pair's flows one direction at a time, the firewall sees acknowledgements
-        of data that took the fast path, which it would otherwise call INVALID."""
+        of data that took the fast path, which it would otherwise call INVALID. Whatever
+        entry holds the tuple when it is sent gets it (see Liberal)."""
         self._put(Liberal(family, orig, ct_id))
 
     def expire(self, family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
-        """Give an existing entry `timeout` seconds (its traffic renews it as usual)."""
+        """Give an existing closing entry `timeout` seconds (its traffic renews it as usual);
+        not sent if the tuple's entry is no longer that one (Expire.meant_for)."""
         self._put(Expire(family, orig, ct_id, timeout))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
@@ -238,6 +254,8 @@ class ConntrackWorker:
         pending: dict[int, Request] = {}
         echoes = False
         for item in batch:
+            if isinstance(item, Expire) and not self._meant(item):
+                continue
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             if isinstance(item, Delete):
                 out += delete_message(item.family, item.orig, item.ct_id, self._seq, item.echo)
@@ -264,6 +282,22 @@ class ConntrackWorker:
                     self._account(pending.pop(seq), -code)
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
+
+    def _meant(self, item: Expire) -> bool:
+        """An expire goes only to the entry it was asked for, looked up first: one lookup
+        an expire, which only a take-down of a pair whose entry closed on the firewall asks."""
+        try:
+            entry = entry_of(item.orig)
+        except OSError as exc:  # (a timeout too) the entry keeps its closing state's timeout
+            LOG.warning("conntrack entry %s kept its timeout: not looked up: %s", item.orig, exc)
+            return False
+        if item.meant_for(entry):
+            return True
+        if entry is not None:
+            self.stale += 1
+            LOG.info("conntrack entry %s kept its timeout: not the closing entry %d asked for (id %d, state %s)",
+                     item.orig, item.ct_id, entry.ct_id, entry.tcp_state)
+        return False
 
     def _counted(self, data: bytes) -> None:
         """Deleted entries the kernel echoed (a delete with NLM_F_ECHO): their last counters."""
