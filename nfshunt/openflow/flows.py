@@ -126,7 +126,9 @@ class FlowBuilder(FlowBasics):
             for vid in sorted(g.zone_of_vid):
                 for a, b in ((g.fast, g.slow), (g.slow, g.fast)):
                     out.append(self._add(self._vlan_match(a, vid), b, cookie, prio, 0, False))
-            out.extend(self._add(self.match(port), None, cookie, prio - 1, 0, False) for port in (g.fast, g.slow))
+            index = self._group[g]
+            out.extend(self._add(self.match(port), None, cookies.make(cookies.Kind.VLAN_DROP, index, slow), prio - 1,
+                                 0, False) for slow, port in ((False, g.fast), (True, g.slow)))
         return out
 
 
