@@ -46,10 +46,11 @@ class _Tags:
     (0 untagged, VID_PRESENT | id) and its zone; each fast port's group; any trunk at all
     (without one, an untagged pair's flows are checked as before VLANs: no retag to compare)."""
 
-    __slots__ = ("switch", "zones", "groups", "trunked")
+    __slots__ = ("switch", "zones", "groups", "trunked", "controller")
 
-    def __init__(self, switch: SwitchConfig):
+    def __init__(self, switch: SwitchConfig, controller: int):
         self.switch = switch
+        self.controller = controller  # the controller's port number in this OpenFlow version
         self.zones: dict[int | None, dict[int | None, int]] = {
             g.fast: {(VID_PRESENT | vid if vid else 0): zone for vid, zone in g.zone_of_vid.items()}
             for g in switch.ports}
@@ -141,12 +142,14 @@ class SwitchReads:
         match, the tag one its in_port's group carries (the tuple then in that tag's zone),
         and the actions this version writes for its ports and zone (retag included)."""
         goto, metadata = False, None
-        tags = self._tags()
+        tags = getattr(self, "_tags_of", None)  # (written out: a reconcile reads 200,000 flows)
+        if tags is None or tags.switch is not self.switch:
+            tags = self._tags()
         if isinstance(stats, FlowEntry):
             fields = stats.fields
             vlan = fields.get("vlan_vid")
             zone = tags.zones.get(fields.get("in_port"), _NO_ZONES).get(vlan)
-            in_port, t = self._parse_oxm(fields.get, canonical=False, zone=zone or 0)  # inet_ntop text already
+            in_port, t = self._parse_oxm(fields.get, False, zone or 0)  # (inet_ntop text already)
             outs, goto, metadata, retag = stats.outs, stats.goto, stats.metadata, stats.retag
             pcp = fields.get("vlan_pcp")
             # _exact_oxm without a set built per flow (a reconcile reads 200,000): once the
@@ -171,7 +174,7 @@ class SwitchReads:
             retag, foreign = self._retag_of(actions)
             exact = exact and not foreign
         out_port = outs[0] if outs else None
-        if out_port == self.ofp.OFPP_CONTROLLER and len(outs) > 1:
+        if out_port == tags.controller and len(outs) > 1:
             out_port = outs[1]  # a retagging catcher or watch: the controller's copy first, then the peer
         exact = t is not None and in_port is not None and exact
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
@@ -191,7 +194,7 @@ class SwitchReads:
         """The switch config's tags by fast port, built once per config (a reconcile reads 200,000 flows)."""
         tags = getattr(self, "_tags_of", None)
         if tags is None or tags.switch is not self.switch:
-            tags = self._tags_of = _Tags(self.switch)
+            tags = self._tags_of = _Tags(self.switch, self.ofp.OFPP_CONTROLLER)
         return tags
 
     @staticmethod
