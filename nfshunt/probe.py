@@ -17,6 +17,7 @@ before it exits, also on failure; flows already on the switch are left alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -27,8 +28,9 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -250,7 +252,8 @@ class Prober:
         result: dict[str, bool] = {}
         for name, msgs, conn, undo in shapes:
             # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's)
-            read = self.fb.pair_stats_request(conn, catchers=True) if conn is not None and self.of13 else None
+            read = None if conn is None or not self.of13 else \
+                functools.partial(self.fb.pair_stats_request, conn, catchers=True)
             if conn is not None:
                 undo = self.fb.remove(conn, (False, True))  # the same strict deletes in either layout
             result[name] = self.try_shape(report, name, msgs, read, 2 if name == SHAPE_PIPELINE else len(msgs), undo)
@@ -258,10 +261,11 @@ class Prober:
         self.delete_probe_flows()
         return result
 
-    def try_shape(self, report: Report, name: str, msgs: list[Any], read: Any, want: int, undo: list[Any],
-                  fb: FlowBuilder | None = None, check: Any = None) -> bool:
-        """One shape installed, read back with `read` (OpenFlow 1.3: `want` flows, each
-        as `fb` parses it passing `check`, if given), removed with `undo`; reported."""
+    def try_shape(self, report: Report, name: str, msgs: list[Any], read: Callable[[], Any] | None, want: int,
+                  undo: list[Any], fb: FlowBuilder | None = None, check: Any = None) -> bool:
+        """One shape installed, read back with the request `read` makes (a new one each
+        read: a message takes one xid; OpenFlow 1.3: `want` flows, each as `fb` parses it
+        passing `check`, if given), removed with `undo`; reported."""
         xids = self.send(msgs)
         self.barrier()
         problem = self.refused(xids)
@@ -269,7 +273,7 @@ class Prober:
             # A switch that applies flow-mods after its barrier reply shows them late.
             n, deadline = 0, time.monotonic() + 3.0
             while True:
-                found = [entry for r in self.ask(read) for entry in r.body]
+                found = [entry for r in self.ask(read()) for entry in r.body]
                 n = len(found)
                 if n == want or time.monotonic() > deadline:
                     break
@@ -397,7 +401,7 @@ def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
             return cookies.parse(f.cookie) is None or cookies.parse(f.cookie).kind is not cookies.Kind.SHUNT or \
                 (f.exact and f.match is not None and f.match.zone == zone)  # type: ignore[union-attr]
         msgs = fb.install(c)
-        read = fb.pair_stats_request(c, catchers=True) if prober.of13 else None  # (1.0: by cookie it cannot)
+        read = functools.partial(fb.pair_stats_request, c, catchers=True) if prober.of13 else None  # (1.0 cannot)
         result[name] = prober.try_shape(report, name, msgs, read, len(msgs), fb.remove(c, (False, True)), fb, exact)
     if prober.of13:
         shunt = StaticShunt(None, None, None, (a.fast, b.fast), vlan=30, pcp=6)
@@ -408,7 +412,7 @@ def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
         def right(f: SwitchFlow) -> bool:
             return (f.vlan, f.pcp, f.retag, f.out_port) == (VID_PRESENT | 30, 6, retag_ops(30, 301), b.fast)
         result[SHAPE_VLAN_PCP] = prober.try_shape(report, SHAPE_VLAN_PCP, [fb.static_add(static)],
-                                                  fb.cookie_stats_request(cookie, ALL_ONES_64), 1,
+                                                  functools.partial(fb.cookie_stats_request, cookie, ALL_ONES_64), 1,
                                                   [fb.delete_by_cookie(cookie, ALL_ONES_64)], fb, right)
     return result
 
@@ -447,8 +451,15 @@ def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None
 
 
 def run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
-    """The probe; exits the process (os-ken's listener threads cannot be stopped)."""
-    code = _run(cfg, wait, pairs, lag_runs)
+    """The probe; exits the process (os-ken's listener threads cannot be stopped), also
+    when the probe itself fails (its traceback printed): else the process would hang."""
+    try:
+        code = _run(cfg, wait, pairs, lag_runs)
+    except Exception:  # noqa: BLE001 (whatever it was: said, and the process ends)
+        traceback.print_exc()
+        print("probe-switch: failed (the traceback above); the switch may hold probe flows: delete them by "
+              "cookie/mask " + ", ".join(f"0x{c:016x}/0x{m:016x}" for c, m in PROBE_FLOWS), file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -107,3 +107,25 @@ def test_a_switch_that_reads_a_tag_back_changed_fails_the_shape():
     shapes = probe.vlan_shapes(prober, report)
     assert not shapes[probe.SHAPE_VLAN] and "read back changed" in "\n".join(report.lines)
     assert shapes[probe.SHAPE_VLAN_XLATE]
+
+
+def test_a_switch_that_shows_flows_late_is_read_again_with_a_new_request_each_time():
+    """A hardware switch applies flow-mods after its barrier reply (the testbed's lag proxy):
+    the first read finds nothing and the shape is read again. Each read is a new request (a
+    message takes one xid: the same one sent again raised inside os-ken and hung the probe)."""
+    prober, switch = _prober()
+    real = switch.flow_stats
+    reads = []
+
+    def late(xid: int, kind: int, buf: bytes) -> None:
+        reads.append(xid)
+        if len(reads) % 2:  # every other read: nothing there yet
+            switch.multipart(xid, kind, [])
+        else:
+            real(xid, kind, buf)
+    switch.flow_stats = late
+    report = probe.Report()
+    shapes = prober.shapes(report)
+    assert all(shapes.values()), report.lines
+    assert len(reads) == 2 * len([n for n in shapes if n != probe.SHAPE_METER])  # each read twice (the meter: none)
+    assert switch.entries == []
