@@ -5,14 +5,23 @@ two zones, is refused saying what to give; a rule naming neither on a controller
 serves no untagged frames is refused. An untagged rule is what it was."""
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import pytest
 
-from nfshunt.config.ids import IdsConfig
-from nfshunt.ids.backend import zoned_rule
-from nfshunt.ids.rules import RuleError, parse
-from nfshunt.ids.store import from_json
-from nfshunt.records.model import TCP, FlowTuple
-from tests.helpers import config
+os.environ.setdefault("OSKEN_HUB_TYPE", "native")
+
+from nfshunt.config.ids import IdsConfig  # noqa: E402
+from nfshunt.ids.backend import zoned_rule  # noqa: E402
+from nfshunt.ids.calls import Reject, Result  # noqa: E402
+from nfshunt.ids.rules import RuleError, parse  # noqa: E402
+from nfshunt.ids.store import from_json  # noqa: E402
+from nfshunt.records.model import OFP13, TCP, Action, FlowTuple  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
+from tests.support.rig import FAST_A, FAST_B, Rig  # noqa: E402
+from tests.test_ids_backend import rule as ids_rule  # noqa: E402
+from tests.test_ids_backend import setup as ids_setup  # noqa: E402
 
 CFG = IdsConfig(token_file="/unused")
 NOW = 1_700_000_000.0
@@ -73,3 +82,23 @@ def test_the_controller_resolves_a_vlan_to_its_zone_or_says_what_to_give():
 
 def test_an_untagged_rule_on_an_untagged_controller_is_as_before():
     assert zoned_rule(rule(), config()) == (rule(), None)
+
+
+def test_an_ids_shunt_named_by_vlan_shunts_that_vlans_connection_only():
+    """On the rig: the rule names VLAN 301 (b's side of zone 30); the zone-30 entry of the
+    tuple is shunted, the same tuple's untagged-zone twin is not touched; a VLAN no group
+    carries is a 400."""
+    rig = Rig(OFP13, ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    rig, backend, entries, _ = ids_setup(rig=rig)
+    z30 = event(action=0, zone=30)
+    entries[z30.orig] = z30  # accepted, left to the firewall by the policy
+    out = backend.submit(dataclasses.replace(ids_rule(rig), vlan=301), 1.0)
+    assert (out.result, out.pending) == (Result.ADDED, None)
+    conn = rig.core.find(tuple_=z30.orig)
+    assert conn.action is Action.SHUNT and conn.orig.zone == 30 and rig.core.find(tuple_=z30.orig._replace(zone=100)) \
+        is None
+    there = rig.packet(FAST_A, conn.orig, vlan=30)
+    assert (there.outputs, there.tags) == ((FAST_B,), (301,))
+    bad = backend.submit(dataclasses.replace(ids_rule(rig, rule_id="2"), vlan=999), 1.0)
+    assert (bad.result, bad.error) == (Result.ERROR, Reject.INVALID) and "VLAN 999 is carried by no port group" in \
+        bad.reason
