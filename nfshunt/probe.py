@@ -54,11 +54,14 @@ PROBE_COOKIE = cookies.OWNED_VALUE | (PROBE_KIND << 48)
 PROBE_MASK = cookies.OWNED_MASK | cookies.KIND_MASK
 SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/block)
 RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
+COST_ID = 0xFC000000  # ids of the VLAN table-cost test's pairs
+COST_PAIRS = 100  # pairs of each kind the VLAN table-cost test installs
 PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port
 # Every flow the probe installs, as cookie/mask: its own, the shapes' and the rate test's pairs.
 PROBE_FLOWS = ((PROBE_COOKIE, PROBE_MASK),
                (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
-               (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))
+               (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000),
+               (cookies.OWNED_VALUE | COST_ID, cookies.OWNED_MASK | 0xFF000000))
 TIMEOUT = 5.0
 CLEAN_WAIT = 5.0  # seconds the probe waits for a lagging switch to drop its flows
 SHAPE_TCP = "TCP shunt + FIN/RST catchers (tcp_flags)"
@@ -414,7 +417,58 @@ def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
         result[SHAPE_VLAN_PCP] = prober.try_shape(report, SHAPE_VLAN_PCP, [fb.static_add(static)],
                                                   functools.partial(fb.cookie_stats_request, cookie, ALL_ONES_64), 1,
                                                   [fb.delete_by_cookie(cookie, ALL_ONES_64)], fb, right)
+        if result[SHAPE_VLAN]:
+            vlan_cost(prober, report)
     return result
+
+
+def _active(prober: Prober) -> int | None:
+    """Table 0's active_count (OpenFlow 1.3 table stats), None if the switch does not say."""
+    replies = prober.ask(prober.p.OFPTableStatsRequest(prober.dp, 0))
+    return next((t.active_count for r in replies for t in r.body if t.table_id == 0), None)
+
+
+def _settled(prober: Prober, want: Callable[[int], bool]) -> int | None:
+    """active_count once `want` holds of it (a switch may apply flow-mods after its barrier
+    reply), or as it is after 3 s."""
+    deadline = time.monotonic() + 3.0
+    while True:
+        n = _active(prober)
+        if n is None or want(n) or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+def vlan_cost(prober: Prober, report: Report, pairs: int = COST_PAIRS) -> dict[str, int] | None:
+    """Table 0's entries for `pairs` untagged UDP pairs, then as many VLAN 100 ones
+    (active_count before and after each, design 5.4): OpenFlow cannot see how wide a TCAM
+    key a match takes, so this count is all a user gets of a VLAN match's cost."""
+    groups = prober.switch.ports
+    a, b = _trunks(groups[0], groups[-1])
+    tagged = FlowBuilder(prober.dp, prober.cfg, switch=dataclasses.replace(prober.switch, ports=(a, b)))
+    prober.delete_probe_flows(wait=3.0)  # (a lagging switch may still hold the shapes' flows: not in the base)
+    base = _active(prober)
+    if base is None:
+        report.say("VLAN table cost: skipped (the switch reports no table stats)")
+        return None
+    out: dict[str, int] = {}
+    for label, fb, ga, gb, zone in (("untagged", prober.fb, groups[0], groups[-1], 0), ("VLAN 100", tagged, a, b, 100)):
+        msgs = []
+        for i in range(pairs):
+            t = FlowTuple(4, UDP, "198.51.100.3", "198.51.100.4", 41000 + i, 9, zone)
+            msgs += fb.install(Conn(t, t.reversed(), COST_ID + i, Action.SHUNT, ga, gb, 0.0))
+        prober.send(msgs)
+        prober.barrier()
+        sent = base + len(msgs)
+        n = _settled(prober, lambda n, sent=sent: n >= sent)
+        out[label] = -1 if n is None else n - base
+        prober.send([fb.delete_by_cookie(cookies.OWNED_VALUE | COST_ID, cookies.OWNED_MASK | 0xFF000000)])
+        prober.barrier()
+        _settled(prober, lambda n: n <= base)
+    report.say(f"VLAN table cost: table 0 holds {out['untagged']} more entries for {pairs} untagged UDP pairs, "
+               f"{out['VLAN 100']} more for {pairs} VLAN 100 pairs (active_count: OpenFlow cannot see the TCAM "
+               "key's width; a switch that spends more on a tag shows it here, or refuses sooner)")
+    return out
 
 
 def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None, shapes: dict[str, bool],

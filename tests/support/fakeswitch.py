@@ -471,6 +471,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             if METER_STATS not in self.mute:  # the controller meter's one band: what it dropped
                 self.multipart(xid, kind, [struct.pack("!IH6xIQQIIQQ", ofp.OFPM_CONTROLLER, 56, 0, 0, 0, 0, 0,
                                                        self.meter_drops, 0)])
+        elif self.version13 and kind == ofp.OFPMP_TABLE:  # table stats: each table's active_count
+            self.multipart(xid, kind, [struct.pack("!B3xIQQ", t, len(self.table(t)), 0, 0)
+                                       for t in range(self.n_tables)])
         elif kind == (ofp.OFPMP_FLOW if self.version13 else ofp.OFPST_FLOW):
             self.asked[FLOWS] += 1
             if FLOWS not in self.mute:
