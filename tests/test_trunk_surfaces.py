@@ -14,13 +14,14 @@ from prometheus_client import generate_latest  # noqa: E402
 
 from nfshunt import cli  # noqa: E402
 from nfshunt.app import operator_api  # noqa: E402
+from nfshunt.app.explain import entry_json  # noqa: E402
 from nfshunt.app.operator_api import _ID_ZONED, gauges  # noqa: E402
 from nfshunt.core.connection import FlowCount  # noqa: E402
 from nfshunt.observe import flowrecords  # noqa: E402
 from nfshunt.observe.accounting import audit_record, conn_fields  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
-from nfshunt.records.model import OFP13, UDP, FlowTuple  # noqa: E402
-from tests.helpers import config  # noqa: E402
+from nfshunt.records.model import OFP13, UDP, EntryCounts, FlowTuple  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
 from tests.support.rig import FAST_A, FAST_B, Rig  # noqa: E402
 
 TRUNKS = [
@@ -136,3 +137,11 @@ def test_the_cli_sends_vlan_and_zone_with_the_tuple(monkeypatch):
                     {"cmd": "unshunt", "tuple": "udp 10.0.0.1:1 -> 10.0.0.2:2", "zone": 30},
                     {"cmd": "block", "tuple": "udp 10.0.0.1:1 -> 10.0.0.2:2"}]
     assert cli.build_parser().parse_args(["explain", "--vlan", "30", "7"]).vlan == 30
+
+
+def test_explains_entry_view_names_each_sides_tag_of_a_zoned_entry():
+    cfg = config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    ev = event(zone=30, ingress=2, egress=1)  # from the 301 side
+    assert entry_json(ev, EntryCounts(zone=30), cfg)["vlan"] == [301, 30]
+    assert entry_json(event(zone=7), EntryCounts(zone=7), cfg)["vlan"] == [None, None]  # carried by neither
+    assert entry_json(event(), EntryCounts(), config())["vlan"] is None  # untagged: as before
