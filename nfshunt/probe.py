@@ -21,6 +21,7 @@ import functools
 import ipaddress
 import json
 import logging
+import operator
 import os
 import queue
 import socket
@@ -401,8 +402,9 @@ def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
     result = {}
     for name, c in pairs:
         def exact(f: SwitchFlow, zone: int = c.orig.zone) -> bool:
-            return cookies.parse(f.cookie) is None or cookies.parse(f.cookie).kind is not cookies.Kind.SHUNT or \
-                (f.exact and f.match is not None and f.match.zone == zone)  # type: ignore[union-attr]
+            parsed = cookies.parse(f.cookie)
+            return parsed is None or parsed.kind is not cookies.Kind.SHUNT or \
+                (f.exact and f.match is not None and f.match.zone == zone)
         msgs = fb.install(c)
         read = functools.partial(fb.pair_stats_request, c, catchers=True) if prober.of13 else None  # (1.0 cannot)
         result[name] = prober.try_shape(report, name, msgs, read, len(msgs), fb.remove(c, (False, True)), fb, exact)
@@ -460,7 +462,7 @@ def vlan_cost(prober: Prober, report: Report, pairs: int = COST_PAIRS) -> dict[s
         prober.send(msgs)
         prober.barrier()
         sent = base + len(msgs)
-        n = _settled(prober, lambda n, sent=sent: n >= sent)
+        n = _settled(prober, functools.partial(operator.le, sent))
         out[label] = -1 if n is None else n - base
         prober.send([fb.delete_by_cookie(cookies.OWNED_VALUE | COST_ID, cookies.OWNED_MASK | 0xFF000000)])
         prober.barrier()

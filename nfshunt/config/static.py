@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import zlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
@@ -68,8 +68,8 @@ class StaticFlow:
     reply: bool
     in_port: int
     out_port: int | None  # None: drop (an operator's block of a tuple inside the stream)
-    src: Network
-    dst: Network
+    src: Network | None  # None: any address (an entry by VLAN priority alone)
+    dst: Network | None
     src_port: int | None
     dst_port: int | None
     priority: int
@@ -430,11 +430,12 @@ class _Bits:
 
     def __init__(self, at: str, flow: StaticFlow):
         self.at, self.flow = at, flow
-        self.shape = (flow.src.prefixlen, flow.dst.prefixlen, flow.src_port is None, flow.dst_port is None)
+        src, dst = cast(Network, flow.src), cast(Network, flow.dst)  # (an address-less flow is a wild one)
+        self.shape = (src.prefixlen, dst.prefixlen, flow.src_port is None, flow.dst_port is None)
         self.group = (flow.in_port, flow.vid_in, flow.proto, flow.family)
         self.pcp = flow.pcp
-        self.width = flow.src.max_prefixlen
-        self.src, self.dst = int(flow.src.network_address), int(flow.dst.network_address)
+        self.width = src.max_prefixlen
+        self.src, self.dst = int(src.network_address), int(dst.network_address)
         self.sport, self.dport = flow.src_port, flow.dst_port
 
     def key(self, other: "_Shape", pcp: Any = "own") -> tuple[Any, ...]:

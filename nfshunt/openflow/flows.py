@@ -228,8 +228,8 @@ class FlowBuilder(FlowBasics):
                 if given:
                     fields[f"{l4}_{side}"] = port
             return finish(fields, cookie)
-        shape = ("static", t.family, t.proto, flow.in_port, flow.out_port, src.prefixlen, dst.prefixlen,
-                 sport, dport, flow.priority, flow.hard_timeout)
+        shape: tuple[Any, ...] = ("static", t.family, t.proto, flow.in_port, flow.out_port, src.prefixlen,
+                                  dst.prefixlen, sport, dport, flow.priority, flow.hard_timeout)
         if flow.vid_in or flow.vid_out or flow.pcp is not None:  # (an untagged one's key as before)
             shape += (flow.vid_in, flow.vid_out, flow.pcp)
         return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport))
