@@ -49,6 +49,9 @@ def xmark(value_mask: tuple[int, int]) -> str:
 def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
     for sw in cfg.switches:  # the key named as it is in the file (switches[i].ports[j] with several)
         for i, g in enumerate(sw.ports):
+            if g.vlans or g.untagged != 0:
+                raise ConfigError(f"{sw.at}ports[{i}]", "nfshunt iptables does not plumb VLANs yet (their "
+                                  "conntrack zones and sub-interfaces): VLAN shunts arrive in the next release")
             if not g.bridge_port:
                 raise ConfigError(f"{sw.at}ports[{i}].bridge_port",
                                   "required for iptables: the bridge interface cabled to this group's slow port")
