@@ -24,6 +24,9 @@ class Strict(enum.Enum):
 
 @dataclass(frozen=True)
 class Bed:
+    # One of the testbed's modes (nfshunt_testbed/bed.py): nfshunt, firewall, direct, ha,
+    # two-switch, or vlan (trunks: VLANs 100 and 200 with the same addresses, 30 bridged to
+    # 301; tests/test_vlan.py, docs/vlans.md).
     mode: str = "nfshunt"
     of_version: str = "1.3"
     config: Mapping[str, Any] = field(default_factory=dict)
