@@ -330,3 +330,15 @@ def test_a_frame_still_tagged_inside_a_vlan_bridge_is_dropped_and_counted(vfw):
     # (the kernel may have moved either tag out of the frame: ebtables then counts it as 802.1Q)
     hits = [line.split() for line in counted.splitlines() if "-i fw-eth0.200" in line]
     assert sum(int(words[words.index("pcnt") + 2]) for words in hits) == 2, counted
+
+
+def test_the_admins_own_bridge_rules_still_see_what_the_guard_lets_through(vfw):
+    """NFSHUNT_TAGGED's policy is RETURN: with a user chain's default (ACCEPT) every frame
+    it does not drop would be accepted there, and the admin's later FORWARD rules never run."""
+    vfw.nfshunt("iptables", "apply", "--config", vfw.config)
+    vfw("ebtables", *ADMIN_BRIDGE)  # appended: after NFSHUNT_TAGGED's jump
+    send = ("import socket; s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(('p0.100', 0)); "
+            "s.send(bytes.fromhex('020000000002020000000001') + b'\\x88\\xb5' + bytes(46))")
+    vfw(sys.executable, "-c", send)
+    rules = [line for line in vfw("ebtables", "-L", "FORWARD", "--Lc").stdout.splitlines() if "0x88b5" in line]
+    assert len(rules) == 1 and "pcnt = 1 " in rules[0], rules
