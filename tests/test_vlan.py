@@ -204,3 +204,47 @@ def test_a_policy_by_sub_interface_shunts_in_vlan_100_and_blocks_in_vlan_200(tb,
         assert not vlan_flows(tb, BLOCK, 100)
     finally:
         kill(blocked, passed)
+
+
+@pytest.fixture
+def strict(tb):
+    """A strict firewall for one case: INVALID dropped, no loose pickup (a TCP connection whose
+    entry is not where its packets look for it is dead); put back afterwards."""
+    from nfshunt_testbed.bed import STRICT_RULE
+    tb.strict_firewalls()
+    yield
+    tb.run(tb.fw, "iptables", "-w", "5", "-D", *STRICT_RULE)
+    tb.run(tb.fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+
+
+def _invalid_dropped(tb):
+    out = tb.run(tb.fw, "iptables", "-w", "5", "-nvxL", "FORWARD")
+    return sum(int(line.split()[0]) for line in out.splitlines() if "INVALID" in line and "DROP" in line)
+
+
+def test_a_flush_hands_each_vlans_connection_back_in_its_zone_through_a_strict_firewall(tb, strict):
+    """The same tuple in VLANs 100 and 200, both shunted (their entries deleted), then taken
+    down: each entry must be re-created in its own zone, or its packets meet no entry there
+    and the strict firewall drops them (a dead transfer, or a stall)."""
+    from nfshunt_testbed.bed import STEADY_RATE
+    h1, h2, h3, h4 = (tb.host(n) for n in ("h1", "h2", "h3", "h4"))
+    transfers = [tb.start_transfer(SHUNT, 3, cport=41004, src=h1, server=h2, bitrate=STEADY_RATE),
+                 tb.start_transfer(SHUNT, 3, cport=41004, src=h3, server=h4, bitrate=STEADY_RATE)]
+    try:
+        tb.wait_for(lambda: all(len(pair(tb, vid, 41004)) >= 2 for vid in (100, 200)), 10, "both shunts")
+        tb.wait_for(lambda: not [e for zone in (100, 200) for e in tb.conntrack_zone(zone)
+                                 if e.get("sport") == "41004"], 3, "the shunted entries to be deleted")
+        cookies = {f["cookie"] for vid in (100, 200) for f in pair(tb, vid, 41004)}
+        dropped, on_fw = _invalid_dropped(tb), fw_rx(tb, "fw-eth0.100", "fw-eth0.200")
+        tb.control({"cmd": "flush", "reason": "test_vlan: a take-down per VLAN"})
+        tb.wait_for(lambda: not cookies & {f["cookie"] for vid in (100, 200) for f in pair(tb, vid, 41004)}, 5,
+                    "the take-down")
+        # back on the firewall (the flush's re-evaluation may shunt them again, as new pairs)
+        tb.wait_for(lambda: fw_rx(tb, "fw-eth0.100", "fw-eth0.200") > on_fw + 100, 5, "the transfers on the firewall")
+        results = [tb.finish_transfer(*t) for t in transfers]
+    finally:
+        kill(*transfers)
+    for result in results:
+        assert "error" not in result, result
+        assert tb.longest_stall(result) < 1.0
+    print(f"\n{_invalid_dropped(tb) - dropped} packets dropped as INVALID")
