@@ -10,7 +10,9 @@ iptables apply` (zones, stacked-tag drops). One bed for the module, a few short 
   switch and counted; a QinQ frame is dropped by the firewall's NFSHUNT_TAGGED and counted;
   neither reaches conntrack;
 - a policy by sub-interface (iptables/policy-vlan.rules, the README's example): 5201 shunted in
-  VLAN 100 and not in 200, 5202 blocked in VLAN 200 only."""
+  VLAN 100 and not in 200 (over IPv6, the same addresses in both), 5202 blocked in VLAN 200 only;
+- a flush hands the same tuple's shunts in VLANs 100 and 200 back to a strict firewall, each
+  entry re-created in its own zone: both transfers carry on."""
 from __future__ import annotations
 
 import os
@@ -184,8 +186,9 @@ def vlan_policy(tb):
 def test_a_policy_by_sub_interface_shunts_in_vlan_100_and_blocks_in_vlan_200(tb, vlan_policy):
     h1, h2, h3, h4 = (tb.host(n) for n in ("h1", "h2", "h3", "h4"))
     before = fw_rx(tb, "fw-eth0.200", "fw-eth1.200")
-    transfers = [tb.start_transfer(SHUNT, 3, cport=41002, src=h1, server=h2),
-                 tb.start_transfer(SHUNT, 3, cport=41002, src=h3, server=h4)]
+    # over IPv6 (the same fd00::1 -> fd00::2 in both VLANs): ip6tables' zones and policy
+    transfers = [tb.start_transfer(SHUNT, 3, cport=41002, src=h1, server=h2, dst="fd00::2"),
+                 tb.start_transfer(SHUNT, 3, cport=41002, src=h3, server=h4, dst="fd00::2")]
     try:
         summaries, paths, _ = shunted_run(tb, transfers, [(100, 41002, ("fw-eth0.100", "fw-eth1.100"))])
         assert not pair(tb, 200, 41002)  # decided "ignore" in VLAN 200: it crossed the firewall
