@@ -25,7 +25,8 @@ from tests.beds import Bed
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
-TESTBED = Bed(mode="vlan")
+PCP_PORT, PCP = 7000, 6  # the bed's engineered stream: UDP to this port leaves its host's trunk with PCP 6
+TESTBED = Bed(mode="vlan", pcp_stream=(PCP_PORT, PCP))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLAN_POLICY = os.path.join(REPO, "iptables", "policy-vlan.rules")
 SHUNT, BLOCK = 5201, 5202
@@ -251,3 +252,18 @@ def test_a_flush_hands_each_vlans_connection_back_in_its_zone_through_a_strict_f
         assert "error" not in result, result
         assert tb.longest_stall(result) < 1.0
     print(f"\n{_invalid_dropped(tb) - dropped} packets dropped as INVALID")
+
+
+def test_the_beds_engineered_stream_leaves_its_hosts_trunk_with_its_priority(tb):
+    """What a PCP static shunt's test stands on: the bed tags the stream's datagrams (and
+    only those) with its PCP, in VLAN 30 as in every other."""
+    # h1's, h3's and h5's trunk, into the switch: the two datagrams below
+    capture = tb.capture(None, "s1-eth1", f"udp and (dst port {PCP_PORT} or dst port {PCP_PORT + 1})", count=2)
+    send = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "for port in (int(sys.argv[1]), int(sys.argv[1]) + 1): s.sendto(b'cyclic', ('10.0.3.2', port))")
+    tb.run(tb.host("h5"), "python3", "-c", send, str(PCP_PORT))
+    frames = tb.stop_capture(capture, wait=5)
+    stream = [line for line in frames if f"10.0.3.2.{PCP_PORT}:" in line]  # (tcpdump reads 7000 as AFS rx)
+    other = [line for line in frames if f"10.0.3.2.{PCP_PORT + 1}:" in line]
+    assert len(stream) == 1 and f"vlan 30, p {PCP}," in stream[0], frames
+    assert len(other) == 1 and "vlan 30, p 0," in other[0], frames

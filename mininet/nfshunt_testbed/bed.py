@@ -118,11 +118,14 @@ class Testbed(Pair, Observation, Traffic):
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
                  switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
-                 vrrp_gateway: bool = False, late_barriers: bool = False):
+                 vrrp_gateway: bool = False, late_barriers: bool = False, pcp_stream: tuple[int, int] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
         self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
+        # mode "vlan": (UDP port, PCP): the hosts' access switches tag that port's datagrams with the
+        # PCP, as an industrial device marks its engineered stream (every other frame gets PCP 0)
+        self.pcp_stream = pcp_stream
         self.of_version = of_version
         self.extra_config = config or {}
         self.policy = policy

@@ -195,11 +195,17 @@ class Observation(Topology):
                             f"in_port=controller,packet={frame.hex()},actions=output:{port}"],
                            check=True, capture_output=True)
 
-    def capture(self, node: Host, intf: str, expression: str) -> subprocess.Popen:
-        """tcpdump (link-level headers, one line a frame) on a node's interface, ready when
-        this returns; stop it with stop_capture."""
-        proc = self.spawn(node, "tcpdump", "-i", intf, "-e", "-n", "-l", "-Q", "in", expression,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def capture(self, node: Host | None, intf: str, expression: str, count: int | None = None) -> subprocess.Popen:
+        """tcpdump (link-level headers, one line a frame received) on a node's interface (None:
+        the root namespace's, a switch port's), ready when this returns; it ends by itself after
+        `count` frames; stop_capture reads it."""
+        args = ("tcpdump", "-i", intf, "-e", "-n", "-l", "-Q", "in", *(("-c", str(count)) if count else ()),
+                expression)
+        if node is None:
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._procs.append(proc)
+        else:
+            proc = self.spawn(node, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         said = ""
         for _ in range(3):  # "listening on ...": it captures now
             said += proc.stderr.readline() if proc.stderr else ""
@@ -207,12 +213,16 @@ class Observation(Topology):
                 break
         if "listening on" not in said:
             proc.kill()
-            raise TestbedError(f"tcpdump on {node.name} {intf} did not start: {said}")
+            raise TestbedError(f"tcpdump on {node.name if node else 'the root namespace'} {intf} did not start: {said}")
         return proc
 
     @staticmethod
-    def stop_capture(proc: subprocess.Popen) -> list[str]:
-        """The frames a capture saw."""
+    def stop_capture(proc: subprocess.Popen, wait: float = 0) -> list[str]:
+        """The frames a capture saw: after it ended by itself (its count), or `wait` seconds."""
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
         proc.terminate()
         out, _ = proc.communicate(timeout=5)
         return [line for line in out.splitlines() if line.strip()]

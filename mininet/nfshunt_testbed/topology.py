@@ -217,6 +217,7 @@ class Topology:
     delay_mechanism: str
     rtt_measured: float | None
     log: Callable[[str], None]
+    pcp_stream: tuple[int, int] | None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag
     _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
     _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
 
@@ -390,18 +391,23 @@ class Topology:
 
     def _program_stand_ins(self) -> None:
         """The stand-ins' flows, what a NIC's VLAN tagging does: an access port's frames
-        leave by the trunk tagged with its VLAN; the trunk's frames of that VLAN leave by the
-        access port untagged (only the outer tag: a QinQ frame keeps its inner one, as a
-        real sub-interface hands it on). Every other frame is dropped."""
+        leave by the trunk tagged with its VLAN (PCP 0; on the hosts' side a pcp_stream's UDP
+        datagrams with its PCP); the trunk's frames of that VLAN leave by the access port
+        untagged (only the outer tag: a QinQ frame keeps its inner one, as a real
+        sub-interface hands it on). Every other frame is dropped."""
         if self.mode != "vlan":
             return
         for side in (0, 1):
             for bridge in (ACCESS_SWITCHES[side], FW_NICS[side]):
                 flows = []
                 for port, vid in enumerate(VLAN_TRUNKS[side], 1):
-                    flows.append(f"priority=100,in_port={port},actions=push_vlan:0x8100,"
-                                 f"set_field:{0x1000 | vid}->vlan_vid,output:{TRUNK_PORT}")
+                    tag = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid"
+                    flows.append(f"priority=100,in_port={port},actions={tag},output:{TRUNK_PORT}")
                     flows.append(f"priority=100,in_port={TRUNK_PORT},dl_vlan={vid},actions=pop_vlan,output:{port}")
+                    if self.pcp_stream and bridge in ACCESS_SWITCHES:
+                        udp_port, pcp = self.pcp_stream
+                        flows += [f"priority=110,in_port={port},{proto},tp_dst={udp_port},actions={tag},"
+                                  f"set_field:{pcp}->vlan_pcp,output:{TRUNK_PORT}" for proto in ("udp", "udp6")]
                 subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, "-"], input="\n".join(flows),
                                check=True, capture_output=True, text=True)
 
