@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from nfshunt import iptables
 from nfshunt.config.settings import ConfigError, from_dict
 from nfshunt.config.switch import Vlan
 
@@ -62,12 +61,6 @@ def test_vlans_are_refused_unless_asked_for():
     error = refused({**group(untagged=False), "experimental_vlans": False, "ports": [
         {"fast": 1, "slow": 2, "physdevin": 1, "untagged": False}, {"fast": 3, "slow": 4, "physdevin": 2}]})
     assert error.key == "ports[0].untagged"
-
-
-def test_iptables_refuses_to_plumb_vlans():
-    with pytest.raises(ConfigError) as info:
-        iptables.bridge_ports(from_dict(config()))
-    assert info.value.key == "ports[0]" and "does not plumb VLANs yet" in info.value.problem
 
 
 @pytest.mark.parametrize("vlans, key, problem", [
