@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from nfshunt.records import cookies
 from tests.beds import Bed
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
@@ -154,8 +155,9 @@ def _udp_frame(tb, sport, *tags):
 
 def _drops(tb):
     """Frames s1's trunk drop flows counted, by in_port."""
+    kind = cookies.MAGIC << 8 | cookies.Kind.VLAN_DROP
     return {f["in_port"]: int(f["n_packets"]) for f in tb.flows()
-            if int(f.get("cookie", "0"), 16) >> 48 == 0x4E01 and f["actions"] == "drop"}
+            if int(f.get("cookie", "0"), 16) >> 48 == kind and f["actions"] == "drop"}
 
 
 def test_an_unconfigured_vlan_and_a_qinq_frame_never_reach_conntrack_and_are_counted(tb):
