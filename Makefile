@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo demo-failover test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
+.PHONY: deps demo demo-failover demo-vlan test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -13,6 +13,10 @@ demo: deps
 # The firewall pair: the active firewall dies mid-transfer; what happened to each transfer.
 demo-failover: deps
 	$(PY) mininet/demo.py --failover
+
+# The demo's table over VLAN trunks (docs/vlans.md): the same tuple in two VLANs, a translated VLAN.
+demo-vlan: deps
+	$(PY) mininet/demo.py --vlan
 
 # Lint is part of the build: unused imports and names, dead code, likely bugs, import order
 # (ruff) and the type check of every package (mypy, mypy.ini) fail it.

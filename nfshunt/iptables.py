@@ -2,8 +2,16 @@
 
 All changes go through one `iptables-restore --noflush` transaction per address family,
 so either the whole ruleset goes in or nothing changes. Only NFShunt's own chains and
-its two jump rules are ever touched. Both Debian back ends (nft and legacy) are driven
+its jump rules are ever touched. Both Debian back ends (nft and legacy) are driven
 through the same front-end commands the system has selected.
+
+VLAN trunks (issue 37, docs/vlans.md): the firewall is a bridge per VLAN over VLAN
+sub-interfaces. Each sub-interface gets the physdevin of its group's link in the mark,
+and its VLAN's conntrack zone in the raw table (chain NFSHUNT_ZONE), so the same
+5-tuple in two VLANs is two connections. A frame that still carries a tag inside a
+per-VLAN bridge (QinQ after the sub-interface popped the outer tag) would be forwarded
+unjudged: ebtables chain NFSHUNT_TAGGED drops it. A config without VLANs renders exactly
+what it did before: no raw section, no ebtables.
 """
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from nfshunt import routed_checks
 from nfshunt.config.settings import ACTIONS, Config, ConfigError
@@ -27,6 +36,11 @@ DECISIONS = {Action.SHUNT: "NFSHUNT_SHUNT", Action.BLOCK: "NFSHUNT_BLOCK", Actio
 CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_POST", "NFSHUNT_POST_PD_OUT",
           *DECISIONS.values(), "NFSHUNT_POLICY")
 JUMPS = (("PREROUTING", "NFSHUNT_PRE"), ("POSTROUTING", "NFSHUNT_POST"))
+# The raw table's: each VLAN sub-interface's conntrack zone, set before conntrack looks.
+ZONE_CHAIN = "NFSHUNT_ZONE"
+ZONE_JUMP = ("PREROUTING", ZONE_CHAIN)
+RAW_CHAINS = (ZONE_CHAIN,)
+RAW_JUMPS = (ZONE_JUMP,)
 OURS = "0xffff0000"  # CONNMARK masks: the low 16 bits stay the admin's
 # Tagged frames are filtered as IP too; with 0 they cross the bridge unjudged.
 VLAN_SYSCTL = "/proc/sys/net/bridge/bridge-nf-filter-vlan-tagged"
@@ -47,20 +61,49 @@ def xmark(value_mask: tuple[int, int]) -> str:
     return f"{_hex(value_mask[0])}/{_hex(value_mask[1])}"
 
 
-def bridge_ports(cfg: Config) -> list[tuple[int, str]]:
+@dataclass(frozen=True)
+class BridgePort:
+    """One firewall interface the plumbing names: a port group's own bridge port (its
+    untagged frames) or the sub-interface of one of its VLANs. physdevin is the group's
+    link's either way (the mark's 15 numbers name links, not VLANs); the zone tells VLANs
+    apart."""
+    physdevin: int
+    ifname: str
+    zone: int = 0
+    vlan: int = 0  # the VLAN id on the trunk; 0: untagged frames
+    trunk: str | None = None  # the group's bridge_port when the group carries VLANs
+    at: str = ""  # the group's key in the config
+
+
+def bridge_ports(cfg: Config) -> list[BridgePort]:
+    if routed_checks.routed(cfg):
+        return []  # a routing firewall has no bridge: its interfaces are routed_checks.interfaces'
+    ports = []
     for sw in cfg.switches:  # the key named as it is in the file (switches[i].ports[j] with several)
         for i, g in enumerate(sw.ports):
+            at = f"{sw.at}ports[{i}]"
             if not g.bridge_port:
-                raise ConfigError(f"{sw.at}ports[{i}].bridge_port",
+                raise ConfigError(f"{at}.bridge_port",
                                   "required for iptables: the bridge interface cabled to this group's slow port")
-    return [(g.physdevin, g.bridge_port) for g in cfg.all_port_groups]  # type: ignore[misc]
+            trunk = g.bridge_port if g.trunk else None
+            if g.untagged is not None:
+                ports.append(BridgePort(g.physdevin, g.bridge_port, g.untagged, 0, trunk, at))
+            ports += [BridgePort(g.physdevin, vlan.bridge_port or f"{g.bridge_port}.{vlan.id}", vlan.zone, vlan.id,
+                                 trunk, at) for vlan in g.vlans]
+    return ports
+
+
+def untagged_off(cfg: Config) -> list[tuple[str, str]]:
+    """(key, interface) of the trunks that carry no untagged frames: not bridge ports."""
+    return [(f"{sw.at}ports[{i}]", g.bridge_port) for sw in cfg.switches for i, g in enumerate(sw.ports)
+            if g.untagged is None and g.bridge_port]
 
 
 def plumbing_rules(cfg: Config) -> list[str]:
     """The rules of NFShunt's four plumbing chains (BRIEF.md section 4)."""
     if routed_checks.routed(cfg):
         return routed_rules(cfg)
-    ports = bridge_ports(cfg)
+    ports = [(p.physdevin, p.ifname) for p in bridge_ports(cfg)]
     rules = [
         # Only packets that entered through a bridge port concern NFShunt.
         "-A NFSHUNT_PRE -m physdev ! --physdev-is-in -j RETURN",
@@ -157,7 +200,8 @@ class Existing:
 def render(cfg: Config, policy: list[str] | None, existing: Existing | None = None) -> str:
     """iptables-restore --noflush input. Declaring a chain flushes it, so NFSHUNT_POLICY
     is declared only when it is new or a policy replaces it; jumps are added only when
-    missing, so applying twice leaves one copy."""
+    missing, so applying twice leaves one copy. The raw table's zones follow the mangle
+    table (none without VLANs: a config that dropped its VLANs takes them out)."""
     existing = existing or Existing(set(), set())
     out = ["*mangle"]
     for chain in CHAINS:
@@ -170,7 +214,30 @@ def render(cfg: Config, policy: list[str] | None, existing: Existing | None = No
         if (builtin, target) not in existing.jumps:
             out.append(f"-I {builtin} 1 -j {target}")
     out.append("COMMIT")
+    out += zone_section(bridge_ports(cfg), existing)
     return "\n".join(out) + "\n"
+
+
+def zone_section(ports: list[BridgePort], existing: Existing) -> list[str]:
+    """The raw table's NFSHUNT_ZONE: each zoned interface's packets get their VLAN's
+    conntrack zone before conntrack looks them up (design F2); jumped to first."""
+    zoned = [p for p in ports if p.zone]
+    if not zoned:
+        return _zone_removal(existing)
+    out = ["*raw", f":{ZONE_CHAIN} - [0:0]"]
+    out += [f"-A {ZONE_CHAIN} -m physdev --physdev-in {p.ifname} -j CT --zone {p.zone}" for p in zoned]
+    if ZONE_JUMP not in existing.jumps:
+        out.append(f"-I {ZONE_JUMP[0]} 1 -j {ZONE_CHAIN}")
+    return out + ["COMMIT"]
+
+
+def _zone_removal(existing: Existing) -> list[str]:
+    if ZONE_CHAIN not in existing.chains and ZONE_JUMP not in existing.jumps:
+        return []
+    out = ["*raw"] + ([f"-D {ZONE_JUMP[0]} -j {ZONE_CHAIN}"] if ZONE_JUMP in existing.jumps else [])
+    if ZONE_CHAIN in existing.chains:
+        out += [f":{ZONE_CHAIN} - [0:0]", f"-X {ZONE_CHAIN}"]
+    return out + ["COMMIT"]
 
 
 def render_removal(existing: Existing) -> str:
@@ -182,6 +249,7 @@ def render_removal(existing: Existing) -> str:
     out += [f":{c} - [0:0]" for c in present]  # flush first: the chains refer to each other
     out += [f"-X {c}" for c in present]
     out.append("COMMIT")
+    out += _zone_removal(existing)
     return "\n".join(out) + "\n"
 
 
@@ -195,13 +263,15 @@ class Iptables:
     def available(self) -> bool:
         return shutil.which(self.cmd) is not None and shutil.which(self.restore) is not None
 
-    def _ok(self, *args: str) -> bool:
-        return subprocess.run([self.cmd, "-w", "5", "-t", "mangle", *args], stdout=subprocess.DEVNULL,
+    def _ok(self, table: str, *args: str) -> bool:
+        return subprocess.run([self.cmd, "-w", "5", "-t", table, *args], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL).returncode == 0
 
     def existing(self) -> Existing:
-        chains = {c for c in CHAINS if self._ok("-S", c)}
-        jumps = {(b, t) for b, t in JUMPS if t in chains and self._ok("-C", b, "-j", t)}
+        chains, jumps = set(), set()
+        for table, names, links in (("mangle", CHAINS, JUMPS), ("raw", RAW_CHAINS, RAW_JUMPS)):
+            chains |= {c for c in names if self._ok(table, "-S", c)}
+            jumps |= {(b, t) for b, t in links if t in chains and self._ok(table, "-C", b, "-j", t)}
         # A jump can exist more than once if someone added it by hand; removal loops.
         return Existing(chains, jumps)
 
@@ -227,10 +297,71 @@ class Iptables:
                 return
 
 
+# --- ebtables: tagged frames inside a per-VLAN bridge ------------------------------------
+
+TAGGED_CHAIN = "NFSHUNT_TAGGED"
+# 802.1Q and 802.1ad: a frame a sub-interface handed on still tagged (the inner tag of a
+# QinQ frame) crosses a Linux bridge with its tag and is not judged by iptables (F9, F10).
+STACKED = ("802_1Q", "0x88a8")
+
+
+def tagged_guards(ports: list[BridgePort]) -> list[str]:
+    """The interfaces whose bridged frames must carry no tag: every interface of a group
+    that carries VLANs (on its untagged port, a tagged frame is of a VLAN with no
+    sub-interface: it reaches the bridge still tagged)."""
+    return list(dict.fromkeys(p.ifname for p in ports if p.trunk))
+
+
+def render_tagged(guards: list[str], chain_exists: bool) -> str:
+    """ebtables-restore --noflush input: the chain (re)filled, jumped to first from FORWARD.
+    Its policy is RETURN: a frame it does not drop goes on to the admin's own FORWARD rules
+    (a user chain's default policy, ACCEPT, would end FORWARD for every frame)."""
+    out = ["*filter"]
+    out.append(f"-F {TAGGED_CHAIN}" if chain_exists else f":{TAGGED_CHAIN} RETURN")
+    out += [f"-A {TAGGED_CHAIN} -i {ifname} -p {proto} -j DROP" for ifname in guards for proto in STACKED]
+    if not chain_exists:
+        out.append(f"-I FORWARD 1 -j {TAGGED_CHAIN}")
+    return "\n".join(out + ["COMMIT"]) + "\n"
+
+
+class Ebtables:
+    """The bridge's own filter table (ebtables), for NFSHUNT_TAGGED only. The chain and its
+    one jump go in and out in one transaction, so the chain's presence says the jump's
+    (`ebtables -C` is unusable with ebtables-nft: design F11)."""
+
+    cmd, restore = "ebtables", "ebtables-restore"
+
+    def available(self) -> bool:
+        return shutil.which(self.cmd) is not None and shutil.which(self.restore) is not None
+
+    def exists(self) -> bool:
+        if not self.available():
+            return False
+        return subprocess.run([self.cmd, "-t", "filter", "-L", TAGGED_CHAIN], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode == 0
+
+    def restore_text(self, text: str) -> None:
+        proc = subprocess.run([self.restore, "--noflush"], input=text, text=True, capture_output=True)
+        if proc.returncode != 0:
+            raise IptablesError(f"{self.restore} rejected the tagged-frame guard: {proc.stderr.strip()}")
+
+    def apply(self, guards: list[str]) -> None:
+        if guards:
+            self.restore_text(render_tagged(guards, self.exists()))
+        else:
+            self.remove()
+
+    def remove(self) -> None:
+        if self.exists():
+            self.restore_text(f"*filter\n-D FORWARD -j {TAGGED_CHAIN}\n-F {TAGGED_CHAIN}\n-X {TAGGED_CHAIN}\n"
+                              "COMMIT\n")
+
+
 # --- pre-flight checks ------------------------------------------------------------------
 
-def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
-    """Problems that must stop an apply, each with what to do; [] when all is well."""
+def preflight(cfg: Config, families: list[str], fix_sysctl: bool, notes: list[str] | None = None) -> list[str]:
+    """Problems that must stop an apply, each with what to do; [] when all is well.
+    Remarks that stop nothing go to `notes`."""
     if routed_checks.routed(cfg):
         return routed_checks.preflight(cfg, families, fix_sysctl)
     problems = []
@@ -242,7 +373,20 @@ def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
         ipt = Iptables(family)
         if not ipt.available():
             problems.append(f"{ipt.cmd}/{ipt.restore} not found: install the iptables package")
-    problems += _check_bridge_ports([ifname for _, ifname in ports])
+    vlans = any(p.trunk for p in ports)
+    if vlans and not Ebtables().available():
+        problems.append("ebtables/ebtables-restore not found: install the ebtables package (VLAN trunks need "
+                        "it to drop stacked tags inside the per-VLAN bridges)")
+    links = read_links([p.ifname for p in ports] + [ifname for _, ifname in untagged_off(cfg)])
+    problems += _check_bridge_ports(ports, links)
+    if vlans:
+        problems += vlan_problems(ports, untagged_off(cfg), links, notes if notes is not None else [])
+    problems += _sysctl_problems(families, fix_sysctl)
+    return problems
+
+
+def _sysctl_problems(families: list[str], fix_sysctl: bool) -> list[str]:
+    problems = []
     for family in families:
         path = SYSCTL[family]
         name = path.removeprefix("/proc/sys/").replace("/", ".")
@@ -267,18 +411,103 @@ def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
     return problems
 
 
-def _check_bridge_ports(names: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class Link:
+    """What netlink says of one interface, for the checks."""
+    name: str
+    bridge_port: bool = False
+    master: str | None = None  # its bridge
+    master_vlan_filtering: bool = False
+    kind: str | None = None  # IFLA_INFO_KIND: "vlan", "veth", ...
+    vlan_id: int | None = None  # a VLAN device's id, protocol (0x8100, 0x88a8) and parent
+    vlan_protocol: int | None = None
+    parent: str | None = None
+
+
+def read_links(names: list[str]) -> dict[str, Link]:
+    """The interfaces that exist, by name."""
     # Netlink rather than /sys: sysfs shows the namespace it was mounted in, not ours.
     from pyroute2 import IPRoute
-    problems = []
+    out = {}
     with IPRoute() as ipr:
-        for ifname in names:
+        for ifname in dict.fromkeys(names):
             links = ipr.get_links(ifname=ifname) if ipr.link_lookup(ifname=ifname) else []
-            if not links:
-                problems.append(f"interface {ifname} does not exist: create it or fix ports[].bridge_port")
-                continue
-            if links[0].get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_KIND") != "bridge":
-                problems.append(f"interface {ifname} is not a bridge port: `ip link set {ifname} master BRIDGE`")
+            if links:
+                out[ifname] = _link(ipr, links[0])
+    return out
+
+
+def _link(ipr: Any, msg: Any) -> Link:
+    def name_of(index: int | None) -> tuple[str | None, Any]:
+        found = ipr.get_links(index) if index else []
+        return (found[0].get_attr("IFLA_IFNAME"), found[0]) if found else (None, None)
+    master, bridge = name_of(msg.get_attr("IFLA_MASTER"))
+    filtering = bool(bridge is not None and bridge.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA",
+                                                              "IFLA_BR_VLAN_FILTERING"))
+    kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+    vlan: dict[str, Any] = {}
+    if kind == "vlan":
+        vlan = {"vlan_id": msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_VLAN_ID"),
+                "vlan_protocol": msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_VLAN_PROTOCOL"),
+                "parent": name_of(msg.get_attr("IFLA_LINK"))[0]}
+    return Link(msg.get_attr("IFLA_IFNAME"),
+                msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_KIND") == "bridge", master, filtering, kind,
+                **vlan)
+
+
+def _check_bridge_ports(ports: list[BridgePort], links: dict[str, Link]) -> list[str]:
+    problems = []
+    for p in ports:
+        if p.ifname not in links:
+            problems.append(f"interface {p.ifname} does not exist: " + (
+                f"create it (ip link add link {p.trunk} name {p.ifname} type vlan id {p.vlan}) or fix "
+                f"{p.at}.vlans[].bridge_port" if p.vlan else "create it or fix ports[].bridge_port"))
+        elif not links[p.ifname].bridge_port:
+            problems.append(f"interface {p.ifname} is not a bridge port: `ip link set {p.ifname} master BRIDGE`")
+    return problems
+
+
+def vlan_problems(ports: list[BridgePort], no_untagged: list[tuple[str, str]], links: dict[str, Link],
+                  notes: list[str]) -> list[str]:
+    """A bridge per VLAN over sub-interfaces, as the config names them (design section 6.2)."""
+    problems = []
+    bridged = [(p, links[p.ifname]) for p in ports if p.ifname in links and links[p.ifname].master]
+    bridge_of: dict[int, tuple[str, str]] = {}  # zone -> (its first interface, that one's bridge)
+    zone_in: dict[str, tuple[str, int]] = {}  # bridge -> (its first interface, that one's zone)
+    for p, link in bridged:
+        master = str(link.master)
+        first, bridge = bridge_of.setdefault(p.zone, (p.ifname, master))
+        if bridge != master:
+            problems.append(f"zone {p.zone}: {first} is in {bridge} but {p.ifname} is in {master}; put every "
+                            "interface of a zone in one bridge")
+        other, zone = zone_in.setdefault(master, (p.ifname, p.zone))
+        if zone != p.zone:
+            problems.append(f"{master} holds {other} (zone {zone}) and {p.ifname} (zone {p.zone}): one bridge "
+                            "per VLAN")
+    for master in dict.fromkeys(str(link.master) for _, link in bridged if link.master_vlan_filtering):
+        problems.append(f"{master} has vlan_filtering on: NFShunt needs a bridge per VLAN over sub-interfaces "
+                        "(see README \"VLANs\")")
+    for at, ifname in no_untagged:
+        if ifname in links and links[ifname].bridge_port:
+            problems.append(f"{at}: {ifname} is a port of {links[ifname].master}, but the group carries no "
+                            "untagged frames (\"untagged\": false), which would be bridged there in zone 0: "
+                            f"`ip link set {ifname} nomaster`, or set \"untagged\"")
+    problems += _vlan_devices([(p, links[p.ifname]) for p in ports if p.vlan and p.ifname in links], notes)
+    return problems
+
+
+def _vlan_devices(subifs: list[tuple[BridgePort, Link]], notes: list[str]) -> list[str]:
+    problems, unchecked = [], []
+    for p, link in subifs:
+        if link.kind != "vlan":
+            unchecked.append(f"{p.ifname} ({link.kind or 'no kind'})")
+        elif link.vlan_protocol == 0x88A8:
+            problems.append(f"{p.ifname} is 802.1ad: use 802.1Q (ip link add ... type vlan protocol 802.1Q)")
+        elif link.vlan_id != p.vlan or link.parent != p.trunk:
+            problems.append(f"{p.ifname} is VLAN {link.vlan_id} on {link.parent} (config: VLAN {p.vlan} on "
+                            f"{p.trunk})")
+    if unchecked:
+        notes.append(f"not VLAN devices, their VLAN id and trunk not checked: {', '.join(unchecked)}")
     return problems
 
 
@@ -317,7 +546,10 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
         policy = read_policy(args.policy) if args.policy else None
     except IptablesError as exc:
         return _fail(str(exc))
-    problems = preflight(cfg, families, args.fix_sysctl)
+    notes: list[str] = []
+    problems = preflight(cfg, families, args.fix_sysctl, notes)
+    for note in notes:
+        print(f"nfshunt iptables: note: {note}")
     if problems:
         for p in problems:
             print(f"nfshunt iptables: {p}", file=sys.stderr)
@@ -331,6 +563,8 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
             text = render(cfg, policy, ipt.existing())
             ipt.restore_text(text, test=True)
             texts.append(text)
+        # Before the zones: a VLAN is never bridged with its stacked tags unjudged.
+        Ebtables().apply(tagged_guards(bridge_ports(cfg)))
     except IptablesError as exc:
         return _fail(str(exc))
     if args.fix_sysctl:
@@ -340,11 +574,19 @@ def cmd_apply(cfg: Config, args: argparse.Namespace) -> int:
             ipt.restore_text(text)
         except IptablesError as exc:
             return _fail(f"{ipt.family}: {exc}")
-    print(f"NFSHUNT chains applied ({', '.join(families)}); "
+    print(f"NFSHUNT chains applied ({', '.join(families)}); " + _zones_applied(bridge_ports(cfg))
           + ("NFSHUNT_POLICY replaced from " + args.policy if policy is not None else "NFSHUNT_POLICY kept"))
     if policy is not None and not getattr(args, "no_reevaluate", False):
         return reevaluate(cfg)
     return 0
+
+
+def _zones_applied(ports: list[BridgePort]) -> str:
+    zones = list(dict.fromkeys(p.zone for p in ports if p.zone))
+    if not zones:
+        return ""
+    return (f"zones {', '.join(map(str, zones))} on {sum(1 for p in ports if p.vlan)} sub-interfaces, "
+            f"stacked tags dropped on {len(tagged_guards(ports))} interfaces ({TAGGED_CHAIN}); ")
 
 
 def reevaluate(cfg: Config) -> int:
@@ -393,6 +635,10 @@ def cmd_remove(cfg: Config, args: argparse.Namespace) -> int:
             ipt.remove()
         except IptablesError as exc:
             return _fail(str(exc))
+    try:
+        Ebtables().remove()
+    except IptablesError as exc:
+        return _fail(str(exc))
     print("NFSHUNT chains and jumps removed")
     return 0
 

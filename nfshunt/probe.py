@@ -3,7 +3,8 @@
 It takes the controller's place (same listener, TLS, allow-list and datapath pin; the
 controller must be stopped), waits for the switch, and reports what NFShunt needs of it:
 the OpenFlow version and tables; each flow shape NFShunt installs (a TCP shunt pair with its
-FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, the pipeline layout's two tables), installed,
+FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, the pipeline layout's two tables, and the
+VLAN trunks' shapes: a tag matched and kept, translated, pushed and popped, a priority matched), installed,
 read back and removed; the flow-mod rate behind one barrier; and the lag between a barrier
 reply and the switch forwarding on the flow before it. The lag is measured with a test
 packet sent by packet-out into the table (from the controller port, so before the flow
@@ -15,9 +16,12 @@ before it exits, also on failure; flows already on the switch are left alone.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import ipaddress
 import json
 import logging
+import operator
 import os
 import queue
 import socket
@@ -25,8 +29,9 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -34,13 +39,15 @@ from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
 from nfshunt.config.settings import Config
-from nfshunt.config.switch import PortGroup, SwitchConfig
+from nfshunt.config.static import StaticFlow, StaticShunt
+from nfshunt.config.switch import PortGroup, SwitchConfig, Vlan
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import entries_per_pair
 from nfshunt.openflow.channel import address_allowed
 from nfshunt.openflow.flows import FlowBuilder
+from nfshunt.openflow.reads import ALL_ONES_64
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple
+from nfshunt.records.model import OFP10, TCP, UDP, VID_PRESENT, FlowTuple, SwitchFlow, retag_ops
 
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
@@ -48,11 +55,14 @@ PROBE_COOKIE = cookies.OWNED_VALUE | (PROBE_KIND << 48)
 PROBE_MASK = cookies.OWNED_MASK | cookies.KIND_MASK
 SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/block)
 RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
+COST_ID = 0xFC000000  # ids of the VLAN table-cost test's pairs
+COST_PAIRS = 100  # pairs of each kind the VLAN table-cost test installs
 PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port
 # Every flow the probe installs, as cookie/mask: its own, the shapes' and the rate test's pairs.
 PROBE_FLOWS = ((PROBE_COOKIE, PROBE_MASK),
                (cookies.OWNED_VALUE | SHAPE_ID, cookies.OWNED_MASK | 0xFF000000),
-               (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000))
+               (cookies.OWNED_VALUE | RATE_ID, cookies.OWNED_MASK | 0xFF000000),
+               (cookies.OWNED_VALUE | COST_ID, cookies.OWNED_MASK | 0xFF000000))
 TIMEOUT = 5.0
 CLEAN_WAIT = 5.0  # seconds the probe waits for a lagging switch to drop its flows
 SHAPE_TCP = "TCP shunt + FIN/RST catchers (tcp_flags)"
@@ -63,6 +73,12 @@ SHAPE_METER = "packet-in meter (OFPM_CONTROLLER; optional)"
 SHAPE_PIPELINE = "pipeline layout: TCP shunt to table 1 + shared catchers (optional)"
 PIPELINE_PROBE_PRIORITY = 10  # above the controller's table-1 flows (same actions), so neither replaces the other
 REQUIRED = (SHAPE_TCP, SHAPE_TCP10, SHAPE_BLOCK)  # without these NFShunt cannot shunt and block
+SHAPE_VLAN = "VLAN 100 TCP shunt, tag kept (vlan_vid) + FIN/RST catchers"
+SHAPE_VLAN10 = "VLAN 100 IPv4 TCP shunt (dl_vlan)"
+SHAPE_VLAN_XLATE = "VLAN 30 <-> 301 UDP shunt (set_field vlan_vid)"
+SHAPE_VLAN_PUSH = "untagged <-> VLAN 70 UDP shunt (push_vlan, pop_vlan)"
+SHAPE_VLAN_PCP = "VLAN 30 priority 6 static shunt, any address (vlan_pcp)"
+VLAN_SHAPES = (SHAPE_VLAN, SHAPE_VLAN10, SHAPE_VLAN_XLATE, SHAPE_VLAN_PUSH, SHAPE_VLAN_PCP)  # optional all
 
 
 @dataclass
@@ -239,32 +255,43 @@ class Prober:
             shapes = [(SHAPE_TCP10, self.fb.install(tcp), tcp, []), (SHAPE_BLOCK, self.fb.install(block), block, [])]
         result: dict[str, bool] = {}
         for name, msgs, conn, undo in shapes:
-            xids = self.send(msgs)
-            self.barrier()
-            problem = self.refused(xids)
-            if problem is None and conn is not None and self.of13:
-                # A switch that applies flow-mods after its barrier reply shows them late
-                # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's).
-                want = 2 if name == SHAPE_PIPELINE else len(msgs)
-                n, deadline = 0, time.monotonic() + 3.0
-                while True:
-                    found = self.ask(self.fb.pair_stats_request(conn, catchers=True))
-                    n = sum(len(r.body) for r in found)
-                    if n == want or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-                if n != want:
-                    problem = f"accepted, but {n} of {want} flows read back within 3 s"
+            # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's)
+            read = None if conn is None or not self.of13 else \
+                functools.partial(self.fb.pair_stats_request, conn, catchers=True)
             if conn is not None:
                 undo = self.fb.remove(conn, (False, True))  # the same strict deletes in either layout
-            if undo:
-                self.send(undo)
-                self.barrier()
-            result[name] = problem is None
-            mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
-            report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+            result[name] = self.try_shape(report, name, msgs, read, 2 if name == SHAPE_PIPELINE else len(msgs), undo)
+        result.update(vlan_shapes(self, report))
         self.delete_probe_flows()
         return result
+
+    def try_shape(self, report: Report, name: str, msgs: list[Any], read: Callable[[], Any] | None, want: int,
+                  undo: list[Any], fb: FlowBuilder | None = None, check: Any = None) -> bool:
+        """One shape installed, read back with the request `read` makes (a new one each
+        read: a message takes one xid; OpenFlow 1.3: `want` flows, each as `fb` parses it
+        passing `check`, if given), removed with `undo`; reported."""
+        xids = self.send(msgs)
+        self.barrier()
+        problem = self.refused(xids)
+        if problem is None and read is not None and self.of13:
+            # A switch that applies flow-mods after its barrier reply shows them late.
+            n, deadline = 0, time.monotonic() + 3.0
+            while True:
+                found = [entry for r in self.ask(read()) for entry in r.body]
+                n = len(found)
+                if n == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            if n != want:
+                problem = f"accepted, but {n} of {want} flows read back within 3 s"
+            elif check is not None and fb is not None and not all(check(fb.parse_stats(e)) for e in found):
+                problem = "accepted, but read back changed (its tag, priority or retag is not what was sent)"
+        if undo:
+            self.send(undo)
+            self.barrier()
+        mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
+        report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+        return problem is None
 
     def _pipeline(self, conn: Conn) -> list[Any]:
         """The pipeline layout's flows as the controller builds them: the pair going on to
@@ -351,9 +378,111 @@ class Prober:
         return lags
 
 
+def _trunks(a: PortGroup, b: PortGroup) -> tuple[PortGroup, PortGroup]:
+    """Two trunks on the probed groups' ports, each VLAN shape's: VLAN 100 on both sides
+    (the tag kept), 30 on a's bridged to 301 on b's (translated), a's untagged frames to b's
+    VLAN 70 (pushed and popped)."""
+    return (PortGroup(a.fast, a.slow, a.physdevin, vlans=(Vlan(100, 100), Vlan(30, 30)), untagged=7),
+            PortGroup(b.fast, b.slow, b.physdevin, vlans=(Vlan(100, 100), Vlan(301, 30), Vlan(70, 7)), untagged=None))
+
+
+def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
+    """The VLAN shapes (issue 37), whatever the config's port groups carry (a user asks before
+    configuring trunks): each installed, read back exactly (its tag's present bit, its
+    retag, its priority), removed."""
+    groups = prober.switch.ports
+    a, b = _trunks(groups[0], groups[-1])
+    fb = FlowBuilder(prober.dp, prober.cfg, switch=dataclasses.replace(prober.switch, ports=(a, b)))
+
+    def conn(n: int, zone: int, proto: int = UDP) -> Conn:
+        t = FlowTuple(4, proto, "198.51.100.1", "198.51.100.2", 40100 + n, 9, zone)
+        return Conn(t, t.reversed(), SHAPE_ID + 16 + n, Action.SHUNT, a, b, 0.0)
+    pairs = [(SHAPE_VLAN, conn(0, 100, TCP)), (SHAPE_VLAN_XLATE, conn(1, 30)), (SHAPE_VLAN_PUSH, conn(2, 7))] \
+        if prober.of13 else [(SHAPE_VLAN10, conn(0, 100, TCP))]
+    result = {}
+    for name, c in pairs:
+        def exact(f: SwitchFlow, zone: int = c.orig.zone) -> bool:
+            parsed = cookies.parse(f.cookie)
+            return parsed is None or parsed.kind is not cookies.Kind.SHUNT or \
+                (f.exact and f.match is not None and f.match.zone == zone)
+        msgs = fb.install(c)
+        read = functools.partial(fb.pair_stats_request, c, catchers=True) if prober.of13 else None  # (1.0 cannot)
+        result[name] = prober.try_shape(report, name, msgs, read, len(msgs), fb.remove(c, (False, True)), fb, exact)
+    if prober.of13:
+        shunt = StaticShunt(None, None, None, (a.fast, b.fast), vlan=30, pcp=6)
+        cookie = PROBE_COOKIE | 0x100
+        static = StaticFlow(shunt, False, a.fast, b.fast, None, None, None, None, prober.cfg.static_priority, cookie,
+                            0, 30, 301, 30, 6)
+
+        def right(f: SwitchFlow) -> bool:
+            return (f.vlan, f.pcp, f.retag, f.out_port) == (VID_PRESENT | 30, 6, retag_ops(30, 301), b.fast)
+        result[SHAPE_VLAN_PCP] = prober.try_shape(report, SHAPE_VLAN_PCP, [fb.static_add(static)],
+                                                  functools.partial(fb.cookie_stats_request, cookie, ALL_ONES_64), 1,
+                                                  [fb.delete_by_cookie(cookie, ALL_ONES_64)], fb, right)
+        if result[SHAPE_VLAN]:
+            vlan_cost(prober, report)
+    return result
+
+
+def _active(prober: Prober) -> int | None:
+    """Table 0's active_count (OpenFlow 1.3 table stats), None if the switch does not say."""
+    replies = prober.ask(prober.p.OFPTableStatsRequest(prober.dp, 0))
+    return next((t.active_count for r in replies for t in r.body if t.table_id == 0), None)
+
+
+def _settled(prober: Prober, want: Callable[[int], bool]) -> int | None:
+    """active_count once `want` holds of it (a switch may apply flow-mods after its barrier
+    reply), or as it is after 3 s."""
+    deadline = time.monotonic() + 3.0
+    while True:
+        n = _active(prober)
+        if n is None or want(n) or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+def vlan_cost(prober: Prober, report: Report, pairs: int = COST_PAIRS) -> dict[str, int] | None:
+    """Table 0's entries for `pairs` untagged UDP pairs, then as many VLAN 100 ones
+    (active_count before and after each, design 5.4): OpenFlow cannot see how wide a TCAM
+    key a match takes, so this count is all a user gets of a VLAN match's cost."""
+    groups = prober.switch.ports
+    a, b = _trunks(groups[0], groups[-1])
+    tagged = FlowBuilder(prober.dp, prober.cfg, switch=dataclasses.replace(prober.switch, ports=(a, b)))
+    prober.delete_probe_flows(wait=3.0)  # (a lagging switch may still hold the shapes' flows: not in the base)
+    base = _active(prober)
+    if base is None:
+        report.say("VLAN table cost: skipped (the switch reports no table stats)")
+        return None
+    out: dict[str, int] = {}
+    for label, fb, ga, gb, zone in (("untagged", prober.fb, groups[0], groups[-1], 0), ("VLAN 100", tagged, a, b, 100)):
+        msgs = []
+        for i in range(pairs):
+            t = FlowTuple(4, UDP, "198.51.100.3", "198.51.100.4", 41000 + i, 9, zone)
+            msgs += fb.install(Conn(t, t.reversed(), COST_ID + i, Action.SHUNT, ga, gb, 0.0))
+        prober.send(msgs)
+        prober.barrier()
+        sent = base + len(msgs)
+        n = _settled(prober, functools.partial(operator.le, sent))
+        out[label] = -1 if n is None else n - base
+        prober.send([fb.delete_by_cookie(cookies.OWNED_VALUE | COST_ID, cookies.OWNED_MASK | 0xFF000000)])
+        prober.barrier()
+        _settled(prober, lambda n: n <= base)
+    report.say(f"VLAN table cost: table 0 holds {out['untagged']} more entries for {pairs} untagged UDP pairs, "
+               f"{out['VLAN 100']} more for {pairs} VLAN 100 pairs (active_count: OpenFlow cannot see the TCAM "
+               "key's width; a switch that spends more on a tag shows it here, or refuses sooner)")
+    return out
+
+
 def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None, shapes: dict[str, bool],
               rate: float | None, lags: list[float]) -> None:
     s = report.settings
+    vlan = [name for name in VLAN_SHAPES if name in shapes]
+    refused = [name for name in vlan if not shapes[name]]
+    if refused:
+        report.say("VLAN shunts: not supported by this switch (" + "; ".join(refused) + "): leave `vlans` out; "
+                   "tagged frames then cross the firewall only")
+    elif vlan:
+        report.say("VLAN shunts: supported (match, retag, push/pop" + (", priority)" if of13 else ")"))
     s["openflow_versions"] = ["1.3"] if of13 else ["1.0"]
     teardown = shapes.get(SHAPE_TCP, False)
     s["tcp_teardown"] = teardown
@@ -378,8 +507,15 @@ def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None
 
 
 def run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
-    """The probe; exits the process (os-ken's listener threads cannot be stopped)."""
-    code = _run(cfg, wait, pairs, lag_runs)
+    """The probe; exits the process (os-ken's listener threads cannot be stopped), also
+    when the probe itself fails (its traceback printed): else the process would hang."""
+    try:
+        code = _run(cfg, wait, pairs, lag_runs)
+    except Exception:  # noqa: BLE001 (whatever it was: said, and the process ends)
+        traceback.print_exc()
+        print("probe-switch: failed (the traceback above); the switch may hold probe flows: delete them by "
+              "cookie/mask " + ", ".join(f"0x{c:016x}/0x{m:016x}" for c, m in PROBE_FLOWS), file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -24,6 +24,9 @@ class Strict(enum.Enum):
 
 @dataclass(frozen=True)
 class Bed:
+    # One of the testbed's modes (nfshunt_testbed/bed.py): nfshunt, firewall, direct, ha,
+    # two-switch, or vlan (trunks: VLANs 100 and 200 with the same addresses, 30 bridged to
+    # 301; tests/test_vlan.py, docs/vlans.md).
     mode: str = "nfshunt"
     of_version: str = "1.3"
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -35,6 +38,7 @@ class Bed:
     host_offload: bool = False
     vrrp_gateway: bool = False  # mode "ha": a second VRRP instance on keepalived (a gateway address)
     nat: str | None = None  # mode "routed": "masquerade" translates h1's subnet on its way to h2's
+    pcp_stream: tuple[int, int] | None = None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag with the PCP
 
 
 @contextmanager
@@ -47,7 +51,7 @@ def running(bed: Bed) -> Iterator[Any]:
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
                  late_barriers=bed.late_barriers, host_offload=bed.host_offload,
-                 vrrp_gateway=bed.vrrp_gateway, nat=bed.nat) as tb:
+                 vrrp_gateway=bed.vrrp_gateway, nat=bed.nat, pcp_stream=bed.pcp_stream) as tb:
         if tb.controlled and bed.mode != "ha":  # a pair's start waited for its election
             tb.wait_for_controller()
         if bed.strict is Strict.FULL:

@@ -19,12 +19,15 @@ def test_a_packet_ins_headers_give_the_segments_flags_and_data_length(t):
     assert parse_segment(frame(t, FIN | ACK)) == Segment(FIN | ACK, 0)
 
 
-def test_what_is_not_an_untagged_tcp_segment_reads_as_none():
+def test_what_is_not_a_tcp_segment_behind_at_most_one_tag_reads_as_none():
     assert parse_segment(frame(V4._replace(proto=UDP), 0, 10)) is None
     assert parse_segment(frame(None)) is None
     assert parse_segment(frame(V4, ACK)[:40]) is None  # cut before the flags
     tagged = frame(V4, ACK)
-    assert parse_segment(tagged[:12] + b"\x81\x00\x00\x07" + tagged[12:]) is None
+    assert parse_segment(tagged[:12] + b"\x81\x00\x00\x07" + tagged[12:]) == Segment(ACK, 0)  # a trunk's frame
+    for outer in (b"\x88\xa8\x01\x2c", b"\x81\x00\x01\x2c"):  # stacked tags (QinQ): never judged
+        assert parse_segment(tagged[:12] + outer + b"\x81\x00\x00\x07" + tagged[12:]) is None
+    assert parse_segment(tagged[:12] + b"\x81\x00\x00\x07" + tagged[12:33]) is None  # cut inside the IP header
 
 
 def test_after_an_rst_only_the_side_that_reset_contradicts_it_and_only_with_no_rst():

@@ -21,6 +21,7 @@ PROBES = {
     "": lambda bad: bad,
     "switches[]": lambda bad: {"switches": [{**bad, "datapath_id": 1}]},
     "ports[]": lambda bad: {"ports": [bad]},
+    "ports[].vlans[]": lambda bad: {"ports": [{"fast": 1, "slow": 2, "physdevin": 1, "vlans": [bad]}]},
     "tls": lambda bad: {"tls": bad},
     "pair": lambda bad: {"pair": bad},
     "ids": lambda bad: {"ids": bad},

@@ -48,8 +48,10 @@ def test_probe_switch_reports_what_the_switch_can_do_and_recommends_settings(int
         out, settings = _probe(tb)
     print(out)
     for shape in ("TCP shunt + FIN/RST catchers", "IPv6 UDP shunt", "block (no actions)", "packet-in meter",
-                  "pipeline layout: TCP shunt to table 1"):
+                  "pipeline layout: TCP shunt to table 1", "VLAN 100 TCP shunt, tag kept", "VLAN 30 <-> 301 UDP shunt",
+                  "untagged <-> VLAN 70 UDP shunt", "VLAN 30 priority 6 static shunt"):
         assert f"ok   {shape}" in out, shape
+    assert "VLAN shunts: supported (match, retag, push/pop, priority)" in out  # Open vSwitch 3.1 reads each back
     assert "flow-mod rate: 1000 flow-mods behind one barrier" in out
     lag = float(out.split("forwarding lag after the barrier reply: median ")[1].split(" ms")[0])
     assert lag < 50

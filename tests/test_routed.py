@@ -186,7 +186,9 @@ def test_a_routed_shunt_s_flows_decrement_the_ttl_then_rewrite_both_macs_before_
         msg.serialize()
     seen = []
     for msg in msgs:
-        actions = msg.instructions[0].actions
+        actions = list(msg.instructions[0].actions)
+        if getattr(actions[0], "port", None) == fb.ofp.OFPP_CONTROLLER:  # a catcher: its copy as it arrived
+            actions = actions[1:]
         names = [type(a).__name__ for a in actions]
         assert names[:3] == ["OFPActionDecNwTtl", "OFPActionSetField", "OFPActionSetField"], names
         macs = (actions[1].value, actions[2].value)

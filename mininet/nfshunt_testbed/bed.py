@@ -18,6 +18,12 @@ Modes from the one topology:
             s2 with h3 (port 1) and h4 (port 3), cabled to fw-eth2 (port 2, physdevin 3)
             and fw-eth3 (port 4, physdevin 4) of the same bridge br0; h1 -> h3 crosses
             both switches through the firewall.
+  vlan      trunks (issue 37, docs/vlans.md): s1's ports carry VLANs 100, 200 and 30 (301
+            outside); h1/h2 (VLAN 100) and h3/h4 (VLAN 200) have the same addresses, h5/h6
+            are VLAN 30 inside and 301 outside. Open vSwitch stand-ins (this kernel has no
+            802.1Q) play the hosts' trunk switches (v1, v2) and the firewall's NICs with
+            their sub-interfaces (vf0, vf1: fw-eth0.100 ... fw-eth1.301, veths in fw); fw
+            bridges each VLAN in its own bridge (br100, br200, br30) and conntrack zone.
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -84,16 +90,22 @@ from .topology import (
     SLOW1_B,
     SLOW2,
     SLOW2_B,
+    VLAN_HOSTS,
+    VLAN_TRUNKS,
     Firewall,
     TestbedError,
+    sub_intf,
 )
 from .traffic import STEADY_RATE, Traffic
+
+VLAN_SUB_INTFS = tuple(sub_intf(side, vid) for side in (0, 1) for vid in VLAN_TRUNKS[side])
 
 # The names tests, the demo, experiments and benchmarks import from here; the rest are in
 # their job's module.
 __all__ = ["BLOCK_PORT", "FAST1", "FAST2", "H1_IP", "H2_IP", "H2_IP6", "H4_IP", "HERE", "IGNORE_PORT", "MGMT_FW",
            "MGMT_OTHER", "MGMT_ROOT", "OF_PORT", "POLICY", "PYTHON", "REPO", "RMEM_DEFAULT", "SHUNT_PORT",
-           "STEADY_RATE", "STRICT_RULE", "SWITCH_RX_BUFFER", "Service", "Testbed", "TestbedError", "machine_info",
+           "STEADY_RATE", "STRICT_RULE", "SWITCH_RX_BUFFER", "Service", "Testbed", "TestbedError", "VLAN_HOSTS",
+           "machine_info",
            "userspace_tso_enabled", "userspace_tso_setting"]
 
 
@@ -106,7 +118,8 @@ class Testbed(Pair, Observation, Traffic):
                  workdir: str | None = None, log: Callable[[str], None] | None = None,
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
                  switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
-                 vrrp_gateway: bool = False, late_barriers: bool = False, nat: str | None = None):
+                 vrrp_gateway: bool = False, late_barriers: bool = False, nat: str | None = None,
+                 pcp_stream: tuple[int, int] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if nat not in (None, "masquerade") or (nat is not None and mode != "routed"):
@@ -114,6 +127,9 @@ class Testbed(Pair, Observation, Traffic):
         self.nat = nat  # mode "routed": the firewall masquerades h1's subnet towards h2's
         self.mode = mode
         self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
+        # mode "vlan": (UDP port, PCP): the hosts' access switches tag that port's datagrams with the
+        # PCP, as an industrial device marks its engineered stream (every other frame gets PCP 0)
+        self.pcp_stream = pcp_stream
         self.of_version = of_version
         self.extra_config = config or {}
         self.policy = policy
@@ -123,7 +139,8 @@ class Testbed(Pair, Observation, Traffic):
         self.net = None
         self.datapath = "system" if kernel_datapath_available() else "netdev"
         self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir,
-                                   bridge_ports=4 if mode == "two-switch" else 2)]
+                                   bridge_ports=4 if mode == "two-switch" else 2,
+                                   sub_intfs=VLAN_SUB_INTFS if mode == "vlan" else ())]
         self.bridges = ("s1", "s2") if mode == "two-switch" else ("s1",)
         if mode == "ha":
             self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
@@ -185,7 +202,10 @@ class Testbed(Pair, Observation, Traffic):
         self._setup_hosts()
         for fw in self.firewalls:
             os.makedirs(fw.workdir, exist_ok=True)
-            self._setup_bridge(fw)
+            if self.mode == "vlan":
+                self._setup_vlan_bridges(fw)
+            else:
+                self._setup_bridge(fw)
             self._write_config(fw)
             self._apply_plumbing(fw)
             if self.controlled:
@@ -198,6 +218,7 @@ class Testbed(Pair, Observation, Traffic):
             self._wait_for_listener()
         self.net.start()
         self._machine.restore_rmem_default()  # ovs-vsctl waited for vswitchd to open every port
+        self._program_stand_ins()
         self._program_static_flows()
         self._wait_for_control()
         self._setup_emulation()

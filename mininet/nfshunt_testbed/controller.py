@@ -24,9 +24,12 @@ from .topology import (
     S2_DPID,
     SLOW1,
     SLOW2,
+    VLAN_TRUNKS,
+    VLAN_ZONES,
     Firewall,
     TestbedError,
     Topology,
+    sub_intf,
 )
 
 LAG_PROXY_PORT = 6654  # oflag.py, on the root namespace's loopback, when the switch emulates hardware lag
@@ -58,6 +61,8 @@ class Controllers(Topology):
             ports = [{"fast": g["fast"], "slow": g["slow"], "physdevin": g["physdevin"], "interface": g["bridge_port"]}
                      for g in ports]
             groups = {"ports": ports, "forwarding": "routed"}
+        elif self.mode == "vlan":
+            groups = {"experimental_vlans": True, "ports": self._vlan_groups(fw)}
         if self.mode == "two-switch":
             groups = {"switches": [
                 {"datapath_id": S1_DPID, "ports": ports},
@@ -85,6 +90,18 @@ class Controllers(Topology):
             cfg["pair"] = {"state_file": os.path.join(fw.workdir, "pair.json"), **(extra.pop("pair", None) or {})}
         cfg.update(extra)
         return cfg
+
+    @staticmethod
+    def _vlan_groups(fw: Firewall) -> list[dict[str, Any]]:
+        """Mode "vlan": each side's trunk carries its VLANs; a VLAN whose id is not its
+        zone (301) names its zone and sub-interface. The trunks carry no untagged frames."""
+        groups = []
+        for side, (fast, slow) in enumerate(((FAST1, fw.slow[0]), (FAST2, fw.slow[1]))):
+            vlans: list[Any] = [vid if vid == zone else {"id": vid, "zone": zone, "bridge_port": sub_intf(side, vid)}
+                                for vid, zone in zip(VLAN_TRUNKS[side], VLAN_ZONES[side], strict=True)]
+            groups.append({"fast": fast, "slow": slow, "physdevin": side + 1, "bridge_port": f"{fw.name}-eth{side}",
+                           "vlans": vlans})
+        return groups
 
     def _write_config(self, fw: Firewall) -> None:
         with open(fw.config_path, "w") as fh:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from .topology import MGMT_IFS, NODE_NAMES, TestbedError
+from .topology import MGMT_IFS, NODE_NAMES, STAND_INS, TestbedError
 
 # The testbed's names (s1, fw, nfsmgmt0 ...) are fixed: two testbeds on one machine would
 # tear each other down. start() holds this lock until stop(); a second one waits its turn.
@@ -183,11 +183,11 @@ def clear_leftovers(log: Callable[[str], None]) -> None:
     testbed lock held, so no live testbed owns these names."""
     killed, namespaces = _kill_stale_nodes()
     links = [name for name in os.listdir("/sys/class/net")
-             if name in MGMT_IFS or re.fullmatch(r"s[12]-eth\d+", name)]
+             if name in MGMT_IFS or re.fullmatch(r"(s[12]|v[12]|vf[01])-eth\d+", name)]
     for name in links:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
     bridges = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True, text=True).stdout.split()
-    stale_bridges = [br for br in ("s1", "s2") if br in bridges]
+    stale_bridges = [br for br in ("s1", "s2", *STAND_INS) if br in bridges]
     for br in stale_bridges:
         subprocess.run(["ovs-vsctl", "--timeout=5", "--if-exists", "del-br", br], capture_output=True)
     if killed or links or stale_bridges:

@@ -3,14 +3,17 @@ lost, a firewall's conntrack table."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
 from mininet.node import Host
 
-from .topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, Firewall, Topology
+from .topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, VLAN_TRUNKS, Firewall, TestbedError, Topology
 
 DEFAULT_COOKIE = "0x4e01000000000000"  # the controller's default flows (patching fast to slow ports)
+DEFAULT_COOKIE_KIND = 0x4E01  # (a cookie's top 16 bits: nfshunt.records.cookies' magic and kind)
+VLAN_DROP_KIND = 0x4E08  # a trunk port's drop of the tags it does not carry
 
 
 class Observation(Topology):
@@ -44,8 +47,15 @@ class Observation(Topology):
                           f.get("udp_src"), f.get("udp_dst"))]
 
     def _defaults_installed(self) -> bool:
-        """Every switch has the controller's four default flows."""
-        return all(sum(1 for f in self.flows(br) if f.get("cookie") == DEFAULT_COOKIE) == 4 for br in self.bridges)
+        """Every switch has the controller's default flows: four; in mode vlan both ways per
+        carried tag, and a drop per trunk port (a cookie kind of its own, VLAN_DROP)."""
+        want = sum(2 * len(tags) for tags in VLAN_TRUNKS) if self.mode == "vlan" else 4
+        drops = 2 * len(VLAN_TRUNKS) if self.mode == "vlan" else 0
+        for br in self.bridges:
+            kinds = [int(f.get("cookie", "0"), 16) >> 48 for f in self.flows(br)]
+            if kinds.count(DEFAULT_COOKIE_KIND) != want or kinds.count(VLAN_DROP_KIND) != drops:
+                return False
+        return True
 
     def defaults_point_to(self, fw: Firewall) -> bool:
         """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""
@@ -148,3 +158,78 @@ class Observation(Topology):
                        " src=e.orig.src, dst=e.orig.dst, sport=e.orig.sport, dport=e.orig.dport)"
                        " for e in dump_entries()]))", REPO)
         return json.loads(out)
+
+    # --- mode vlan ----------------------------------------------------------------------------
+
+    def intf_packets(self, node: Host, intf: str) -> tuple[int, int]:
+        """(rx, tx) packets of an interface in a node."""
+        st = json.loads(self.run(node, "ip", "-s", "-j", "link", "show", "dev", intf))[0]["stats64"]
+        return st["rx"]["packets"], st["tx"]["packets"]
+
+    def tagged_drops(self, fw: Firewall | None = None) -> dict[str, int]:
+        """Frames NFSHUNT_TAGGED dropped (still tagged inside a per-VLAN bridge), by the
+        sub-interface they came in on; {} without the chain."""
+        out = self.run(self.node(fw or self.firewalls[0]), "ebtables", "-L", "NFSHUNT_TAGGED", "--Lc", check=False)
+        drops: dict[str, int] = {}
+        for line in out.splitlines():
+            words = line.split()
+            if "-i" in words and "pcnt" in words:
+                intf = words[words.index("-i") + 1]
+                drops[intf] = drops.get(intf, 0) + int(words[words.index("pcnt") + 2])
+        return drops
+
+    def conntrack_zone(self, zone: int, fw: Firewall | None = None) -> list[dict[str, str]]:
+        """A firewall's conntrack entries in one zone, as `conntrack -L -w` lists them (key=value
+        fields of the original direction; zone 0: the entries of no zone)."""
+        out = self.run(self.node(fw or self.firewalls[0]), "conntrack", "-L", "-w", str(zone), check=False)
+        entries = []
+        for line in out.splitlines():
+            fields: dict[str, str] = {}
+            for word in line.split():
+                key, eq, value = word.partition("=")
+                if eq and key not in fields:  # the original direction's come first
+                    fields[key] = value
+            if fields:
+                entries.append(fields)
+        return entries
+
+    @staticmethod
+    def packet_out(bridge: str, port: int, frame: bytes, count: int = 1) -> None:
+        """Frames sent out of a stand-in's port as they are (tags included): what a trunk
+        carries that no host of the testbed sends (another VLAN, stacked tags)."""
+        for _ in range(count):
+            subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "packet-out", bridge,
+                            f"in_port=controller,packet={frame.hex()},actions=output:{port}"],
+                           check=True, capture_output=True)
+
+    def capture(self, node: Host | None, intf: str, expression: str, count: int | None = None) -> subprocess.Popen:
+        """tcpdump (link-level headers, one line a frame received) on a node's interface (None:
+        the root namespace's, a switch port's), ready when this returns; it ends by itself after
+        `count` frames; stop_capture reads it."""
+        args = ("tcpdump", "-i", intf, "-e", "-n", "-l", "-Q", "in", *(("-c", str(count)) if count else ()),
+                expression)
+        if node is None:
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._procs.append(proc)
+        else:
+            proc = self.spawn(node, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        said = ""
+        for _ in range(3):  # "listening on ...": it captures now
+            said += proc.stderr.readline() if proc.stderr else ""
+            if "listening on" in said:
+                break
+        if "listening on" not in said:
+            proc.kill()
+            raise TestbedError(f"tcpdump on {node.name if node else 'the root namespace'} {intf} did not start: {said}")
+        return proc
+
+    @staticmethod
+    def stop_capture(proc: subprocess.Popen, wait: float = 0) -> list[str]:
+        """The frames a capture saw: after it ended by itself (its count), or `wait` seconds."""
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+        proc.terminate()
+        out, _ = proc.communicate(timeout=5)
+        return [line for line in out.splitlines() if line.strip()]

@@ -52,7 +52,7 @@ FIXED_CLIENT_PORTS = "40000,41000-55999"
 OPENFLOW_PROTOCOLS = {"1.0": "OpenFlow10", "1.3": "OpenFlow13"}  # Open vSwitch's names for the versions
 FAST1, SLOW1, FAST2, SLOW2 = 1, 2, 3, 4
 SHUNT_PORT, BLOCK_PORT, IGNORE_PORT = 5201, 5202, 5203
-MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch", "routed")
+MODES = ("direct", "firewall", "nfshunt", "ha", "two-switch", "vlan", "routed")
 # Mode "routed": the firewall routes between two subnets, the hosts' gateway on each side.
 ROUTED_IPS = ("10.0.1.1", "10.0.2.1")
 ROUTED_GATEWAYS = ("10.0.1.254", "10.0.2.254")
@@ -67,17 +67,68 @@ SYNC_ADDRS = ("10.255.1.1", "10.255.1.2")  # conntrackd's link, fw-eth2 <-> fw2-
 VRRP_ADDRS = ("10.255.2.1", "10.255.2.2")  # keepalived's link, fw-eth3 <-> fw2-eth3
 VRRP_VIP = "10.255.2.100"
 GATEWAY_VIP = "10.255.2.101"  # a second VRRP instance's address (vrrp_gateway): not NFShunt's
-NODE_NAMES = ("h1", "h2", "h3", "h4", "fw", "fw2", "s1", "s2")  # every node TwoHostTopo may build
+NODE_NAMES = ("h1", "h2", "h3", "h4", "h5", "h6", "fw", "fw2", "s1", "s2")  # every node TwoHostTopo may build
 MGMT_IFS = ("nfsmgmt0", "nfsmgmt2")  # the control links' root-namespace ends
+
+
+
+
+@dataclass(frozen=True)
+class VlanHost:
+    """Mode "vlan": a host on a trunk, its frames tagged by the access switch it hangs on."""
+    name: str
+    side: int  # 0: behind s1's FAST1 (v1), 1: behind FAST2 (v2)
+    vid: int  # its VLAN on the trunk
+    zone: int  # the firewall's bridge (conntrack zone) it is bridged in
+    ip: str
+    ip6: str
+
+
+# Mode "vlan" (issue 37, docs/vlans.md): VLANs 100 and 200 carry the SAME addresses (h1/h2
+# and h3/h4); VLAN 30 inside is bridged to 301 outside (h5/h6): the firewall's br30 joins
+# fw-eth0.30 and fw-eth1.301, so a shunt rewrites the tag as the bridge does.
+VLAN_HOSTS = (VlanHost("h1", 0, 100, 100, H1_IP, H1_IP6), VlanHost("h2", 1, 100, 100, H2_IP, H2_IP6),
+              VlanHost("h3", 0, 200, 200, H1_IP, H1_IP6), VlanHost("h4", 1, 200, 200, H2_IP, H2_IP6),
+              VlanHost("h5", 0, 30, 30, "10.0.3.1", "fd00:3::1"), VlanHost("h6", 1, 301, 30, "10.0.3.2", "fd00:3::2"))
+VLAN_TRUNKS = tuple(tuple(h.vid for h in VLAN_HOSTS if h.side == side) for side in (0, 1))  # each side's VLAN ids
+VLAN_ZONES = tuple(tuple(h.zone for h in VLAN_HOSTS if h.side == side) for side in (0, 1))
+# No 802.1Q in this kernel (F14): small Open vSwitch bridges play the hosts' trunk switch
+# (v1, v2: an access port per host) and the firewall's NICs with their sub-interfaces (vf0,
+# vf1: an access port per fw-ethN.VID); one per NIC, or VLAN 100 of both sides would meet
+# inside Open vSwitch, past the firewall.
+ACCESS_SWITCHES, FW_NICS = ("v1", "v2"), ("vf0", "vf1")
+STAND_INS = ACCESS_SWITCHES + FW_NICS
+STAND_IN_DPIDS = {"v1": "00000000000000b1", "v2": "00000000000000b2", "vf0": "00000000000000c0",
+                  "vf1": "00000000000000c1"}
+TRUNK_PORT = 10  # each stand-in's trunk port; its access ports are 1, 2, 3 in VLAN_TRUNKS' order
+
+
+def sub_intf(side: int, vid: int) -> str:
+    """The firewall's sub-interface of a VLAN on a side's link (fw-eth0.100)."""
+    return f"fw-eth{side}.{vid}"
 
 
 class TestbedError(RuntimeError):
     pass
 
 
+class StandIn(OVSSwitch):
+    """A stand-in bridge: no controller (fail mode secure), forwarding only by the explicit
+    push/pop flows Topology._program_stand_ins adds: nothing crosses it before them."""
+
+    def __init__(self, name: str, **params: Any):
+        super().__init__(name, failMode="secure", protocols="OpenFlow13", **params)
+
+    def start(self, controllers: Any) -> None:
+        super().start([])
+
+
 class TwoHostTopo(Topo):
-    def build(self, ha: bool = False, two_switch: bool = False,  # type: ignore[override]
-              routed: bool = False) -> None:
+    def build(self, ha: bool = False, two_switch: bool = False, vlan: bool = False,  # type: ignore[override]
+              datapath: str = "user", routed: bool = False) -> None:
+        if vlan:
+            self._build_vlan(datapath)
+            return
         ips = ROUTED_IPS if routed else (H1_IP, H2_IP)
         h1 = self.addHost("h1", ip=f"{ips[0]}/24")
         h2 = self.addHost("h2", ip=f"{ips[1]}/24")
@@ -102,6 +153,22 @@ class TwoHostTopo(Topo):
             self.addLink(h4, s2, port2=FAST2)
             self.addLink(fw, s2, port1=3, port2=SLOW2)
 
+    def _build_vlan(self, datapath: str) -> None:
+        """Trunks everywhere: each side's hosts on an access switch whose trunk is s1's fast
+        port, each slow port a trunk into a stand-in NIC with one access port per VLAN,
+        each a veth into fw named like the sub-interface it plays."""
+        fw = self.addHost("fw", ip=None)
+        s1 = self.addSwitch("s1", dpid=S1_DPID)
+        for side, (access, nic) in enumerate(zip(ACCESS_SWITCHES, FW_NICS, strict=True)):
+            a = self.addSwitch(access, cls=StandIn, dpid=STAND_IN_DPIDS[access], datapath=datapath)
+            n = self.addSwitch(nic, cls=StandIn, dpid=STAND_IN_DPIDS[nic], datapath=datapath)
+            self.addLink(a, s1, port1=TRUNK_PORT, port2=(FAST1, FAST2)[side])
+            self.addLink(n, s1, port1=TRUNK_PORT, port2=(SLOW1, SLOW2)[side])
+            for port, vid in enumerate(VLAN_TRUNKS[side], 1):
+                self.addLink(fw, n, intfName1=sub_intf(side, vid), port2=port)
+            for port, host in enumerate((h for h in VLAN_HOSTS if h.side == side), 1):
+                self.addLink(self.addHost(host.name, ip=f"{host.ip}/24"), a, port2=port)
+
 
 @dataclass
 class Firewall:
@@ -115,6 +182,7 @@ class Firewall:
     workdir: str
     index: int = 0
     bridge_ports: int = 2  # fw-eth0 ... : 4 in mode two-switch
+    sub_intfs: tuple[str, ...] = ()  # mode "vlan": its bridge ports are these sub-interfaces
     controller: subprocess.Popen | None = None
     log_start: int = 0  # where the running controller's output begins in controller_log
     daemons: list[subprocess.Popen] = field(default_factory=list)
@@ -133,7 +201,7 @@ class Firewall:
 
     @property
     def intfs(self) -> tuple[str, ...]:
-        return tuple(f"{self.name}-eth{i}" for i in range(self.bridge_ports))
+        return self.sub_intfs or tuple(f"{self.name}-eth{i}" for i in range(self.bridge_ports))
 
     @property
     def links(self) -> tuple[str, ...]:
@@ -156,6 +224,7 @@ class Topology:
     delay_mechanism: str
     rtt_measured: float | None
     log: Callable[[str], None]
+    pcp_stream: tuple[int, int] | None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag
     _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
     _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
 
@@ -171,8 +240,13 @@ class Topology:
 
     @property
     def hosts(self) -> list[Host]:
-        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch)."""
-        return [self.net.get(h) for h in ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)]]  # type: ignore[union-attr]
+        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch; h1-h6 in mode vlan)."""
+        names = ([h.name for h in VLAN_HOSTS] if self.mode == "vlan"
+                 else ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)])
+        return [self.net.get(h) for h in names]  # type: ignore[union-attr]
+
+    def host(self, name: str) -> Host:
+        return self.net.get(name)  # type: ignore[union-attr]
 
     @property
     def h1_ip(self) -> str:
@@ -195,7 +269,7 @@ class Topology:
 
     @property
     def controlled(self) -> bool:
-        return self.mode in ("nfshunt", "ha", "two-switch", "routed")
+        return self.mode in ("nfshunt", "ha", "two-switch", "vlan", "routed")
 
     @property
     def switch_ports(self) -> tuple[int, ...]:
@@ -264,33 +338,35 @@ class Topology:
         """The network, not built yet: every node, link and switch; the switches connect to
         `controller` (Mininet's argument: None, or one controller factory a firewall)."""
         ofproto = OPENFLOW_PROTOCOLS[self.of_version]
+        datapath = "user" if self.datapath == "netdev" else "kernel"
         return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch",
+                                        vlan=self.mode == "vlan", datapath=datapath,
                                         routed=self.mode == "routed"),
                        controller=controller, autoSetMacs=True,
-                       switch=lambda name, **kw: OVSSwitch(name, datapath="user" if self.datapath == "netdev"
-                                                           else "kernel", failMode="secure",
+                       switch=lambda name, **kw: OVSSwitch(name, datapath=datapath, failMode="secure",
                                                            protocols=ofproto, **kw),
                        build=False)
 
     def _quiet_switch_ports(self) -> None:
         """The switch ports' kernel side (root namespace) would send neighbour and multicast
         listener messages of its own onto the links: traffic no host sent."""
-        for intf in self.switch_intfs:
+        for intf in self.switch_intfs + self.stand_in_intfs():
             subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf}.disable_ipv6=1"], check=False)
 
     def _setup_hosts(self) -> None:
-        for i, host in enumerate(self.hosts):
+        hosts = self.hosts
+        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.mode == "vlan" else list(ROUTED_IP6S) if self.mode == "routed"
+               else [f"fd00::{i + 1}" for i in range(len(hosts))])
+        for host, address in zip(hosts, ip6, strict=True):
             intf = f"{host.name}-eth0"
             # The tests' fixed client ports are never some other connection's ephemeral one
             # (a bind to 41002 failed "address in use" once in CI).
             self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}",
                      f"net.ipv6.conf.{intf}.accept_dad=0")
+            self.run(host, "ip", "-6", "addr", "add", f"{address}/64", "dev", intf, "nodad")
             if self.mode == "routed":  # each side its own subnet, the firewall its gateway
-                self.run(host, "ip", "-6", "addr", "add", f"{ROUTED_IP6S[i]}/64", "dev", intf, "nodad")
-                self.run(host, "ip", "route", "add", "default", "via", ROUTED_GATEWAYS[i])
-                self.run(host, "ip", "-6", "route", "add", "default", "via", ROUTED_GATEWAYS6[i])
-            else:
-                self.run(host, "ip", "-6", "addr", "add", f"fd00::{i + 1}/64", "dev", intf, "nodad")
+                self.run(host, "ip", "route", "add", "default", "via", ROUTED_GATEWAYS[hosts.index(host)])
+                self.run(host, "ip", "-6", "route", "add", "default", "via", ROUTED_GATEWAYS6[hosts.index(host)])
             # The userspace datapath completes checksums of offloaded packets only with its
             # own TSO support on (set in start() when host_offload asks for it).
             if not self.host_offload:
@@ -342,6 +418,53 @@ class Topology:
                      f"{ROUTED_IPS[0]}/24", "-j", "MASQUERADE")
             self.run(fw, "ip6tables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-o", out, "-s",
                      f"{ROUTED_IP6S[0]}/64", "-j", "MASQUERADE")
+    def _setup_vlan_bridges(self, firewall: Firewall) -> None:
+        """Mode "vlan": a bridge per conntrack zone over its sub-interfaces (br100 over
+        fw-eth0.100 and fw-eth1.100, br30 over fw-eth0.30 and fw-eth1.301), set up as br0 is."""
+        fw = self.node(firewall)
+        for zone in dict.fromkeys(VLAN_ZONES[0]):
+            bridge = f"br{zone}"
+            self.run(fw, "ip", "link", "add", bridge, "type", "bridge", "mcast_snooping", "0")
+            self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{bridge}.disable_ipv6=1")
+            for side in (0, 1):
+                intf = sub_intf(side, VLAN_TRUNKS[side][VLAN_ZONES[side].index(zone)])
+                self.run(fw, "sysctl", "-qw", f"net/ipv6/conf/{intf}/disable_ipv6=1")
+                self.run(fw, "ip", "addr", "flush", "dev", intf)
+                self.run(fw, "ip", "link", "set", intf, "master", bridge)
+                self.run(fw, "ip", "link", "set", intf, "up")
+            self.run(fw, "ip", "link", "set", bridge, "up")
+        for name in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
+            self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
+        self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
+
+    def _program_stand_ins(self) -> None:
+        """The stand-ins' flows, what a NIC's VLAN tagging does: an access port's frames
+        leave by the trunk tagged with its VLAN (PCP 0; on the hosts' side a pcp_stream's UDP
+        datagrams with its PCP); the trunk's frames of that VLAN leave by the access port
+        untagged (only the outer tag: a QinQ frame keeps its inner one, as a real
+        sub-interface hands it on). Every other frame is dropped."""
+        if self.mode != "vlan":
+            return
+        for side in (0, 1):
+            for bridge in (ACCESS_SWITCHES[side], FW_NICS[side]):
+                flows = []
+                for port, vid in enumerate(VLAN_TRUNKS[side], 1):
+                    tag = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid"
+                    flows.append(f"priority=100,in_port={port},actions={tag},output:{TRUNK_PORT}")
+                    flows.append(f"priority=100,in_port={TRUNK_PORT},dl_vlan={vid},actions=pop_vlan,output:{port}")
+                    if self.pcp_stream and bridge in ACCESS_SWITCHES:
+                        udp_port, pcp = self.pcp_stream
+                        flows += [f"priority=110,in_port={port},{proto},tp_dst={udp_port},actions={tag},"
+                                  f"set_field:{pcp}->vlan_pcp,output:{TRUNK_PORT}" for proto in ("udp", "udp6")]
+                subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, "-"], input="\n".join(flows),
+                               check=True, capture_output=True, text=True)
+
+    def stand_in_intfs(self) -> list[str]:
+        """The stand-ins' ports' interfaces in the root namespace (v1-eth1 ...)."""
+        if self.mode != "vlan":
+            return []
+        return [f"{br}-eth{port}" for side in (0, 1) for br in (ACCESS_SWITCHES[side], FW_NICS[side])
+                for port in (*range(1, len(VLAN_TRUNKS[side]) + 1), TRUNK_PORT)]
 
     def _setup_mgmt(self, fw: Firewall) -> None:
         root_if, fw_if = fw.mgmt_ifs
@@ -376,7 +499,7 @@ class Topology:
         """What Mininet's stop does not remove: the control links and the switches."""
         for fw in self.firewalls:
             subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
-        for bridge in self.bridges:
+        for bridge in self.bridges + (STAND_INS if self.mode == "vlan" else ()):
             subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
 
     # --- link emulation -------------------------------------------------------------------
@@ -388,7 +511,8 @@ class Topology:
             subprocess.run(["ovs-vsctl", "set", "interface", intf, f"mtu_request={emu.mtu}"],
                            check=True, capture_output=True)
         for fw in self.firewalls:
-            shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=self.mode != "routed")
+            if self.mode != "vlan":  # its bridges are per VLAN, not br0: the plain testbed's emulation only
+                shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=self.mode != "routed")
         half = emu.rtt_ms / 2
         try:
             mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"

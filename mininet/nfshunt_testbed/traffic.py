@@ -34,12 +34,13 @@ class Traffic(Topology):
                     return True
         return False
 
-    def iperf_server(self, port: int, interval: float | None = None) -> subprocess.Popen:
-        """A one-off iperf3 server on h2 (JSON output), returned once it listens."""
+    def iperf_server(self, port: int, interval: float | None = None, node: Host | None = None) -> subprocess.Popen:
+        """A one-off iperf3 server on h2 (or `node`; JSON output), returned once it listens."""
         extra = ["-i", str(interval)] if interval else []
-        srv = self.spawn(self.h2, "iperf3", "-s", "-1", "-J", "-p", str(port), *extra)
+        node = node or self.h2
+        srv = self.spawn(node, "iperf3", "-s", "-1", "-J", "-p", str(port), *extra)
         try:
-            self.wait_for(lambda: srv.poll() is not None or self.listening(self.h2, port), 10,
+            self.wait_for(lambda: srv.poll() is not None or self.listening(node, port), 10,
                           f"iperf3 server on port {port}", interval=0.02)
         except BaseException:
             srv.kill()
@@ -116,17 +117,18 @@ class Traffic(Topology):
         return result
 
     def start_transfer(self, port: int, seconds: float, interval: float = 0.2, cport: int | None = None,
-                       bitrate: str | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
-        """An iperf3 transfer h1 -> h2 in the background (server, client); the receiver's
-        intervals come back with the result (finish_transfer)."""
-        srv = self.iperf_server(port, interval)
-        args = ["iperf3", "-c", self.h2_ip, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
+                       bitrate: str | None = None, src: Host | None = None, server: Host | None = None,
+                       dst: str | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
+        """An iperf3 transfer h1 -> h2 (or src -> server, at address dst; h2's by default) in the background
+        (server, client); the receiver's intervals come back with the result (finish_transfer)."""
+        srv = self.iperf_server(port, interval, node=server)
+        args = ["iperf3", "-c", dst or self.h2_ip, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
                 "--get-server-output", "--connect-timeout", "5000"]
         if cport:
             args += ["--cport", str(cport)]
         if bitrate:
             args += ["-b", bitrate]
-        return srv, self.spawn(self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return srv, self.spawn(src or self.h1, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     @staticmethod
     def finish_transfer(srv: subprocess.Popen, cli: subprocess.Popen, timeout: float = 40) -> dict[str, Any]:

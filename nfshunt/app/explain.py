@@ -71,7 +71,7 @@ def parse_target(raw: Any) -> Target:
             raise ValueError(f"not a cookie: {text!r}: {USAGE}") from None
         parsed = cookies.parse(cookie) if cookie < 1 << 64 else None
         if parsed is None:
-            raise ValueError(f"cookie {text} is not NFShunt's (its top byte is 0x4e and its kind 1-7)")
+            raise ValueError(f"cookie {text} is not NFShunt's (its top byte is 0x4e and its kind 1-8)")
         return Target(text, ct_id=parsed.key & 0xFFFFFFFF, key=parsed.key, kind=parsed.kind)
     try:
         return Target(text, tuple=parse_tuple(text))
@@ -113,11 +113,21 @@ def entry_json(ev: ConnEvent, counts: EntryCounts, cfg: Config) -> dict[str, Any
     o, r = ev.orig, ev.reply
     return {"ct_id": ev.ct_id, "tuple": str(o), "reply": str(r), "nat": r != o.reversed(),
             "tcp_state": TCP_STATES[ev.tcp_state] if ev.tcp_state is not None and ev.tcp_state < len(TCP_STATES)
-            else None, "mark": f"0x{ev.mark:08x}", "zone": counts.zone, "vlan": None, "timeout": counts.timeout,
+            else None, "mark": f"0x{ev.mark:08x}", "zone": counts.zone,
+            "vlan": _vlans(cfg, o.zone, mark.ingress, mark.egress), "timeout": counts.timeout,
             "decoded": {"ingress": mark.ingress, "egress": mark.egress, "decided": mark.action is not None,
                         "action_number": mark.action, "action": action.value if action is not None else None},
             "packets": list(counts.packets) if counts.packets is not None else None,
             "bytes": list(counts.bytes) if counts.bytes is not None else None}
+
+
+def _vlans(cfg: Config, zone: int, ingress: int | None, egress: int | None) -> list[int | None] | None:
+    """A zoned entry's tag on each side, as the trunks of the groups its mark names carry its
+    zone (0: untagged; None: that side not recorded, or not carrying it); None untagged."""
+    if not zone:
+        return None
+    groups = {g.physdevin: g for g in cfg.all_port_groups}
+    return [groups[p].vid_of_zone.get(zone) if p in groups else None for p in (ingress, egress)]
 
 
 def marked(source: ConnEvent | Conn | None, cfg: Config) -> dict[str, Any] | None:

@@ -18,8 +18,8 @@ from .validate import Table
 
 # Every object the config has, in the reference's order; tests/test_config_reference.py
 # checks each against what the parser accepts.
-TABLES: tuple[Table, ...] = (settings.TABLE, switch.SWITCH, switch.PORT_GROUP, switch.TLS, pair.PAIR, ids.IDS,
-                             ids.TLS, ids.MAY_SHUNT, ids.MAX_PREFIX, static.ENTRY, static.MAX_PREFIX)
+TABLES: tuple[Table, ...] = (settings.TABLE, switch.SWITCH, switch.PORT_GROUP, switch.VLAN, switch.TLS, pair.PAIR,
+                             ids.IDS, ids.TLS, ids.MAY_SHUNT, ids.MAX_PREFIX, static.ENTRY, static.MAX_PREFIX)
 COMMAND = "python -m nfshunt.config.reference > docs/config-keys.md"
 
 INTRO = f"""# Configuration keys

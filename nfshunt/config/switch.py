@@ -13,12 +13,47 @@ from .validate import ConfigError
 
 
 @dataclass(frozen=True)
+class Vlan:
+    """One VLAN a port group's trunk carries: its id on this side (the fast port and the slow
+    link carry the same id), the conntrack zone the firewall bridges it in (a VLAN of another
+    group with the same zone is the other side of that bridge: ids may differ, translated),
+    and the firewall's sub-interface that serves it."""
+    id: int
+    zone: int
+    bridge_port: str | None = None
+
+
+@dataclass(frozen=True)
 class PortGroup:
     fast: int
     slow: int
     physdevin: int
     bridge_port: str | None = None
     interface: str | None = None  # routed mode (forwarding "routed"): the router's interface, not a bridge port
+    vlans: tuple[Vlan, ...] = ()
+    # The zone untagged frames of this side are bridged in (0: the firewall's own bridge,
+    # today's); None: this side carries no untagged frames (dropped and counted).
+    untagged: int | None = 0
+    # zone -> the VLAN id this side carries it on (0: untagged), and back.
+    vid_of_zone: dict[int, int] = field(init=False, compare=False, repr=False)
+    zone_of_vid: dict[int, int] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        vids = {vlan.zone: vlan.id for vlan in self.vlans}
+        if self.untagged is not None:
+            vids[self.untagged] = 0
+        object.__setattr__(self, "vid_of_zone", vids)
+        object.__setattr__(self, "zone_of_vid", {vid: zone for zone, vid in vids.items()})
+
+    @property
+    def trunk(self) -> bool:
+        """Not today's untagged-only group: its defaults patch each tag, and drop the rest."""
+        return bool(self.vlans) or self.untagged != 0
+
+    @property
+    def default_flows(self) -> int:
+        """Table-0 entries of its defaults: both ways per carried tag, and a drop per port on a trunk."""
+        return 2 * len(self.zone_of_vid) + 2 if self.trunk else 2
 
 
 @dataclass(frozen=True)
@@ -26,6 +61,78 @@ class TLSConfig:
     private_key: str
     certificate: str
     ca_certificate: str | None = None
+
+
+def _subif(key: str, parent: str | None, vid: int) -> str | None:
+    """A VLAN's default sub-interface name: its group's bridge_port, a dot, the id."""
+    return None if parent is None else v.ifname(f"{key}.bridge_port", f"{parent}.{vid}")
+
+
+_QINQ = ("stacked tags (QinQ) are not supported: OpenFlow 1.3 matches the outer tag only, and a Linux bridge "
+         "forwards the inner tag unjudged")
+
+
+def vlan_id(key: str, value: Any) -> int:
+    if isinstance(value, list):
+        raise ConfigError(key, _QINQ)
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        raise ConfigError(key, "VLAN 0 is the 802.1p priority tag, not a VLAN; priority-tagged frames are dropped "
+                          "and counted. To shunt untagged traffic set \"untagged\": true")
+    if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= 4094:
+        raise ConfigError(key, f"{value} is reserved by IEEE 802.1Q; VLAN ids are 1-4094" if value == 4095
+                          else f"{value} is not a VLAN id; VLAN ids are 1-4094")
+    return v.integer(1, 4094)(key, value)
+
+
+def _zone(key: str, value: Any) -> int:
+    if value == 0 and not isinstance(value, bool):
+        raise ConfigError(key, "zone 0 is the untagged frames'; give 1-65535")
+    return v.integer(1, 65535)(key, value)
+
+
+VLAN = v.Table("ports[].vlans[]", "A VLAN of a port group's trunk, when it needs more than its id.", {
+    "id": v.Key(v.Check(vlan_id, "integer", "1-4094"), "The VLAN id on this side (its fast port and slow link)."),
+    "zone": v.Key(v.Check(_zone, "integer", "1-65535"), "The conntrack zone the firewall bridges it in: the "
+                  "same zone on another port group is the other side of the bridge (a translated VLAN when the "
+                  "ids differ); each once in a group.", default="the id"),
+    "bridge_port": v.Key(v.ifname, "The firewall's sub-interface that serves it, for `nfshunt iptables`; each "
+                         "once, across all switches.", default="the group's `bridge_port`, a dot, the id"),
+}, required=("id",), record=Vlan)
+
+
+def _vlan(key: str, value: Any) -> tuple[int, int, str | None]:
+    """One entry of `vlans`: (id, zone, sub-interface or None for the default)."""
+    if isinstance(value, dict) and "tpid" in value:
+        raise ConfigError(f"{key}.tpid", _QINQ)
+    if not isinstance(value, dict):
+        vid = vlan_id(key, value)
+        return vid, vid, None
+    given = VLAN.read(key, value)
+    return given["id"], given.get("zone", given["id"]), given.get("bridge_port")
+
+
+@v.takes("list", "VLAN ids 1-4094, or objects `{\"id\", \"zone\" (1-65535), \"bridge_port\"}`; each id "
+         "and zone once")
+def vlan_list(key: str, value: Any) -> tuple[tuple[int, int, str | None], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, "expected a non-empty list of VLAN ids (or leave `vlans` out: untagged only)")
+    out = []
+    seen: dict[int, int] = {}
+    for i, raw in enumerate(value):
+        vid, zone, name = _vlan(f"{key}[{i}]", raw)
+        if vid in seen:
+            raise ConfigError(f"{key}[{i}]", f"VLAN {vid} is already listed as vlans[{seen[vid]}]")
+        seen[vid] = i
+        out.append((vid, zone, name))
+    return tuple(out)
+
+
+@v.takes("boolean or object", "`true`, `false`, or `{\"zone\": N}` (1-65535)")
+def untagged(key: str, value: Any) -> int | None:
+    if isinstance(value, dict):
+        v.check_names(key, value, ("zone",), ("zone",))
+        return _zone(f"{key}.zone", value["zone"])
+    return 0 if v.boolean(key, value) else None
 
 
 PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, the switch port cabled to the "
@@ -40,16 +147,36 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
     "interface": v.Key(v.ifname, "With `forwarding` `routed`, in place of `bridge_port`: the firewall's routed "
                        "interface cabled to `slow`, for `nfshunt iptables` (its -i/-o rules); each once, across "
                        "all switches."),
+    "vlans": v.Key(vlan_list, "Experimental (needs `experimental_vlans`): the VLANs this side's trunk carries "
+                   "(`fast` and the slow link alike), each an id or `{\"id\", \"zone\", \"bridge_port\"}`: the "
+                   "conntrack zone the firewall bridges it in (default: the id; the same zone on another group "
+                   "is the other side of that VLAN's bridge, its id may differ) and its sub-interface (default: "
+                   "`bridge_port.id`). Frames of other VLANs are dropped and counted."),
+    "untagged": v.Key(untagged, "Whether untagged frames of this side are carried: `true` (bridged untagged, "
+                      "zone 0), `false` (dropped and counted), or `{\"zone\": N}` (bridged into VLAN zone N "
+                      "on the other side).", default="true without `vlans`, false with"),
 }, required=("fast", "slow", "physdevin"), record=PortGroup)
 
 
 def port_group(key: str, value: Any) -> PortGroup:
-    group = PortGroup(**PORT_GROUP.read(key, value))
+    values = PORT_GROUP.read(key, value)
+    vlans: tuple[Vlan, ...] = tuple(
+        Vlan(vid, zone, name if name is not None else _subif(f"{key}.vlans[{i}]", values.get("bridge_port"), vid))
+        for i, (vid, zone, name) in enumerate(values.pop("vlans", ())))
+    values.setdefault("untagged", None if vlans else 0)
+    group = PortGroup(**values, vlans=vlans)
     if group.bridge_port is not None and group.interface is not None:
         raise ConfigError(f"{key}.interface", "a port group names the firewall's bridge port (bridged) or its "
                           "routed interface (routed), not both")
     if group.fast == group.slow:
         raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
+    zones: dict[int, str] = {} if group.untagged is None else {group.untagged: "the untagged frames'"}
+    for i, vlan in enumerate(vlans):
+        if vlan.zone in zones:
+            raise ConfigError(f"{key}.vlans[{i}].zone", f"zone {vlan.zone} is already {zones[vlan.zone]} on this "
+                              "port group; a zone may name one VLAN per trunk, or the controller cannot tell "
+                              "which tag to put back")
+        zones[vlan.zone] = f"VLAN {vlan.id}'s"
     return group
 
 
@@ -68,7 +195,8 @@ def ports(key: str, value: Any) -> tuple[PortGroup, ...]:
             port = getattr(g, attr)
             if ("switch", port) in seen:
                 raise ConfigError(f"{key}[{i}].{attr}",
-                                  f"switch port {port} is already used by {key}[{seen[('switch', port)]}]")
+                                  f"switch port {port} is already used by {key}[{seen[('switch', port)]}]; to "
+                                  "carry several VLANs on one switch port list them in one group's \"vlans\"")
             seen[("switch", port)] = i
     return groups
 
@@ -78,10 +206,11 @@ def unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
     switch its group is on (groups: each with the key path it was read from)."""
     seen: dict[tuple[str, Any], str] = {}
     for path, g in groups:
-        for attr in ("physdevin", "bridge_port", "interface"):
-            value = getattr(g, attr)
+        named = [(f"{path}.{attr}", attr, getattr(g, attr)) for attr in ("physdevin", "bridge_port", "interface")]
+        named += [(f"{path}.vlans[{i}].bridge_port", "bridge_port", vlan.bridge_port) for i, vlan in enumerate(g.vlans)]
+        for at, attr, value in named:
             if value is not None and (attr, value) in seen:
-                raise ConfigError(f"{path}.{attr}", f"{value!r} is already used by {seen[(attr, value)]}")
+                raise ConfigError(at, f"{value!r} is already used by {seen[(attr, value)]}")
             seen[(attr, value)] = path
 
 
@@ -222,6 +351,7 @@ def check(sw: SwitchConfig, openflow_versions: tuple[str, ...], tcp_teardown: bo
     TCP teardown (its key paths under sw.at)."""
     prefix = sw.at
     forwarding_check(sw, openflow_versions)
+    _check_vlans(sw, openflow_versions)
     if sw.confirm == "counters" and "1.0" in openflow_versions:
         raise ConfigError(f"{prefix}confirm", "counters needs OpenFlow 1.3 (flow stats by cookie): set "
                           "openflow_versions to [\"1.3\"], or use delay")
@@ -255,3 +385,28 @@ def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> No
     if routed and "1.0" in openflow_versions:
         raise ConfigError(f"{sw.at}forwarding", "routed needs OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL "
                           "packet-ins): set openflow_versions to [\"1.3\"]")
+def _check_vlans(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> None:
+    """A zone carried with a different tag on two groups (translated, or pushed/popped) needs
+    OpenFlow 1.3's set_field and push_vlan."""
+    if "1.0" not in openflow_versions:
+        return
+    tags: dict[int, int] = {}
+    for i, g in enumerate(sw.ports):
+        for zone, vid in g.vid_of_zone.items():
+            if tags.setdefault(zone, vid) != vid:
+                at = f"{sw.at}ports[{i}]." + ("untagged" if vid == 0 else
+                                              f"vlans[{[vlan.id for vlan in g.vlans].index(vid)}]")
+                raise ConfigError(at, f"zone {zone} is VLAN {tags[zone] or 'untagged'} on another port group and "
+                                  f"{vid or 'untagged'} here: translating VLANs needs OpenFlow 1.3 (set_field, "
+                                  "push_vlan): set openflow_versions to [\"1.3\"]")
+
+
+def vlan_warnings(sw: SwitchConfig) -> list[str]:
+    """Zones on one port group only: bridged to nothing the switch serves, never shunted."""
+    out = []
+    for i, g in enumerate(sw.ports):
+        for j, vlan in enumerate(g.vlans):
+            if not any(vlan.zone in other.vid_of_zone for other in sw.ports if other is not g):
+                out.append(f"{sw.at}ports[{i}].vlans[{j}]: zone {vlan.zone} is on no other port group: a VLAN "
+                           "bridged to nothing is never shunted")
+    return out

@@ -49,9 +49,10 @@ R_NAT = "nat: reply tuple is not the original reversed"
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
-# An entry in a conntrack zone no port group's VLAN names (no config has VLANs yet: every
-# zone but 0, e.g. an admin's own `-j CT --zone` rule). Untagged flows would carry another
-# VLAN's traffic, and requests naming the entry would miss it.
+# An entry in a conntrack zone that its ingress or egress port group does not carry (its
+# `vlans` and `untagged`; without them only zone 0, so e.g. an admin's own `-j CT --zone`
+# rule's): there is no tag to match or put back, and untagged flows would carry another
+# VLAN's traffic.
 R_VLAN = "vlan: zone not configured on its port groups"
 # A routing firewall's connection would need the router's rewrite (MACs, TTL; NAT): not
 # built yet, so it stays on the firewall (docs/design/routed.md, slice 1).
@@ -267,7 +268,8 @@ class Admission:
             return Ignored(R_SAME_PORT, ev)
         if self.shared.switch.forwarding == "routed" and not self.shared.switch.experimental_routed:
             return Ignored(R_ROUTED, ev)  # (a bridge's flows would hand the host the router's frames)
-        if ev.orig.zone:
+        zone = ev.orig.zone  # each side must carry it (a tag to match and put back): else, e.g.
+        if zone not in ingress.vid_of_zone or zone not in egress.vid_of_zone:  # an admin's own CT rule
             return Ignored(R_VLAN, ev)
         if ev.orig.proto not in (TCP, UDP):
             return Ignored(R_PROTOCOL, ev)

@@ -164,7 +164,7 @@ class Core:
         this config's means it kept its table across the break (a pair's other firewall's
         defaults, or anything a switch answers unfiltered, say nothing of ours)."""
         mine = default_paths(self.shared.switch)
-        self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
+        self.shared.table_kept = any((f.in_port, f.out_port, f.vlan) in mine for f in found)
 
     def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts
@@ -368,7 +368,8 @@ class Core:
     def default_entries(self) -> int:
         """Entries of table 0 that are not any connection's: the defaults, the static shunts,
         the address blocks."""
-        return (2 * len(self.switch.ports) if self.cfg.default_no_shunting else 0) + self.static.entries + \
+        return (sum(g.default_flows for g in self.switch.ports) if self.cfg.default_no_shunting else 0) + \
+            self.static.entries + \
             self.shared.address_blocks.entries
 
     def shared_entries(self) -> int:

@@ -14,21 +14,18 @@ from nfshunt.core.address_flows import AddressFlow
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import catches_teardown, goes_to_pipeline, pair_entries
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, TCP, FlowTuple, SwitchFlow
+from nfshunt.records.model import OFP10, TCP, FlowTuple
 
+from .basics import ETH_IPV4, OFPVID_PRESENT, FlowBasics
 from .reads import (
     ALL_ONES_64,
     ETH_IPV6,
     META_CONN_MASK,
     META_GROUP_MASK,
     META_GROUP_SHIFT,
-    OFP10_VLAN_NONE,
     OFP13_VID_NONE,
-    SwitchReads,
 )
 from .templates import Templates, with_hard
-
-ETH_IPV4 = 0x0800
 
 TCP_FIN, TCP_RST = 0x01, 0x04
 TEARDOWN_HEADERS = 128  # bytes of a caught FIN/RST sent to the controller: Ethernet, IP, TCP
@@ -92,7 +89,7 @@ def routed_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
     return p.OFPActionDecNwTtl(), p.OFPActionSetField(eth_src=hop.eth_src), p.OFPActionSetField(eth_dst=hop.eth_dst)
 
 
-class FlowBuilder(SwitchReads):
+class FlowBuilder(FlowBasics):
     """The messages that change the switch's table; the ones that ask it something and
     read its answers are SwitchReads' (flowreads.py)."""
 
@@ -118,38 +115,15 @@ class FlowBuilder(SwitchReads):
             return with_hard(build(cookie, t), hard)
         return self.templates.flow(key, build, family, cookie, t, meta, ports, hard)
 
-    # --- matches ------------------------------------------------------------------------
-
-    def match(self, in_port: int, t: FlowTuple | None = None, tcp_flags: tuple[int, int] | None = None) -> Any:
-        p = self.parser
-        if t is None:
-            return p.OFPMatch(in_port=in_port)
-        # Untagged frames only: the firewall judged this connection as untagged traffic, and
-        # the same 5-tuple under an 802.1Q tag is another network's.
-        if self.version == OFP10:
-            if t.family != 4:
-                raise ValueError("OpenFlow 1.0 cannot match IPv6")
-            return p.OFPMatch(in_port=in_port, dl_vlan=OFP10_VLAN_NONE, dl_type=ETH_IPV4, nw_proto=t.proto,
-                              nw_src=t.src, nw_dst=t.dst, tp_src=t.sport, tp_dst=t.dport)
-        fields: dict[str, Any] = {"in_port": in_port, "vlan_vid": OFP13_VID_NONE, "ip_proto": t.proto}
-        if t.family == 4:
-            fields.update(eth_type=ETH_IPV4, ipv4_src=t.src, ipv4_dst=t.dst)
-        else:
-            fields.update(eth_type=ETH_IPV6, ipv6_src=t.src, ipv6_dst=t.dst)
-        l4 = "tcp" if t.proto == TCP else "udp"
-        fields[f"{l4}_src"] = t.sport
-        fields[f"{l4}_dst"] = t.dport
-        if tcp_flags is not None:
-            fields["tcp_flags"] = tcp_flags  # ONF extension field in 1.3; Open vSwitch has it
-        return p.OFPMatch(**fields)
 
     # --- flow-mods ----------------------------------------------------------------------
 
+
     def _add(self, match: Any, out_port: int | None, cookie: int, priority: int,
-             idle: int, notify: bool, rewrite: tuple[Any, ...] = ()) -> Any:
+             idle: int, notify: bool, retag: list[Any] | None = None, rewrite: tuple[Any, ...] = ()) -> Any:
         p, ofp = self.parser, self.ofp
         flags = ofp.OFPFF_SEND_FLOW_REM if notify else 0
-        actions = [] if out_port is None else [*rewrite, p.OFPActionOutput(out_port)]
+        actions = [] if out_port is None else [*rewrite, *(retag or ()), p.OFPActionOutput(out_port)]
         if self.version == OFP10:
             return p.OFPFlowMod(self.dp, match=match, cookie=cookie, command=ofp.OFPFC_ADD,
                                 idle_timeout=idle, priority=priority, flags=flags, actions=actions)
@@ -167,19 +141,38 @@ class FlowBuilder(SwitchReads):
                             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=match)
 
     def defaults(self, groups: tuple[PortGroup, ...]) -> list[Any]:
-        """Low-priority fast<->slow patching: everything crosses the firewall."""
+        """Low-priority fast<->slow patching: everything crosses the firewall. A trunk's
+        group patches only its configured tags (the tag kept), and one priority below a
+        drop per port counts every other frame (other VLANs, VLAN 0, 4095, untagged when
+        not carried): only what the firewall bridges into a zone reaches it."""
         cookie = cookies.make(cookies.Kind.DEFAULT)
         prio = self.cfg.default_priority
         out = []
         for g in groups:
-            out.append(self._add(self.match(g.fast), g.slow, cookie, prio, 0, False))
-            out.append(self._add(self.match(g.slow), g.fast, cookie, prio, 0, False))
+            if not g.trunk:
+                out.append(self._add(self.match(g.fast), g.slow, cookie, prio, 0, False))
+                out.append(self._add(self.match(g.slow), g.fast, cookie, prio, 0, False))
+                continue
+            for vid in sorted(g.zone_of_vid):
+                for a, b in ((g.fast, g.slow), (g.slow, g.fast)):
+                    out.append(self._add(self._vlan_match(a, vid), b, cookie, prio, 0, False))
+            index = self._group[g]
+            out.extend(self._add(self.match(port), None, cookies.make(cookies.Kind.VLAN_DROP, index, slow), prio - 1,
+                                 0, False) for slow, port in ((False, g.fast), (True, g.slow)))
         return out
+
 
     def _direction(self, conn: Conn, reply: bool) -> tuple[int, FlowTuple, int]:
         if reply:
             return conn.egress.fast, conn.reply, conn.ingress.fast
         return conn.ingress.fast, conn.orig, conn.egress.fast
+
+    def _vids(self, conn: Conn, reply: bool) -> tuple[int, int]:
+        """(tag in, tag out) of a direction's frames: each side's VLAN for the connection's
+        zone (admission shunts only a zone both groups carry); (0, 0) untagged."""
+        zone = conn.orig.zone
+        vid_in, vid_out = conn.ingress.vid_of_zone[zone], conn.egress.vid_of_zone[zone]
+        return (vid_out, vid_in) if reply else (vid_in, vid_out)
 
     def _priority(self, conn: Conn) -> int:
         return self.cfg.shunt_priority if conn.action is Action.SHUNT else self.cfg.block_priority
@@ -208,21 +201,27 @@ class FlowBuilder(SwitchReads):
                 def meta(cookie: int, group: int = group) -> int:
                     return pipeline_metadata(group, cookie)
 
-                def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta) -> Any:
-                    return self._goto(self.match(in_port, tt), meta(cookie), cookie, prio, idle)
-                out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle), build_goto,
+                vids = self._vids(conn, reply)
+
+                def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta,
+                               vids: tuple[int, int] = vids) -> Any:
+                    return self._goto(self.match(in_port, tt, vid=vids[0]), meta(cookie), cookie, prio, idle,
+                                      self.retag(*vids))
+                out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle, vids), build_goto,
                                            t.family, conn.cookie(reply), t, meta, hard=conn.hard_timeout))
             return out
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
             out_port = peer if shunt else None
+            vids = self._vids(conn, reply)
             rewrite = routed_actions(self.parser, conn, reply) if shunt else ()
 
             def build(cookie: int, tt: FlowTuple, in_port: int = in_port, out_port: int | None = out_port,
-                      rewrite: tuple[Any, ...] = rewrite) -> Any:
-                return self._add(self.match(in_port, tt), out_port, cookie, prio, idle, True, rewrite)
-            out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle, rewrite and
-                                        conn.hops[reply]), build,
+                      vids: tuple[int, int] = vids, rewrite: tuple[Any, ...] = rewrite) -> Any:
+                return self._add(self.match(in_port, tt, vid=vids[0]), out_port, cookie, prio, idle, True,
+                                 self.retag(*vids), rewrite)
+            out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle, vids,
+                                        rewrite and conn.hops[reply]), build,
                                        t.family, conn.cookie(reply), t, hard=conn.hard_timeout))
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
@@ -230,27 +229,41 @@ class FlowBuilder(SwitchReads):
 
     def static_add(self, flow: StaticFlow) -> Any:
         """A static shunt's flow (OpenFlow 1.3, config.py checks): its prefixes masked,
-        an omitted port any, untagged frames only; no idle timeout, no flow-removed.
-        Templated by shape as a pair's flows are (a reload of 1,000 streams writes 2,000)."""
+        an omitted port any, its tag (untagged frames only, or its VLAN's) and priority if
+        it names one, retagged as the firewall's bridge would; no idle timeout, no
+        flow-removed. Templated by shape as a pair's flows are (a reload of 1,000 streams
+        writes 2,000); an address-less one (a VLAN priority's every frame) built whole."""
         sport, dport = flow.src_port is not None, flow.dst_port is not None
-        t = FlowTuple(flow.family, flow.shunt.protocol, str(flow.src.network_address),
+        tag: dict[str, Any] = {"vlan_vid": OFPVID_PRESENT | flow.vid_in if flow.vid_in else OFP13_VID_NONE}
+        if flow.pcp is not None:
+            tag["vlan_pcp"] = flow.pcp
+        retag = self.retag(flow.vid_in, flow.vid_out) if flow.out_port is not None else []
+
+        def finish(fields: dict[str, Any], cookie: int) -> Any:
+            msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, cookie, flow.priority, 0, False, retag)
+            msg.hard_timeout = flow.hard_timeout
+            return msg
+        if flow.src is None or flow.dst is None or flow.proto is None:
+            return finish({"in_port": flow.in_port, **tag}, flow.cookie)
+        t = FlowTuple(flow.src.version, flow.proto, str(flow.src.network_address),
                       str(flow.dst.network_address), flow.src_port or 0, flow.dst_port or 0)
+        src, dst = flow.src, flow.dst
 
         def build(cookie: int, tt: FlowTuple) -> Any:
-            fields: dict[str, Any] = {"in_port": flow.in_port, "vlan_vid": OFP13_VID_NONE, "ip_proto": tt.proto,
+            fields: dict[str, Any] = {"in_port": flow.in_port, **tag, "ip_proto": tt.proto,
                                       "eth_type": ETH_IPV4 if tt.family == 4 else ETH_IPV6}
-            for side, address, net in (("src", tt.src, flow.src), ("dst", tt.dst, flow.dst)):
+            for side, address, net in (("src", tt.src, src), ("dst", tt.dst, dst)):
                 full = net.prefixlen == net.max_prefixlen
                 fields[f"ipv{tt.family}_{side}"] = address if full else (address, str(net.netmask))
             l4 = "tcp" if tt.proto == TCP else "udp"
             for side, port, given in (("src", tt.sport, sport), ("dst", tt.dport, dport)):
                 if given:
                     fields[f"{l4}_{side}"] = port
-            msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, cookie, flow.priority, 0, False)
-            msg.hard_timeout = flow.hard_timeout
-            return msg
-        shape = ("static", t.family, t.proto, flow.in_port, flow.out_port, flow.src.prefixlen, flow.dst.prefixlen,
-                 sport, dport, flow.priority, flow.hard_timeout)
+            return finish(fields, cookie)
+        shape: tuple[Any, ...] = ("static", t.family, t.proto, flow.in_port, flow.out_port, src.prefixlen,
+                                  dst.prefixlen, sport, dport, flow.priority, flow.hard_timeout)
+        if flow.vid_in or flow.vid_out or flow.pcp is not None:  # (an untagged one's key as before)
+            shape += (flow.vid_in, flow.vid_out, flow.pcp)
         return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport))
 
     def address_block_add(self, flow: AddressFlow, now: float) -> Any:
@@ -273,10 +286,13 @@ class FlowBuilder(SwitchReads):
         return p.OFPFlowStatsRequest(self.dp, 0, 0, ofp.OFPP_ANY, ofp.OFPG_ANY, cookies.make(cookies.Kind.STATIC),
                                      cookies.OWNED_MASK | cookies.KIND_MASK, p.OFPMatch())
 
-    def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int) -> Any:
+    def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int,
+              retag: list[Any] | None = None) -> Any:
         p, ofp = self.parser, self.ofp
         inst = [p.OFPInstructionWriteMetadata(metadata, META_GROUP_MASK | META_CONN_MASK),
                 p.OFPInstructionGotoTable(PIPELINE_TABLE)]
+        if retag:  # applied before table 1 outputs: its FIN/RST catchers see the frame retagged
+            inst.insert(0, p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, retag))
         return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, idle_timeout=idle, priority=priority,
                             flags=ofp.OFPFF_SEND_FLOW_REM, match=match, instructions=inst)
 
@@ -313,18 +329,29 @@ class FlowBuilder(SwitchReads):
         prio = self._priority(conn) + 1
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
-            actions = [*routed_actions(p, conn, reply), p.OFPActionOutput(peer),
-                       p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            vids = self._vids(conn, reply)
+            actions = self._forward_and_tell(peer, vids, routed_actions(p, conn, reply))
             inst = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
             for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
                 def build(cookie: int, tt: FlowTuple, in_port: int = in_port, bit: int = bit,
-                          inst: list[Any] = inst) -> Any:
+                          inst: list[Any] = inst, vid: int = vids[0]) -> Any:
                     return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=prio,
-                                        match=self.match(in_port, tt, tcp_flags=(bit, bit)),
+                                        match=self.match(in_port, tt, tcp_flags=(bit, bit), vid=vid),
                                         instructions=inst)
-                out.append(self._templated(("catch", t.family, in_port, peer, bit, prio, conn.hops), build, t.family,
-                                           cookies.make_teardown(conn.key, reply, rst), t, hard=conn.hard_timeout))
+                out.append(self._templated(("catch", t.family, in_port, peer, bit, prio, vids, conn.hops), build,
+                                           t.family, cookies.make_teardown(conn.key, reply, rst), t,
+                                           hard=conn.hard_timeout))
         return out
+
+    def _forward_and_tell(self, peer: int, vids: tuple[int, int], rewrite: tuple[Any, ...] = ()) -> list[Any]:
+        """Output to the peer and the headers to the controller; with a retag (or a routed
+        rewrite) the controller's copy goes first, so the packet-in shows the frame as it arrived."""
+        p, ofp = self.parser, self.ofp
+        tell = p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)
+        retag = self.retag(*vids)
+        if retag or rewrite:
+            return [tell, *rewrite, *retag, p.OFPActionOutput(peer)]
+        return [p.OFPActionOutput(peer), tell]
 
     def watch(self, conn: Conn) -> list[Any]:
         """A caught close on watch (core/close_watch.py): the pair's two flows changed in
@@ -337,12 +364,14 @@ class FlowBuilder(SwitchReads):
         out = []
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
-            to = peer if forwarding else (conn.egress if reply else conn.ingress).slow
-            actions = [*(routed_actions(p, conn, reply) if forwarding else ()), p.OFPActionOutput(to),
-                       p.OFPActionOutput(ofp.OFPP_CONTROLLER, TEARDOWN_HEADERS)]
+            vids = self._vids(conn, reply)
+            # To its own side's slow link the frame keeps its tag: that link carries the fast port's.
+            actions = self._forward_and_tell(peer if forwarding else (conn.egress if reply else conn.ingress).slow,
+                                             vids if forwarding else (0, 0),
+                                             routed_actions(p, conn, reply) if forwarding else ())
             out.append(p.OFPFlowMod(self.dp, cookie=conn.cookie(reply), command=ofp.OFPFC_MODIFY_STRICT,
                                     idle_timeout=idle_timeout(self.cfg, conn), priority=self._priority(conn),
-                                    flags=ofp.OFPFF_SEND_FLOW_REM, match=self.match(in_port, t),
+                                    flags=ofp.OFPFF_SEND_FLOW_REM, match=self.match(in_port, t, vid=vids[0]),
                                     instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]))
         if self.catchers_of_its_own(conn) and not forwarding:
             out.extend(self._delete_cookie(cookies.make_teardown(conn.key, reply, rst))
@@ -354,10 +383,11 @@ class FlowBuilder(SwitchReads):
         prio = self._priority(conn)
         for reply in directions:
             in_port, t, _ = self._direction(conn, reply)
+            vid = self._vids(conn, reply)[0]
 
-            def build(cookie: int, tt: FlowTuple, in_port: int = in_port) -> Any:
-                return self._delete(self.match(in_port, tt), prio, cookie)
-            out.append(self._templated(("del", t.family, t.proto, in_port, prio), build, t.family,
+            def build(cookie: int, tt: FlowTuple, in_port: int = in_port, vid: int = vid) -> Any:
+                return self._delete(self.match(in_port, tt, vid=vid), prio, cookie)
+            out.append(self._templated(("del", t.family, t.proto, in_port, prio, vid), build, t.family,
                                        conn.cookie(reply), t))
         if self.catchers_of_its_own(conn):
             # One exact-cookie delete per catcher: Open vSwitch finds those through its
@@ -367,48 +397,6 @@ class FlowBuilder(SwitchReads):
                     out.append(self._delete_cookie(cookies.make_teardown(conn.key, reply, rst)))
         return out
 
-    def _delete_cookie(self, cookie: int) -> Any:
-        if not self.templated:
-            return self.delete_by_cookie(cookie, ALL_ONES_64)
-        return self.templates.cookie_delete(cookie, lambda c: self.delete_by_cookie(c, ALL_ONES_64))
 
-    def delete_by_cookie(self, cookie: int, mask: int) -> Any:
-        p, ofp = self.parser, self.ofp
-        return p.OFPFlowMod(self.dp, cookie=cookie, cookie_mask=mask, command=ofp.OFPFC_DELETE,
-                            table_id=ofp.OFPTT_ALL, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                            match=p.OFPMatch())
 
-    def delete_switch_flow(self, flow: SwitchFlow) -> Any:
-        """A flow read back from the switch, whatever fields its match has (an older
-        NFShunt's, another tool's): by its exact cookie in 1.3; in 1.0, which cannot
-        filter by cookie, by a loose match on its tuple. A default flow goes by its port:
-        every default has the same cookie (a pair's takeover removes only the peer's)."""
-        p, ofp = self.parser, self.ofp
-        parsed = cookies.parse(flow.cookie)
-        if parsed is not None and parsed.kind is cookies.Kind.DEFAULT and flow.in_port is not None \
-                and flow.match is None:
-            if self.version == OFP10:
-                return p.OFPFlowMod(self.dp, match=self.match(flow.in_port), command=ofp.OFPFC_DELETE_STRICT,
-                                    priority=flow.priority, out_port=ofp.OFPP_NONE)
-            return p.OFPFlowMod(self.dp, cookie=flow.cookie, cookie_mask=ALL_ONES_64, command=ofp.OFPFC_DELETE_STRICT,
-                                table_id=0, priority=flow.priority, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                                match=self.match(flow.in_port))
-        if self.version != OFP10:
-            return self.delete_by_cookie(flow.cookie, ALL_ONES_64)
-        t = flow.match
-        if t is None:
-            # Strict, by port and priority: a loose delete on the port alone would take the
-            # port's default and every pair from it too (1.0 cannot filter by cookie).
-            return p.OFPFlowMod(self.dp, match=p.OFPMatch(in_port=flow.in_port or 0), command=ofp.OFPFC_DELETE_STRICT,
-                                priority=flow.priority, out_port=ofp.OFPP_NONE)
-        match = p.OFPMatch(in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
-                           tp_src=t.sport, tp_dst=t.dport)
-        return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_NONE)
 
-    def delete_all(self) -> Any:
-        p, ofp = self.parser, self.ofp
-        if self.version == OFP10:
-            return p.OFPFlowMod(self.dp, match=p.OFPMatch(), command=ofp.OFPFC_DELETE,
-                                out_port=ofp.OFPP_NONE)
-        return p.OFPFlowMod(self.dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
-                            out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=p.OFPMatch())

@@ -1,14 +1,14 @@
-"""A TCP segment as a packet-in carries it: the first bytes of an untagged Ethernet frame
-(IPv4 or IPv6, the TCP header right after the IP one), read for its flags and how much
-data it carries. What a caught close's watch judges (core/close_watch.py). No I/O."""
+"""A TCP segment as a packet-in carries it: the first bytes of an Ethernet frame, untagged
+or with one 802.1Q tag (a VLAN trunk's), then IPv4 or IPv6 and the TCP header right after
+the IP one, read for its flags and how much data it carries. What a caught close's watch
+judges (core/close_watch.py). No I/O."""
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
 
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
-ETH_IPV4, ETH_IPV6 = 0x0800, 0x86DD
-_ETH = 14
+ETH_IPV4, ETH_IPV6, ETH_8021Q = 0x0800, 0x86DD, 0x8100
 _TCP_PROTO = 6
 
 
@@ -24,20 +24,27 @@ class Segment:
 
 
 def parse_segment(frame: bytes) -> Segment | None:
-    """The segment in a frame's headers; None if they are not those of an untagged TCP
-    segment over IPv4 or IPv6 without extension headers, or are cut before its flags."""
-    if len(frame) < _ETH + 20:
+    """The segment in a frame's headers; None if they are not those of a TCP segment over
+    IPv4 or IPv6 without extension headers (untagged or one 802.1Q tag), or are cut before
+    its flags."""
+    eth = 14
+    if len(frame) < eth + 20:
         return None
     eth_type = struct.unpack_from("!H", frame, 12)[0]
+    if eth_type == ETH_8021Q:  # a trunk's frame: the ethertype follows the tag
+        eth = 18
+        eth_type = struct.unpack_from("!H", frame, 16)[0]
+        if len(frame) < eth + 20:
+            return None
     if eth_type == ETH_IPV4:
-        ihl = (frame[_ETH] & 0x0F) * 4
-        if frame[_ETH + 9] != _TCP_PROTO or ihl < 20:
+        ihl = (frame[eth] & 0x0F) * 4
+        if frame[eth + 9] != _TCP_PROTO or ihl < 20:
             return None
-        tcp, ip_data = _ETH + ihl, struct.unpack_from("!H", frame, _ETH + 2)[0] - ihl
-    elif eth_type == ETH_IPV6 and len(frame) >= _ETH + 40:
-        if frame[_ETH + 6] != _TCP_PROTO:
+        tcp, ip_data = eth + ihl, struct.unpack_from("!H", frame, eth + 2)[0] - ihl
+    elif eth_type == ETH_IPV6 and len(frame) >= eth + 40:
+        if frame[eth + 6] != _TCP_PROTO:
             return None
-        tcp, ip_data = _ETH + 40, struct.unpack_from("!H", frame, _ETH + 4)[0]
+        tcp, ip_data = eth + 40, struct.unpack_from("!H", frame, eth + 4)[0]
     else:
         return None
     if len(frame) < tcp + 14:

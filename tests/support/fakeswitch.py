@@ -68,6 +68,9 @@ class Entry:
     used: float
     packets: int = 0
     bytes: int = 0
+    # Its actions in order, as ("out", port, max_len), ("vid", vid), ("push", 0), ("pop", 0):
+    # what a packet's tag is at each output.
+    ops: tuple[tuple[int | str, ...], ...] = ()
 
 
 # Requests `mute` and `refuse` name.
@@ -89,9 +92,29 @@ class PacketIn:
     data: bytes = b""  # the frame's first max_len bytes (what the message carries)
 
 
-def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0) -> bytes:
-    """The headers of a packet of tuple `t` (untagged Ethernet, IP, TCP or UDP) as the wire
-    has them, with `payload` bytes of data after them (zeros)."""
+def _op(action: Any) -> tuple[int | str, ...] | None:
+    """An action as Entry.ops has it (None: one the fake switch ignores)."""
+    name = type(action).__name__
+    if name == "OFPActionOutput":
+        return ("out", action.port, getattr(action, "max_len", 0))
+    if name == "OFPActionSetField" and action.key == "vlan_vid":
+        return ("vid", action.value & 0xFFF)
+    if name == "OFPActionVlanVid":
+        return ("vid", action.vlan_vid)
+    if name == "OFPActionPushVlan":
+        return ("push", 0)
+    if name in ("OFPActionPopVlan", "OFPActionStripVlan"):
+        return ("pop", 0)
+    return None
+
+
+def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None, pcp: int = 0) -> bytes:
+    """The headers of a packet of tuple `t` (Ethernet, with an 802.1Q tag of id `vlan` and
+    priority `pcp` if given, IP, TCP or UDP) as the wire has them, with `payload` bytes of
+    data after them (zeros)."""
+    if vlan is not None:
+        untagged = frame(t, tcp_flags, payload)
+        return untagged[:12] + struct.pack("!HH", 0x8100, pcp << 13 | vlan) + untagged[12:]
     if t is None:
         return bytes(12) + struct.pack("!H", 0x0806) + bytes(28)
     l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, 0, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
@@ -110,6 +133,8 @@ class Fate:
     outputs: tuple[int, ...]
     packet_ins: tuple[PacketIn, ...]
     cookies: tuple[int, ...]  # of the entries it went through, table by table
+    tags: tuple[int | None, ...] = ()  # the VLAN id each output left with (None: untagged)
+    pcps: tuple[int | None, ...] = ()  # and its priority (None: untagged)
 
     @property
     def dropped(self) -> bool:
@@ -317,7 +342,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         elif msg.command in (ofp.OFPFC_MODIFY, ofp.OFPFC_MODIFY_STRICT):
             new = self.entry(msg, buf)
             for e in self.select(msg, msg.command == ofp.OFPFC_MODIFY_STRICT):
-                e.outputs, e.goto, e.metadata, e.raw = new.outputs, new.goto, new.metadata, new.raw
+                e.outputs, e.goto, e.metadata, e.raw, e.ops = new.outputs, new.goto, new.metadata, new.raw, new.ops
         else:
             raise NotImplementedError(f"flow-mod command {msg.command}")
 
@@ -336,8 +361,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             actions, goto, metadata = msg.actions, None, None
             raw, table_id = buf[8:48] + buf[72:], 0  # its match, then its actions
         outputs = [(a.port, getattr(a, "max_len", 0)) for a in actions if hasattr(a, "port")]
+        ops = tuple(op for op in map(_op, actions) if op is not None)
         return Entry(table_id, msg.priority, match, msg.cookie, msg.idle_timeout, msg.hard_timeout, msg.flags,
-                     outputs, goto, metadata, raw, buf, self.now, self.now)
+                     outputs, goto, metadata, raw, buf, self.now, self.now, ops=ops)
 
     def match_of(self, msg: Any) -> Match:
         """A flow-mod's match in the 1.3 names (untagged is vlan_vid 0 in both versions)."""
@@ -445,6 +471,9 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             if METER_STATS not in self.mute:  # the controller meter's one band: what it dropped
                 self.multipart(xid, kind, [struct.pack("!IH6xIQQIIQQ", ofp.OFPM_CONTROLLER, 56, 0, 0, 0, 0, 0,
                                                        self.meter_drops, 0)])
+        elif self.version13 and kind == ofp.OFPMP_TABLE:  # table stats: each table's active_count
+            self.multipart(xid, kind, [struct.pack("!B3xIQQ", t, len(self.table(t)), 0, 0)
+                                       for t in range(self.n_tables)])
         elif kind == (ofp.OFPMP_FLOW if self.version13 else ofp.OFPST_FLOW):
             self.asked[FLOWS] += 1
             if FLOWS not in self.mute:
@@ -497,15 +526,17 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     # --- what happens to a packet -----------------------------------------------------------------
 
     def packet(self, in_port: int, t: FlowTuple | None = None, tcp_flags: int = 0, vlan: int | None = None,
-               size: int = 100, payload: int = 0) -> Fate:
+               size: int = 100, payload: int = 0, pcp: int = 0) -> Fate:
         """Send one packet in at `in_port` (an IP packet of tuple `t` with `payload` bytes of
         data, else a non-IP frame): the ports it leaves by and the packet-ins it makes (also
         put in `replies`, with the packet's first bytes). The packet is `size` bytes long, or
         its headers and payload if longer (a shorter frame padded with zeros, as Ethernet's)."""
-        wire = frame(t, tcp_flags, payload)
+        wire = frame(t, tcp_flags, payload, vlan, pcp)
         wire += bytes(max(0, size - len(wire)))
         size = len(wire)
         pkt = {"in_port": in_port, "vlan_vid": 0 if vlan is None else VID_PRESENT | vlan, "metadata": 0}
+        if vlan is not None:
+            pkt["vlan_pcp"] = pcp
         if t is not None:
             pkt.update(eth_type=ETH_IPV4 if t.family == 4 else ETH_IPV6, ip_proto=t.proto,
                        tp_src=t.sport, tp_dst=t.dport, tcp_flags=tcp_flags if t.proto == TCP else 0)
@@ -513,6 +544,8 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         else:
             pkt["eth_type"] = 0x0806
         outputs: list[int] = []
+        tags: list[int | None] = []
+        pcps: list[int | None] = []
         packet_ins: list[PacketIn] = []
         seen: list[int] = []
         table: int | None = 0
@@ -522,7 +555,18 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 break  # a table miss: dropped (no table-miss flow in 1.3)
             e.packets, e.bytes, e.used = e.packets + 1, e.bytes + size, self.now
             seen.append(e.cookie)
-            for port, max_len in e.outputs:
+            for op, *args in e.ops:
+                if op != "out":  # a retag: the frame's tag from here on
+                    vid = args[0] if op == "vid" else 0  # (a pushed tag's id and priority are 0 until set)
+                    pkt["vlan_vid"] = 0 if op == "pop" else VID_PRESENT | vid
+                    if op == "pop":
+                        pkt.pop("vlan_pcp", None)
+                    elif op == "push":
+                        pkt["vlan_pcp"] = 0
+                    wire = frame(t, tcp_flags, payload, None if op == "pop" else vid, pkt.get("vlan_pcp", 0))
+                    wire += bytes(max(0, size - len(wire)))
+                    continue
+                port, max_len = args
                 if port == self.ofproto.OFPP_CONTROLLER:
                     fields = {"in_port": in_port, **({"metadata": pkt["metadata"]} if pkt["metadata"] else {})}
                     packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len, wire[:max_len]))
@@ -532,11 +576,13 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                         self.meter_drops += 1
                 else:
                     outputs.append(port)
+                    tags.append(pkt["vlan_vid"] & 0xFFF if pkt["vlan_vid"] else None)
+                    pcps.append(pkt.get("vlan_pcp"))
             if e.metadata is not None:
                 value, mask = e.metadata
                 pkt["metadata"] = (pkt["metadata"] & ~mask) | (value & mask)
             table = e.goto
-        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen))
+        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen), tuple(tags), tuple(pcps))
 
     def packet_in(self, p: PacketIn, size: int) -> None:
         """The packet-in message (OpenFlow 1.3): the packet up to the catcher's max_len."""
