@@ -238,6 +238,7 @@ def cmd_control(args: argparse.Namespace) -> int:
         payload["ct_id"] = int(args.target)
     else:
         payload["tuple"] = args.target
+    payload.update(_zone_args(args))
     reply = _ask(args, payload)
     if reply is None:
         return 1
@@ -247,6 +248,16 @@ def cmd_control(args: argparse.Namespace) -> int:
         print(f"{args.cmd}: {reply['tuple']}" + ("" if reply.get("flows_removed") or args.cmd == "block"
                                                  else " (not shunted now; held for its next appearance)"))
     return 0
+
+
+def _zone_args(args: argparse.Namespace) -> dict[str, int]:
+    """--vlan N / --zone N as the request's fields (the controller resolves a VLAN to its zone)."""
+    return {k: v for k in ("vlan", "zone") if (v := getattr(args, k, None)) is not None}
+
+
+def _zone_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--vlan", type=int, help="the connection's VLAN id (its zone, as the config's trunks carry it)")
+    sp.add_argument("--zone", type=int, help="the connection's conntrack zone (0-65535; the tuple's ' zone N' alike)")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -419,6 +430,7 @@ def _control_commands(sub: Any) -> None:
         sp = sub.add_parser(name, help=text)
         _control_args(sp)
         sp.add_argument("target", help="conntrack id, or a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201'")
+        _zone_options(sp)
         sp.set_defaults(func=cmd_control)
     ex = sub.add_parser("explain", help="why a connection is (not) on the fast path, through every layer: "
                         "conntrack, the policy rule, the controller, the switch's flows")
@@ -426,6 +438,7 @@ def _control_commands(sub: Any) -> None:
     ex.add_argument("target", nargs="+", help="a tuple like 'tcp 10.0.0.1:40000 -> 10.0.0.2:5201', a conntrack "
                     "id, or a pair's cookie (0x...)")
     ex.add_argument("--json", action="store_true", help="machine-readable output")
+    _zone_options(ex)
     ex.set_defaults(func=cmd_explain)
     tp = sub.add_parser("top", help="a live view of the busiest connections on both paths (q quits)")
     _control_args(tp)

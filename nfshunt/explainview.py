@@ -147,7 +147,8 @@ def cmd_explain(args: argparse.Namespace, socket_path: str) -> int:
         print(f"nfshunt explain: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        reply = request(socket_path, {"cmd": "explain", "target": text}, timeout=15)
+        zone = {k: v for k in ("vlan", "zone") if (v := getattr(args, k, None)) is not None}
+        reply = request(socket_path, {"cmd": "explain", "target": text, **zone}, timeout=15)
     except (NotRunning, ControlError) as exc:
         print(f"nfshunt: {exc}", file=sys.stderr)
         return EXIT_FAILED

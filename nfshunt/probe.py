@@ -3,7 +3,8 @@
 It takes the controller's place (same listener, TLS, allow-list and datapath pin; the
 controller must be stopped), waits for the switch, and reports what NFShunt needs of it:
 the OpenFlow version and tables; each flow shape NFShunt installs (a TCP shunt pair with its
-FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, the pipeline layout's two tables), installed,
+FIN/RST catchers, an IPv6 UDP shunt, a block, the packet-in meter, the pipeline layout's two tables, and the
+VLAN trunks' shapes: a tag matched and kept, translated, pushed and popped, a priority matched), installed,
 read back and removed; the flow-mod rate behind one barrier; and the lag between a barrier
 reply and the switch forwarding on the flow before it. The lag is measured with a test
 packet sent by packet-out into the table (from the controller port, so before the flow
@@ -15,6 +16,7 @@ before it exits, also on failure; flows already on the switch are left alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -34,13 +36,15 @@ from os_ken.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
 from nfshunt.config.settings import Config
-from nfshunt.config.switch import PortGroup, SwitchConfig
+from nfshunt.config.static import StaticFlow, StaticShunt
+from nfshunt.config.switch import PortGroup, SwitchConfig, Vlan
 from nfshunt.core.connection import Action, Conn
 from nfshunt.core.layout import entries_per_pair
 from nfshunt.openflow.channel import address_allowed
 from nfshunt.openflow.flows import FlowBuilder
+from nfshunt.openflow.reads import ALL_ONES_64
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple
+from nfshunt.records.model import OFP10, TCP, UDP, VID_PRESENT, FlowTuple, SwitchFlow, retag_ops
 
 LOG = logging.getLogger("nfshunt")
 PROBE_KIND = 0xFE
@@ -63,6 +67,12 @@ SHAPE_METER = "packet-in meter (OFPM_CONTROLLER; optional)"
 SHAPE_PIPELINE = "pipeline layout: TCP shunt to table 1 + shared catchers (optional)"
 PIPELINE_PROBE_PRIORITY = 10  # above the controller's table-1 flows (same actions), so neither replaces the other
 REQUIRED = (SHAPE_TCP, SHAPE_TCP10, SHAPE_BLOCK)  # without these NFShunt cannot shunt and block
+SHAPE_VLAN = "VLAN 100 TCP shunt, tag kept (vlan_vid) + FIN/RST catchers"
+SHAPE_VLAN10 = "VLAN 100 IPv4 TCP shunt (dl_vlan)"
+SHAPE_VLAN_XLATE = "VLAN 30 <-> 301 UDP shunt (set_field vlan_vid)"
+SHAPE_VLAN_PUSH = "untagged <-> VLAN 70 UDP shunt (push_vlan, pop_vlan)"
+SHAPE_VLAN_PCP = "VLAN 30 priority 6 static shunt, any address (vlan_pcp)"
+VLAN_SHAPES = (SHAPE_VLAN, SHAPE_VLAN10, SHAPE_VLAN_XLATE, SHAPE_VLAN_PUSH, SHAPE_VLAN_PCP)  # optional all
 
 
 @dataclass
@@ -239,32 +249,41 @@ class Prober:
             shapes = [(SHAPE_TCP10, self.fb.install(tcp), tcp, []), (SHAPE_BLOCK, self.fb.install(block), block, [])]
         result: dict[str, bool] = {}
         for name, msgs, conn, undo in shapes:
-            xids = self.send(msgs)
-            self.barrier()
-            problem = self.refused(xids)
-            if problem is None and conn is not None and self.of13:
-                # A switch that applies flow-mods after its barrier reply shows them late
-                # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's).
-                want = 2 if name == SHAPE_PIPELINE else len(msgs)
-                n, deadline = 0, time.monotonic() + 3.0
-                while True:
-                    found = self.ask(self.fb.pair_stats_request(conn, catchers=True))
-                    n = sum(len(r.body) for r in found)
-                    if n == want or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-                if n != want:
-                    problem = f"accepted, but {n} of {want} flows read back within 3 s"
+            # (the pipeline's table-1 flows carry the probe's own cookie: not the pair's)
+            read = self.fb.pair_stats_request(conn, catchers=True) if conn is not None and self.of13 else None
             if conn is not None:
                 undo = self.fb.remove(conn, (False, True))  # the same strict deletes in either layout
-            if undo:
-                self.send(undo)
-                self.barrier()
-            result[name] = problem is None
-            mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
-            report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+            result[name] = self.try_shape(report, name, msgs, read, 2 if name == SHAPE_PIPELINE else len(msgs), undo)
+        result.update(vlan_shapes(self, report))
         self.delete_probe_flows()
         return result
+
+    def try_shape(self, report: Report, name: str, msgs: list[Any], read: Any, want: int, undo: list[Any],
+                  fb: FlowBuilder | None = None, check: Any = None) -> bool:
+        """One shape installed, read back with `read` (OpenFlow 1.3: `want` flows, each
+        as `fb` parses it passing `check`, if given), removed with `undo`; reported."""
+        xids = self.send(msgs)
+        self.barrier()
+        problem = self.refused(xids)
+        if problem is None and read is not None and self.of13:
+            # A switch that applies flow-mods after its barrier reply shows them late.
+            n, deadline = 0, time.monotonic() + 3.0
+            while True:
+                found = [entry for r in self.ask(read) for entry in r.body]
+                n = len(found)
+                if n == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            if n != want:
+                problem = f"accepted, but {n} of {want} flows read back within 3 s"
+            elif check is not None and fb is not None and not all(check(fb.parse_stats(e)) for e in found):
+                problem = "accepted, but read back changed (its tag, priority or retag is not what was sent)"
+        if undo:
+            self.send(undo)
+            self.barrier()
+        mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
+        report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+        return problem is None
 
     def _pipeline(self, conn: Conn) -> list[Any]:
         """The pipeline layout's flows as the controller builds them: the pair going on to
@@ -351,9 +370,59 @@ class Prober:
         return lags
 
 
+def _trunks(a: PortGroup, b: PortGroup) -> tuple[PortGroup, PortGroup]:
+    """Two trunks on the probed groups' ports, each VLAN shape's: VLAN 100 on both sides
+    (the tag kept), 30 on a's bridged to 301 on b's (translated), a's untagged frames to b's
+    VLAN 70 (pushed and popped)."""
+    return (PortGroup(a.fast, a.slow, a.physdevin, vlans=(Vlan(100, 100), Vlan(30, 30)), untagged=7),
+            PortGroup(b.fast, b.slow, b.physdevin, vlans=(Vlan(100, 100), Vlan(301, 30), Vlan(70, 7)), untagged=None))
+
+
+def vlan_shapes(prober: Prober, report: Report) -> dict[str, bool]:
+    """The VLAN shapes (issue 37), whatever the config's port groups carry (a user asks before
+    configuring trunks): each installed, read back exactly (its tag's present bit, its
+    retag, its priority), removed."""
+    groups = prober.switch.ports
+    a, b = _trunks(groups[0], groups[-1])
+    fb = FlowBuilder(prober.dp, prober.cfg, switch=dataclasses.replace(prober.switch, ports=(a, b)))
+
+    def conn(n: int, zone: int, proto: int = UDP) -> Conn:
+        t = FlowTuple(4, proto, "198.51.100.1", "198.51.100.2", 40100 + n, 9, zone)
+        return Conn(t, t.reversed(), SHAPE_ID + 16 + n, Action.SHUNT, a, b, 0.0)
+    pairs = [(SHAPE_VLAN, conn(0, 100, TCP)), (SHAPE_VLAN_XLATE, conn(1, 30)), (SHAPE_VLAN_PUSH, conn(2, 7))] \
+        if prober.of13 else [(SHAPE_VLAN10, conn(0, 100, TCP))]
+    result = {}
+    for name, c in pairs:
+        def exact(f: SwitchFlow, zone: int = c.orig.zone) -> bool:
+            return cookies.parse(f.cookie) is None or cookies.parse(f.cookie).kind is not cookies.Kind.SHUNT or \
+                (f.exact and f.match is not None and f.match.zone == zone)  # type: ignore[union-attr]
+        msgs = fb.install(c)
+        read = fb.pair_stats_request(c, catchers=True) if prober.of13 else None  # (1.0: by cookie it cannot)
+        result[name] = prober.try_shape(report, name, msgs, read, len(msgs), fb.remove(c, (False, True)), fb, exact)
+    if prober.of13:
+        shunt = StaticShunt(None, None, None, (a.fast, b.fast), vlan=30, pcp=6)
+        cookie = PROBE_COOKIE | 0x100
+        static = StaticFlow(shunt, False, a.fast, b.fast, None, None, None, None, prober.cfg.static_priority, cookie,
+                            0, 30, 301, 30, 6)
+
+        def right(f: SwitchFlow) -> bool:
+            return (f.vlan, f.pcp, f.retag, f.out_port) == (VID_PRESENT | 30, 6, retag_ops(30, 301), b.fast)
+        result[SHAPE_VLAN_PCP] = prober.try_shape(report, SHAPE_VLAN_PCP, [fb.static_add(static)],
+                                                  fb.cookie_stats_request(cookie, ALL_ONES_64), 1,
+                                                  [fb.delete_by_cookie(cookie, ALL_ONES_64)], fb, right)
+    return result
+
+
 def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None, shapes: dict[str, bool],
               rate: float | None, lags: list[float]) -> None:
     s = report.settings
+    vlan = [name for name in VLAN_SHAPES if name in shapes]
+    refused = [name for name in vlan if not shapes[name]]
+    if refused:
+        report.say("VLAN shunts: not supported by this switch (" + "; ".join(refused) + "): leave `vlans` out; "
+                   "tagged frames then cross the firewall only")
+    elif vlan:
+        report.say("VLAN shunts: supported (match, retag, push/pop" + (", priority)" if of13 else ")"))
     s["openflow_versions"] = ["1.3"] if of13 else ["1.0"]
     teardown = shapes.get(SHAPE_TCP, False)
     s["tcp_teardown"] = teardown

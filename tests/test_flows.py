@@ -34,7 +34,7 @@ def test_a_cookie_names_its_kind_connection_and_direction_and_foreign_ones_nothi
         for ct_id, reply in ((0, False), (2**32 - 1, True)):
             assert cookies.parse(cookies.make(kind, ct_id, reply)) == (kind, ct_id, reply)
     assert cookies.parse(cookies.make_teardown(9, True, True)) == (cookies.Kind.TEARDOWN, 9, True)
-    for kind in (0, 8, 0xFF):  # ours by the magic byte, of no kind NFShunt makes
+    for kind in (0, 9, 0xFF):  # ours by the magic byte, of no kind NFShunt makes
         assert cookies.parse(cookies.OWNED_VALUE | kind << 48 | 7) is None
     assert cookies.parse(0x4F02000000000007) is None and cookies.parse(0) is None
 

@@ -2,6 +2,7 @@
 every shape NFShunt installs, and foreign flows, read back as the same SwitchFlow."""
 import os
 import struct
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,8 +12,8 @@ from os_ken.ofproto import ofproto_parser, ofproto_protocol, ofproto_v1_3_parser
 from nfshunt.core import core as c  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.openflow.stats import OTHER, FlowEntry  # noqa: E402
-from nfshunt.records.model import UDP  # noqa: E402
-from tests.helpers import config  # noqa: E402
+from nfshunt.records.model import UDP, TagOp  # noqa: E402
+from tests.helpers import config, event  # noqa: E402
 from tests.test_flows import conn_for  # noqa: E402
 
 DP = ofproto_protocol.ProtocolDesc(c.OFP13)
@@ -202,3 +203,63 @@ def test_only_pairs_of_exactly_the_installed_shape_read_as_exact():
     for body in (FlowEntry, ofproto_v1_3_parser.OFPFlowStats):
         flows = [fb.parse_stats(s) for s in _parse(buf, body)]
         assert [f.exact for f in flows] == [True] * 4 + [False] * 3, body
+
+
+TRUNKS = [{"fast": 1, "slow": 2, "physdevin": 1, "vlans": [100, 30], "untagged": {"zone": 7}},
+          {"fast": 3, "slow": 4, "physdevin": 2, "vlans": [100, {"id": 301, "zone": 30}, {"id": 70, "zone": 7}]},
+          {"fast": 5, "slow": 6, "physdevin": 3, "vlans": [{"id": 900, "zone": 30}]}]
+
+
+def _trunk_conn(**kw):
+    core = c.Core(config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"]))
+    core.switch_connected(c.OFP13)
+    core.reconcile([], 0)
+    return core.conntrack_event(event(**kw))[0].conn
+
+
+def _vlan_shapes():
+    """Every pair shape a trunk config installs (same tag, translated, pushed, popped; each
+    layout; on watch), its defaults and drops; then pairs under our cookie that do to the tag
+    what this version never writes."""
+    cfg = config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    ours = []
+    for pipeline in (False, True):
+        fb = FlowBuilder(DP, cfg, pipeline=pipeline)
+        fb.templated = False
+        for kw in (dict(zone=100), dict(zone=30, proto=UDP), dict(zone=7), dict(zone=7, ingress=2, egress=1),
+                   dict(zone=30, ingress=3, egress=2, family=6), dict(zone=100, action=2)):
+            conn = _trunk_conn(**kw)
+            ours += fb.install(conn)
+            if not pipeline and conn.action.value == "shunt":
+                conn.watch = SimpleNamespace(forwarding=True, rst=True)
+                ours += fb.watch(conn)
+        ours += fb.defaults(cfg.switches[0].ports)
+    t = _trunk_conn(zone=30).orig
+    match = FlowBuilder(DP, cfg).match(1, t, vid=30)
+    odd = [[P.OFPActionOutput(3), P.OFPActionSetField(vlan_vid=0x1000 | 301)],  # retagged after it left
+           [P.OFPActionSetField(vlan_vid=301), P.OFPActionOutput(3)],  # no OFPVID_PRESENT
+           [P.OFPActionSetField(vlan_pcp=6), P.OFPActionSetField(vlan_vid=0x1000 | 301), P.OFPActionOutput(3)],
+           [P.OFPActionPushVlan(0x88A8), P.OFPActionSetField(vlan_vid=0x1000 | 301), P.OFPActionOutput(3)],
+           [P.OFPActionSetField(vlan_vid=0x1000 | 100), P.OFPActionOutput(3)],  # the wrong id
+           [P.OFPActionOutput(3)]]  # not translated
+    foreign = [P.OFPFlowMod(DP, cookie=0x4E02000000000009, priority=33000, match=match,
+                            instructions=[P.OFPInstructionActions(OFP.OFPIT_APPLY_ACTIONS, actions)])
+               for actions in odd]
+    return ours, foreign
+
+
+def test_vlan_shapes_read_as_os_ken_reads_them_exact_when_ours_and_in_their_zone():
+    ours, foreign = _vlan_shapes()
+    mods = ours + foreign
+    buf = _reply([_entry(m) for m in mods])
+    fb = FlowBuilder(DP, config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"]))
+    lib = [fb.parse_stats(s) for s in _parse(buf, ofproto_v1_3_parser.OFPFlowStats)]
+    lean = [fb.parse_stats(s) for s in _parse(buf, FlowEntry)]
+    assert lean == lib
+    pairs = [f for f in lean[:len(ours)] if f.cookie >> 48 in (0x4E02, 0x4E03)]
+    assert len(pairs) > 20 and all(f.exact and f.match.zone for f in pairs)
+    assert {f.retag for f in pairs} >= {(), ((TagOp.SET_VID, 301),), ((TagOp.SET_VID, 30),), ((TagOp.POP, 0),),
+                                        ((TagOp.PUSH, 0x8100), (TagOp.SET_VID, 70)), ((TagOp.SET_VID, 900),)}
+    assert {f.vlan for f in pairs} >= {0, 0x1064, 0x101E, 0x112D}
+    assert [f.exact for f in lean[len(ours):]] == [False] * len(foreign)
+    assert all(f.match.zone == 30 for f in lean[len(ours):])

@@ -65,7 +65,7 @@ def test_same_target_either_direction():
 @pytest.mark.parametrize("raw,field,problem", [
     ([1], "", "expected an object"),
     (body(colour="red"), "colour", "unknown field"),
-    (body(connection={**CONN, "vlan": 3}), "connection.vlan", "unknown field"),
+    (body(connection={**CONN, "tpid": 3}), "connection.tpid", "unknown field"),  # (vlan, zone: test_trunk_ids)
     (body(id=None), "id", "required"),
     (body(expire=None), "expire", "required"),
     (body(id=7), "id", "not 1-128"),

@@ -1,7 +1,7 @@
 """The static shunts' overlap check (config/static.py `_Seen`) finds exactly what comparing
 every pair of flows finds: an index that answers in a few lookups is held equal to the
 plain definition (StaticFlow.overlaps) on random configs, host pairs and prefixes, any
-ports or given ones, both families."""
+ports or given ones, both families, VLAN entries (tags, priorities, address-less ones)."""
 from __future__ import annotations
 
 import ipaddress
@@ -21,11 +21,22 @@ PORTS = st.one_of(st.none(), st.sampled_from([53, 80, 5201]))
 
 
 @st.composite
-def shunts(draw: st.DrawFn) -> StaticShunt:
+def shunts(draw: st.DrawFn, tagged: bool = False) -> StaticShunt:
     nets = draw(st.sampled_from([V4, V6]))
+    vlan = draw(st.sampled_from([None, 30, 100])) if tagged else None
+    pcp = draw(st.sampled_from([None, 5, 6])) if vlan is not None else None
+    ports = draw(st.sampled_from([(1, 3), (3, 1), (1, 5)]))
+    if pcp is not None and draw(st.booleans()):  # a VLAN priority's every frame
+        return StaticShunt(None, None, None, ports, both_directions=draw(st.booleans()), vlan=vlan, pcp=pcp)
     return StaticShunt(protocol=draw(st.sampled_from([TCP, UDP])), src=draw(st.sampled_from(nets)),
-                       dst=draw(st.sampled_from(nets)), fast_ports=draw(st.sampled_from([(1, 3), (3, 1), (1, 5)])),
-                       src_port=draw(PORTS), dst_port=draw(PORTS), both_directions=draw(st.booleans()))
+                       dst=draw(st.sampled_from(nets)), fast_ports=ports,
+                       src_port=draw(PORTS), dst_port=draw(PORTS), both_directions=draw(st.booleans()), vlan=vlan,
+                       pcp=pcp)
+
+
+def _flows(entries: list[StaticShunt]) -> list[StaticFlow]:
+    """Each entry's flows, a VLAN's tagged with its id on both sides (its zone too)."""
+    return [f for shunt in entries for f in flows_of(shunt, 33050, 0, (shunt.vlan or 0,) * 3)]
 
 
 def _first_overlap(flows: list[StaticFlow]) -> tuple[int, int] | None:
@@ -38,9 +49,9 @@ def _first_overlap(flows: list[StaticFlow]) -> tuple[int, int] | None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(shunts(), min_size=1, max_size=12))
+@given(st.one_of(st.lists(shunts(), min_size=1, max_size=12), st.lists(shunts(tagged=True), min_size=1, max_size=12)))
 def test_the_index_finds_an_overlap_exactly_when_a_pairwise_comparison_does(entries: list[StaticShunt]):
-    flows = [f for shunt in entries for f in flows_of(shunt, 33050, 0)]
+    flows = _flows(entries)
     seen = _Seen()
     first = None
     for i, flow in enumerate(flows):

@@ -71,7 +71,7 @@ def parse_target(raw: Any) -> Target:
             raise ValueError(f"not a cookie: {text!r}: {USAGE}") from None
         parsed = cookies.parse(cookie) if cookie < 1 << 64 else None
         if parsed is None:
-            raise ValueError(f"cookie {text} is not NFShunt's (its top byte is 0x4e and its kind 1-7)")
+            raise ValueError(f"cookie {text} is not NFShunt's (its top byte is 0x4e and its kind 1-8)")
         return Target(text, ct_id=parsed.key & 0xFFFFFFFF, key=parsed.key, kind=parsed.kind)
     try:
         return Target(text, tuple=parse_tuple(text))

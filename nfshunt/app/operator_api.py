@@ -8,6 +8,7 @@ switch's flows and answers once all have replied (or gone); flush, reevaluate, u
 and block act on every switch's pairs."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -172,6 +173,10 @@ class OperatorAPI:
             return None
         try:
             target = parse_target(request.get("target"))
+            if target.tuple is not None:
+                target = dataclasses.replace(target, tuple=zoned(target.tuple, request, self.app.cfg))
+            elif "vlan" in request or "zone" in request:
+                raise ValueError(_ID_ZONED)
         except ValueError as exc:
             return {"error": str(exc), "bad_input": True}
         reply = ask(request, gather(target))
@@ -370,7 +375,9 @@ class OperatorAPI:
 
     def target(self, req: dict[str, Any]) -> FlowTuple:
         if "tuple" in req:
-            return parse_tuple(str(req["tuple"]))
+            return zoned(parse_tuple(str(req["tuple"])), req, self.app.cfg)
+        if "vlan" in req or "zone" in req:
+            raise ValueError(_ID_ZONED)
         ct_id = req.get("ct_id")
         if isinstance(ct_id, bool) or not isinstance(ct_id, int):
             raise ValueError("give 'tuple' or an integer 'ct_id'")
@@ -412,7 +419,10 @@ class OperatorAPI:
                 "queued": len(send.queued) if send is not None else 0,
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
                 "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
-                "static": sw.core.static.summary()})
+                "static": sw.core.static.summary(),
+                # A trunk's frames of tags no group carries, dropped, by in_port (untagged configs: none)
+                **({"vlan_dropped_packets": {str(p): n for p, n in sorted(sw.vlan_dropped.items())}}
+                   if any(g.trunk for g in sw.switch.ports) else {})})
         first = switches[0]
         listed = {} if listing is None else listing.page(self.switches)
         return {
@@ -425,6 +435,27 @@ class OperatorAPI:
             "rules_by_source": rules_by_source(self.switches, self.app.ids),
             "counters": self.counters.flat(), "connections": conns,
             "static": totals([sw["static"] for sw in switches], STATIC_COUNTS), **listed}
+
+
+_ID_ZONED = "a conntrack id or a cookie names its connection's zone already: give a VLAN or zone with a tuple only"
+
+
+def zoned(t: FlowTuple, req: dict[str, Any], cfg: Config) -> FlowTuple:
+    """A request's tuple in the zone its `vlan` (resolved by the config) or `zone` names
+    (the tuple's own ' zone N' otherwise); ValueError saying what to give."""
+    if "vlan" in req and "zone" in req:
+        raise ValueError("give 'vlan' or 'zone', not both")
+    if "zone" in req:
+        zone = req["zone"]
+        if isinstance(zone, bool) or not isinstance(zone, int) or not 0 <= zone <= 65535:
+            raise ValueError(f"zone {zone!r} is not a conntrack zone (0-65535)")
+    elif "vlan" in req:
+        zone = cfg.zone_of_vlan(req["vlan"])
+    else:
+        return t
+    if t.zone and t.zone != zone:
+        raise ValueError(f"the tuple names zone {t.zone}, the request {zone}: give one")
+    return t._replace(zone=zone)
 
 
 def rules_by_source(switches: list[Switch], ids: IdsBackend | None) -> dict[str, int]:
@@ -462,6 +493,7 @@ def gauges(switches: list[Switch], ids: IdsBackend | None = None) -> dict[str, A
             "pair": roles.status() if roles is not None else None,
             "static": static_gauges(switches),
             "slow_path_bytes": _summed([sw.slow_path_bytes for sw in switches]),
+            "vlan_dropped": [(sw.name, port, n) for sw in switches for port, n in sorted(sw.vlan_dropped.items())],
             "rules": rules_by_source(switches, ids)}
 
 

@@ -93,6 +93,22 @@ class Config:
         """Every switch's port groups: the firewall bridge's ports (the iptables plumbing)."""
         return tuple(g for sw in self.switches for g in sw.ports)
 
+    def zone_of_vlan(self, vid: int) -> int:
+        """The conntrack zone a VLAN id names (an operator's or an IDS's `vlan`): the one its
+        groups bridge it in; ValueError saying what to give when no group carries it, or
+        groups carry it in different zones."""
+        if isinstance(vid, bool) or not isinstance(vid, int) or not 1 <= vid <= 4094:
+            raise ValueError(f"VLAN {vid!r} is not a VLAN id (1-4094)")
+        where = {(f"{sw.at}ports[{i}]", g.zone_of_vid[vid]) for sw in self.switches for i, g in enumerate(sw.ports)
+                 if vid in g.zone_of_vid}
+        zones = sorted({zone for _, zone in where})
+        if not zones:
+            raise ValueError(f"VLAN {vid} is carried by no port group: give a VLAN of the config's \"vlans\"")
+        if len(zones) > 1:
+            named = " and ".join(f"zone {zone} on {at}" for at, zone in sorted(where, key=lambda w: (w[1], w[0])))
+            raise ValueError(f"VLAN {vid} is {named}: name the zone")
+        return zones[0]
+
     @property
     def ofp_versions(self) -> list[int]:
         return sorted(OPENFLOW_VERSIONS[version] for version in self.openflow_versions)

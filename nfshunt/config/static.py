@@ -21,7 +21,7 @@ from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple
 
 from . import validate as v
-from .switch import SwitchConfig
+from .switch import SwitchConfig, vlan_id
 from .validate import ConfigError
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
@@ -35,16 +35,20 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(frozen=True)
 class StaticShunt:
-    """One engineered stream, as configured (src and dst: networks; a host is /32 or /128)."""
-    protocol: int
-    src: Network
-    dst: Network
+    """One engineered stream, as configured (src and dst: networks; a host is /32 or /128).
+    An entry with a VLAN priority (`pcp`) may name no protocol and no addresses: every frame
+    of its VLAN with that priority (protocol, src and dst None)."""
+    protocol: int | None
+    src: Network | None
+    dst: Network | None
     fast_ports: tuple[int, int]  # the fast ports of the source's and the destination's port groups
     src_port: int | None = None  # None: any
     dst_port: int | None = None
     both_directions: bool = True
     name: str | None = None
     datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
+    vlan: int | None = None  # the source side's VLAN id (None: untagged); the other side's: its zone's there
+    pcp: int | None = None  # the 802.1p priority (0-7) its frames carry (None: any)
 
     def on(self, switch: SwitchConfig) -> bool:
         """This entry's flows go on that switch."""
@@ -53,7 +57,8 @@ class StaticShunt:
 
     @property
     def label(self) -> str:
-        return self.name or describe(self.protocol, self.src, self.dst, self.src_port, self.dst_port)
+        return self.name or describe(self.protocol, self.src, self.dst, self.src_port, self.dst_port) + \
+            _tag_text(self.vlan, self.pcp)
 
 
 @dataclass(frozen=True)
@@ -70,43 +75,74 @@ class StaticFlow:
     priority: int
     cookie: int
     hard_timeout: int = 0  # a block's lifetime (the operator's pin); a static shunt never times out
+    # The tag its frames arrive with and leave with (0: untagged), as the firewall's bridge of
+    # its zone would put it back (the VLAN's zone on each side: a translated VLAN's differ).
+    vid_in: int = 0
+    vid_out: int = 0
+    zone: int = 0
+    pcp: int | None = None
+    block_proto: int | None = None  # a block's: its tuple's protocol (the shunt may name none)
 
     @property
-    def family(self) -> int:
-        return self.src.version
+    def family(self) -> int | None:
+        return None if self.src is None else self.src.version
+
+    @property
+    def proto(self) -> int | None:
+        return self.shunt.protocol if self.block_proto is None else self.block_proto
 
     def describe(self) -> str:
-        return describe(self.shunt.protocol, self.src, self.dst, self.src_port, self.dst_port) + \
+        return describe(self.proto, self.src, self.dst, self.src_port, self.dst_port) + \
+            _tag_text(self.vid_in or None, self.pcp) + \
             (f" port {self.in_port} -> {self.out_port}" if self.out_port is not None else f" port {self.in_port} drop")
 
     def covers(self, t: FlowTuple) -> bool:
-        """A packet of this tuple arriving on in_port would take this flow."""
-        return (t.proto == self.shunt.protocol and t.family == self.family
+        """A packet of this tuple arriving on in_port would take this flow (if it carries the
+        flow's priority: a connection's tuple names none)."""
+        if t.zone != self.zone:
+            return False
+        if self.src is None or self.dst is None:
+            return t.proto in (TCP, UDP)  # every frame of the VLAN with its priority
+        return (t.proto == self.proto and t.family == self.family
                 and ipaddress.ip_address(t.src) in self.src and ipaddress.ip_address(t.dst) in self.dst
                 and _meet(self.src_port, t.sport) and _meet(self.dst_port, t.dport))
 
     def block(self, t: FlowTuple, priority: int, lifetime: int) -> "StaticFlow":
-        """This flow's exact drop for tuple t, above it (an operator's block wins)."""
+        """This flow's exact drop for tuple t (in its VLAN, whatever the priority), above it
+        (an operator's block wins)."""
         key = zlib.crc32(repr(("block", self.in_port, t)).encode())
         net = ipaddress.ip_network
         return StaticFlow(self.shunt, self.reply, self.in_port, None, net(t.src), net(t.dst), t.sport, t.dport,
-                          priority, cookies.make(cookies.Kind.STATIC, key, self.reply), lifetime)
+                          priority, cookies.make(cookies.Kind.STATIC, key, self.reply), lifetime,
+                          self.vid_in, self.vid_in, self.zone, None, t.proto)
 
     def overlaps(self, other: "StaticFlow") -> bool:
-        """Some frame could match both (same in_port and protocol): the switch would pick one.
-        The definition the config check's index (`_Seen`) is held equal to."""
-        return (self.in_port == other.in_port and self.shunt.protocol == other.shunt.protocol
-                and self.family == other.family and self.src.overlaps(other.src)
+        """Some frame could match both (same in_port, tag and protocol, priorities that meet;
+        an address-less one: any of its tag and priority): the switch would pick one. The
+        definition the config check's index (`_Seen`) is held equal to."""
+        if (self.in_port, self.vid_in) != (other.in_port, other.vid_in) or not _meet(self.pcp, other.pcp):
+            return False
+        if self.src is None or other.src is None or self.dst is None or other.dst is None:
+            return True
+        return (self.proto == other.proto and self.family == other.family and self.src.overlaps(other.src)
                 and self.dst.overlaps(other.dst)
                 and _meet(self.src_port, other.src_port) and _meet(self.dst_port, other.dst_port))
 
 
 def _meet(a: int | None, b: int | None) -> bool:
-    """Two port matches share a port (None: any)."""
+    """Two port (or priority) matches share a value (None: any)."""
     return a is None or b is None or a == b
 
 
-def describe(proto: int, src: Network, dst: Network, sport: int | None, dport: int | None) -> str:
+def _tag_text(vlan: int | None, pcp: int | None) -> str:
+    """' vlan 30 pcp 6' of an entry or flow that names them ('' untagged, any priority)."""
+    return (f" vlan {vlan}" if vlan else "") + (f" pcp {pcp}" if pcp is not None else "")
+
+
+def describe(proto: int | None, src: Network | None, dst: Network | None, sport: int | None,
+             dport: int | None) -> str:
+    if proto is None or src is None or dst is None:
+        return "any"  # (an address-less entry: its VLAN and priority follow)
     name = "tcp" if proto == TCP else "udp"
     return f"{name} {src}:{'*' if sport is None else sport} -> {dst}:{'*' if dport is None else dport}"
 
@@ -155,14 +191,15 @@ def _port_pair(key: str, value: Any) -> tuple[int, int]:
     return a, b
 
 
+_ANY = "required (with `pcp`: all three or none)"
 ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from its first frame, outside the "
                 "firewall (which never sees, tracks, logs or polices its frames): keep it as narrow as the stream.", {
     "name": v.Key(v.string, "The stream's name in logs, status and metrics; each once.", default="none (a "
                   "description of the match)"),
-    "protocol": v.Key(v.choice(tuple(PROTOCOLS)), "The stream's IP protocol."),
+    "protocol": v.Key(v.choice(tuple(PROTOCOLS)), "The stream's IP protocol.", default=_ANY),
     "src": v.Key(_network, "The source host (or network: every host in it may then send on the stream); no "
-                 "wider than `static_shunt_max_prefix`."),
-    "dst": v.Key(_network, "The destination host or network, of the source's family."),
+                 "wider than `static_shunt_max_prefix`.", default=_ANY),
+    "dst": v.Key(_network, "The destination host or network, of the source's family.", default=_ANY),
     "src_port": v.Key(v.integer(1, 65535), "The source port.", default="any"),
     "dst_port": v.Key(v.integer(1, 65535), "The destination port; give it at least.", default="any"),
     "fast_ports": v.Key(_port_pair, "The fast ports of the source's and the destination's port groups, on one "
@@ -171,7 +208,14 @@ ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from 
                              "for a stream that flows one way."),
     "datapath_id": v.Key(v.dpid, "The switch, when several switches have both fast ports.", default="the one "
                          "switch with both fast ports"),
-}, required=("protocol", "src", "dst", "fast_ports"), record=StaticShunt)
+    "vlan": v.Key(v.Check(vlan_id, "integer", "1-4094"), "Experimental (needs `experimental_vlans`): the VLAN "
+                  "id of the source side's frames (its port group's `vlans`); they leave with the tag of the same "
+                  "zone on the destination's group, as the firewall's bridge would put it.", default="untagged"),
+    "pcp": v.Key(v.integer(0, 7), "Experimental: the VLAN priority (802.1p PCP) of the stream's frames, kept as "
+                 "it came; needs `vlan`. With it, `protocol`, `src` and `dst` may all be left out: every frame of "
+                 "the VLAN with that priority (the industrial case).", default="any"),
+}, required=("fast_ports",), record=StaticShunt)
+_ADDRESSED = ("protocol", "src", "dst")  # required, unless an entry names a priority: then all or none
 
 
 @v.takes("list of objects", "streams (`static_shunts[]`); no two overlap; needs OpenFlow 1.3 only")
@@ -185,9 +229,12 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
     for i, raw in enumerate(value):
         at = f"{key}[{i}]"
         entry = ENTRY.read(at, raw)
-        entry["protocol"] = PROTOCOLS[entry["protocol"]]
-        shunt = StaticShunt(**entry)
-        if shunt.src.version != shunt.dst.version:
+        _addressed(at, entry)
+        entry["protocol"] = PROTOCOLS.get(entry.get("protocol", ""))
+        shunt = StaticShunt(**{"src": None, "dst": None, **entry})
+        if shunt.src is None or shunt.dst is None:
+            pass
+        elif shunt.src.version != shunt.dst.version:
             raise ConfigError(f"{at}.dst", f"{shunt.dst} is IPv{shunt.dst.version}, src {shunt.src} "
                               f"IPv{shunt.src.version}: one family a stream")
         if shunt.name is not None:
@@ -196,6 +243,24 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
             names[shunt.name] = i
         out.append(shunt)
     return tuple(out)
+
+
+def _addressed(at: str, entry: dict[str, Any]) -> None:
+    """protocol, src and dst given; or, with a VLAN priority, all of them left out (and the
+    ports, which need a protocol); a priority needs its VLAN."""
+    if "pcp" in entry and "vlan" not in entry:
+        raise ConfigError(f"{at}.pcp", "a priority needs a tag: give \"vlan\"")
+    given = [name for name in _ADDRESSED if name in entry]
+    if "pcp" not in entry or given:
+        for name in _ADDRESSED:
+            if name not in entry:
+                raise ConfigError(f"{at}.{name}", "required key is missing" + (
+                    "" if "pcp" not in entry else f" (with {', '.join(given)}: give protocol, src and dst, or "
+                    "none of them for every frame of the VLAN and priority)"))
+        return
+    for name in ("src_port", "dst_port"):
+        if name in entry:
+            raise ConfigError(f"{at}.{name}", "a port needs a protocol and addresses: give protocol, src and dst")
 
 
 MAX_PREFIX = v.Table("static_shunt_max_prefix", "The widest `src` or `dst` prefix a static shunt may name, by "
@@ -235,11 +300,6 @@ def check(cfg: Scope) -> None:
         for j, port in enumerate(shunt.fast_ports):
             if not any(port in fast for fast in groups):
                 raise ConfigError(f"{at}.fast_ports[{j}]", f"{port} is not the fast port of a configured port group")
-        untagged = {g.fast for sw in cfg.switches for g in sw.ports if g.untagged == 0}
-        for j, port in enumerate(shunt.fast_ports):
-            if port not in untagged:
-                raise ConfigError(f"{at}.fast_ports[{j}]", f"port {port}'s group carries no untagged frames (its "
-                                  "\"untagged\"), and static shunts of VLAN traffic are not supported yet")
         if not any(set(shunt.fast_ports) <= fast for fast in groups):
             raise ConfigError(f"{at}.fast_ports", "both ports must be on the same switch")
         if shunt.datapath_id is not None and shunt.datapath_id not in dpids:
@@ -250,17 +310,52 @@ def check(cfg: Scope) -> None:
         if len(served) > 1:
             raise ConfigError(f"{at}.datapath_id", "the fast ports are on several switches: name the one "
                               "(a stream declared for one must not bypass the firewall on another)")
-        limit = cfg.static_shunt_max_prefix[shunt.src.version]
+        sw = next(sw for sw in cfg.switches if shunt.on(sw))
+        tags = _check_tags(at, shunt, sw)
         for side in ("src", "dst"):
             net = getattr(shunt, side)
-            if net.prefixlen < limit:
+            limit = cfg.static_shunt_max_prefix[net.version] if net is not None else 0
+            if net is not None and net.prefixlen < limit:
                 raise ConfigError(f"{at}.{side}", f"{net} is wider than /{limit} (static_shunt_max_prefix "
                                   f"ipv{net.version}): every host in it would bypass the firewall")
-        for flow in flows_of(shunt, cfg.static_priority, 0):
+        for flow in flows_of(shunt, cfg.static_priority, 0, tags):
             hit = seen.overlapping(at, flow)
             if hit is not None:
                 other_at, other = hit
                 raise ConfigError(at, f"overlaps {other_at} ({other.describe()}): a frame would match both")
+
+
+def tags_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int] | None:
+    """(source side's tag, destination side's tag, zone) of an entry on its switch (0:
+    untagged); None if a side does not carry it (check() refuses such an entry)."""
+    groups = {g.fast: g for g in switch.ports}
+    a, b = (groups.get(port) for port in shunt.fast_ports)
+    if a is None or b is None:
+        return None
+    zone = a.zone_of_vid.get(shunt.vlan or 0)
+    if zone is None or zone not in b.vid_of_zone:
+        return None
+    return shunt.vlan or 0, b.vid_of_zone[zone], zone
+
+
+def _check_tags(at: str, shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int]:
+    """The entry's tags (tags_of), or the error that says which side does not carry them."""
+    tags = tags_of(shunt, switch)
+    if tags is not None:
+        return tags
+    groups = {g.fast: g for g in switch.ports}
+    a, b = (groups[port] for port in shunt.fast_ports)
+    zone = a.zone_of_vid.get(shunt.vlan or 0)
+    if zone is None and shunt.vlan is None:
+        raise ConfigError(f"{at}.fast_ports[0]", f"port {a.fast}'s group carries no untagged frames (its "
+                          "\"untagged\"): name the stream's VLAN (\"vlan\")")
+    if zone is None:
+        raise ConfigError(f"{at}.vlan", f"VLAN {shunt.vlan} is not carried by the port group of fast port {a.fast}")
+    what = f"VLAN {shunt.vlan}" if shunt.vlan else "untagged frames"
+    raise ConfigError(f"{at}.vlan" if shunt.vlan else f"{at}.fast_ports[1]",
+                      f"{what} (zone {zone}) is not carried by the port group of fast port {b.fast}: the firewall "
+                      "bridges the zone to no VLAN there" if zone else
+                      f"{what} are not carried by the port group of fast port {b.fast} (its \"untagged\")")
 
 
 class _Seen:
@@ -268,7 +363,8 @@ class _Seen:
     few dict lookups, whatever the addresses (a scan of the flows between the same two
     hosts made 1,000 entries of one host pair take 1.3 s and 2,000 take 9 s).
 
-    Two flows overlap when their in_port, protocol and family are the same, their source
+    Two flows overlap when their in_port, tag, protocol and family are the same, their
+    priorities meet (equal, or either any), their source
     prefixes nest, their destination prefixes nest and each port matches (equal, or either
     one any). Prefixes nest exactly when they agree on the bits of the shorter one. So a
     flow's "shape" (source and destination prefix lengths, whether each port is any) and
@@ -281,20 +377,35 @@ class _Seen:
     def __init__(self) -> None:
         self.flows: dict[_Shape, list[_Bits]] = {}
         self.index: dict[tuple[_Shape, _Shape], dict[tuple[Any, ...], _Bits]] = {}
+        # By (in_port, tag): every flow so far, and the address-less ones (a VLAN priority's
+        # every frame), which overlap anything of their port, tag and priority: a scan, few.
+        self.by_port: dict[tuple[int, int], list[tuple[str, StaticFlow]]] = {}
+        self.wild: dict[tuple[int, int], list[tuple[str, StaticFlow]]] = {}
 
     def overlapping(self, at: str, flow: StaticFlow) -> tuple[str, StaticFlow] | None:
         """An earlier flow this one overlaps (the first added of those found), or None;
         the flow is kept either way."""
+        port = (flow.in_port, flow.vid_in)
+        found = next(((a, f) for a, f in (self.by_port if flow.src is None else self.wild).get(port, ())
+                      if _meet(f.pcp, flow.pcp)), None)
+        self.by_port.setdefault(port, []).append((at, flow))
+        if flow.src is None:
+            self.wild.setdefault(port, []).append((at, flow))
+            return found
         bits = _Bits(at, flow)
         mine = bits.shape
         if mine not in self.flows:
             self._new_shape(mine)
-        found = None
+        # A priority meets its own and any; any meets every one.
+        pcps = (flow.pcp, None) if flow.pcp is not None else (None, *range(8))
         for theirs in self.flows:
-            hit = self.index[(theirs, mine)].get(bits.key(theirs))
-            if hit is not None:
-                found = hit.at, hit.flow
+            if found is not None:
                 break
+            for pcp in pcps:
+                hit = self.index[(theirs, mine)].get(bits.key(theirs, pcp))
+                if hit is not None:
+                    found = hit.at, hit.flow
+                    break
         self.flows[mine].append(bits)
         for other in self.flows:
             self.index[(mine, other)].setdefault(bits.key(other), bits)
@@ -315,43 +426,50 @@ _Shape = tuple[int, int, bool, bool]  # source and destination prefix lengths; s
 
 class _Bits:
     """A flow as the overlap index reads it (its addresses as integers, read once)."""
-    __slots__ = ("at", "flow", "shape", "group", "width", "src", "dst", "sport", "dport")
+    __slots__ = ("at", "flow", "shape", "group", "pcp", "width", "src", "dst", "sport", "dport")
 
     def __init__(self, at: str, flow: StaticFlow):
         self.at, self.flow = at, flow
         self.shape = (flow.src.prefixlen, flow.dst.prefixlen, flow.src_port is None, flow.dst_port is None)
-        self.group = (flow.in_port, flow.shunt.protocol, flow.family)
+        self.group = (flow.in_port, flow.vid_in, flow.proto, flow.family)
+        self.pcp = flow.pcp
         self.width = flow.src.max_prefixlen
         self.src, self.dst = int(flow.src.network_address), int(flow.dst.network_address)
         self.sport, self.dport = flow.src_port, flow.dst_port
 
-    def key(self, other: "_Shape") -> tuple[Any, ...]:
-        """What must be equal for this flow and one of shape `other` to overlap: in_port,
-        protocol and family; each prefix's leading bits, as many as the shorter prefix
-        has; each port where both flows name one."""
+    def key(self, other: "_Shape", pcp: Any = "own") -> tuple[Any, ...]:
+        """What must be equal for this flow and one of shape `other` (and priority `pcp`:
+        by default this flow's) to overlap: in_port, tag, protocol and family; each prefix's
+        leading bits, as many as the shorter prefix has; each port where both flows name one."""
         mine = self.shape
-        return (self.group, self.src >> (self.width - min(mine[0], other[0])),
+        return (self.group, self.pcp if pcp == "own" else pcp, self.src >> (self.width - min(mine[0], other[0])),
                 self.dst >> (self.width - min(mine[1], other[1])),
                 None if mine[2] or other[2] else self.sport, None if mine[3] or other[3] else self.dport)
 
 
 # --- flows ---------------------------------------------------------------------------------
 
-def flows_of(shunt: StaticShunt, priority: int, key: int) -> list[StaticFlow]:
+def flows_of(shunt: StaticShunt, priority: int, key: int,
+             tags: tuple[int, int, int] = (0, 0, 0)) -> list[StaticFlow]:
+    """An entry's flows; tags: (source side's tag, destination side's, zone), tags_of's."""
     a, b = shunt.fast_ports
+    va, vb, zone = tags
     out = [StaticFlow(shunt, False, a, b, shunt.src, shunt.dst, shunt.src_port, shunt.dst_port, priority,
-                      cookies.make(cookies.Kind.STATIC, key, False))]
+                      cookies.make(cookies.Kind.STATIC, key, False), 0, va, vb, zone, shunt.pcp)]
     if shunt.both_directions:
         out.append(StaticFlow(shunt, True, b, a, shunt.dst, shunt.src, shunt.dst_port, shunt.src_port, priority,
-                              cookies.make(cookies.Kind.STATIC, key, True)))
+                              cookies.make(cookies.Kind.STATIC, key, True), 0, vb, va, zone, shunt.pcp))
     return out
 
 
 def _key(shunt: StaticShunt, priority: int) -> int:
     """A stable 32-bit name for what the entry puts on the switch (not its name or place
     in the list): an unchanged entry keeps its cookie across reloads and restarts."""
-    text = repr((shunt.protocol, str(shunt.src), str(shunt.dst), shunt.src_port, shunt.dst_port, shunt.fast_ports,
-                 shunt.both_directions, priority))
+    fields: tuple[Any, ...] = (shunt.protocol, str(shunt.src), str(shunt.dst), shunt.src_port, shunt.dst_port,
+                               shunt.fast_ports, shunt.both_directions, priority)
+    if shunt.vlan is not None or shunt.pcp is not None:  # (only then: an untagged entry keeps its cookie)
+        fields += (("vlan", shunt.vlan), ("pcp", shunt.pcp))
+    text = repr(fields)
     return zlib.crc32(text.encode())
 
 
@@ -364,5 +482,6 @@ def switch_flows(cfg: Entries, switch: SwitchConfig) -> dict[int, StaticFlow]:
         while key in keys:  # two entries of one hash (1 in 2^32 a pair): the later one probes on
             key = (key + 1) & 0xFFFFFFFF
         keys.add(key)
-        out.update((f.cookie, f) for f in flows_of(shunt, cfg.static_priority, key))
+        out.update((f.cookie, f) for f in flows_of(shunt, cfg.static_priority, key,
+                                                   tags_of(shunt, switch) or (0, 0, 0)))
     return out

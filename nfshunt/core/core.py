@@ -161,7 +161,7 @@ class Core:
         this config's means it kept its table across the break (a pair's other firewall's
         defaults, or anything a switch answers unfiltered, say nothing of ours)."""
         mine = default_paths(self.shared.switch)
-        self.shared.table_kept = any((f.in_port, f.out_port) in mine for f in found)
+        self.shared.table_kept = any((f.in_port, f.out_port, f.vlan) in mine for f in found)
 
     def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts

@@ -28,7 +28,7 @@ import math
 
 from nfshunt.config.switch import SwitchConfig
 from nfshunt.records import cookies
-from nfshunt.records.model import SwitchFlow
+from nfshunt.records.model import VID_PRESENT, SwitchFlow
 
 from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, RemoveFlows, ResyncConntrack
 from .connection import ACTIVE, Action, Conn, State
@@ -44,12 +44,20 @@ PairKey = tuple[cookies.Kind, int]
 Pairs = dict[PairKey, dict[bool, SwitchFlow]]  # NFShunt's flows by pair, each direction's
 
 
-def default_paths(switch: SwitchConfig) -> set[tuple[int, int | None]]:
-    """(in_port, out_port) of each default flow this switch's config installs (out_port
-    None: a trunk's drop of the tags it does not carry)."""
-    paths: set[tuple[int, int | None]] = {(g.slow, g.fast) for g in switch.ports}
-    paths |= {(g.fast, g.slow) for g in switch.ports}
-    return paths | {(port, None) for g in switch.ports if g.trunk for port in (g.fast, g.slow)}
+def default_paths(switch: SwitchConfig) -> set[tuple[int, int, int | None]]:
+    """(in_port, out_port, tag) of each default flow this switch's config installs: an
+    untagged group's match any tag (None), a trunk's each tag it carries (SwitchFlow.vlan)."""
+    paths: set[tuple[int, int, int | None]] = set()
+    for g in switch.ports:
+        tags = [VID_PRESENT | vid if vid else 0 for vid in g.zone_of_vid] if g.trunk else [None]
+        paths.update((a, b, tag) for tag in tags for a, b in ((g.fast, g.slow), (g.slow, g.fast)))
+    return paths
+
+
+def vlan_drops(switch: SwitchConfig) -> dict[tuple[int, bool], int]:
+    """(port group index, slow side) -> the in_port of each trunk's drop of the tags it does not carry."""
+    return {(i, slow): port for i, g in enumerate(switch.ports) if g.trunk
+            for slow, port in ((False, g.fast), (True, g.slow))}
 
 
 def table_1_complete(switch: SwitchConfig, flows: list[SwitchFlow]) -> bool:
@@ -108,6 +116,7 @@ class Reconciler:
         catchers: list[tuple[int, SwitchFlow]] = []
         crowded: dict[PairKey, list[SwitchFlow]] = {}
         expected_defaults = default_paths(self.shared.switch)
+        drops = vlan_drops(self.shared.switch)
         for flow in flows:
             parsed = cookies.parse(flow.cookie)
             if parsed is None:
@@ -115,9 +124,14 @@ class Reconciler:
             kind, key, reply = parsed
             if kind is cookies.Kind.DEFAULT:
                 # In a pair, another firewall's defaults are the peer's: it no longer decides.
-                if (flow.in_port, flow.out_port) not in expected_defaults and (
+                if (flow.in_port, flow.out_port, flow.vlan) not in expected_defaults and (
                         cfg.delete_flows_on_startup or cfg.pair is not None):
                     out.append(DeleteSwitchFlow(flow, "default flow not in config"))
+            elif kind is cookies.Kind.VLAN_DROP:
+                # Checked as the defaults are: its port, no output, the whole port (no tag named).
+                if (drops.get((key, reply)) != flow.in_port or flow.out_port is not None or flow.vlan is not None) \
+                        and (cfg.delete_flows_on_startup or cfg.pair is not None):
+                    out.append(DeleteSwitchFlow(flow, "VLAN drop not in config"))
             elif kind is cookies.Kind.TEARDOWN:
                 catchers.append((key, flow))
             elif kind is cookies.Kind.PIPELINE:

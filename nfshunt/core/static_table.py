@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from nfshunt.config.static import StaticFlow, switch_flows
 from nfshunt.records import cookies
-from nfshunt.records.model import FlowTuple, SwitchFlow
+from nfshunt.records.model import VID_PRESENT, FlowTuple, SwitchFlow, retag_ops
 
 from .commands import Command, InstallStatic, RemoveStatic
 from .static_view import Counts, StaticIndex, StaticTotals, matching, page, summary
@@ -154,8 +154,9 @@ class StaticTable:
 
 def _blocked(flow: StaticFlow) -> FlowTuple:
     """The tuple a block's exact drop matches."""
-    return FlowTuple(flow.family, flow.shunt.protocol, str(flow.src.network_address), str(flow.dst.network_address),
-                     flow.src_port or 0, flow.dst_port or 0)
+    assert flow.src is not None and flow.dst is not None and flow.family is not None and flow.proto is not None
+    return FlowTuple(flow.family, flow.proto, str(flow.src.network_address), str(flow.dst.network_address),
+                     flow.src_port or 0, flow.dst_port or 0, flow.zone)
 
 
 def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
@@ -164,4 +165,10 @@ def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
     if len(found) != 1:
         return False
     f = found[0]
-    return f.priority == flow.priority and f.in_port == flow.in_port and f.out_port == flow.out_port and not f.goto
+    if not (f.priority == flow.priority and f.in_port == flow.in_port and f.out_port == flow.out_port
+            and not f.goto):
+        return False
+    if flow.vid_in or flow.vid_out or flow.pcp is not None:  # a VLAN's: its tag, priority and retag
+        return f.vlan == (VID_PRESENT | flow.vid_in if flow.vid_in else 0) and f.pcp == flow.pcp and \
+            f.retag == (retag_ops(flow.vid_in, flow.vid_out) if flow.out_port is not None else ())
+    return f.vlan in (None, 0) and f.pcp is None and not f.retag  # untagged: as before, no tag put on

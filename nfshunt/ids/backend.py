@@ -37,6 +37,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable
 
 from nfshunt.config.ids import IdsConfig
+from nfshunt.config.settings import Config
 from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.openflow.channel import RateLimitedLog
@@ -224,6 +225,10 @@ class IdsBackend:
         return None if not m.complete else self.host.cfg.action_for(m.action)  # type: ignore[arg-type]
 
     def _submit(self, rule: Rule, ans: Answer) -> None:
+        rule, problem = zoned_rule(rule, self.host.cfg)
+        if problem is not None:
+            self._refuse(ans, rule, Reject.INVALID, problem)
+            return
         had = self.store.get(rule.source, rule.id)
         if had is not None and had.target != rule.target:
             self._refuse(ans, rule, Reject.DUPLICATE, f"id {rule.id} names another active rule of {rule.source}")
@@ -391,3 +396,21 @@ class IdsBackend:
         self.log.change("ids_rule_refused", rule, error=why.value, reason=reason,
                         **({"refusal": refusal.value} if refusal is not None else {}))
         ans.answer(Outcome(Result.ERROR, reason, error=why, refusal=refusal))
+
+
+def zoned_rule(rule: Rule, cfg: Config) -> tuple[Rule, str | None]:
+    """A connection rule in the zone its VLAN names on this config's trunks (the API's
+    process cannot see them), or why not (a 400): a VLAN no group carries, or carries in two
+    zones; no VLAN nor zone where no group carries untagged frames."""
+    c = rule.connection
+    if c is None:
+        return rule, None
+    if rule.vlan is not None:
+        try:
+            return dataclasses.replace(rule, connection=c._replace(zone=cfg.zone_of_vlan(rule.vlan))), None
+        except ValueError as exc:
+            return rule, f"connection.vlan: {exc}"
+    if not c.zone and not any(0 in g.vid_of_zone for g in cfg.all_port_groups):
+        return rule, "connection: this controller serves VLANs only (no port group carries untagged frames): " \
+                     "name the connection's vlan (or zone)"
+    return rule, None

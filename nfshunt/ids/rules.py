@@ -85,6 +85,9 @@ class Rule:
     # A shunt's server as precedence judged it (`serves`): the (address, port) the entry's
     # original direction goes to; its pin applies only to an entry going there.
     server: tuple[str, int] | None = None
+    # The VLAN id the requester named the connection by (the controller resolves it to the
+    # connection's zone: ids/backend); echoed in views. None: named by zone (or untagged).
+    vlan: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,7 +127,9 @@ class Rule:
         if self.connection is not None:
             c = self.connection
             out["connection"] = {"protocol": PROTOCOL_NAMES[c.proto], "src": c.src, "sport": c.sport,
-                                 "dst": c.dst, "dport": c.dport}
+                                 "dst": c.dst, "dport": c.dport,
+                                 **({"zone": c.zone} if c.zone else {}),
+                                 **({"vlan": self.vlan} if self.vlan is not None else {})}
         else:
             out["address"] = str(self.address)
         return out
@@ -184,13 +189,22 @@ def _protocol(field: str, value: Any) -> int:
 
 
 def _connection(field: str, value: Any, text_numbers: bool = False) -> FlowTuple:
-    body = _fields(field, value, ("protocol", "src", "sport", "dst", "dport"),
+    """A connection (in its conntrack `zone`, if given: 0-65535; a `vlan` is read apart)."""
+    body = _fields(field, value, ("protocol", "src", "sport", "dst", "dport", "zone", "vlan"),
                    ("protocol", "src", "sport", "dst", "dport"))
     proto = _protocol(f"{field}.protocol", body["protocol"])
     src = _host(f"{field}.src", body["src"])
     dst = _host(f"{field}.dst", body["dst"])
-    return _tuple(field, proto, src, dst, _int(f"{field}.sport", body["sport"], 1, 65535, text_numbers),
-                  _int(f"{field}.dport", body["dport"], 1, 65535, text_numbers), ("src", "dst"))
+    t = _tuple(field, proto, src, dst, _int(f"{field}.sport", body["sport"], 1, 65535, text_numbers),
+               _int(f"{field}.dport", body["dport"], 1, 65535, text_numbers), ("src", "dst"))
+    return t._replace(zone=_int(f"{field}.zone", body["zone"], 0, 65535)) if "zone" in body else t
+
+
+def connection_vlan(field: str, value: Any) -> int | None:
+    """A connection's `vlan` (1-4094), if it names one."""
+    if not isinstance(value, dict) or "vlan" not in value:
+        return None
+    return _int(f"{field}.vlan", value["vlan"], 1, 4094)
 
 
 def _tuple(field: str, proto: int, src: str, dst: str, sport: int, dport: int, names: tuple[str, str]) -> FlowTuple:
@@ -222,7 +236,8 @@ RULE_FIELDS = ("id", "action", "connection", "address", "priority", "expire", "i
 def parse(body: Any, source: str, now: float, cfg: IdsConfig) -> Rule:
     """A POST /v1/rules body:
     {"id": "12", "action": "shunt" | "block" | "whitelist",
-     "connection": {"protocol": "tcp", "src": a, "sport": n, "dst": b, "dport": m}  (shunt, block)
+     "connection": {"protocol": "tcp", "src": a, "sport": n, "dst": b, "dport": m}  (shunt, block;
+                    + "vlan": 1-4094 or "zone": 0-65535 for a VLAN trunk's connection)
      or "address": "10.1.2.0/24"  (block, whitelist),
      "expire": seconds, "priority": n (default 0), "idle_timeout": seconds (optional)}."""
     body = _fields("", body, RULE_FIELDS, ("id", "action", "expire"))
@@ -243,11 +258,14 @@ def parse(body: Any, source: str, now: float, cfg: IdsConfig) -> Rule:
     kind = {("shunt", True): Kind.SHUNT, ("block", True): Kind.BLOCK, ("block", False): Kind.BLOCK_ADDRESS,
             ("whitelist", False): Kind.WHITELIST}[action, has_conn]
     idle = body.get("idle_timeout")
+    connection = _connection("connection", body["connection"]) if has_conn else None
+    vlan = connection_vlan("connection", body["connection"]) if has_conn else None
+    if vlan is not None and "zone" in body["connection"]:
+        raise RuleError("connection.zone", "give the connection's vlan or its zone, not both")
     return Rule(source, rule_id, kind, _int("priority", body.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
-                _expire("expire", body["expire"]), now,
-                connection=_connection("connection", body["connection"]) if has_conn else None,
+                _expire("expire", body["expire"]), now, connection=connection,
                 address=_prefix("address", body["address"], cfg.max_prefix) if has_addr else None,
-                idle_timeout=None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT))
+                idle_timeout=None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT), vlan=vlan)
 
 
 SCIPASS_FIELDS = ("nw_src", "nw_dst", "tp_src", "tp_dst", "nw_proto", "idle_timeout", "hard_timeout", "priority")

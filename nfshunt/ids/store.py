@@ -57,6 +57,7 @@ from .rules import (
     _connection,
     _host,
     _int,
+    connection_vlan,
     pair_key,
     precedence,
     server_of,
@@ -469,7 +470,8 @@ def from_json(raw: Any, created_at: float | None = None) -> Rule:
                 _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),
                 float(created) if created_at is None else created_at, conn, address,
                 None if idle is None else _int("idle_timeout", idle, 1, MAX_IDLE_TIMEOUT),
-                _server(raw.get("server"), conn) if kind is Kind.SHUNT else None)
+                _server(raw.get("server"), conn) if kind is Kind.SHUNT else None,
+                connection_vlan("connection", raw.get("connection")) if conn is not None else None)
 
 
 def _server(raw: Any, conn: FlowTuple | None) -> tuple[str, int] | None:

@@ -21,11 +21,17 @@ LOG = logging.getLogger("nfshunt")
 
 
 def conn_fields(conn: Conn, event: str, **more: Any) -> dict[str, Any]:
-    """A connection as structured log fields (JSON logs, experiments, accounting)."""
+    """A connection as structured log fields (JSON logs, experiments, accounting); a VLAN's
+    (zone not 0) also its zone and the tag of each side (0: untagged), an untagged one's
+    line exactly as before VLANs."""
     o = conn.orig
-    return {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
-            "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
-            "egress": conn.egress.physdevin, **more}
+    out = {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
+           "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
+           "egress": conn.egress.physdevin}
+    if o.zone:
+        out.update(zone=o.zone, vlan_in=conn.ingress.vid_of_zone.get(o.zone),
+                   vlan_out=conn.egress.vid_of_zone.get(o.zone))
+    return {**out, **more}
 
 
 def audit_record(conn: Conn, reason: str) -> dict[str, Any]:

@@ -58,11 +58,20 @@ def record(conn: Conn, cfg: Config, reason: str, slow: EntryCounts | None, now_w
     nbytes = sum(n for n in (fast[1], fast[3], slow_nums[1], slow_nums[3]) if n is not None)
     values = (SCHEMA, wall(now_wall), conn.action.value, of_pair(conn).authority.value, reason, o.family,
               PROTOCOLS.get(o.proto, str(o.proto)), o.src, o.sport, o.dst, o.dport,
-              slow.zone if slow is not None else 0, None, conn.ct_id, [conn.ingress.fast, conn.egress.fast],
+              o.zone or (slow.zone if slow is not None else 0), _vlans(conn), conn.ct_id,
+              [conn.ingress.fast, conn.egress.fast],
               wall(start), start_from, wall(now_wall), round(max(0.0, now_wall - start), 3),
               "conntrack" if counted else ("off" if slow is not None else "none"),  # none: its entry was not deleted
               *slow_nums, *fast, packets, nbytes)
     return dict(zip(FIELDS, values, strict=True))
+
+
+def _vlans(conn: Conn) -> list[int] | None:
+    """A VLAN connection's tag on each side, ingress then egress (0: untagged); None untagged."""
+    zone = conn.orig.zone
+    if not zone:
+        return None
+    return [conn.ingress.vid_of_zone.get(zone, 0), conn.egress.vid_of_zone.get(zone, 0)]
 
 
 class FlowRecords:

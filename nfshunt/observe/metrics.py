@@ -156,6 +156,15 @@ class AppCollector(Collector):
             for direction, n in sorted(slow.items()):
                 by_direction.add_metric([direction], n)
             yield by_direction
+        dropped = snap.get("vlan_dropped")
+        if dropped:
+            drops = CounterMetricFamily("nfshunt_vlan_dropped_packets", "Frames a VLAN trunk's port dropped: a tag "
+                                        "no port group carries (another VLAN, VLAN 0, 4095; untagged where "
+                                        "`untagged` is false), as last read from the switch (OpenFlow 1.3)",
+                                        labels=("datapath_id", "port"))
+            for dpid, port, n in dropped:
+                drops.add_metric([dpid, str(port)], n)
+            yield drops
         static = snap.get("static")
         if static and static["flows"]:
             yield from _statics(static)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, TCP, FlowTuple, SwitchFlow
+from nfshunt.records.model import OFP10, TCP, VID_PRESENT, FlowTuple, SwitchFlow, TagOp, retag_ops
 
 from .reads import ALL_ONES_64, ETH_IPV6, OFP10_VLAN_NONE, OFP13_VID_NONE, SwitchReads
 from .templates import Templates
 
 ETH_IPV4 = 0x0800
 ETH_8021Q = 0x8100
-OFPVID_PRESENT = 0x1000  # OpenFlow 1.3 vlan_vid: a tag is there (its id in the low 12 bits)
+OFPVID_PRESENT = VID_PRESENT
 
 
 class FlowBasics(SwitchReads):
@@ -49,16 +49,23 @@ class FlowBasics(SwitchReads):
 
     def retag(self, vid_in: int, vid_out: int) -> list[Any]:
         """The actions that make a frame of tag vid_in leave with vid_out (0: untagged), as
-        the firewall's bridge between the two sub-interfaces would: none when they agree."""
+        the firewall's bridge between the two sub-interfaces would: none when they agree
+        (records/model.retag_ops, which a reconcile compares what it reads back with)."""
         p = self.parser
-        if vid_in == vid_out:
-            return []
-        if self.version == OFP10:
-            return [p.OFPActionStripVlan()] if not vid_out else [p.OFPActionVlanVid(vid_out)]
-        if not vid_out:
-            return [p.OFPActionPopVlan()]
-        push = [p.OFPActionPushVlan(ETH_8021Q)] if not vid_in else []  # its PCP 0, as the bridge's
-        return push + [p.OFPActionSetField(vlan_vid=OFPVID_PRESENT | vid_out)]
+        out = []
+        for op, value in retag_ops(vid_in, vid_out):
+            if self.version == OFP10:  # (1.0 set_vlan_vid tags an untagged frame itself: no push)
+                if op is TagOp.POP:
+                    out.append(p.OFPActionStripVlan())
+                elif op is TagOp.SET_VID:
+                    out.append(p.OFPActionVlanVid(value))
+            elif op is TagOp.PUSH:
+                out.append(p.OFPActionPushVlan(value))  # its PCP 0, as the bridge's
+            elif op is TagOp.POP:
+                out.append(p.OFPActionPopVlan())
+            else:
+                out.append(p.OFPActionSetField(vlan_vid=OFPVID_PRESENT | value))
+        return out
 
     def _vlan_match(self, in_port: int, vid: int) -> Any:
         """Frames of one tag (0: untagged) from in_port."""
@@ -86,12 +93,14 @@ class FlowBasics(SwitchReads):
         parsed = cookies.parse(flow.cookie)
         if parsed is not None and parsed.kind is cookies.Kind.DEFAULT and flow.in_port is not None \
                 and flow.match is None:
+            # (a trunk's default names its tag: a strict delete must too)
+            match = self.match(flow.in_port) if flow.vlan is None else self._vlan_match(flow.in_port, flow.vlan & 0xFFF)
             if self.version == OFP10:
-                return p.OFPFlowMod(self.dp, match=self.match(flow.in_port), command=ofp.OFPFC_DELETE_STRICT,
+                return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE_STRICT,
                                     priority=flow.priority, out_port=ofp.OFPP_NONE)
             return p.OFPFlowMod(self.dp, cookie=flow.cookie, cookie_mask=ALL_ONES_64, command=ofp.OFPFC_DELETE_STRICT,
                                 table_id=0, priority=flow.priority, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                                match=self.match(flow.in_port))
+                                match=match)
         if self.version != OFP10:
             return self.delete_by_cookie(flow.cookie, ALL_ONES_64)
         t = flow.match
@@ -100,8 +109,11 @@ class FlowBasics(SwitchReads):
             # port's default and every pair from it too (1.0 cannot filter by cookie).
             return p.OFPFlowMod(self.dp, match=p.OFPMatch(in_port=flow.in_port or 0), command=ofp.OFPFC_DELETE_STRICT,
                                 priority=flow.priority, out_port=ofp.OFPP_NONE)
+        tag = {}  # on a trunk, the flow's own tag: the same tuple in another VLAN is another pair's
+        if flow.vlan is not None and self._tags().trunked:
+            tag["dl_vlan"] = flow.vlan & 0xFFF if flow.vlan else OFP10_VLAN_NONE
         match = p.OFPMatch(in_port=flow.in_port or 0, dl_type=ETH_IPV4, nw_proto=t.proto, nw_src=t.src, nw_dst=t.dst,
-                           tp_src=t.sport, tp_dst=t.dport)
+                           tp_src=t.sport, tp_dst=t.dport, **tag)
         return p.OFPFlowMod(self.dp, match=match, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_NONE)
 
     def delete_all(self) -> Any:

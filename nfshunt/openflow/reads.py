@@ -9,12 +9,23 @@ from typing import Any
 
 from os_ken.ofproto import ofproto_v1_0
 
-from nfshunt.config.switch import SwitchConfig
+from nfshunt.config.switch import PortGroup, SwitchConfig
 from nfshunt.core.connection import Conn
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, TCP, UDP, FlowTuple, SwitchFlow, canonical_address
+from nfshunt.records.model import (
+    OFP10,
+    TCP,
+    UDP,
+    VID_PRESENT,
+    FlowTuple,
+    Retag,
+    SwitchFlow,
+    TagOp,
+    canonical_address,
+    retag_ops,
+)
 
-from .stats import FlowEntry
+from .stats import IT_APPLY_ACTIONS, IT_GOTO_TABLE, IT_WRITE_METADATA, FlowEntry
 
 ETH_IPV6 = 0x86DD
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
@@ -25,6 +36,26 @@ META_CONN_MASK = ((1 << META_GROUP_SHIFT) - 1) & ~cookies.RST_BIT
 META_GROUP_MASK = ALL_ONES_64 & ~((1 << META_GROUP_SHIFT) - 1)  # the port group's bits
 _PORT_FIELDS = {TCP: ("tcp_src", "tcp_dst"), UDP: ("udp_src", "udp_dst")}  # the match's port fields by protocol
 _new_flow = tuple.__new__
+_NO_ZONES: dict[int | None, int] = {}
+# Instructions NFShunt writes: goto-table, write-metadata, apply-actions (stats.FlowEntry alike).
+_OUR_INSTRUCTIONS = frozenset((IT_GOTO_TABLE, IT_WRITE_METADATA, IT_APPLY_ACTIONS))
+
+
+class _Tags:
+    """A switch config's tags as flows read back name them: per fast port, each carried tag
+    (0 untagged, VID_PRESENT | id) and its zone; each fast port's group; any trunk at all
+    (without one, an untagged pair's flows are checked as before VLANs: no retag to compare)."""
+
+    __slots__ = ("switch", "zones", "groups", "trunked", "controller")
+
+    def __init__(self, switch: SwitchConfig, controller: int):
+        self.switch = switch
+        self.controller = controller  # the controller's port number in this OpenFlow version
+        self.zones: dict[int | None, dict[int | None, int]] = {
+            g.fast: {(VID_PRESENT | vid if vid else 0): zone for vid, zone in g.zone_of_vid.items()}
+            for g in switch.ports}
+        self.groups: dict[int, PortGroup] = {g.fast: g for g in switch.ports}
+        self.trunked = any(g.trunk for g in switch.ports)
 
 
 class SwitchReads:
@@ -107,19 +138,30 @@ class SwitchReads:
 
     def parse_stats(self, stats: Any) -> SwitchFlow:
         """A flow-stats entry (os-ken's, or FlowEntry's straight from the bytes) as the core
-        reads it."""
+        reads it. Exact: the shape of a pair this version installs: every field of a pair's
+        match, the tag one its in_port's group carries (the tuple then in that tag's zone),
+        and the actions this version writes for its ports and zone (retag included)."""
         goto, metadata = False, None
+        tags = getattr(self, "_tags_of", None)  # (written out: a reconcile reads 200,000 flows)
+        if tags is None or tags.switch is not self.switch:
+            tags = self._tags()
         if isinstance(stats, FlowEntry):
             fields = stats.fields
-            in_port, t = self._parse_oxm(fields.get, canonical=False)  # inet_ntop text already
-            outs, goto, metadata = stats.outs, stats.goto, stats.metadata
+            vlan = fields.get("vlan_vid")
+            zone = tags.zones.get(fields.get("in_port"), _NO_ZONES).get(vlan)
+            in_port, t = self._parse_oxm(fields.get, False, zone or 0)  # (inet_ntop text already)
+            outs, goto, metadata, retag = stats.outs, stats.goto, stats.metadata, stats.retag
+            pcp = fields.get("vlan_pcp")
             # _exact_oxm without a set built per flow (a reconcile reads 200,000): once the
-            # tuple and in_port are read (checked below), the fields hold seven of a pair's
-            # eight, so they are one of PAIR_FIELDS exactly when eth_type is the eighth.
-            exact = fields.get("vlan_vid") == OFP13_VID_NONE and len(fields) == 8 and "eth_type" in fields
+            # tuple, in_port and tag are read (checked below), the fields hold seven of a
+            # pair's eight, so they are one of PAIR_FIELDS exactly when eth_type is the eighth.
+            exact = zone is not None and len(fields) == 8 and "eth_type" in fields and not stats.foreign
         else:
+            vlan = self._vlan_of(stats.match)
+            pcp = None if self.version == OFP10 else stats.match.get("vlan_pcp")
             in_port, t = self.parse_match(stats.match)
-            exact = self._exact_match(stats.match)
+            zone = tags.zones.get(in_port, _NO_ZONES).get(vlan)
+            exact = zone is not None and self._exact_match(stats.match)
             if self.version == OFP10:
                 actions = stats.actions
             else:
@@ -127,8 +169,13 @@ class SwitchReads:
                 goto = any(isinstance(i, self.parser.OFPInstructionGotoTable) for i in stats.instructions)
                 metadata = next((i.metadata for i in stats.instructions
                                  if isinstance(i, self.parser.OFPInstructionWriteMetadata)), None)
+                exact = exact and all(i.type in _OUR_INSTRUCTIONS for i in stats.instructions)
             outs = [a.port for a in actions if hasattr(a, "port")]
+            retag, foreign = self._retag_of(actions)
+            exact = exact and not foreign
         out_port = outs[0] if outs else None
+        if out_port == tags.controller and len(outs) > 1:
+            out_port = outs[1]  # a retagging catcher or watch: the controller's copy first, then the peer
         exact = t is not None and in_port is not None and exact
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
             group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
@@ -136,10 +183,65 @@ class SwitchReads:
             out_port = ports[group].fast if 0 <= group < len(ports) else None
             # The catchers name the connection by the metadata: it must be this pair's.
             exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
+        if exact and (zone or retag or tags.trunked):
+            exact = self._retag_right(tags, in_port, out_port, zone or 0, retag)  # type: ignore[arg-type]
         # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)
         return _new_flow(SwitchFlow, (stats.cookie, stats.priority, in_port, t, out_port, stats.packet_count,
                                       stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact,
-                                      stats.hard_timeout))
+                                      stats.hard_timeout, vlan, retag, pcp))
+
+    def _tags(self) -> "_Tags":
+        """The switch config's tags by fast port, built once per config (a reconcile reads 200,000 flows)."""
+        tags = getattr(self, "_tags_of", None)
+        if tags is None or tags.switch is not self.switch:
+            tags = self._tags_of = _Tags(self.switch, self.ofp.OFPP_CONTROLLER)
+        return tags
+
+    @staticmethod
+    def _retag_right(tags: "_Tags", in_port: int, out_port: int | None, zone: int, retag: Retag) -> bool:
+        """A pair's flow does to the tag what this version builds for its ports and zone:
+        nothing for a block (no output), the bridge's retag for a shunt (flows.py)."""
+        if out_port is None:
+            return not retag
+        ingress, egress = tags.groups[in_port], tags.groups.get(out_port)
+        if egress is None or zone not in egress.vid_of_zone:
+            return False
+        return retag == retag_ops(ingress.vid_of_zone[zone], egress.vid_of_zone[zone])
+
+    def _vlan_of(self, m: Any) -> int | None:
+        """An os-ken match's tag as SwitchFlow.vlan has it (1.0's dl_vlan in 1.3's terms)."""
+        if self.version == OFP10:
+            if m.wildcards & self.ofp.OFPFW_DL_VLAN:
+                return None
+            return 0 if m.dl_vlan == OFP10_VLAN_NONE else VID_PRESENT | m.dl_vlan
+        vlan = m.get("vlan_vid")
+        return None if isinstance(vlan, tuple) else vlan  # (a masked tag: any of several, never ours)
+
+    def _retag_of(self, actions: list[Any]) -> tuple[Retag, bool]:
+        """What os-ken's actions do to the tag, and whether they do anything else (as
+        stats._actions reads the bytes)."""
+        p = self.parser
+        retag: list[tuple[TagOp, int]] = []
+        foreign = left = False
+        for a in actions:
+            if hasattr(a, "port") and isinstance(a, p.OFPActionOutput):
+                left = left or a.port != self.ofp.OFPP_CONTROLLER
+                continue
+            name = type(a).__name__
+            if name == "OFPActionPushVlan":
+                retag.append((TagOp.PUSH, a.ethertype))
+            elif name in ("OFPActionPopVlan", "OFPActionStripVlan"):
+                retag.append((TagOp.POP, 0))
+            elif name == "OFPActionVlanVid":
+                retag.append((TagOp.SET_VID, a.vlan_vid))
+            elif name == "OFPActionSetField" and a.key == "vlan_vid":
+                retag.append((TagOp.SET_VID, a.value & 0xFFF))
+                foreign = foreign or not a.value & VID_PRESENT
+            else:
+                foreign = True
+                continue
+            foreign = foreign or left
+        return tuple(retag), foreign
 
     # The OXM fields of a pair's match, by IP version and transport (see match()).
     PAIR_FIELDS = {frozenset(("in_port", "vlan_vid", "eth_type", "ip_proto", f"ipv{v}_src", f"ipv{v}_dst",
@@ -149,28 +251,30 @@ class SwitchReads:
                          | ofproto_v1_0.OFPFW_NW_PROTO | ofproto_v1_0.OFPFW_NW_SRC_MASK
                          | ofproto_v1_0.OFPFW_NW_DST_MASK | ofproto_v1_0.OFPFW_TP_SRC | ofproto_v1_0.OFPFW_TP_DST)
 
-    def _exact_oxm(self, names: Any, vlan_vid: Any) -> bool:
-        return vlan_vid == OFP13_VID_NONE and frozenset(names) in self.PAIR_FIELDS
-
     def _exact_match(self, m: Any) -> bool:
+        """Every field of a pair's match and nothing more (its tag: parse_stats checks it)."""
         if self.version == OFP10:
-            return not m.wildcards & self.OFP10_PAIR_FIELDS and m.dl_vlan == OFP10_VLAN_NONE
+            return not m.wildcards & self.OFP10_PAIR_FIELDS
         fields = dict(m.items())
-        return not any(isinstance(v, tuple) for v in fields.values()) and \
-            self._exact_oxm(fields.keys(), fields.get("vlan_vid"))
+        return not any(isinstance(v, tuple) for v in fields.values()) and frozenset(fields) in self.PAIR_FIELDS
 
     def parse_match(self, m: Any) -> tuple[int | None, FlowTuple | None]:
-        """(in_port, tuple) of an exact NFShunt match; tuple is None for other matches."""
+        """(in_port, tuple) of an exact NFShunt match (in the zone its in_port's group
+        carries its tag in); tuple is None for other matches."""
         if self.version == OFP10:
             in_port = None if m.wildcards & self.ofp.OFPFW_IN_PORT else m.in_port
+        else:
+            in_port = m.get("in_port")
+        zone = self._tags().zones.get(in_port, _NO_ZONES).get(self._vlan_of(m)) or 0
+        if self.version == OFP10:
             if m.wildcards & (self.ofp.OFPFW_NW_PROTO | self.ofp.OFPFW_TP_SRC | self.ofp.OFPFW_TP_DST):
                 return in_port, None
             return in_port, FlowTuple(4, m.nw_proto, str(ipaddress.IPv4Address(m.nw_src)),
-                                      str(ipaddress.IPv4Address(m.nw_dst)), m.tp_src, m.tp_dst)
-        return self._parse_oxm(m.get)
+                                      str(ipaddress.IPv4Address(m.nw_dst)), m.tp_src, m.tp_dst, zone)
+        return self._parse_oxm(m.get, zone=zone)
 
     @staticmethod
-    def _parse_oxm(get: Any, canonical: bool = True) -> tuple[int | None, FlowTuple | None]:
+    def _parse_oxm(get: Any, canonical: bool = True, zone: int = 0) -> tuple[int | None, FlowTuple | None]:
         in_port = get("in_port")
         proto = get("ip_proto")
         if proto not in (TCP, UDP):
@@ -185,4 +289,4 @@ class SwitchReads:
             return in_port, None
         if canonical:
             src, dst = canonical_address(str(src)), canonical_address(str(dst))
-        return in_port, FlowTuple(family, proto, src, dst, sport, dport)
+        return in_port, FlowTuple(family, proto, src, dst, sport, dport, zone)

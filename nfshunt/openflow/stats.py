@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from nfshunt.records.model import address_text
+from nfshunt.records.model import VID_PRESENT, Retag, TagOp, address_text
 
 _ENTRY = struct.Struct("!HBxIIHHHH4xQQQ")  # ofp_flow_stats up to its match
 _REMOVED = struct.Struct("!QHBBIIHHQQ")  # ofp_flow_removed after the header, up to its match
@@ -26,21 +26,25 @@ _U32 = struct.Struct("!I")
 _U64 = struct.Struct("!Q")
 OXM_BASIC = 0x8000
 # OXM basic fields NFShunt reads: name, value size
-_FIELDS = {0: ("in_port", 4), 2: ("metadata", 8), 5: ("eth_type", 2), 6: ("vlan_vid", 2), 10: ("ip_proto", 1),
+_FIELDS = {0: ("in_port", 4), 2: ("metadata", 8), 5: ("eth_type", 2), 6: ("vlan_vid", 2), 7: ("vlan_pcp", 1),
+           10: ("ip_proto", 1),
            11: ("ipv4_src", 4), 12: ("ipv4_dst", 4), 13: ("tcp_src", 2), 14: ("tcp_dst", 2),
            15: ("udp_src", 2), 16: ("udp_dst", 2), 26: ("ipv6_src", 16), 27: ("ipv6_dst", 16)}
 IT_GOTO_TABLE, IT_WRITE_METADATA, IT_WRITE_ACTIONS, IT_APPLY_ACTIONS = 1, 2, 3, 4
-AT_OUTPUT = 0
+AT_OUTPUT, AT_PUSH_VLAN, AT_POP_VLAN, AT_SET_FIELD = 0, 17, 18, 25
+OXM_VLAN_VID = OXM_BASIC << 16 | 6 << 9 | 2  # set_field's field: vlan_vid, 2 bytes, no mask
+PORT_CONTROLLER = 0xFFFFFFFD
 OTHER = "other"  # a key of FlowEntry.fields: a field NFShunt does not install (or a masked one) was there
 
 
 class FlowEntry:
     """One ofp_flow_stats entry: counters, cookie, priority, the match fields NFShunt uses
     (a masked one reads as absent: never an exact match), the output ports of its actions
-    in order, goto-table, and the metadata it writes."""
+    in order, goto-table, the metadata it writes, what its actions do to the 802.1Q tag
+    (`retag`) and whether it does anything else (`foreign`: never a flow of ours)."""
 
     __slots__ = ("length", "table_id", "duration_sec", "duration_nsec", "priority", "hard_timeout", "cookie",
-                 "packet_count", "byte_count", "fields", "outs", "goto", "metadata")
+                 "packet_count", "byte_count", "fields", "outs", "goto", "metadata", "retag", "foreign")
     length: int
     table_id: int
     duration_sec: int
@@ -54,6 +58,8 @@ class FlowEntry:
     outs: list[int]
     goto: bool
     metadata: int | None
+    retag: Retag
+    foreign: bool
 
     @classmethod
     def parser(cls, buf: Any, offset: int) -> "FlowEntry":
@@ -69,7 +75,7 @@ class FlowEntry:
             raise ValueError(f"flow stats match of type {match_type}, length {match_len}")
         e.fields = _oxm_fields(buf, at + 4, at + match_len)
         at += (match_len + 7) // 8 * 8
-        e.outs, e.goto, e.metadata = [], False, None
+        e.outs, e.goto, e.metadata, e.retag, e.foreign = [], False, None, (), False
         while at < end:
             itype, ilen = _TLV.unpack_from(buf, at)
             if ilen < 8 or at + ilen > end:
@@ -79,7 +85,11 @@ class FlowEntry:
             elif itype == IT_WRITE_METADATA:
                 e.metadata = _U64.unpack_from(buf, at + 8)[0]
             elif itype in (IT_WRITE_ACTIONS, IT_APPLY_ACTIONS):
-                e.outs.extend(_output_ports(buf, at + 8, at + ilen))
+                retag, foreign = _actions(buf, at + 8, at + ilen, e.outs)
+                e.retag += retag
+                e.foreign |= foreign or itype == IT_WRITE_ACTIONS  # (NFShunt applies, never writes)
+            else:  # a meter, clear-actions, an experimenter's: not a flow NFShunt installs
+                e.foreign = True
             at += ilen
         return e
 
@@ -121,16 +131,35 @@ def _other_field(header: int) -> None:
         raise ValueError(f"OXM {known[0]} of {header & 0xFF} bytes")
 
 
-def _output_ports(buf: Any, at: int, end: int) -> list[int]:
-    ports = []
+def _actions(buf: Any, at: int, end: int, outs: list[int]) -> tuple[Retag, bool]:
+    """An action list: its output ports appended to `outs` in order; (what it does to the
+    tag, whether it does anything NFShunt never writes: another action or field, a tag set
+    after the frame has left by a port other than the controller)."""
+    retag: list[tuple[TagOp, int]] = []
+    foreign = False
+    left = False  # a copy went out by a port (not the controller's): a retag after it changes nothing of that
     while at + 4 <= end:
         atype, alen = _TLV.unpack_from(buf, at)
         if alen < 8 or at + alen > end:
             raise ValueError(f"action of length {alen}")
         if atype == AT_OUTPUT:
-            ports.append(_U32.unpack_from(buf, at + 4)[0])
+            port = _U32.unpack_from(buf, at + 4)[0]
+            outs.append(port)
+            left = left or port != PORT_CONTROLLER
+        elif atype == AT_PUSH_VLAN:
+            retag.append((TagOp.PUSH, _TLV.unpack_from(buf, at + 4)[0]))
+            foreign |= left
+        elif atype == AT_POP_VLAN:
+            retag.append((TagOp.POP, 0))
+            foreign |= left
+        elif atype == AT_SET_FIELD and alen >= 16 and _U32.unpack_from(buf, at + 4)[0] == OXM_VLAN_VID:
+            vid = _TLV.unpack_from(buf, at + 8)[0]
+            retag.append((TagOp.SET_VID, vid & 0xFFF))
+            foreign |= left or not vid & VID_PRESENT
+        else:
+            foreign = True
         at += alen
-    return ports
+    return tuple(retag), foreign
 
 
 def flow_removed(datapath: Any, version: int, msg_type: int, msg_len: int, xid: int, buf: Any) -> Any:

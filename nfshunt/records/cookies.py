@@ -3,7 +3,8 @@
     bits 56-63  0x4E ('N'): owned by NFShunt
     bits 48-55  kind: 1 default slow-path flow, 2 shunt, 3 block, 4 TCP teardown catcher,
                 5 the pipeline layout's table-1 flow of a port group, 6 static shunt,
-                7 an IDS's address block (ids_backend.py: one flow a direction)
+                7 an IDS's address block (ids_backend.py: one flow a direction), 8 a VLAN
+                trunk's drop of the tags its port group does not carry (one a port)
     bits 36-47  slot: tells apart live connections whose conntrack ids collide (ids are a
                 32-bit hash: about n^2/2^33 of n live entries share one; 1 in a 100,000
                 burst). The first pair of an id has slot 0, a second one slot 1 ...
@@ -12,8 +13,9 @@
                 a restart or a takeover, which keeps a pair only while it can name what
                 decided it (reconcile.py). Not part of the pair's key.
     bit  33     teardown catchers: 0 FIN, 1 RST
-    bit  32     direction: 0 original, 1 reply; table-1 flows: 1 catcher (FIN or RST by bit 33)
-    bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows: port group index;
+    bit  32     direction: 0 original, 1 reply; table-1 flows: 1 catcher (FIN or RST by bit 33);
+                VLAN drops: 1 the slow port's
+    bits 0-31   conntrack id of the connection (0 for defaults; table-1 flows and VLAN drops: port group index;
                 static shunts: a hash of the entry's fields, static.py; address blocks:
                 a hash of the prefix, address_blocks.py)
 """
@@ -36,6 +38,7 @@ class Kind(enum.IntEnum):
     PIPELINE = 5
     STATIC = 6
     ADDRESS_BLOCK = 7
+    VLAN_DROP = 8
 
 
 class Authority(enum.IntEnum):

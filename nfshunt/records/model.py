@@ -136,6 +136,37 @@ class SwitchFlow(NamedTuple):
     # adopted; an older release's, a wildcarded or a foreign one carrying our cookie is not.
     exact: bool = True
     hard_timeout: int = 0  # seconds from its install (0: none); `duration` of them have passed
+    # The match's tag as OpenFlow 1.3 writes it (None: not matched, any; 0: untagged;
+    # OFPVID_PRESENT | id; 1.0's dl_vlan read the same way), and what the actions do to it.
+    vlan: int | None = None
+    retag: Retag = ()
+    pcp: int | None = None  # the match's VLAN priority (static shunts'); None: any
+
+
+VID_PRESENT = 0x1000  # OpenFlow 1.3 vlan_vid: a tag is there, its id in the low 12 bits (OFPVID_PRESENT)
+
+
+class TagOp(enum.IntEnum):
+    """An action on a frame's 802.1Q tag, as a flow read back holds it (OpenFlow 1.3's
+    action types; 1.0's set_vlan_vid and strip_vlan read as SET_VID and POP)."""
+    PUSH = 17  # a new outer tag, id 0 and PCP 0 until set
+    POP = 18
+    SET_VID = 25  # set_field vlan_vid: the id (without OFPVID_PRESENT)
+
+
+Retag = tuple[tuple[TagOp, int], ...]  # (op, value) in the order the actions apply them
+
+
+def retag_ops(vid_in: int, vid_out: int) -> Retag:
+    """What a pair's flow does to a frame of tag vid_in (0: untagged) so that it leaves
+    with vid_out, as the firewall's bridge between the two sub-interfaces would: nothing
+    when they agree. The one definition the flow builder writes and a reconcile compares."""
+    if vid_in == vid_out:
+        return ()
+    if not vid_out:
+        return ((TagOp.POP, 0),)
+    push: Retag = ((TagOp.PUSH, 0x8100),) if not vid_in else ()
+    return (*push, (TagOp.SET_VID, vid_out))
 
 
 @dataclass(frozen=True, slots=True)

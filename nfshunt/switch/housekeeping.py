@@ -47,6 +47,9 @@ class Housekeeping:
             self.run(sw, [c.ReadStaticCounters()])  # once a tick: status and metrics show them
         if s is not None and s.fb.version != OFP10 and sw.slow_path_reading is not s:
             self.read_slow_path(sw, s, now)
+        if s is not None and s.fb.version != OFP10 and sw.vlan_drops_reading is not s and \
+                any(g.trunk for g in sw.switch.ports):
+            self.read_vlan_drops(sw, s, now)
         self.run(sw, sw.core.tick(now))
 
     @staticmethod
@@ -64,6 +67,21 @@ class Housekeeping:
                 to_fw = sum(f.bytes for f in defaults if f.in_port not in slow_ports)
                 sw.slow_path_bytes = {"to_firewall": to_fw, "from_firewall": sum(f.bytes for f in defaults) - to_fw}
         sw.slow_path_reading = s
+        s.ask(s.fb.cookie_stats_request(cookie, mask), FlowsRead(now, done))
+
+    @staticmethod
+    def read_vlan_drops(sw: Switch, s: Session, now: float) -> None:
+        """A trunk's drop flows' counters (OpenFlow 1.3: by cookie kind): the frames of tags
+        no group carries (another VLAN, VLAN 0, 4095, untagged where not carried), by port."""
+        cookie, mask = cookies.make(cookies.Kind.VLAN_DROP), cookies.OWNED_MASK | cookies.KIND_MASK
+
+        def done(flows: list[SwitchFlow] | None) -> None:  # on the event loop
+            if sw.vlan_drops_reading is s:
+                sw.vlan_drops_reading = None
+            if flows is not None:
+                drops = [f for f in flows if f.cookie & mask == cookie & mask and f.in_port is not None]
+                sw.vlan_dropped = {f.in_port: f.packets for f in drops}  # type: ignore[misc]
+        sw.vlan_drops_reading = s
         s.ask(s.fb.cookie_stats_request(cookie, mask), FlowsRead(now, done))
 
     def watch(self, sw: Switch, now: float) -> None:

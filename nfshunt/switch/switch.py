@@ -43,6 +43,10 @@ class Switch:
         # slow path), and the session whose read of them is in flight.
         self.slow_path_bytes: dict[str, int] = {}
         self.slow_path_reading: Session | None = None
+        # A VLAN trunk's drops (frames of tags its groups do not carry): packets by in_port, as
+        # last read (status, metrics), and the session whose read is in flight.
+        self.vlan_dropped: dict[int, int] = {}
+        self.vlan_drops_reading: Session | None = None
 
     @property
     def name(self) -> str:

@@ -108,12 +108,13 @@ def _op(action: Any) -> tuple[int | str, ...] | None:
     return None
 
 
-def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None) -> bytes:
-    """The headers of a packet of tuple `t` (Ethernet, with an 802.1Q tag of id `vlan` if
-    given, IP, TCP or UDP) as the wire has them, with `payload` bytes of data after them (zeros)."""
+def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None, pcp: int = 0) -> bytes:
+    """The headers of a packet of tuple `t` (Ethernet, with an 802.1Q tag of id `vlan` and
+    priority `pcp` if given, IP, TCP or UDP) as the wire has them, with `payload` bytes of
+    data after them (zeros)."""
     if vlan is not None:
         untagged = frame(t, tcp_flags, payload)
-        return untagged[:12] + struct.pack("!HH", 0x8100, vlan) + untagged[12:]
+        return untagged[:12] + struct.pack("!HH", 0x8100, pcp << 13 | vlan) + untagged[12:]
     if t is None:
         return bytes(12) + struct.pack("!H", 0x0806) + bytes(28)
     l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, 0, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
@@ -133,6 +134,7 @@ class Fate:
     packet_ins: tuple[PacketIn, ...]
     cookies: tuple[int, ...]  # of the entries it went through, table by table
     tags: tuple[int | None, ...] = ()  # the VLAN id each output left with (None: untagged)
+    pcps: tuple[int | None, ...] = ()  # and its priority (None: untagged)
 
     @property
     def dropped(self) -> bool:
@@ -521,15 +523,17 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     # --- what happens to a packet -----------------------------------------------------------------
 
     def packet(self, in_port: int, t: FlowTuple | None = None, tcp_flags: int = 0, vlan: int | None = None,
-               size: int = 100, payload: int = 0) -> Fate:
+               size: int = 100, payload: int = 0, pcp: int = 0) -> Fate:
         """Send one packet in at `in_port` (an IP packet of tuple `t` with `payload` bytes of
         data, else a non-IP frame): the ports it leaves by and the packet-ins it makes (also
         put in `replies`, with the packet's first bytes). The packet is `size` bytes long, or
         its headers and payload if longer (a shorter frame padded with zeros, as Ethernet's)."""
-        wire = frame(t, tcp_flags, payload, vlan)
+        wire = frame(t, tcp_flags, payload, vlan, pcp)
         wire += bytes(max(0, size - len(wire)))
         size = len(wire)
         pkt = {"in_port": in_port, "vlan_vid": 0 if vlan is None else VID_PRESENT | vlan, "metadata": 0}
+        if vlan is not None:
+            pkt["vlan_pcp"] = pcp
         if t is not None:
             pkt.update(eth_type=ETH_IPV4 if t.family == 4 else ETH_IPV6, ip_proto=t.proto,
                        tp_src=t.sport, tp_dst=t.dport, tcp_flags=tcp_flags if t.proto == TCP else 0)
@@ -538,6 +542,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             pkt["eth_type"] = 0x0806
         outputs: list[int] = []
         tags: list[int | None] = []
+        pcps: list[int | None] = []
         packet_ins: list[PacketIn] = []
         seen: list[int] = []
         table: int | None = 0
@@ -549,9 +554,13 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             seen.append(e.cookie)
             for op, *args in e.ops:
                 if op != "out":  # a retag: the frame's tag from here on
-                    vid = args[0] if op == "vid" else 0  # (a pushed tag's id is 0 until set)
+                    vid = args[0] if op == "vid" else 0  # (a pushed tag's id and priority are 0 until set)
                     pkt["vlan_vid"] = 0 if op == "pop" else VID_PRESENT | vid
-                    wire = frame(t, tcp_flags, payload, None if op == "pop" else vid)
+                    if op == "pop":
+                        pkt.pop("vlan_pcp", None)
+                    elif op == "push":
+                        pkt["vlan_pcp"] = 0
+                    wire = frame(t, tcp_flags, payload, None if op == "pop" else vid, pkt.get("vlan_pcp", 0))
                     wire += bytes(max(0, size - len(wire)))
                     continue
                 port, max_len = args
@@ -565,11 +574,12 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                 else:
                     outputs.append(port)
                     tags.append(pkt["vlan_vid"] & 0xFFF if pkt["vlan_vid"] else None)
+                    pcps.append(pkt.get("vlan_pcp"))
             if e.metadata is not None:
                 value, mask = e.metadata
                 pkt["metadata"] = (pkt["metadata"] & ~mask) | (value & mask)
             table = e.goto
-        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen), tuple(tags))
+        return Fate(tuple(outputs), tuple(packet_ins), tuple(seen), tuple(tags), tuple(pcps))
 
     def packet_in(self, p: PacketIn, size: int) -> None:
         """The packet-in message (OpenFlow 1.3): the packet up to the catcher's max_len."""
