@@ -48,7 +48,7 @@ class Observation(Topology):
     def _defaults_installed(self) -> bool:
         """Every switch has the controller's default flows: four; in mode vlan both ways per
         carried tag, and a drop (cookie kind VLAN_DROP) per trunk port."""
-        if self.mode != "vlan":
+        if not self.vlan:
             return all(sum(1 for f in self.flows(br) if f.get("cookie") == DEFAULT_COOKIE) == 4 for br in self.bridges)
         flows = self.flows()
         drops = sum(1 for f in flows if int(f.get("cookie", "0"), 16) >> 48 == VLAN_DROP_KIND)
