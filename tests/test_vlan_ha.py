@@ -63,6 +63,7 @@ def test_a_vlan_100_shunt_survives_the_masters_failure_and_vlan_200_of_the_same_
         tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, f"{fw2.name} to take the switch over")
         # adopted, not re-installed: the same flows carry VLAN 100's connection on
         assert {f["cookie"] for f in pair(tb, 100, CPORT)} == cookies
+        assert not pair(tb, 200, CPORT)  # the new master keeps VLAN 200's connection apart, on the firewall
         results = [tb.finish_transfer(*t) for t in transfers]
     finally:
         for t in transfers:
