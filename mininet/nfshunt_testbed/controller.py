@@ -57,7 +57,7 @@ class Controllers(Topology):
         ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
                  {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
         groups: dict[str, Any] = {"ports": ports}
-        if self.mode == "vlan":
+        if self.vlan:
             groups = {"experimental_vlans": True, "ports": self._vlan_groups(fw)}
         if self.mode == "two-switch":
             groups = {"switches": [
@@ -93,7 +93,8 @@ class Controllers(Topology):
         zone (301) names its zone and sub-interface. The trunks carry no untagged frames."""
         groups = []
         for side, (fast, slow) in enumerate(((FAST1, fw.slow[0]), (FAST2, fw.slow[1]))):
-            vlans: list[Any] = [vid if vid == zone else {"id": vid, "zone": zone, "bridge_port": sub_intf(side, vid)}
+            vlans: list[Any] = [vid if vid == zone else
+                                {"id": vid, "zone": zone, "bridge_port": sub_intf(side, vid, fw.name)}
                                 for vid, zone in zip(VLAN_TRUNKS[side], VLAN_ZONES[side], strict=True)]
             groups.append({"fast": fast, "slow": slow, "physdevin": side + 1, "bridge_port": f"{fw.name}-eth{side}",
                            "vlans": vlans})
