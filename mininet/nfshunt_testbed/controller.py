@@ -58,7 +58,7 @@ class Controllers(Topology):
                  {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
         groups: dict[str, Any] = {"ports": ports}
         if self.vlan:
-            groups = {"experimental_vlans": True, "ports": self._vlan_groups(fw)}
+            groups = {"ports": self._vlan_groups(fw)}
         if self.mode == "two-switch":
             groups = {"switches": [
                 {"datapath_id": S1_DPID, "ports": ports},

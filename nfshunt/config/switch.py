@@ -143,7 +143,7 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
                        "ingress and egress fields; each once, across all switches."),
     "bridge_port": v.Key(v.ifname, "The bridge port's interface name, for `nfshunt iptables` (its physdev "
                          "rules); each once, across all switches."),
-    "vlans": v.Key(vlan_list, "Experimental (needs `experimental_vlans`): the VLANs this side's trunk carries "
+    "vlans": v.Key(vlan_list, "The VLANs this side's trunk carries "
                    "(`fast` and the slow link alike), each an id or `{\"id\", \"zone\", \"bridge_port\"}`: the "
                    "conntrack zone the firewall bridges it in (default: the id; the same zone on another group "
                    "is the other side of that VLAN's bridge, its id may differ) and its sub-interface (default: "
