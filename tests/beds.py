@@ -39,6 +39,7 @@ class Bed:
     vrrp_gateway: bool = False  # mode "ha": a second VRRP instance on keepalived (a gateway address)
     nat: str | None = None  # mode "routed": "masquerade" translates h1's subnet on its way to h2's
     pcp_stream: tuple[int, int] | None = None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag with the PCP
+    vlan: bool = False  # mode "ha": both firewalls on trunks, as mode vlan's (tests/test_vlan_ha.py)
 
 
 @contextmanager
@@ -51,7 +52,8 @@ def running(bed: Bed) -> Iterator[Any]:
     with Testbed(mode=bed.mode, of_version=bed.of_version, config=dict(bed.config), emulation=emulation,
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
                  late_barriers=bed.late_barriers, host_offload=bed.host_offload,
-                 vrrp_gateway=bed.vrrp_gateway, nat=bed.nat, pcp_stream=bed.pcp_stream) as tb:
+                 vrrp_gateway=bed.vrrp_gateway, nat=bed.nat, pcp_stream=bed.pcp_stream,
+                 vlan=bed.vlan) as tb:
         if tb.controlled and bed.mode != "ha":  # a pair's start waited for its election
             tb.wait_for_controller()
         if bed.strict is Strict.FULL:

@@ -1,6 +1,5 @@
 """Port groups' VLAN keys (issue 37, design section 6.1): what a trunk carries, each bad
-input refused with the key and what to fix, and the whole feature refused unless asked for
-with `experimental_vlans` until the testbed proves it."""
+input refused with the key and what to fix."""
 from __future__ import annotations
 
 import pytest
@@ -17,7 +16,7 @@ TRUNKS = [
 
 def config(ports=None, **kw):
     return {"ports": TRUNKS if ports is None else ports, "mark_actions": {"1": "shunt"},
-            "experimental_vlans": True, "openflow_versions": ["1.3"], **kw}
+            "openflow_versions": ["1.3"], **kw}
 
 
 def group(**kw):
@@ -52,15 +51,13 @@ def test_untagged_frames_may_join_a_vlan_zone_or_stay_untagged_beside_vlans():
     assert from_dict(group(untagged=True)).switches[0].ports[0].vid_of_zone[0] == 0
 
 
-def test_vlans_are_refused_unless_asked_for():
-    raw = config()
-    del raw["experimental_vlans"]
-    error = refused(raw)
-    assert error.key == "ports[0].vlans"
-    assert "VLAN shunts arrive in the next release" in error.problem and "experimental_vlans" in error.problem
-    error = refused({**group(untagged=False), "experimental_vlans": False, "ports": [
-        {"fast": 1, "slow": 2, "physdevin": 1, "untagged": False}, {"fast": 3, "slow": 4, "physdevin": 2}]})
-    assert error.key == "ports[0].untagged"
+def test_trunks_need_no_flag():
+    """Proven on the testbed (tests/test_vlan.py, the pair's VLAN case), VLAN trunks are a
+    config like any other: no experimental key (a config naming one is refused as unknown)."""
+    assert from_dict(config()).switches[0].ports[1].vid_of_zone == {100: 100, 200: 200, 30: 301}
+    assert from_dict(group(untagged=False)).switches[0].ports[0].untagged is None
+    with pytest.raises(ConfigError, match="experimental_vlans"):
+        from_dict(config(experimental_vlans=True))
 
 
 @pytest.mark.parametrize("vlans, key, problem", [

@@ -211,7 +211,7 @@ TRUNKS = [{"fast": 1, "slow": 2, "physdevin": 1, "vlans": [100, 30], "untagged":
 
 
 def _trunk_conn(**kw):
-    core = c.Core(config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"]))
+    core = c.Core(config(ports=TRUNKS, openflow_versions=["1.3"]))
     core.switch_connected(c.OFP13)
     core.reconcile([], 0)
     return core.conntrack_event(event(**kw))[0].conn
@@ -221,7 +221,7 @@ def _vlan_shapes():
     """Every pair shape a trunk config installs (same tag, translated, pushed, popped; each
     layout; on watch), its defaults and drops; then pairs under our cookie that do to the tag
     what this version never writes."""
-    cfg = config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    cfg = config(ports=TRUNKS, openflow_versions=["1.3"])
     ours = []
     for pipeline in (False, True):
         fb = FlowBuilder(DP, cfg, pipeline=pipeline)
@@ -252,7 +252,7 @@ def test_vlan_shapes_read_as_os_ken_reads_them_exact_when_ours_and_in_their_zone
     ours, foreign = _vlan_shapes()
     mods = ours + foreign
     buf = _reply([_entry(m) for m in mods])
-    fb = FlowBuilder(DP, config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"]))
+    fb = FlowBuilder(DP, config(ports=TRUNKS, openflow_versions=["1.3"]))
     lib = [fb.parse_stats(s) for s in _parse(buf, ofproto_v1_3_parser.OFPFlowStats)]
     lean = [fb.parse_stats(s) for s in _parse(buf, FlowEntry)]
     assert lean == lib

@@ -168,7 +168,7 @@ def test_family_specific_policy_rules_load_into_their_family_only(fw):
 # This kernel has no 802.1Q (design F14): veths named like sub-interfaces stand in for them,
 # which is all iptables sees of a real one (physdev names the bridge port).
 
-VLANS = {**BASE, "experimental_vlans": True, "openflow_versions": ["1.3"], "ports": [
+VLANS = {**BASE, "openflow_versions": ["1.3"], "ports": [
     {"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "fw-eth0", "vlans": [100, 200]},
     {"fast": 3, "slow": 4, "physdevin": 2, "bridge_port": "fw-eth1", "vlans": [100, 200]}]}
 ADMIN_RAW = ["-t", "raw", "-A", "PREROUTING", "-p", "tcp", "--dport", "23", "-j", "DROP"]

@@ -85,7 +85,7 @@ def trunks(**kw):
         {"fast": 1, "slow": 2, "physdevin": 1, "bridge_port": "eth0", "vlans": [100, 200, 30]},
         {"fast": 3, "slow": 4, "physdevin": 2, "bridge_port": "eth1",
          "vlans": [100, 200, {"id": 301, "zone": 30, "bridge_port": "eth1.301"}], **kw}],
-        "mark_actions": {"1": "shunt"}, "experimental_vlans": True, "openflow_versions": ["1.3"]})
+        "mark_actions": {"1": "shunt"}, "openflow_versions": ["1.3"]})
 
 
 def test_each_sub_interface_is_marked_with_its_link_s_physdevin_and_zoned_in_raw():

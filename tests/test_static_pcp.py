@@ -30,7 +30,7 @@ STREAM = {"name": "plc", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2"
 
 
 def trunk_config(*entries: dict, ports: list = TRUNKS, **kw: Any) -> Any:
-    return config(ports=ports, experimental_vlans=True, openflow_versions=["1.3"], static_shunts=list(entries),
+    return config(ports=ports, openflow_versions=["1.3"], static_shunts=list(entries),
                   **kw)
 
 
@@ -105,7 +105,7 @@ def test_overlaps_count_the_vlan_and_the_priority(a, b, overlap):
 
 
 def _trunk_rig(*entries: dict, **kw: Any) -> Rig:
-    return Rig(OFP13, ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"], static_shunts=list(entries),
+    return Rig(OFP13, ports=TRUNKS, openflow_versions=["1.3"], static_shunts=list(entries),
                **kw)
 
 

@@ -37,7 +37,7 @@ def rule(**conn):
 
 
 def trunks(ports=TRUNKS):
-    return config(ports=ports, experimental_vlans=True, openflow_versions=["1.3"])
+    return config(ports=ports, openflow_versions=["1.3"])
 
 
 def test_a_rule_names_a_vlan_or_a_zone_and_its_json_keeps_them():
@@ -88,7 +88,7 @@ def test_an_ids_shunt_named_by_vlan_shunts_that_vlans_connection_only():
     """On the rig: the rule names VLAN 301 (b's side of zone 30); the zone-30 entry of the
     tuple is shunted, the same tuple's untagged-zone twin is not touched; a VLAN no group
     carries is a 400."""
-    rig = Rig(OFP13, ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    rig = Rig(OFP13, ports=TRUNKS, openflow_versions=["1.3"])
     rig, backend, entries, _ = ids_setup(rig=rig)
     z30 = event(action=0, zone=30)
     entries[z30.orig] = z30  # accepted, left to the firewall by the policy

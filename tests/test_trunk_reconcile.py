@@ -32,7 +32,7 @@ LAYOUTS = [pytest.param(OFP13, False, TRUNKS, id="single"), pytest.param(OFP13, 
 
 def vlan_rig(version: int = OFP13, pipeline: bool = False, ports: list = TRUNKS, **kw: Any) -> Rig:
     versions = ["1.0"] if version == OFP10 else ["1.3"]
-    return Rig(version, pipeline, ports=ports, experimental_vlans=True, openflow_versions=versions, **kw)
+    return Rig(version, pipeline, ports=ports, openflow_versions=versions, **kw)
 
 
 def _wire(msg: Any) -> bytes:

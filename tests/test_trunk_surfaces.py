@@ -33,7 +33,7 @@ UNTAGGED_KEYS = ["event", "action", "ct_id", "proto", "src", "dst", "sport", "dp
 
 
 def vlan_rig() -> Rig:
-    return Rig(OFP13, ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    return Rig(OFP13, ports=TRUNKS, openflow_versions=["1.3"])
 
 
 def test_audit_fields_name_the_zone_and_each_sides_tag_and_an_untagged_line_is_as_before():
@@ -104,7 +104,7 @@ def test_a_vlan_no_group_carries_or_carries_in_two_zones_is_refused_saying_what_
                                                             "vlan": 30})["error"]
     assert not rig.core.pins
     two = config(ports=[{**TRUNKS[0], "vlans": [100]}, {**TRUNKS[1], "vlans": [{"id": 100, "zone": 7}]}],
-                 experimental_vlans=True, openflow_versions=["1.3"])
+                 openflow_versions=["1.3"])
     with pytest.raises(ValueError, match=r"^VLAN 100 is zone 7 on ports\[1\] and zone 100 on ports\[0\]: name the "
                                          r"zone$"):
         two.zone_of_vlan(100)
@@ -140,7 +140,7 @@ def test_the_cli_sends_vlan_and_zone_with_the_tuple(monkeypatch):
 
 
 def test_explains_entry_view_names_each_sides_tag_of_a_zoned_entry():
-    cfg = config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"])
+    cfg = config(ports=TRUNKS, openflow_versions=["1.3"])
     ev = event(zone=30, ingress=2, egress=1)  # from the 301 side
     assert entry_json(ev, EntryCounts(zone=30), cfg)["vlan"] == [301, 30]
     assert entry_json(event(zone=7), EntryCounts(zone=7), cfg)["vlan"] == [None, None]  # carried by neither

@@ -35,7 +35,7 @@ VLAN_LAYOUTS = [pytest.param(OFP13, False, TRUNKS, id="single"), pytest.param(OF
 
 def vlan_rig(version=OFP13, pipeline=False, ports=TRUNKS):
     versions = ["1.0"] if version == OFP10 else ["1.3"]
-    return Rig(version, pipeline, ports=ports, experimental_vlans=True, openflow_versions=versions)
+    return Rig(version, pipeline, ports=ports, openflow_versions=versions)
 
 
 @pytest.mark.parametrize("version, pipeline, ports", VLAN_LAYOUTS)
@@ -94,7 +94,7 @@ def test_a_zone_a_side_does_not_carry_is_never_shunted():
     for zone in (0, 500):
         assert rig.event(zone=zone, ct_id=9 + zone) is None
     assert rig.counters.flat()[f"ignored:{adm.R_VLAN}"] == 2
-    core = c.Core(config(ports=TRUNKS, experimental_vlans=True, openflow_versions=["1.3"]))
+    core = c.Core(config(ports=TRUNKS, openflow_versions=["1.3"]))
     core.switch_connected(OFP13)
     core.reconcile([], 0)
     assert core.dry_run(event(zone=7)).reason == adm.R_VLAN

@@ -24,6 +24,8 @@ Modes from the one topology:
             802.1Q) play the hosts' trunk switches (v1, v2) and the firewall's NICs with
             their sub-interfaces (vf0, vf1: fw-eth0.100 ... fw-eth1.301, veths in fw); fw
             bridges each VLAN in its own bridge (br100, br200, br30) and conntrack zone.
+            With mode ha, Testbed(vlan=True): the pair, both firewalls on these trunks
+            (fw2's NICs vf2, vf3 on slow ports 5, 6: fw2-eth0.100 ...).
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -91,14 +93,11 @@ from .topology import (
     SLOW2,
     SLOW2_B,
     VLAN_HOSTS,
-    VLAN_TRUNKS,
     Firewall,
     TestbedError,
-    sub_intf,
+    sub_intfs,
 )
 from .traffic import STEADY_RATE, Traffic
-
-VLAN_SUB_INTFS = tuple(sub_intf(side, vid) for side in (0, 1) for vid in VLAN_TRUNKS[side])
 
 # The names tests, the demo, experiments and benchmarks import from here; the rest are in
 # their job's module.
@@ -119,13 +118,16 @@ class Testbed(Pair, Observation, Traffic):
                  emulation: Emulation | None = None, switch_lag_ms: float | None = None,
                  switch_reorder: bool = False, host_offload: bool = False, userspace_tso: bool = False,
                  vrrp_gateway: bool = False, late_barriers: bool = False, nat: str | None = None,
-                 pcp_stream: tuple[int, int] | None = None):
+                 pcp_stream: tuple[int, int] | None = None, vlan: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if nat not in (None, "masquerade") or (nat is not None and mode != "routed"):
             raise ValueError("nat: only \"masquerade\", in mode routed")
         self.nat = nat  # mode "routed": the firewall masquerades h1's subnet towards h2's
         self.mode = mode
+        if vlan and mode not in ("vlan", "ha"):
+            raise ValueError("vlan=True is for mode ha (mode vlan has trunks anyway)")
+        self.vlan = mode == "vlan" or vlan  # trunks; with mode ha: both firewalls' (docs/vlans.md)
         self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
         # mode "vlan": (UDP port, PCP): the hosts' access switches tag that port's datagrams with the
         # PCP, as an industrial device marks its engineered stream (every other frame gets PCP 0)
@@ -140,11 +142,12 @@ class Testbed(Pair, Observation, Traffic):
         self.datapath = "system" if kernel_datapath_available() else "netdev"
         self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir,
                                    bridge_ports=4 if mode == "two-switch" else 2,
-                                   sub_intfs=VLAN_SUB_INTFS if mode == "vlan" else ())]
+                                   sub_intfs=sub_intfs("fw") if self.vlan else ())]
         self.bridges = ("s1", "s2") if mode == "two-switch" else ("s1",)
         if mode == "ha":
             self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
-                                           os.path.join(self.workdir, "fw2"), index=1))
+                                           os.path.join(self.workdir, "fw2"), index=1,
+                                           sub_intfs=sub_intfs("fw2") if self.vlan else ()))
         self.config_path = self.firewalls[0].config_path
         self.controller_log = self.firewalls[0].controller_log
         self._old_signals: dict[int, Any] = {}
@@ -202,7 +205,7 @@ class Testbed(Pair, Observation, Traffic):
         self._setup_hosts()
         for fw in self.firewalls:
             os.makedirs(fw.workdir, exist_ok=True)
-            if self.mode == "vlan":
+            if self.vlan:
                 self._setup_vlan_bridges(fw)
             else:
                 self._setup_bridge(fw)

@@ -61,8 +61,8 @@ class Controllers(Topology):
             ports = [{"fast": g["fast"], "slow": g["slow"], "physdevin": g["physdevin"], "interface": g["bridge_port"]}
                      for g in ports]
             groups = {"ports": ports, "forwarding": "routed"}
-        elif self.mode == "vlan":
-            groups = {"experimental_vlans": True, "ports": self._vlan_groups(fw)}
+        elif self.vlan:
+            groups = {"ports": self._vlan_groups(fw)}
         if self.mode == "two-switch":
             groups = {"switches": [
                 {"datapath_id": S1_DPID, "ports": ports},
@@ -97,7 +97,8 @@ class Controllers(Topology):
         zone (301) names its zone and sub-interface. The trunks carry no untagged frames."""
         groups = []
         for side, (fast, slow) in enumerate(((FAST1, fw.slow[0]), (FAST2, fw.slow[1]))):
-            vlans: list[Any] = [vid if vid == zone else {"id": vid, "zone": zone, "bridge_port": sub_intf(side, vid)}
+            vlans: list[Any] = [vid if vid == zone else
+                                {"id": vid, "zone": zone, "bridge_port": sub_intf(side, vid, fw.name)}
                                 for vid, zone in zip(VLAN_TRUNKS[side], VLAN_ZONES[side], strict=True)]
             groups.append({"fast": fast, "slow": slow, "physdevin": side + 1, "bridge_port": f"{fw.name}-eth{side}",
                            "vlans": vlans})

@@ -12,8 +12,7 @@ from mininet.node import Host
 from .topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, VLAN_TRUNKS, Firewall, TestbedError, Topology
 
 DEFAULT_COOKIE = "0x4e01000000000000"  # the controller's default flows (patching fast to slow ports)
-DEFAULT_COOKIE_KIND = 0x4E01  # (a cookie's top 16 bits: nfshunt.records.cookies' magic and kind)
-VLAN_DROP_KIND = 0x4E08  # a trunk port's drop of the tags it does not carry
+VLAN_DROP_KIND = 0x4E08  # a cookie's top 16 bits: a trunk port's drop of what it does not carry
 
 
 class Observation(Topology):
@@ -48,14 +47,13 @@ class Observation(Topology):
 
     def _defaults_installed(self) -> bool:
         """Every switch has the controller's default flows: four; in mode vlan both ways per
-        carried tag, and a drop per trunk port (a cookie kind of its own, VLAN_DROP)."""
-        want = sum(2 * len(tags) for tags in VLAN_TRUNKS) if self.mode == "vlan" else 4
-        drops = 2 * len(VLAN_TRUNKS) if self.mode == "vlan" else 0
-        for br in self.bridges:
-            kinds = [int(f.get("cookie", "0"), 16) >> 48 for f in self.flows(br)]
-            if kinds.count(DEFAULT_COOKIE_KIND) != want or kinds.count(VLAN_DROP_KIND) != drops:
-                return False
-        return True
+        carried tag, and a drop (cookie kind VLAN_DROP) per trunk port."""
+        if not self.vlan:
+            return all(sum(1 for f in self.flows(br) if f.get("cookie") == DEFAULT_COOKIE) == 4 for br in self.bridges)
+        flows = self.flows()
+        drops = sum(1 for f in flows if int(f.get("cookie", "0"), 16) >> 48 == VLAN_DROP_KIND)
+        return (sum(1 for f in flows if f.get("cookie") == DEFAULT_COOKIE) == sum(2 * len(t) for t in VLAN_TRUNKS)
+                and drops == 2 * len(VLAN_TRUNKS))
 
     def defaults_point_to(self, fw: Firewall) -> bool:
         """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""

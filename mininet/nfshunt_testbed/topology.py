@@ -97,15 +97,21 @@ VLAN_ZONES = tuple(tuple(h.zone for h in VLAN_HOSTS if h.side == side) for side 
 # vf1: an access port per fw-ethN.VID); one per NIC, or VLAN 100 of both sides would meet
 # inside Open vSwitch, past the firewall.
 ACCESS_SWITCHES, FW_NICS = ("v1", "v2"), ("vf0", "vf1")
-STAND_INS = ACCESS_SWITCHES + FW_NICS
+FW2_NICS = ("vf2", "vf3")  # mode "ha" with vlan: the second firewall's NICs
+STAND_INS = ACCESS_SWITCHES + FW_NICS + FW2_NICS
 STAND_IN_DPIDS = {"v1": "00000000000000b1", "v2": "00000000000000b2", "vf0": "00000000000000c0",
-                  "vf1": "00000000000000c1"}
+                  "vf1": "00000000000000c1", "vf2": "00000000000000c2", "vf3": "00000000000000c3"}
 TRUNK_PORT = 10  # each stand-in's trunk port; its access ports are 1, 2, 3 in VLAN_TRUNKS' order
 
 
-def sub_intf(side: int, vid: int) -> str:
-    """The firewall's sub-interface of a VLAN on a side's link (fw-eth0.100)."""
-    return f"fw-eth{side}.{vid}"
+def sub_intf(side: int, vid: int, fw: str = "fw") -> str:
+    """A firewall's sub-interface of a VLAN on a side's link (fw-eth0.100, fw2-eth0.100)."""
+    return f"{fw}-eth{side}.{vid}"
+
+
+def sub_intfs(fw: str = "fw") -> tuple[str, ...]:
+    """Every sub-interface of a firewall, side 0's first."""
+    return tuple(sub_intf(side, vid, fw) for side in (0, 1) for vid in VLAN_TRUNKS[side])
 
 
 class TestbedError(RuntimeError):
@@ -127,7 +133,7 @@ class TwoHostTopo(Topo):
     def build(self, ha: bool = False, two_switch: bool = False, vlan: bool = False,  # type: ignore[override]
               datapath: str = "user", routed: bool = False) -> None:
         if vlan:
-            self._build_vlan(datapath)
+            self._build_vlan(datapath, ha)
             return
         ips = ROUTED_IPS if routed else (H1_IP, H2_IP)
         h1 = self.addHost("h1", ip=f"{ips[0]}/24")
@@ -153,21 +159,29 @@ class TwoHostTopo(Topo):
             self.addLink(h4, s2, port2=FAST2)
             self.addLink(fw, s2, port1=3, port2=SLOW2)
 
-    def _build_vlan(self, datapath: str) -> None:
+    def _build_vlan(self, datapath: str, ha: bool = False) -> None:
         """Trunks everywhere: each side's hosts on an access switch whose trunk is s1's fast
         port, each slow port a trunk into a stand-in NIC with one access port per VLAN,
-        each a veth into fw named like the sub-interface it plays."""
-        fw = self.addHost("fw", ip=None)
+        each a veth into its firewall named like the sub-interface it plays. ha: fw2 the
+        same on its own slow ports and NICs, and the pair's sync and VRRP links."""
         s1 = self.addSwitch("s1", dpid=S1_DPID)
-        for side, (access, nic) in enumerate(zip(ACCESS_SWITCHES, FW_NICS, strict=True)):
+        firewalls = [("fw", FW_NICS, (SLOW1, SLOW2))] + ([("fw2", FW2_NICS, (SLOW1_B, SLOW2_B))] if ha else [])
+        nodes = [self.addHost(name, ip=None) for name, _, _ in firewalls]
+        for side, access in enumerate(ACCESS_SWITCHES):
             a = self.addSwitch(access, cls=StandIn, dpid=STAND_IN_DPIDS[access], datapath=datapath)
-            n = self.addSwitch(nic, cls=StandIn, dpid=STAND_IN_DPIDS[nic], datapath=datapath)
             self.addLink(a, s1, port1=TRUNK_PORT, port2=(FAST1, FAST2)[side])
-            self.addLink(n, s1, port1=TRUNK_PORT, port2=(SLOW1, SLOW2)[side])
-            for port, vid in enumerate(VLAN_TRUNKS[side], 1):
-                self.addLink(fw, n, intfName1=sub_intf(side, vid), port2=port)
             for port, host in enumerate((h for h in VLAN_HOSTS if h.side == side), 1):
                 self.addLink(self.addHost(host.name, ip=f"{host.ip}/24"), a, port2=port)
+            for fw, (name, nics, slow) in zip(nodes, firewalls, strict=True):
+                n = self.addSwitch(nics[side], cls=StandIn, dpid=STAND_IN_DPIDS[nics[side]], datapath=datapath)
+                self.addLink(n, s1, port1=TRUNK_PORT, port2=slow[side])
+                for port, vid in enumerate(VLAN_TRUNKS[side], 1):
+                    # numbered past the pair's links (fw-eth2, fw-eth3)
+                    self.addLink(fw, n, intfName1=sub_intf(side, vid, name), port2=port,
+                                 port1=10 + 10 * side + port)
+        if ha:
+            self.addLink(nodes[0], nodes[1], port1=2, port2=2)  # conntrackd's sync link
+            self.addLink(nodes[0], nodes[1], port1=3, port2=3)  # VRRP
 
 
 @dataclass
@@ -225,6 +239,7 @@ class Topology:
     rtt_measured: float | None
     log: Callable[[str], None]
     pcp_stream: tuple[int, int] | None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag
+    vlan: bool  # trunks (mode "vlan", or mode "ha" with vlan=True)
     _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
     _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
 
@@ -241,7 +256,7 @@ class Topology:
     @property
     def hosts(self) -> list[Host]:
         """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch; h1-h6 in mode vlan)."""
-        names = ([h.name for h in VLAN_HOSTS] if self.mode == "vlan"
+        names = ([h.name for h in VLAN_HOSTS] if self.vlan
                  else ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)])
         return [self.net.get(h) for h in names]  # type: ignore[union-attr]
 
@@ -340,8 +355,7 @@ class Topology:
         ofproto = OPENFLOW_PROTOCOLS[self.of_version]
         datapath = "user" if self.datapath == "netdev" else "kernel"
         return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch",
-                                        vlan=self.mode == "vlan", datapath=datapath,
-                                        routed=self.mode == "routed"),
+                                        vlan=self.vlan, datapath=datapath, routed=self.mode == "routed"),
                        controller=controller, autoSetMacs=True,
                        switch=lambda name, **kw: OVSSwitch(name, datapath=datapath, failMode="secure",
                                                            protocols=ofproto, **kw),
@@ -355,7 +369,7 @@ class Topology:
 
     def _setup_hosts(self) -> None:
         hosts = self.hosts
-        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.mode == "vlan" else list(ROUTED_IP6S) if self.mode == "routed"
+        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.vlan else list(ROUTED_IP6S) if self.mode == "routed"
                else [f"fd00::{i + 1}" for i in range(len(hosts))])
         for host, address in zip(hosts, ip6, strict=True):
             intf = f"{host.name}-eth0"
@@ -427,7 +441,7 @@ class Topology:
             self.run(fw, "ip", "link", "add", bridge, "type", "bridge", "mcast_snooping", "0")
             self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{bridge}.disable_ipv6=1")
             for side in (0, 1):
-                intf = sub_intf(side, VLAN_TRUNKS[side][VLAN_ZONES[side].index(zone)])
+                intf = sub_intf(side, VLAN_TRUNKS[side][VLAN_ZONES[side].index(zone)], firewall.name)
                 self.run(fw, "sysctl", "-qw", f"net/ipv6/conf/{intf}/disable_ipv6=1")
                 self.run(fw, "ip", "addr", "flush", "dev", intf)
                 self.run(fw, "ip", "link", "set", intf, "master", bridge)
@@ -443,10 +457,10 @@ class Topology:
         datagrams with its PCP); the trunk's frames of that VLAN leave by the access port
         untagged (only the outer tag: a QinQ frame keeps its inner one, as a real
         sub-interface hands it on). Every other frame is dropped."""
-        if self.mode != "vlan":
+        if not self.vlan:
             return
         for side in (0, 1):
-            for bridge in (ACCESS_SWITCHES[side], FW_NICS[side]):
+            for bridge in (ACCESS_SWITCHES[side], FW_NICS[side], *((FW2_NICS[side],) if self.mode == "ha" else ())):
                 flows = []
                 for port, vid in enumerate(VLAN_TRUNKS[side], 1):
                     tag = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid"
@@ -461,9 +475,10 @@ class Topology:
 
     def stand_in_intfs(self) -> list[str]:
         """The stand-ins' ports' interfaces in the root namespace (v1-eth1 ...)."""
-        if self.mode != "vlan":
+        if not self.vlan:
             return []
-        return [f"{br}-eth{port}" for side in (0, 1) for br in (ACCESS_SWITCHES[side], FW_NICS[side])
+        nics = (FW_NICS, FW2_NICS) if self.mode == "ha" else (FW_NICS,)
+        return [f"{br}-eth{port}" for side in (0, 1) for br in (ACCESS_SWITCHES[side], *(n[side] for n in nics))
                 for port in (*range(1, len(VLAN_TRUNKS[side]) + 1), TRUNK_PORT)]
 
     def _setup_mgmt(self, fw: Firewall) -> None:
@@ -499,7 +514,7 @@ class Topology:
         """What Mininet's stop does not remove: the control links and the switches."""
         for fw in self.firewalls:
             subprocess.run(["ip", "link", "del", fw.mgmt_ifs[0]], capture_output=True)
-        for bridge in self.bridges + (STAND_INS if self.mode == "vlan" else ()):
+        for bridge in self.bridges + (STAND_INS if self.vlan else ()):
             subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], capture_output=True)
 
     # --- link emulation -------------------------------------------------------------------
@@ -511,7 +526,7 @@ class Topology:
             subprocess.run(["ovs-vsctl", "set", "interface", intf, f"mtu_request={emu.mtu}"],
                            check=True, capture_output=True)
         for fw in self.firewalls:
-            if self.mode != "vlan":  # its bridges are per VLAN, not br0: the plain testbed's emulation only
+            if not self.vlan:  # its bridges are per VLAN, not br0: the plain testbed's emulation only
                 shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=self.mode != "routed")
         half = emu.rtt_ms / 2
         try:

@@ -84,9 +84,6 @@ class Config:
     static_shunt_max_prefix: dict[int, int] = field(default_factory=lambda: {4: 24, 6: 64})
     static_priority: int = 33050
     ids: IdsConfig | None = None  # the IDS request API; None: off
-    # Port groups' `vlans`/`untagged` are refused without it until the testbed proves VLAN
-    # shunts end to end (issue 37): no user gets half a feature unasked.
-    experimental_vlans: bool = False
 
     @property
     def all_port_groups(self) -> tuple[PortGroup, ...]:
@@ -208,9 +205,6 @@ TOP_LEVEL: dict[str, v.Key] = {
     "static_priority": K(v.integer(1, 65534), "Static shunts' flows' priority: above `shunt_priority` + 1 "
                          "(the TCP catchers), below `block_priority` (an operator's block wins)."),
     "ids": K(ids_config.parse, "The IDS request API (`ids`)."),
-    "experimental_vlans": K(v.boolean, "Accept port groups' `vlans` and `untagged` (VLAN trunks). VLAN shunts "
-                            "arrive in the next release: the switch side is built, but neither proven end to end "
-                            "nor plumbed by `nfshunt iptables`; without this key such a config is refused."),
     **PER_SWITCH,  # at the top level: the one switch's, or every switch's default
 }
 TABLE = v.Table("", "The controller's keys; the per-switch ones (see `switches[]`) are the one switch's, or "
@@ -260,8 +254,6 @@ def _check(cfg: Config, top: SwitchConfig) -> None:
         raise ConfigError("default_no_shunting", "false only makes sense when the switch keeps its"
                           " pre-programmed forwarding; delete_foreign_flows_on_startup would wipe it")
     switch.check(top, cfg.openflow_versions, cfg.tcp_teardown)
-    if not cfg.experimental_vlans:
-        _refuse_vlans(cfg)
     static.check(cfg)
     if cfg.ids is not None:
         others = [("listen_port", cfg.listen_address, cfg.listen_port)]
@@ -270,16 +262,6 @@ def _check(cfg: Config, top: SwitchConfig) -> None:
         ids_config.check_port_free(cfg.ids, others)
     if cfg.pair is not None:
         pair.check(cfg)
-
-
-def _refuse_vlans(cfg: Config) -> None:
-    for sw in cfg.switches:
-        for i, g in enumerate(sw.ports):
-            if g.vlans or g.untagged != 0:
-                raise ConfigError(f"{sw.at}ports[{i}]." + ("vlans" if g.vlans else "untagged"),
-                                  "VLAN shunts arrive in the next release (not yet proven end to end, and "
-                                  "`nfshunt iptables` does not plumb the VLANs' zones yet); to try the switch "
-                                  "side set \"experimental_vlans\": true")
 
 
 def load(path: str) -> Config:

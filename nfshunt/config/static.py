@@ -208,10 +208,10 @@ ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from 
                              "for a stream that flows one way."),
     "datapath_id": v.Key(v.dpid, "The switch, when several switches have both fast ports.", default="the one "
                          "switch with both fast ports"),
-    "vlan": v.Key(v.Check(vlan_id, "integer", "1-4094"), "Experimental (needs `experimental_vlans`): the VLAN "
+    "vlan": v.Key(v.Check(vlan_id, "integer", "1-4094"), "The VLAN "
                   "id of the source side's frames (its port group's `vlans`); they leave with the tag of the same "
                   "zone on the destination's group, as the firewall's bridge would put it.", default="untagged"),
-    "pcp": v.Key(v.integer(0, 7), "Experimental: the VLAN priority (802.1p PCP) of the stream's frames, kept as "
+    "pcp": v.Key(v.integer(0, 7), "The VLAN priority (802.1p PCP) of the stream's frames, kept as "
                  "it came; needs `vlan`. With it, `protocol`, `src` and `dst` may all be left out: every frame of "
                  "the VLAN with that priority (the industrial case).", default="any"),
 }, required=("fast_ports",), record=StaticShunt)

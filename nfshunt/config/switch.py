@@ -147,7 +147,7 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
     "interface": v.Key(v.ifname, "With `forwarding` `routed`, in place of `bridge_port`: the firewall's routed "
                        "interface cabled to `slow`, for `nfshunt iptables` (its -i/-o rules); each once, across "
                        "all switches."),
-    "vlans": v.Key(vlan_list, "Experimental (needs `experimental_vlans`): the VLANs this side's trunk carries "
+    "vlans": v.Key(vlan_list, "The VLANs this side's trunk carries "
                    "(`fast` and the slow link alike), each an id or `{\"id\", \"zone\", \"bridge_port\"}`: the "
                    "conntrack zone the firewall bridges it in (default: the id; the same zone on another group "
                    "is the other side of that VLAN's bridge, its id may differ) and its sub-interface (default: "
@@ -276,9 +276,9 @@ PER_SWITCH: dict[str, v.Key] = {
                         "firewall and counted (docs/design/routed.md). The same for every switch."),
     "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections (not NAT) with "
                                  "the router's rewrite (source MAC of its egress interface, the next hop's MAC "
-                                 "from its neighbour table, TTL - 1). Experimental: TTL expiry, table changes "
-                                 "and NAT are not handled yet (docs/design/routed.md); needs `flow_layout` "
-                                 "`single`."),
+                                 "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall). "
+                                 "Experimental: table changes, NAT and a restart's adoption are not handled yet "
+                                 "(docs/design/routed.md); needs `flow_layout` `single`."),
 }
 
 
