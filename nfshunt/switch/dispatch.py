@@ -243,8 +243,10 @@ class Dispatcher:
     # --- the kernel ---------------------------------------------------------------------------
 
     def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> list[c.Command]:
-        """Asked on the event loop (experimental_routed: a route lookup and a neighbour
-        lookup a new destination, ~0.1 ms; the answers are kept, core/routing.py)."""
+        """Asked on the event loop (experimental_routed): a route, a link and a neighbour
+        lookup a new destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM (measured,
+        500 lookups in a namespace); the answers are kept 10 s (core/routing.py). The table
+        follower off the loop is design slice 3."""
         if self.next_hops is None:
             self.next_hops = NextHops()
         answers = {address: self.next_hops.resolve(address) for address in dict.fromkeys(cmd.addresses)}
