@@ -17,7 +17,7 @@ import pytest
 from tests.beds import Bed
 from tests.test_teardown_close import _bulk, _pair
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 RATE = 200
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 SHUNT = 5201
 RATE = 120  # flow-mods a second: 20 TCP shunts (2 flows and 4 teardown catchers each, single layout)
 

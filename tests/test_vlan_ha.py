@@ -18,7 +18,7 @@ from tests.beds import Bed
 from tests.test_vlan import pair
 
 # on the first testbed, as test_ha: the pair failed 3 of 4 runs on the third (docs/testing.md)
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 TESTBED = Bed(mode="ha", vlan=True, config={"default_shunt_timeout": 60})
 SHUNT, CPORT = 5201, 41020
