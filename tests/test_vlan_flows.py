@@ -14,6 +14,7 @@ from os_ken.ofproto import ofproto_protocol  # noqa: E402
 
 from nfshunt.core import admission as adm  # noqa: E402
 from nfshunt.core import core as c  # noqa: E402
+from nfshunt.core.connection import State  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
 from nfshunt.records.model import OFP10, OFP13, UDP  # noqa: E402
@@ -53,6 +54,25 @@ def test_a_zone_100_pair_takes_only_vlan_100_frames_and_keeps_their_tag(version,
     # Untagged frames are not carried by these trunks: dropped, counted on the drop flow.
     untagged = rig.packet(FAST_A, conn.orig)
     assert untagged.dropped
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_counters_confirm_a_vlan_pair_by_its_own_tags_frames_only(pipeline):
+    """Behind a switch that may lag (`confirm: counters`), a VLAN 100 pair's entry stays until
+    the pair itself has counted a frame each way: the same tuple's frames in VLAN 200 go to
+    the firewall by the trunk's default and confirm nothing."""
+    rig = Rig(OFP13, pipeline, ports=TRUNKS, openflow_versions=["1.3"], confirm="counters")
+    conn = rig.event(zone=100)
+    for vlan, port, t in ((200, FAST_A, conn.orig), (200, FAST_B, conn.reply)):
+        assert rig.packet(port, t, vlan=vlan).outputs in ((SLOW_A,), (SLOW_B,))
+    for _ in range(3):
+        rig.advance(0.05)  # read and read again: only the other VLAN's frames so far
+    assert conn.state is State.DRAINING and rig.worker.deleted == []
+    assert rig.packet(FAST_A, conn.orig, vlan=100).outputs == (FAST_B,)
+    assert rig.packet(FAST_B, conn.reply, vlan=100).outputs == (FAST_A,)
+    rig.advance(0.05)
+    rig.advance(rig.core.switch.drain)
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])

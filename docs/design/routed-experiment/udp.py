@@ -1,8 +1,9 @@
 # ruff: noqa: E501, E701, E702, B007  (throw-away experiment scripts of docs/design/routed.md, kept as run)
+import os
 import socket
 import sys
 
-# udp.py DST PORT COUNT [TTL]
+# udp.py DST PORT COUNT [TTL]   (SIZE=bytes in the environment: the datagram's payload, default 100)
 dst, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
 s = socket.socket(fam, socket.SOCK_DGRAM)
@@ -13,4 +14,4 @@ if len(sys.argv) > 4:
     else:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, int(sys.argv[4]))
 for i in range(count):
-    s.sendto(b"x" * 100, (dst, port))
+    s.sendto(b"x" * int(os.environ.get("SIZE", "100")), (dst, port))
