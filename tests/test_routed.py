@@ -148,9 +148,10 @@ def test_a_routed_connection_without_a_usable_next_hop_stays_on_the_firewall_cou
     core.conntrack_event(ev)
     out = core.next_hops_known(answers, ev, 100.0)
     assert [x.reason for x in out if type(x).__name__ == "Ignored"] == [reason]
-    assert [type(x).__name__ for x in out if type(x).__name__ != "Ignored"] == (
-        [] if reason == adm.R_HOP_ELSEWHERE else ["Later"])  # (the tables' no is asked again)
+    assert [type(x).__name__ for x in out if type(x).__name__ != "Ignored"] == []
     assert not core.by_key
+    # It waits for the tables to change (their follower tells: core/tables.py), not for a timer.
+    assert list(core.shared.next_hops.waiting) == [ev.orig]
 
 
 def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_configs_never_ask():
@@ -233,20 +234,20 @@ def test_the_switch_is_asked_for_invalid_ttl_packet_ins_keeping_the_others_nfshu
     assert [a.port for a in out.actions] == [2] and out.in_port == ofp.OFPP_CONTROLLER
 
 
-def test_a_next_hop_the_tables_did_not_give_is_asked_for_again_a_few_times_then_left():
-    """A UDP stream's entry sends no event after its decision: without a retry, a MAC not
-    resolved at that moment would keep it on the firewall for good."""
+def test_a_lookup_that_failed_is_asked_for_again_a_few_times_then_left():
+    """The socket failed, not the tables (what the tables say no to waits for their change):
+    asked again, routing.RETRIES times, KEEP_NONE apart."""
     from nfshunt.core import routing
     from nfshunt.core.commands import Later
     core = connected(experimental())
     ev = event(proto=17, state=None)
     core.conntrack_event(ev)
-    unresolved = {**GOOD, "10.0.0.1": routes.R_UNRESOLVED}
-    out = core.next_hops_known(unresolved, ev, 100.0)
+    failed = {**GOOD, "10.0.0.1": routes.R_LOOKUP_FAILED}
+    out = core.next_hops_known(failed, ev, 100.0)
     (later,) = [x for x in out if isinstance(x, Later)]
     (again,) = later.commands
     assert later.delay == routing.KEEP_NONE and isinstance(again, ResolveHops)
     assert (again.event, again.attempt) == (ev, 1)
-    assert not any(isinstance(x, Later) for x in core.next_hops_known(unresolved, ev, 101.1, routing.RETRIES))
-    (install,) = core.next_hops_known(GOOD, ev, 102.2, 2)  # resolved meanwhile: shunted
+    assert not any(isinstance(x, Later) for x in core.next_hops_known(failed, ev, 101.1, routing.RETRIES))
+    (install,) = core.next_hops_known(GOOD, ev, 102.2, 2)  # answered meanwhile: shunted
     assert isinstance(install, InstallFlows) and install.conn.hops == (GOOD["10.0.0.2"], GOOD["10.0.0.1"])

@@ -85,7 +85,7 @@ class Parts:
             outcomes.records = FlowRecords(self.cfg.accounting_log, self.cfg)
             self.worker.on_counted = outcomes.records.slow_counted
         self.dispatcher = Dispatcher(self.worker, outcomes, self.feeds.schedule,
-                                     lambda sw, cmds: self.post(EventRun(sw, cmds)), clock)
+                                     lambda sw, cmds: self.post(EventRun(sw, cmds)), clock, self.feeds.tables)
         self.run = self.dispatcher.run
         self.operator.restore_pins()  # (before the IDS's rules: an operator's pin beats them)
         if self.cfg.ids is not None:
@@ -132,6 +132,7 @@ class Parts:
         if self.ids is not None:
             self.ids.save()
         self.listener.stop()
+        self.dispatcher.close()
         self.worker.stop()
 
     def feed(self, events: list[ConnEvent]) -> None:

@@ -119,6 +119,7 @@ class Admission:
             return [ignored or Ignored(reason, ev)]
         if act is FORGET:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
+            sh.next_hops.forget(ev.orig)  # (nor once its next hop is known: routing.py)
             sh.pins.destroyed(ev)
             return [Ignored(R_DESTROY, ev)]
         if act is DELETE_STALE:

@@ -13,7 +13,7 @@ from typing import Union
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.config.switch import PortGroup
-from nfshunt.records.model import ConnEvent, FlowTuple, SwitchFlow
+from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, SwitchFlow
 
 from .address_flows import AddressFlow
 from .close_watch import CloseWatch
@@ -74,6 +74,37 @@ class ResolveHops:
     event: ConnEvent
     addresses: tuple[str, ...]
     attempt: int = 0  # asked again while the tables say no (routing.RETRIES)
+
+
+@dataclass(slots=True)
+class HopsKnown:
+    """The firewall's tables' answer to a ResolveHops (from the route follower's thread),
+    run on the event loop: core.next_hops_known()."""
+    answers: dict[str, NextHop | str]
+    event: ConnEvent
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class TablesChanged:
+    """The route follower's news (kernel/routes.py): destinations whose next hop changed,
+    the new answer each; run on the event loop: core.tables_changed()."""
+    answers: dict[str, NextHop | str]
+
+
+@dataclass(slots=True)
+class RewriteFlows:
+    """A routed pair's next hop changed its MAC: both flows (and their catchers) modified in
+    place, match, priority and cookie kept, the actions replaced (no gap, no removal)."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class NeighbourHeldDown:
+    """A flapping neighbour held down (routing.HOLD_DOWN): said once a hold-down."""
+    interface: str
+    address: str
+    seconds: float
 
 
 @dataclass(slots=True)
@@ -241,6 +272,7 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
+                HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
                 ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,

@@ -28,13 +28,11 @@ from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, NextHop, SwitchFlow
 from nfshunt.records.segment import Segment
 
-from . import routing
 from .admission import Admission, Verdict
 from .close_watch import CloseWatch
 from .commands import (
     Command,
     DeleteAllFlows,
-    Ignored,
     InstallDefaults,
     InstallPipeline,
     Later,
@@ -44,7 +42,6 @@ from .commands import (
     RequestKeptDefaults,
     RequestSwitchFlows,
     RequestTableSize,
-    ResolveHops,
 )
 from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
@@ -55,6 +52,7 @@ from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
 from .static_table import StaticChange
+from .tables import TableNews
 from .teardown import HalfClosedDue, Teardown
 
 PIPELINE_READ_AGAIN = 0.1  # seconds: table 1 read back incomplete at connect (a lagging switch), read again
@@ -106,6 +104,7 @@ class Core:
         self._confirmation = Confirmation(sh, self._admission, self._teardown)
         self._overrides = Overrides(sh)
         self._reconciler = Reconciler(sh, self._removal, self._overrides)
+        self._tables = TableNews(sh, self._admission)
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property
@@ -248,13 +247,12 @@ class Core:
     def next_hops_known(self, answers: dict[str, NextHop | str], ev: ConnEvent, now: float,
                         attempt: int = 0) -> list[Command]:
         """The firewall's tables answered a ResolveHops: the event is judged again (and, if
-        they had no next hop for it, asked again later: routing.RETRIES)."""
-        self.shared.next_hops.learn(answers, now)
-        out = self._admission.conntrack_event(ev)
-        if attempt < routing.RETRIES and any(isinstance(x, Ignored) and x.reason in answers.values() for x in out):
-            again = ResolveHops(ev, routing.NextHopTable.wanted(ev), attempt + 1)
-            out.append(Later(routing.KEEP_NONE, (again,)))
-        return out
+        they had no next hop for it, it waits for their change: tables.py)."""
+        return self._tables.answered(answers, ev, now, attempt)
+
+    def tables_changed(self, answers: dict[str, NextHop | str], now: float) -> list[Command]:
+        """The route follower's news: routed pairs rewritten or handed back (tables.py)."""
+        return self._tables.changed(answers, now)
 
     def dry_run(self, ev: ConnEvent) -> Verdict:
         """The verdict an event for this entry would get now, nothing changed (explain)."""
@@ -361,6 +359,7 @@ class Core:
         for t in renew:  # a pin that outlasts its drops' hard timeout (at most 18 h): written again
             out.extend(self.static.block(t, now, hard_timeout(self.pins[t].expires, now)))
         self.shared.address_blocks.expire(now)
+        out.extend(self._tables.tick(now))
         return out
 
     # --- table ------------------------------------------------------------------------------

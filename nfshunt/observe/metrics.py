@@ -26,6 +26,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5
 LABELLED = {
     "conntrack_event": ("nfshunt_conntrack_events", "Conntrack events and dumped entries read, by type", ("type",)),
     "ignored": ("nfshunt_ignored_events", "Events that changed nothing on the switch, by reason", ("reason",)),
+    "routed_table_errors": ("nfshunt_routed_table_errors", "The route follower's troubles (lost events, a "
+                            "failed turn), by what", ("what",)),
     "installed": ("nfshunt_flows_installed", "Shunt and block pairs confirmed by the switch", ("action",)),
     "refused": ("nfshunt_flows_refused", "Shunt and block pairs the switch refused (connection kept on the "
                 "slow path)", ("action",)),
@@ -73,6 +75,8 @@ PLAIN = {
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",
+    "routed_rewrites": "Routed pairs rewritten in place: their next hop's MAC changed (docs/design/routed.md)",
+    "routed_neighbours_held_down": "Neighbours held down for flapping (their MAC changed too often)",
     "role_promotions": "Times the switch granted this controller MASTER (a firewall pair's takeover)",
     "ids_api_restarts": "Times the IDS API's process ended on its own and was started again",
     "ids_api_bad_frames": "Frames from the IDS API's process that were not requests (nothing done; it was started "

@@ -221,7 +221,7 @@ class FlowBuilder(FlowBasics):
                 return self._add(self.match(in_port, tt, vid=vids[0]), out_port, cookie, prio, idle, True,
                                  self.retag(*vids), rewrite)
             out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle, vids,
-                                        rewrite and conn.hops[reply]), build,
+                                        conn.hops[reply] if rewrite and conn.hops else ()), build,
                                        t.family, conn.cookie(reply), t, hard=conn.hard_timeout))
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))

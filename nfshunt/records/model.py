@@ -189,7 +189,10 @@ class EntryCounts:
 class NextHop:
     """Where a routing firewall sends a destination (its route and neighbour tables): out of
     `ifname`, from that interface's MAC to the next hop's. A routed shunt's flow does that
-    rewrite, and takes the TTL one lower (docs/design/routed.md)."""
+    rewrite, and takes the TTL one lower (docs/design/routed.md). `neighbour`: whose MAC
+    eth_dst is (the gateway, or the destination itself on a connected route; "" unknown),
+    what a flapping neighbour is held down by."""
     ifname: str
     eth_src: str
     eth_dst: str
+    neighbour: str = ""

@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterable
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
+from nfshunt.core import routing
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
-from nfshunt.kernel.routes import NextHops
+from nfshunt.kernel.routes import Answer, TableFollower
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.observe.logs import RateLimitedLog
@@ -33,6 +34,7 @@ from nfshunt.openflow.inflight import (
     StaticRead,
     TableSize,
 )
+from nfshunt.openflow.rewrite import rewrite
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
 from nfshunt.records.markcodec import DECISION_MASK
@@ -59,7 +61,8 @@ def _static_delete(what: str) -> str:
 
 class Dispatcher:
     def __init__(self, worker: ConntrackWorker, outcomes: Outcomes, schedule: Schedule, post: Post,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 on_tables: Callable[[dict[str, Answer]], None] | None = None):
         self.worker = worker
         self.clock = clock  # the event loop's (monotonic)
         self.outcomes = outcomes
@@ -68,7 +71,10 @@ class Dispatcher:
         self.post = post  # run commands on the event loop from another thread
         self.watch: ChangeWatch | None = None  # the change the turn being run is (its static flow-mods')
         self.rlog = RateLimitedLog(LOG)
-        self.next_hops: NextHops | None = None  # a routing firewall's tables (opened on first use)
+        # A routing firewall's tables, followed on a thread of their own from the first
+        # question (kernel/routes.py); its news go to every switch's core (on_tables: feeds).
+        self.follower: TableFollower | None = None
+        self.on_tables = on_tables
         report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
         self.handlers: dict[type, Handler] = {
             **report,
@@ -77,6 +83,9 @@ class Dispatcher:
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
             c.ResolveHops: self.resolve_hops,
+            c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
+            c.TablesChanged: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock()),
+            c.NeighbourHeldDown: self.neighbour_held_down,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
@@ -90,6 +99,7 @@ class Dispatcher:
             c.RemoveFlows: lambda _sw, s, cmd: s.send.queue(s.fb.remove(cmd.conn, cmd.directions)),
             c.WatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.watch(cmd.conn)),
             c.UnwatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.install(cmd.conn)),
+            c.RewriteFlows: self.rewrite_flows,
             c.InstallDefaults: self.install_defaults,
             c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
             c.LimitPacketIns: self.limit_packet_ins,
@@ -242,15 +252,32 @@ class Dispatcher:
 
     # --- the kernel ---------------------------------------------------------------------------
 
-    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> list[c.Command]:
-        """Asked on the event loop (experimental_routed): a route, a link and a neighbour
-        lookup a new destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM (measured,
-        500 lookups in a namespace); the answers are kept 10 s (core/routing.py). The table
-        follower off the loop is design slice 3."""
-        if self.next_hops is None:
-            self.next_hops = NextHops()
-        answers = {address: self.next_hops.resolve(address) for address in dict.fromkeys(cmd.addresses)}
-        return sw.core.next_hops_known(answers, cmd.event, self.clock(), cmd.attempt)
+    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> None:
+        """Asked of the route follower's thread (a route, a link and a neighbour lookup a new
+        destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM: never on the event
+        loop); its answer comes back as a HopsKnown."""
+        if self.follower is None:
+            self.follower = TableFollower(self.on_tables or (lambda _news: None), self._follower_error)
+            self.follower.start()
+        self.follower.ask(cmd.addresses, lambda answers: self.post(sw, (c.HopsKnown(answers, cmd.event,
+                                                                                     cmd.attempt),)))
+
+    def _follower_error(self, what: str) -> None:  # (on the follower's thread: counters are thread-safe)
+        self.counters.add("routed_table_errors", what)
+
+    def neighbour_held_down(self, _sw: Switch, cmd: c.NeighbourHeldDown) -> None:
+        self.counters.inc("routed_neighbours_held_down")
+        LOG.warning("neighbour %s on %s changed its MAC more than %d times in %.0f s: held down %.0f s (its "
+                    "routed pairs go back to the firewall, new ones stay there)", cmd.address, cmd.interface,
+                    routing.FLAP_CHANGES, routing.FLAP_WINDOW, cmd.seconds)
+
+    def rewrite_flows(self, _sw: Switch, s: Session, cmd: c.RewriteFlows) -> None:
+        self.counters.inc("routed_rewrites")
+        s.send.queue(rewrite(s.fb, cmd.conn))
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
 
     def restore_conntrack(self, sw: Switch, cmd: c.RestoreConntrack) -> None:
         """The entry first; the commands that wait for it (the flows' removal) run on the

@@ -13,7 +13,7 @@ from os_ken.controller import event
 
 from nfshunt.core import commands as c
 from nfshunt.core.teardown_sweep import WATCH_PERIOD
-from nfshunt.records.model import ConnEvent
+from nfshunt.records.model import ConnEvent, NextHop
 
 from .switch import Switch
 
@@ -145,6 +145,12 @@ class Feeds:
                     if not self.hand_over(EventConntrack(events[at:at + DUMP_SLICE], dump=at == 0)):
                         return
         threading.Thread(target=feed, name="conntrack-dump-feed", daemon=True).start()
+
+    def tables(self, news: dict[str, NextHop | str]) -> None:
+        """The route follower's news (from its thread): to every switch's core that routes."""
+        for sw in self.switches:
+            if sw.switch.experimental_routed:
+                self.post(EventRun(sw, (c.TablesChanged(news),)))
 
     def overflow(self) -> None:
         self.post(EventOverflow())

@@ -1,0 +1,85 @@
+"""The router's tables are the truth (docs/design/routed.md 5.4, issue 38 item 2): what the
+route follower's news (kernel/routes.py) does to the routed pairs and to the events waiting
+for a next hop. A neighbour's new MAC rewrites the pairs using it in place; a next hop FAILED,
+a route moved to another interface, gone or blackholed hands them back to the firewall (the
+one take-down: alive, counted by reason); a neighbour flapping is held down (routing.py); a
+next hop newly given admits the events that waited for it. Pure: commands out."""
+from __future__ import annotations
+
+from nfshunt.records.model import ConnEvent, NextHop
+from nfshunt.records.routed import R_LOOKUP_FAILED, Answer
+
+from . import routing
+from .admission import Admission
+from .commands import Command, Ignored, Later, NeighbourHeldDown, ResolveHops, RewriteFlows
+from .connection import HELD, Conn
+from .routing import Change
+from .state import CoreState
+
+
+class TableNews:
+    def __init__(self, shared: CoreState, admission: Admission):
+        self.shared = shared
+        self.admission = admission
+
+    def answered(self, answers: dict[str, Answer], ev: ConnEvent, now: float, attempt: int) -> list[Command]:
+        """The tables answered a ResolveHops: the event is judged again. What the tables said
+        no to waits for their change (routing.TABLE_REASONS); a lookup that failed (the
+        socket) is asked again, routing.RETRIES times."""
+        table = self.shared.next_hops
+        table.learn(answers, now)
+        out = self.admission.conntrack_event(ev)
+        reasons = {x.reason for x in out if isinstance(x, Ignored)}
+        if reasons & routing.TABLE_REASONS:
+            table.wait(ev, now)
+        elif attempt < routing.RETRIES and R_LOOKUP_FAILED in reasons:
+            again = ResolveHops(ev, table.wanted(ev), attempt + 1)
+            out.append(Later(routing.KEEP_NONE, (again,)))
+        return out
+
+    def changed(self, answers: dict[str, Answer], now: float) -> list[Command]:
+        """The follower's news: the pairs through what changed rewritten or handed back; the
+        events waiting for a destination now given a next hop judged again."""
+        table = self.shared.next_hops
+        out: list[Command] = [NeighbourHeldDown(ifname, address, routing.HOLD_DOWN)
+                              for ifname, address in table.changed(answers, now)]
+        for conn in list(self.shared.conns):
+            if conn.hops is not None and conn.state in HELD:
+                out.extend(self._pair(conn, answers, now))
+        given = {address for address, answer in answers.items() if isinstance(answer, NextHop)}
+        if given:
+            out.extend(self.retry(table.due(given, now), now))
+        return out
+
+    def _pair(self, conn: Conn, answers: dict[str, Answer], now: float) -> list[Command]:
+        assert conn.hops is not None
+        table = self.shared.next_hops
+        hops = list(conn.hops)
+        rewrite = False
+        for direction, address in enumerate((conn.reply.src, conn.orig.src)):
+            answer = answers.get(address)
+            if answer is None:
+                continue
+            change = table.change(hops[direction], address, answer, now)
+            if isinstance(change, str):
+                return self.shared.conns.take_down(conn, change, now)
+            if change is Change.REWRITE:
+                assert isinstance(answer, NextHop)
+                hops[direction], rewrite = answer, True
+        if not rewrite:
+            return []
+        conn.hops = (hops[0], hops[1])
+        return [RewriteFlows(conn)]
+
+    def retry(self, events: list[ConnEvent], now: float) -> list[Command]:
+        """Waiting events judged again, as if their tables' answer had just come."""
+        out: list[Command] = []
+        for ev in events:
+            out.extend(self.answered({}, ev, now, routing.RETRIES))
+        return out
+
+    def tick(self, now: float) -> list[Command]:
+        """Hold-downs over: what waited for them is judged again; the waiting too old dropped."""
+        table = self.shared.next_hops
+        return self.retry(table.due(None if table.released(now) else set(), now), now)
+
