@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import select
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -37,6 +38,9 @@ NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80  # REACHABLE STALE DELAY PR
 Key = tuple[int, str]  # a neighbour entry: (ifindex, address)
 # RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
 GROUPS = 0x1 | 0x4 | 0x40 | 0x400
+NETLINK_ROUTE = 0
+RCVBUF = 4 << 20  # a neighbour flapping a thousand times a second fills a small buffer
+RECV_MAX = 1 << 16
 TICK = 0.1  # seconds a neighbour's changes are coalesced: only its last state goes on
 WAKE = 0.5  # seconds the follower waits for anything before it looks whether stop() was asked
 WATCH_MAX = 4096  # destinations followed (the ones asked last); older ones are asked again
@@ -165,10 +169,12 @@ class Followed:
 
 
 class TableFollower:
-    """A thread with two netlink sockets of its own (a fresh one bound to the link, neighbour
-    and route groups: binding a socket used for requests fails in pyroute2 0.9.7, design F19;
-    and NextHops' for the questions). It answers the event loop's questions and tells it what
-    changed for the destinations it asked about, a neighbour's changes coalesced over TICK."""
+    """A thread with two netlink sockets of its own: a plain one bound to the link, neighbour
+    and route groups, its datagrams parsed by pyroute2's rtnetlink marshal (an IPRoute bound
+    and read with get() after select() from another thread than its maker's heard nothing
+    here: pyroute2 0.9.7 reads its socket through an asyncio loop of its own), and NextHops'
+    for the questions. It answers the event loop's questions and tells it what changed for
+    the destinations it asked about, a neighbour's changes coalesced over TICK."""
 
     def __init__(self, on_news: Callable[[dict[str, Answer]], None],
                  on_error: Callable[[str], None] = lambda _what: None):
@@ -181,14 +187,17 @@ class TableFollower:
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._events: Any = None
+        self._events: socket.socket | None = None
+        self._marshal: Any = None
         self.pending: dict[Key, str | None] = {}
         self.tables_changed = False
 
     def start(self) -> None:
-        from pyroute2 import IPRoute
-        self._events = IPRoute()
-        self._events.bind(groups=GROUPS)
+        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+        self._marshal = MarshalRtnl()
+        self._events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self._events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self._events.bind((0, GROUPS))
         self._thread = threading.Thread(target=self._run, name="route-follower", daemon=True)
         self._thread.start()
 
@@ -207,13 +216,15 @@ class TableFollower:
         os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
+        assert self._events is not None
+        events = self._events.fileno()
         due: float | None = None
         while not self._stop.is_set():
             wait = WAKE if due is None else max(0.0, due - time.monotonic())
-            ready, _, _ = select.select([self._events.fileno(), self._wake_r], [], [], wait)
+            ready, _, _ = select.select([events, self._wake_r], [], [], wait)
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
-            if self._events.fileno() in ready:
+            if events in ready:
                 self._read()
             try:
                 self._answer()
@@ -227,8 +238,11 @@ class TableFollower:
                 LOG.exception("the route follower failed a turn")
 
     def _read(self) -> None:
+        assert self._events is not None
         try:
-            messages = self._events.get()
+            messages = self._marshal.parse(self._events.recv(RECV_MAX, socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            return
         except OSError as exc:  # ENOBUFS: changes were lost, every followed destination is asked again
             self.on_error("route events lost" if exc.errno == errno.ENOBUFS else "route events unreadable")
             self.tables_changed = True

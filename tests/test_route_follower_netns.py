@@ -1,0 +1,80 @@
+"""The route follower (kernel/routes.py, docs/design/routed.md 5.3) on a real kernel's tables,
+in a namespace of its own: it answers a question off the caller's thread, and tells only the
+changes a routed shunt must follow (a new MAC, a failed or deleted neighbour, a newly resolved
+one, a route gone or blackholed), a neighbour's bursts coalesced, its state churn not at all."""
+import json
+import os
+import sys
+
+SCRIPT = r"""
+import json, subprocess, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from nfshunt.kernel.routes import TableFollower
+from nfshunt.records.model import NextHop
+
+def sh(*args):
+    subprocess.run(args, check=True)
+
+sh("ip", "link", "add", "name", "rta", "type", "veth", "peer", "name", "rtb")
+sh("ip", "link", "set", "rta", "address", "02:00:00:00:fe:01", "up")
+sh("ip", "link", "set", "rtb", "up")
+sh("ip", "addr", "add", "10.9.0.1/24", "dev", "rta")
+sh("ip", "neigh", "replace", "10.9.0.2", "lladdr", "02:00:00:00:00:01", "dev", "rta", "nud", "reachable")
+news, lock = [], threading.Lock()
+def heard(n):
+    with lock:
+        news.append({k: (v.eth_dst if isinstance(v, NextHop) else v) for k, v in n.items()})
+def settle(seconds=0.5):
+    time.sleep(seconds)  # (the follower's tick is 0.1 s: what it heard is out by then)
+    with lock:
+        out = list(news)
+        news.clear()
+    return out
+follower = TableFollower(heard)
+follower.start()
+answers, got = [], threading.Event()
+follower.ask(("10.9.0.2", "10.9.0.9"), lambda a: (answers.append((threading.current_thread().name, a)), got.set()))
+got.wait(5)
+thread, answer = answers[0]
+report = {"thread": thread, "answer": {k: (v.ifname, v.eth_src, v.eth_dst, v.neighbour) if isinstance(v, NextHop)
+                                       else v for k, v in answer.items()}}
+for state in ("stale", "reachable", "delay", "probe", "stale") * 4:  # churn, one MAC
+    sh("ip", "neigh", "change", "10.9.0.2", "lladdr", "02:00:00:00:00:01", "dev", "rta", "nud", state)
+report["churn"] = settle()
+sh("ip", "neigh", "replace", "10.9.0.2", "lladdr", "02:00:00:00:00:02", "dev", "rta", "nud", "stale")
+report["moved"] = settle()
+start = time.monotonic()
+for i in range(300):  # a neighbour flapping as fast as ip(8) can make it
+    sh("ip", "neigh", "replace", "10.9.0.2", "lladdr", f"02:00:00:00:01:{i % 2:02x}", "dev", "rta", "nud", "stale")
+report["flap_seconds"] = time.monotonic() - start
+report["flap"] = settle()
+sh("ip", "neigh", "del", "10.9.0.2", "dev", "rta")
+report["deleted"] = settle()
+sh("ip", "neigh", "replace", "10.9.0.2", "lladdr", "02:00:00:00:00:03", "dev", "rta", "nud", "reachable")
+report["resolved"] = settle()
+sh("ip", "route", "add", "blackhole", "10.9.0.2/32")
+report["blackhole"] = settle()
+sh("ip", "route", "del", "blackhole", "10.9.0.2/32")
+report["back"] = settle()
+sh("ip", "addr", "del", "10.9.0.1/24", "dev", "rta")
+report["no_route"] = settle()
+follower.stop()
+print(json.dumps(report))
+"""
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_follower_answers_off_the_loop_and_tells_only_the_changes_a_shunt_follows(netns):
+    report = json.loads(netns(sys.executable, "-c", SCRIPT, REPO).stdout)
+    assert report["thread"] == "route-follower"
+    assert report["answer"] == {"10.9.0.2": ["rta", "02:00:00:00:fe:01", "02:00:00:00:00:01", "10.9.0.2"],
+                                "10.9.0.9": "routed: the next hop's MAC is not resolved"}
+    assert report["churn"] == []  # STALE/DELAY/PROBE/REACHABLE with the MAC in use: nothing
+    assert report["moved"] == [{"10.9.0.2": "02:00:00:00:00:02"}]
+    # Hundreds of changes: each tick says the last state once, so the loop hears about ten a second.
+    assert 1 <= len(report["flap"]) <= report["flap_seconds"] / 0.1 + 3, report
+    assert report["deleted"] == [{"10.9.0.2": "routed: next hop failed"}]
+    assert report["resolved"] == [{"10.9.0.2": "02:00:00:00:00:03"}]
+    assert report["blackhole"] == [{"10.9.0.2": "routed: blackhole route to the destination"}]
+    assert report["back"] == [{"10.9.0.2": "02:00:00:00:00:03"}]
+    assert report["no_route"] and report["no_route"][-1]["10.9.0.2"] == "routed: no route to the destination"
