@@ -114,9 +114,10 @@ def test_close_stops_the_listener_and_lets_the_worker_finish_its_deletes():
     app = SimpleNamespace(feeds=SimpleNamespace(stop=lambda: calls.append("feeds")), control=None, ids_api=None,
                           ids=None, metrics=SimpleNamespace(stop=lambda: calls.append("metrics")),
                           listener=SimpleNamespace(stop=lambda: calls.append("listener")),
-                          worker=SimpleNamespace(stop=lambda: calls.append("worker")))
+                          worker=SimpleNamespace(stop=lambda: calls.append("worker")),
+                          dispatcher=SimpleNamespace(close=lambda: calls.append("route follower")))
     NFShuntApp.close(app)
-    assert calls == ["feeds", "metrics", "listener", "worker"]
+    assert calls == ["feeds", "metrics", "listener", "route follower", "worker"]
 
 
 def test_the_worker_runs_what_was_queued_before_it_stops():
