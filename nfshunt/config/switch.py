@@ -276,9 +276,12 @@ PER_SWITCH: dict[str, v.Key] = {
                         "firewall and counted (docs/design/routed.md). The same for every switch."),
     "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections (not NAT) with "
                                  "the router's rewrite (source MAC of its egress interface, the next hop's MAC "
-                                 "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall). "
-                                 "Experimental: table changes, NAT and a restart's adoption are not handled yet "
-                                 "(docs/design/routed.md); needs `flow_layout` `single`."),
+                                 "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall), "
+                                 "following the firewall's route and neighbour tables (a new MAC rewrites the "
+                                 "pairs in place; a failed neighbour, a moved, lost or blackholed route hands "
+                                 "them back; a neighbour flapping is held down 30 s). Experimental: NAT and a "
+                                 "restart's adoption are not handled yet (docs/design/routed.md); needs "
+                                 "`flow_layout` `single`."),
 }
 
 
