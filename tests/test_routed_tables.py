@@ -172,3 +172,16 @@ def test_a_mac_change_of_the_other_direction_rewrites_only_what_changed():
     h1_new = dataclasses.replace(GOOD["10.0.0.1"], eth_dst=NEW_MAC)
     (cmd,) = core.tables_changed({"10.0.0.1": h1_new}, 101.0)
     assert isinstance(cmd, RewriteFlows) and conn.hops == (GOOD[H2], h1_new)
+
+
+def test_the_pairs_of_a_destination_are_found_by_index_and_the_ones_gone_dropped():
+    """A flapping neighbour feeds ten times a second: its pairs are looked up, not walked for."""
+    core = connected(experimental())
+    conn = live_pair(core)
+    table = core.shared.next_hops
+    assert set(table.users) == {H2, "10.0.0.1"} and table.users[H2] == {conn.key: conn}
+    core.conns.forget(conn)  # (gone: its flows removed and the removal confirmed)
+    assert core.tables_changed({H2: dataclasses.replace(GOOD[H2], eth_dst=NEW_MAC)}, 101.0) == []
+    assert H2 not in table.users and "10.0.0.1" in table.users  # dropped where met
+    core.tick(102.0)
+    assert not table.users  # and by the sweep

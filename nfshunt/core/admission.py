@@ -158,6 +158,8 @@ class Admission:
         if action is Action.SHUNT and self.shared.switch.experimental_routed:
             hops = self.shared.next_hops.hops(ev, ingress, egress, ev.received)  # (decide found them)
             conn.hops = hops if not isinstance(hops, str) else None
+            if conn.hops is not None:
+                self.shared.next_hops.use(conn)  # (found by the tables' news: core/tables.py)
         self.shared.remember(conn)
         return conn
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
+from typing import Callable, Iterable
 
 from nfshunt.config.switch import PortGroup
 from nfshunt.records.model import ConnEvent, FlowTuple, NextHop
@@ -19,6 +20,8 @@ from nfshunt.records.routed import (
     R_UNRESOLVED,
     Answer,
 )
+
+from .connection import Conn
 
 KEEP = 10.0  # seconds an answer is used without being asked again (changes are told meanwhile)
 KEEP_NONE = 1.0  # seconds "no next hop" is believed: the neighbour may resolve any moment
@@ -58,6 +61,10 @@ class NextHopTable:
         self.held: dict[Neighbour, float] = {}  # held down until
         # Events the tables said no to, by the addresses they need; oldest first.
         self.waiting: collections.OrderedDict[FlowTuple, tuple[ConnEvent, float]] = collections.OrderedDict()
+        # The routed pairs sending to each destination, by key: a feed finds its pairs without
+        # a walk of the whole table (a flapping neighbour feeds ten times a second). Pairs gone
+        # are dropped when met, and by prune().
+        self.users: dict[str, dict[int, Conn]] = {}
 
     @staticmethod
     def wanted(ev: ConnEvent) -> tuple[str, str]:
@@ -147,6 +154,34 @@ class NextHopTable:
             del self.held[who]
             self.flaps.pop(who, None)
         return bool(over)
+
+    def use(self, conn: Conn) -> None:
+        """A routed pair made: found by either destination from now on."""
+        for address in (conn.reply.src, conn.orig.src):
+            self.users.setdefault(address, {})[conn.key] = conn
+
+    def users_of(self, addresses: Iterable[str], alive: Callable[[Conn], bool]) -> list[Conn]:
+        """The live pairs sending to any of `addresses`, each once."""
+        out: dict[int, Conn] = {}
+        for address in addresses:
+            for conn in self._alive(address, alive):
+                out[id(conn)] = conn
+        return list(out.values())
+
+    def _alive(self, address: str, alive: Callable[[Conn], bool]) -> list[Conn]:
+        pairs = self.users.get(address)
+        if not pairs:
+            return []
+        for key, conn in list(pairs.items()):
+            if not alive(conn):
+                del pairs[key]
+        if not pairs:
+            del self.users[address]
+        return list(pairs.values())
+
+    def prune(self, alive: Callable[[Conn], bool]) -> None:
+        for address in list(self.users):
+            self._alive(address, alive)
 
     # --- events waiting for a next hop -----------------------------------------------------
 

@@ -16,11 +16,17 @@ from .connection import HELD, Conn
 from .routing import Change
 from .state import CoreState
 
+PRUNE = 10.0  # seconds between sweeps of the index of routed pairs for the ones gone
+
 
 class TableNews:
     def __init__(self, shared: CoreState, admission: Admission):
         self.shared = shared
         self.admission = admission
+        self.next_prune = 0.0
+
+    def _alive(self, conn: Conn) -> bool:
+        return conn.hops is not None and self.shared.conns.holds(conn, HELD)
 
     def answered(self, answers: dict[str, Answer], ev: ConnEvent, now: float, attempt: int) -> list[Command]:
         """The tables answered a ResolveHops: the event is judged again. What the tables said
@@ -43,9 +49,8 @@ class TableNews:
         table = self.shared.next_hops
         out: list[Command] = [NeighbourHeldDown(ifname, address, routing.HOLD_DOWN)
                               for ifname, address in table.changed(answers, now)]
-        for conn in list(self.shared.conns):
-            if conn.hops is not None and conn.state in HELD:
-                out.extend(self._pair(conn, answers, now))
+        for conn in table.users_of(answers, self._alive):
+            out.extend(self._pair(conn, answers, now))
         given = {address for address, answer in answers.items() if isinstance(answer, NextHop)}
         if given:
             out.extend(self.retry(table.due(given, now), now))
@@ -81,5 +86,8 @@ class TableNews:
     def tick(self, now: float) -> list[Command]:
         """Hold-downs over: what waited for them is judged again; the waiting too old dropped."""
         table = self.shared.next_hops
+        if now >= self.next_prune:
+            self.next_prune = now + PRUNE
+            table.prune(self._alive)
         return self.retry(table.due(None if table.released(now) else set(), now), now)
 
