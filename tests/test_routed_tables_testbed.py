@@ -27,8 +27,10 @@ def _mac(tb, node, intf: str) -> str:
     return json.loads(tb.run(node, "ip", "-j", "link", "show", intf))[0]["address"]
 
 
-def _routed_flows(tb) -> list[dict[str, str]]:
-    return [f for f in tb.conn_flows(SHUNT) if "dec_ttl" in f["actions"]]
+def _routed_flows(tb, cport: int) -> list[dict[str, str]]:
+    """The routed pair flows of the transfer whose data connection is from h1's port `cport`
+    (a previous case's transfer may still have its own on the switch)."""
+    return [f for f in tb.conn_flows(cport) if "dec_ttl" in f["actions"]]
 
 
 def _counters(tb) -> dict[str, int]:
@@ -39,9 +41,9 @@ def _removed(tb, reason: str) -> int:
     return sum(n for k, n in _counters(tb).items() if k.startswith("removed:") and k.endswith(":" + reason))
 
 
-def _shunted_transfer(tb, seconds: float):
-    srv, cli = tb.start_transfer(SHUNT, seconds)
-    tb.wait_for(lambda: _routed_flows(tb), 10, "the transfer's routed shunt")
+def _shunted_transfer(tb, seconds: float, cport: int):
+    srv, cli = tb.start_transfer(SHUNT, seconds, cport=cport)
+    tb.wait_for(lambda: _routed_flows(tb, cport), 10, "the transfer's routed shunt")
     return srv, cli
 
 
@@ -56,16 +58,16 @@ def _h2_learns(tb, mac: str) -> None:
 def test_h2_s_new_mac_mid_transfer_is_followed_in_place_without_a_stall(tb):
     old = _mac(tb, tb.h2, "h2-eth0")
     rewrites0 = _counters(tb).get("routed_rewrites", 0)
-    srv, cli = _shunted_transfer(tb, 6)
+    srv, cli = _shunted_transfer(tb, 6, 47101)
     try:
         time.sleep(1.0)  # (a second of transfer on the shunt first)
-        flows = {f["cookie"] for f in _routed_flows(tb)}
+        flows = {f["cookie"] for f in _routed_flows(tb, 47101)}
         _h2_learns(tb, NEW_MAC)
         told = time.monotonic()
-        tb.wait_for(lambda: [f for f in _routed_flows(tb) if f"set_field:{NEW_MAC}->eth_dst" in f["actions"]],
+        tb.wait_for(lambda: [f for f in _routed_flows(tb, 47101) if f"set_field:{NEW_MAC}->eth_dst" in f["actions"]],
                     5, "the pair's flows to carry h2's new MAC")
         followed = time.monotonic() - told
-        assert {f["cookie"] for f in _routed_flows(tb)} == flows  # the same flows, modified in place
+        assert {f["cookie"] for f in _routed_flows(tb, 47101)} == flows  # the same flows, modified in place
         cap = tb.h2.popen(["timeout", "5", "tcpdump", "-l", "-nn", "-e", "-c", "100", "-i", "h2-eth0", "tcp", "and",
                            "src", "host", tb.h1_ip, "and", "dst", "port", str(SHUNT)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -81,19 +83,19 @@ def test_h2_s_new_mac_mid_transfer_is_followed_in_place_without_a_stall(tb):
     assert _counters(tb).get("routed_rewrites", 0) > rewrites0
 
 
-@pytest.mark.parametrize("how,reason", [
-    (("route", "del", H2_NET, "dev", "fw-eth1"), "routed: no route to the destination"),
-    (("route", "add", "blackhole", "10.0.2.1/32"), "routed: blackhole route to the destination"),
+@pytest.mark.parametrize("how,reason,cport", [
+    (("route", "del", H2_NET, "dev", "fw-eth1"), "routed: no route to the destination", 47102),
+    (("route", "add", "blackhole", "10.0.2.1/32"), "routed: blackhole route to the destination", 47103),
 ])
-def test_the_route_to_h2_withdrawn_or_blackholed_hands_the_pair_back_counted(tb, how, reason):
+def test_the_route_to_h2_withdrawn_or_blackholed_hands_the_pair_back_counted(tb, how, reason, cport):
     removed0 = _removed(tb, reason)
-    srv, cli = _shunted_transfer(tb, 6)
+    srv, cli = _shunted_transfer(tb, 6, cport)
     try:
         tb.run(tb.fw, "ip", *how)
-        tb.wait_for(lambda: not _routed_flows(tb), 5, "the pair handed back")
+        tb.wait_for(lambda: not _routed_flows(tb, cport), 5, "the pair handed back")
         tb.wait_for(lambda: _removed(tb, reason) > removed0, 5, f"the take-down counted as {reason!r}")
         time.sleep(1.0)  # nothing shunted while the firewall's tables say no
-        assert not _routed_flows(tb)
+        assert not _routed_flows(tb, cport)
         assert tb.control({"cmd": "status", "connections": False})["counters"]  # the controller answers
     finally:
         undo = ("route", "add", H2_NET, "dev", "fw-eth1", "src", "10.0.2.254") if how[1] == "del" else \
@@ -114,7 +116,7 @@ def test_zz_h2_s_neighbour_flapping_is_held_down_once_the_controller_answering(t
     h2 = _mac(tb, tb.h2, "h2-eth0")
     held0 = _counters(tb).get("routed_neighbours_held_down", 0)
     removed0 = _removed(tb, "routed: neighbour flapping")
-    srv, cli = _shunted_transfer(tb, 8)
+    srv, cli = _shunted_transfer(tb, 8, 47104)
     slowest = 0.0
     try:
         start = time.monotonic()
@@ -126,7 +128,7 @@ def test_zz_h2_s_neighbour_flapping_is_held_down_once_the_controller_answering(t
             time.sleep(0.1)
         flapped = time.monotonic() - start
         tb.wait_for(lambda: _removed(tb, "routed: neighbour flapping") > removed0, 5, "the flapping take-down")
-        assert not _routed_flows(tb)
+        assert not _routed_flows(tb, 47104)
     finally:
         tb.run(tb.fw, "ip", "neigh", "replace", "10.0.2.1", "lladdr", h2, "dev", "fw-eth1", "nud", "stale")
         tb.finish_transfer(srv, cli)
