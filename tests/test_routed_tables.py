@@ -185,3 +185,35 @@ def test_the_pairs_of_a_destination_are_found_by_index_and_the_ones_gone_dropped
     assert H2 not in table.users and "10.0.0.1" in table.users  # dropped where met
     core.tick(102.0)
     assert not table.users  # and by the sweep
+
+
+def test_a_pair_judged_again_while_its_next_hop_is_failed_waits_and_is_shunted_once_resolved():
+    """The take-down's re-evaluation comes back decided while the tables still say "failed"
+    (its packet is what makes the firewall resolve the neighbour): it waits for the news."""
+    core = connected(experimental())
+    conn = live_pair(core)
+    core.tables_changed({H2: routes.R_NEXT_HOP_FAILED}, 101.0)
+    core.conns.forget(conn)  # (its flows gone)
+    ev = event(ct_id=12, received=101.1)
+    assert [x.reason for x in core.conntrack_event(ev)] == [routes.R_NEXT_HOP_FAILED]
+    (install,) = core.tables_changed({H2: GOOD[H2]}, 101.2)
+    assert isinstance(install, InstallFlows) and install.conn.ct_id == 12
+
+
+def test_the_follower_tells_only_changed_answers_and_a_lost_neighbour_as_failed():
+    """kernel/routes.Followed, its lookups faked: what the event loop hears of the tables."""
+    from nfshunt.records.model import NextHop
+    table = {H2: (GOOD[H2], (3, H2))}
+    followed = routes.Followed(lambda address: table[address])
+    assert followed.ask(H2) == GOOD[H2]
+    assert followed.neighbour((3, H2), GOOD[H2].eth_dst) == {}  # STALE/REACHABLE churn: one MAC
+    assert followed.neighbour((3, H2), NEW_MAC) == {H2: dataclasses.replace(GOOD[H2], eth_dst=NEW_MAC)}
+    assert followed.neighbour((4, H2), "02:00:00:00:00:77") == {}  # another entry: no pair of ours uses it
+    table[H2] = (routes.R_UNRESOLVED, (3, H2))
+    assert followed.routes() == {H2: routes.R_NEXT_HOP_FAILED}  # a route event found it gone
+    assert followed.neighbour((3, H2), None) == {}  # (already said)
+    table[H2] = (NextHop("fw-eth1", FW1, "02:00:00:00:02:01", H2), (3, H2))
+    assert followed.neighbour((3, H2), "02:00:00:00:02:01") == {H2: table[H2][0]}  # resolved again
+    table[H2] = (routes.R_BLACKHOLE, None)
+    assert followed.routes() == {H2: routes.R_BLACKHOLE}
+    assert followed.routes() == {}

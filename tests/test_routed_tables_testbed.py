@@ -105,6 +105,24 @@ def test_the_route_to_h2_withdrawn_or_blackholed_hands_the_pair_back_counted(tb,
     assert tb.controller.poll() is None
 
 
+def test_h2_s_neighbour_entry_deleted_hands_the_pair_back_and_it_is_shunted_again_once_resolved(tb):
+    """The firewall forgets h2's MAC (as FAILED would): the pair goes back to it, alive; the
+    connection's next packet makes the firewall resolve h2 again, and the pair (judged again by
+    the policy while the tables said "failed", so waiting for them) is shunted again."""
+    reason = "routed: next hop failed"
+    removed0 = _removed(tb, reason)
+    srv, cli = _shunted_transfer(tb, 6, 47105)
+    try:
+        first = {f["cookie"] for f in _routed_flows(tb, 47105)}
+        tb.run(tb.fw, "ip", "neigh", "del", "10.0.2.1", "dev", "fw-eth1")
+        tb.wait_for(lambda: _removed(tb, reason) > removed0, 5, "the take-down counted as 'next hop failed'")
+        again = tb.wait_for(lambda: {f["cookie"] for f in _routed_flows(tb, 47105)} - first, 10,
+                            "the connection shunted again once the firewall resolved h2")
+    finally:
+        result = tb.finish_transfer(srv, cli)
+    assert again and "error" not in result, result  # alive throughout
+
+
 FLAP = r"""
 for i in $(seq 1500); do
   ip neigh replace 10.0.2.1 lladdr 02:00:00:00:0f:0$((i % 2)) dev fw-eth1 nud stale

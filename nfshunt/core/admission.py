@@ -116,6 +116,8 @@ class Admission:
         if act is IGNORE:
             if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)
                 return [ResolveHops(ev, NextHopTable.wanted(ev)), ignored or Ignored(reason, ev)]
+            if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)
+                sh.next_hops.wait(ev, ev.received)
             return [ignored or Ignored(reason, ev)]
         if act is FORGET:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later

@@ -163,6 +163,8 @@ class Followed:
         for address in list(self.last):
             old = self.last[address]
             new = self.ask(address)
+            if isinstance(old, NextHop) and new == R_UNRESOLVED:
+                new = self.last[address] = R_NEXT_HOP_FAILED  # (its neighbour went while a route changed)
             if new != old:
                 news[address] = new
         return news
