@@ -217,3 +217,45 @@ def test_the_follower_tells_only_changed_answers_and_a_lost_neighbour_as_failed(
     table[H2] = (routes.R_BLACKHOLE, None)
     assert followed.routes() == {H2: routes.R_BLACKHOLE}
     assert followed.routes() == {}
+
+
+def test_the_dispatcher_asks_the_follower_and_runs_its_answer_on_the_loop(monkeypatch):
+    """The event loop never calls netlink for a next hop: the follower's thread answers, and
+    the answer comes back as a HopsKnown the loop runs; its news as TablesChanged."""
+    from types import SimpleNamespace
+
+    from nfshunt.core.commands import HopsKnown, ResolveHops, TablesChanged
+    from nfshunt.switch import dispatch
+
+    asked, started = [], []
+
+    class Follower:
+        def __init__(self, on_news, on_error):
+            self.on_news = on_news
+
+        def start(self):
+            started.append(True)
+
+        def ask(self, addresses, reply):
+            asked.append((addresses, reply))
+
+    monkeypatch.setattr(dispatch, "TableFollower", Follower)
+    posted = []
+    news = []
+    d = dispatch.Dispatcher(SimpleNamespace(), SimpleNamespace(counters=None, handlers={}), lambda *a: None,
+                            lambda sw, cmds: posted.append(cmds), on_tables=news.append)
+    core = connected(experimental())
+    sw = SimpleNamespace(core=core)
+    ev = event()
+    (ask, _ignored) = core.conntrack_event(ev)
+    assert isinstance(ask, ResolveHops)
+    assert d.execute(sw, ask) is None and started == [True] and asked[0][0] == ("10.0.0.2", "10.0.0.1")
+    asked[0][1](GOOD)  # (the follower's thread answers)
+    ((answer,),) = posted
+    assert isinstance(answer, HopsKnown)
+    (install,) = d.execute(sw, answer)
+    assert isinstance(install, InstallFlows)
+    d.follower.on_news({H2: routes.R_NO_ROUTE})
+    assert news == [{H2: routes.R_NO_ROUTE}]
+    down = d.execute(sw, TablesChanged({H2: routes.R_NO_ROUTE}))
+    assert down == [] and install.conn.remove_reason == routes.R_NO_ROUTE  # (pending: goes once confirmed)

@@ -211,6 +211,8 @@ class TableFollower:
         for closing in (self._events, self.hops):
             if closing is not None:
                 closing.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
 
     def ask(self, addresses: tuple[str, ...], reply: Callable[[dict[str, Answer]], None]) -> None:
         """From the event loop: `reply` gets the answers, called on the follower's thread."""
@@ -226,9 +228,9 @@ class TableFollower:
             ready, _, _ = select.select([events, self._wake_r], [], [], wait)
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
-            if events in ready:
-                self._read()
             try:
+                if events in ready:
+                    self._read()
                 self._answer()
                 if (self.pending or self.tables_changed) and due is None:
                     due = time.monotonic() + TICK

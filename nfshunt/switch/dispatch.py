@@ -19,7 +19,7 @@ from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
 from nfshunt.core import routing
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
-from nfshunt.kernel.routes import Answer, TableFollower
+from nfshunt.kernel.routes import R_LOOKUP_FAILED, Answer, TableFollower
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.observe.logs import RateLimitedLog
@@ -252,15 +252,24 @@ class Dispatcher:
 
     # --- the kernel ---------------------------------------------------------------------------
 
-    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> None:
+    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> list[c.Command] | None:
         """Asked of the route follower's thread (a route, a link and a neighbour lookup a new
         destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM: never on the event
         loop); its answer comes back as a HopsKnown."""
         if self.follower is None:
-            self.follower = TableFollower(self.on_tables or (lambda _news: None), self._follower_error)
-            self.follower.start()
+            follower = TableFollower(self.on_tables or (lambda _news: None), self._follower_error)
+            try:
+                follower.start()
+            except OSError as exc:  # (asked again: the retry of a failed lookup, routing.RETRIES)
+                self.counters.add("routed_table_errors", "route follower not started")
+                self.rlog.warning("route-follower", "cannot follow the firewall's route tables: %s", exc)
+                follower.stop()
+                failed: dict[str, Answer] = {address: R_LOOKUP_FAILED for address in cmd.addresses}
+                return sw.core.next_hops_known(failed, cmd.event, self.clock(), cmd.attempt)
+            self.follower = follower
         self.follower.ask(cmd.addresses, lambda answers: self.post(sw, (c.HopsKnown(answers, cmd.event,
                                                                                      cmd.attempt),)))
+        return None
 
     def _follower_error(self, what: str) -> None:  # (on the follower's thread: counters are thread-safe)
         self.counters.add("routed_table_errors", what)
