@@ -23,12 +23,11 @@ from typing import Any, Callable, Protocol
 
 from nfshunt.config.settings import Config
 from nfshunt.core import admission as adm
-from nfshunt.core import routing
 from nfshunt.core.authority import Decider, of_pair, of_tuple
 from nfshunt.core.connection import Conn, State
 from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel import table
-from nfshunt.records import cookies, markcodec, routed
+from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import OFP10, TCP_STATES, ConnEvent, EntryCounts, FlowTuple, SwitchFlow
 from nfshunt.switch.switch import Switch
 
@@ -349,15 +348,15 @@ REASONS = {
     adm.R_HOP_ELSEWHERE: "the firewall routes one of its directions out of another interface than the port "
                          "group's: the switch cannot send it there, so it stays on the firewall",
     # The tables' no (core/tables.py): it stays on the firewall and is judged again when they change.
-    routed.R_NO_ROUTE: "the firewall has no route to one of its ends: it stays there (judged again when a route "
+    adm.R_NO_ROUTE: "the firewall has no route to one of its ends: it stays there (judged again when a route "
                        "appears)",
-    routed.R_BLACKHOLE: "the firewall's route to one of its ends is a blackhole: nothing is shunted to it",
-    routed.R_UNRESOLVED: "the firewall has not resolved the MAC of one of its next hops yet: it is shunted once it "
+    adm.R_BLACKHOLE: "the firewall's route to one of its ends is a blackhole: nothing is shunted to it",
+    adm.R_UNRESOLVED: "the firewall has not resolved the MAC of one of its next hops yet: it is shunted once it "
                          "has",
-    routed.R_NEXT_HOP_FAILED: "one of its next hops failed in the firewall's neighbour table: it is shunted again "
+    adm.R_NEXT_HOP_FAILED: "one of its next hops failed in the firewall's neighbour table: it is shunted again "
                               "once the firewall resolves it",
-    routing.R_ROUTE_MOVED: "the firewall's route to one of its ends moved to another interface",
-    routing.R_FLAPPING: "one of its next hops changed its MAC too often: held down (30 s), it stays on the "
+    adm.R_ROUTE_MOVED: "the firewall's route to one of its ends moved to another interface",
+    adm.R_FLAPPING: "one of its next hops changed its MAC too often: held down (30 s), it stays on the "
                         "firewall meanwhile",
 }
 PRE_ESTABLISHED = {"NONE", "SYN_SENT", "SYN_RECV", "SYN_SENT2"}

@@ -13,7 +13,7 @@ import enum
 from typing import NamedTuple
 
 from nfshunt.config.switch import PortGroup
-from nfshunt.records import markcodec
+from nfshunt.records import markcodec, routed
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
 
@@ -61,6 +61,10 @@ R_ROUTED = "routed: shunting through a routing firewall is not built yet"
 # would route a direction out of another interface than its port group's (routing.py).
 R_HOP_UNKNOWN = routing.R_HOP_UNKNOWN
 R_HOP_ELSEWHERE = routing.R_HOP_ELSEWHERE
+# The firewall's tables said no (routing.TABLE_REASONS): the event waits for their change (tables.py).
+R_NO_ROUTE, R_BLACKHOLE, R_UNRESOLVED, R_NEXT_HOP_FAILED = \
+    routed.R_NO_ROUTE, routed.R_BLACKHOLE, routed.R_UNRESOLVED, routed.R_NEXT_HOP_FAILED
+R_ROUTE_MOVED, R_FLAPPING = routing.R_ROUTE_MOVED, routing.R_FLAPPING
 
 
 class Act(enum.Enum):
