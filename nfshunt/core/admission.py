@@ -15,7 +15,7 @@ from typing import NamedTuple
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
+from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
 
 from . import routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
@@ -61,6 +61,11 @@ R_ROUTED = "routed: shunting through a routing firewall is not built yet"
 # would route a direction out of another interface than its port group's (routing.py).
 R_HOP_UNKNOWN = routing.R_HOP_UNKNOWN
 R_HOP_ELSEWHERE = routing.R_HOP_ELSEWHERE
+
+
+def _nat(ev: ConnEvent) -> tuple[Rewrite, Rewrite] | None:
+    """A routed shunt's NAT rewrite, if its entry translates (docs/design/routed.md, 5.6)."""
+    return nat_rewrite(ev.orig, ev.reply) if ev.reply != ev.orig.reversed() else None
 
 
 class Act(enum.Enum):
@@ -157,6 +162,7 @@ class Admission:
         if action is Action.SHUNT and self.shared.switch.experimental_routed:
             hops = self.shared.next_hops.hops(ev, ingress, egress, ev.received)  # (decide found them)
             conn.hops = hops if not isinstance(hops, str) else None
+            conn.nat = _nat(ev)
         self.shared.remember(conn)
         return conn
 
@@ -275,8 +281,8 @@ class Admission:
             return Ignored(R_PROTOCOL, ev)
         if closing:
             return Ignored(R_CLOSING, ev)
-        if ev.reply != ev.orig.reversed():
-            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
+        if ev.reply != ev.orig.reversed() and not self.shared.switch.experimental_routed:
+            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
         return action, ingress, egress, idle, authority, hard
 
     # --- room on the switch -----------------------------------------------------------------

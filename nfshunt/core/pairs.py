@@ -165,7 +165,7 @@ class Connections:
             conn.watch = watch
             then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn, watch),)))
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), then)]
+                                 conn.handback_mark(how), then, conn.nat_ranges)]
 
     def going(self, conn: Conn, reason: str, now: float) -> None:
         """-> TAKING_DOWN (the hand-back may come later: an RST's grace, close_watch.py)."""
@@ -193,7 +193,7 @@ class Connections:
             return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
         conn.remove_reason = CONTRADICTED
         return [RestoreConntrack(conn.orig, conn.reply, REEVALUATE.tcp_state, REEVALUATE.timeout, False,
-                                 conn.handback_mark(REEVALUATE), ()),
+                                 conn.handback_mark(REEVALUATE), (), conn.nat_ranges),
                 RemoveFlows(conn, (False, True), CONTRADICTED)]
 
     def roll_back(self, conn: Conn, reason: str, how: Handback = REEVALUATE) -> list[Command]:
@@ -207,4 +207,4 @@ class Connections:
             return [remove]
         conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), (remove,))]
+                                 conn.handback_mark(how), (remove,), conn.nat_ranges)]

@@ -76,6 +76,7 @@ class Dispatcher:
             c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id, cmd.counted),
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
+            c.RefreshConntrack: lambda _sw, cmd: self.worker.refresh(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.ResolveHops: self.resolve_hops,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
@@ -258,7 +259,7 @@ class Dispatcher:
         self.counters.inc("teardowns" if cmd.tcp_state != CT_TCP_ESTABLISHED else "reevaluations")
         then = cmd.then
         self.worker.restore(cmd.orig.family, cmd.orig, cmd.reply, cmd.tcp_state, cmd.timeout, cmd.closer_is_reply,
-                            cmd.mark, lambda: self.post(sw, then))
+                            cmd.mark, lambda: self.post(sw, then), cmd.nat)
 
     def close_contradicted(self, _sw: Switch, cmd: c.CloseContradicted) -> None:
         """A caught close its own traffic contradicted: a FIN or RST the endpoints did not
