@@ -180,6 +180,23 @@ def test_a_nat_pair_s_take_down_restores_its_entry_with_its_nat_and_a_plain_one_
     assert restore.nat == ()
 
 
+def test_a_udp_nat_pair_s_take_down_clears_the_decision_on_its_kept_entry_and_a_plain_udp_one_nothing():
+    from nfshunt.core.commands import ClearDecision, RemoveFlows
+    orig = FlowTuple(4, UDP, "10.0.1.1", "10.0.2.1", 41103, 5201)
+    core, conn = nat_installed(orig, FlowTuple(4, UDP, "10.0.2.1", "10.0.2.254", 5201, 41103))
+    core.flows_confirmed(conn, 100.1)
+    out = core.remove(conn, "unshunt", 101.0)
+    assert [type(x) for x in out] == [ClearDecision, RemoveFlows]
+    assert (out[0].orig, out[0].ct_id) == (orig, 7)
+    plain = connected(experimental())
+    ev = event(proto=UDP, state=None)
+    plain.conntrack_event(ev)
+    (install,) = plain.next_hops_known({"10.0.0.2": HOPS["10.0.2.1"], "10.0.0.1": HOPS["10.0.1.1"]}, ev, 100.0)
+    plain.flows_confirmed(install.conn, 100.1)
+    plain.entry_due(install.conn, 100.2)
+    assert [type(x) for x in plain.remove(install.conn, "unshunt", 101.0)] == [RemoveFlows]
+
+
 # --- the codec and the worker -----------------------------------------------------------------
 
 def _attrs(raw):
@@ -254,6 +271,31 @@ def test_the_worker_updates_a_kept_nat_entry_and_creates_it_with_its_nat_only_wh
     reply = _attrs(second)[codec.CTA_TUPLE_REPLY][1]
     assert reply == codec.tuple_attr(codec.CTA_TUPLE_REPLY, SNAT_ORIG.reversed(), 0)[4:]  # the original reversed
     assert done == [1] and wk.restored == 1
+
+
+def test_the_worker_clears_one_kept_entry_s_decision_and_leaves_the_admin_s_bits():
+    import struct
+
+    from nfshunt.kernel import worker as w
+    from nfshunt.records.markcodec import DECISION_MASK
+    sent = []
+
+    class Sock:
+        def send(self, data):
+            sent.append(data)
+
+        def recv(self, _n):
+            seq = struct.unpack_from("=I", sent[-1], 8)[0]
+            return struct.pack("=IHHII", 36, 2, 0, seq, 0) + struct.pack("=i", 0) + sent[-1][:16]
+
+    wk = w.ConntrackWorker.__new__(w.ConntrackWorker)
+    wk.sock, wk._seq, wk.batch, wk.restored, wk._retry = Sock(), 0, 256, 0, []
+    wk.on_counted, wk.q = None, queue.Queue()
+    wk._requests([w.Undecide(4, SNAT_ORIG, 7)])
+    (msg,) = sent
+    assert msg[:4] == codec.mark_update_message(4, SNAT_ORIG, 7, 0, DECISION_MASK, 1)[:4]
+    assert msg[8:] == codec.mark_update_message(4, SNAT_ORIG, 7, 0, DECISION_MASK, 1)[8:]
+    assert struct.unpack("!I", _attrs(msg)[21][1])[0] == DECISION_MASK  # CTA_MARK_MASK: only the decision
 
 
 def struct_flags(msg):

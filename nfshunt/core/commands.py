@@ -77,6 +77,15 @@ class ResolveHops:
 
 
 @dataclass(slots=True)
+class ClearDecision:
+    """Clear the policy's decision bits of one kept entry (a UDP NAT pair's, whose flows
+    go: core/pairs.py), so its next packet is judged again; its translation stays."""
+    family: int
+    orig: FlowTuple
+    ct_id: int
+
+
+@dataclass(slots=True)
 class RefreshConntrack:
     """Give a NAT pair's kept entry `timeout` seconds, whatever its state (core/nat.py):
     the switch carries its traffic, so the kernel's own renewal has stopped."""
@@ -255,7 +264,7 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
-                RefreshConntrack, ClearDecisions,
+                RefreshConntrack, ClearDecision, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

@@ -22,7 +22,16 @@ from nfshunt.records import cookies
 from nfshunt.records.model import Action, FlowTuple
 
 from .close_watch import WATCH, CloseWatch
-from .commands import Command, Later, RemoveFlows, RestoreConntrack, ShortenConntrack, WatchEnds, WatchFlows
+from .commands import (
+    ClearDecision,
+    Command,
+    Later,
+    RemoveFlows,
+    RestoreConntrack,
+    ShortenConntrack,
+    WatchEnds,
+    WatchFlows,
+)
 from .connection import HELD, REEVALUATE, SPLIT_CLOSE_TIMEOUT, Conn, Handback, State
 
 CONTRADICTED = "close contradicted by its traffic"  # a watched close undone (close_watch.py): the removal's reason
@@ -154,6 +163,8 @@ class Connections:
         self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
+            if conn.nat is not None and not conn.entry_deleted:  # a UDP NAT pair's kept entry
+                return [ClearDecision(conn.orig.family, conn.orig, conn.ct_id), remove]
             return [remove]
         if conn.closed_on_firewall and not conn.entry_deleted:
             # An entry tracking the close keeps its state (not brought back to ESTABLISHED);

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from nfshunt.records.markcodec import DECISION_MASK
 from nfshunt.records.model import TCP_CLOSING, ConnEvent, EntryCounts, EventKind, FlowTuple, NatRange
 
 from .codec import (
@@ -22,6 +23,7 @@ from .codec import (
     delete_message,
     destroyed_entries,
     liberal_message,
+    mark_update_message,
     netlink_acks,
     parse_counts,
     parse_fast,
@@ -69,6 +71,13 @@ class Expire:
         above) but begins in an opening state; given the short timeout, a new connection
         idle for it would lose its entry (behind a strict firewall, the connection)."""
         return entry is not None and entry.ct_id == self.ct_id and entry.tcp_state in TCP_CLOSING
+
+
+@dataclass(frozen=True, slots=True)
+class Undecide:
+    family: int
+    orig: FlowTuple
+    ct_id: int  # not checked (an update): a NAT pair's kept entry, the one on its tuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +130,7 @@ class Dump:
     pass
 
 
-Request = Delete | Liberal | Expire | Refresh | Restore  # batched: one netlink message each
+Request = Delete | Liberal | Expire | Refresh | Undecide | Restore  # batched: one netlink message each
 _DUMP = Dump()
 
 
@@ -213,6 +222,11 @@ class ConntrackWorker:
         """Give a NAT pair's kept entry `timeout` seconds (core/nat.py), whatever its state."""
         self._put(Refresh(family, orig, ct_id, timeout))
 
+    def clear_decision(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+        """Clear the decision bits of one entry (a UDP NAT pair's kept one): its next
+        packet is judged by the policy again."""
+        self._put(Undecide(family, orig, ct_id))
+
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
         failed, error)` runs on this thread once the kernel has answered."""
@@ -294,6 +308,8 @@ class ConntrackWorker:
                 echoes = echoes or item.echo
             elif isinstance(item, Liberal):
                 out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
+            elif isinstance(item, Undecide):
+                out += mark_update_message(item.family, item.orig, item.ct_id, 0, DECISION_MASK, self._seq)
             elif isinstance(item, (Expire, Refresh)):
                 out += timeout_message(item.family, item.orig, item.ct_id, item.timeout, self._seq)
             else:
@@ -358,7 +374,7 @@ class ConntrackWorker:
         elif isinstance(item, Liberal):
             if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
                 LOG.warning("conntrack entry %s not made liberal: %s", item.orig, errno.errorcode.get(err, err))
-        elif isinstance(item, (Expire, Refresh)):
+        elif isinstance(item, (Expire, Refresh, Undecide)):
             if err not in (0, errno.ENOENT):  # ENOENT: gone already
                 LOG.warning("conntrack entry %s kept its timeout: %s", item.orig, errno.errorcode.get(err, err))
         elif err == 0:

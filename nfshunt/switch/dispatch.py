@@ -77,6 +77,7 @@ class Dispatcher:
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
             c.RefreshConntrack: lambda _sw, cmd: self.worker.refresh(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
+            c.ClearDecision: lambda _sw, cmd: self.worker.clear_decision(cmd.family, cmd.orig, cmd.ct_id),
             c.ResolveHops: self.resolve_hops,
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,

@@ -36,6 +36,7 @@ class FakeWorker:
         self.cleared: list[int] = []  # clear_marks masks
         self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
         self.liberals: list[FlowTuple] = []
+        self.undecided: list[tuple[FlowTuple, int]] = []  # UDP NAT pairs' kept entries, decision cleared
         self.refreshed: list[tuple[FlowTuple, int, int]] = []  # NAT pairs' kept entries given time
         self.afters: list[Callable[[], None]] = []  # what waits for the worker to finish what it was asked
         self.running = False
@@ -60,6 +61,9 @@ class FakeWorker:
 
     def expire(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
         self.expired.append((orig, ct_id, timeout))
+
+    def clear_decision(self, _family: int, orig: FlowTuple, ct_id: int) -> None:
+        self.undecided.append((orig, ct_id))
 
     def refresh(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
         self.refreshed.append((orig, ct_id, timeout))
