@@ -238,3 +238,43 @@ def test_a_masqueraded_udp_stream_is_shunted_and_its_take_down_has_the_kept_entr
     assert forwarded < 10, f"the firewall routed {forwarded} datagrams while the stream was shunted"
     assert len(frames) >= 50, frames[-5:]
     assert {(*f[:4], *f[5:]) for f in frames} == {(router, h2, "63", FW_OUTSIDE, tb.h2_ip, str(SHUNT), "ok")}
+
+
+FRAME6 = re.compile(r"^\S+ (\S+) > (\S+), ethertype IPv6 \(0x86dd\), length \d+: \(.*hlim (\d+), .*\) "
+                    r"(\S+)\.(\d+) > (\S+)\.(\d+): .*cksum 0x[0-9a-f]+ \((\w+)\)")
+FW_OUTSIDE6 = "fd02::fe"
+
+
+def test_a_masqueraded_ipv6_transfer_is_shunted_with_the_firewall_s_address_and_hop_limit_one_lower(fw_strict):
+    tb = fw_strict
+    tb.run(tb.fw, "ip6tables", "-w", "5", "-I", *INPUT_STRICT)
+    router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
+    srv, cli = tb.start_transfer(SHUNT, 4, dst=tb.h2_ip6)
+    try:
+        flows = tb.wait_for(lambda: [f for f in tb.conn_flows(SHUNT) if f"set_field:{FW_OUTSIDE6}->ipv6_src"
+                                     in f["actions"]], 10, "the IPv6 NAT shunts")
+        assert all("dec_ttl" in f["actions"] for f in flows)
+        time.sleep(0.3)  # (what the firewall still had queued drains)
+        forwarded0 = _forwarded6(tb)
+        cap = tb.h2.popen(["timeout", "5", "tcpdump", "-l", "-nn", "-e", "-v", "-c", "300", "-i", "h2-eth0",
+                           "ip6", "and", "tcp", "and", "dst", "port", str(SHUNT)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        out, _ = cap.communicate(timeout=10)
+        forwarded = _forwarded6(tb) - forwarded0
+    finally:
+        result = finish_iperf(srv, cli)
+        tb.run(tb.fw, "ip6tables", "-w", "5", "-D", *INPUT_STRICT, check=False)
+    assert "error" not in result, result
+    frames = [m.groups() for m in map(FRAME6.match, out.splitlines()) if m]
+    assert len(frames) >= 100, out[-1500:]
+    assert {(*f[:4], *f[5:]) for f in frames} == {(router, h2, "63", FW_OUTSIDE6, tb.h2_ip6, str(SHUNT), "correct")}
+    assert forwarded < len(frames) / 10, f"the firewall routed {forwarded} datagrams while h2 got {len(frames)}"
+
+
+def _forwarded6(tb) -> int:
+    """IPv6 datagrams the firewall's kernel routed (Ip6OutForwDatagrams)."""
+    for line in tb.run(tb.fw, "cat", "/proc/net/snmp6").splitlines():
+        name, _, value = line.partition(" ")
+        if name == "Ip6OutForwDatagrams":
+            return int(value)
+    raise AssertionError("no Ip6OutForwDatagrams in /proc/net/snmp6")
