@@ -278,3 +278,30 @@ def _forwarded6(tb) -> int:
         if name == "Ip6OutForwDatagrams":
             return int(value)
     raise AssertionError("no Ip6OutForwDatagrams in /proc/net/snmp6")
+
+
+def test_a_dnat_shunt_whose_entry_was_lost_is_taken_down_alive_with_its_destination_nat(dnat):
+    """The take-down re-creates the lost entry with CTA_NAT_DST (h1:5301), the original
+    reversed as reply (F14: alive; without it h2's packets to 10.0.2.254 are untranslated)."""
+    from nfshunt_testbed.bed import STEADY_RATE
+    tb = dnat
+    srv = tb.iperf_server(DNAT_TO, 0.2, node=tb.h1)
+    cli = tb.spawn(tb.h2, "iperf3", "-c", FW_OUTSIDE, "-p", str(SHUNT), "-t", "4", "-J", "-i", "0.2", "-b",
+                   STEADY_RATE, "--get-server-output", "--connect-timeout", "5000", stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)
+    try:
+        tb.wait_for(lambda: _at_least(4, _nat_flows(tb) + _nat_flows(tb, DNAT_TO)), 10, "the DNAT shunts")
+        pair = {f["cookie"] for f in _nat_flows(tb) + _nat_flows(tb, DNAT_TO)}
+        tb.run(tb.fw, "conntrack", "-D", "-p", "tcp", "--orig-port-dst", str(SHUNT), check=False)
+        assert f"src={tb.h2_ip}" not in tb.run(tb.fw, "conntrack", "-L", "-p", "tcp", check=False)
+        slow = tb.slow_path_packets()
+        _unshunt(tb)
+        tb.wait_for(lambda: not pair & {f["cookie"] for f in tb.conn_flows(SHUNT) + tb.conn_flows(DNAT_TO)}, 5,
+                    "the take-down")
+        tb.wait_for(lambda: tb.slow_path_packets() > slow + 100, 5, "the transfer to cross the firewall")
+        entries = tb.run(tb.fw, "conntrack", "-L", "-p", "tcp", "--orig-port-dst", str(SHUNT), check=False)
+    finally:
+        result = finish_iperf(srv, cli)
+    assert "error" not in result, result.get("error")
+    assert longest_stall(result) < 1.0
+    assert f"src={tb.h1_ip} dst={tb.h2_ip} sport={DNAT_TO}" in entries, entries  # translated again
