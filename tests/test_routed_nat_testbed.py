@@ -1,7 +1,8 @@
 """The routed testbed's masquerade variant (docs/design/routed.md, section 6): the routing
 firewall translates h1's subnet to its own address on h2's side. The connection's entry then
-has a reply tuple that is not the original reversed (F11); until NAT shunts exist it stays on
-the firewall, its refusal counted, and the transfer arrives whole."""
+has a reply tuple that is not the original reversed (F11); without `experimental_routed` it
+stays on the firewall, its refusal counted, and the transfer arrives whole (with it, NAT
+shunts: tests/test_routed_nat_shunt_testbed.py)."""
 from __future__ import annotations
 
 import pytest

@@ -274,14 +274,15 @@ PER_SWITCH: dict[str, v.Key] = {
                         "transparent bridge, `bridge_port`s) or `routed` (it routes between its interfaces, "
                         "`interface`s; OpenFlow 1.3). Routed connections are not shunted yet: each is left on the "
                         "firewall and counted (docs/design/routed.md). The same for every switch."),
-    "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections (not NAT) with "
-                                 "the router's rewrite (source MAC of its egress interface, the next hop's MAC "
-                                 "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall), "
-                                 "following the firewall's route and neighbour tables (a new MAC rewrites the "
-                                 "pairs in place; a failed neighbour, a moved, lost or blackholed route hands "
-                                 "them back; a neighbour flapping is held down 30 s). Experimental: NAT and a "
-                                 "restart's adoption are not handled yet (docs/design/routed.md); needs "
-                                 "`flow_layout` `single`."),
+    "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections with the "
+                                 "router's rewrite (source MAC of its egress interface, the next hop's MAC "
+                                 "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall) "
+                                 "and a NAT'd one with the firewall's translation too (addresses and ports, "
+                                 "its conntrack entry kept), following the firewall's route and neighbour "
+                                 "tables (a new MAC rewrites the pairs in place; a failed neighbour, a moved, "
+                                 "lost or blackholed route hands them back; a neighbour flapping is held down "
+                                 "30 s). Experimental: a restart's adoption is not handled yet "
+                                 "(docs/design/routed.md); needs `flow_layout` `single`."),
 }
 
 
@@ -309,7 +310,7 @@ class SwitchConfig:
     confirm_delay: float = 0.5
     drain: float = 0.05
     forwarding: str = "bridged"  # "bridged" | "routed" (FORWARDING): how the firewall forwards between the groups
-    experimental_routed: bool = False  # routed shunts (docs/design/routed.md slice 2), not only counted refusals
+    experimental_routed: bool = False  # routed shunts, NAT too (docs/design/routed.md slices 2, 4), not refusals
     at: str = field(default="", compare=False)  # where its keys are in the config: "" or "switches[i]."
     by_physdevin: dict[int, PortGroup] = field(init=False, compare=False, repr=False)
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec, routed
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
+from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
 
 from . import routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
@@ -65,6 +65,11 @@ R_HOP_ELSEWHERE = routing.R_HOP_ELSEWHERE
 R_NO_ROUTE, R_BLACKHOLE, R_UNRESOLVED, R_NEXT_HOP_FAILED = \
     routed.R_NO_ROUTE, routed.R_BLACKHOLE, routed.R_UNRESOLVED, routed.R_NEXT_HOP_FAILED
 R_ROUTE_MOVED, R_FLAPPING = routing.R_ROUTE_MOVED, routing.R_FLAPPING
+
+
+def _nat(ev: ConnEvent) -> tuple[Rewrite, Rewrite] | None:
+    """A routed shunt's NAT rewrite, if its entry translates (docs/design/routed.md, 5.6)."""
+    return nat_rewrite(ev.orig, ev.reply) if ev.reply != ev.orig.reversed() else None
 
 
 class Act(enum.Enum):
@@ -166,6 +171,7 @@ class Admission:
             conn.hops = hops if not isinstance(hops, str) else None
             if conn.hops is not None:
                 self.shared.next_hops.use(conn)  # (found by the tables' news: core/tables.py)
+            conn.nat = _nat(ev)
         self.shared.remember(conn)
         return conn
 
@@ -284,8 +290,8 @@ class Admission:
             return Ignored(R_PROTOCOL, ev)
         if closing:
             return Ignored(R_CLOSING, ev)
-        if ev.reply != ev.orig.reversed():
-            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses
+        if ev.reply != ev.orig.reversed() and not self.shared.switch.experimental_routed:
+            return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
         return action, ingress, egress, idle, authority, hard
 
     # --- room on the switch -----------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Union
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.config.switch import PortGroup
-from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, SwitchFlow
+from nfshunt.records.model import ConnEvent, FlowTuple, NatRange, NextHop, SwitchFlow
 
 from .address_flows import AddressFlow
 from .close_watch import CloseWatch
@@ -108,6 +108,25 @@ class NeighbourHeldDown:
 
 
 @dataclass(slots=True)
+class ClearDecision:
+    """Clear the policy's decision bits of one kept entry (a UDP NAT pair's, whose flows
+    go: core/pairs.py), so its next packet is judged again; its translation stays."""
+    family: int
+    orig: FlowTuple
+    ct_id: int
+
+
+@dataclass(slots=True)
+class RefreshConntrack:
+    """Give a NAT pair's kept entry `timeout` seconds, whatever its state (core/nat.py):
+    the switch carries its traffic, so the kernel's own renewal has stopped."""
+    family: int
+    orig: FlowTuple
+    ct_id: int
+    timeout: int
+
+
+@dataclass(slots=True)
 class ResyncConntrack:
     """Dump the conntrack table and feed every entry to core.conntrack_event()."""
 
@@ -142,6 +161,10 @@ class RestoreConntrack:
     closer_is_reply: bool
     mark: int
     then: tuple["Command", ...]
+    # A NAT pair's (docs/design/routed.md, 5.6): its kept entry is updated (the decision
+    # cleared); only if that one is gone, it is created with these translations, its reply
+    # the original reversed (F14: the translated reply alone translates nothing).
+    nat: tuple[NatRange, ...] = ()
 
 
 @dataclass(slots=True)
@@ -273,7 +296,7 @@ class Removed:
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
                 HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
-                ClearDecisions,
+                RefreshConntrack, ClearDecision, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

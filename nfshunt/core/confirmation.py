@@ -39,6 +39,8 @@ class Confirmation:
         conns = self.shared.conns
         if not conns.holds(conn, State.PENDING):
             return []
+        if conn.nat is not None:
+            return self._nat_confirmed(conn, now)
         sw = self.shared.switch
         counters = sw.confirm == "counters" and conn.action is Action.SHUNT
         wait = (sw.confirm_delay if sw.confirm == "delay" else 0.0) + sw.drain
@@ -62,6 +64,22 @@ class Confirmation:
                 return out
             return [self._delete_entry(conn, now), installed]
         out.append(ReadCounters(conn) if counters else self._entry_goes(conn, wait, now))
+        return out
+
+    def _nat_confirmed(self, conn: Conn, now: float) -> list[Command]:
+        """A NAT pair keeps its entry (docs/design/routed.md, 5.6): it holds the translated
+        port (nf_nat picks a free one from the table alone), translates the connection's
+        ICMP errors, and its take-down clears its decision rather than re-creating it. Its
+        window tracking was made liberal before the install (dispatch); housekeeping keeps
+        its timeout ahead of the flows' (`nat_refresh`)."""
+        self.shared.conns.confirmed(conn, now, keep_entry=False)  # LIVE, its entry not deleted
+        if conn.remove_reason is not None:
+            return self.shared.conns.hand_back(conn, conn.remove_reason, now)
+        out: list[Command] = [Installed(conn, now - conn.event_time)]
+        if conn.early is not None:
+            early, conn.early = conn.early, None
+            for cookie, in_port in early:
+                out.extend(self.teardown.packet(cookie, in_port, now) or ())
         return out
 
     def _entry_goes(self, conn: Conn, wait: float, now: float) -> Command:

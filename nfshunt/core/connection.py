@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import cookies, markcodec
-from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, NextHop
+from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, NatRange, NextHop, Rewrite, nat_ranges
 
 from .close_watch import CloseWatch
 
@@ -135,6 +135,10 @@ class Conn:
     early: list[tuple[int, int]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     hops: tuple[NextHop, NextHop] | None = None  # a routing firewall's: the original's, the reply's (routing.py)
+    # A NAT entry's (forward, reverse) rewrite (records.model.nat_rewrite): its flows translate
+    # as the firewall did, and its entry is kept for the pair's life (confirmation.py).
+    nat: tuple[Rewrite, Rewrite] | None = None
+    nat_refreshed: float | None = None  # when its kept entry's timeout was last given (core/nat.py)
     idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
     watch: CloseWatch | None = None  # a caught close being watched (close_watch.py)
     # What decided it (cookies.Authority, named in its cookie): an IDS's rule or an operator's
@@ -162,6 +166,11 @@ class Conn:
         life: the firewall judges its next packet as it finds it (behind a strict firewall,
         INVALID), and a re-created ESTABLISHED entry would let that packet through."""
         return self.action is Action.SHUNT and self.orig.proto == TCP
+
+    @property
+    def nat_ranges(self) -> tuple[NatRange, ...]:
+        """What a re-creation of a NAT pair's entry must carry (CTA_NAT_*, design F13/F14)."""
+        return nat_ranges(self.orig, self.reply) if self.nat is not None else ()
 
     def cookie(self, reply: bool) -> int:
         return cookies.make(self.kind, self.key, reply, self.authority)

@@ -28,6 +28,7 @@ from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, NextHop, SwitchFlow
 from nfshunt.records.segment import Segment
 
+from . import nat
 from .admission import Admission, Verdict
 from .close_watch import CloseWatch
 from .commands import (
@@ -360,7 +361,12 @@ class Core:
             out.extend(self.static.block(t, now, hard_timeout(self.pins[t].expires, now)))
         self.shared.address_blocks.expire(now)
         out.extend(self._tables.tick(now))
+        out.extend(nat.refreshes(self.cfg, self._nat_pairs(), now))
         return out
+
+    def _nat_pairs(self) -> list[Conn]:
+        """The NAT pairs (routed shunts only: none unless experimental_routed)."""
+        return [conn for conn in self.shared.conns if conn.nat is not None] if self.switch.experimental_routed else []
 
     # --- table ------------------------------------------------------------------------------
 

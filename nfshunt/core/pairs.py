@@ -22,7 +22,16 @@ from nfshunt.records import cookies
 from nfshunt.records.model import Action, FlowTuple
 
 from .close_watch import WATCH, CloseWatch
-from .commands import Command, Later, RemoveFlows, RestoreConntrack, ShortenConntrack, WatchEnds, WatchFlows
+from .commands import (
+    ClearDecision,
+    Command,
+    Later,
+    RemoveFlows,
+    RestoreConntrack,
+    ShortenConntrack,
+    WatchEnds,
+    WatchFlows,
+)
 from .connection import HELD, REEVALUATE, SPLIT_CLOSE_TIMEOUT, Conn, Handback, State
 
 CONTRADICTED = "close contradicted by its traffic"  # a watched close undone (close_watch.py): the removal's reason
@@ -154,6 +163,8 @@ class Connections:
         self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
+            if conn.nat is not None and not conn.entry_deleted:  # a UDP NAT pair's kept entry
+                return [ClearDecision(conn.orig.family, conn.orig, conn.ct_id), remove]
             return [remove]
         if conn.closed_on_firewall and not conn.entry_deleted:
             # An entry tracking the close keeps its state (not brought back to ESTABLISHED);
@@ -165,7 +176,7 @@ class Connections:
             conn.watch = watch
             then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn, watch),)))
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), then)]
+                                 conn.handback_mark(how), then, conn.nat_ranges)]
 
     def going(self, conn: Conn, reason: str, now: float) -> None:
         """-> TAKING_DOWN (the hand-back may come later: an RST's grace, close_watch.py)."""
@@ -193,7 +204,7 @@ class Connections:
             return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
         conn.remove_reason = CONTRADICTED
         return [RestoreConntrack(conn.orig, conn.reply, REEVALUATE.tcp_state, REEVALUATE.timeout, False,
-                                 conn.handback_mark(REEVALUATE), ()),
+                                 conn.handback_mark(REEVALUATE), (), conn.nat_ranges),
                 RemoveFlows(conn, (False, True), CONTRADICTED)]
 
     def roll_back(self, conn: Conn, reason: str, how: Handback = REEVALUATE) -> list[Command]:
@@ -207,4 +218,4 @@ class Connections:
             return [remove]
         conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), (remove,))]
+                                 conn.handback_mark(how), (remove,), conn.nat_ranges)]

@@ -15,7 +15,7 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW, nfct_msg
 
 from nfshunt.records import markcodec
-from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple, address_text
+from nfshunt.records.model import ConnEvent, EntryCounts, EventKind, FlowTuple, NatRange, NatSide, address_text
 
 NETLINK_NETFILTER = 12
 SO_RCVBUFFORCE = 33
@@ -335,22 +335,44 @@ def timeout_message(family: int, t: FlowTuple, ct_id: int, timeout: int, seq: in
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
 
 
+CTA_NAT_SRC, CTA_NAT_DST = 6, 13
+CTA_NAT_V4_MINIP, CTA_NAT_V4_MAXIP, CTA_NAT_PROTO, CTA_NAT_V6_MINIP, CTA_NAT_V6_MAXIP = 1, 2, 3, 4, 5
+CTA_PROTONAT_PORT_MIN, CTA_PROTONAT_PORT_MAX = 1, 2
+
+
+def nat_attr(r: NatRange, family: int) -> bytes:
+    """CTA_NAT_SRC or CTA_NAT_DST: the one address and port the entry translates to
+    (docs/design/routed.md F14; nested as conntrack-tools sends it)."""
+    af = socket.AF_INET if family == 4 else socket.AF_INET6
+    lo, hi = (CTA_NAT_V4_MINIP, CTA_NAT_V4_MAXIP) if family == 4 else (CTA_NAT_V6_MINIP, CTA_NAT_V6_MAXIP)
+    ip = socket.inet_pton(af, r.address)
+    port = BE16.pack(r.port)
+    proto = nla(CTA_NAT_PROTO | NLA_F_NESTED, nla(CTA_PROTONAT_PORT_MIN, port) + nla(CTA_PROTONAT_PORT_MAX, port))
+    atype = CTA_NAT_SRC if r.side is NatSide.SRC else CTA_NAT_DST
+    return nla(atype | NLA_F_NESTED, nla(lo, ip) + nla(hi, ip) + proto)
+
+
 def restore_message(family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
-                    closer_is_reply: bool, mark: int, seq: int) -> bytes:
+                    closer_is_reply: bool, mark: int, seq: int, nat: tuple[NatRange, ...] = (),
+                    create: bool = True) -> bytes:
     """IPCTNL_MSG_CT_NEW with NLM_F_CREATE and without EXCL (an existing entry is brought to
     the state instead): a TCP entry with both tuples, its timeout, mark and state, both
     directions BE_LIBERAL and the closing one's CLOSE_INIT. No status bits: EBUSY on create
     on 6.x kernels. Packed by hand: pyroute2's encoder cost ~230 us a message, and one goes
     with every idled-out TCP shunt's hand-back. Byte for byte what that encoder sent (nests
-    without NLA_F_NESTED, attributes in its order; tests/test_conntrack_parse.py holds it)."""
+    without NLA_F_NESTED, attributes in its order; tests/test_conntrack_parse.py holds it).
+    A NAT entry's re-creation carries its translations (`nat`: CTA_NAT_SRC/DST after the
+    rest; the kernel refuses them on an existing entry, EOPNOTSUPP); without `create` it only
+    updates an existing entry (ENOENT if none)."""
     tcp = (nla(CTA_PROTOINFO_TCP_STATE, bytes((tcp_state,)))
            + nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, LIBERAL_FLAGS if closer_is_reply else CLOSER_FLAGS)
            + nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, CLOSER_FLAGS if closer_is_reply else LIBERAL_FLAGS))
     body = (struct.pack("=BBH", AF[family], 0, 0) + tuple_attr(CTA_TUPLE_ORIG, orig, 0)
             + tuple_attr(CTA_TUPLE_REPLY, reply, 0) + nla(CTA_TIMEOUT, BE32.pack(timeout))
             + nla(CTA_MARK, BE32.pack(mark)) + nla(CTA_PROTOINFO, nla(CTA_PROTOINFO_TCP, tcp)) + zone_attr(orig))
+    body += b"".join(nat_attr(r, family) for r in nat)
     return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
-                          NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, seq, 0) + body
+                          NLM_F_REQUEST | NLM_F_ACK | (NLM_F_CREATE if create else 0), seq, 0) + body
 
 
 # A classic BPF program for the event socket: pass a message only if its CTA_MARK has the

@@ -4,6 +4,7 @@ acknowledged) and dumps the table, so that none of it ever blocks the OpenFlow e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import queue
@@ -13,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from nfshunt.records.model import TCP_CLOSING, ConnEvent, EntryCounts, EventKind, FlowTuple
+from nfshunt.records.markcodec import DECISION_MASK
+from nfshunt.records.model import TCP_CLOSING, ConnEvent, EntryCounts, EventKind, FlowTuple, NatRange
 
 from .codec import (
     CROSSED_PLUMBING,
@@ -21,6 +23,7 @@ from .codec import (
     delete_message,
     destroyed_entries,
     liberal_message,
+    mark_update_message,
     netlink_acks,
     parse_counts,
     parse_fast,
@@ -71,6 +74,21 @@ class Expire:
 
 
 @dataclass(frozen=True, slots=True)
+class Undecide:
+    family: int
+    orig: FlowTuple
+    ct_id: int  # not checked (an update): a NAT pair's kept entry, the one on its tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    family: int
+    orig: FlowTuple
+    ct_id: int  # not checked (an update): a NAT pair's kept entry, the one on its tuple
+    timeout: int
+
+
+@dataclass(frozen=True, slots=True)
 class Restore:
     family: int
     orig: FlowTuple
@@ -80,6 +98,20 @@ class Restore:
     closer_is_reply: bool
     mark: int
     done: Callable[[], None]  # runs after the kernel answered, whatever it answered
+    # A NAT pair's translations: the kept entry is updated (no create); only if it is gone
+    # (ENOENT) is it created with them, its reply the original reversed (`create`; F13/F14).
+    nat: tuple[NatRange, ...] = ()
+    create: bool = False
+
+    def message(self, seq: int) -> bytes:
+        if not self.nat:
+            return restore_message(self.family, self.orig, self.reply, self.tcp_state, self.timeout,
+                                   self.closer_is_reply, self.mark, seq)
+        if not self.create:  # (the reply tuple is not read on an update)
+            return restore_message(self.family, self.orig, self.reply, self.tcp_state, self.timeout,
+                                   self.closer_is_reply, self.mark, seq, create=False)
+        return restore_message(self.family, self.orig, self.orig.reversed(), self.tcp_state, self.timeout,
+                               self.closer_is_reply, self.mark, seq, nat=self.nat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +130,7 @@ class Dump:
     pass
 
 
-Request = Delete | Liberal | Expire | Restore  # batched: one netlink message each
+Request = Delete | Liberal | Expire | Refresh | Undecide | Restore  # batched: one netlink message each
 _DUMP = Dump()
 
 
@@ -120,6 +152,7 @@ class ConntrackWorker:
         self.delete_missing = 0
         self.restored = 0
         self.stale = 0  # expires not sent: the tuple's entry is no longer the one asked for
+        self._retry: list[Request] = []  # NAT restores whose kept entry was gone (Restore.nat)
         self._dump_lock = threading.Lock()
         self._dump_queued = False
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -165,12 +198,13 @@ class ConntrackWorker:
         self._put(Delete(family, orig, ct_id, counted and self.on_counted is not None))
 
     def restore(self, family: int, orig: FlowTuple, reply: FlowTuple, tcp_state: int, timeout: int,
-                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
+                closer_is_reply: bool, mark: int, done: Callable[[], None], nat: tuple[NatRange, ...] = ()) -> None:
         """Create a TCP entry in the given state (see core: teardown, re-evaluation, idle
         shunts), or bring the entry that exists to it (one kept until the slow path drained,
         or one a straggler re-created); `done` runs after the kernel answered, whatever it
-        answered."""
-        self._put(Restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done))
+        answered. A NAT pair's entry (`nat`) is updated if it exists, else created with its
+        translations (Restore.nat)."""
+        self._put(Restore(family, orig, reply, tcp_state, timeout, closer_is_reply, mark, done, nat))
 
     def liberal(self, family: int, orig: FlowTuple, ct_id: int) -> None:
         """Stop window tracking of a TCP entry (both directions BE_LIBERAL): while a switch
@@ -183,6 +217,15 @@ class ConntrackWorker:
         """Give an existing closing entry `timeout` seconds (its traffic renews it as usual);
         not sent if the tuple's entry is no longer that one (Expire.meant_for)."""
         self._put(Expire(family, orig, ct_id, timeout))
+
+    def refresh(self, family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
+        """Give a NAT pair's kept entry `timeout` seconds (core/nat.py), whatever its state."""
+        self._put(Refresh(family, orig, ct_id, timeout))
+
+    def clear_decision(self, family: int, orig: FlowTuple, ct_id: int) -> None:
+        """Clear the decision bits of one entry (a UDP NAT pair's kept one): its next
+        packet is judged by the policy again."""
+        self._put(Undecide(family, orig, ct_id))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         """Clear the `mask` bits of every entry that has any of them; `done(cleared,
@@ -238,8 +281,11 @@ class ConntrackWorker:
             batch.extend(nxt)
         for at in range(0, len(batch), self.batch):
             part = batch[at:at + self.batch]
+            self._retry = []
             try:
                 self._send_batch(part)
+                if self._retry:  # NAT entries found gone: created with their NAT, before `done`
+                    self._send_batch(self._retry)
             except OSError as exc:
                 LOG.error("conntrack update failed: %s", exc)
             for item in part:
@@ -262,11 +308,12 @@ class ConntrackWorker:
                 echoes = echoes or item.echo
             elif isinstance(item, Liberal):
                 out += liberal_message(item.family, item.orig, item.ct_id, self._seq)
-            elif isinstance(item, Expire):
+            elif isinstance(item, Undecide):
+                out += mark_update_message(item.family, item.orig, item.ct_id, 0, DECISION_MASK, self._seq)
+            elif isinstance(item, (Expire, Refresh)):
                 out += timeout_message(item.family, item.orig, item.ct_id, item.timeout, self._seq)
             else:
-                out += restore_message(item.family, item.orig, item.reply, item.tcp_state, item.timeout,
-                                       item.closer_is_reply, item.mark, self._seq)
+                out += item.message(self._seq)
             pending[self._seq] = item
         self.sock.send(bytes(out))
         deadline = time.monotonic() + 2.0
@@ -327,11 +374,13 @@ class ConntrackWorker:
         elif isinstance(item, Liberal):
             if err not in (0, errno.ENOENT):  # ENOENT: the connection ended meanwhile
                 LOG.warning("conntrack entry %s not made liberal: %s", item.orig, errno.errorcode.get(err, err))
-        elif isinstance(item, Expire):
+        elif isinstance(item, (Expire, Refresh, Undecide)):
             if err not in (0, errno.ENOENT):  # ENOENT: gone already
                 LOG.warning("conntrack entry %s kept its timeout: %s", item.orig, errno.errorcode.get(err, err))
         elif err == 0:
             self.restored += 1
+        elif err == errno.ENOENT and item.nat and not item.create:
+            self._retry.append(dataclasses.replace(item, create=True))  # the kept NAT entry is gone
         else:
             LOG.warning("conntrack entry for a teardown not created: %s", errno.errorcode.get(err, err))
 

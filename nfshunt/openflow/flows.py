@@ -86,7 +86,21 @@ def routed_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
     if conn.hops is None:
         return ()
     hop = conn.hops[reply]
-    return p.OFPActionDecNwTtl(), p.OFPActionSetField(eth_src=hop.eth_src), p.OFPActionSetField(eth_dst=hop.eth_dst)
+    return (p.OFPActionDecNwTtl(), p.OFPActionSetField(eth_src=hop.eth_src), p.OFPActionSetField(eth_dst=hop.eth_dst),
+            *nat_actions(p, conn, reply))
+
+
+def nat_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
+    """A NAT pair's translation of one direction (records.model.nat_rewrite), after the
+    router's rewrite: set_field on the addresses and ports that change (Open vSwitch fixes
+    the checksums). The reverse flow matches the reply tuple as it arrives (F15)."""
+    if conn.nat is None:
+        return ()
+    rw, t = conn.nat[reply], conn.orig
+    ip = "ipv4" if t.family == 4 else "ipv6"
+    l4 = "tcp" if t.proto == TCP else "udp"
+    fields = ((f"{ip}_src", rw.src), (f"{l4}_src", rw.sport), (f"{ip}_dst", rw.dst), (f"{l4}_dst", rw.dport))
+    return tuple(p.OFPActionSetField(**{name: value}) for name, value in fields if value is not None)
 
 
 class FlowBuilder(FlowBasics):
@@ -107,11 +121,13 @@ class FlowBuilder(FlowBasics):
         self.templated = True  # off: every message from os-ken (tests compare the two)
 
     def _templated(self, key: tuple, build: Any, family: int, cookie: int, t: FlowTuple,
-                   meta: Any = None, ports: tuple[bool, bool] = (True, True), hard: int = 0) -> Any:
+                   meta: Any = None, ports: tuple[bool, bool] = (True, True), hard: int = 0,
+                   fresh: bool = False) -> Any:
         """The message for (cookie, tuple) from the cached template of its shape; `meta`
         (cookie -> metadata) for a flow that carries the connection into table 1; `hard`, a
-        pair's hard timeout, patched in (one template serves every value)."""
-        if not self.templated:
+        pair's hard timeout, patched in (one template serves every value). `fresh` (a NAT
+        pair's: its set_fields are its own) builds it each time."""
+        if not self.templated or fresh:
             return with_hard(build(cookie, t), hard)
         return self.templates.flow(key, build, family, cookie, t, meta, ports, hard)
 
@@ -222,7 +238,8 @@ class FlowBuilder(FlowBasics):
                                  self.retag(*vids), rewrite)
             out.append(self._templated(("add", t.family, t.proto, in_port, out_port, prio, idle, vids,
                                         conn.hops[reply] if rewrite and conn.hops else ()), build,
-                                       t.family, conn.cookie(reply), t, hard=conn.hard_timeout))
+                                       t.family, conn.cookie(reply), t, hard=conn.hard_timeout,
+                                       fresh=conn.nat is not None))
         if self.catchers_of_its_own(conn):
             out.extend(self._catchers(conn))
         return out
@@ -340,7 +357,7 @@ class FlowBuilder(FlowBasics):
                                         instructions=inst)
                 out.append(self._templated(("catch", t.family, in_port, peer, bit, prio, vids, conn.hops), build,
                                            t.family, cookies.make_teardown(conn.key, reply, rst), t,
-                                           hard=conn.hard_timeout))
+                                           hard=conn.hard_timeout, fresh=conn.nat is not None))
         return out
 
     def _forward_and_tell(self, peer: int, vids: tuple[int, int], rewrite: tuple[Any, ...] = ()) -> list[Any]:

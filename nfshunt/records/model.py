@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import socket
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 TCP = 6
 UDP = 17
@@ -196,3 +196,55 @@ class NextHop:
     eth_src: str
     eth_dst: str
     neighbour: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """What a NAT shunt's flow changes in one direction's packets (docs/design/routed.md,
+    5.2), as OpenFlow set_fields after the router's rewrite: None leaves a field as it came."""
+    src: str | None = None
+    sport: int | None = None
+    dst: str | None = None
+    dport: int | None = None
+
+
+def _rewrite(arrives: FlowTuple, leaves: FlowTuple) -> Rewrite:
+    def changed(a: Any, b: Any) -> Any:
+        return None if a == b else b
+    return Rewrite(changed(arrives.src, leaves.src), changed(arrives.sport, leaves.sport),
+                   changed(arrives.dst, leaves.dst), changed(arrives.dport, leaves.dport))
+
+
+def nat_rewrite(orig: FlowTuple, reply: FlowTuple) -> tuple[Rewrite, Rewrite]:
+    """The (forward, reverse) rewrite a conntrack entry's tuples define: original packets
+    arrive as `orig` and leave as the reply reversed (F11: masquerade gives them the
+    firewall's address and port), reply packets arrive as `reply` and leave as the original
+    reversed. Two empty Rewrites for an entry without NAT."""
+    return _rewrite(orig, reply.reversed()), _rewrite(reply, orig.reversed())
+
+
+class NatSide(enum.Enum):
+    """Which of conntrack's NAT a range is: CTA_NAT_SRC (SNAT, masquerade) or CTA_NAT_DST."""
+    SRC = "src"
+    DST = "dst"
+
+
+@dataclass(frozen=True, slots=True)
+class NatRange:
+    """One translation of an entry, as ctnetlink re-creates it (CTA_NAT_SRC / CTA_NAT_DST
+    with one address and one port): the connection keeps the address and port it had."""
+    side: NatSide
+    address: str
+    port: int
+
+
+def nat_ranges(orig: FlowTuple, reply: FlowTuple) -> tuple[NatRange, ...]:
+    """The translations behind an entry's tuples (design 5.6): the reply addressed to
+    another than the original's source is SNAT to (reply.dst, reply.dport); the reply from
+    another than the original's destination is DNAT to (reply.src, reply.sport); both, both."""
+    out = []
+    if (reply.dst, reply.dport) != (orig.src, orig.sport):
+        out.append(NatRange(NatSide.SRC, reply.dst, reply.dport))
+    if (reply.src, reply.sport) != (orig.dst, orig.dport):
+        out.append(NatRange(NatSide.DST, reply.src, reply.sport))
+    return tuple(out)

@@ -82,6 +82,8 @@ class Dispatcher:
             c.DeleteConntrack: lambda _sw, cmd: self.worker.delete(cmd.family, cmd.orig, cmd.ct_id, cmd.counted),
             c.ShortenConntrack: lambda _sw, cmd: self.worker.expire(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.RestoreConntrack: self.restore_conntrack,
+            c.RefreshConntrack: lambda _sw, cmd: self.worker.refresh(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
+            c.ClearDecision: lambda _sw, cmd: self.worker.clear_decision(cmd.family, cmd.orig, cmd.ct_id),
             c.ResolveHops: self.resolve_hops,
             c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
             c.TablesChanged: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock()),
@@ -294,7 +296,7 @@ class Dispatcher:
         self.counters.inc("teardowns" if cmd.tcp_state != CT_TCP_ESTABLISHED else "reevaluations")
         then = cmd.then
         self.worker.restore(cmd.orig.family, cmd.orig, cmd.reply, cmd.tcp_state, cmd.timeout, cmd.closer_is_reply,
-                            cmd.mark, lambda: self.post(sw, then))
+                            cmd.mark, lambda: self.post(sw, then), cmd.nat)
 
     def close_contradicted(self, _sw: Switch, cmd: c.CloseContradicted) -> None:
         """A caught close its own traffic contradicted: a FIN or RST the endpoints did not

@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nfshunt.records.model import FlowTuple
+from nfshunt.records.model import FlowTuple, NatRange
 
 
 @dataclass
@@ -20,6 +20,7 @@ class Restore:
     closer_is_reply: bool
     mark: int
     done: Callable[[], None]
+    nat: tuple[NatRange, ...] = ()  # a NAT pair's translations (routed, slice 4)
 
 
 class FakeWorker:
@@ -35,6 +36,8 @@ class FakeWorker:
         self.cleared: list[int] = []  # clear_marks masks
         self.expired: list[tuple[FlowTuple, int, int]] = []  # (tuple, id, timeout) given a shorter life
         self.liberals: list[FlowTuple] = []
+        self.undecided: list[tuple[FlowTuple, int]] = []  # UDP NAT pairs' kept entries, decision cleared
+        self.refreshed: list[tuple[FlowTuple, int, int]] = []  # NAT pairs' kept entries given time
         self.afters: list[Callable[[], None]] = []  # what waits for the worker to finish what it was asked
         self.running = False
 
@@ -48,8 +51,8 @@ class FakeWorker:
         self.deleted.append((orig, ct_id))
 
     def restore(self, _family: int, orig: FlowTuple, _reply: FlowTuple, tcp_state: int, timeout: int,
-                closer_is_reply: bool, mark: int, done: Callable[[], None]) -> None:
-        r = Restore(orig, tcp_state, timeout, closer_is_reply, mark, done)
+                closer_is_reply: bool, mark: int, done: Callable[[], None], nat: tuple[NatRange, ...] = ()) -> None:
+        r = Restore(orig, tcp_state, timeout, closer_is_reply, mark, done, nat)
         self.restores.append(r)
         self.unanswered.append(r)
 
@@ -58,6 +61,12 @@ class FakeWorker:
 
     def expire(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
         self.expired.append((orig, ct_id, timeout))
+
+    def clear_decision(self, _family: int, orig: FlowTuple, ct_id: int) -> None:
+        self.undecided.append((orig, ct_id))
+
+    def refresh(self, _family: int, orig: FlowTuple, ct_id: int, timeout: int) -> None:
+        self.refreshed.append((orig, ct_id, timeout))
 
     def dump(self) -> None:
         self.dumps += 1
