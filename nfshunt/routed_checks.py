@@ -3,8 +3,11 @@ plumbing names with -i/-o, and what they must be before the plumbing goes in.
 
 The firewall routes between its interfaces, each cabled to a slow port of the switch: each is
 the gateway of the hosts behind its fast port, so it must exist, be up, carry an address of each
-family applied, and not be a bridge port; the kernel must forward. Read over netlink (pyroute2),
-as the bridged checks are (docs/design/routed.md).
+family applied, and not be a bridge port; the kernel must forward; and every routed interface
+must have one MTU: a shunt carries frames from one port group's link to another's, and a switch
+drops a frame too big for its egress port silently (no ICMP, no counter: design F8), where the
+router would have fragmented it or answered "packet too big". Read over netlink (pyroute2), as
+the bridged checks are (docs/design/routed.md, section 3).
 """
 from __future__ import annotations
 
@@ -59,9 +62,21 @@ def fix_sysctls(families: list[str]) -> None:
             fh.write("1\n")
 
 
+def mtu_problem(mtus: dict[str, int]) -> str | None:
+    """What is wrong when the routed interfaces' MTUs differ (None when they agree), naming
+    each interface with its MTU, the largest first."""
+    if len(set(mtus.values())) <= 1:
+        return None
+    named = ", ".join(f"{name} has MTU {mtu}" for name, mtu in sorted(mtus.items(), key=lambda nm: (-nm[1], nm[0])))
+    return (f"the routed interfaces' MTUs differ ({named}): a routed shunt would carry a frame the router must "
+            "fragment or answer with \"packet too big\" to a smaller link, where the switch drops it silently; "
+            "give every routed interface (and its switch ports) one MTU")
+
+
 def check_interfaces(names: list[str], families: list[str]) -> list[str]:
     from pyroute2 import IPRoute
-    problems = []
+    problems: list[str] = []
+    mtus: dict[str, int] = {}
     with IPRoute() as ipr:
         for ifname in names:
             index = ipr.link_lookup(ifname=ifname)
@@ -69,6 +84,7 @@ def check_interfaces(names: list[str], families: list[str]) -> list[str]:
                 problems.append(f"interface {ifname} does not exist: create it or fix ports[].interface")
                 continue
             link = ipr.get_links(index[0])[0]
+            mtus[ifname] = link.get_attr("IFLA_MTU")
             if link.get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_KIND") == "bridge":
                 problems.append(f"interface {ifname} is a bridge port: a routing firewall routes between its "
                                 f"interfaces (`ip link set {ifname} nomaster`, or forwarding \"bridged\")")
@@ -79,4 +95,5 @@ def check_interfaces(names: list[str], families: list[str]) -> list[str]:
                 if not [a for a in ipr.get_addr(family=af, index=index[0]) if a["scope"] == 0]:  # (not link-local)
                     problems.append(f"interface {ifname} has no {label} address: a routed interface is the "
                                     f"gateway of the hosts behind its port group, give it one (or --ipv4-only)")
-    return problems
+    mtu = mtu_problem(mtus)
+    return problems + [mtu] if mtu else problems

@@ -93,6 +93,15 @@ def test_preflight_refuses_interfaces_that_do_not_exist_and_changes_nothing():
     assert not any("bridge" in p for p in problems)  # no br_netfilter checks for a router
 
 
+def test_routed_interfaces_of_one_mtu_pass_and_differing_ones_are_named_with_their_mtus():
+    assert routed_checks.mtu_problem({"fw-eth0": 1500, "fw-eth1": 1500}) is None
+    assert routed_checks.mtu_problem({"fw-eth0": 9000}) is None
+    problem = routed_checks.mtu_problem({"fw-eth0": 1500, "fw-eth1": 1400, "fw-eth2": 1500})
+    assert problem is not None
+    assert "fw-eth0 has MTU 1500, fw-eth2 has MTU 1500, fw-eth1 has MTU 1400" in problem
+    assert "packet too big" in problem and "one MTU" in problem
+
+
 def connected(cfg):
     core = c.Core(cfg)
     core.switch_connected(OFP13)
