@@ -30,20 +30,27 @@ TESTBED = Bed(mode="routed", nat="masquerade", strict=Strict.FULL,
 SHUNT = 5201
 DNAT_TO = 5301  # h1's server port behind the firewall's 10.0.2.254:5201
 FW_OUTSIDE = "10.0.2.254"  # fw-eth1: the address h1's connections leave with
-INPUT_STRICT = ("INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 # tcpdump -e -v: the Ethernet + IP header line, then the TCP line.
 FRAME = re.compile(r"^\S+ (\S+) > (\S+), ethertype IPv4 \(0x0800\), length \d+: \(tos \S+, ttl (\d+),")
 SEGMENT = re.compile(r"^\s+(\S+)\.(\d+) > (\S+)\.(\d+): .*cksum 0x[0-9a-f]+ \((\w+)\)")
 DATAGRAM = re.compile(r"^\s+(\S+)\.(\d+) > (\S+)\.(\d+): \[udp sum (\w+)\]")
 
 
+def test_the_strict_routed_firewall_drops_invalid_on_input_too_and_for_ipv6(tb):
+    """The bed's strict mode in routed mode is the design's (section 6): INVALID dropped on
+    FORWARD and INPUT, IPv4 and IPv6, so untranslated packets addressed to the firewall are
+    not answered by its own stack (F16)."""
+    for tool in ("iptables", "ip6tables"):
+        rules = tb.run(tb.fw, tool, "-w", "5", "-S")
+        for chain in ("FORWARD", "INPUT"):
+            assert f"-A {chain} -m conntrack --ctstate INVALID -j DROP" in rules, (tool, rules)
+
+
 @pytest.fixture
 def fw_strict(tb):
-    """The design's strict routed firewall (section 6): INVALID dropped on INPUT too, so
-    untranslated packets addressed to the firewall are not answered by its own stack (F16)."""
-    tb.run(tb.fw, "iptables", "-w", "5", "-I", *INPUT_STRICT)
+    """The strict routed bed (its own INVALID drops on FORWARD and INPUT, both families),
+    each case's leftover shunts flushed after it."""
     yield tb
-    tb.run(tb.fw, "iptables", "-w", "5", "-D", *INPUT_STRICT, check=False)
     tb.control({"cmd": "flush", "reason": "the previous case's leftovers"})
     tb.wait_for(lambda: not tb.conn_flows(SHUNT), 10, "the leftovers' flows to go")
 
@@ -247,7 +254,6 @@ FW_OUTSIDE6 = "fd02::fe"
 
 def test_a_masqueraded_ipv6_transfer_is_shunted_with_the_firewall_s_address_and_hop_limit_one_lower(fw_strict):
     tb = fw_strict
-    tb.run(tb.fw, "ip6tables", "-w", "5", "-I", *INPUT_STRICT)
     router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
     srv, cli = tb.start_transfer(SHUNT, 4, dst=tb.h2_ip6)
     try:
@@ -263,7 +269,6 @@ def test_a_masqueraded_ipv6_transfer_is_shunted_with_the_firewall_s_address_and_
         forwarded = _forwarded6(tb) - forwarded0
     finally:
         result = finish_iperf(srv, cli)
-        tb.run(tb.fw, "ip6tables", "-w", "5", "-D", *INPUT_STRICT, check=False)
     assert "error" not in result, result
     frames = [m.groups() for m in map(FRAME6.match, out.splitlines()) if m]
     assert len(frames) >= 100, out[-1500:]

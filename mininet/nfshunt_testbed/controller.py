@@ -118,12 +118,24 @@ class Controllers(Topology):
 
     def strict_firewalls(self, loose_pickup: bool = False) -> None:
         """Every firewall strict: INVALID dropped, and (unless loose_pickup) no loose pickup
-        (a TCP connection the firewall does not track is not picked up mid-stream)."""
+        (a TCP connection the firewall does not track is not picked up mid-stream). Mode
+        "routed": dropped on INPUT too and for IPv6 as well (docs/design/routed.md section 6):
+        a router's own stack answers an untranslated INVALID packet addressed to it with a
+        reset (F16), and it routes IPv6 through the same policy."""
         for fw in self.firewalls:
             node = self.node(fw)
-            self.run(node, "iptables", "-w", "5", "-I", *STRICT_RULE)
+            for tool, rule in self.strict_rules():
+                self.run(node, tool, "-w", "5", "-I", *rule)
             if not loose_pickup:
                 self.run(node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0")
+
+    def strict_rules(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(tool, rule) strict_firewalls inserts: FORWARD's for IPv4; a router's INPUT's and
+        IPv6's too."""
+        if self.mode != "routed":
+            return [("iptables", STRICT_RULE)]
+        return [(tool, (chain, *STRICT_RULE[1:]))
+                for tool in ("iptables", "ip6tables") for chain in ("FORWARD", "INPUT")]
 
     # --- what the switch connects to ------------------------------------------------------
 
