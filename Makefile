@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo demo-failover demo-vlan test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
+.PHONY: deps demo demo-failover demo-vlan demo-routed test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -17,6 +17,11 @@ demo-failover: deps
 # The demo's table over VLAN trunks (docs/vlans.md): the same tuple in two VLANs, a translated VLAN.
 demo-vlan: deps
 	$(PY) mininet/demo.py --vlan
+
+# The demo's table for a routing firewall (docs/routed.md; experimental_routed): the shunted path
+# carries the router's rewrite (its MACs, the TTL one lower at the receiver).
+demo-routed: deps
+	$(PY) mininet/demo.py --routed
 
 # Lint is part of the build: unused imports and names, dead code, likely bugs, import order
 # (ruff) and the type check of every package (mypy, mypy.ini) fail it.

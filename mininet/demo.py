@@ -9,6 +9,9 @@ shunt latency. With --failover, the firewall pair instead: the active firewall d
 middle of a shunted and a slow-path transfer, and the table says what happened to each.
 With --vlan, the table over VLAN trunks (docs/vlans.md): the same tuple shunted in VLANs 100
 and 200, a block in 200, VLAN 30 bridged to 301, an ignored transfer.
+With --routed, the same table for a routing firewall (docs/routed.md, experimental_routed):
+h1 10.0.1.1/24 and h2 10.0.2.1/24, the firewall their gateway; the shunted path carries the
+router's rewrite (its MACs, the TTL one lower), read from the frames h2 receives.
 Everything it builds is torn down on exit, also on failure or Ctrl-C.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -25,19 +29,35 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nfshunt_testbed.bed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
 from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 
+# tcpdump -e -v on h2: the Ethernet and IP header line of a frame (source MAC, TTL).
+FRAME = re.compile(r"^\S+ (\S+) > \S+, ethertype IPv4 \(0x0800\), length \d+: \(tos \S+, ttl (\d+),")
 
-def transfer(tb: Testbed, port: int, seconds: float, grace: float) -> dict:
+
+def transfer(tb: Testbed, port: int, seconds: float, grace: float, frames_at_h2: bool = False) -> dict:
+    """One iperf3 transfer h1 -> h2: throughput, packets by path. frames_at_h2: the (source
+    MAC, TTL) of up to 100 frames h2 receives, captured once the transfer's flows exist (the
+    shunted path's) or from its second second (a path without flows)."""
     slow0 = tb.slow_path_packets()
     seen: dict[str, int] = {}  # flow cookie -> packets; FIN takes shunts down at the end
+    capture: list = []
+    started = time.monotonic()
 
     def watch() -> None:
         for f in tb.conn_flows(port):
             seen[f["cookie"] + f.get("in_port", "")] = int(f["n_packets"])
+        if frames_at_h2 and not capture and (seen or time.monotonic() - started > 1):
+            capture.append(tb.h2.popen(["timeout", "3", "tcpdump", "-l", "-nn", "-e", "-v", "-c", "100", "-i",
+                                        "h2-eth0", "ip", "and", "tcp", "and", "dst", "port", str(port)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     result = tb.iperf(port, seconds, grace=grace, watch=watch)
     watch()
     s = Testbed.iperf_summary(result)
+    frames = set()
+    for cap in capture:
+        out, _ = cap.communicate(timeout=10)
+        frames = {m.groups() for m in map(FRAME.match, out.splitlines()) if m}
     return {"gbps": s["gbps"], "retransmits": s["retransmits"], "slow": tb.slow_path_packets() - slow0,
-            "fast": sum(seen.values()), "flows": bool(seen), "error": result.get("error")}
+            "fast": sum(seen.values()), "flows": bool(seen), "error": result.get("error"), "frames": frames}
 
 
 def failover(emu: Emulation, seconds: float) -> int:
@@ -92,6 +112,8 @@ def main() -> int:
                     help="the firewall pair: fail the active firewall mid-transfer (OpenFlow 1.3)")
     ap.add_argument("--vlan", action="store_true",
                     help="the table over VLAN trunks (mode vlan; no emulated delay)")
+    ap.add_argument("--routed", action="store_true",
+                    help="the table for a routing firewall (mode routed, experimental_routed; OpenFlow 1.3)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("demo: run as root (network namespaces, Open vSwitch)", file=sys.stderr)
@@ -107,7 +129,7 @@ def main() -> int:
     started = time.monotonic()
     try:
         rc = (failover(emu, max(args.seconds, 6)) if args.failover else vlans(args) if args.vlan
-              else paths(args, emu))
+              else routed(args, emu) if args.routed else paths(args, emu))
     except TestbedError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
@@ -196,6 +218,64 @@ def paths(args: argparse.Namespace, emu: Emulation) -> int:
               f"{latencies[len(latencies) // 2]:.2f} ms, max {latencies[-1]:.2f} ms over {len(latencies)} shunts")
     shunted, blocked, ignored = rows[0][1], rows[1][1], rows[2][1]
     ok = bool(shunted["flows"]) and shunted["slow"] < ignored["slow"] and bool(blocked["error"])
+    if not ok:
+        print("demo: the paths did not behave as expected (see above)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+# Routed shunts (experimental_routed) are built in the single flow layout only.
+ROUTED_SHUNTS = {"experimental_routed": True, "flow_layout": "single"}
+
+
+def outcome(r: dict) -> str:
+    return ("stalled, dropped by the switch" if r["error"] and r["flows"] else r["error"] or
+            ("shunted: fast path" if r["flows"] else "through the firewall"))
+
+
+def routed(args: argparse.Namespace, emu: Emulation) -> int:
+    """The table for a routing firewall: shunted, blocked and ignored transfers with NFShunt
+    (experimental_routed), then the router alone (the same bed without it: every connection
+    stays on the router, counted). h2's frames say who forwarded them: the router's MAC and
+    a TTL one lower on the shunted path too (the switch's dec_ttl and MAC rewrite)."""
+    rows = []
+    grace = 10 + args.rtt / 50
+    with Testbed(mode="routed", emulation=emu, log=print, config=ROUTED_SHUNTS) as tb:
+        rtt = (tb.rtt_measured, tb.delay_mechanism)
+        router = tb.run(tb.fw, "cat", "/sys/class/net/fw-eth1/address").strip()
+        for label, port, secs, g in (("shunted", SHUNT_PORT, args.seconds, grace),
+                                     ("blocked", BLOCK_PORT, 3, 5),
+                                     ("ignored", IGNORE_PORT, args.seconds, grace)):
+            print(f"  {label} transfer on port {port} ...", flush=True)
+            r = transfer(tb, port, secs, g, frames_at_h2=port != BLOCK_PORT)
+            rows.append((f"NFShunt, {label}", {**r, "router": router}))
+        latencies = [float(x) for x in re.findall(r"shunt .* in ([0-9.]+) ms", tb.controller_output())]
+    with Testbed(mode="routed", emulation=emu, log=print) as tb:  # (each bed's MACs are its own)
+        print(f"  router-only transfer on port {SHUNT_PORT} (experimental_routed off) ...", flush=True)
+        r = transfer(tb, SHUNT_PORT, args.seconds, grace, frames_at_h2=True)
+        rows.append(("router only", {**r, "router": tb.run(tb.fw, "cat", "/sys/class/net/fw-eth1/address").strip()}))
+    print()
+    print(f"RTT measured before the runs: {rtt[0]:.1f} ms (requested {args.rtt:g} ms, delay mechanism: {rtt[1]})")
+    print(f"routing firewall: h1 {tb.h1_ip} -> h2 {tb.h2_ip}, the firewall their gateway; h1 sends with TTL 64; "
+          "TTL at h2: of frames from the router's MAC (fw-eth1's)")
+    print(f"{'path':<20}{'Gbit/s':>8}{'retrans':>9}{'slow-path pkts':>16}{'switch-flow pkts':>18}  "
+          f"{'TTL at h2':<11}outcome")
+    for label, r in rows:
+        ttls = sorted({int(ttl) for mac, ttl in r["frames"] if mac == r["router"]})
+        others = {mac for mac, _ in r["frames"]} - {r["router"]}
+        ttl = "-" if not r["frames"] else ",".join(map(str, ttls)) + (" +others!" if others else "")
+        print(f"{label:<20}{r['gbps']:>8.3f}{r['retransmits']:>9}{r['slow']:>16}{r['fast']:>18}  "
+              f"{ttl:<11}{outcome(r)}")
+    print("\nThe shunted path carries the router's rewrite: h2 receives its frames from the router's MAC "
+          "with the TTL one lower (63), as through the router itself; the switch decrements it (dec_ttl) "
+          "and rewrites both MACs.")
+    if latencies:
+        latencies.sort()
+        print(f"shunt latency (marked conntrack event -> flows confirmed by the switch): median "
+              f"{latencies[len(latencies) // 2]:.2f} ms, max {latencies[-1]:.2f} ms over {len(latencies)} shunts")
+    shunted, blocked, ignored, alone = (r for _, r in rows)
+    rewritten = all(r["frames"] and r["frames"] == {(r["router"], "63")} for r in (shunted, ignored, alone))
+    ok = (bool(shunted["flows"]) and shunted["slow"] < ignored["slow"] and bool(blocked["error"])
+          and not ignored["flows"] and not alone["flows"] and rewritten)
     if not ok:
         print("demo: the paths did not behave as expected (see above)", file=sys.stderr)
     return 0 if ok else 1
