@@ -56,7 +56,25 @@ from nfshunt_testbed.cyclicstream import FRAME_BYTES, CyclicStream, delay_stats 
 from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation, stop_process  # noqa: E402
 
 MODES = ("direct", "nfshunt", "firewall")
-MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only"}
+# The throughput experiment's routed row (docs/routed.md): the same three paths through a routing
+# firewall (mode routed: h1 and h2 in two subnets, the firewall their gateway).
+ROUTED_MODES = ("direct-routed", "nfshunt-routed", "firewall-routed")
+THROUGHPUT_MODES = MODES + ROUTED_MODES
+MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "firewall only",
+              "direct-routed": "direct routing (the switch routes)", "nfshunt-routed": "NFShunt, routed",
+              "firewall-routed": "routing firewall only"}
+# mode -> the testbed's mode and config. firewall-routed: experimental_routed off, so the
+# controller leaves every connection on the router (counted); direct-routed: the switch routes
+# (Testbed.route_on_switch), the router only answers ARP for its gateways.
+# Routed shunts are built in the single flow layout only.
+TESTBED_OF = {"direct-routed": ("routed", {}),
+              "nfshunt-routed": ("routed", {"experimental_routed": True, "flow_layout": "single"}),
+              "firewall-routed": ("routed", {})}
+
+
+def throughput_testbed(mode: str, emu: Emulation) -> Testbed:
+    bed_mode, config = TESTBED_OF.get(mode, (mode, {}))
+    return Testbed(mode=bed_mode, config=config, emulation=emu, log=print)
 
 
 # --- small statistics ------------------------------------------------------------------------
@@ -344,13 +362,13 @@ def exp_timing(args: argparse.Namespace) -> int:
 BLOCK_RUNS = 5  # runs of one path on one testbed before the next path takes a turn
 
 
-def interleaved(runs: int, block: int = BLOCK_RUNS) -> list[tuple[str, int, int]]:
+def interleaved(runs: int, block: int = BLOCK_RUNS, modes: tuple[str, ...] = MODES) -> list[tuple[str, int, int]]:
     """(mode, first run, runs) blocks in which the paths take turns, each block's order
     rotated: a machine that drifts over the hour (another path's leftovers, a busier
     neighbour) shows in every path alike instead of in whichever ran last."""
     out = []
     for k, first in enumerate(range(0, runs, block)):
-        order = MODES[k % len(MODES):] + MODES[:k % len(MODES)]
+        order = modes[k % len(modes):] + modes[:k % len(modes)]
         out.extend((mode, first, min(block, runs - first)) for mode in order)
     return out
 
@@ -361,18 +379,24 @@ def exp_throughput(args: argparse.Namespace) -> int:
     rtts = args.rtts or ([100] if args.quick else [0, 100, 200, 400])
     runs = args.runs or (2 if args.quick else 20)
     seconds = args.seconds if args.seconds else (1 if args.quick else 12)
-    params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(MODES),
+    params = {"runs per cell": runs, "RTTs (ms)": rtts, "modes": ", ".join(THROUGHPUT_MODES),
+              "routed modes": "h1 10.0.1.1/24 and h2 10.0.2.1/24 behind a routing firewall (their gateway); "
+                              "NFShunt with experimental_routed; the firewall alone; the switch routing",
               "order": f"per RTT, the paths take turns in blocks of {BLOCK_RUNS} runs, each on a fresh testbed",
               "transfer": f"one iperf3 TCP stream h1 -> h2, {seconds:g} s, port {SHUNT_PORT} (shunted by the policy)",
               "loss": "h1-eth0 tx minus packets h2 accepted, per hop from interface, qdisc and queue counters",
               **emulation_params(args)}
     res = Results(args.out, "throughput", params)
-    total, i = len(rtts) * len(MODES) * runs, 0
+    total, i = len(rtts) * len(THROUGHPUT_MODES) * runs, 0
     interrupted = False
     try:
         for rtt in rtts:
-            for mode, first, count in interleaved(runs):
-                with Testbed(mode=mode, emulation=emulation(args, rtt), log=print) as tb:
+            for mode, first, count in interleaved(runs, modes=THROUGHPUT_MODES):
+                with throughput_testbed(mode, emulation(args, rtt)) as tb:
+                    if mode in ROUTED_MODES:
+                        tb.pin_neighbours()  # (no ARP of the router's own on the hop counters)
+                    if mode == "direct-routed":
+                        tb.route_on_switch()
                     for run in range(first, first + count):
                         i += 1
                         before = tb.settled_hop_counters()
@@ -394,7 +418,7 @@ def exp_throughput(args: argparse.Namespace) -> int:
             "| RTT | path | runs | Gbit/s mean | sd | loss % mean | retransmits mean | lost at firewall | "
             "lost at switch | lost in receiver queue |", "|---|---|---|---|---|---|---|---|---|---|"]
     for rtt in rtts:
-        for mode in MODES:
+        for mode in THROUGHPUT_MODES:
             rows = [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == mode]
             if not rows:
                 continue
@@ -421,12 +445,14 @@ def exp_throughput(args: argparse.Namespace) -> int:
                         f"{statistics.fmean(r['loss_pct'] for r in rows):.3f} | {ratio} |")
     body += ["", f"The thesis ran 100 runs a cell; these results have {runs}. " + SCALING + " The firewall's "
              "ratio to direct switching is what compares across the two set-ups, not the absolute rates."]
+    body += routed_row(res.rows, rtts)
     body += ["", "## Wilcoxon rank-sum tests (two-sided; p < 0.05: the paths differ)", "",
              "| RTT | comparison | throughput p | loss p | difference in mean Gbit/s |", "|---|---|---|---|---|"]
     tests = []
     for rtt in rtts:
-        by = {m: [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == m] for m in MODES}
-        for a, b in (("nfshunt", "direct"), ("nfshunt", "firewall")):
+        by = {m: [r for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == m] for m in THROUGHPUT_MODES}
+        for a, b in (("nfshunt", "direct"), ("nfshunt", "firewall"), ("nfshunt-routed", "direct-routed"),
+                     ("nfshunt-routed", "firewall-routed")):
             if not by[a] or not by[b]:
                 continue
             pg = ranksum([r["gbps"] for r in by[a]], [r["gbps"] for r in by[b]])
@@ -443,13 +469,14 @@ def exp_throughput(args: argparse.Namespace) -> int:
         def draw(fig: Any) -> None:
             for k, (key, label) in enumerate((("gbps", "throughput, Gbit/s"), ("loss_pct", "packet loss, %"))):
                 ax = fig.add_subplot(2, 1, k + 1)
-                width = 0.25
-                for j, mode in enumerate(MODES):
+                width = 0.8 / len(THROUGHPUT_MODES)
+                for j, mode in enumerate(THROUGHPUT_MODES):
                     vals = [[r[key] for r in res.rows if r["rtt_ms"] == rtt and r["mode"] == mode] for rtt in rtts]
                     means = [statistics.fmean(v) if v else 0 for v in vals]
                     sds = [statistics.stdev(v) if len(v) > 1 else 0 for v in vals]
-                    ax.bar([x + (j - 1) * width for x in range(len(rtts))], means, width, yerr=sds,
-                           label=MODE_LABEL[mode], capsize=3)
+                    ax.bar([x + (j - (len(THROUGHPUT_MODES) - 1) / 2) * width for x in range(len(rtts))], means,
+                           width, yerr=sds, label=MODE_LABEL[mode], capsize=3,
+                           hatch="//" if mode in ROUTED_MODES else None)
                 ax.set_xticks(range(len(rtts)), [f"{r} ms" for r in rtts])
                 ax.set_ylabel(label)
                 ax.legend()
@@ -458,6 +485,27 @@ def exp_throughput(args: argparse.Namespace) -> int:
         body += ["", "![throughput](throughput.png)"]
     print(f"report: {res.report('Throughput and packet loss', body, interrupted)}")
     return 130 if interrupted else 0
+
+
+def routed_row(rows: list[dict[str, Any]], rtts: list[Any]) -> list[str]:
+    """The routed row beside direct routing (the thesis's firewall bridged: no figures of its own)."""
+    body = ["", "## The routed row: a routing firewall (docs/routed.md)", "",
+            "NFShunt's routed shunts carry the router's rewrite (dec_ttl, its MACs); direct routing is the "
+            "switch doing the same for every packet, the firewall answering only ARP for its gateways.", "",
+            "| RTT | path | runs | Gbit/s mean | loss % mean | slow-path packets mean | ours / direct routing |",
+            "|---|---|---|---|---|---|---|"]
+    for rtt in rtts:
+        direct = [r["gbps"] for r in rows if r["rtt_ms"] == rtt and r["mode"] == "direct-routed"]
+        for mode in ROUTED_MODES:
+            cell = [r for r in rows if r["rtt_ms"] == rtt and r["mode"] == mode]
+            if not cell:
+                continue
+            ours = statistics.fmean(r["gbps"] for r in cell)
+            ratio = f"{ours / statistics.fmean(direct):.3f}" if direct and statistics.fmean(direct) else "-"
+            body.append(f"| {rtt} ms | {MODE_LABEL[mode]} | {len(cell)} | {ours:.3f} | "
+                        f"{fmt(statistics.fmean(r['loss_pct'] for r in cell), 4)} | "
+                        f"{statistics.fmean(r['lost_slow_path_packets'] for r in cell):.0f} | {ratio} |")
+    return body
 
 
 # --- experiment 3: congestion window over time ---------------------------------------------

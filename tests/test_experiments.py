@@ -32,15 +32,19 @@ def test_timing_quick_run(quick_all):
 def test_throughput_quick_run(quick_all):
     out, _ = quick_all
     rows = csv_rows(out / "throughput" / "throughput.csv")
+    modes = ("direct", "nfshunt", "firewall", "direct-routed", "nfshunt-routed", "firewall-routed")
     assert sorted((r["mode"], r["rtt_ms"], r["run"]) for r in rows) == sorted(
-        (m, "100", run) for m in ("direct", "nfshunt", "firewall") for run in ("0", "1"))
+        (m, "100", run) for m in modes for run in ("0", "1"))
     assert all(r["delay_mechanism"] in ("netem", "nfqueue") for r in rows)
     assert all(abs(float(r["rtt_measured_ms"]) - 100) <= 5 for r in rows)
     for r in rows:
         assert float(r["gbps"]) > 0 and r["error"] == ""
-    # Where the packets went: firewall mode crosses the bridge, NFShunt and direct do not.
-    slow = {m: min(int(r["lost_slow_path_packets"]) for r in rows if r["mode"] == m) for m in ("direct", "firewall")}
+    # Where the packets went: firewall mode crosses the bridge (or the router), direct does not;
+    # NFShunt's shunt takes a routed transfer off the router too.
+    slow = {m: min(int(r["lost_slow_path_packets"]) for r in rows if r["mode"] == m) for m in modes}
     assert slow["direct"] < 10 < slow["firewall"]
+    assert slow["direct-routed"] < 10 < slow["firewall-routed"]
+    assert slow["nfshunt-routed"] < slow["firewall-routed"] / 2
     # Loss is located, never invented: no hop reports more packets out than in.
     for r in rows:
         for key in ("lost_host_link", "lost_switch", "lost_firewall", "lost_firewall_buffer",
@@ -48,10 +52,13 @@ def test_throughput_quick_run(quick_all):
             assert int(r[key]) >= 0, (r["mode"], r["rtt_ms"], r["run"], key, r[key])
         assert int(r["lost_firewall"]) == 0 or r["mode"] != "direct"  # direct never crosses the firewall
     ranksum = csv_rows(out / "throughput" / "throughput-ranksum.csv")
-    assert {(r["a"], r["b"]) for r in ranksum} == {("nfshunt", "direct"), ("nfshunt", "firewall")}
+    assert {(r["a"], r["b"]) for r in ranksum} == {("nfshunt", "direct"), ("nfshunt", "firewall"),
+                                                    ("nfshunt-routed", "direct-routed"),
+                                                    ("nfshunt-routed", "firewall-routed")}
     assert all(0 < float(r["p_throughput"]) <= 1 for r in ranksum)  # two runs a path: ranked, not left out
     report = machine_report(out / "throughput" / "throughput.md")
     assert "rank-sum" in report and "Table 4.4 beside ours" in report
+    assert "The routed row" in report and "| 100 ms | NFShunt, routed | 2 |" in report
     assert os.path.getsize(out / "throughput" / "throughput.png") > 1000
 
 

@@ -510,6 +510,42 @@ class Topology:
             for src, dst in ((a, b), (b, a)):
                 self.ofctl("add-flow", f"priority=100,in_port={src},actions=output:{dst}")
 
+    def pin_neighbours(self) -> None:
+        """Mode "routed": the hosts' and the router's IPv4 neighbour entries for each other made
+        permanent, so none of them sends an ARP probe or reply during a measurement: a router's
+        own packets on fw-eth1 and h2-eth0 made the throughput experiment's per-hop loss
+        negative (lost at the firewall -1, measured). The table follower takes a permanent
+        entry as resolved."""
+        if self.mode != "routed":
+            raise TestbedError("pin_neighbours is for mode routed")
+        fw = self.firewalls[0]
+        for host, intf, gateway in ((self.h1, fw.intfs[0], ROUTED_GATEWAYS[0]),
+                                    (self.h2, fw.intfs[1], ROUTED_GATEWAYS[1])):
+            host_intf = f"{host.name}-eth0"
+            host_mac = self.run(host, "cat", f"/sys/class/net/{host_intf}/address").strip()
+            router_mac = self.run(self.fw, "cat", f"/sys/class/net/{intf}/address").strip()
+            self.run(self.fw, "ip", "neigh", "replace", ROUTED_IPS[self.hosts.index(host)], "lladdr", host_mac,
+                     "dev", intf, "nud", "permanent")
+            self.run(host, "ip", "neigh", "replace", gateway, "lladdr", router_mac, "dev", host_intf, "nud",
+                     "permanent")
+
+    def route_on_switch(self) -> None:
+        """Mode "routed": s1 routes h1's and h2's IPv4 itself, as a router would (dec_ttl, the
+        router's interface MAC as source, the host's as destination), above every other flow:
+        the throughput experiment's direct switching for a routed network. ARP still goes to
+        the firewall, which answers for the gateways; the controller's flows stay below."""
+        if self.mode != "routed":
+            raise TestbedError("route_on_switch is for mode routed")
+        fw = self.firewalls[0]
+        mac = {name: self.run(node, "cat", f"/sys/class/net/{name}/address").strip()
+               for node, name in ((self.h1, "h1-eth0"), (self.h2, "h2-eth0"), (self.fw, fw.intfs[0]),
+                                  (self.fw, fw.intfs[1]))}
+        for in_port, subnet, out_port, src, dst in ((FAST1, ROUTED_IPS[1], FAST2, fw.intfs[1], "h2-eth0"),
+                                                    (FAST2, ROUTED_IPS[0], FAST1, fw.intfs[0], "h1-eth0")):
+            self.ofctl("add-flow", f"cookie=0x5254,priority=65000,ip,in_port={in_port},nw_dst={subnet}/24,"
+                                   f"actions=dec_ttl,set_field:{mac[src]}->eth_src,set_field:{mac[dst]}->eth_dst,"
+                                   f"output:{out_port}")
+
     def _remove_links(self) -> None:
         """What Mininet's stop does not remove: the control links and the switches."""
         for fw in self.firewalls:
