@@ -65,7 +65,7 @@ MODE_LABEL = {"direct": "direct switching", "nfshunt": "NFShunt", "firewall": "f
               "firewall-routed": "routing firewall only"}
 # mode -> the testbed's mode and config. firewall-routed: experimental_routed off, so the
 # controller leaves every connection on the router (counted); direct-routed: the switch routes
-# (Testbed.route_on_switch), the router only answers ARP for its gateways.
+# (Testbed.route_on_switch) every IPv4 packet between h1 and h2.
 # Routed shunts are built in the single flow layout only.
 TESTBED_OF = {"direct-routed": ("routed", {}),
               "nfshunt-routed": ("routed", {"experimental_routed": True, "flow_layout": "single"}),
@@ -491,7 +491,8 @@ def routed_row(rows: list[dict[str, Any]], rtts: list[Any]) -> list[str]:
     """The routed row beside direct routing (the thesis's firewall bridged: no figures of its own)."""
     body = ["", "## The routed row: a routing firewall (docs/routed.md)", "",
             "NFShunt's routed shunts carry the router's rewrite (dec_ttl, its MACs); direct routing is the "
-            "switch doing the same for every packet, the firewall answering only ARP for its gateways.", "",
+            "switch doing the same for every packet. The routed beds' neighbour entries are pinned "
+            "(Testbed.pin_neighbours), so no ARP of the router's own is counted on the hops.", "",
             "| RTT | path | runs | Gbit/s mean | loss % mean | slow-path packets mean | ours / direct routing |",
             "|---|---|---|---|---|---|---|"]
     for rtt in rtts:
