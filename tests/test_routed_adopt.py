@@ -293,3 +293,29 @@ def test_a_bridged_switch_never_adopts_a_routed_pair_and_a_routed_one_never_a_br
     plain.advance(plain.core.switch.drain)
     routed = _rig(switch=plain.switch, now=plain.now + 1)
     assert routed.core.find(tuple_=shunt.orig) is None and not routed.flows(cookies.Kind.SHUNT)
+
+
+def test_the_worker_looks_an_entry_up_on_its_thread_before_a_dump_asked_after_it(monkeypatch):
+    """One lookup by the original tuple (kernel/table.entry_of) on the worker's thread; a
+    kernel that cannot be asked answers why, and nothing is raised."""
+    from nfshunt.kernel import worker as wk
+    found = ConnEvent(EventKind.DUMP, 7, event().orig, MASQ_REPLY, 0, 3, 0.0)
+    order: list[str] = []
+
+    def entry_of(t):
+        order.append("lookup")
+        if t.sport == 1:
+            raise OSError("netlink gone")
+        return found if t == found.orig else None
+    monkeypatch.setattr(wk, "entry_of", entry_of)
+    w = wk.ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None)
+    w._dump = lambda: order.append("dump")  # (no kernel)
+    answers: list[Any] = []
+    w.look_up(found.orig, lambda entry, failed: answers.append((entry, failed)))
+    w.look_up(found.orig._replace(sport=2), lambda entry, failed: answers.append((entry, failed)))
+    w.look_up(found.orig._replace(sport=1), lambda entry, failed: answers.append((entry, failed)))
+    w.dump()
+    w.start()
+    w.stop()
+    assert answers == [(found, None), (None, None), (None, "netlink gone")]
+    assert order == ["lookup"] * 3 + ["dump"]
