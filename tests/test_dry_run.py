@@ -7,6 +7,7 @@ import pytest
 
 from nfshunt.core import admission as adm
 from nfshunt.core import core as c
+from nfshunt.core import routing
 from nfshunt.core.connection import Action
 from nfshunt.core.pins import IdsHold
 from nfshunt.records import cookies, markcodec
@@ -146,6 +147,26 @@ def _hop_elsewhere():
     return core, ev
 
 
+def _hop_answered(answer):
+    """The tables' answer for the original's destination (10.0.0.2), learnt: their no."""
+    def scene():
+        core, ev = _hop_unknown()
+        h1 = NextHop("fw-eth0", "02:00:00:00:fe:00", "02:00:00:00:00:01")
+        core.shared.next_hops.learn({"10.0.0.2": answer, "10.0.0.1": h1}, ev.received)
+        return core, ev
+    return scene
+
+
+def _flapping():
+    core, ev = _hop_unknown()
+    h1 = NextHop("fw-eth0", "02:00:00:00:fe:00", "02:00:00:00:00:01")
+    h2 = NextHop("fw-eth1", "02:00:00:00:fe:01", "02:00:00:00:00:02", "10.0.0.2")
+    table = core.shared.next_hops
+    table.learn({"10.0.0.2": h2, "10.0.0.1": h1}, ev.received)
+    table.held[("fw-eth1", "10.0.0.2")] = ev.received + routing.HOLD_DOWN  # (as table.changed holds it)
+    return core, ev
+
+
 SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOWN_ACTION: _unknown_action,
           adm.R_UNKNOWN_PORT: _unknown_port, adm.R_SAME_PORT: _same_port, adm.R_POLICY_IGNORE: _policy_ignore,
           adm.R_PROTOCOL: _protocol, adm.R_CLOSING: _closing, adm.R_DESTROY: _destroy,
@@ -153,10 +174,14 @@ SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOW
           adm.R_DUPLICATE: _duplicate, adm.R_QUEUED: _queued, adm.R_BUDGET: _budget, adm.R_PINNED: _pinned,
           adm.R_NAT: _nat, adm.R_ID_COLLISION: _id_collision, adm.R_IDS_SERVER: _ids_server,
           adm.R_VLAN: _vlan, adm.R_ROUTED: _routed, adm.R_HOP_UNKNOWN: _hop_unknown,
-          adm.R_HOP_ELSEWHERE: _hop_elsewhere}
+          adm.R_HOP_ELSEWHERE: _hop_elsewhere, adm.R_NO_ROUTE: _hop_answered(adm.R_NO_ROUTE),
+          adm.R_BLACKHOLE: _hop_answered(adm.R_BLACKHOLE), adm.R_UNRESOLVED: _hop_answered(adm.R_UNRESOLVED),
+          adm.R_NEXT_HOP_FAILED: _hop_answered(adm.R_NEXT_HOP_FAILED), adm.R_FLAPPING: _flapping}
 # Not a reason an event is ignored for: the removal's reason of a shunt whose entry
 # closed on the firewall (its event is ignored as R_CLOSING; see the take-down test below).
-NOT_IGNORED = {adm.R_CLOSED_ON_FIREWALL}
+# Nor a routed pair's take-down reason when its destination's route leaves by another
+# interface (core/tables.py); a new event meeting that route is R_HOP_ELSEWHERE.
+NOT_IGNORED = {adm.R_CLOSED_ON_FIREWALL, adm.R_ROUTE_MOVED}
 
 
 def test_every_reason_admission_has_is_covered():

@@ -281,8 +281,10 @@ PER_SWITCH: dict[str, v.Key] = {
                                  "its conntrack entry kept), following the firewall's route and neighbour "
                                  "tables (a new MAC rewrites the pairs in place; a failed neighbour, a moved, "
                                  "lost or blackholed route hands them back; a neighbour flapping is held down "
-                                 "30 s). Experimental: a restart's adoption is not handled yet "
-                                 "(docs/design/routed.md); needs `flow_layout` `single`."),
+                                 "30 s). A restart or reconnect adopts the routed pairs it reads back whose "
+                                 "next hops the tables still give (a changed MAC rewritten in place, the "
+                                 "others handed back), a NAT pair only while its entry has the same tuples. "
+                                 "Experimental (docs/design/routed.md); needs `flow_layout` `single`."),
 }
 
 

@@ -86,6 +86,39 @@ class HopsKnown:
 
 
 @dataclass(slots=True)
+class CheckAdopted:
+    """Routed pairs read back at a reconcile (docs/design/routed.md 5.7): ask the firewall's
+    tables where `addresses` (their destinations) go now, as a ResolveHops does (the route
+    follower, off the event loop); answer with core.adopted_hops_known()."""
+    conns: tuple[Conn, ...]
+    addresses: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class AdoptedHopsKnown:
+    """The tables' answer to a CheckAdopted, run on the event loop: core.adopted_hops_known()."""
+    conns: tuple[Conn, ...]
+    answers: dict[str, NextHop | str]
+
+
+@dataclass(slots=True)
+class LookUpEntry:
+    """A NAT pair read back at a reconcile (design 5.6): look its kept conntrack entry up by
+    its original tuple (the conntrack worker, off the event loop); answer with
+    core.adopted_entry_found()."""
+    conn: Conn
+
+
+@dataclass(slots=True)
+class EntryFound:
+    """The kernel's answer to a LookUpEntry, run on the event loop: the entry that holds the
+    pair's original tuple now (None: none), or why it could not be looked up (`failed`)."""
+    conn: Conn
+    entry: ConnEvent | None
+    failed: str | None = None
+
+
+@dataclass(slots=True)
 class TablesChanged:
     """The route follower's news (kernel/routes.py): destinations whose next hop changed,
     the new answer each; run on the event loop: core.tables_changed()."""
@@ -295,7 +328,8 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
-                HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
+                HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown, CheckAdopted, AdoptedHopsKnown,
+                LookUpEntry, EntryFound,
                 RefreshConntrack, ClearDecision, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
                 Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,

@@ -32,8 +32,10 @@ from . import nat
 from .admission import Admission, Verdict
 from .close_watch import CloseWatch
 from .commands import (
+    AdoptedHopsKnown,
     Command,
     DeleteAllFlows,
+    EntryFound,
     InstallDefaults,
     InstallPipeline,
     Later,
@@ -254,6 +256,10 @@ class Core:
     def tables_changed(self, answers: dict[str, NextHop | str], now: float) -> list[Command]:
         """The route follower's news: routed pairs rewritten or handed back (tables.py)."""
         return self._tables.changed(answers, now)
+
+    def adopted_answer(self, answer: AdoptedHopsKnown | EntryFound, now: float) -> list[Command]:
+        """The firewall's tables or kernel answered about pairs a reconcile adopted (routed_adoption.py)."""
+        return self._reconciler.routed.answered(answer, now)
 
     def dry_run(self, ev: ConnEvent) -> Verdict:
         """The verdict an event for this entry would get now, nothing changed (explain)."""

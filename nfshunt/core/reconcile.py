@@ -20,6 +20,10 @@ A shunt an IDS or an operator decided whose rule or pin is not held here (it end
 the controller was down, the restarted controller judged it again and dropped it, or the
 pair's other controller decided it) is handed back to the firewall; such a block is kept
 until its own hard timeout.
+
+Routed: a pair's flows carry the router's rewrite, and a NAT pair's reverse flow matches
+its reply tuple; adopted, such a pair is checked against the firewall's tables and entry
+(routed_adoption.py). A known routed pair whose flows carry older MACs is rewritten.
 """
 from __future__ import annotations
 
@@ -30,11 +34,21 @@ from nfshunt.config.switch import SwitchConfig
 from nfshunt.records import cookies
 from nfshunt.records.model import VID_PRESENT, SwitchFlow
 
-from .commands import ClearDecisions, Command, DeleteSwitchFlow, InstallFlows, Removed, RemoveFlows, ResyncConntrack
+from .commands import (
+    ClearDecisions,
+    Command,
+    DeleteSwitchFlow,
+    InstallFlows,
+    Removed,
+    RemoveFlows,
+    ResyncConntrack,
+    RewriteFlows,
+)
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
 from .overrides import Overrides
 from .removal import Removal
+from .routed_adoption import RoutedAdoption, macs_differ, rewrite_fits, routed_shape
 from .state import CoreState
 
 R_TIMED_OUT_AWAY = "timed out while the switch was away"
@@ -76,6 +90,8 @@ class Reconciler:
         self.shared = shared
         self.removal = removal
         self.overrides = overrides
+        self.routed = RoutedAdoption(shared)
+        self.adopted: list[Conn] = []  # this reconcile's
 
     def reconcile(self, flows: list[SwitchFlow], now: float) -> list[Command]:
         """The switch's flows (table 1 complete, or waited for long enough: Core.reconcile)."""
@@ -85,12 +101,15 @@ class Reconciler:
         out.extend(stale)
         pairs, catchers = self._sort_flows(flows, out)
         present: set[int] = set()
+        self.adopted = []
         for (kind, key), dirs in pairs.items():
             conn = sh.conns.named(kind, key)
             if conn is None and len(dirs) == 2:
                 conn = self._adopt(kind, key, dirs, now)
             if conn is not None and len(dirs) == 2 and self._matches(conn, dirs):
                 present.add(id(conn))
+                if macs_differ(conn, dirs[False], dirs[True]):
+                    out.append(RewriteFlows(conn))
                 continue
             if sh.cfg.delete_flows_on_startup or conn is None:
                 for flow in dirs.values():
@@ -101,6 +120,7 @@ class Reconciler:
                 out.append(DeleteSwitchFlow(flow, "orphan teardown catcher"))
         for conn in sh.conns:
             out.extend(self._repair(conn, id(conn) in present, now))
+        out.extend(self.routed.checks(self.adopted))  # (before the resync: a NAT entry's lookup first)
         if sh.stale_policy:
             sh.stale_policy = False
             out.append(ClearDecisions())
@@ -190,7 +210,7 @@ class Reconciler:
         """The switch's pair is this connection's (a flow under its cookie with another
         tuple was not put there by this controller) in this layout."""
         return dirs[False].match == conn.orig and dirs[True].match == conn.reply and \
-            self._shaped(conn.action, conn.orig.proto, dirs)
+            self._shaped(conn.action, conn.orig.proto, dirs) and rewrite_fits(conn, dirs[False], dirs[True])
 
     def _shaped(self, action: Action, proto: int, dirs: dict[bool, SwitchFlow]) -> bool:
         """Both flows go on to table 1 exactly when this layout sends the pair there: a pair
@@ -214,9 +234,11 @@ class Reconciler:
         conns = self.shared.conns
         if fwd.match in conns.tuples or rev.match in conns.tuples or key in conns.by_key:
             return None  # (an id held by a pair of the other kind: its flows go as orphans)
-        reply = fwd.match.reversed()  # sharing the address objects, as the listener's tuples do
-        if rev.match != reply:
-            return None  # not a pair NFShunt builds (it never shunts NAT)
+        routed = kind is cookies.Kind.SHUNT and self.shared.switch.experimental_routed
+        shape = routed_shape(routed, fwd, rev, ingress, egress)
+        if shape is None:
+            return None  # not a pair NFShunt builds here (a bridge's, a router's, a NAT's)
+        reply, hops, nat = shape
         action = Action.SHUNT if kind is cookies.Kind.SHUNT else Action.BLOCK
         if not self._shaped(action, fwd.match.proto, dirs):
             return None
@@ -227,8 +249,12 @@ class Reconciler:
         authority = cookies.authority(fwd.cookie)
         if cookies.authority(rev.cookie) is not authority:
             authority = cookies.Authority.UNKNOWN  # not a pair this version writes: never named
+        # A NAT pair's entry was kept (routed.md 5.6): looked up before it is relied on.
         conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
-                    confirmed_time=now, adopted=True, entry_deleted=True, slot=key >> cookies.KEY_SLOT_SHIFT,
-                    authority=authority, hard_timeout=left)
+                    confirmed_time=now, adopted=True, entry_deleted=nat is None, slot=key >> cookies.KEY_SLOT_SHIFT,
+                    authority=authority, hard_timeout=left, hops=hops, nat=nat)
         self.shared.remember(conn)
+        if hops is not None:
+            self.shared.next_hops.use(conn)  # (the tables' news find it: tables.py)
+            self.adopted.append(conn)
         return conn

@@ -126,6 +126,12 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
+class LookUp:
+    orig: FlowTuple
+    done: Callable[[ConnEvent | None, str | None], None]  # (the entry or None, why it failed)
+
+
+@dataclass(frozen=True, slots=True)
 class Dump:
     pass
 
@@ -232,6 +238,12 @@ class ConntrackWorker:
         failed, error)` runs on this thread once the kernel has answered."""
         self.q.put(ClearMarks(mask, done))
 
+    def look_up(self, orig: FlowTuple, done: Callable[[ConnEvent | None, str | None], None]) -> None:
+        """The entry whose original tuple is `orig` now (an adopted NAT pair's kept one);
+        `done(entry or None, None)` runs on this thread, `done(None, why)` if the kernel could
+        not be asked. Queued on its own: before a dump asked after it."""
+        self.q.put(LookUp(orig, done))
+
     def after(self, callback: Callable[[], None]) -> None:
         """Run `callback` on this thread once every request queued before it is answered."""
         self.q.put(Call(callback))
@@ -259,6 +271,8 @@ class ConntrackWorker:
                     self._dump()
                 case Call(callback):
                     callback()
+                case LookUp(orig, done):
+                    self._look_up(orig, done)
                 case ClearMarks(mask, done):
                     try:
                         cleared, failed = clear_marks(mask, self.on_malformed)
@@ -329,6 +343,16 @@ class ConntrackWorker:
                     self._account(pending.pop(seq), -code)
         if pending:
             LOG.warning("%d conntrack requests unacknowledged", len(pending))
+
+    @staticmethod
+    def _look_up(orig: FlowTuple, done: Callable[[ConnEvent | None, str | None], None]) -> None:
+        try:
+            entry = entry_of(orig)
+        except OSError as exc:  # (a timeout too)
+            LOG.warning("conntrack entry %s not looked up: %s", orig, exc)
+            done(None, str(exc) or type(exc).__name__)
+            return
+        done(entry, None)
 
     def _meant(self, item: Expire) -> bool:
         """An expire goes only to the entry it was asked for, looked up first: one lookup

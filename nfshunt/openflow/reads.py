@@ -25,7 +25,16 @@ from nfshunt.records.model import (
     retag_ops,
 )
 
-from .stats import IT_APPLY_ACTIONS, IT_GOTO_TABLE, IT_WRITE_METADATA, FlowEntry
+from .stats import (
+    DEC_TTL,
+    IT_APPLY_ACTIONS,
+    IT_GOTO_TABLE,
+    IT_WRITE_METADATA,
+    REWRITE_FIELDS,
+    FlowEntry,
+    Step,
+    routed_rewrite,
+)
 
 ETH_IPV6 = 0x86DD
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
@@ -150,7 +159,7 @@ class SwitchReads:
             vlan = fields.get("vlan_vid")
             zone = tags.zones.get(fields.get("in_port"), _NO_ZONES).get(vlan)
             in_port, t = self._parse_oxm(fields.get, False, zone or 0)  # (inet_ntop text already)
-            outs, goto, metadata, retag = stats.outs, stats.goto, stats.metadata, stats.retag
+            outs, goto, metadata, retag, rewrite = stats.outs, stats.goto, stats.metadata, stats.retag, stats.rewrite
             pcp = fields.get("vlan_pcp")
             # _exact_oxm without a set built per flow (a reconcile reads 200,000): once the
             # tuple, in_port and tag are read (checked below), the fields hold seven of a
@@ -171,8 +180,9 @@ class SwitchReads:
                                  if isinstance(i, self.parser.OFPInstructionWriteMetadata)), None)
                 exact = exact and all(i.type in _OUR_INSTRUCTIONS for i in stats.instructions)
             outs = [a.port for a in actions if hasattr(a, "port")]
-            retag, foreign = self._retag_of(actions)
-            exact = exact and not foreign
+            retag, steps, foreign = self._retag_of(actions)
+            rewrite = routed_rewrite(steps) if steps else None
+            exact = exact and not foreign and (rewrite is not None or not steps)
         out_port = outs[0] if outs else None
         if out_port == tags.controller and len(outs) > 1:
             out_port = outs[1]  # a retagging catcher or watch: the controller's copy first, then the peer
@@ -188,7 +198,7 @@ class SwitchReads:
         # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)
         return _new_flow(SwitchFlow, (stats.cookie, stats.priority, in_port, t, out_port, stats.packet_count,
                                       stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact,
-                                      stats.hard_timeout, vlan, retag, pcp))
+                                      stats.hard_timeout, vlan, retag, pcp, rewrite))
 
     def _tags(self) -> "_Tags":
         """The switch config's tags by fast port, built once per config (a reconcile reads 200,000 flows)."""
@@ -217,17 +227,25 @@ class SwitchReads:
         vlan = m.get("vlan_vid")
         return None if isinstance(vlan, tuple) else vlan  # (a masked tag: any of several, never ours)
 
-    def _retag_of(self, actions: list[Any]) -> tuple[Retag, bool]:
-        """What os-ken's actions do to the tag, and whether they do anything else (as
-        stats._actions reads the bytes)."""
+    def _retag_of(self, actions: list[Any]) -> tuple[Retag, list[Step], bool]:
+        """What os-ken's actions do to the tag, a routed pair's rewrite steps, and whether
+        they do anything else (as stats._actions reads the bytes)."""
         p = self.parser
         retag: list[tuple[TagOp, int]] = []
+        steps: list[Step] = []
         foreign = left = False
         for a in actions:
             if hasattr(a, "port") and isinstance(a, p.OFPActionOutput):
                 left = left or a.port != self.ofp.OFPP_CONTROLLER
                 continue
             name = type(a).__name__
+            if name == "OFPActionDecNwTtl" or name == "OFPActionSetField" and a.key in REWRITE_FIELDS:
+                value = None if name == "OFPActionDecNwTtl" else a.value
+                if isinstance(value, str) and a.key.startswith("ipv"):
+                    value = canonical_address(value)
+                steps.append((DEC_TTL, None) if value is None else (a.key, value))
+                foreign = foreign or left or bool(retag)
+                continue
             if name == "OFPActionPushVlan":
                 retag.append((TagOp.PUSH, a.ethertype))
             elif name in ("OFPActionPopVlan", "OFPActionStripVlan"):
@@ -241,7 +259,7 @@ class SwitchReads:
                 foreign = True
                 continue
             foreign = foreign or left
-        return tuple(retag), foreign
+        return tuple(retag), steps, foreign
 
     # The OXM fields of a pair's match, by IP version and transport (see match()).
     PAIR_FIELDS = {frozenset(("in_port", "vlan_vid", "eth_type", "ip_proto", f"ipv{v}_src", f"ipv{v}_dst",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from nfshunt.records.model import VID_PRESENT, Retag, TagOp, address_text
+from nfshunt.records.model import VID_PRESENT, FlowRewrite, Retag, Rewrite, TagOp, address_text
 
 _ENTRY = struct.Struct("!HBxIIHHHH4xQQQ")  # ofp_flow_stats up to its match
 _REMOVED = struct.Struct("!QHBBIIHHQQ")  # ofp_flow_removed after the header, up to its match
@@ -31,8 +31,20 @@ _FIELDS = {0: ("in_port", 4), 2: ("metadata", 8), 5: ("eth_type", 2), 6: ("vlan_
            11: ("ipv4_src", 4), 12: ("ipv4_dst", 4), 13: ("tcp_src", 2), 14: ("tcp_dst", 2),
            15: ("udp_src", 2), 16: ("udp_dst", 2), 26: ("ipv6_src", 16), 27: ("ipv6_dst", 16)}
 IT_GOTO_TABLE, IT_WRITE_METADATA, IT_WRITE_ACTIONS, IT_APPLY_ACTIONS = 1, 2, 3, 4
-AT_OUTPUT, AT_PUSH_VLAN, AT_POP_VLAN, AT_SET_FIELD = 0, 17, 18, 25
+AT_OUTPUT, AT_PUSH_VLAN, AT_POP_VLAN, AT_DEC_NW_TTL, AT_SET_FIELD = 0, 17, 18, 24, 25
 OXM_VLAN_VID = OXM_BASIC << 16 | 6 << 9 | 2  # set_field's field: vlan_vid, 2 bytes, no mask
+# A routed pair's rewrite (openflow/flows.routed_actions): dec_ttl, then set_field on the MACs
+# and a NAT's addresses and ports. Each field by its OXM field number and size, named as its
+# step in `routed_rewrite` (the OXM names as os-ken's set_field has them, for its parse).
+REWRITE_FIELDS = {"eth_dst": (3, 6), "eth_src": (4, 6), "ipv4_src": (11, 4), "ipv4_dst": (12, 4),
+                  "tcp_src": (13, 2), "tcp_dst": (14, 2), "udp_src": (15, 2), "udp_dst": (16, 2),
+                  "ipv6_src": (26, 16), "ipv6_dst": (27, 16)}
+_REWRITE_HEADERS = {OXM_BASIC << 16 | field << 9 | width: name for name, (field, width) in REWRITE_FIELDS.items()}
+DEC_TTL = "dec_ttl"
+# A NAT's set_fields after the MACs, in this order, each at most once (records.model.Rewrite).
+_NAT_STEPS = {"ipv4_src": "src", "ipv6_src": "src", "tcp_src": "sport", "udp_src": "sport",
+              "ipv4_dst": "dst", "ipv6_dst": "dst", "tcp_dst": "dport", "udp_dst": "dport"}
+_NAT_ORDER = ("src", "sport", "dst", "dport")
 PORT_CONTROLLER = 0xFFFFFFFD
 OTHER = "other"  # a key of FlowEntry.fields: a field NFShunt does not install (or a masked one) was there
 
@@ -41,10 +53,11 @@ class FlowEntry:
     """One ofp_flow_stats entry: counters, cookie, priority, the match fields NFShunt uses
     (a masked one reads as absent: never an exact match), the output ports of its actions
     in order, goto-table, the metadata it writes, what its actions do to the 802.1Q tag
-    (`retag`) and whether it does anything else (`foreign`: never a flow of ours)."""
+    (`retag`), a routed pair's rewrite (`rewrite`) and whether it does anything else
+    (`foreign`: never a flow of ours)."""
 
     __slots__ = ("length", "table_id", "duration_sec", "duration_nsec", "priority", "hard_timeout", "cookie",
-                 "packet_count", "byte_count", "fields", "outs", "goto", "metadata", "retag", "foreign")
+                 "packet_count", "byte_count", "fields", "outs", "goto", "metadata", "retag", "rewrite", "foreign")
     length: int
     table_id: int
     duration_sec: int
@@ -59,6 +72,7 @@ class FlowEntry:
     goto: bool
     metadata: int | None
     retag: Retag
+    rewrite: FlowRewrite | None
     foreign: bool
 
     @classmethod
@@ -75,7 +89,7 @@ class FlowEntry:
             raise ValueError(f"flow stats match of type {match_type}, length {match_len}")
         e.fields = _oxm_fields(buf, at + 4, at + match_len)
         at += (match_len + 7) // 8 * 8
-        e.outs, e.goto, e.metadata, e.retag, e.foreign = [], False, None, (), False
+        e.outs, e.goto, e.metadata, e.retag, e.rewrite, e.foreign = [], False, None, (), None, False
         while at < end:
             itype, ilen = _TLV.unpack_from(buf, at)
             if ilen < 8 or at + ilen > end:
@@ -85,8 +99,12 @@ class FlowEntry:
             elif itype == IT_WRITE_METADATA:
                 e.metadata = _U64.unpack_from(buf, at + 8)[0]
             elif itype in (IT_WRITE_ACTIONS, IT_APPLY_ACTIONS):
-                retag, foreign = _actions(buf, at + 8, at + ilen, e.outs)
+                retag, steps, foreign = _actions(buf, at + 8, at + ilen, e.outs)
                 e.retag += retag
+                if steps:
+                    rewrite = routed_rewrite(steps)
+                    foreign = foreign or rewrite is None or e.rewrite is not None  # (one list of actions rewrites)
+                    e.rewrite = rewrite
                 e.foreign |= foreign or itype == IT_WRITE_ACTIONS  # (NFShunt applies, never writes)
             else:  # a meter, clear-actions, an experimenter's: not a flow NFShunt installs
                 e.foreign = True
@@ -131,11 +149,46 @@ def _other_field(header: int) -> None:
         raise ValueError(f"OXM {known[0]} of {header & 0xFF} bytes")
 
 
-def _actions(buf: Any, at: int, end: int, outs: list[int]) -> tuple[Retag, bool]:
+Step = tuple[str, Any]  # a rewrite's action read back: (DEC_TTL, None) or (set_field's OXM name, its value)
+
+
+def routed_rewrite(steps: list[Step]) -> FlowRewrite | None:
+    """A flow's rewrite steps as this version writes them (dec_ttl, eth_src, eth_dst, then a
+    NAT's set_fields in Rewrite's order, each once), or None: any other (never a flow of ours)."""
+    if len(steps) < 3 or steps[0][0] != DEC_TTL or steps[1][0] != "eth_src" or steps[2][0] != "eth_dst":
+        return None
+    nat: dict[str, Any] = {}
+    last = -1
+    for name, value in steps[3:]:
+        step = _NAT_STEPS.get(name)
+        if step is None or _NAT_ORDER.index(step) <= last:
+            return None
+        last = _NAT_ORDER.index(step)
+        nat[step] = value
+    return FlowRewrite(str(steps[1][1]).lower(), str(steps[2][1]).lower(), Rewrite(**nat))
+
+
+def _set_field(buf: Any, at: int, alen: int) -> Step | None:
+    """A set_field of a routed rewrite's field, as its step; None: another field."""
+    header = _U32.unpack_from(buf, at + 4)[0]
+    name = _REWRITE_HEADERS.get(header)
+    if name is None or 8 + (header & 0xFF) > alen:
+        return None
+    value = bytes(buf[at + 8:at + 8 + (header & 0xFF)])
+    if name.startswith("eth"):
+        return name, ":".join(f"{b:02x}" for b in value)
+    if name.startswith("ipv"):
+        return name, address_text(value)
+    return name, int.from_bytes(value, "big")
+
+
+def _actions(buf: Any, at: int, end: int, outs: list[int]) -> tuple[Retag, list[Step], bool]:
     """An action list: its output ports appended to `outs` in order; (what it does to the
-    tag, whether it does anything NFShunt never writes: another action or field, a tag set
-    after the frame has left by a port other than the controller)."""
+    tag, a routed pair's rewrite steps, whether it does anything NFShunt never writes: another
+    action or field, a tag set or a rewrite after the frame has left by a port other than the
+    controller, a rewrite after a retag)."""
     retag: list[tuple[TagOp, int]] = []
+    steps: list[Step] = []
     foreign = False
     left = False  # a copy went out by a port (not the controller's): a retag after it changes nothing of that
     while at + 4 <= end:
@@ -156,10 +209,16 @@ def _actions(buf: Any, at: int, end: int, outs: list[int]) -> tuple[Retag, bool]
             vid = _TLV.unpack_from(buf, at + 8)[0]
             retag.append((TagOp.SET_VID, vid & 0xFFF))
             foreign |= left or not vid & VID_PRESENT
+        elif atype == AT_DEC_NW_TTL:
+            steps.append((DEC_TTL, None))
+            foreign |= left or bool(retag)
+        elif atype == AT_SET_FIELD and alen >= 16 and (step := _set_field(buf, at, alen)) is not None:
+            steps.append(step)
+            foreign |= left or bool(retag)
         else:
             foreign = True
         at += alen
-    return tuple(retag), foreign
+    return tuple(retag), steps, foreign
 
 
 def flow_removed(datapath: Any, version: int, msg_type: int, msg_len: int, xid: int, buf: Any) -> Any:

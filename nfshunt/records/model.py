@@ -141,6 +141,9 @@ class SwitchFlow(NamedTuple):
     vlan: int | None = None
     retag: Retag = ()
     pcp: int | None = None  # the match's VLAN priority (static shunts'); None: any
+    # A routed pair's flow's rewrite before its output (dec_ttl, the MACs, a NAT's set_fields;
+    # docs/design/routed.md 5.7); None: a bridge's flow, which does none of it.
+    rewrite: FlowRewrite | None = None
 
 
 VID_PRESENT = 0x1000  # OpenFlow 1.3 vlan_vid: a tag is there, its id in the low 12 bits (OFPVID_PRESENT)
@@ -206,6 +209,16 @@ class Rewrite:
     sport: int | None = None
     dst: str | None = None
     dport: int | None = None
+
+
+class FlowRewrite(NamedTuple):
+    """What a routed pair's flow read back does to a frame before its output, in the order
+    this version writes it (openflow/flows.routed_actions): the TTL / hop limit one lower,
+    the egress interface's MAC as source, the next hop's as destination, then a NAT's
+    translation (`nat`: empty without one)."""
+    eth_src: str
+    eth_dst: str
+    nat: Rewrite = Rewrite()
 
 
 def _rewrite(arrives: FlowTuple, leaves: FlowTuple) -> Rewrite:

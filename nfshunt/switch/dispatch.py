@@ -38,7 +38,7 @@ from nfshunt.openflow.rewrite import rewrite
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
 from nfshunt.records.markcodec import DECISION_MASK
-from nfshunt.records.model import OFP10, TCP, SwitchFlow
+from nfshunt.records.model import OFP10, TCP, ConnEvent, SwitchFlow
 
 from .switch import Switch
 
@@ -84,10 +84,7 @@ class Dispatcher:
             c.RestoreConntrack: self.restore_conntrack,
             c.RefreshConntrack: lambda _sw, cmd: self.worker.refresh(cmd.family, cmd.orig, cmd.ct_id, cmd.timeout),
             c.ClearDecision: lambda _sw, cmd: self.worker.clear_decision(cmd.family, cmd.orig, cmd.ct_id),
-            c.ResolveHops: self.resolve_hops,
-            c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
-            c.TablesChanged: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock()),
-            c.NeighbourHeldDown: self.neighbour_held_down,
+            **self._routed_handlers(),
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
@@ -119,6 +116,19 @@ class Dispatcher:
                                                              StaticRead(self.clock())),
             c.InstallAddressBlocks: self.install_address_blocks,
             c.RemoveAddressBlocks: self.remove_address_blocks,
+        }
+
+    def _routed_handlers(self) -> dict[type, Handler]:
+        """A routing firewall's: its tables asked and followed, adopted pairs checked."""
+        return {
+            c.ResolveHops: self.resolve_hops,
+            c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
+            c.CheckAdopted: self.check_adopted,
+            c.AdoptedHopsKnown: lambda sw, cmd: sw.core.adopted_answer(cmd, self.clock()),
+            c.LookUpEntry: self.look_up_entry,
+            c.EntryFound: lambda sw, cmd: sw.core.adopted_answer(cmd, self.clock()),
+            c.TablesChanged: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock()),
+            c.NeighbourHeldDown: self.neighbour_held_down,
         }
 
     def execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
@@ -258,20 +268,46 @@ class Dispatcher:
         """Asked of the route follower's thread (a route, a link and a neighbour lookup a new
         destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM: never on the event
         loop); its answer comes back as a HopsKnown."""
+        failed = self._ask_tables(cmd.addresses, lambda answers: self.post(sw, (c.HopsKnown(answers, cmd.event,
+                                                                                             cmd.attempt),)))
+        if failed is not None:  # (asked again: the retry of a failed lookup, routing.RETRIES)
+            return sw.core.next_hops_known(failed, cmd.event, self.clock(), cmd.attempt)
+        return None
+
+    def check_adopted(self, sw: Switch, cmd: c.CheckAdopted) -> list[c.Command] | None:
+        """The routed pairs a reconcile adopted: their destinations asked of the route
+        follower as any next hop is; the answer comes back as an AdoptedHopsKnown."""
+        failed = self._ask_tables(cmd.addresses,
+                                  lambda answers: self.post(sw, (c.AdoptedHopsKnown(cmd.conns, answers),)))
+        if failed is not None:  # (handed back: what the pairs rewrite is not known to be right)
+            return sw.core.adopted_answer(c.AdoptedHopsKnown(cmd.conns, failed), self.clock())
+        return None
+
+    def _ask_tables(self, addresses: tuple[str, ...],
+                    answered: Callable[[dict[str, Answer]], None]) -> dict[str, Answer] | None:
+        """Ask the route follower (started at the first question); `answered` runs on its
+        thread. A follower that cannot start answers at once: every lookup failed."""
         if self.follower is None:
             follower = TableFollower(self.on_tables or (lambda _news: None), self._follower_error)
             try:
                 follower.start()
-            except OSError as exc:  # (asked again: the retry of a failed lookup, routing.RETRIES)
+            except OSError as exc:
                 self.counters.add("routed_table_errors", "route follower not started")
                 self.rlog.warning("route-follower", "cannot follow the firewall's route tables: %s", exc)
                 follower.stop()
-                failed: dict[str, Answer] = {address: R_LOOKUP_FAILED for address in cmd.addresses}
-                return sw.core.next_hops_known(failed, cmd.event, self.clock(), cmd.attempt)
+                return {address: R_LOOKUP_FAILED for address in addresses}
             self.follower = follower
-        self.follower.ask(cmd.addresses, lambda answers: self.post(sw, (c.HopsKnown(answers, cmd.event,
-                                                                                     cmd.attempt),)))
+        self.follower.ask(addresses, answered)
         return None
+
+    def look_up_entry(self, sw: Switch, cmd: c.LookUpEntry) -> None:
+        """An adopted NAT pair's kept entry, looked up by the conntrack worker (its own
+        thread); the answer comes back as an EntryFound."""
+        conn = cmd.conn
+
+        def done(entry: ConnEvent | None, failed: str | None) -> None:  # on the worker thread
+            self.post(sw, (c.EntryFound(conn, entry, failed),))
+        self.worker.look_up(conn.orig, done)
 
     def _follower_error(self, what: str) -> None:  # (on the follower's thread: counters are thread-safe)
         self.counters.add("routed_table_errors", what)

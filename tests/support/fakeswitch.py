@@ -75,6 +75,7 @@ class Entry:
 
 # Requests `mute` and `refuse` name.
 BARRIER, FLOWS, TABLE, METER_STATS, METER_SET, ROLE = "barrier", "flows", "table", "meter stats", "meter set", "role"
+ASYNC = "set async"  # counted in `asked` only
 _HEADER = struct.Struct("!BBHI")
 _ROLE = struct.Struct("!I4xQ")
 METER, SILENT = "meter", "silent"  # how packet-ins are lost (lose_packet_ins)
@@ -269,6 +270,8 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             self.stats_request(xid, buf)
         elif self.version13 and msg_type == ofp.OFPT_ROLE_REQUEST:
             self.role_request(xid, buf)
+        elif self.version13 and msg_type == ofp.OFPT_SET_ASYNC:  # (a routed switch's invalid-TTL packet-ins)
+            self.asked[ASYNC] += 1
         else:
             raise NotImplementedError(f"message type {msg_type}")
 

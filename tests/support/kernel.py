@@ -39,6 +39,8 @@ class FakeWorker:
         self.undecided: list[tuple[FlowTuple, int]] = []  # UDP NAT pairs' kept entries, decision cleared
         self.refreshed: list[tuple[FlowTuple, int, int]] = []  # NAT pairs' kept entries given time
         self.afters: list[Callable[[], None]] = []  # what waits for the worker to finish what it was asked
+        self.looked_up: list[FlowTuple] = []  # entries looked up (adopted NAT pairs')
+        self.entries: dict[FlowTuple, Any] = {}  # what a lookup finds, by original tuple (the test's)
         self.running = False
 
     def start(self) -> None:
@@ -70,6 +72,12 @@ class FakeWorker:
 
     def dump(self) -> None:
         self.dumps += 1
+
+    def look_up(self, orig: FlowTuple, done: Callable[[Any, str | None], None]) -> None:
+        """An entry looked up (an adopted NAT pair's): answered from `entries` (the test's
+        kernel table: tuple -> ConnEvent) when the test says (Rig.kernel_answers)."""
+        self.looked_up.append(orig)
+        self.afters.append(lambda: done(self.entries.get(orig), None))
 
     def clear_marks(self, mask: int, done: Callable[[int, int, str | None], None]) -> None:
         self.cleared.append(mask)

@@ -1,0 +1,128 @@
+"""A routing firewall's pairs read back at a reconcile (docs/design/routed.md 5.6, 5.7): a
+controller restart, or a switch that kept its table across a reconnect.
+
+A routed shunt's flows carry the router's rewrite (dec_ttl, the MACs) and a NAT pair's its
+translation; its reverse flow matches the reply tuple as it arrives (not the original
+reversed). Such a pair is adopted with the next hops its flows name, and then checked against
+what the firewall says now: its tables (asked as any next hop is, off the event loop: the
+route follower) and, for a NAT pair, its kept conntrack entry (one lookup, the conntrack
+worker). The same next hops: kept as it is; only a MAC changed: its flows rewritten in place;
+its route moved to another interface, gone, blackholed, its neighbour failed: handed back to
+the firewall alive (the one take-down). A NAT pair whose entry is gone, or is another
+connection's now, is handed back with its entry re-created with its NAT (the worker creates
+it with CTA_NAT_* when the kept one is gone). Pure: flows and answers in, commands out.
+"""
+from __future__ import annotations
+
+from nfshunt.config.switch import PortGroup
+from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
+from nfshunt.records.routed import R_LOOKUP_FAILED, Answer
+
+from .commands import AdoptedHopsKnown, CheckAdopted, Command, DeleteConntrack, EntryFound, LookUpEntry, RewriteFlows
+from .connection import ACTIVE, Conn
+from .routing import Change
+from .state import CoreState
+
+R_NAT_ENTRY_GONE = "routed: its NAT entry is gone"
+R_NAT_ENTRY_OTHER = "routed: its NAT entry is another connection's"
+R_NAT_ENTRY_UNKNOWN = "routed: its NAT entry could not be looked up"
+NO_NAT = (Rewrite(), Rewrite())
+
+Shape = tuple[FlowTuple, tuple[NextHop, NextHop] | None, tuple[Rewrite, Rewrite] | None]
+
+
+def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow, ingress: PortGroup,
+                 egress: PortGroup) -> Shape | None:
+    """(reply tuple, next hops, NAT rewrite) of a pair read back, if its flows rewrite as this
+    version's do for this switch: a routed shunt (`routed`) dec_ttl and both MACs, then the
+    translation its tuples define; anything else nothing, its reply the original reversed.
+    None: not a pair this version installs here."""
+    assert fwd.match is not None and rev.match is not None
+    if not routed:
+        if fwd.rewrite is not None or rev.rewrite is not None or rev.match != fwd.match.reversed():
+            return None
+        return fwd.match.reversed(), None, None  # (sharing the address objects, as the listener's tuples do)
+    if fwd.rewrite is None or rev.rewrite is None:
+        return None
+    nat = nat_rewrite(fwd.match, rev.match)
+    if (fwd.rewrite.nat, rev.rewrite.nat) != nat:
+        return None
+    hops = (NextHop(egress.interface or "", fwd.rewrite.eth_src, fwd.rewrite.eth_dst),
+            NextHop(ingress.interface or "", rev.rewrite.eth_src, rev.rewrite.eth_dst))
+    return rev.match, hops, (None if nat == NO_NAT else nat)
+
+
+def macs_differ(conn: Conn, fwd: SwitchFlow, rev: SwitchFlow) -> bool:
+    """A known routed pair's flows carry other MACs than its next hops now (a rewrite lost
+    while the switch was away)."""
+    if conn.hops is None:
+        return False
+    return any(f.rewrite is not None and (f.rewrite.eth_src, f.rewrite.eth_dst) != (hop.eth_src, hop.eth_dst)
+               for f, hop in zip((fwd, rev), conn.hops, strict=True))
+
+
+def rewrite_fits(conn: Conn, fwd: SwitchFlow, rev: SwitchFlow) -> bool:
+    """A known pair's flows rewrite as its own do: nothing for a bridge's or a block, a
+    routed shunt's the router's rewrite with its own translation (its MACs may be older)."""
+    if conn.hops is None:
+        return fwd.rewrite is None and rev.rewrite is None
+    nat = conn.nat or NO_NAT
+    return fwd.rewrite is not None and rev.rewrite is not None and (fwd.rewrite.nat, rev.rewrite.nat) == nat
+
+
+class RoutedAdoption:
+    def __init__(self, shared: CoreState):
+        self.shared = shared
+
+    def checks(self, adopted: list[Conn]) -> list[Command]:
+        """What the firewall is asked about the routed pairs just adopted (those still active):
+        their destinations, once each, in one question; each NAT pair's entry."""
+        conns = tuple(c for c in adopted if c.hops is not None and self.shared.conns.holds(c, ACTIVE))
+        if not conns:
+            return []
+        addresses = tuple(dict.fromkeys(a for c in conns for a in (c.reply.src, c.orig.src)))
+        return [CheckAdopted(conns, addresses), *(LookUpEntry(c) for c in conns if c.nat is not None)]
+
+    def answered(self, answer: AdoptedHopsKnown | EntryFound, now: float) -> list[Command]:
+        if isinstance(answer, AdoptedHopsKnown):
+            return self.hops_known(answer.conns, answer.answers, now)
+        return self.entry_found(answer.conn, answer.entry, answer.failed, now)
+
+    def hops_known(self, conns: tuple[Conn, ...], answers: dict[str, Answer], now: float) -> list[Command]:
+        """The tables' answer for the adopted pairs: each kept, rewritten or handed back."""
+        self.shared.next_hops.learn(answers, now)
+        out: list[Command] = []
+        for conn in conns:
+            if conn.hops is not None and self.shared.conns.holds(conn, ACTIVE):
+                out.extend(self._pair(conn, answers, now))
+        return out
+
+    def _pair(self, conn: Conn, answers: dict[str, Answer], now: float) -> list[Command]:
+        assert conn.hops is not None
+        hops = list(conn.hops)
+        rewrite = False
+        for direction, address in enumerate((conn.reply.src, conn.orig.src)):
+            answer = answers.get(address, R_LOOKUP_FAILED)
+            change = self.shared.next_hops.change(hops[direction], address, answer, now)
+            if isinstance(change, str):
+                return self.shared.conns.take_down(conn, change, now)
+            assert isinstance(answer, NextHop)
+            hops[direction], rewrite = answer, rewrite or change is Change.REWRITE
+        conn.hops = (hops[0], hops[1])  # (the answers: their neighbour, what a hold-down goes by)
+        return [RewriteFlows(conn)] if rewrite else []
+
+    def entry_found(self, conn: Conn, entry: ConnEvent | None, failed: str | None, now: float) -> list[Command]:
+        """The kernel's answer for an adopted NAT pair's entry: the same entry (its id and
+        tuples) keeps the pair; none, or another's, hands it back with its NAT re-created
+        (another connection's entry on its tuple deleted first: its translation is not this one's)."""
+        if not self.shared.conns.holds(conn, ACTIVE):
+            return []
+        if failed is None and entry is not None and \
+                (entry.ct_id, entry.orig, entry.reply) == (conn.ct_id, conn.orig, conn.reply):
+            return []
+        if failed is not None:
+            return self.shared.conns.take_down(conn, R_NAT_ENTRY_UNKNOWN, now)
+        if entry is None:
+            return self.shared.conns.take_down(conn, R_NAT_ENTRY_GONE, now)
+        delete = DeleteConntrack(entry.orig.family, entry.orig, entry.ct_id)
+        return [delete, *self.shared.conns.take_down(conn, R_NAT_ENTRY_OTHER, now)]
