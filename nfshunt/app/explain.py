@@ -341,8 +341,8 @@ REASONS = {
     adm.R_IDS_SERVER: "an IDS's shunt was judged on the other end as the server: not applied to this direction",
     adm.R_VLAN: "its entry is in a conntrack zone (a `-j CT --zone` rule) that no VLAN of its port groups names: "
                 "it stays on the firewall",
-    adm.R_ROUTED: "the firewall routes (forwarding \"routed\"): shunts through a routing firewall are not built "
-                  "yet, so it stays on the firewall",
+    adm.R_ROUTED: "the firewall routes (forwarding \"routed\") and shunting through a routing firewall is not "
+                  "enabled (experimental_routed), so it stays on the firewall",
     adm.R_HOP_UNKNOWN: "the firewall's route and neighbour tables are being asked where its two directions go; it "
                        "is judged again with their answer",
     adm.R_HOP_ELSEWHERE: "the firewall routes one of its directions out of another interface than the port "

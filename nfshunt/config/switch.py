@@ -272,8 +272,9 @@ PER_SWITCH: dict[str, v.Key] = {
     "drain": v.Key(v.number(0, 5), "Seconds more before the entry goes, for packets still queued on the slow path."),
     "forwarding": v.Key(v.choice(FORWARDING), "How the firewall forwards between the port groups: `bridged` (a "
                         "transparent bridge, `bridge_port`s) or `routed` (it routes between its interfaces, "
-                        "`interface`s; OpenFlow 1.3). Routed connections are not shunted yet: each is left on the "
-                        "firewall and counted (docs/design/routed.md). The same for every switch."),
+                        "`interface`s; OpenFlow 1.3). Routed connections are shunted only with `experimental_routed`; "
+                        "without it each is left on the firewall and counted (docs/routed.md). The same for "
+                        "every switch."),
     "experimental_routed": v.Key(v.boolean, "With `forwarding` `routed`: shunt routed connections with the "
                                  "router's rewrite (source MAC of its egress interface, the next hop's MAC "
                                  "from its neighbour table, TTL - 1; an expiring TTL handed to the firewall) "

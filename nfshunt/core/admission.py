@@ -56,7 +56,7 @@ R_IDS_SERVER = "ids shunt: not the server it was judged on"
 R_VLAN = "vlan: zone not configured on its port groups"
 # A routing firewall's connection would need the router's rewrite (MACs, TTL; NAT): not
 # built yet, so it stays on the firewall (docs/design/routed.md, slice 1).
-R_ROUTED = "routed: shunting through a routing firewall is not built yet"
+R_ROUTED = "routed: shunting through a routing firewall is not enabled (experimental_routed)"
 # With experimental_routed (slice 2): the next hops are being asked for, or the firewall
 # would route a direction out of another interface than its port group's (routing.py).
 R_HOP_UNKNOWN = routing.R_HOP_UNKNOWN
