@@ -261,8 +261,9 @@ def test_top_draws_the_transfer_in_80x24_and_quits_on_q(tb):
 
 
 def test_a_shunted_transfer_leaves_one_accounting_record_with_both_paths(tb):
+    from nfshunt_testbed.traffic import STEADY_RATE
     path = tb.nfshunt_config()["accounting_log"]
-    result = tb.iperf(SHUNT, 3, cport=48601)
+    result = tb.iperf(SHUNT, 3, cport=48601, bitrate=STEADY_RATE)
     assert "error" not in result
     received = result["end"]["sum_received"]["bytes"]
     tb.control({"cmd": "flush", "reason": "test: end the pair now"})
