@@ -3,7 +3,7 @@
  * `jitter` experiment (mininet/experiments.py), after Wüsteney et al., "Impact of Packet
  * Filtering on Time-Sensitive Networking Traffic".
  *
- *   cyclic send --dst ADDR --port P --cycle-us C --count N [--size BYTES] [--rt]
+ *   cyclic send --dst ADDR --port P --cycle-us C --count N [--size BYTES] [--sport S] [--rt]
  *   cyclic recv --port P --out FILE [--rt]
  *
  * The hosts are network namespaces of one kernel, so both ends read the same clock.
@@ -75,7 +75,7 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int do_send(const char *dst, int port, long cycle_us, long count, int size)
+static int do_send(const char *dst, int port, long cycle_us, long count, int size, int sport)
 {
     if (size < HEADERS + (int)sizeof(struct stamp) || size > MAX_FRAME) {
         fprintf(stderr, "cyclic: --size must be %d..%d bytes\n", HEADERS + (int)sizeof(struct stamp), MAX_FRAME);
@@ -86,11 +86,18 @@ static int do_send(const char *dst, int port, long cycle_us, long count, int siz
         fprintf(stderr, "cyclic: --dst %s is not an IPv4 address\n", dst);
         return 2;
     }
+    /* --sport: the stream's own source port (the experiment gives each cell one: a stream on
+     * the tuple of an earlier cell would find that cell's shunt still on the switch). */
+    struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons((uint16_t)sport),
+                              .sin_addr.s_addr = htonl(INADDR_ANY) };
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+    if (fd < 0 || (sport && bind(fd, (struct sockaddr *)&me, sizeof me) != 0)
+        || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
         perror("cyclic: socket");
         return 1;
     }
+    socklen_t melen = sizeof me;
+    getsockname(fd, (struct sockaddr *)&me, &melen);
     uint64_t *late = calloc((size_t)count, sizeof *late);   /* wake-up lateness per frame */
     if (!late) {
         perror("cyclic: calloc");
@@ -127,10 +134,11 @@ static int do_send(const char *dst, int port, long cycle_us, long count, int siz
     for (long k = 0; k < n; k++)
         over += late[k] > cycle_ns;
     printf("sent=%ld errors=%ld wake_late_median_ns=%llu wake_late_p999_ns=%llu wake_late_max_ns=%llu "
-           "wake_late_over_cycle=%ld clock_res_ns=%ld\n", sent, errors,
+           "wake_late_over_cycle=%ld clock_res_ns=%ld sport=%d\n", sent, errors,
            n ? (unsigned long long)late[n / 2] : 0ull,
            n ? (unsigned long long)late[n - 1 - n / 1000] : 0ull,
-           n ? (unsigned long long)late[n - 1] : 0ull, over, res.tv_nsec + res.tv_sec * 1000000000L);
+           n ? (unsigned long long)late[n - 1] : 0ull, over, res.tv_nsec + res.tv_sec * 1000000000L,
+           ntohs(me.sin_port));
     free(late);
     close(fd);
     return errors ? 1 : 0;
@@ -195,7 +203,7 @@ static int do_recv(int port, const char *out)
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "send") && strcmp(argv[1], "recv"))) {
-        fprintf(stderr, "usage: cyclic send --dst ADDR --port P --cycle-us C --count N [--size B] [--rt]\n"
+        fprintf(stderr, "usage: cyclic send --dst ADDR --port P --cycle-us C --count N [--size B] [--sport S] [--rt]\n"
                         "       cyclic recv --port P --out FILE [--rt]\n");
         return 2;
     }
@@ -203,9 +211,9 @@ int main(int argc, char **argv)
         {"dst", required_argument, 0, 'd'}, {"port", required_argument, 0, 'p'},
         {"cycle-us", required_argument, 0, 'c'}, {"count", required_argument, 0, 'n'},
         {"size", required_argument, 0, 's'}, {"out", required_argument, 0, 'o'},
-        {"rt", no_argument, 0, 'r'}, {0, 0, 0, 0}};
+        {"sport", required_argument, 0, 'S'}, {"rt", no_argument, 0, 'r'}, {0, 0, 0, 0}};
     const char *dst = NULL, *out = NULL;
-    int port = 0, size = 512, rt = 0, opt;
+    int port = 0, size = 512, rt = 0, sport = 0, opt;
     long cycle_us = 0, count = 0;
     optind = 2;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -216,6 +224,7 @@ int main(int argc, char **argv)
         case 'n': count = atol(optarg); break;
         case 's': size = atoi(optarg); break;
         case 'o': out = optarg; break;
+        case 'S': sport = atoi(optarg); break;
         case 'r': rt = 1; break;
         default: return 2;
         }
@@ -234,7 +243,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "cyclic: send needs --dst, --cycle-us >= 10 and --count >= 1\n");
             return 2;
         }
-        return do_send(dst, port, cycle_us, count, size);
+        if (sport < 0 || sport > 65535) {
+            fprintf(stderr, "cyclic: --sport must be 1..65535\n");
+            return 2;
+        }
+        return do_send(dst, port, cycle_us, count, size, sport);
     }
     if (!out) {
         fprintf(stderr, "cyclic: recv needs --out\n");

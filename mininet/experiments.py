@@ -711,6 +711,10 @@ PAPER_JITTER = (
     ("CPU filtering FW1, worst case over loads", "65 ms", "24 ms (13 ms at any one fixed load)"),
 )
 RAMP_S = 0.5  # after the background starts, before the window opens
+# Each cell's stream from a source port of its own (one of the testbed's fixed client ports):
+# a stream on an earlier cell's tuple would find that cell's shunt still on the switch and
+# cross the firewall with none of its frames.
+CYCLIC_SPORT_BASE = 49100
 
 
 def wait_until_settled(tb: Testbed, since: float, before: int, reactive: bool, quiet: float = 0.3,
@@ -776,7 +780,7 @@ def jitter_cell(tb: Testbed, path: JitterPath, load: Load, cycle_us: int, second
     before = tb.slow_path_packets()
     started = time.monotonic()
     stream = CyclicStream(tb, H2_IP, SHUNT_PORT, cycle_us, max_seconds=seconds + 60,
-                          path=os.path.join(tb.workdir, f"cyclic-{index}.bin"))
+                          path=os.path.join(tb.workdir, f"cyclic-{index}.bin"), sport=CYCLIC_SPORT_BASE + index)
     procs: list[subprocess.Popen] = []
     try:
         before_shunt = wait_until_settled(tb, started, before, path.reactive) - before if path.shunted else None

@@ -28,6 +28,7 @@ pytest, so that each testbed is torn down.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,17 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _cpu_seconds(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def _machine_times() -> tuple[float, float]:
+    """(all, idle) jiffies of the machine since boot (/proc/stat's first line)."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    return sum(fields), fields[3] + fields[4]  # idle + iowait
+
+
 def main(extra: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "-v"]
     runs: list[Run] = []
@@ -94,8 +106,13 @@ def main(extra: list[str]) -> int:
                 if run.proc.poll() is None:
                     run.proc.send_signal(run.stop)
         signal.signal(signal.SIGTERM, stop)
+        machine_at_start = _machine_times()
         try:
-            codes = [run.proc.wait() for run in runs]
+            codes, cpu = [], []
+            for run in runs:  # a run's CPU: what reaping it adds to the children's usage
+                before = _cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
+                codes.append(run.proc.wait())
+                cpu.append(_cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - before)
         except KeyboardInterrupt:  # Ctrl-C reached every run with the process group: each tears down
             for run in runs:
                 _wait_or_kill(run.proc)
@@ -105,7 +122,12 @@ def main(extra: list[str]) -> int:
                 run.out.seek(0)
                 print(f"\n=== {run.title} ===", flush=True)
                 sys.stdout.write(run.out.read())
-    print("\nexit status: testbed run {}; second testbed {}; third testbed {}; the rest {}".format(*codes))
+    (total, idle), (total0, idle0) = _machine_times(), machine_at_start
+    # Whether the runs side by side wait or compete for the cores (daemons that detach, such
+    # as the first testbed's Open vSwitch, are in the idle share only).
+    print("\nCPU (user+sys, s): testbed run {:.0f}; second testbed {:.0f}; third testbed {:.0f}; the rest {:.0f}; "
+          "the machine {:.0f} % idle meanwhile".format(*cpu, 100 * (idle - idle0) / max(1, total - total0)))
+    print("exit status: testbed run {}; second testbed {}; third testbed {}; the rest {}".format(*codes))
     return next((code for code in codes if code), 0)
 
 

@@ -176,11 +176,12 @@ def _counter(tb, key: str) -> int:
 @pytest.fixture(scope="module")
 def workload(tb, prom):
     """What the dashboard shows, made to happen once Prometheus scrapes: {what: measured}."""
+    from nfshunt_testbed.traffic import STEADY_RATE
     t0 = time.monotonic()
     seen = {}
     # A shunted transfer: its bytes reach the fast-path counter when its pair is removed (FIN).
     fast0 = _value(prom, 'nfshunt_removed_pair_bytes_total{action="shunt"}')
-    result = tb.iperf(SHUNT, 2, cport=45301)
+    result = tb.iperf(SHUNT, 2, cport=45301, bitrate=STEADY_RATE)
     assert "error" not in result, result
     sent = result["end"]["sum_received"]["bytes"]
     seen["fast path bytes"] = tb.wait_for(
@@ -190,7 +191,7 @@ def workload(tb, prom):
     assert tb.iperf(BLOCK, 1, cport=45302, grace=3).get("error") == "stalled"
     # An ignored one crosses the firewall: the default flows' bytes (the slow path) grow by it.
     slow0 = _value(prom, 'nfshunt_slow_path_bytes_total{direction="to_firewall"}')
-    result = tb.iperf(IGNORE, 1, cport=45303)
+    result = tb.iperf(IGNORE, 1, cport=45303, bitrate=STEADY_RATE)
     assert "error" not in result, result
     sent = result["end"]["sum_received"]["bytes"]
     seen["slow path bytes"] = tb.wait_for(
@@ -205,7 +206,7 @@ def workload(tb, prom):
     refused = _counter(tb, "refused:shunt")
     _limit_table(1)
     try:
-        result = tb.iperf(SHUNT, 1, cport=45304)
+        result = tb.iperf(SHUNT, 1, cport=45304, bitrate=STEADY_RATE)
         tb.wait_for(lambda: _counter(tb, "refused:shunt") > refused, 10, "the switch to refuse the shunt")
     finally:
         _limit_table(None)

@@ -262,6 +262,8 @@ def test_top_draws_the_transfer_in_80x24_and_quits_on_q(tb):
 
 def test_a_shunted_transfer_leaves_one_accounting_record_with_both_paths(tb):
     path = tb.nfshunt_config()["accounting_log"]
+    # Unpaced: paced at 100 Mbit/s, the record once counted 7 % fewer bytes than iperf3
+    # received (CI-7 of session 46: 34,991,528 of 37,617,664), not explained yet.
     result = tb.iperf(SHUNT, 3, cport=48601)
     assert "error" not in result
     received = result["end"]["sum_received"]["bytes"]

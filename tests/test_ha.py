@@ -7,7 +7,6 @@ controller's status: asking a controller would wake it and could hide a takeover
 not noticed on its own."""
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -252,13 +251,16 @@ def _pair_state(tb, logged):
 
 def test_the_pair_takes_the_switch_whatever_order_its_services_start_in(booted):
     """Both hosts boot (power cut: nothing resigns; the switch's table empty): their three
-    services start all at once, or one after the other in each order. Within a few seconds
-    of the last start, the host keepalived made master has the switch, the other none of it."""
+    services start all at once, or one after the other. Within a few seconds of the last
+    start, the host keepalived made master has the switch, the other none of it. The orders
+    are the three rotations: each service first once and last once, and each one both before
+    and after each other one (every ordered pair; the six permutations took 7 boots, 42 s)."""
     from nfshunt_testbed.bed import Service
     from nfshunt_testbed.topology import TestbedError
     took = {}
     tb = booted
-    for order in [(), *itertools.permutations(Service)]:
+    services = list(Service)
+    for order in [(), *(tuple(services[i:] + services[:i]) for i in range(len(services)))]:
         name = "+".join(s.value for s in order) or "together"
         for fw in tb.firewalls:
             tb.stop_services(fw, signal.SIGKILL)

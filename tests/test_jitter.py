@@ -44,7 +44,9 @@ def test_jitter_quick_run(quick_jitter):
     assert float(rows["firewall", "0%"]["slow_path_pps"]) >= 900
     # (the first frame and the receiver's one answer, which made the entry ESTABLISHED)
     before = {ld: int(rows["reactive", ld]["frames_before_shunt"]) for ld in ("0%", "10%")}
-    assert all(n >= 2 for n in before.values()), before
+    assert all(n >= 2 for n in before.values()), \
+        {ld: (n, f"source port {rows['reactive', ld]['sender_sport']}") for ld, n in before.items()}
+    assert len({r["sender_sport"] for r in rows.values()}) == len(rows)  # each cell a tuple of its own
     # A static shunt's stream stays off the firewall (that not even its first frame crosses it
     # is test_static_testbed's, with a watch flow: the slow ports' raw counters read here
     # also carry the hosts' own chatter, a few packets).
@@ -78,7 +80,7 @@ def test_delay_statistics_of_a_window():
 def test_sender_report_names_what_it_lacks():
     from nfshunt_testbed.cyclicstream import SenderReport
     line = ("sent=10 errors=0 wake_late_median_ns=5 wake_late_p999_ns=9 wake_late_max_ns=12 "
-            "wake_late_over_cycle=0 clock_res_ns=1")
-    assert SenderReport.parse(line).wake_late_max_ns == 12
+            "wake_late_over_cycle=0 clock_res_ns=1 sport=49101")
+    assert SenderReport.parse(line).wake_late_max_ns == 12 and SenderReport.parse(line).sport == 49101
     with pytest.raises(ValueError, match="clock_res_ns"):
         SenderReport.parse(line.replace(" clock_res_ns=1", ""))

@@ -54,6 +54,7 @@ def metric(text: str, name: str, **labels) -> float:
 def test_audit_log_accounts_a_shunted_transfer_to_within_2_percent_and_metrics_show_it(tb):
     text0 = scrape(tb)
     installed0 = metric(text0, "nfshunt_flows_installed_total", action="shunt")
+    # Unpaced, as test_explain's accounting case (paced, a record once missed 7 % of the bytes).
     result = tb.iperf(SHUNT, 3, cport=45001)
     assert "error" not in result
     received = result["end"]["sum_received"]["bytes"]
@@ -79,12 +80,13 @@ def test_audit_log_accounts_a_shunted_transfer_to_within_2_percent_and_metrics_s
 
 
 def test_audit_log_is_reopened_on_sighup(tb):
+    from nfshunt_testbed.traffic import STEADY_RATE
     path = tb.nfshunt_config()["audit_log"]
-    tb.iperf(SHUNT, 1, cport=45002)
+    tb.iperf(SHUNT, 1, cport=45002, bitrate=STEADY_RATE)
     tb.wait_for(lambda: [x for x in audit_lines(tb) if x["sport"] == 45002], 15, "an audit line")
     os.rename(path, path + ".1")          # what logrotate does
     tb.controller.send_signal(1)         # SIGHUP
-    tb.iperf(SHUNT, 1, cport=45003)
+    tb.iperf(SHUNT, 1, cport=45003, bitrate=STEADY_RATE)
     tb.wait_for(lambda: [x for x in audit_lines(tb) if x["sport"] == 45003], 15, "a line in the new file")
     assert all(x["sport"] != 45002 for x in audit_lines(tb))
 

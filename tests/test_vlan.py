@@ -92,12 +92,13 @@ def shunted_run(tb, transfers, pairs):
 
 
 def test_the_same_tuple_in_vlans_100_and_200_is_two_shunts_kept_apart(tb):
+    from nfshunt_testbed.traffic import STEADY_RATE
     h1, h2, h3, h4 = (tb.host(n) for n in ("h1", "h2", "h3", "h4"))
     # what a host of the other VLAN sent, were it delivered here (the same addresses, other MACs)
     leaks = [tb.capture(h2, "h2-eth0", f"ether src {h3.MAC()} or ether src {h4.MAC()}"),
              tb.capture(h4, "h4-eth0", f"ether src {h1.MAC()} or ether src {h2.MAC()}")]
-    transfers = [tb.start_transfer(SHUNT, 4, cport=41000, src=h1, server=h2),
-                 tb.start_transfer(SHUNT, 4, cport=41000, src=h3, server=h4)]
+    transfers = [tb.start_transfer(SHUNT, 4, cport=41000, src=h1, server=h2, bitrate=STEADY_RATE),
+                 tb.start_transfer(SHUNT, 4, cport=41000, src=h3, server=h4, bitrate=STEADY_RATE)]
     try:
         summaries, paths, flows = shunted_run(tb, transfers, [(vid, 41000, (f"fw-eth0.{vid}", f"fw-eth1.{vid}"))
                                                               for vid in (100, 200)])
@@ -105,8 +106,8 @@ def test_the_same_tuple_in_vlans_100_and_200_is_two_shunts_kept_apart(tb):
         kill(*transfers)
     for vid in (100, 200):
         through_switch, through_fw = paths[(vid, 41000)]
-        # Two transfers share the switch, and TCP does not share it fairly over 4 s (CI-36, loaded
-        # by the suite: 900 packets against 236,832): the pair carried its transfer, and the
+        # Two transfers share the switch (paced: unpaced, TCP did not share it fairly over 4 s,
+        # CI-36: 900 packets against 236,832): the pair carried its transfer, and the
         # firewall's count beside it is what shows the path.
         assert through_switch > 200, (vid, paths)
         assert through_fw < through_switch / 100, (vid, paths)  # flat: the handover's tail and the FIN
@@ -119,7 +120,9 @@ def test_the_same_tuple_in_vlans_100_and_200_is_two_shunts_kept_apart(tb):
 
 
 def test_vlan_30_inside_is_301_outside_on_the_fast_path_too(tb):
-    transfer = tb.start_transfer(SHUNT, 3, cport=41001, src=tb.host("h5"), server=tb.host("h6"), dst="10.0.3.2")
+    from nfshunt_testbed.traffic import STEADY_RATE
+    transfer = tb.start_transfer(SHUNT, 3, cport=41001, src=tb.host("h5"), server=tb.host("h6"), dst="10.0.3.2",
+                                 bitrate=STEADY_RATE)
     try:
         # the pair's flows match VLAN 30 inside and 301 outside: `pair` by either id
         tb.wait_for(lambda: pair(tb, 30, 41001) and pair(tb, 301, 41001), 10, "the translated shunt")
@@ -197,11 +200,12 @@ def vlan_policy(tb):
 
 
 def test_a_policy_by_sub_interface_shunts_in_vlan_100_and_blocks_in_vlan_200(tb, vlan_policy):
+    from nfshunt_testbed.traffic import STEADY_RATE
     h1, h2, h3, h4 = (tb.host(n) for n in ("h1", "h2", "h3", "h4"))
     before = fw_rx(tb, "fw-eth0.200", "fw-eth1.200")
     # over IPv6 (the same fd00::1 -> fd00::2 in both VLANs): ip6tables' zones and policy
-    transfers = [tb.start_transfer(SHUNT, 3, cport=41002, src=h1, server=h2, dst="fd00::2"),
-                 tb.start_transfer(SHUNT, 3, cport=41002, src=h3, server=h4, dst="fd00::2")]
+    transfers = [tb.start_transfer(SHUNT, 3, cport=41002, src=h1, server=h2, dst="fd00::2", bitrate=STEADY_RATE),
+                 tb.start_transfer(SHUNT, 3, cport=41002, src=h3, server=h4, dst="fd00::2", bitrate=STEADY_RATE)]
     try:
         summaries, paths, _ = shunted_run(tb, transfers, [(100, 41002, ("fw-eth0.100", "fw-eth1.100"))])
         assert not pair(tb, 200, 41002)  # decided "ignore" in VLAN 200: it crossed the firewall
@@ -211,8 +215,8 @@ def test_a_policy_by_sub_interface_shunts_in_vlan_100_and_blocks_in_vlan_200(tb,
     assert fw_rx(tb, "fw-eth0.200", "fw-eth1.200") - before > 1000
     # 5202: blocked in VLAN 200 (its flows drop: iperf3's control connection already), on the
     # firewall in VLAN 100 and through
-    blocked = tb.start_transfer(BLOCK, 2, src=h3, server=h4)
-    passed = tb.start_transfer(BLOCK, 2, src=h1, server=h2)
+    blocked = tb.start_transfer(BLOCK, 2, src=h3, server=h4, bitrate=STEADY_RATE)
+    passed = tb.start_transfer(BLOCK, 2, src=h1, server=h2, bitrate=STEADY_RATE)
     try:
         flows = tb.wait_for(lambda: vlan_flows(tb, BLOCK, 200), 10, "VLAN 200's block")
         assert all(int(f["cookie"], 16) >> 48 & 0xFF == 3 and f["actions"] == "drop" for f in flows), flows

@@ -46,6 +46,7 @@ class SenderReport:
     wake_late_max_ns: int
     wake_late_over_cycle: int
     clock_res_ns: int
+    sport: int  # the stream's source port
 
     @classmethod
     def parse(cls, line: str) -> "SenderReport":
@@ -111,7 +112,8 @@ class CyclicStream:
     at real-time priority, until stop(). Both are the testbed's processes (spawn): a
     testbed that stops kills them."""
 
-    def __init__(self, tb: Any, dst: str, port: int, cycle_us: int, max_seconds: float, path: str):
+    def __init__(self, tb: Any, dst: str, port: int, cycle_us: int, max_seconds: float, path: str,
+                 sport: int = 0):
         self.tb, self.path, self.cycle_us = tb, path, cycle_us
         binary = build_cyclic()
         self.receiver = tb.spawn(tb.h2, binary, "recv", "--port", str(port), "--out", path, "--rt",
@@ -119,7 +121,8 @@ class CyclicStream:
         self._ready(self.receiver, "receiver")
         count = int(max_seconds * 1e6 / cycle_us)
         self.sender = tb.spawn(tb.h1, binary, "send", "--dst", dst, "--port", str(port), "--cycle-us",
-                               str(cycle_us), "--count", str(count), "--size", str(FRAME_BYTES), "--rt",
+                               str(cycle_us), "--count", str(count), "--size", str(FRAME_BYTES),
+                                 *(("--sport", str(sport)) if sport else ()), "--rt",
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._ready(self.sender, "sender")
 
