@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from nfshunt.records import cookies
-from nfshunt.records.model import TCP, UDP, FlowTuple
+from nfshunt.records.model import TCP, UDP, FlowTuple, NextHop
 
 from . import validate as v
 from .switch import SwitchConfig, vlan_id
 from .validate import ConfigError
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
+VIA_TABLE = "table"  # `via`: follow the firewall's route to the destination, as a reactive pair does
 # The widest prefix an entry may name without raising `static_shunt_max_prefix`: any host
 # inside it may send on the stream, past the firewall. /24: one cell's subnet; /64: one IPv6
 # subnet, the smallest routed unit. A stream between two controllers is /32 (/128).
@@ -49,6 +50,9 @@ class StaticShunt:
     datapath_id: int | None = None  # with several switches whose fast ports both fit: which one
     vlan: int | None = None  # the source side's VLAN id (None: untagged); the other side's: its zone's there
     pcp: int | None = None  # the 802.1p priority (0-7) its frames carry (None: any)
+    # A routing firewall's (forwarding "routed"): the next hop towards dst, an address on the
+    # destination side's subnet, or VIA_TABLE (the firewall's route to dst, as a reactive pair's).
+    via: str | None = None
 
     def on(self, switch: SwitchConfig) -> bool:
         """This entry's flows go on that switch."""
@@ -82,6 +86,11 @@ class StaticFlow:
     zone: int = 0
     pcp: int | None = None
     block_proto: int | None = None  # a block's: its tuple's protocol (the shunt may name none)
+    # Through a routing firewall: the address whose next hop this direction leaves by (the
+    # entry's `via`, or the destination host's with "table"); None bridged. Installed only
+    # with `hop` (core/static_table asks the firewall's tables), which it rewrites to.
+    via: str | None = None
+    hop: NextHop | None = None
 
     @property
     def family(self) -> int | None:
@@ -94,7 +103,8 @@ class StaticFlow:
     def describe(self) -> str:
         return describe(self.proto, self.src, self.dst, self.src_port, self.dst_port) + \
             _tag_text(self.vid_in or None, self.pcp) + \
-            (f" port {self.in_port} -> {self.out_port}" if self.out_port is not None else f" port {self.in_port} drop")
+            (f" port {self.in_port} -> {self.out_port}" if self.out_port is not None else
+             f" port {self.in_port} drop") + (f" via {self.via}" if self.via is not None else "")
 
     def covers(self, t: FlowTuple) -> bool:
         """A packet of this tuple arriving on in_port would take this flow (if it carries the
@@ -191,6 +201,18 @@ def _port_pair(key: str, value: Any) -> tuple[int, int]:
     return a, b
 
 
+@v.takes("string", "an IPv4 or IPv6 address, or `table`")
+def _via(key: str, value: Any) -> str:
+    value = v.string(key, value)
+    if value == VIA_TABLE:
+        return value
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ConfigError(key, f"{value!r} is neither an address (the next hop towards dst) nor \"table\" (follow "
+                          "the firewall's route to dst)") from None
+
+
 _ANY = "required (with `pcp`: all three or none)"
 ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from its first frame, outside the "
                 "firewall (which never sees, tracks, logs or polices its frames): keep it as narrow as the stream.", {
@@ -214,6 +236,11 @@ ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from 
     "pcp": v.Key(v.integer(0, 7), "The VLAN priority (802.1p PCP) of the stream's frames, kept as "
                  "it came; needs `vlan`. With it, `protocol`, `src` and `dst` may all be left out: every frame of "
                  "the VLAN with that priority (the industrial case).", default="any"),
+    "via": v.Key(_via, "Routing firewalls only (`forwarding` `routed`; then required): the next hop towards "
+                 "`dst`, an address on the destination side's subnet, or `table`: the firewall's own route and "
+                 "neighbour tables, followed (`dst`, and `src` with `both_directions`, then one host each). The "
+                 "flows do the router's rewrite (TTL one lower, the egress interface's and the next hop's MACs); "
+                 "the reverse direction always follows the table to `src`.", default="none (bridged)"),
 }, required=("fast_ports",), record=StaticShunt)
 _ADDRESSED = ("protocol", "src", "dst")  # required, unless an entry names a priority: then all or none
 
@@ -237,12 +264,33 @@ def parse(key: str, value: Any) -> tuple[StaticShunt, ...]:
         elif shunt.src.version != shunt.dst.version:
             raise ConfigError(f"{at}.dst", f"{shunt.dst} is IPv{shunt.dst.version}, src {shunt.src} "
                               f"IPv{shunt.src.version}: one family a stream")
+        _routed_entry(at, shunt)
         if shunt.name is not None:
             if shunt.name in names:
                 raise ConfigError(f"{at}.name", f"{shunt.name!r} is already used by {key}[{names[shunt.name]}]")
             names[shunt.name] = i
         out.append(shunt)
     return tuple(out)
+
+
+def _routed_entry(at: str, shunt: StaticShunt) -> None:
+    """What `via` needs of the entry itself: a destination to route (an entry by VLAN priority
+    alone has none), an address of its family, one host wherever the table picks the next hop
+    (a subnet's hosts each have their own MAC: one flow cannot rewrite to all of them)."""
+    if shunt.via is None:
+        return
+    if shunt.src is None or shunt.dst is None:
+        raise ConfigError(f"{at}.via", "an entry by VLAN priority alone has no destination to route: give "
+                          "protocol, src and dst")
+    if shunt.via != VIA_TABLE and ipaddress.ip_address(shunt.via).version != shunt.dst.version:
+        raise ConfigError(f"{at}.via", f"{shunt.via} is not of dst {shunt.dst}'s family (IPv{shunt.dst.version})")
+    sides = (["dst"] if shunt.via == VIA_TABLE else []) + (["src"] if shunt.both_directions else [])
+    for side in sides:
+        net = getattr(shunt, side)
+        if net.prefixlen != net.max_prefixlen:
+            raise ConfigError(f"{at}.{side}", f"{net} is a prefix, and the next hop towards {side} follows the "
+                              "firewall's table: name one host (each host of a subnet has its own MAC)" +
+                              (", or both_directions false" if side == "src" else ""))
 
 
 def _addressed(at: str, entry: dict[str, Any]) -> None:
@@ -311,6 +359,7 @@ def check(cfg: Scope) -> None:
             raise ConfigError(f"{at}.datapath_id", "the fast ports are on several switches: name the one "
                               "(a stream declared for one must not bypass the firewall on another)")
         sw = next(sw for sw in cfg.switches if shunt.on(sw))
+        _check_via(at, shunt, sw)
         tags = _check_tags(at, shunt, sw)
         for side in ("src", "dst"):
             net = getattr(shunt, side)
@@ -323,6 +372,23 @@ def check(cfg: Scope) -> None:
             if hit is not None:
                 other_at, other = hit
                 raise ConfigError(at, f"overlaps {other_at} ({other.describe()}): a frame would match both")
+
+
+def _check_via(at: str, shunt: StaticShunt, switch: SwitchConfig) -> None:
+    """`via` with a routing firewall's switch, and only there: a bridged entry's flows forward
+    frames as they came; a routed one's without the router's rewrite would hand the receiver
+    frames addressed to the firewall's MAC, with the TTL the firewall never lowered."""
+    routed = switch.forwarding == "routed"
+    if shunt.via is not None and not routed:
+        raise ConfigError(f"{at}.via", "names a next hop, and this switch's forwarding is bridged: a bridging "
+                          "firewall has no next hop (leave via out, or set forwarding \"routed\")")
+    if routed and shunt.via is None:
+        raise ConfigError(f"{at}.via", "required with forwarding \"routed\": the stream's frames must leave with "
+                          "the router's rewrite; give the next hop towards dst (an address on its side's subnet) "
+                          "or \"table\" (the firewall's route to dst)")
+    if routed and not switch.experimental_routed:
+        raise ConfigError(f"{at}.via", "shunts through a routing firewall, static ones too, need "
+                          f"{switch.at}experimental_routed true")
 
 
 def tags_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int] | None:
@@ -455,12 +521,22 @@ def flows_of(shunt: StaticShunt, priority: int, key: int,
     """An entry's flows; tags: (source side's tag, destination side's, zone), tags_of's."""
     a, b = shunt.fast_ports
     va, vb, zone = tags
+    via, back = _vias(shunt)
     out = [StaticFlow(shunt, False, a, b, shunt.src, shunt.dst, shunt.src_port, shunt.dst_port, priority,
-                      cookies.make(cookies.Kind.STATIC, key, False), 0, va, vb, zone, shunt.pcp)]
+                      cookies.make(cookies.Kind.STATIC, key, False), 0, va, vb, zone, shunt.pcp, via=via)]
     if shunt.both_directions:
         out.append(StaticFlow(shunt, True, b, a, shunt.dst, shunt.src, shunt.dst_port, shunt.src_port, priority,
-                              cookies.make(cookies.Kind.STATIC, key, True), 0, vb, va, zone, shunt.pcp))
+                              cookies.make(cookies.Kind.STATIC, key, True), 0, vb, va, zone, shunt.pcp, via=back))
     return out
+
+
+def _vias(shunt: StaticShunt) -> tuple[str | None, str | None]:
+    """The addresses whose next hops the two directions leave by: the entry's `via` (or, with
+    "table", the destination host) forward; the source host back. None, None bridged."""
+    if shunt.via is None or shunt.src is None or shunt.dst is None:
+        return None, None
+    forward = str(shunt.dst.network_address) if shunt.via == VIA_TABLE else shunt.via
+    return forward, str(shunt.src.network_address)
 
 
 def _key(shunt: StaticShunt, priority: int) -> int:
@@ -470,6 +546,8 @@ def _key(shunt: StaticShunt, priority: int) -> int:
                                shunt.fast_ports, shunt.both_directions, priority)
     if shunt.vlan is not None or shunt.pcp is not None:  # (only then: an untagged entry keeps its cookie)
         fields += (("vlan", shunt.vlan), ("pcp", shunt.pcp))
+    if shunt.via is not None:  # (likewise: a bridged entry's cookie as before)
+        fields += (("via", shunt.via),)
     text = repr(fields)
     return zlib.crc32(text.encode())
 

@@ -77,6 +77,22 @@ class ResolveHops:
 
 
 @dataclass(slots=True)
+class ResolveStatic:
+    """Ask the firewall's route and neighbour tables where `addresses` go, for the static
+    shunts through it (`via`); answer with a StaticHopsKnown."""
+    addresses: tuple[str, ...]
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class StaticHopsKnown:
+    """The tables' answer to a ResolveStatic (the route follower's thread), run on the event
+    loop: core.tables_changed(), as the follower's news are."""
+    answers: dict[str, NextHop | str]
+    attempt: int = 0
+
+
+@dataclass(slots=True)
 class HopsKnown:
     """The firewall's tables' answer to a ResolveHops (from the route follower's thread),
     run on the event loop: core.next_hops_known()."""
@@ -328,7 +344,8 @@ class Removed:
 
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
-                HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown, CheckAdopted, AdoptedHopsKnown,
+                ResolveStatic, StaticHopsKnown, HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
+                CheckAdopted, AdoptedHopsKnown,
                 LookUpEntry, EntryFound,
                 RefreshConntrack, ClearDecision, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,

@@ -26,6 +26,7 @@ from nfshunt.config.settings import Config
 from nfshunt.config.static import Network
 from nfshunt.config.switch import SwitchConfig
 from nfshunt.records.model import OFP13, ConnEvent, FlowTuple, NextHop, SwitchFlow
+from nfshunt.records.routed import Answer
 from nfshunt.records.segment import Segment
 
 from . import nat
@@ -253,9 +254,10 @@ class Core:
         they had no next hop for it, it waits for their change: tables.py)."""
         return self._tables.answered(answers, ev, now, attempt)
 
-    def tables_changed(self, answers: dict[str, NextHop | str], now: float) -> list[Command]:
-        """The route follower's news: routed pairs rewritten or handed back (tables.py)."""
-        return self._tables.changed(answers, now)
+    def tables_changed(self, answers: dict[str, Answer], now: float, attempt: int | None = None) -> list[Command]:
+        """The route follower's news, or its answer to a ResolveStatic (`attempt`: its failed
+        lookups asked again): routed pairs and static flows rewritten or handed back (tables.py)."""
+        return self._tables.changed(answers, now, attempt)
 
     def adopted_answer(self, answer: AdoptedHopsKnown | EntryFound, now: float) -> list[Command]:
         """The firewall's tables or kernel answered about pairs a reconcile adopted (routed_adoption.py)."""

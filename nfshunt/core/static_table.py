@@ -4,17 +4,25 @@ into agreement by the reconcile, changed by a reload as the difference only. No 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from nfshunt.config.static import StaticFlow, switch_flows
 from nfshunt.records import cookies
-from nfshunt.records.model import VID_PRESENT, FlowTuple, SwitchFlow, retag_ops
+from nfshunt.records.model import VID_PRESENT, FlowRewrite, FlowTuple, NextHop, SwitchFlow, retag_ops
+from nfshunt.records.routed import Answer
 
-from .commands import Command, InstallStatic, RemoveStatic
+from .commands import Command, InstallStatic, RemoveStatic, ResolveStatic
+from .routing import R_FLAPPING, R_HOP_ELSEWHERE
 from .static_view import Counts, StaticIndex, StaticTotals, matching, page, summary
 
 RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding longer writes it again
+R_VIA_OFF_LINK = "routed: via is not on the subnet of the destination side's interface"
+# A routed static flow's state (the firewall's tables' last word on its next hop): the hop it is
+# on the switch with; why it is not (withdrawn: the stream crosses the firewall); None not known
+# yet (asked: at connect, reload or restart, where a flow of an earlier run may be on the switch).
+HopState = NextHop | str | None
 
 if TYPE_CHECKING:
     from nfshunt.config.settings import Config
@@ -43,6 +51,10 @@ class StaticTable:
         # Operators' and IDSs' blocks of tuples inside a static stream, by cookie: (flow,
         # expires). The stream never reaches conntrack, so a pin alone would never be decided.
         self.blocks: dict[int, tuple[StaticFlow, float]] = {}
+        # A routing firewall's (`via`): each routed flow's next hop, and the interface each fast
+        # port's group routes by (where a next hop must lie).
+        self.interfaces = {g.fast: g.interface for g in switch.ports}
+        self.hops: dict[int, HopState] = {cookie: None for cookie, f in self.flows.items() if f.via is not None}
 
     @property
     def entries(self) -> int:
@@ -51,8 +63,68 @@ class StaticTable:
     def connected(self) -> list[Command]:
         """At connect, before anything else: every static flow (an identical one on the
         switch is overwritten in place)."""
-        flows = (*self.flows.values(), *(f for f, _ in self.blocks.values()))
-        return [InstallStatic(flows, "switch connected")] if flows else []
+        flows = (*self._placed(self.flows.values()), *(f for f, _ in self.blocks.values()))
+        out: list[Command] = [InstallStatic(flows, "switch connected")] if flows else []
+        return out + self.resolve()
+
+    # --- through a routing firewall (`via`) ---------------------------------------------------
+
+    def _placed(self, flows: Iterable[StaticFlow]) -> list[StaticFlow]:
+        """The flows as they go on the switch: a bridged one as it is, a routed one with its
+        next hop's rewrite, and only while it has one."""
+        out = []
+        for f in flows:
+            if f.via is None:
+                out.append(f)
+            elif isinstance(hop := self.hops.get(f.cookie), NextHop):
+                out.append(dataclasses.replace(f, hop=hop))
+        return out
+
+    def resolve(self, attempt: int = 0) -> list[Command]:
+        """Ask the firewall's tables for every routed flow's next hop (the route follower then
+        tells of their changes: hops_known again)."""
+        vias = sorted({f.via for f in self.flows.values() if f.via is not None})
+        return [ResolveStatic(tuple(vias), attempt)] if vias else []
+
+    def hops_known(self, answers: dict[str, Answer], held_down: Callable[[NextHop, str], bool]) -> list[Command]:
+        """The tables' answers (to a ResolveStatic, or the follower's news): each routed flow
+        whose next hop is given is installed with its rewrite (again, when its MAC changed:
+        an add of the same match replaces the actions, the counters kept); one whose next hop
+        went (failed, moved to another interface, no route, held down) is withdrawn, counted
+        and logged by its reason: its stream crosses the firewall, which routes it."""
+        put: dict[str, list[StaticFlow]] = {}
+        gone: dict[str, list[StaticFlow]] = {}
+        for cookie, was in list(self.hops.items()):
+            f = self.flows[cookie]
+            answer = answers.get(f.via) if f.via is not None else None
+            if answer is None:
+                continue
+            now = self._verdict(f, answer, held_down)
+            self.hops[cookie] = now
+            if isinstance(now, NextHop) and now != was:
+                why = "next hop's MAC changed" if isinstance(was, NextHop) else "next hop resolved"
+                put.setdefault(why, []).append(dataclasses.replace(f, hop=now))
+            elif isinstance(now, str) and not isinstance(was, str):
+                gone.setdefault(now, []).append(f)
+        out: list[Command] = [InstallStatic(tuple(flows), why) for why, flows in put.items()]
+        out.extend(RemoveStatic(tuple(f.cookie for f in flows), tuple(f.describe() for f in flows), why)
+                   for why, flows in gone.items())
+        return out
+
+    def _verdict(self, f: StaticFlow, answer: Answer, held_down: Callable[[NextHop, str], bool]) -> NextHop | str:
+        """The next hop a routed flow may leave by, or why not: it must leave by the interface
+        of its output port's group; an entry's own `via` must be on that interface's subnet
+        (the route to it is direct: it is its own neighbour); its neighbour not flapping."""
+        if isinstance(answer, str):
+            return answer
+        assert f.via is not None
+        if answer.ifname != self.interfaces.get(f.out_port or 0):
+            return R_HOP_ELSEWHERE
+        if not f.reply and f.via == f.shunt.via and answer.neighbour not in ("", f.via):
+            return R_VIA_OFF_LINK
+        if held_down(answer, f.via):
+            return R_FLAPPING
+        return answer
 
     def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Command]:
         """An operator's or an IDS's block of a tuple (either direction) some static flow
@@ -94,11 +166,18 @@ class StaticTable:
         # pair's other controller) is a drop with its own end: kept until then.
         stale = [cookie for cookie, got in found.items() if cookie not in self.flows and cookie not in self.blocks
                  and not all(f.out_port is None and f.hard_timeout and f.priority == self.block_priority for f in got)]
-        wrong = [f for cookie, f in self.flows.items() if cookie in found and not _right(f, found[cookie])]
-        missing = [f for cookie, f in self.flows.items() if cookie not in found]
+        # (a routed flow whose next hop is not known yet is left as it is: the tables' answer
+        # writes it again or withdraws it; one withdrawn while the switch was away goes now)
+        withdrawn = {cookie: why for cookie in found if isinstance(why := self.hops.get(cookie), str)}
+        placed = {f.cookie: f for f in self._placed(self.flows.values())}
+        wrong = [f for cookie, f in placed.items() if cookie in found and not _right(f, found[cookie])]
+        missing = [f for cookie, f in placed.items() if cookie not in found]
         out: list[Command] = []
         if stale:
             out.append(RemoveStatic(tuple(stale), tuple(f"cookie 0x{c:016x}" for c in stale), "not in the config"))
+        for why in sorted(set(withdrawn.values())):
+            gone = [self.flows[cookie] for cookie, reason in withdrawn.items() if reason == why]
+            out.append(RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), why))
         if wrong:
             out.append(RemoveStatic(tuple(f.cookie for f in wrong), tuple(f.describe() for f in wrong),
                                     "not as configured"))
@@ -115,11 +194,14 @@ class StaticTable:
         reads `flows`, which nothing changes in place) and `reload` commits it there."""
         base = self.flows
         new = switch_flows(cfg, switch) if flows is None else flows
-        added = tuple(f for cookie, f in new.items() if cookie not in base)
+        added = tuple(f for cookie, f in new.items() if cookie not in base and f.via is None)
+        routed = sorted({f.via for cookie, f in new.items() if cookie not in base and f.via is not None})
         removed = tuple(f for cookie, f in base.items() if cookie not in new)
         out: list[Command] = []
         if added:
             out.append(InstallStatic(added, "reload"))
+        if routed:  # (installed once the tables give their next hops: hops_known)
+            out.append(ResolveStatic(tuple(routed)))
         if removed:
             out.append(RemoveStatic(tuple(f.cookie for f in removed), tuple(f.describe() for f in removed), "reload"))
         return StaticChange(base, new, tuple(out), StaticIndex.of(new))
@@ -132,6 +214,7 @@ class StaticTable:
         gone = change.base.keys() - change.flows.keys()
         counted = [(self.index.group[cookie], got) for cookie in gone if (got := self.counts.pop(cookie, None))]
         self.flows, self.index = change.flows, change.index
+        self.hops = {cookie: self.hops.get(cookie) for cookie, f in self.flows.items() if f.via is not None}
         self.totals = self.totals.without(counted)
         return list(change.commands)
 
@@ -168,6 +251,9 @@ def _right(flow: StaticFlow, found: list[SwitchFlow]) -> bool:
     if not (f.priority == flow.priority and f.in_port == flow.in_port and f.out_port == flow.out_port
             and not f.goto):
         return False
+    hop = flow.hop if flow.out_port is not None else None
+    if f.rewrite != (None if hop is None else FlowRewrite(hop.eth_src, hop.eth_dst)):
+        return False  # (a routed flow's MACs are its next hop's now; a bridged one rewrites nothing)
     if flow.vid_in or flow.vid_out or flow.pcp is not None:  # a VLAN's: its tag, priority and retag
         return f.vlan == (VID_PRESENT | flow.vid_in if flow.vid_in else 0) and f.pcp == flow.pcp and \
             f.retag == (retag_ops(flow.vid_in, flow.vid_out) if flow.out_port is not None else ())

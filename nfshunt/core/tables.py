@@ -11,7 +11,7 @@ from nfshunt.records.routed import R_LOOKUP_FAILED, Answer
 
 from . import routing
 from .admission import Admission
-from .commands import Command, Ignored, Later, NeighbourHeldDown, ResolveHops, RewriteFlows
+from .commands import Command, Ignored, Later, NeighbourHeldDown, ResolveHops, ResolveStatic, RewriteFlows
 from .connection import HELD, Conn
 from .routing import Change
 from .state import CoreState
@@ -43,7 +43,7 @@ class TableNews:
             out.append(Later(routing.KEEP_NONE, (again,)))
         return out
 
-    def changed(self, answers: dict[str, Answer], now: float) -> list[Command]:
+    def changed(self, answers: dict[str, Answer], now: float, attempt: int | None = None) -> list[Command]:
         """The follower's news: the pairs through what changed rewritten or handed back; the
         events waiting for a destination now given a next hop judged again."""
         table = self.shared.next_hops
@@ -51,6 +51,7 @@ class TableNews:
                               for ifname, address in table.changed(answers, now)]
         for conn in table.users_of(answers, self._alive):
             out.extend(self._pair(conn, answers, now))
+        out.extend(self.static_answered(answers, now, routing.RETRIES if attempt is None else attempt))
         given = {address for address, answer in answers.items() if isinstance(answer, NextHop)}
         if given:
             out.extend(self.retry(table.due(given, now), now))
@@ -76,6 +77,17 @@ class TableNews:
         conn.hops = (hops[0], hops[1])
         return [RewriteFlows(conn)]
 
+    def static_answered(self, answers: dict[str, Answer], now: float, attempt: int) -> list[Command]:
+        """The tables' word on the static shunts' next hops (`via`): their flows installed,
+        rewritten or withdrawn (static_table.hops_known); a lookup that failed asked again."""
+        table = self.shared.next_hops
+        out = self.shared.static.hops_known(answers, lambda hop, address: table.held_down(
+            routing.neighbour_of(hop, address), now))
+        failed = tuple(sorted(a for a, answer in answers.items() if answer == R_LOOKUP_FAILED))
+        if failed and attempt < routing.RETRIES:
+            out.append(Later(routing.KEEP_NONE, (ResolveStatic(failed, attempt + 1),)))
+        return out
+
     def retry(self, events: list[ConnEvent], now: float) -> list[Command]:
         """Waiting events judged again, as if their tables' answer had just come."""
         out: list[Command] = []
@@ -89,5 +101,7 @@ class TableNews:
         if now >= self.next_prune:
             self.next_prune = now + PRUNE
             table.prune(self._alive)
-        return self.retry(table.due(None if table.released(now) else set(), now), now)
+        released = table.released(now)
+        out = self.retry(table.due(None if released else set(), now), now)
+        return out + self.shared.static.resolve() if released else out  # (a static next hop held down, too)
 

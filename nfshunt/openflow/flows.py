@@ -90,6 +90,15 @@ def routed_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
             *nat_actions(p, conn, reply))
 
 
+def static_rewrite(p: Any, flow: StaticFlow) -> tuple[Any, ...]:
+    """A static flow's router's rewrite through a routing firewall (its `via`'s next hop, as
+    routed_actions does a pair's); none bridged, none for a block's drop."""
+    hop = flow.hop
+    if hop is None or flow.out_port is None:
+        return ()
+    return (p.OFPActionDecNwTtl(), p.OFPActionSetField(eth_src=hop.eth_src), p.OFPActionSetField(eth_dst=hop.eth_dst))
+
+
 def nat_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
     """A NAT pair's translation of one direction (records.model.nat_rewrite), after the
     router's rewrite: set_field on the addresses and ports that change (Open vSwitch fixes
@@ -255,9 +264,11 @@ class FlowBuilder(FlowBasics):
         if flow.pcp is not None:
             tag["vlan_pcp"] = flow.pcp
         retag = self.retag(flow.vid_in, flow.vid_out) if flow.out_port is not None else []
+        rewrite = static_rewrite(self.parser, flow)
 
         def finish(fields: dict[str, Any], cookie: int) -> Any:
-            msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, cookie, flow.priority, 0, False, retag)
+            msg = self._add(self.parser.OFPMatch(**fields), flow.out_port, cookie, flow.priority, 0, False, retag,
+                            rewrite)
             msg.hard_timeout = flow.hard_timeout
             return msg
         if flow.src is None or flow.dst is None or flow.proto is None:
@@ -281,7 +292,8 @@ class FlowBuilder(FlowBasics):
                                   dst.prefixlen, sport, dport, flow.priority, flow.hard_timeout)
         if flow.vid_in or flow.vid_out or flow.pcp is not None:  # (an untagged one's key as before)
             shape += (flow.vid_in, flow.vid_out, flow.pcp)
-        return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport))
+        # (a routed one's MACs are its own: built whole, as a NAT pair's)
+        return self._templated(shape, build, t.family, flow.cookie, t, ports=(sport, dport), fresh=bool(rewrite))
 
     def address_block_add(self, flow: AddressFlow, now: float) -> Any:
         """An address block's drop (OpenFlow 1.3): any port, any IP protocol, the prefix

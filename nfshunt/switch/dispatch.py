@@ -122,6 +122,8 @@ class Dispatcher:
         """A routing firewall's: its tables asked and followed, adopted pairs checked."""
         return {
             c.ResolveHops: self.resolve_hops,
+            c.ResolveStatic: self.resolve_static,
+            c.StaticHopsKnown: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock(), cmd.attempt),
             c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
             c.CheckAdopted: self.check_adopted,
             c.AdoptedHopsKnown: lambda sw, cmd: sw.core.adopted_answer(cmd, self.clock()),
@@ -272,6 +274,15 @@ class Dispatcher:
                                                                                              cmd.attempt),)))
         if failed is not None:  # (asked again: the retry of a failed lookup, routing.RETRIES)
             return sw.core.next_hops_known(failed, cmd.event, self.clock(), cmd.attempt)
+        return None
+
+    def resolve_static(self, sw: Switch, cmd: c.ResolveStatic) -> list[c.Command] | None:
+        """The static shunts' next hops (`via`), asked of the route follower as a pair's are;
+        the answer comes back as a StaticHopsKnown."""
+        failed = self._ask_tables(cmd.addresses, lambda answers: self.post(sw, (c.StaticHopsKnown(answers,
+                                                                                                   cmd.attempt),)))
+        if failed is not None:
+            return sw.core.tables_changed(failed, self.clock(), cmd.attempt)
         return None
 
     def check_adopted(self, sw: Switch, cmd: c.CheckAdopted) -> list[c.Command] | None:
