@@ -11,9 +11,11 @@ the bridged checks are (docs/design/routed.md, section 3).
 """
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 from nfshunt.config.settings import Config, ConfigError
+from nfshunt.config.static import VIA_TABLE
 
 IFF_UP = 0x1
 FORWARDING = {"ipv4": "/proc/sys/net/ipv4/ip_forward", "ipv6": "/proc/sys/net/ipv6/conf/all/forwarding"}
@@ -41,7 +43,7 @@ def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:
         names = [name for _, name in interfaces(cfg)]
     except ConfigError as exc:
         return [str(exc)]
-    problems = check_interfaces(names, families)
+    problems = check_interfaces(names, families) + via_problems(cfg)
     for family in families:
         name = FORWARDING[family].removeprefix("/proc/sys/").replace("/", ".")
         try:
@@ -71,6 +73,27 @@ def mtu_problem(mtus: dict[str, int]) -> str | None:
     return (f"the routed interfaces' MTUs differ ({named}): a routed shunt would carry a frame the router must "
             "fragment or answer with \"packet too big\" to a smaller link, where the switch drops it silently; "
             "give every routed interface (and its switch ports) one MTU")
+
+
+def via_problems(cfg: Config) -> list[str]:
+    """Each static shunt's `via` address on a subnet of its destination side's routed interface
+    (the next hop is a neighbour on that link); one that is not is named with its key."""
+    problems: list[str] = []
+    given = [(i, s, s.via) for i, s in enumerate(cfg.static_shunts) if s.via is not None and s.via != VIA_TABLE]
+    if not given:
+        return problems
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        for i, shunt, via in given:
+            group = next(g for sw in cfg.switches if shunt.on(sw) for g in sw.ports if g.fast == shunt.fast_ports[1])
+            index = ipr.link_lookup(ifname=group.interface)
+            nets = [ipaddress.ip_interface(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}").network
+                    for a in (ipr.get_addr(index=index[0]) if index else ()) if a["scope"] == 0]
+            if not any(ipaddress.ip_address(via) in net for net in nets):
+                problems.append(f"static_shunts[{i}].via: {via} is not on a subnet of {group.interface}, the "
+                                f"destination side's routed interface ({', '.join(map(str, nets)) or 'no address'}): "
+                                "a next hop is a neighbour on that link; name one there, or \"table\"")
+    return problems
 
 
 def check_interfaces(names: list[str], families: list[str]) -> list[str]:

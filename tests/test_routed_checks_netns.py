@@ -44,3 +44,22 @@ def test_routed_interfaces_of_differing_mtus_are_refused_naming_them_and_nothing
     result = _apply(netns, cfg)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "-A NFSHUNT_PRE_PD_IN -i fw-eth1 -j MARK" in netns("iptables", "-t", "mangle", "-S").stdout
+
+
+def test_a_static_shunt_s_via_off_its_destination_s_subnet_is_refused_naming_the_key(netns, tmp_path):
+    """`via` names a neighbour on the destination side's link: one on no subnet of that
+    routed interface is refused by the preflight with its key, and nothing changes."""
+    cfg = _router(netns, tmp_path)
+    raw = json.loads(open(cfg).read())
+    stream = {"protocol": "udp", "src": "10.0.1.1", "dst": "10.0.2.1", "dst_port": 34964, "fast_ports": [1, 3],
+              "both_directions": False}
+    raw.update(experimental_routed=True, flow_layout="single",
+               static_shunts=[{**stream, "via": "10.0.2.9"}, {**stream, "dst_port": 1, "via": "10.0.1.9"}])
+    with open(cfg, "w") as fh:
+        json.dump(raw, fh)
+    before = save(netns)
+    result = _apply(netns, cfg)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "static_shunts[1].via: 10.0.1.9 is not on a subnet of fw-eth1" in result.stderr
+    assert "(10.0.2.0/24)" in result.stderr and "static_shunts[0]" not in result.stderr
+    assert save(netns) == before and "NFSHUNT" not in before
