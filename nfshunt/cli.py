@@ -380,8 +380,8 @@ def _record_role(args: argparse.Namespace, why: str) -> str | None:
 def cmd_probe_switch(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     setup_logging("WARNING")
-    from . import probe
-    return probe.run(cfg, args.wait, args.pairs, args.lag_runs)
+    from . import probe, probe_routed
+    return probe.run(cfg, args.wait, args.pairs, args.lag_runs, (probe_routed.probe,))
 
 
 def _control_args(sp: argparse.ArgumentParser) -> None:

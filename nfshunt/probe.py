@@ -57,6 +57,7 @@ SHAPE_ID = 0xFE000000  # conntrack ids of the probe pairs (cookie kind shunt/blo
 RATE_ID = 0xFD000000  # ids of the flow-mod rate test's pairs
 COST_ID = 0xFC000000  # ids of the VLAN table-cost test's pairs
 COST_PAIRS = 100  # pairs of each kind the VLAN table-cost test installs
+FRAME_COOKIES = PROBE_COOKIE | 0x300  # the routed shapes' frame flows' (probe_routed), low byte theirs
 PROBE_DST = "198.51.100.254"  # TEST-NET-2: the lag probe's packet, UDP to the discard port
 # Every flow the probe installs, as cookie/mask: its own, the shapes' and the rate test's pairs.
 PROBE_FLOWS = ((PROBE_COOKIE, PROBE_MASK),
@@ -102,6 +103,7 @@ class ProbeApp(app_manager.OSKenApp):
         self.replies: dict[int, queue.Queue[Any]] = {}
         self.errors: dict[int, Any] = {}
         self.packet_ins: queue.Queue[tuple[float, int]] = queue.Queue()
+        self.frames: queue.Queue[Any] = queue.Queue()  # the routed shapes' packet-ins, whole (probe_routed)
         self.lock = threading.Lock()
 
     @set_ev_cls(ofp_event.EventOFPStateChange, MAIN_DISPATCHER)
@@ -132,7 +134,10 @@ class ProbeApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
-        self.packet_ins.put((time.monotonic(), getattr(ev.msg, "cookie", 0)))
+        cookie = getattr(ev.msg, "cookie", 0)
+        self.packet_ins.put((time.monotonic(), cookie))
+        if cookie & ~0xFF == FRAME_COOKIES:
+            self.frames.put(ev.msg)
 
 
 class Prober:
@@ -267,9 +272,17 @@ class Prober:
 
     def try_shape(self, report: Report, name: str, msgs: list[Any], read: Callable[[], Any] | None, want: int,
                   undo: list[Any], fb: FlowBuilder | None = None, check: Any = None) -> bool:
+        """One shape installed, read back, removed (shape_problem); reported."""
+        problem = self.shape_problem(msgs, read, want, undo, fb, check)
+        mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
+        report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
+        return problem is None
+
+    def shape_problem(self, msgs: list[Any], read: Callable[[], Any] | None, want: int, undo: list[Any],
+                      fb: FlowBuilder | None = None, check: Any = None) -> str | None:
         """One shape installed, read back with the request `read` makes (a new one each
         read: a message takes one xid; OpenFlow 1.3: `want` flows, each as `fb` parses it
-        passing `check`, if given), removed with `undo`; reported."""
+        passing `check`, if given), removed with `undo`: what went wrong, None if nothing."""
         xids = self.send(msgs)
         self.barrier()
         problem = self.refused(xids)
@@ -289,9 +302,7 @@ class Prober:
         if undo:
             self.send(undo)
             self.barrier()
-        mark = "ok  " if problem is None else ("FAIL" if name in REQUIRED else "no  ")
-        report.say(f"  {mark} {name}" + (f": {problem}" if problem else ""))
-        return problem is None
+        return problem
 
     def _pipeline(self, conn: Conn) -> list[Any]:
         """The pipeline layout's flows as the controller builds them: the pair going on to
@@ -542,11 +553,14 @@ def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None
         report.ok = False
 
 
-def run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
+Extra = Callable[["Prober", Report], None]  # a further probe after the recommendation (probe_routed.probe)
+
+
+def run(cfg: Config, wait: float, pairs: int, lag_runs: int, extra: tuple[Extra, ...] = ()) -> int:
     """The probe; exits the process (os-ken's listener threads cannot be stopped), also
     when the probe itself fails (its traceback printed): else the process would hang."""
     try:
-        code = _run(cfg, wait, pairs, lag_runs)
+        code = _run(cfg, wait, pairs, lag_runs, extra)
     except Exception:  # noqa: BLE001 (whatever it was: said, and the process ends)
         traceback.print_exc()
         print("probe-switch: failed (the traceback above); the switch may hold probe flows: delete them by "
@@ -569,7 +583,7 @@ def _port_free(cfg: Config) -> str | None:
     return None
 
 
-def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
+def _run(cfg: Config, wait: float, pairs: int, lag_runs: int, extra: tuple[Extra, ...]) -> int:
     busy = _port_free(cfg)
     if busy is not None:
         print(f"probe-switch: cannot listen on {cfg.listen_address}:{cfg.listen_port}: {busy} (stop the controller "
@@ -610,6 +624,8 @@ def _run(cfg: Config, wait: float, pairs: int, lag_runs: int) -> int:
         rate = prober.flow_mod_rate(report, pairs)
         lags = prober.lag(report, lag_runs)
         recommend(report, switch, prober.of13, size, shapes, rate, lags)
+        for more in extra:
+            more(prober, report)
     finally:
         if not prober.delete_probe_flows(wait=CLEAN_WAIT):
             report.ok = False

@@ -1,0 +1,271 @@
+"""`nfshunt probe-switch`'s routed shapes (issue 38 item 3), run when the probed switch's
+`forwarding` is `routed`: what a routing firewall's shunts need of the switch, each
+installed as the controller builds it, then a probe frame sent through it by packet-out into
+the table and read back from a packet-in (the flow ends in output to the controller in
+place of the peer port, so no frame leaves the switch):
+
+1. the router's rewrite (openflow/flows.routed_actions: dec_ttl first, set_field eth_src and
+   eth_dst): the frame must come back with the next hop's MACs and its TTL one lower;
+2. NAT's set_fields on the addresses and the TCP/UDP ports (flows.nat_actions), with the
+   checksums still right;
+3. invalid-TTL packet-ins: with the controller's OFPT_SET_ASYNC, a TTL-1 frame through the
+   dec_ttl flow must reach the controller as a packet-in of reason INVALID_TTL carrying the
+   flow's cookie and the frame as it arrived.
+
+Without 1 or 3 routed mode is refused (the probe exits 1); without 2, NAT connections stay
+on the firewall. Every flow here carries a probe cookie (probe.PROBE_FLOWS), removed with
+the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from os_ken.lib.packet import ethernet, ipv4, packet, packet_utils, tcp, udp
+
+from nfshunt.core.connection import Action, Conn
+from nfshunt.openflow.flows import OFPR_INVALID_TTL, invalid_ttl_packet_ins, routed_actions
+from nfshunt.probe import FRAME_COOKIES, PROBE_DST, SHAPE_ID, Prober, Report
+from nfshunt.records.model import TCP, UDP, FlowTuple, NextHop, nat_rewrite
+
+SHAPE_BASE = 8  # conntrack ids SHAPE_ID + 8... of its pairs (after the shapes' own)
+FRAME_WAIT = 3.0  # seconds a probe frame is sent again until its packet-in comes
+HOPS = (NextHop("probe-b", "02:00:5e:00:53:b1", "02:00:5e:00:53:b2"),  # RFC 7042 documentation MACs
+        NextHop("probe-a", "02:00:5e:00:53:a1", "02:00:5e:00:53:a2"))
+NAT_TO = "203.0.113.7"  # TEST-NET-3: the translating router's address, and the port it gives
+NAT_PORT = 61000
+NAT_SERVER, NAT_SERVER_PORT = "203.0.113.9", 80  # where the DNAT sends the pair (all four fields change)
+SENT_SRC, SENT_DST = "02:00:00:00:00:01", "02:00:00:00:00:02"
+
+REWRITE = "routed shunt: dec_ttl, set_field eth_src/eth_dst, output"
+NAT = "NAT set_field ipv4_src/ipv4_dst, tcp/udp ports"
+INVALID_TTL = "invalid-TTL packet-in (set_async INVALID_TTL; a TTL-1 frame through dec_ttl)"
+WHY = {REWRITE: "a shunted frame would leave without the router's rewrite (the next hop's MAC, the TTL one lower)",
+       INVALID_TTL: "a frame whose TTL expires on a shunt would not reach the firewall, which must answer it with "
+                    "ICMP time exceeded (traceroute through a shunted connection would not show the router)"}
+
+
+class Support(enum.Enum):
+    SUPPORTED = "supported"
+    REFUSED = "refused"
+    WRONG = "accepted but wrong"
+
+
+@dataclass(frozen=True)
+class Finding:
+    support: Support
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return self.support.value + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a probe frame must look like when its flow has sent it to the controller."""
+    eth_src: str
+    eth_dst: str
+    ttl: int
+    src: str
+    dst: str
+    sport: int
+    dport: int
+
+
+def frame(proto: int, sport: int, ttl: int) -> bytes:
+    """A probe frame to probe.PROBE_DST (TEST-NET-2), UDP or TCP, checksums filled."""
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=0x0800))
+    pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=proto, ttl=ttl))
+    pkt.add_protocol(udp.udp(src_port=sport, dst_port=9) if proto == UDP else
+                     tcp.tcp(src_port=sport, dst_port=9, seq=1, bits=tcp.TCP_ACK, window_size=1024))
+    pkt.add_protocol(b"nfshunt probe")
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def problem(got: bytes, want: Expect) -> str | None:
+    """What is wrong with the frame `got` as a flow's output (None: it is as expected),
+    its IPv4 and TCP/UDP checksums included (a switch that rewrites without fixing them
+    hands the host frames it drops)."""
+    pkt = packet.Packet(got)
+    eth, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv4.ipv4)
+    l4 = pkt.get_protocol(udp.udp) or pkt.get_protocol(tcp.tcp)
+    if eth is None or ip is None or l4 is None:
+        return "came back not an IPv4 TCP/UDP frame"
+    seen = Expect(eth.src, eth.dst, ip.ttl, ip.src, ip.dst, l4.src_port, l4.dst_port)
+    wrong = [f"{name} {getattr(seen, name)} (want {getattr(want, name)})"
+             for name in (f.name for f in dataclasses.fields(Expect)) if getattr(seen, name) != getattr(want, name)]
+    start, end = 14 + ip.header_length * 4, 14 + ip.total_length
+    if packet_utils.checksum(got[14:start]) != 0:
+        wrong.append("IPv4 header checksum wrong")
+    if len(got) >= end and packet_utils.checksum_ip(ip, end - start, got[start:end]) != 0:
+        wrong.append(f"{'UDP' if ip.proto == UDP else 'TCP'} checksum wrong")
+    return "came back with " + ", ".join(wrong) if wrong else None
+
+
+def verdict(report: Report, found: dict[str, Finding]) -> None:
+    """The routed recommendation: routed mode refused (report.ok False: the probe exits 1)
+    without the router's rewrite or invalid-TTL packet-ins, each reason said; NAT's
+    set_fields missing only keep NAT connections on the firewall."""
+    missing = [name for name in (REWRITE, INVALID_TTL) if found[name].support is not Support.SUPPORTED]
+    if missing:
+        report.ok = False
+        report.settings["experimental_routed"] = False
+        report.say("routed mode: refused on this switch: " + "; ".join(f"{WHY[name]} ({name}: {found[name]})"
+                                                                      for name in missing))
+    else:
+        report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins)")
+    if found[NAT].support is not Support.SUPPORTED:
+        report.say(f"NAT shunts: not supported ({found[NAT]}): the switch refuses a translated connection's flows, "
+                   "so NAT connections stay on the firewall (each refusal counted in nfshunt_openflow_errors_total "
+                   "and logged refused-flow); not a reason to refuse routed mode")
+    elif not missing:
+        report.say("NAT shunts: supported (addresses and ports rewritten, checksums fixed)")
+
+
+def _conns(prober: Prober, proto: int, n: int) -> tuple[Conn, Conn]:
+    """A routed pair over the probed switch's first and last port groups, and one translated
+    both ways (source and destination, addresses and ports)."""
+    a, b = prober.switch.ports[0], prober.switch.ports[-1]
+    t = FlowTuple(4, proto, "198.51.100.1", "198.51.100.2", 40200 + n, 9)
+    routed = Conn(t, t.reversed(), SHAPE_ID + SHAPE_BASE + 2 * n, Action.SHUNT, a, b, 0.0, hops=HOPS)
+    reply = FlowTuple(4, proto, NAT_SERVER, NAT_TO, NAT_SERVER_PORT, NAT_PORT)  # SNAT and DNAT, ports both
+    return routed, dataclasses.replace(routed, reply=reply, ct_id=routed.ct_id + 1, nat=nat_rewrite(t, reply))
+
+
+def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
+    """The packet-in of the flow of `cookie` for `data` sent into the table (again every
+    0.1 s: a switch may apply a flow late), None if none came within FRAME_WAIT."""
+    p, ofp = prober.p, prober.ofp
+    frames: queue.Queue[Any] = prober.app.frames
+    deadline = next_send = time.monotonic()
+    deadline += FRAME_WAIT
+    while time.monotonic() < deadline:
+        if time.monotonic() >= next_send:
+            prober.send([p.OFPPacketOut(prober.dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                                        actions=[p.OFPActionOutput(ofp.OFPP_TABLE)], data=data)])
+            next_send += 0.1
+        try:
+            msg = frames.get(timeout=0.02)
+        except queue.Empty:
+            continue
+        if msg.cookie == cookie:
+            return msg
+    return None
+
+
+def _frame_flow(prober: Prober, n: int, proto: int, sport: int, actions: tuple[Any, ...]) -> tuple[int, str | None]:
+    """A flow matching the probe frame of `sport`, doing `actions` then output to the
+    controller (the whole frame): its cookie, and why the switch refused it (None: added)."""
+    p, ofp = prober.p, prober.ofp
+    cookie = FRAME_COOKIES | n
+    l4 = {"udp_src": sport} if proto == UDP else {"tcp_src": sport}
+    match = p.OFPMatch(eth_type=0x0800, ip_proto=proto, ipv4_dst=PROBE_DST, **l4)
+    xids = prober.send([p.OFPFlowMod(prober.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=65535, match=match,
+                                     instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                                         *actions, p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])])])
+    prober.barrier()
+    return cookie, prober.refused(xids)
+
+
+def _through(prober: Prober, n: int, conn: Conn, want_nat: bool) -> Finding:
+    """The original direction's actions of `conn` on a probe frame, as it comes back."""
+    sport = 40300 + n
+    cookie, refused = _frame_flow(prober, n, conn.orig.proto, sport, routed_actions(prober.p, conn, False))
+    if refused is not None:
+        return Finding(Support.REFUSED, f"its probe flow {refused}")
+    msg = _packet_in(prober, frame(conn.orig.proto, sport, 64), cookie)
+    if msg is None:
+        return Finding(Support.WRONG, f"the probe frame never came back within {FRAME_WAIT:.0f} s")
+    hop = HOPS[0]
+    want = Expect(hop.eth_src, hop.eth_dst, 63, "198.51.100.1", PROBE_DST, sport, 9)
+    if want_nat:
+        want = dataclasses.replace(want, src=NAT_TO, dst=NAT_SERVER, sport=NAT_PORT, dport=NAT_SERVER_PORT)
+    wrong = problem(bytes(msg.data), want)
+    return Finding(Support.WRONG, wrong) if wrong else Finding(Support.SUPPORTED)
+
+
+def _installed(prober: Prober, conn: Conn) -> str | None:
+    """The pair's flows as the controller installs them: why not (None: accepted, read back)."""
+    msgs = prober.fb.install(conn)
+    return prober.shape_problem(msgs, functools.partial(prober.fb.pair_stats_request, conn, catchers=True), len(msgs),
+                                prober.fb.remove(conn, (False, True)))
+
+
+def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
+    """Shapes 1 and 2: the pairs installed (a TCP one with its catchers, a UDP one), then
+    a probe frame through their actions."""
+    found: dict[str, Finding] = {}
+    for name, nat in ((REWRITE, False), (NAT, True)):
+        finding = Finding(Support.SUPPORTED)
+        for n, proto in enumerate((TCP, UDP)):
+            conn = _conns(prober, proto, 2 * n + nat)[nat]
+            why = _installed(prober, conn)
+            if why is not None:
+                finding = Finding(Support.WRONG if why.startswith("accepted") else Support.REFUSED,
+                                  f"{'TCP' if proto == TCP else 'UDP'} pair {why}")
+                break
+            finding = _through(prober, 2 * n + nat, conn, nat)
+            if finding.support is not Support.SUPPORTED:
+                finding = Finding(finding.support, f"{'TCP' if proto == TCP else 'UDP'}: {finding.detail}")
+                break
+        found[name] = finding
+    return found
+
+
+def invalid_ttl(prober: Prober) -> Finding:
+    """Shape 3: the controller's set_async, then a TTL-1 frame through a dec_ttl flow must
+    come back as an INVALID_TTL packet-in with the flow's cookie and the frame as it came."""
+    xids = prober.send([invalid_ttl_packet_ins(prober.dp)])
+    prober.barrier()
+    refused = prober.refused(xids)
+    if refused is not None:
+        return Finding(Support.REFUSED, f"set_async {refused}")
+    routed, _ = _conns(prober, UDP, 0)
+    n, sport = 8, 40399
+    cookie, refused = _frame_flow(prober, n, UDP, sport, routed_actions(prober.p, routed, False))
+    if refused is not None:
+        return Finding(Support.REFUSED, f"its dec_ttl flow {refused}")
+    sent = frame(UDP, sport, 1)
+    msg = _packet_in(prober, sent, cookie)
+    if msg is None:
+        return Finding(Support.WRONG, f"no packet-in within {FRAME_WAIT:.0f} s: the switch dropped the expiring frame")
+    if msg.reason != OFPR_INVALID_TTL:
+        ttl = ip.ttl if (ip := packet.Packet(bytes(msg.data)).get_protocol(ipv4.ipv4)) is not None else "?"
+        return Finding(Support.WRONG, f"packet-in reason {msg.reason}, not INVALID_TTL ({OFPR_INVALID_TTL}): the "
+                                      f"switch forwarded the expiring frame on (TTL {ttl}) instead of stopping it")
+    if bytes(msg.data)[:len(sent)] != sent:
+        return Finding(Support.WRONG, "the packet-in's frame is not the frame as it arrived (rewritten before the "
+                                      "TTL check): the firewall would get it with the next hop's MACs")
+    return Finding(Support.SUPPORTED)
+
+
+def probe(prober: Prober, report: Report) -> None:
+    """probe-switch's routed part (probe.run's extra): the shapes and the verdict, for a
+    switch whose `forwarding` is `routed` only."""
+    if prober.switch.forwarding == "routed":
+        verdict(report, routed_shapes(prober, report))
+
+
+def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
+    """The three routed shapes, each reported; their flows removed."""
+    if len(prober.switch.ports) < 2 or not prober.of13:
+        found = {name: Finding(Support.REFUSED, "not probed: needs OpenFlow 1.3 and two port groups")
+                 for name in (REWRITE, NAT, INVALID_TTL)}
+    else:
+        try:
+            found = rewrite_and_nat(prober)
+            found[INVALID_TTL] = invalid_ttl(prober)
+        finally:
+            prober.delete_probe_flows()
+    report.say("routed shapes (installed as the controller does, a probe frame sent through each):")
+    for name, finding in found.items():
+        mark = "ok  " if finding.support is Support.SUPPORTED else ("no  " if name == NAT else "FAIL")
+        report.say(f"  {mark} {name}: {finding}")
+    return found

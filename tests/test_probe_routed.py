@@ -1,0 +1,149 @@
+"""`nfshunt probe-switch`'s routed shapes (nfshunt/probe_routed.py; the testbed's run against
+Open vSwitch is tests/test_probe_routed_testbed.py): the recommendation for a switch that
+refuses dec_ttl, one that drops invalid-TTL packet-ins and one that refuses NAT's
+set_fields; the frame check; the invalid-TTL probe against a fake switch's packet-ins."""
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from os_ken.lib.packet import ethernet, ipv4, packet, udp
+
+from nfshunt import probe, probe_routed
+from nfshunt.probe_routed import INVALID_TTL, NAT, REWRITE, Finding, Support
+from nfshunt.records.model import TCP, UDP
+from tests.support import fakeswitch as fs
+from tests.test_probe_shapes import _prober
+
+OK = Finding(Support.SUPPORTED)
+
+
+def _verdict(found: dict[str, Finding]) -> probe.Report:
+    report = probe.Report()
+    probe_routed.verdict(report, found)
+    return report
+
+
+def test_a_switch_that_refuses_dec_ttl_is_refused_routed_mode_saying_why():
+    report = _verdict({REWRITE: Finding(Support.REFUSED, "TCP pair refused (error type 4 code 3)"), NAT: OK,
+                       INVALID_TTL: OK})
+    assert not report.ok and report.settings["experimental_routed"] is False
+    (line,) = [line for line in report.lines if line.startswith("routed mode:")]
+    assert line.startswith("routed mode: refused on this switch: a shunted frame would leave without the router's "
+                           "rewrite") and "error type 4 code 3" in line and "time exceeded" not in line
+
+
+def test_a_switch_that_drops_invalid_ttl_packet_ins_is_refused_routed_mode_saying_why():
+    report = _verdict({REWRITE: OK, NAT: OK,
+                       INVALID_TTL: Finding(Support.WRONG, "no packet-in within 3 s: the switch dropped the frame")})
+    assert not report.ok and report.settings["experimental_routed"] is False
+    (line,) = [line for line in report.lines if line.startswith("routed mode:")]
+    assert "ICMP time exceeded" in line and "accepted but wrong: no packet-in within 3 s" in line
+    assert "router's rewrite (" not in line
+
+
+def test_a_switch_that_refuses_nat_set_fields_keeps_routed_mode_and_says_nat_stays_on_the_firewall():
+    report = _verdict({REWRITE: OK, NAT: Finding(Support.REFUSED, "TCP pair refused (error type 2 code 4)"),
+                       INVALID_TTL: OK})
+    assert report.ok and "experimental_routed" not in report.settings
+    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins)" in report.lines
+    (line,) = [line for line in report.lines if line.startswith("NAT shunts:")]
+    assert "refused: TCP pair refused (error type 2 code 4)" in line and "NAT connections stay on the firewall" in line
+    assert "not a reason to refuse routed mode" in line
+
+
+def test_a_switch_that_does_all_three_is_recommended_routed_mode():
+    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK})
+    assert report.ok and report.settings == {}
+    assert report.lines == ["routed mode: supported (the router's rewrite, invalid-TTL packet-ins)",
+                            "NAT shunts: supported (addresses and ports rewritten, checksums fixed)"]
+
+
+def _out(proto: int = UDP, ttl: int = 63, src: str = "02:00:5e:00:53:b1", break_ip: bool = False,
+         break_l4: bool = False) -> bytes:
+    """The probe frame as a switch doing the router's rewrite sends it on (checksums redone)."""
+    pkt = packet.Packet(probe_routed.frame(proto, 40300, 64))
+    eth, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv4.ipv4)
+    eth.src, eth.dst, ip.ttl, ip.csum = src, "02:00:5e:00:53:b2", ttl, 0
+    for p in pkt.protocols:
+        if hasattr(p, "csum") and p is not ip:
+            p.csum = 0
+    pkt.serialize()
+    data = bytearray(pkt.data)
+    if break_ip:
+        data[24] ^= 0xFF
+    if break_l4:
+        data[data.index(b"nfshunt probe")] ^= 0xFF  # the payload: its checksum no longer covers it
+    return bytes(data)
+
+
+WANT = probe_routed.Expect("02:00:5e:00:53:b1", "02:00:5e:00:53:b2", 63, "198.51.100.1", probe.PROBE_DST, 40300, 9)
+
+
+@pytest.mark.parametrize("proto", [UDP, TCP])
+def test_the_frame_check_passes_the_router_s_rewrite_and_names_each_thing_wrong(proto):
+    assert probe_routed.problem(_out(proto), WANT) is None
+    assert probe_routed.problem(_out(proto, ttl=64), WANT) == "came back with ttl 64 (want 63)"
+    assert probe_routed.problem(_out(proto, src=probe_routed.SENT_SRC), WANT) == \
+        f"came back with eth_src {probe_routed.SENT_SRC} (want 02:00:5e:00:53:b1)"
+    assert probe_routed.problem(_out(proto, break_ip=True), WANT) == "came back with IPv4 header checksum wrong"
+    assert probe_routed.problem(_out(proto, break_l4=True), WANT) == \
+        f"came back with {'UDP' if proto == UDP else 'TCP'} checksum wrong"
+    assert probe_routed.problem(b"\x00" * 20, WANT) == "came back not an IPv4 TCP/UDP frame"
+
+
+def _invalid_ttl(monkeypatch: Any, answer: Any) -> tuple[Finding, Any]:
+    """probe_routed.invalid_ttl against the fake switch, whose packet-outs `answer` turns
+    into packet-ins (or none) given the frame sent and the cookie of the flow it went through."""
+    monkeypatch.setattr(probe_routed, "FRAME_WAIT", 0.3)
+    prober, switch = _prober()
+    prober.app.frames = queue.Queue()
+    real = switch.receive
+
+    def receive(msg_type: int, xid: int, buf: bytes) -> None:
+        if msg_type != switch.ofproto.OFPT_PACKET_OUT:
+            return real(msg_type, xid, buf)
+        flow = next(e for e in switch.entries if e.cookie & ~0xFF == probe.FRAME_COOKIES)
+        got = answer(buf[-len(probe_routed.frame(UDP, 40399, 1)):], flow.cookie)  # (the frame: the message's tail)
+        if got is not None:
+            prober.app.frames.put(got)
+    switch.receive = receive
+    finding = probe_routed.invalid_ttl(prober)
+    prober.delete_probe_flows()
+    assert switch.entries == [] and switch.asked[fs.ASYNC] == 1  # the controller's set_async, once
+    return finding, switch
+
+
+def test_invalid_ttl_supported_when_the_expiring_frame_comes_back_as_it_arrived_with_the_flow_s_cookie(monkeypatch):
+    finding, _ = _invalid_ttl(monkeypatch, lambda data, cookie: SimpleNamespace(cookie=cookie, reason=2, data=data))
+    assert finding == OK
+
+
+def test_a_switch_that_drops_the_expiring_frame_is_accepted_but_wrong(monkeypatch):
+    finding, _ = _invalid_ttl(monkeypatch, lambda data, cookie: None)
+    assert finding.support is Support.WRONG and "dropped the expiring frame" in finding.detail
+
+
+def test_a_switch_that_forwards_the_expiring_frame_is_accepted_but_wrong(monkeypatch):
+    def forwarded(data: bytes, cookie: int) -> Any:
+        pkt = packet.Packet(data)
+        pkt.get_protocol(ipv4.ipv4).ttl, pkt.get_protocol(ipv4.ipv4).csum = 0, 0
+        pkt.get_protocol(udp.udp).csum = 0
+        pkt.serialize()
+        return SimpleNamespace(cookie=cookie, reason=1, data=bytes(pkt.data))
+    finding, _ = _invalid_ttl(monkeypatch, forwarded)
+    assert finding.support is Support.WRONG
+    assert finding.detail.startswith("packet-in reason 1, not INVALID_TTL (2)") and "(TTL 0)" in finding.detail
+
+
+def test_a_switch_that_refuses_dec_ttl_is_refused_the_rewrite_naming_the_error_and_keeps_nothing():
+    dec_ttl = b"\x00\x18\x00\x08\x00\x00\x00\x00"  # OFPAT_DEC_NW_TTL as the flow-mod carries it
+    prober, switch = _prober(refuse=lambda e: dec_ttl in e.raw)
+    found = probe_routed.rewrite_and_nat(prober)
+    # (the fake refuses as OFPET_BAD_MATCH / OFPBMC_BAD_FIELD: whatever it says is named)
+    assert found[REWRITE] == Finding(Support.REFUSED, "TCP pair refused (error type 4 code 6)")
+    assert found[NAT].support is Support.REFUSED  # (its flows begin with dec_ttl too)
+    prober.delete_probe_flows()
+    assert switch.entries == []
