@@ -112,21 +112,27 @@ def problem(got: bytes, want: Expect) -> str | None:
 def verdict(report: Report, found: dict[str, Finding]) -> None:
     """The routed recommendation: routed mode refused (report.ok False: the probe exits 1)
     without the router's rewrite or invalid-TTL packet-ins, each reason said; NAT's
-    set_fields missing only keep NAT connections on the firewall."""
+    set_fields refused only keep NAT connections on the firewall. (NAT is said only when
+    routed mode stands: its flows begin with the router's rewrite.)"""
     missing = [name for name in (REWRITE, INVALID_TTL) if found[name].support is not Support.SUPPORTED]
     if missing:
         report.ok = False
         report.settings["experimental_routed"] = False
         report.say("routed mode: refused on this switch: " + "; ".join(f"{WHY[name]} ({name}: {found[name]})"
                                                                       for name in missing))
-    else:
-        report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins)")
-    if found[NAT].support is not Support.SUPPORTED:
-        report.say(f"NAT shunts: not supported ({found[NAT]}): the switch refuses a translated connection's flows, "
-                   "so NAT connections stay on the firewall (each refusal counted in nfshunt_openflow_errors_total "
-                   "and logged refused-flow); not a reason to refuse routed mode")
-    elif not missing:
+        return
+    report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins)")
+    nat = found[NAT]
+    if nat.support is Support.SUPPORTED:
         report.say("NAT shunts: supported (addresses and ports rewritten, checksums fixed)")
+    elif nat.support is Support.REFUSED:
+        report.say(f"NAT shunts: not supported ({nat}): the switch refuses a translated connection's flows, so NAT "
+                   "connections stay on the firewall (each refusal counted in nfshunt_openflow_errors_total and "
+                   "logged refused-flow); not a reason to refuse routed mode")
+    else:  # the switch takes the flows and translates wrongly: nothing keeps NAT connections off it
+        report.say(f"NAT shunts: WRONG ({nat}): the switch accepts a translated connection's flows and rewrites "
+                   "its frames wrongly, and no setting of NFShunt's keeps NAT connections on the firewall: keep "
+                   "them there by policy (do not shunt translated connections) or do not translate on this switch")
 
 
 def _conns(prober: Prober, proto: int, n: int) -> tuple[Conn, Conn]:

@@ -27,10 +27,10 @@ def _verdict(found: dict[str, Finding]) -> probe.Report:
 
 
 def test_a_switch_that_refuses_dec_ttl_is_refused_routed_mode_saying_why():
-    report = _verdict({REWRITE: Finding(Support.REFUSED, "TCP pair refused (error type 4 code 3)"), NAT: OK,
-                       INVALID_TTL: OK})
+    report = _verdict({REWRITE: Finding(Support.REFUSED, "TCP pair refused (error type 4 code 3)"),
+                       NAT: Finding(Support.REFUSED, "TCP pair refused (error type 4 code 3)"), INVALID_TTL: OK})
     assert not report.ok and report.settings["experimental_routed"] is False
-    (line,) = [line for line in report.lines if line.startswith("routed mode:")]
+    (line,) = report.lines  # (nothing of NAT: its flows begin with the refused rewrite)
     assert line.startswith("routed mode: refused on this switch: a shunted frame would leave without the router's "
                            "rewrite") and "error type 4 code 3" in line and "time exceeded" not in line
 
@@ -52,6 +52,14 @@ def test_a_switch_that_refuses_nat_set_fields_keeps_routed_mode_and_says_nat_sta
     (line,) = [line for line in report.lines if line.startswith("NAT shunts:")]
     assert "refused: TCP pair refused (error type 2 code 4)" in line and "NAT connections stay on the firewall" in line
     assert "not a reason to refuse routed mode" in line
+
+
+def test_a_switch_that_takes_nat_set_fields_and_rewrites_wrongly_is_warned_of():
+    report = _verdict({REWRITE: OK, NAT: Finding(Support.WRONG, "UDP: came back with UDP checksum wrong"),
+                       INVALID_TTL: OK})
+    (line,) = [line for line in report.lines if line.startswith("NAT shunts:")]
+    assert line.startswith("NAT shunts: WRONG (accepted but wrong: UDP: came back with UDP checksum wrong)")
+    assert "keep them there by policy" in line
 
 
 def test_a_switch_that_does_all_three_is_recommended_routed_mode():
