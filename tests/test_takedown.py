@@ -143,7 +143,7 @@ def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it
         os.unlink(os.path.join(fresh.firewalls[0].workdir, FILE))
     fresh.reconfigure(**BASE, delete_flows_on_shutdown=False, delete_flows_on_startup=False)
     # A restart with the policy unchanged adopts the pair (hitless): the control case.
-    srv, cli = start_iperf(fresh, SHUNT, 9, bitrate=STEADY_RATE)
+    srv, cli = fresh.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)  # stopped after the last look
     try:
         # Both of iperf3's connections (control and data): in a loaded suite run the data
         # connection was shunted only after the restart, and its new pair read as a bounce.
@@ -172,7 +172,7 @@ def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it
         time.sleep(1.0)  # a negative: the new policy must not shunt it again
         assert not shunt_flows(fresh, SHUNT)
     finally:
-        result = finish_iperf(srv, cli)
+        result = fresh.stop_transfer(srv, cli)
         fresh.run(fresh.fw, PYTHON, "-m", "nfshunt", "iptables", "apply", "--config", fresh.config_path,
                   "--policy", POLICY, "--no-reevaluate", check=False)
     assert "error" not in result, result.get("error")
