@@ -13,6 +13,7 @@ from nfshunt import policy_rules, topview  # noqa: E402
 from nfshunt.app import explain as ex  # noqa: E402
 from nfshunt.app import top  # noqa: E402
 from nfshunt.app.operator_api import EventControl  # noqa: E402
+from nfshunt.app.target import parse_target  # noqa: E402
 from nfshunt.core import admission as adm  # noqa: E402
 from nfshunt.openflow.inflight import FlowsRead  # noqa: E402
 from nfshunt.records.model import EntryCounts, EventKind, SwitchFlow  # noqa: E402
@@ -38,13 +39,13 @@ def _api(connected=(True, True)):
 ])
 def test_bad_targets_are_refused_with_what_to_give(raw, says):
     with pytest.raises(ValueError, match=says):
-        ex.parse_target(raw)
+        parse_target(raw)
 
 
 def test_targets_by_tuple_id_and_cookie():
-    assert str(ex.parse_target(" tcp [fd00::1]:1 -> [fd00::2]:2 ").tuple) == "tcp [fd00::1]:1 -> [fd00::2]:2"
-    assert ex.parse_target("4294967295").ct_id == 0xFFFFFFFF
-    got = ex.parse_target("0x4e0200100000002a")  # a shunt's cookie, slot 1, conntrack id 42
+    assert str(parse_target(" tcp [fd00::1]:1 -> [fd00::2]:2 ").tuple) == "tcp [fd00::1]:1 -> [fd00::2]:2"
+    assert parse_target("4294967295").ct_id == 0xFFFFFFFF
+    got = parse_target("0x4e0200100000002a")  # a shunt's cookie, slot 1, conntrack id 42
     assert (got.ct_id, got.key >> 32, got.kind.name) == (42, 1, "SHUNT")
 
 
@@ -55,7 +56,7 @@ def test_every_admission_reason_has_words():
 
 def _explain(api, target, entries=()):
     answers = []
-    got = ex.Gathered(ex.parse_target(target), entries=list(entries), acct=True)
+    got = ex.Gathered(parse_target(target), entries=list(entries), acct=True)
     ev = EventControl({"cmd": "explain"}, got)
     ev.answer = answers.append
     api.handle(ev)
@@ -122,7 +123,7 @@ def test_the_audit_history_is_the_connections_newest_lines_from_the_files_end(tm
     lines.insert(50, {"event": "removed", "proto": "tcp", "src": "10.0.0.2", "sport": 5201, "dst": "10.0.0.1",
                       "dport": 1, "n": "reversed"})
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    t = ex.parse_target(T).tuple
+    t = parse_target(T).tuple
     got = ex.history(str(path), t, None)
     assert [x["n"] for x in got] == list(range(90, 100))
     assert ex.history(str(tmp_path / "missing"), t, None) == [] and ex.history(None, t, None) == []

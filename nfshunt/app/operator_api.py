@@ -33,8 +33,9 @@ from nfshunt.switch.switch import Switch
 
 from . import pin_file, top
 from .control import parse_tuple
-from .explain import Explain, Gathered, finish, gather, parse_target
+from .explain import Explain, Gathered, finish, gather
 from .reloading import Reloader
+from .target import parse_target
 
 LOG = logging.getLogger("nfshunt")
 
