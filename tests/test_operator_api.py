@@ -142,6 +142,25 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_holds_it_an
     assert flat["operator_unshunt"] == 1 and flat["operator_block"] == 1
 
 
+def test_an_unshunt_that_ended_with_its_connection_leaves_the_pins_file_at_the_next_tick():
+    """The pins' file is what a restart holds again: an unshunt whose connection has closed
+    must not come back with it and hold the next connection on the tuple for an hour (CI-9
+    of session 46: iperf3's next transfer reused the client port)."""
+    from nfshunt.app import pin_file
+    from tests.support.rig import Rig, shunted
+    rig = Rig(default_shunt_timeout=60)
+    kept = shunted(rig, sport=45020)
+    closing = shunted(rig, sport=45021)
+    for conn in (kept, closing):
+        assert rig.control({"cmd": "unshunt", "tuple": str(conn.orig)})["ok"]
+    rig.kernel_answers()
+    path = pin_file.path_in(rig.state_dir.name)
+    assert {p.orig.sport for p in pin_file.load(path, time.time())} == {45020, 45021}
+    rig.event(sport=45021, ct_id=closing.ct_id + 1, state=7)  # its re-created entry in TIME_WAIT
+    rig.advance(1.0)  # a tick
+    assert {p.orig.sport for p in pin_file.load(path, time.time())} == {45020}
+
+
 def test_bad_requests_and_an_unknown_conntrack_id_are_answered_with_an_error():
     from tests.support.rig import Rig, shunted
     rig = Rig()

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind
+from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKind
 
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows
 from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
@@ -103,6 +103,8 @@ class Admission:
         closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
         if closing:
             sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
+            if ev.tcp_state in TCP_ENDED and sh.pins:
+                sh.pins.closed(ev)  # an operator's unshunt ends with its connection
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
             return [ignored or Ignored(reason, ev)]
