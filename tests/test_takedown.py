@@ -57,12 +57,16 @@ def _evict(tb):
     the firewall). Its last message, after the transfer, must cross the firewall."""
     from nfshunt_testbed.bed import H2_IP
     srv = tb.conn_server(BLOCK)
+    cli = None
     try:
-        tb.open_conns(BLOCK, 1)
+        cli, _ = tb.open_conns(BLOCK, 1)
         tb.wait_for(lambda: any(int(f["cookie"], 16) >> 48 & 0xFF == 3 for f in tb.conn_flows(BLOCK)), 10,
                     f"the block of {H2_IP}:{BLOCK}")
     finally:
         srv.kill()
+        if cli is not None:  # else it retransmits into the firewall (INVALID) until the testbed ends
+            cli.kill()
+            cli.wait()
 
 
 def _unshunt(tb):
