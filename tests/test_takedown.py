@@ -6,8 +6,6 @@ Each take-down path runs a paced 3 s transfer that is shunted, taken down mid-wa
 must carry on with no stall over 1 s."""
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 
@@ -89,14 +87,15 @@ PATHS = {"unshunt": (_unshunt, {}), "flush": (_flush, {}), "shutdown": (_shutdow
          "eviction": (_evict, {"max_shunts": 1, "max_block_share": 0.5})}
 
 
-def _without_operator_pins(tb):
-    """The controller restarted without the unshunt case's pins. They outlive it, as an
-    operator's do; when iperf3 reuses their client ports and the kernel the old entry's
-    conntrack id, a pin holds the new connection on the firewall (CI-19, CI-20)."""
-    from nfshunt.app.pin_file import FILE
-    tb.stop_controller()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(tb.firewalls[0].workdir, FILE))
+def _operator_pins_ended(tb):
+    """The unshunt case's pins ended with its connections (TIME_WAIT), and the controller wrote
+    its pins' file again: a restart holds none of them. When they came back at a restart, a pin
+    held iperf3's next connection on a reused client port on the firewall (CI-19, CI-20 of
+    session 45; CI-9 of session 46: the eviction then took the data connection mid-transfer)."""
+    from nfshunt.app import pin_file
+    path = pin_file.path_in(tb.firewalls[0].workdir)
+    tb.wait_for(lambda: not pin_file.load(path, time.time()), 3,
+                "the unshunt case's pins to end with its connections and leave the pins' file")
 
 
 def _entries_deleted(tb):
@@ -112,9 +111,7 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
     from nfshunt_testbed.bed import STEADY_RATE
     take_down, config = PATHS[path]
     if config:
-        # A stale pin on iperf3's control connection made the eviction take the data
-        # connection instead, mid-transfer (one loaded suite run in 10: a 1.2 s stall).
-        _without_operator_pins(fresh)
+        _operator_pins_ended(fresh)
         fresh.reconfigure(**BASE, **config)
     # 3 s: the take-down is over within 0.5 s (printed below), leaving over 2 s in which a stall
     # over 1 s (or a dead connection) shows.
@@ -157,7 +154,8 @@ def _swapped_policy(tmp_path):
 
 def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it_left(fresh, tmp_path):
     from nfshunt_testbed.bed import POLICY, PYTHON, STEADY_RATE
-    _without_operator_pins(fresh)  # a pin held iperf3's new connection on the firewall (CI-19, CI-20)
+    _operator_pins_ended(fresh)
+    fresh.stop_controller()
     fresh.reconfigure(**BASE, delete_flows_on_shutdown=False, delete_flows_on_startup=False)
     # A restart with the policy unchanged adopts the pair (hitless): the control case.
     srv, cli = fresh.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)  # stopped after the last look
