@@ -24,8 +24,8 @@ from tests.test_operator_api import _api as _two_switches  # noqa: E402
 T = "tcp 10.0.0.1:1 -> 10.0.0.2:5201"  # the first switch's live shunt (test_operator_api._api)
 
 
-def _api(connected=(True, True)):
-    api, switches = _two_switches(connected)
+def _api(state_dir, connected=(True, True)):
+    api, switches = _two_switches(state_dir, connected)
     api.app.cfg = TWO
     return api, switches
 
@@ -63,8 +63,8 @@ def _explain(api, target, entries=()):
     return answers, got
 
 
-def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now():
-    api, (a1, a2) = _api()
+def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now(tmp_path):
+    api, (a1, a2) = _api(tmp_path)
     answers, _ = _explain(api, T)
     assert not answers  # waits for the first switch's read of the pair's flows
     (read,) = _reads(a1).values()
@@ -82,16 +82,16 @@ def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now():
     json.dumps(reply)  # all of it goes over the socket
 
 
-def test_with_the_switch_away_it_answers_at_once_and_says_so():
-    api, (a1, _) = _api(connected=(False, False))
+def test_with_the_switch_away_it_answers_at_once_and_says_so(tmp_path):
+    api, (a1, _) = _api(tmp_path, connected=(False, False))
     answers, _ = _explain(api, T)
     (found,) = answers
     reply = ex.finish(found, None)
     assert "the switch is away" in reply["verdict"]["text"] and not reply["switches"][0]["connected"]
 
 
-def test_an_entry_without_a_pair_gets_admissions_reason():
-    api, _ = _api(connected=(False, False))
+def test_an_entry_without_a_pair_gets_admissions_reason(tmp_path):
+    api, _ = _api(tmp_path, connected=(False, False))
     ignored = event(action=0, ingress=1, egress=2, sport=7)
     answers, _ = _explain(api, "tcp 10.0.0.1:7 -> 10.0.0.2:5201", [(ignored, EntryCounts((3, 2), (300, 200)))])
     reply = ex.finish(answers[0], None)
@@ -102,9 +102,9 @@ def test_an_entry_without_a_pair_gets_admissions_reason():
     assert ex.finish(answers[0], None)["verdict"]["text"].startswith("not yet ESTABLISHED (SYN_SENT)")
 
 
-def test_a_read_the_switch_never_answers_is_given_up_at_read_wait(monkeypatch):
+def test_a_read_the_switch_never_answers_is_given_up_at_read_wait(monkeypatch, tmp_path):
     monkeypatch.setattr(ex, "READ_WAIT", 0.05)
-    api, (a1, _) = _api()
+    api, (a1, _) = _api(tmp_path)
     answers, _ = _explain(api, T)
     deadline = time.monotonic() + 2
     while not answers and time.monotonic() < deadline:
@@ -207,8 +207,8 @@ def test_the_frame_fits_80x24_and_says_when_the_terminal_is_too_small():
     assert topview.frame(None, "no controller", 80, 24, "x")[1] == "no answer: no controller"
 
 
-def test_top_refuses_a_bad_limit_without_asking_the_loop():
-    api, _ = _api()
+def test_top_refuses_a_bad_limit_without_asking_the_loop(tmp_path):
+    api, _ = _api(tmp_path)
     asked = []
     for bad in (0, 201, "5", True):
         reply = api.off_loop({"cmd": "top", "limit": bad}, lambda req, ctx: asked.append(req) or {})
@@ -216,8 +216,8 @@ def test_top_refuses_a_bad_limit_without_asking_the_loop():
     assert not asked
 
 
-def test_top_on_the_loop_reads_every_connected_switch():
-    api, (a1, a2) = _api()
+def test_top_on_the_loop_reads_every_connected_switch(tmp_path):
+    api, (a1, a2) = _api(tmp_path)
     ev = EventControl({"cmd": "top"}, "top")
     api.handle(ev)
     reads = [read for sw in (a1, a2) for read in sw.session.inflight._by_xid.values() if isinstance(read, FlowsRead)]
