@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from nfshunt.app.control import ControlError, NotRunning, request
-from nfshunt.app.explain import parse_target
+from nfshunt.app.target import parse_target
 
 from . import policy_rules
 

@@ -6,7 +6,7 @@ the machine is about two thirds idle through them. So:
 - the testbed tests that count or time packets run in one run, at the machine's ordinary
   priority (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
-  probe, the dashboard, trust, and modules that count flows and read logs: layouts,
+  probe, the dashboard, trust, the IDS's bounds, and modules that count flows and read logs: layouts,
   operation, several switches) run meanwhile on a second testbed, and those marked
   `third_bed` (the IDS on the testbed, explain, forged closes, take-downs, closes and port
   reuse, the controller's end-to-end cases) on a third, each on a machine of its own

@@ -213,7 +213,9 @@ def pyroute2_restore(family, orig, reply, tcp_state, timeout, closer_is_reply, m
     return bytes(msg.data)
 
 
-@settings(max_examples=1000, deadline=None)
+# 200: the states and closing sides are also each checked below (a parametrized table); at
+# 1,000 this was the unit suite's second slowest test (9.8 s).
+@settings(max_examples=200, deadline=None)
 @given(st.sampled_from([4, 6]), st.data(), st.integers(0, 65535), st.integers(0, 65535),
        st.integers(0, 9), st.integers(0, 2**32 - 1), st.booleans(), st.integers(0, 2**32 - 1),
        st.integers(0, 2**32 - 1), st.booleans())

@@ -9,6 +9,7 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 from nfshunt.app import explain as ex  # noqa: E402
+from nfshunt.app.target import parse_target  # noqa: E402
 from nfshunt.core import admission as adm  # noqa: E402
 from nfshunt.core.static_table import StaticTable  # noqa: E402
 from nfshunt.ids.rules import Kind, pair_key, scipass_id  # noqa: E402
@@ -131,7 +132,7 @@ def test_a_tuples_text_names_its_zone_and_reads_back(text, zone):
     from nfshunt.app.control import parse_tuple
     t = parse_tuple(text)
     assert t.zone == zone and parse_tuple(str(t)) == t
-    assert ex.parse_target(text).tuple == t
+    assert parse_target(text).tuple == t
 
 
 @pytest.mark.parametrize("text,problem", [
@@ -147,7 +148,7 @@ def test_a_bad_zone_is_refused_with_its_reason(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_tuple(text)
     with pytest.raises(ValueError, match=problem):
-        ex.parse_target(text)
+        parse_target(text)
 
 
 def test_the_pins_file_keeps_a_pins_zone_and_reads_an_old_file_as_zone_0(tmp_path):

@@ -536,6 +536,22 @@ def test_unshunt_pin_removes_the_pair_and_keeps_the_reappearing_entry_on_the_slo
     assert types(core.conntrack_event(event(ct_id=72))) == ["InstallFlows"]
 
 
+def test_an_unshunted_connection_that_closes_frees_its_tuple_for_the_next_even_with_the_same_id():
+    """A SYN on a TIME_WAIT entry starts a new connection, and the kernel may give it the old
+    entry's id; the unshunt was of the connection that closed, not of the tuple (CI-9 of
+    session 46: iperf3 reused a client port and an hour-long pin held the new transfer)."""
+    core = connected()
+    conn = shunted(core)
+    handed_back(core.pin(conn.orig, cn.Action.IGNORE, 200.0))
+    _remove_pair(core, conn)
+    (cmd,) = core.conntrack_event(event(ct_id=70))
+    assert cmd.reason == adm.R_PINNED
+    core.conntrack_event(event(ct_id=70, state=4))  # FIN_WAIT: half-closed, still pinned
+    assert core.conntrack_event(event(ct_id=70))[0].reason == adm.R_PINNED
+    core.conntrack_event(event(ct_id=70, state=7))  # TIME_WAIT: over
+    assert types(core.conntrack_event(event(ct_id=70, kind=EventKind.NEW))) == ["InstallFlows"]
+
+
 def test_block_pin_turns_a_shunt_into_a_block_and_expires():
     core = connected()
     conn = shunted(core)

@@ -32,6 +32,24 @@ def test_a_pin_holds_both_directions_and_only_its_own_entry_ending_lifts_an_unsh
     assert not pins
 
 
+def test_an_unshunt_pin_ends_when_its_tcp_connection_is_over_whichever_entry_it_held_last():
+    """TIME_WAIT or CLOSE ends the connection the operator unshunted (a SYN then starts a new
+    one on the tuple, which the kernel may give the same id): the pin goes, and says so for
+    the pins' file. A block pin and an IDS's stay until they expire or are released."""
+    from nfshunt.core.pins import IdsHold
+    pins = Pins()
+    a, b, ids = event(sport=1, ct_id=5), event(sport=2), event(sport=3)
+    pins.hold(a.orig, Action.IGNORE, 10.0)
+    pins[a.orig].ct_id = 4  # the entry before a take-down re-created it (a new id)
+    pins.hold(b.orig, Action.BLOCK, 10.0)
+    pins.hold_for(ids.orig, IdsHold(Action.SHUNT, "ids:zeek"))
+    pins.closed(event(sport=2, state=7))
+    pins.closed(event(sport=3, state=7))
+    assert len(pins) == 6 and not pins.ended
+    pins.closed(dataclasses.replace(a, orig=a.reply, reply=a.orig, tcp_state=7))  # seen from the server's side
+    assert a.orig not in pins and a.reply not in pins and pins.ended
+
+
 def test_a_block_pin_outlives_its_entry_until_it_expires():
     pins = Pins()
     ev = event(ct_id=5)

@@ -257,6 +257,7 @@ def test_top_draws_the_transfer_in_80x24_and_quits_on_q(tb):
     finally:
         for tmux in (TMUX, TMUX_SMALL):
             subprocess.run([*tmux, "kill-server"], capture_output=True)
+        cli.terminate()  # top has drawn it: the rest of its 8 s is not waited for
         finish_iperf(srv, cli, timeout=20)
 
 

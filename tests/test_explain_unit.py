@@ -13,6 +13,7 @@ from nfshunt import policy_rules, topview  # noqa: E402
 from nfshunt.app import explain as ex  # noqa: E402
 from nfshunt.app import top  # noqa: E402
 from nfshunt.app.operator_api import EventControl  # noqa: E402
+from nfshunt.app.target import parse_target  # noqa: E402
 from nfshunt.core import admission as adm  # noqa: E402
 from nfshunt.openflow.inflight import FlowsRead  # noqa: E402
 from nfshunt.records.model import EntryCounts, EventKind, SwitchFlow  # noqa: E402
@@ -23,8 +24,8 @@ from tests.test_operator_api import _api as _two_switches  # noqa: E402
 T = "tcp 10.0.0.1:1 -> 10.0.0.2:5201"  # the first switch's live shunt (test_operator_api._api)
 
 
-def _api(connected=(True, True)):
-    api, switches = _two_switches(connected)
+def _api(state_dir, connected=(True, True)):
+    api, switches = _two_switches(state_dir, connected)
     api.app.cfg = TWO
     return api, switches
 
@@ -38,13 +39,13 @@ def _api(connected=(True, True)):
 ])
 def test_bad_targets_are_refused_with_what_to_give(raw, says):
     with pytest.raises(ValueError, match=says):
-        ex.parse_target(raw)
+        parse_target(raw)
 
 
 def test_targets_by_tuple_id_and_cookie():
-    assert str(ex.parse_target(" tcp [fd00::1]:1 -> [fd00::2]:2 ").tuple) == "tcp [fd00::1]:1 -> [fd00::2]:2"
-    assert ex.parse_target("4294967295").ct_id == 0xFFFFFFFF
-    got = ex.parse_target("0x4e0200100000002a")  # a shunt's cookie, slot 1, conntrack id 42
+    assert str(parse_target(" tcp [fd00::1]:1 -> [fd00::2]:2 ").tuple) == "tcp [fd00::1]:1 -> [fd00::2]:2"
+    assert parse_target("4294967295").ct_id == 0xFFFFFFFF
+    got = parse_target("0x4e0200100000002a")  # a shunt's cookie, slot 1, conntrack id 42
     assert (got.ct_id, got.key >> 32, got.kind.name) == (42, 1, "SHUNT")
 
 
@@ -55,15 +56,15 @@ def test_every_admission_reason_has_words():
 
 def _explain(api, target, entries=()):
     answers = []
-    got = ex.Gathered(ex.parse_target(target), entries=list(entries), acct=True)
+    got = ex.Gathered(parse_target(target), entries=list(entries), acct=True)
     ev = EventControl({"cmd": "explain"}, got)
     ev.answer = answers.append
     api.handle(ev)
     return answers, got
 
 
-def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now():
-    api, (a1, a2) = _api()
+def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now(tmp_path):
+    api, (a1, a2) = _api(tmp_path)
     answers, _ = _explain(api, T)
     assert not answers  # waits for the first switch's read of the pair's flows
     (read,) = _reads(a1).values()
@@ -81,16 +82,16 @@ def test_a_live_shunt_is_explained_with_the_switchs_flows_read_now():
     json.dumps(reply)  # all of it goes over the socket
 
 
-def test_with_the_switch_away_it_answers_at_once_and_says_so():
-    api, (a1, _) = _api(connected=(False, False))
+def test_with_the_switch_away_it_answers_at_once_and_says_so(tmp_path):
+    api, (a1, _) = _api(tmp_path, connected=(False, False))
     answers, _ = _explain(api, T)
     (found,) = answers
     reply = ex.finish(found, None)
     assert "the switch is away" in reply["verdict"]["text"] and not reply["switches"][0]["connected"]
 
 
-def test_an_entry_without_a_pair_gets_admissions_reason():
-    api, _ = _api(connected=(False, False))
+def test_an_entry_without_a_pair_gets_admissions_reason(tmp_path):
+    api, _ = _api(tmp_path, connected=(False, False))
     ignored = event(action=0, ingress=1, egress=2, sport=7)
     answers, _ = _explain(api, "tcp 10.0.0.1:7 -> 10.0.0.2:5201", [(ignored, EntryCounts((3, 2), (300, 200)))])
     reply = ex.finish(answers[0], None)
@@ -101,9 +102,9 @@ def test_an_entry_without_a_pair_gets_admissions_reason():
     assert ex.finish(answers[0], None)["verdict"]["text"].startswith("not yet ESTABLISHED (SYN_SENT)")
 
 
-def test_a_read_the_switch_never_answers_is_given_up_at_read_wait(monkeypatch):
+def test_a_read_the_switch_never_answers_is_given_up_at_read_wait(monkeypatch, tmp_path):
     monkeypatch.setattr(ex, "READ_WAIT", 0.05)
-    api, (a1, _) = _api()
+    api, (a1, _) = _api(tmp_path)
     answers, _ = _explain(api, T)
     deadline = time.monotonic() + 2
     while not answers and time.monotonic() < deadline:
@@ -122,7 +123,7 @@ def test_the_audit_history_is_the_connections_newest_lines_from_the_files_end(tm
     lines.insert(50, {"event": "removed", "proto": "tcp", "src": "10.0.0.2", "sport": 5201, "dst": "10.0.0.1",
                       "dport": 1, "n": "reversed"})
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    t = ex.parse_target(T).tuple
+    t = parse_target(T).tuple
     got = ex.history(str(path), t, None)
     assert [x["n"] for x in got] == list(range(90, 100))
     assert ex.history(str(tmp_path / "missing"), t, None) == [] and ex.history(None, t, None) == []
@@ -206,8 +207,8 @@ def test_the_frame_fits_80x24_and_says_when_the_terminal_is_too_small():
     assert topview.frame(None, "no controller", 80, 24, "x")[1] == "no answer: no controller"
 
 
-def test_top_refuses_a_bad_limit_without_asking_the_loop():
-    api, _ = _api()
+def test_top_refuses_a_bad_limit_without_asking_the_loop(tmp_path):
+    api, _ = _api(tmp_path)
     asked = []
     for bad in (0, 201, "5", True):
         reply = api.off_loop({"cmd": "top", "limit": bad}, lambda req, ctx: asked.append(req) or {})
@@ -215,8 +216,8 @@ def test_top_refuses_a_bad_limit_without_asking_the_loop():
     assert not asked
 
 
-def test_top_on_the_loop_reads_every_connected_switch():
-    api, (a1, a2) = _api()
+def test_top_on_the_loop_reads_every_connected_switch(tmp_path):
+    api, (a1, a2) = _api(tmp_path)
     ev = EventControl({"cmd": "top"}, "top")
     api.handle(ev)
     reads = [read for sw in (a1, a2) for read in sw.session.inflight._by_xid.values() if isinstance(read, FlowsRead)]

@@ -164,9 +164,9 @@ def test_controller_crash_keeps_flows_and_nothing_unshunted_bypasses(fresh):
 def test_restart_reconciles_without_interrupting_a_shunted_transfer(fresh):
     from nfshunt_testbed.traffic import STEADY_RATE
     tb = fresh
-    # 6 s: the restart and the checks on the adopted shunts take about 4 s, and the shunts
-    # must still be there (the transfer's close takes them down).
-    srv, cli = start_iperf(tb, SHUNT, 6, bitrate=STEADY_RATE)
+    # Until stopped, 2 s after the restart: the shunts must still be there for the checks on
+    # them (the transfer's close takes them down), and a stall across the restart shows.
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)
     try:
         flows = tb.wait_for(lambda: len(shunt_flows(tb)) == 4 and shunt_flows(tb), 10, "the transfer's shunts")
         cookies_before = {f["cookie"] for f in flows}
@@ -181,6 +181,7 @@ def test_restart_reconciles_without_interrupting_a_shunted_transfer(fresh):
         tb.ofctl("del-flows", "--strict", "priority=100,in_port=1")
         assert len(defaults(tb)) == 3
         tb.restart_controller()
+        restarted = time.monotonic()
         tb.wait_for_controller()
         tb.wait_for(lambda: len(defaults(tb)) == 4, 2, "the missing default to be re-applied")
         tb.wait_for(lambda: not [f for f in tb.flows() if f.get("cookie") == "0x4e02000000000777"], 2,
@@ -193,8 +194,9 @@ def test_restart_reconciles_without_interrupting_a_shunted_transfer(fresh):
         after = shunt_flows(tb)
         assert {f["cookie"] for f in after} == cookies_before
         assert min(float(f["duration"].rstrip("s")) for f in after) > 1.0
+        tb.watch_until(restarted + 2.0)
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result.get("error")
     assert longest_stall(result) < 1.0
 

@@ -102,8 +102,9 @@ def _in_state(tb, cport, state):
             return
         if now in STATES and STATES.index(now) > STATES.index(state):
             tb.control({"cmd": "flush", "reason": "a new pair for the next forged segment"})
-            time.sleep(0.05)
-        time.sleep(0.005)
+        # The shortest state held is PENDING, 0.4 s (the late barriers): polled 8 times in
+        # it. At 5 ms, these status requests and flow dumps were most of the module's CPU.
+        time.sleep(0.05)
     raise AssertionError(f"the transfer's pair never {state} on the fast path (now: {_state(tb, cport)})")
 
 
@@ -127,7 +128,7 @@ def _attack(tb, forgers, cport, flag, window, side, state) -> Attack:
         if age is not None and age < elapsed:
             attack.back = max(0.0, elapsed - age)
             break
-        time.sleep(0.02)
+        time.sleep(0.1)  # the flows' age dates the return, not the poll
     else:
         if _pair(tb, cport) is not None:
             attack.back = 0.0

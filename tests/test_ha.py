@@ -15,11 +15,16 @@ import time
 
 import pytest
 
-from tests.test_failsafe import finish_iperf, longest_stall, shunt_flows
+from tests.test_failsafe import longest_stall, shunt_flows
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 SHUNT, IGNORE, UNPACED = 5201, 5203, 5205
+# Transfers run until stopped (Testbed.stop_transfer), LONG s at most: WATCH s after the event a
+# shunted one must carry on through (its bound: no stall over 1 s), WATCH_SLOW s after a
+# failure for one on the slow path (resumed within 3 s). Fixed lengths ran on idle for 4-6 s
+# after a quick run's failover.
+LONG, WATCH, WATCH_SLOW = 60, 2.0, 4.0
 
 
 def _pair(config=None, **bed):
@@ -76,9 +81,11 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         tb.strict_firewalls()
         assert tb.defaults_point_to(fw)
         # Every transfer paced, the one opened after the failover too: an unpaced one starved
-        # the switch and stalled the shunted transfer 0.4 s in 3 runs of 3.
-        s_srv, s_cli = tb.start_transfer(SHUNT, 10, bitrate=STEADY_RATE)
-        i_srv, i_cli = tb.start_transfer(IGNORE, 10, bitrate=STEADY_RATE)
+        # the switch and stalled the shunted transfer 0.4 s in 3 runs of 3. Each runs until
+        # stopped, WATCH s after what it must carry on through (a stall, or a dead connection,
+        # shows in that window).
+        s_srv, s_cli = tb.start_transfer(SHUNT, LONG, bitrate=STEADY_RATE)
+        i_srv, i_cli = tb.start_transfer(IGNORE, LONG, bitrate=STEADY_RATE)
         try:
             tb.wait_for(lambda: len(shunt_flows(tb, SHUNT)) == 4, 10, "the shunted transfer's flows")
             shunt_cookies = {f["cookie"] for f in shunt_flows(tb, SHUNT)}
@@ -93,9 +100,10 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
             # policy shunts source port 5201 too).
             fresh = tb.iperf(5204, 1, cport=SHUNT, watch=lambda: None, bitrate=STEADY_RATE)
             assert "error" not in fresh, fresh
+            tb.watch_until(failed_at + WATCH_SLOW)
         finally:
-            shunted = finish_iperf(s_srv, s_cli)
-            ignored = finish_iperf(i_srv, i_cli)
+            shunted = tb.stop_transfer(s_srv, s_cli)
+            ignored = tb.stop_transfer(i_srv, i_cli)
         print(f"fw2 had the switch {took_over:.2f} s after fw died; longest stall: shunted "
               f"{longest_stall(shunted):.1f} s, slow path {longest_stall(ignored):.1f} s")
         assert "error" not in shunted and "error" not in ignored, (shunted.get("error"), ignored.get("error"))
@@ -111,7 +119,7 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         # The old master returns (its controller first: it still believes it is master, with
         # the generation it took over with). The switch refuses it as stale; nothing moves.
         flows_before = {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()}
-        r_srv, r_cli = tb.start_transfer(IGNORE, 6, bitrate=STEADY_RATE)
+        r_srv, r_cli = tb.start_transfer(IGNORE, LONG, bitrate=STEADY_RATE)
         try:
             tb.revive_firewall(fw, [Service.CONTROLLER])
             # The claim waits for the switch to call again: its backoff (up to 8 s, Open
@@ -123,8 +131,9 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
             tb.revive_firewall(fw, [Service.CONNTRACKD, Service.KEEPALIVED])
             tb.wait_for(lambda: "operator: role backup" in tb.controller_output(fw).split("as stale")[-1], 15,
                         "keepalived on the returning node to settle as backup")
+            tb.watch_until(time.monotonic() + WATCH)
         finally:
-            returned = finish_iperf(r_srv, r_cli)
+            returned = tb.stop_transfer(r_srv, r_cli)
         assert "error" not in returned and longest_stall(returned) < 1.0, "the old node's return bounced a transfer"
         assert tb.defaults_point_to(fw2)
         assert {(f["cookie"], f.get("in_port"), f["actions"]) for f in tb.flows()
@@ -136,16 +145,17 @@ def test_failover_keeps_shunts_moves_the_slow_path_and_the_old_master_returns_as
         # Now the survivor dies, under an unpaced transfer through the firewall: the returned
         # node takes over with a generation above the survivor's, and the transfer resumes
         # through it within 3 s.
-        u_srv, u_cli = tb.start_transfer(UNPACED, 12)
+        u_srv, u_cli = tb.start_transfer(UNPACED, LONG)
         try:
             time.sleep(3)  # under way at full speed, and conntrackd has it on the standby
             first = tb.watch_first_packet(fw)
-            failed_at = time.time()
+            failed_at, failed_mono = time.time(), time.monotonic()
             tb.fail_firewall(fw2)
             tb.wait_for(lambda: tb.defaults_point_to(fw), 10, "the returned node to take the switch over")
             timeline = tb.takeover_timeline(fw, failed_at, first)
+            tb.watch_until(failed_mono + WATCH_SLOW)
         finally:
-            unpaced = finish_iperf(u_srv, u_cli)
+            unpaced = tb.stop_transfer(u_srv, u_cli)
         print("takeover time line, s after the survivor died:", timeline,
               f"; the unpaced transfer's longest stall {longest_stall(unpaced):.1f} s")
         assert all(at is not None for _, at in timeline), timeline  # each step seen: the script ran as installed
@@ -210,7 +220,7 @@ def test_a_takeover_hands_the_old_masters_ids_shunts_back_to_the_new_masters_fir
     with _pair({"ids": ids}) as tb:
         fw, fw2 = _elected(tb)
         tb.strict_firewalls()
-        srv, cli = tb.start_transfer(IGNORE, 12, cport=47901, bitrate=STEADY_RATE)
+        srv, cli = tb.start_transfer(IGNORE, LONG, cport=47901, bitrate=STEADY_RATE)
         try:
             rule = {"id": "t1", "action": "shunt", "expire": 600, "connection": {
                 "protocol": "tcp", "src": H1_IP, "sport": 47901, "dst": H2_IP, "dport": IGNORE}}
@@ -225,8 +235,9 @@ def test_a_takeover_hands_the_old_masters_ids_shunts_back_to_the_new_masters_fir
             tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, "fw2 to take the switch over")
             tb.wait_for(lambda: not _has_conn_flow(tb, 47901), 5, "fw2 to hand the IDS's shunt back")
             handed = time.monotonic() - failed_at
+            tb.watch_until(time.monotonic() + WATCH)
         finally:
-            result = finish_iperf(srv, cli)
+            result = tb.stop_transfer(srv, cli)
         print(f"fw2 handed the old master's IDS shunt back {handed:.2f} s after fw died; "
               f"longest stall {longest_stall(result):.1f} s")
         assert "error" not in result, result.get("error")

@@ -18,11 +18,11 @@ import time
 import pytest
 
 from tests.beds import Bed, Strict, running
-from tests.test_failsafe import finish_iperf, longest_stall
+from tests.test_failsafe import longest_stall
 from tests.test_ids import API_PORT, IGNORE, TOKEN, api, connection
 from tests.test_static_testbed import ECHO, PORT, STREAM, cycle
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 IDS_KEYS = {"listen_port": API_PORT, "answer_timeout": 3.0,
             "may_shunt": {"prefixes": ["10.0.0.2/32"], "ports": [IGNORE]}}
@@ -137,7 +137,7 @@ def test_an_ids_shunt_ends_on_the_switch_at_its_rules_end_with_no_controller_and
 def test_an_emptied_may_shunt_hands_the_saved_rules_shunts_back_at_the_next_start(fresh):
     tb = fresh
     from nfshunt_testbed.bed import STEADY_RATE
-    srv, cli = tb.start_transfer(IGNORE, 14, cport=47701, bitrate=STEADY_RATE)
+    srv, cli = tb.start_transfer(IGNORE, 60, cport=47701, bitrate=STEADY_RATE)  # stopped 2 s after the hand-back
     try:
         status, body = api(tb, "POST", "/v1/rules", {"id": "wide", "action": "shunt", "expire": 30 * 86400,
                                                      "connection": connection(47701, IGNORE)})
@@ -147,15 +147,17 @@ def test_an_emptied_may_shunt_hands_the_saved_rules_shunts_back_at_the_next_star
         tb.reconfigure(ids={k: v for k, v in tb.base_config["ids"].items() if k != "may_shunt"})
         started = time.monotonic()
         tb.wait_for(lambda: not _pair(tb, 47701), 5, "the old IDS shunt handed back")
-        print(f"\nhanded back {time.monotonic() - started:.2f} s after the restarted controller had the switch")
+        back = time.monotonic()
+        print(f"\nhanded back {back - started:.2f} s after the restarted controller had the switch")
         slow = tb.slow_path_packets()
         tb.wait_for(lambda: tb.slow_path_packets() > slow + 500, 5, "the transfer through the firewall")
         assert api(tb, "GET", "/v1/rules")[1]["rules"] == []
         assert api(tb, "GET", "/v1/rules/wide")[1]["state"] == "removed"
         tb.wait_for(lambda: "IDS rule ids:zeek/wide refused at start (ids.may_shunt is empty" in
                     tb.controller_output(since_start=True), 5, "the refusal at start in the log")
+        tb.watch_until(back + 2.0)  # a stall over 1 s, or a dead connection, shows in this window
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     print(f"the handed-back transfer's longest stall: {longest_stall(result):.1f} s")
     assert "error" not in result, result.get("error")
     assert longest_stall(result) < 1.0

@@ -2,7 +2,6 @@
 for its flows and is answered once all have replied or gone; take-downs act on all."""
 import dataclasses
 import os
-import tempfile
 import threading
 import time
 from types import SimpleNamespace
@@ -24,7 +23,7 @@ TWO = from_dict({"mark_actions": BASE["mark_actions"], "switches": [
     {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}, {"fast": 3, "slow": 4, "physdevin": 4}]}]})
 
 
-def _api(connected=(True, True)):
+def _api(state_dir, connected=(True, True)):
     switches = [Switch(TWO, i) for i in range(len(TWO.switches))]
     for sw, up in zip(switches, connected, strict=True):
         sw.core.switch_connected(c.OFP13)
@@ -35,7 +34,7 @@ def _api(connected=(True, True)):
             sw.session = Session(dp, sw.cfg, switch=sw.switch)
     app = SimpleNamespace(switches=switches, ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
                           run=lambda sw, out: None,
-                          cfg=dataclasses.replace(TWO, state_dir=tempfile.mkdtemp(prefix="nfshunt-pins-")))
+                          cfg=dataclasses.replace(TWO, state_dir=str(state_dir)))
     # One live shunt on each switch.
     for sw, ev in zip(switches, (event(ingress=1, egress=2, ct_id=1, sport=1),
                                  event(ingress=3, egress=4, ct_id=2, sport=2)), strict=True):
@@ -54,8 +53,8 @@ def _status(api):
     return ev
 
 
-def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_for_itself():
-    api, (a1, a2) = _api()
+def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_for_itself(tmp_path):
+    api, (a1, a2) = _api(tmp_path)
     ev = _status(api)
     (xid1, read1), = _reads(a1).items()
     (xid2, read2), = _reads(a2).items()
@@ -74,26 +73,27 @@ def test_status_waits_for_every_connected_switch_and_a_switch_that_goes_answers_
     assert reply["switch"]["datapath_id"] == "00000000000000a1"
 
 
-def test_status_with_a_switch_away_asks_only_the_connected_one():
-    api, (a1, a2) = _api(connected=(True, False))
+def test_status_with_a_switch_away_asks_only_the_connected_one(tmp_path):
+    api, (a1, a2) = _api(tmp_path, connected=(True, False))
     ev = _status(api)
     (read,) = _reads(a1).values()
     assert not _reads(a2)
     read.done([])
     assert ev.done.is_set() and [sw["connected"] for sw in ev.reply["switches"]] == [True, False]
-    api2, _ = _api(connected=(False, False))
+    api2, _ = _api(tmp_path, connected=(False, False))
     ev2 = _status(api2)
     assert ev2.done.is_set()  # nobody to ask: answered at once
 
 
-def test_flush_and_unshunt_act_on_every_switch():
-    api, switches = _api()
+def test_flush_and_unshunt_act_on_every_switch(tmp_path):
+    api, switches = _api(tmp_path)
     ev = EventControl({"cmd": "flush"})
     api.handle(ev)
     assert ev.reply["removed"] == 2 and ev.reply["switch_connected"]
     assert all(conn.remove_reason for sw in switches for conn in sw.core.by_key.values())
     assert api.counters.flat()["operator_flush"] == 1
-    api, switches = _api()
+    (tmp_path / "again").mkdir()
+    api, switches = _api(tmp_path / "again")
     ev = EventControl({"cmd": "unshunt", "ct_id": 2})  # found on the second switch
     api.handle(ev)
     assert ev.reply["ok"] and ev.reply["flows_removed"]
@@ -140,6 +140,25 @@ def test_status_lists_a_live_shunt_with_moving_counters_then_unshunt_holds_it_an
     assert blocked is not None and rig.packet(FAST_A, conn.orig).dropped and rig.packet(FAST_B, conn.reply).dropped
     flat = rig.control({"cmd": "status"})["counters"]
     assert flat["operator_unshunt"] == 1 and flat["operator_block"] == 1
+
+
+def test_an_unshunt_that_ended_with_its_connection_leaves_the_pins_file_at_the_next_tick():
+    """The pins' file is what a restart holds again: an unshunt whose connection has closed
+    must not come back with it and hold the next connection on the tuple for an hour (CI-9
+    of session 46: iperf3's next transfer reused the client port)."""
+    from nfshunt.app import pin_file
+    from tests.support.rig import Rig, shunted
+    rig = Rig(default_shunt_timeout=60)
+    kept = shunted(rig, sport=45020)
+    closing = shunted(rig, sport=45021)
+    for conn in (kept, closing):
+        assert rig.control({"cmd": "unshunt", "tuple": str(conn.orig)})["ok"]
+    rig.kernel_answers()
+    path = pin_file.path_in(rig.state_dir.name)
+    assert {p.orig.sport for p in pin_file.load(path, time.time())} == {45020, 45021}
+    rig.event(sport=45021, ct_id=closing.ct_id + 1, state=7)  # its re-created entry in TIME_WAIT
+    rig.advance(1.0)  # a tick
+    assert {p.orig.sport for p in pin_file.load(path, time.time())} == {45020}
 
 
 def test_bad_requests_and_an_unknown_conntrack_id_are_answered_with_an_error():

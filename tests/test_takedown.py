@@ -6,8 +6,6 @@ Each take-down path runs a paced 3 s transfer that is shunted, taken down mid-wa
 must carry on with no stall over 1 s."""
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 
@@ -52,15 +50,21 @@ def _shutdown(tb):
 
 
 def _evict(tb):
-    """A block with the budget full pushes the newest shunt out."""
+    """A block with the budget full pushes the newest shunt out: with max_shunts 1 iperf3's
+    control connection (connected first, shunted first; the data connection waits for room on
+    the firewall). Its last message, after the transfer, must cross the firewall."""
     from nfshunt_testbed.bed import H2_IP
     srv = tb.conn_server(BLOCK)
+    cli = None
     try:
-        tb.open_conns(BLOCK, 1)
+        cli, _ = tb.open_conns(BLOCK, 1)
         tb.wait_for(lambda: any(int(f["cookie"], 16) >> 48 & 0xFF == 3 for f in tb.conn_flows(BLOCK)), 10,
                     f"the block of {H2_IP}:{BLOCK}")
     finally:
         srv.kill()
+        if cli is not None:  # else it retransmits into the firewall (INVALID) until the testbed ends
+            cli.kill()
+            cli.wait()
 
 
 def _unshunt(tb):
@@ -83,6 +87,17 @@ PATHS = {"unshunt": (_unshunt, {}), "flush": (_flush, {}), "shutdown": (_shutdow
          "eviction": (_evict, {"max_shunts": 1, "max_block_share": 0.5})}
 
 
+def _operator_pins_ended(tb):
+    """The unshunt case's pins ended with its connections (TIME_WAIT), and the controller wrote
+    its pins' file again: a restart holds none of them. When they came back at a restart, a pin
+    held iperf3's next connection on a reused client port on the firewall (CI-19, CI-20 of
+    session 45; CI-9 of session 46: the eviction then took the data connection mid-transfer)."""
+    from nfshunt.app import pin_file
+    path = pin_file.path_in(tb.firewalls[0].workdir)
+    tb.wait_for(lambda: not pin_file.load(path, time.time()), 3,
+                "the unshunt case's pins to end with its connections and leave the pins' file")
+
+
 def _entries_deleted(tb):
     """The shunted pairs' conntrack entries are gone (deleted once a shunt is confirmed): the
     state a take-down must recover from. (With max_shunts 1 the pair is iperf3's idle control
@@ -96,6 +111,7 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
     from nfshunt_testbed.bed import STEADY_RATE
     take_down, config = PATHS[path]
     if config:
+        _operator_pins_ended(fresh)
         fresh.reconfigure(**BASE, **config)
     # 3 s: the take-down is over within 0.5 s (printed below), leaving over 2 s in which a stall
     # over 1 s (or a dead connection) shows.
@@ -107,6 +123,7 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
         dropped = _invalid_dropped(fresh)
         slow = fresh.slow_path_packets()
         pair = {f["cookie"] for f in shunt_flows(fresh, SHUNT)}
+        ports = {f.get(k) for f in shunt_flows(fresh, SHUNT) for k in ("tp_src", "tp_dst", "tcp_src", "tcp_dst")}
         take_down(fresh)
         fresh.wait_for(lambda: not pair & {f["cookie"] for f in shunt_flows(fresh, SHUNT)}, 5, "the take-down")
         taken_down = time.monotonic() - started
@@ -118,6 +135,9 @@ def test_a_taken_down_shunt_carries_on_through_a_strict_firewall(fresh, path):
     stall = longest_stall(result)
     print(f"\n{path}: taken down {taken_down:.1f} s into the transfer; longest stall {stall:.1f} s, "
           f"{_invalid_dropped(fresh) - dropped} packets dropped as INVALID")
+    if path == "eviction":
+        data = str(result["start"]["connected"][0]["local_port"])
+        assert data not in ports, f"the eviction took the data connection ({data}), not iperf3's control connection"
     assert stall < 1.0
     if path == "shutdown":
         fresh.restart_controller()
@@ -133,17 +153,12 @@ def _swapped_policy(tmp_path):
 
 
 def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it_left(fresh, tmp_path):
-    from nfshunt.app.pin_file import FILE
     from nfshunt_testbed.bed import POLICY, PYTHON, STEADY_RATE
-    # The unshunt case's pins outlive it, as an operator's do. Here iperf3 reused their client
-    # ports, the kernel gave the new entry the old one's conntrack id, and the pin held the new
-    # connection on the firewall (CI-19, CI-20): this case starts without them.
+    _operator_pins_ended(fresh)
     fresh.stop_controller()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(fresh.firewalls[0].workdir, FILE))
     fresh.reconfigure(**BASE, delete_flows_on_shutdown=False, delete_flows_on_startup=False)
     # A restart with the policy unchanged adopts the pair (hitless): the control case.
-    srv, cli = start_iperf(fresh, SHUNT, 9, bitrate=STEADY_RATE)
+    srv, cli = fresh.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)  # stopped after the last look
     try:
         # Both of iperf3's connections (control and data): in a loaded suite run the data
         # connection was shunted only after the restart, and its new pair read as a bounce.
@@ -172,7 +187,7 @@ def test_a_policy_applied_while_the_controller_is_stopped_holds_for_the_pairs_it
         time.sleep(1.0)  # a negative: the new policy must not shunt it again
         assert not shunt_flows(fresh, SHUNT)
     finally:
-        result = finish_iperf(srv, cli)
+        result = fresh.stop_transfer(srv, cli)
         fresh.run(fresh.fw, PYTHON, "-m", "nfshunt", "iptables", "apply", "--config", fresh.config_path,
                   "--policy", POLICY, "--no-reevaluate", check=False)
     assert "error" not in result, result.get("error")

@@ -11,6 +11,7 @@ firewall in 200 by a policy by sub-interface; the master dies:
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -49,8 +50,10 @@ def test_a_vlan_100_shunt_survives_the_masters_failure_and_vlan_200_of_the_same_
         tb.nfshunt("iptables", "apply", "--config", each.config_path, "--policy", str(policy), fw=each)
     tb.strict_firewalls()
     h1, h2, h3, h4 = (tb.host(n) for n in ("h1", "h2", "h3", "h4"))
-    transfers = [tb.start_transfer(SHUNT, 10, cport=CPORT, src=h1, server=h2, bitrate=STEADY_RATE),
-                 tb.start_transfer(SHUNT, 10, cport=CPORT, src=h3, server=h4, bitrate=STEADY_RATE)]
+    # Both run until stopped, 4 s after the failure (VLAN 200's bound is 3 s): a fixed 10 s ran on
+    # idle after a quick failover.
+    transfers = [tb.start_transfer(SHUNT, 60, cport=CPORT, src=h1, server=h2, bitrate=STEADY_RATE),
+                 tb.start_transfer(SHUNT, 60, cport=CPORT, src=h3, server=h4, bitrate=STEADY_RATE)]
     try:
         tb.wait_for(lambda: len(pair(tb, 100, CPORT)) >= 2, 10, "VLAN 100's shunt")
         cookies = {f["cookie"] for f in pair(tb, 100, CPORT)}
@@ -59,12 +62,14 @@ def test_a_vlan_100_shunt_survives_the_masters_failure_and_vlan_200_of_the_same_
                              and "zone=200" in line], 5, "conntrackd to carry VLAN 200's entry to the backup")
         assert not pair(tb, 200, CPORT)
         on_fw2 = _rx_200(tb, fw2)
+        failed_at = time.monotonic()
         tb.fail_firewall(fw)
         tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, f"{fw2.name} to take the switch over")
         # adopted, not re-installed: the same flows carry VLAN 100's connection on
         assert {f["cookie"] for f in pair(tb, 100, CPORT)} == cookies
         assert not pair(tb, 200, CPORT)  # the new master keeps VLAN 200's connection apart, on the firewall
-        results = [tb.finish_transfer(*t) for t in transfers]
+        tb.watch_until(failed_at + 4.0)
+        results = [tb.stop_transfer(*t) for t in transfers]
     finally:
         for t in transfers:
             for proc in t:

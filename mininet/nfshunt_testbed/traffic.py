@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from typing import Any, Callable
@@ -34,11 +35,14 @@ class Traffic(Topology):
                     return True
         return False
 
-    def iperf_server(self, port: int, interval: float | None = None, node: Host | None = None) -> subprocess.Popen:
-        """A one-off iperf3 server on h2 (or `node`; JSON output), returned once it listens."""
+    def iperf_server(self, port: int, interval: float | None = None, node: Host | None = None,
+                     report: bool = False) -> subprocess.Popen:
+        """A one-off iperf3 server on h2 (or `node`; JSON output, on its stdout with `report`),
+        returned once it listens."""
         extra = ["-i", str(interval)] if interval else []
         node = node or self.h2
-        srv = self.spawn(node, "iperf3", "-s", "-1", "-J", "-p", str(port), *extra)
+        srv = self.spawn(node, "iperf3", "-s", "-1", "-J", "-p", str(port), *extra,
+                         stdout=subprocess.PIPE if report else subprocess.DEVNULL)
         try:
             self.wait_for(lambda: srv.poll() is not None or self.listening(node, port), 10,
                           f"iperf3 server on port {port}", interval=0.02)
@@ -120,8 +124,9 @@ class Traffic(Topology):
                        bitrate: str | None = None, src: Host | None = None, server: Host | None = None,
                        dst: str | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
         """An iperf3 transfer h1 -> h2 (or src -> server, at address dst; h2's by default) in the background
-        (server, client); the receiver's intervals come back with the result (finish_transfer)."""
-        srv = self.iperf_server(port, interval, node=server)
+        (server, client); the receiver's intervals come back with the result (finish_transfer,
+        or stop_transfer before its `seconds` are up)."""
+        srv = self.iperf_server(port, interval, node=server, report=True)
         args = ["iperf3", "-c", dst or self.h2_ip, "-p", str(port), "-t", str(seconds), "-J", "-i", str(interval),
                 "--get-server-output", "--connect-timeout", "5000"]
         if cport:
@@ -146,6 +151,39 @@ class Traffic(Topology):
             return json.loads(out) if out.strip() else {"error": "no output"}
         except json.JSONDecodeError:
             return {"error": "unreadable iperf3 output"}
+
+    @staticmethod
+    def stop_transfer(srv: subprocess.Popen, cli: subprocess.Popen, timeout: float = 20) -> dict[str, Any]:
+        """End a start_transfer() now, as Ctrl-C ends iperf3; the receiver's report in
+        finish_transfer's shape (its intervals under server_output_json), or {"error": ...}.
+        For a transfer started longer than any wait of its test, stopped once the test has
+        watched what it needs (watch_until): a fixed length ran on for seconds after a
+        quick run's events, and could end before a slow run's."""
+        if cli.poll() is None:
+            cli.send_signal(signal.SIGINT)
+        try:
+            out, _ = srv.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:  # the receiver never heard the end: its control connection is dead
+            srv.kill()
+            srv.communicate()
+            return {"error": "stalled"}
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+            cli.communicate()
+        try:
+            report = json.loads(out) if out and out.strip() else {"error": "no output"}
+        except json.JSONDecodeError:
+            return {"error": "unreadable iperf3 output"}
+        if report.get("error") not in (None, "the client has terminated"):
+            return {"error": report["error"]}
+        return {"server_output_json": report, "end": report.get("end", {})}
+
+    @staticmethod
+    def watch_until(deadline: float) -> None:
+        """A stoppable transfer runs on until `deadline` (time.monotonic()): the window after a
+        test's last event in which a stall, or a connection that died, shows in its intervals."""
+        time.sleep(max(0.0, deadline - time.monotonic()))
 
     # --- reading results --------------------------------------------------------------------
 

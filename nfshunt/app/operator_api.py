@@ -33,8 +33,9 @@ from nfshunt.switch.switch import Switch
 
 from . import pin_file, top
 from .control import parse_tuple
-from .explain import Explain, Gathered, finish, gather, parse_target
+from .explain import Explain, Gathered, finish, gather
 from .reloading import Reloader
+from .target import parse_target
 
 LOG = logging.getLogger("nfshunt")
 
@@ -291,6 +292,15 @@ class OperatorAPI:
         LOG.warning("operator %s of %s", cmd, orig)
         self.save_pins(now)
         ev.answer({"ok": True, "tuple": str(orig), "flows_removed": removed > 0})
+
+    def save_ended_pins(self, now: float) -> None:
+        """The pins written again once one ended with its connection (each tick, and at
+        stop): a restart would otherwise hold an ended unshunt's tuple for the rest of its
+        hour, and with it the next connection on the tuple."""
+        if any(sw.core.pins.ended for sw in self.switches):
+            for sw in self.switches:
+                sw.core.pins.ended = False
+            self.save_pins(now)
 
     def save_pins(self, now: float) -> None:
         """The operator's pins written for the next start (pin_file.py): the first switch's,

@@ -170,6 +170,7 @@ class Parts:
         try:
             for sw in self.switches:
                 self.housekeeping.tick(sw, now)
+            self.operator.save_ended_pins(now)
             if self.ids is not None:
                 self.ids.tick()
             if self.trimmer.tick(self._events_read, busy):
@@ -184,6 +185,7 @@ class Parts:
             self.housekeeping.watch(sw, now)
 
     def shutdown(self, now: float, done: threading.Event) -> None:
+        self.operator.save_ended_pins(now)
         self.housekeeping.shutdown(self.switches, now, done,
                                    lambda sw, done: self.worker.after(lambda: self.post(EventRun(sw, (), done))))
 

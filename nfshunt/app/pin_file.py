@@ -4,10 +4,11 @@
 A restarted controller that forgot them would let the blocked connection's next entry be
 judged by the policy alone, which may shunt it: an operator's block silently become a
 hole. So the operator's pins are written here, atomically (0600), each time the operator
-pins a tuple and at stop, with their ends on the wall clock, and held again at start for
-what is left of them (never more than the pin's own lifetime). An unshunt pin that ended
-with its connection before the last write comes back for what is left of its hour: it
-keeps a tuple on the slow path, which is safe. A bad file is reported and moved aside.
+pins a tuple, at the tick after an unshunt ended with its connection, and at stop, with
+their ends on the wall clock, and held again at start for what is left of them (never more
+than the pin's own lifetime). An unshunt pin whose connection ended while the controller
+was stopped comes back for what is left of its hour: it keeps a tuple on the slow path,
+which is safe. A bad file is reported and moved aside.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec, routed
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import OFP13, TCP, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
+from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
 
 from . import routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
@@ -121,6 +121,8 @@ class Admission:
         closing = sh.closing.closing(ev)  # learnt from every event, whichever way it goes
         if closing:
             sh.waiting.pop(ev.orig, None)  # what waited for room has ended: nothing to shunt later
+            if ev.tcp_state in TCP_ENDED and sh.pins:
+                sh.pins.closed(ev)  # an operator's unshunt ends with its connection
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
             if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)

@@ -62,12 +62,13 @@ class Pins(dict[FlowTuple, Pin]):
     operator's, the only ones that expire, are in a heap by expiry as well: the tick
     looks at those due, not at every pin (an IDS holds one for each connection rule: at
     60,000 rules the scan of 120,000 tuples held the event loop 4 ms a tick)."""
-    __slots__ = ("_expiring", "_order")
+    __slots__ = ("_expiring", "_order", "ended")
 
     def __init__(self) -> None:
         super().__init__()
         self._expiring: list[tuple[float, int, FlowTuple]] = []  # (expires, order, tuple): one a hold
         self._order = itertools.count()  # ties in expiry never compare tuples
+        self.ended = False  # an operator's pin ended since the app last wrote them (pin_file.py)
 
     def hold(self, orig: FlowTuple, action: Action, now: float, ttl: float = PIN_TTL) -> None:
         pin = self[orig] = self[orig.reversed()] = Pin(action, now + ttl)
@@ -97,8 +98,21 @@ class Pins(dict[FlowTuple, Pin]):
         """An entry left the firewall: an unshunt pin that held it back ends with it."""
         pin = self.get(ev.orig)
         if pin is not None and pin.action is Action.IGNORE and pin.ct_id == ev.ct_id:
-            self.pop(ev.orig, None)
-            self.pop(ev.reply, None)
+            self._end(ev.orig)
+
+    def closed(self, ev: ConnEvent) -> None:
+        """The tuple's TCP connection is over (its entry reached TIME_WAIT or CLOSE): the
+        operator's unshunt pin of it ends, whichever entry it last applied to (one re-created
+        at a take-down, or none yet after a restart). Left to the entry's DESTROY, 120 s
+        later, it held a new connection that reused the client port, judged no more."""
+        pin = self.get(ev.orig)
+        if pin is not None and pin.action is Action.IGNORE and pin.source is None:
+            self._end(ev.orig)
+
+    def _end(self, orig: FlowTuple) -> None:
+        self.pop(orig, None)
+        self.pop(orig.reversed(), None)
+        self.ended = True
 
     def expire(self, now: float) -> None:
         """The operator's pins due go. A heap entry outlived by its pin (held again since,

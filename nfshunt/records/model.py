@@ -30,6 +30,7 @@ def openflow_label(version: int) -> str:
 TCP_STATES = ("NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT",
               "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2")
 TCP_CLOSING = frozenset({4, 5, 6, 7, 8})
+TCP_ENDED = frozenset({7, 8})  # TIME_WAIT, CLOSE: the connection is over (a SYN starts a new entry)
 
 
 def canonical_address(text: str) -> str:
