@@ -18,8 +18,9 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from nfshunt.config.settings import Config
 from nfshunt.core import admission as adm
@@ -28,7 +29,7 @@ from nfshunt.core.connection import Conn, State
 from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel import table
 from nfshunt.records import cookies, markcodec
-from nfshunt.records.model import OFP10, TCP_STATES, ConnEvent, EntryCounts, FlowTuple, SwitchFlow
+from nfshunt.records.model import OFP10, TCP_STATES, ConnEvent, EntryCounts, FlowTuple, NextHop, SwitchFlow
 from nfshunt.switch.switch import Switch
 
 from .target import Target
@@ -108,7 +109,27 @@ def pair_json(conn: Conn, now: float) -> dict[str, Any]:
             "ports": [conn.ingress.physdevin, conn.egress.physdevin],
             "switch_ports": [conn.ingress.fast, conn.egress.fast],
             "age": round(now - (conn.confirmed_time or conn.event_time), 3), "entry_deleted": conn.entry_deleted,
-            "idle_timeout": conn.idle_timeout, "remove_reason": conn.remove_reason, "adopted": conn.adopted}
+            "idle_timeout": conn.idle_timeout, "remove_reason": conn.remove_reason, "adopted": conn.adopted,
+            **({"next_hops": hops_json(conn.hops)} if conn.hops is not None else {})}
+
+
+def hop_json(hop: NextHop) -> dict[str, str]:
+    """Where a routed pair's direction goes: out of `interface`, to `neighbour` (the gateway, or
+    the destination on a connected route; "" unknown) at `mac`."""
+    return {"interface": hop.ifname, "neighbour": hop.neighbour, "mac": hop.eth_dst}
+
+
+def hops_json(hops: tuple[NextHop, NextHop]) -> list[dict[str, str]]:
+    """A routed pair's next hops: the original direction's, then the reply's."""
+    return [hop_json(h) for h in hops]
+
+
+def by_next_hop(conns: Iterable[Conn]) -> list[dict[str, Any]]:
+    """The routed pairs by next hop, most first: a pair counts once under each of its two
+    directions' next hops (a neighbour going away hands back every pair it is on)."""
+    counted = Counter(h for conn in conns if conn.hops is not None for h in set(conn.hops))
+    return [{**hop_json(h), "pairs": n} for h, n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0].ifname,
+                                                                                           kv[0].neighbour))]
 
 
 def flow_json(f: SwitchFlow) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from nfshunt.switch.switch import Switch
 
 from . import pin_file, top
 from .control import parse_tuple
-from .explain import Explain, Gathered, finish, gather
+from .explain import Explain, Gathered, by_next_hop, finish, gather, hops_json
 from .reloading import Reloader
 from .target import parse_target
 
@@ -413,7 +413,8 @@ class OperatorAPI:
                     "datapath_id": sw.name, "switch_ports": [conn.ingress.fast, conn.egress.fast],
                     "age": round(now - (conn.confirmed_time or conn.event_time), 3),
                     "packets": [d.packets if d else None for d in dirs],
-                    "bytes": [d.bytes if d else None for d in dirs]})
+                    "bytes": [d.bytes if d else None for d in dirs],
+                    **({"next_hops": hops_json(conn.hops)} if conn.hops is not None else {})})
             core, session = sw.core, sw.session
             dp, send = (session.dp, session.send) if session is not None else (None, None)
             switches.append({
@@ -430,6 +431,8 @@ class OperatorAPI:
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
                 "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
                 "static": sw.core.static.summary(),
+                # A routing firewall's pairs by next hop (the pairs a neighbour's loss would hand back)
+                **({"next_hops": by_next_hop(core.by_key.values())} if sw.switch.forwarding == "routed" else {}),
                 # A trunk's frames of tags no group carries, dropped, by in_port (untagged configs: none)
                 **({"vlan_dropped_packets": {str(p): n for p, n in sorted(sw.vlan_dropped.items())}}
                    if any(g.trunk for g in sw.switch.ports) else {})})
