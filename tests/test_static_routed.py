@@ -165,7 +165,20 @@ def test_a_given_next_hop_behind_a_gateway_is_not_on_the_subnet_and_is_refused()
     answers = {**GOOD, far: NextHop("fw-eth1", FW1, H2_MAC, "10.0.0.254")}
     rig = _rig(answers, entries=({**STREAM, "via": far},))
     assert False not in _static(rig) and rig.packet(1, FWD).outputs == (SLOW,)
-    assert rig.counters.flat().get(f"static_flows:removed:{R_VIA_OFF_LINK}") == 1
+    assert rig.counters.flat().get(f"static_flows:withheld:{R_VIA_OFF_LINK}") == 1  # (never installed)
+
+
+def test_a_next_hop_not_given_at_the_start_is_withheld_not_removed_and_a_later_loss_is_a_removal():
+    """The delete at the start only clears what an earlier run may have left on the switch: the
+    log, the counters and the audit say the flow was withheld, not that one was removed."""
+    rig = _rig({**GOOD, H2: R_NEXT_HOP_FAILED})
+    flat = rig.counters.flat()
+    assert flat.get(f"static_flows:withheld:{R_NEXT_HOP_FAILED}") == 1 and not any(
+        k.startswith("static_flows:removed") for k in flat)
+    rig.run(rig.core.tables_changed(dict(GOOD), rig.now))  # given: installed
+    assert _static(rig)[False] == FlowRewrite(FW1, H2_MAC)
+    rig.run(rig.core.tables_changed({H2: R_NEXT_HOP_FAILED}, rig.now + 1))  # lost: removed
+    assert rig.counters.flat().get(f"static_flows:removed:{R_NEXT_HOP_FAILED}") == 1
 
 
 def test_a_given_next_hop_on_the_subnet_is_the_destination_mac():

@@ -292,10 +292,13 @@ class InstallStatic:
 
 @dataclass(slots=True)
 class RemoveStatic:
-    """Static flows by cookie: deleted, audited (`what`: each one's description)."""
+    """Static flows by cookie: deleted, audited (`what`: each one's description). `event`:
+    "static_withheld" for routed flows never installed this run (their next hop not given at
+    the start: the delete only clears what an earlier run may have left)."""
     cookies: tuple[int, ...]
     what: tuple[str, ...]
     reason: str
+    event: str = "static_removed"
 
 
 @dataclass(slots=True)

@@ -93,7 +93,7 @@ class StaticTable:
         went (failed, moved to another interface, no route, held down) is withdrawn, counted
         and logged by its reason: its stream crosses the firewall, which routes it."""
         put: dict[str, list[StaticFlow]] = {}
-        gone: dict[str, list[StaticFlow]] = {}
+        gone: dict[tuple[str, bool], list[StaticFlow]] = {}  # (why, it was installed this run)
         for cookie, was in list(self.hops.items()):
             f = self.flows[cookie]
             answer = answers.get(f.via) if f.via is not None else None
@@ -105,10 +105,11 @@ class StaticTable:
                 why = "next hop's MAC changed" if isinstance(was, NextHop) else "next hop resolved"
                 put.setdefault(why, []).append(dataclasses.replace(f, hop=now))
             elif isinstance(now, str) and not isinstance(was, str):
-                gone.setdefault(now, []).append(f)
+                gone.setdefault((now, was is not None), []).append(f)
         out: list[Command] = [InstallStatic(tuple(flows), why) for why, flows in put.items()]
-        out.extend(RemoveStatic(tuple(f.cookie for f in flows), tuple(f.describe() for f in flows), why)
-                   for why, flows in gone.items())
+        out.extend(RemoveStatic(tuple(f.cookie for f in flows), tuple(f.describe() for f in flows), why,
+                                "static_removed" if installed else "static_withheld")
+                   for (why, installed), flows in gone.items())
         return out
 
     def _verdict(self, f: StaticFlow, answer: Answer, held_down: Callable[[NextHop, str], bool]) -> NextHop | str:

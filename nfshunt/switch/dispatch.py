@@ -247,7 +247,7 @@ class Dispatcher:
             s.send.queue(msgs)
         else:
             s.send.queue_watched(msgs, [functools.partial(_static_delete, what) for what in cmd.what], self.watch)
-        self.outcomes.static("static_removed", sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
+        self.outcomes.static(cmd.event, sw.name, list(zip(cmd.cookies, cmd.what, strict=True)), cmd.reason)
 
     def install_address_blocks(self, sw: Switch, s: Session, cmd: c.InstallAddressBlocks) -> None:
         if s.fb.version == OFP10:  # no prefix or IPv6 matches (the backend refuses new ones; kept ones wait)
