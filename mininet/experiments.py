@@ -210,9 +210,9 @@ def read_pcap(path: str) -> list[tuple[float, int, int, int]]:
 class Capture:
     """tcpdump on an interface of the root namespace (Open vSwitch's side of a link)."""
 
-    def __init__(self, intf: str, bpf: str, path: str):
+    def __init__(self, intf: str, bpf: str, path: str, snaplen: int = 80):
         self.path = path
-        self.proc = subprocess.Popen(["tcpdump", "-i", intf, "-n", "-s", "80", "-U", "-w", path,
+        self.proc = subprocess.Popen(["tcpdump", "-i", intf, "-n", "-s", str(snaplen), "-U", "-w", path,
                                       "--time-stamp-precision=nano", bpf],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = self.proc.stderr.readline() if self.proc.stderr else ""

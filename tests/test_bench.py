@@ -46,6 +46,12 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert all(int(r["shunted"]) > 0 for r in data)
     if name == "latency":
         assert all(float(r["event_ms"]) <= float(r["confirmed_ms"]) <= float(r["ct_deleted_ms"]) for r in data)
+        # The control connection's capture cuts the controller's share where the switch's begins and ends.
+        cut = [r for r in data if r.get("flowmods_out_ms")]
+        assert all(float(r["event_ms"]) <= float(r["flowmods_out_ms"]) <= float(r["barrier_back_ms"])
+                   <= float(r["confirmed_ms"]) for r in cut)
+        assert "| flow-mods on the wire -> barrier reply on the wire (the switch) |" in machine_report(
+            quick / name / f"{csvname}.md")
     if name == "scale":
         assert all(int(r["active_shunts"]) == 1000 for r in data)
         assert all(0 <= float(r["switch_back_s"]) <= float(r["reconcile_s"]) for r in data)
