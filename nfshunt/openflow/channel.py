@@ -168,8 +168,9 @@ class ChannelDatapath(osken_controller.Datapath):
                 return False
             if written == len(buf):
                 return True
-            if not self._send_q_sem.acquire(blocking=False):  # (nothing is queued: cannot be full)
-                raise RuntimeError("the switch's send queue is full with nothing queued")
+            # Room in the queue: nothing of ours is in it. (Were it full, waiting here is safe:
+            # the send thread makes room before it needs the lock we hold.)
+            self._send_q_sem.acquire()
             self._unsent += 1
             q.put((buf[written:], False))
             return True
