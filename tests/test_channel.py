@@ -129,8 +129,6 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
     import threading
     import time
 
-    from os_ken.controller.handler import DEAD_DISPATCHER
-
     from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # little in flight: the
@@ -154,11 +152,7 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
     payload = bytes(range(256)) * (size // 256)
     dp.send(payload)
     reader.join(timeout=10)
-    dp.state = DEAD_DISPATCHER
-    dp._wake_sender()
-    sender.join(timeout=2)
-    peer.close()
-    ours.close()
+    _end(dp, sender, ours, peer)
     assert bytes(received) == payload
 
 
@@ -418,8 +412,6 @@ def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is
     import threading
     import time
 
-    from os_ken.controller.handler import DEAD_DISPATCHER
-
     from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
@@ -456,17 +448,23 @@ def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is
         assert bytes(received[:len(payload)]) == payload
     finally:
         dp.max_unreplied_echo_requests = -1
-        dp.state = DEAD_DISPATCHER
-        dp._wake_sender()
-        sender.join(timeout=2)
-        peer.close()
-        ours.close()
+        _end(dp, sender, ours, peer)
 
 
 def test_one_allowed_miss_ends_a_silent_connection_rather_than_turning_the_echoes_off():
     """`echo_misses: 1` is os-ken's maximum_unreplied_echo_requests 0, which os-ken reads as
     no echoes at all: a switch that vanished was never noticed."""
     assert _echo_loop_ends(misses=1)
+
+
+def _end(dp, sender, ours, peer):
+    """The connection ended as os-ken ends it: the send thread woken to leave, both ends closed."""
+    from os_ken.controller.handler import DEAD_DISPATCHER
+    dp.state = DEAD_DISPATCHER
+    dp._wake_sender()
+    sender.join(timeout=2)
+    peer.close()
+    ours.close()
 
 
 def _read_all(sock, size, within=10.0):
@@ -519,8 +517,6 @@ def test_what_the_socket_does_not_take_at_once_is_queued_and_everything_after_it
     import socket
     import threading
 
-    from os_ken.controller.handler import DEAD_DISPATCHER
-
     from nfshunt.openflow.channel import ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
@@ -536,19 +532,13 @@ def test_what_the_socket_does_not_take_at_once_is_queued_and_everything_after_it
     assert _read_all(peer, len(first) + 6) == first + b"second"
     assert dp.send(b"third")  # all written: the caller writes again
     assert _read_all(peer, 5) == b"third"
-    dp.state = DEAD_DISPATCHER
-    dp._wake_sender()
-    sender.join(timeout=2)
-    peer.close()
-    ours.close()
+    _end(dp, sender, ours, peer)
 
 
 def test_senders_on_several_threads_each_reach_the_switch_in_their_order_with_nothing_lost():
     import socket
     import struct
     import threading
-
-    from os_ken.controller.handler import DEAD_DISPATCHER
 
     from nfshunt.openflow.channel import ChannelDatapath
     ours, peer = _tcp_pair()
@@ -568,11 +558,7 @@ def test_senders_on_several_threads_each_reach_the_switch_in_their_order_with_no
     got = _read_all(peer, expected, within=30)
     for w in workers:
         w.join(timeout=5)
-    dp.state = DEAD_DISPATCHER
-    dp._wake_sender()
-    sender.join(timeout=2)
-    peer.close()
-    ours.close()
+    _end(dp, sender, ours, peer)
     assert len(got) == expected
     seen = {n: [] for n in range(threads)}
     for at in range(0, expected, size):  # each buffer whole (never interleaved with another), each thread's in order
