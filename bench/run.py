@@ -52,7 +52,7 @@ sys.path.insert(0, REPO)
 import profiles  # noqa: E402
 import switchlimit  # noqa: E402
 from ctfeed import address  # noqa: E402
-from experiments import Capture, Results, last_of_first_burst  # noqa: E402
+from experiments import Capture, Results, last_of_first_burst, tcp_segments  # noqa: E402
 
 from nfshunt.config import settings as nfconfig  # noqa: E402
 from nfshunt_testbed.bed import H2_IP, OF_PORT, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
@@ -187,29 +187,17 @@ def read_openflow(path: str) -> list[tuple[float, bool, tuple[int, ...]]]:
     headers the segment starts with, as far as its captured bytes go: a batch of flow-mods
     and its barrier go out in one write, a barrier reply comes in a segment of its own."""
     out = []
-    with open(path, "rb") as fh:
-        head = fh.read(24)
-        if len(head) < 24:
-            return out
-        endian, scale = {0xA1B2C3D4: ("<", 1e-6), 0xA1B23C4D: ("<", 1e-9),
-                         0xD4C3B2A1: (">", 1e-6), 0x4D3CB2A1: (">", 1e-9)}[struct.unpack("<I", head[:4])[0]]
-        while len(rec := fh.read(16)) == 16:
-            sec, frac, incl, _ = struct.unpack(endian + "IIII", rec)
-            data = fh.read(incl)
-            if len(data) < 34 or data[12:14] != b"\x08\x00" or data[23] != 6:
-                continue
-            ip = data[14:]
-            tcp = ip[(ip[0] & 0x0F) * 4:]
-            payload = tcp[(tcp[12] >> 4) * 4:]
-            types = []
-            while len(payload) >= 4 and payload[0] in (1, 4):  # OpenFlow 1.0 or 1.3 header
-                types.append(payload[1])
-                length = struct.unpack("!H", payload[2:4])[0]
-                if length < 8:
-                    break
-                payload = payload[length:]
-            if types:
-                out.append((sec + frac * scale, struct.unpack("!H", tcp[:2])[0] == OF_PORT, tuple(types)))
+    for t, tcp in tcp_segments(path):
+        payload = tcp[(tcp[12] >> 4) * 4:]
+        types = []
+        while len(payload) >= 4 and payload[0] in (1, 4):  # OpenFlow 1.0 or 1.3 header
+            types.append(payload[1])
+            length = struct.unpack("!H", payload[2:4])[0]
+            if length < 8:
+                break
+            payload = payload[length:]
+        if types:
+            out.append((t, struct.unpack("!H", tcp[:2])[0] == OF_PORT, tuple(types)))
     return out
 
 
