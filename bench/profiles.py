@@ -5,7 +5,10 @@ benchmark's load runs, and the samples are summed per stage of a shunt.
 A sample's stage is that of the innermost frame a rule names (CATEGORIES, in order), so a
 log line written from the decision counts as logging, a flow-mod packed by os-ken for the
 flow builder counts as the flow build. py-spy leaves out the samples of an idle thread
-(waiting in epoll, on a lock), so the shares are of the time the controller was working.
+(waiting in epoll, on a lock), so the shares are of the time the controller was working;
+but a thread woken many times a second (the event loop's queue under a burst) is often
+caught in the wait it is leaving, counted apart as "woken from a wait" (10-20 % of a quick
+burst's samples), not as the work of the frame that waited.
 
     python bench/profiles.py SAMPLES.txt   # the table of a raw py-spy record
 """
@@ -35,8 +38,10 @@ class Rule:
     func: str = ""  # a prefix of the function's name ("" any)
 
 
+WOKEN = "woken from a wait"
 # Innermost first wins; within a file, a function rule before the file's catch-all.
 CATEGORIES: tuple[Rule, ...] = (
+    Rule(WOKEN, "threading.py", "Condition.wait"),
     Rule("logging", "/logging/"),
     Rule("logging", "nfshunt/observe/logs.py"),
     Rule("metrics", "prometheus_client/"),

@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -51,10 +52,10 @@ sys.path.insert(0, REPO)
 import profiles  # noqa: E402
 import switchlimit  # noqa: E402
 from ctfeed import address  # noqa: E402
-from experiments import Capture, Results, last_of_first_burst  # noqa: E402
+from experiments import Capture, Results, last_of_first_burst, tcp_segments  # noqa: E402
 
 from nfshunt.config import settings as nfconfig  # noqa: E402
-from nfshunt_testbed.bed import H2_IP, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
+from nfshunt_testbed.bed import H2_IP, OF_PORT, PYTHON, SHUNT_PORT, Testbed, TestbedError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -176,13 +177,53 @@ def profile_section(paths: list[str]) -> list[str]:
 
 # --- latency -----------------------------------------------------------------------------------
 
+OFPT_FLOW_MOD, OFPT_BARRIER_REPLY = 14, 21
+OF_SNAPLEN = 256  # bytes a frame kept of the control connection: the headers of a write's first messages
+
+
+def read_openflow(path: str) -> list[tuple[float, bool, tuple[int, ...]]]:
+    """(time, from the controller, OpenFlow message types) of each segment of the control
+    connection that carries data, in a pcap of it (port OF_PORT). The types are those whose
+    headers the segment starts with, as far as its captured bytes go: a batch of flow-mods
+    and its barrier go out in one write, a barrier reply comes in a segment of its own."""
+    out = []
+    for t, tcp in tcp_segments(path):
+        payload = tcp[(tcp[12] >> 4) * 4:]
+        types = []
+        while len(payload) >= 4 and payload[0] in (1, 4):  # OpenFlow 1.0 or 1.3 header
+            types.append(payload[1])
+            length = struct.unpack("!H", payload[2:4])[0]
+            if length < 8:
+                break
+            payload = payload[length:]
+        if types:
+            out.append((t, struct.unpack("!H", tcp[:2])[0] == OF_PORT, tuple(types)))
+    return out
+
+
+def switch_round_trip(segments: list[tuple[float, bool, tuple[int, ...]]], start: float,
+                      end: float) -> tuple[float, float] | None:
+    """When the shunt's flow-mods went out on the control connection (the first write with a
+    flow-mod after `start`) and when the barrier reply behind them came back, before `end`."""
+    sent = next((t for t, out, types in segments if out and start <= t <= end and OFPT_FLOW_MOD in types), None)
+    if sent is None:
+        return None
+    back = next((t for t, out, types in segments if not out and sent <= t <= end and OFPT_BARRIER_REPLY in types),
+                None)
+    return None if back is None else (sent, back)
+
+
 def _latency_runs(tb: Testbed, res: Results, runs: int, bitrate: str) -> None:
+    control_if = tb.firewalls[0].mgmt_ifs[0]
     for run in range(runs):
         cport = 40000 + run
         caps: list[Capture] = []
         try:
             for intf in ("s1-eth1", "s1-eth2", "s1-eth4"):
                 caps.append(Capture(intf, f"tcp port {cport}", os.path.join(tb.workdir, f"{intf}-{run}.pcap")))
+            control = Capture(control_if, f"tcp port {OF_PORT}", os.path.join(tb.workdir, f"control-{run}.pcap"),
+                              snaplen=OF_SNAPLEN)
+            caps.append(control)
             tb.iperf(SHUNT_PORT, 1, cport=cport, bitrate=bitrate)
         finally:
             pkts = [cap.stop() for cap in caps]
@@ -196,10 +237,14 @@ def _latency_runs(tb: Testbed, res: Results, runs: int, bitrate: str) -> None:
             print(f"[{run + 1}/{runs}] incomplete run skipped", flush=True)
             continue
         t0, confirmed = syns[0], inst[-1]["ts"]
-        row = {"run": run, "event_ms": (confirmed - inst[-1]["latency_ms"] / 1000 - t0) * 1000,
+        event = confirmed - inst[-1]["latency_ms"] / 1000
+        row = {"run": run, "event_ms": (event - t0) * 1000,
                "confirmed_ms": (confirmed - t0) * 1000, "ct_deleted_ms": (dele[0]["ts"] - t0) * 1000,
                "last_slow_ms": (last_of_first_burst(slow) - t0) * 1000,
                "controller_ms": inst[-1]["latency_ms"]}
+        trip = switch_round_trip(read_openflow(control.path), event, confirmed)
+        if trip is not None:  # the controller's share cut where the switch's begins and ends
+            row.update(flowmods_out_ms=(trip[0] - t0) * 1000, barrier_back_ms=(trip[1] - t0) * 1000)
         res.add(row)
         print(f"[{run + 1}/{runs}] event {row['event_ms']:.2f} confirmed {row['confirmed_ms']:.2f} "
               f"deleted {row['ct_deleted_ms']:.2f} last slow {row['last_slow_ms']:.2f} ms", flush=True)
@@ -224,6 +269,19 @@ def bench_latency(args: argparse.Namespace) -> int:
                        ("last_slow_ms", "last packet on the slow path"),
                        ("controller_ms", "controller: event read -> confirmed")):
         s = summary([r[key] for r in res.rows])
+        body.append(f"| {label} | {s['n']} | {f(s['median'])} | {f(s['p90'])} | {f(s['p99'])} | {f(s['max'])} |")
+    # The controller's share cut by the control connection's capture: its own work before the
+    # switch has the flow-mods, the switch's round trip, its own work after the barrier reply.
+    cut = [r for r in res.rows if "flowmods_out_ms" in r]
+    body += ["", "The controller's share, cut where the control connection carries the flow-mods out and the "
+             f"barrier reply back (tcpdump on the control link's switch side; {len(cut)} of {len(res.rows)} runs "
+             "matched):", "",
+             "| span | n | median | p90 | p99 | max |", "|---|---|---|---|---|---|"]
+    for label, a, b in (("event read -> flow-mods on the wire", "event_ms", "flowmods_out_ms"),
+                        ("flow-mods on the wire -> barrier reply on the wire (the switch)", "flowmods_out_ms",
+                         "barrier_back_ms"),
+                        ("barrier reply on the wire -> confirmed", "barrier_back_ms", "confirmed_ms")):
+        s = summary([r[b] - r[a] for r in cut])
         body.append(f"| {label} | {s['n']} | {f(s['median'])} | {f(s['p90'])} | {f(s['p99'])} | {f(s['max'])} |")
     if sampled:
         body += profile_section([sampled])

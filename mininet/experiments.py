@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -198,39 +198,36 @@ def emulation_params(args: argparse.Namespace) -> dict[str, Any]:
 
 # --- experiment 1: shunt timing ----------------------------------------------------------------
 
-def read_pcap(path: str) -> list[tuple[float, int, int, int]]:
-    """(time, sport, dport, tcp flags) of each IPv4/TCP packet in a classic pcap file."""
-    out = []
+def tcp_segments(path: str) -> Iterator[tuple[float, bytes]]:
+    """(time, TCP header and what follows) of each IPv4/TCP frame in a classic pcap file."""
     with open(path, "rb") as fh:
         head = fh.read(24)
         if len(head) < 24:
-            return out
+            return
         magic = struct.unpack("<I", head[:4])[0]
         endian, scale = {0xA1B2C3D4: ("<", 1e-6), 0xA1B23C4D: ("<", 1e-9),
                          0xD4C3B2A1: (">", 1e-6), 0x4D3CB2A1: (">", 1e-9)}[magic]
-        while True:
-            rec = fh.read(16)
-            if len(rec) < 16:
-                break
+        while len(rec := fh.read(16)) == 16:
             sec, frac, incl, _ = struct.unpack(endian + "IIII", rec)
             data = fh.read(incl)
             if len(data) < 34 or data[12:14] != b"\x08\x00" or data[23] != 6:
                 continue
-            ihl = (data[14] & 0x0F) * 4
-            tcp = data[14 + ihl:]
-            if len(tcp) < 14:
-                continue
-            sport, dport = struct.unpack("!HH", tcp[:4])
-            out.append((sec + frac * scale, sport, dport, tcp[13]))
-    return out
+            tcp = data[14 + (data[14] & 0x0F) * 4:]
+            if len(tcp) >= 14:
+                yield sec + frac * scale, tcp
+
+
+def read_pcap(path: str) -> list[tuple[float, int, int, int]]:
+    """(time, sport, dport, tcp flags) of each IPv4/TCP packet in a classic pcap file."""
+    return [(t, *struct.unpack("!HH", tcp[:4]), tcp[13]) for t, tcp in tcp_segments(path)]
 
 
 class Capture:
     """tcpdump on an interface of the root namespace (Open vSwitch's side of a link)."""
 
-    def __init__(self, intf: str, bpf: str, path: str):
+    def __init__(self, intf: str, bpf: str, path: str, snaplen: int = 80):
         self.path = path
-        self.proc = subprocess.Popen(["tcpdump", "-i", intf, "-n", "-s", "80", "-U", "-w", path,
+        self.proc = subprocess.Popen(["tcpdump", "-i", intf, "-n", "-s", str(snaplen), "-U", "-w", path,
                                       "--time-stamp-precision=nano", bpf],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = self.proc.stderr.readline() if self.proc.stderr else ""

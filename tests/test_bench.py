@@ -9,6 +9,9 @@ import pytest
 
 from tests.helpers import csv_rows, machine_report
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import profiles  # noqa: E402
+
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +46,12 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert all(int(r["shunted"]) > 0 for r in data)
     if name == "latency":
         assert all(float(r["event_ms"]) <= float(r["confirmed_ms"]) <= float(r["ct_deleted_ms"]) for r in data)
+        # The control connection's capture cuts the controller's share where the switch's begins and ends.
+        cut = [r for r in data if r.get("flowmods_out_ms")]
+        assert all(float(r["event_ms"]) <= float(r["flowmods_out_ms"]) <= float(r["barrier_back_ms"])
+                   <= float(r["confirmed_ms"]) for r in cut)
+        assert "| flow-mods on the wire -> barrier reply on the wire (the switch) |" in machine_report(
+            quick / name / f"{csvname}.md")
     if name == "scale":
         assert all(int(r["active_shunts"]) == 1000 for r in data)
         assert all(0 <= float(r["switch_back_s"]) <= float(r["reconcile_s"]) for r in data)
@@ -54,8 +63,13 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert "## Where the controller's time went" in report
         samples = re.search(r"^([\d,]+) samples of the controller at work", report, re.M)
         assert samples and int(samples[1].replace(",", "")) > 0, report
-        if name == "burst":  # 2,000 shunts: each stage worked long enough to be seen
-            assert "| decision |" in report and "| netlink parse |" in report
+        # Every sample counted once, under a stage the profile names. Which stages a quick
+        # run catches is chance: 5 quiet bursts of 2,000 gave 83-117 samples, 4-23 of them
+        # the decision's; one beside CI's other testbeds gave 36 and none.
+        stages = dict(re.findall(r"^\| ([a-z][a-z ]*) \| ([\d,]+) \| [\d.]+ % \|$", report, re.M))
+        known = {rule.category for rule in profiles.CATEGORIES} | {profiles.OTHER}
+        assert stages and set(stages) <= known, report
+        assert sum(int(n.replace(",", "")) for n in stages.values()) == int(samples[1].replace(",", "")), report
 
 
 def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):

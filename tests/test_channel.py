@@ -129,8 +129,6 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
     import threading
     import time
 
-    from os_ken.controller.handler import DEAD_DISPATCHER
-
     from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # little in flight: the
@@ -154,11 +152,7 @@ def test_a_large_write_to_a_slow_but_steady_switch_outlasts_the_socket_timeout()
     payload = bytes(range(256)) * (size // 256)
     dp.send(payload)
     reader.join(timeout=10)
-    dp.state = DEAD_DISPATCHER
-    dp._wake_sender()
-    sender.join(timeout=2)
-    peer.close()
-    ours.close()
+    _end(dp, sender, ours, peer)
     assert bytes(received) == payload
 
 
@@ -418,8 +412,6 @@ def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is
     import threading
     import time
 
-    from os_ken.controller.handler import DEAD_DISPATCHER
-
     from nfshunt.openflow.channel import SEND_CHUNK, ChannelDatapath
     ours, peer = _tcp_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
@@ -456,14 +448,122 @@ def test_a_switch_that_reads_nothing_past_the_socket_timeout_while_it_answers_is
         assert bytes(received[:len(payload)]) == payload
     finally:
         dp.max_unreplied_echo_requests = -1
-        dp.state = DEAD_DISPATCHER
-        dp._wake_sender()
-        sender.join(timeout=2)
-        peer.close()
-        ours.close()
+        _end(dp, sender, ours, peer)
 
 
 def test_one_allowed_miss_ends_a_silent_connection_rather_than_turning_the_echoes_off():
     """`echo_misses: 1` is os-ken's maximum_unreplied_echo_requests 0, which os-ken reads as
     no echoes at all: a switch that vanished was never noticed."""
     assert _echo_loop_ends(misses=1)
+
+
+def _end(dp, sender, ours, peer):
+    """The connection ended as os-ken ends it: the send thread woken to leave, both ends closed."""
+    from os_ken.controller.handler import DEAD_DISPATCHER
+    dp.state = DEAD_DISPATCHER
+    dp._wake_sender()
+    sender.join(timeout=2)
+    peer.close()
+    ours.close()
+
+
+def _read_all(sock, size, within=10.0):
+    import time
+    sock.settimeout(0.2)
+    got = bytearray()
+    deadline = time.monotonic() + within
+    while len(got) < size and time.monotonic() < deadline:
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        got.extend(data)
+    return bytes(got)
+
+
+def test_a_send_with_nothing_queued_is_written_by_the_caller_without_the_send_thread():
+    from nfshunt.openflow.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))  # (no send thread runs)
+    assert dp.send(b"flow-mods and their barrier")
+    assert _read_all(peer, 27) == b"flow-mods and their barrier"
+    assert dp.send_q.empty()
+    peer.close()
+    ours.close()
+
+
+def test_over_tls_every_send_goes_to_the_send_thread():
+    """The caller's write goes to the descriptor: over TLS that would be plaintext in the stream."""
+    import ssl
+
+    from nfshunt.openflow.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).wrap_socket(ours, server_side=True, do_handshake_on_connect=False)
+    dp = ChannelDatapath(tls, ("127.0.0.1", 1))
+    assert dp.send(b"flow-mods")
+    assert dp.send_q.qsize() == 1  # for the send thread, which writes through TLS
+    peer.setblocking(False)
+    try:
+        assert peer.recv(64) == b""
+    except BlockingIOError:
+        pass  # nothing came: as it must
+    peer.close()
+    tls.close()
+
+
+def test_what_the_socket_does_not_take_at_once_is_queued_and_everything_after_it_waits_behind_it():
+    import socket
+    import threading
+
+    from nfshunt.openflow.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    first = bytes([1]) * (4 << 20)  # far more than both buffers: the switch reads nothing yet
+    dp.send(first)
+    assert dp.send_q.qsize() == 1  # its rest waits for the send thread
+    dp.send(b"second")  # the socket has room again only once the switch reads: queued, not written
+    assert dp.send_q.qsize() == 2
+    sender = threading.Thread(target=dp._send_loop, daemon=True)
+    sender.start()
+    assert _read_all(peer, len(first) + 6) == first + b"second"
+    assert dp.send(b"third")  # all written: the caller writes again
+    assert _read_all(peer, 5) == b"third"
+    _end(dp, sender, ours, peer)
+
+
+def test_senders_on_several_threads_each_reach_the_switch_in_their_order_with_nothing_lost():
+    import socket
+    import struct
+    import threading
+
+    from nfshunt.openflow.channel import ChannelDatapath
+    ours, peer = _tcp_pair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 1024)  # writes often partial: both paths taken
+    dp = ChannelDatapath(ours, ("127.0.0.1", 1))
+    sender = threading.Thread(target=dp._send_loop, daemon=True)
+    sender.start()
+    threads, per_thread, size = 4, 300, 1000
+    expected = threads * per_thread * size
+
+    def send(n):
+        for i in range(per_thread):
+            dp.send(struct.pack("!HH", n, i) * (size // 4))
+    workers = [threading.Thread(target=send, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    got = _read_all(peer, expected, within=30)
+    for w in workers:
+        w.join(timeout=5)
+    _end(dp, sender, ours, peer)
+    assert len(got) == expected
+    seen = {n: [] for n in range(threads)}
+    for at in range(0, expected, size):  # each buffer whole (never interleaved with another), each thread's in order
+        block = got[at:at + size]
+        assert block == block[:4] * (size // 4)
+        n, i = struct.unpack("!HH", block[:4])
+        seen[n].append(i)
+    assert all(seen[n] == list(range(per_thread)) for n in range(threads))

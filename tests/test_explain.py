@@ -261,13 +261,33 @@ def test_top_draws_the_transfer_in_80x24_and_quits_on_q(tb):
         finish_iperf(srv, cli, timeout=20)
 
 
+def _counters_settled(tb, cport):
+    """Wait until the pair of client port `cport` is gone (its connection's own end) or its
+    flows count the same bytes 0.7 s apart."""
+    def counted():
+        return sorted(int(f["n_bytes"]) for f in tb.conn_flows(SHUNT) if str(cport) in f.values())
+    last: list[list[int] | None] = [None]
+
+    def settled():
+        now = counted()
+        same, last[0] = not now or now == last[0], now
+        return same
+    tb.wait_for(settled, 10, "the pair's counters to settle", interval=0.7)  # (> one revalidator round)
+
+
 def test_a_shunted_transfer_leaves_one_accounting_record_with_both_paths(tb):
     path = tb.nfshunt_config()["accounting_log"]
-    # Unpaced: paced at 100 Mbit/s, the record once counted 7 % fewer bytes than iperf3
-    # received (CI-7 of session 46: 34,991,528 of 37,617,664), not explained yet.
     result = tb.iperf(SHUNT, 3, cport=48601)
     assert "error" not in result
     received = result["end"]["sum_received"]["bytes"]
+    # The record has what the switch counted when the pair went. Taken down at the very end
+    # of the traffic (the flush racing the connection's own RST), it had 5.4 % fewer bytes
+    # than iperf3 received (CI-4 of session 48: 187,251,949 of 197,950,416; CI-7 of session
+    # 46, paced: 7 % short), where 10 of 10 transfers ended by their RST, quiet or loaded,
+    # counted 4.6-4.8 % over it (headers). A reading, not measured: Open vSwitch credits a
+    # rule with its datapath flows' counts late (its revalidator) and a rule deleted at once
+    # misses the last ones. So the flush waits for the pair to end or its counts to settle.
+    _counters_settled(tb, 48601)
     tb.control({"cmd": "flush", "reason": "test: end the pair now"})
 
     def records():

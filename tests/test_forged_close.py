@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -135,27 +134,12 @@ def _attack(tb, forgers, cport, flag, window, side, state) -> Attack:
     return attack
 
 
-def _transfer(tb, cport, interval):
-    """A paced iperf3 transfer h1 -> h2 that runs until stopped (`_stopped`): the receiver's
-    report is read from the server, which writes it when the client is interrupted."""
-    from nfshunt_testbed.bed import H2_IP, STEADY_RATE
-    srv = tb.h2.popen(["iperf3", "-s", "-1", "-J", "-p", str(SHUNT), "-i", str(interval)],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    tb.wait_for(lambda: tb.listening(tb.h2, SHUNT), 10, "the iperf3 server", interval=0.02)
-    cli = tb.spawn(tb.h1, "iperf3", "-c", H2_IP, "-p", str(SHUNT), "-t", "300", "-b", STEADY_RATE,
-                   "--cport", str(cport), "--connect-timeout", "5000")
-    return srv, cli
-
-
-def _stopped(srv, cli):
-    """The receiver's intervals (start, bytes) and when the transfer began (epoch)."""
-    cli.send_signal(signal.SIGINT)
-    try:
-        out, _ = srv.communicate(timeout=20)
-    finally:
-        cli.kill()
-        srv.kill()
-    report = json.loads(out)
+def _stopped(tb, srv, cli):
+    """The receiver's intervals (start, bytes) and when the transfer began (epoch), read from
+    its own report once the transfer is stopped (Testbed.stop_transfer)."""
+    result = tb.stop_transfer(srv, cli)
+    assert "error" not in result, result["error"]
+    report = result["server_output_json"]
     began = report["start"]["timestamp"]["timesecs"]
     return [(iv["sum"]["start"], iv["sum"]["bytes"]) for iv in report["intervals"][:-1]], began
 
@@ -177,7 +161,8 @@ def test_a_forged_rst_or_fin_does_not_end_a_running_transfers_shunt(tb, layout):
     tb.reconfigure(flow_layout=None if layout == "pipeline" else layout)
     cport = 44001 if layout == "pipeline" else 44101
     interval = 0.1
-    srv, cli = _transfer(tb, cport, interval)
+    from nfshunt_testbed.bed import STEADY_RATE
+    srv, cli = tb.start_transfer(SHUNT, 300, interval, cport=cport, bitrate=STEADY_RATE)  # until stopped
     forgers = {}
     attacks: list[Attack] = []
     try:
@@ -193,7 +178,7 @@ def test_a_forged_rst_or_fin_does_not_end_a_running_transfers_shunt(tb, layout):
     finally:
         for proc in forgers.values():
             proc.kill()
-        intervals, started = _stopped(srv, cli)
+        intervals, started = _stopped(tb, srv, cli)
     assert sum(nbytes for _, nbytes in intervals[-10:]) > 0, "the transfer stopped"
     _stalls(intervals, started, attacks, interval)
     counters = tb.control({"cmd": "status", "connections": False})["counters"]
