@@ -172,12 +172,18 @@ def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_config
 @pytest.mark.parametrize("raw,key,words", [
     ({**BASE, "experimental_routed": True, "flow_layout": "single"}, "experimental_routed", "needs \"forwarding\""),
     ({**BASE, "forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.3"],
-      "experimental_routed": True}, "experimental_routed", "set flow_layout to single"),
+      "experimental_routed": True, "flow_layout": "pipeline"}, "flow_layout", "set flow_layout to single or auto"),
 ])
 def test_experimental_routed_refuses_what_it_cannot_build(raw, key, words):
     with pytest.raises(ConfigError) as err:
         from_dict(raw)
     assert err.value.key == key and words in str(err.value)
+
+
+def test_experimental_routed_takes_the_default_flow_layout():
+    cfg = from_dict({**BASE, "forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.3"],
+                     "experimental_routed": True})
+    assert cfg.switches[0].flow_layout == "auto"  # (the switch's session takes single: switch/peers.py)
 
 
 def test_a_routed_shunt_s_flows_decrement_the_ttl_then_rewrite_both_macs_before_the_output():

@@ -14,9 +14,9 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
-TESTBED = Bed(mode="routed", config={"experimental_routed": True, "flow_layout": "single"})
+TESTBED = Bed(mode="routed", config={"experimental_routed": True})  # (flow_layout auto: single in routed mode)
 SHUNT = 5201
 FRAME = re.compile(r"^\S+ (\S+) > (\S+), ethertype IPv4 \(0x0800\), length \d+: \(tos \S+, ttl (\d+),")
 
@@ -36,8 +36,9 @@ def _pair_packets(tb) -> int:
 
 
 def test_a_shunted_transfer_reaches_h2_with_the_router_s_macs_and_a_ttl_one_lower(tb):
+    from nfshunt_testbed.traffic import STEADY_RATE
     router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
-    srv, cli = tb.start_transfer(SHUNT, 4)
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)  # (paced: its frames are counted, not its rate)
     try:
         flows = tb.wait_for(lambda: [f for f in tb.conn_flows(SHUNT) if "dec_ttl" in f["actions"]], 10,
                             "the routed shunt's flows")
@@ -54,8 +55,9 @@ def test_a_shunted_transfer_reaches_h2_with_the_router_s_macs_and_a_ttl_one_lowe
         # The switch's counters trail its datapath: polled (the pair carried what h2 got).
         tb.wait_for(lambda: _pair_packets(tb) >= len(frames), 5, "the pair's counters to count the frames")
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result
+    assert "flow_layout auto: routed shunts, so the single-table layout" in tb.controller_output(since_start=True)
     assert len(frames) >= 100, out[-2000:]
     assert set(frames) == {(router, h2, "63")}, set(frames)
     assert forwarded < len(frames) / 10, f"the firewall routed {forwarded} datagrams while h2 got {len(frames)}"

@@ -264,7 +264,7 @@ PER_SWITCH: dict[str, v.Key] = {
     "flow_layout": v.Key(v.choice(("auto", "single", "pipeline")), "Where a TCP shunt's FIN/RST catchers "
                          "live: `single` (4 a connection beside its 2 flows in table 0), `pipeline` (OpenFlow 1.3: "
                          "shared catchers per port group in table 1), `auto` (pipeline when the switch reports at "
-                         "least 2 tables)."),
+                         "least 2 tables, single with `experimental_routed`)."),
     "confirm": v.Key(v.choice(("barrier", "counters", "delay")), "When a shunt's conntrack entry may go: at the "
                      "barrier reply (`barrier`: Open vSwitch), once its flows' packet counters rose (`counters`: "
                      "hardware; OpenFlow 1.3 only), or `confirm_delay` after the barrier (`delay`); then `drain`."),
@@ -285,7 +285,8 @@ PER_SWITCH: dict[str, v.Key] = {
                                  "30 s). A restart or reconnect adopts the routed pairs it reads back whose "
                                  "next hops the tables still give (a changed MAC rewritten in place, the "
                                  "others handed back), a NAT pair only while its entry has the same tuples. "
-                                 "Experimental (docs/design/routed.md); needs `flow_layout` `single`."),
+                                 "Experimental (docs/design/routed.md); `flow_layout` `auto` is `single` "
+                                 "with it, `pipeline` is refused."),
 }
 
 
@@ -386,9 +387,9 @@ def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> No
     if sw.experimental_routed and not routed:
         raise ConfigError(f"{sw.at}experimental_routed", "shunts through a routing firewall: needs \"forwarding\": "
                           "\"routed\"")
-    if sw.experimental_routed and sw.flow_layout != "single":
-        raise ConfigError(f"{sw.at}experimental_routed", "routed shunts are built in the single flow layout only: "
-                          "set flow_layout to single")
+    if sw.experimental_routed and sw.flow_layout == "pipeline":
+        raise ConfigError(f"{sw.at}flow_layout", "routed shunts are built in the single flow layout only: set "
+                          "flow_layout to single or auto (auto is single in routed mode)")
     if routed and "1.0" in openflow_versions:
         raise ConfigError(f"{sw.at}forwarding", "routed needs OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL "
                           "packet-ins): set openflow_versions to [\"1.3\"]")
