@@ -7,9 +7,10 @@ the machine is about two thirds idle through them. So:
   priority (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
   probe, the dashboard, trust, the IDS's bounds, and modules that count flows and read logs: layouts,
-  operation, several switches) run meanwhile on a second testbed, and those marked
-  `third_bed` (the IDS on the testbed, explain, forged closes, take-downs, closes and port
-  reuse, the controller's end-to-end cases) on a third, each on a machine of its own
+  operation, several switches; a routing firewall's demo, restarts and shunts) run meanwhile on
+  a second testbed, and those marked `third_bed` (the IDS on the testbed, explain, forged
+  closes, take-downs, closes and port reuse, the controller's end-to-end cases; a routing
+  firewall's NAT take-downs and tables) on a third, each on a machine of its own
   (mininet/own_machine.py: namespaces and an Open vSwitch of their own). Their switch ports
   keep the machine's small socket buffer, so the tests that count every frame (the testbed's
   own, jitter, static shunts: one lost 83 of 4,000 there) stay on the first; so does the
@@ -42,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Set in the side run: a testbed built there is a test that lacks its marker (nfshunt_testbed.machine).
 SIDE_ENV = "NFSHUNT_SIDE_RUN"
 BESIDE_NICENESS = 10
+BESIDE = ("second", "third")  # the testbeds beside the first, each run by its marker `<which>_bed`
 STOP_GRACE = 60.0  # seconds an interrupted run gets to tear its testbed down
 
 
@@ -91,9 +93,10 @@ def main(extra: list[str]) -> int:
             proc = subprocess.Popen(argv, stdout=out, stderr=None if shown else subprocess.STDOUT,
                                     env=dict(os.environ, **(env or {})))
             runs.append(Run(title, proc, out, stop))
-        start("the testbed tests", [*pytest, "-m", "testbed and not second_bed and not third_bed"], shown=True)
+        start("the testbed tests", [*pytest, "-m", " and not ".join(["testbed", *(f"{w}_bed" for w in BESIDE)])],
+              shown=True)
         machine = _second_machine()
-        for which in ("second", "third"):
+        for which in BESIDE:
             start(f"the tests on a {which} testbed, on a machine of their own (run alongside)",
                   ["nice", "-n", str(BESIDE_NICENESS), *machine, *pytest, "-m", f"{which}_bed"],
                   stop=signal.SIGTERM if machine else signal.SIGINT)
@@ -125,9 +128,11 @@ def main(extra: list[str]) -> int:
     (total, idle), (total0, idle0) = _machine_times(), machine_at_start
     # Whether the runs side by side wait or compete for the cores (daemons that detach, such
     # as the first testbed's Open vSwitch, are in the idle share only).
-    print("\nCPU (user+sys, s): testbed run {:.0f}; second testbed {:.0f}; third testbed {:.0f}; the rest {:.0f}; "
-          "the machine {:.0f} % idle meanwhile".format(*cpu, 100 * (idle - idle0) / max(1, total - total0)))
-    print("exit status: testbed run {}; second testbed {}; third testbed {}; the rest {}".format(*codes))
+    names = ["testbed run", *(f"{w} testbed" for w in BESIDE), "the rest"]
+    idle_share = 100 * (idle - idle0) / max(1, total - total0)
+    print("\nCPU (user+sys, s): {}; the machine {:.0f} % idle meanwhile".format(
+        "; ".join(f"{n} {c:.0f}" for n, c in zip(names, cpu, strict=True)), idle_share))
+    print("exit status: {}".format("; ".join(f"{n} {c}" for n, c in zip(names, codes, strict=True))))
     return next((code for code in codes if code), 0)
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "mininet", "demo.py")
@@ -23,7 +23,7 @@ def test_make_demo_routed_runs_the_demo_s_routed_table():
 
 
 def test_the_routed_demo_prints_each_path_and_the_router_s_rewrite_at_the_receiver(integration_ready):
-    proc = subprocess.run([sys.executable, DEMO, "--routed", "--seconds", "4"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, DEMO, "--routed", "--seconds", "2"], capture_output=True, text=True,
                           timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]

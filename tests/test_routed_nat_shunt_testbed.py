@@ -21,9 +21,9 @@ import time
 import pytest
 
 from tests.beds import Bed, Strict
-from tests.test_failsafe import finish_iperf, longest_stall, start_iperf
+from tests.test_failsafe import finish_iperf, longest_stall
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 TESTBED = Bed(mode="routed", nat="masquerade", strict=Strict.FULL,
               config={"experimental_routed": True, "flow_layout": "single", "default_shunt_timeout": 30})
@@ -98,9 +98,10 @@ def _translated_port(tb) -> int:
 
 
 def test_a_masqueraded_transfer_is_shunted_with_the_firewall_s_translation_and_the_router_s_rewrite(fw_strict):
+    from nfshunt_testbed.bed import STEADY_RATE
     tb = fw_strict
     router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
-    srv, cli = start_iperf(tb, SHUNT, 4)
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)  # (paced: its frames are counted, not its rate)
     try:
         flows = tb.wait_for(lambda: _at_least(4, _nat_flows(tb)), 10, "both connections' NAT shunts")
         assert all(f"set_field:{FW_OUTSIDE}->ip_src" in f["actions"] for f in flows if f.get("in_port") == "1")
@@ -114,7 +115,7 @@ def test_a_masqueraded_transfer_is_shunted_with_the_firewall_s_translation_and_t
         # TCP's 5 days from the last packet the firewall saw.
         kept = tb.wait_for(lambda: _kept_timeouts(tb, 90), 3, "the kept entries' timeouts to be refreshed")
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result
     assert len(kept) == 2, kept
     assert result["end"]["sum_received"]["bytes"] > 1_000_000
@@ -153,7 +154,7 @@ def test_a_nat_shunt_taken_down_mid_transfer_carries_on_through_the_strict_firew
     reply (F14); without CTA_NAT the kernel accepts it and translates nothing (F13)."""
     from nfshunt_testbed.bed import STEADY_RATE
     tb = fw_strict
-    srv, cli = start_iperf(tb, SHUNT, 4, bitrate=STEADY_RATE)
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE)
     started = time.monotonic()
     try:
         tb.wait_for(lambda: len(_nat_flows(tb)) >= 4, 10, "the transfer's NAT shunts")
@@ -167,8 +168,9 @@ def test_a_nat_shunt_taken_down_mid_transfer_carries_on_through_the_strict_firew
         taken_down = time.monotonic() - started
         tb.wait_for(lambda: tb.slow_path_packets() > slow + 100, 5, "the transfer to cross the firewall")
         entries = tb.run(tb.fw, "conntrack", "-L", "-p", "tcp", "--dport", str(SHUNT), check=False)
+        tb.watch_until(started + taken_down + 2.0)
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result.get("error")
     stall = longest_stall(result)
     print(f"\n{entry}: taken down {taken_down:.1f} s into the transfer; longest stall {stall:.1f} s, "
@@ -189,11 +191,11 @@ def dnat(fw_strict):
 
 
 def test_a_dnat_transfer_with_port_translation_is_shunted_rewriting_the_destination_and_back(dnat):
+    from nfshunt_testbed.bed import STEADY_RATE
     tb = dnat
     router, h1 = _mac(tb, tb.fw, "fw-eth0"), _mac(tb, tb.h1, "h1-eth0")
-    srv = tb.iperf_server(DNAT_TO, 0.2, node=tb.h1)
-    cli = tb.spawn(tb.h2, "iperf3", "-c", FW_OUTSIDE, "-p", str(SHUNT), "-t", "4", "-J", "-i", "0.2",
-                   "--get-server-output", "--connect-timeout", "5000", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE, src=tb.h2, server=tb.h1, dst=FW_OUTSIDE,
+                                 server_port=DNAT_TO)
     try:
         flows = tb.wait_for(lambda: _at_least(4, _nat_flows(tb) + _nat_flows(tb, DNAT_TO)), 10, "the DNAT shunts")
         assert all(f"set_field:{tb.h1_ip}->ip_dst" in f["actions"] and f"set_field:{DNAT_TO}->tcp_dst" in f["actions"]
@@ -203,7 +205,7 @@ def test_a_dnat_transfer_with_port_translation_is_shunted_rewriting_the_destinat
         frames = _frames(tb, tb.h1, "h1-eth0", ["tcp", "and", "dst", "port", str(DNAT_TO)], 300)
         forwarded = _forwarded(tb) - forwarded0
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result
     assert len(frames) >= 100, frames[-5:]
     assert {(*f[:3], *f[5:]) for f in frames} == {(router, h1, "63", tb.h1_ip, str(DNAT_TO), "correct")}
@@ -253,9 +255,10 @@ FW_OUTSIDE6 = "fd02::fe"
 
 
 def test_a_masqueraded_ipv6_transfer_is_shunted_with_the_firewall_s_address_and_hop_limit_one_lower(fw_strict):
+    from nfshunt_testbed.bed import STEADY_RATE
     tb = fw_strict
     router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
-    srv, cli = tb.start_transfer(SHUNT, 4, dst=tb.h2_ip6)
+    srv, cli = tb.start_transfer(SHUNT, 60, dst=tb.h2_ip6, bitrate=STEADY_RATE)
     try:
         flows = tb.wait_for(lambda: [f for f in tb.conn_flows(SHUNT) if f"set_field:{FW_OUTSIDE6}->ipv6_src"
                                      in f["actions"]], 10, "the IPv6 NAT shunts")
@@ -268,7 +271,7 @@ def test_a_masqueraded_ipv6_transfer_is_shunted_with_the_firewall_s_address_and_
         out, _ = cap.communicate(timeout=10)
         forwarded = _forwarded6(tb) - forwarded0
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result
     frames = [m.groups() for m in map(FRAME6.match, out.splitlines()) if m]
     assert len(frames) >= 100, out[-1500:]
@@ -290,10 +293,8 @@ def test_a_dnat_shunt_whose_entry_was_lost_is_taken_down_alive_with_its_destinat
     reversed as reply (F14: alive; without it h2's packets to 10.0.2.254 are untranslated)."""
     from nfshunt_testbed.bed import STEADY_RATE
     tb = dnat
-    srv = tb.iperf_server(DNAT_TO, 0.2, node=tb.h1)
-    cli = tb.spawn(tb.h2, "iperf3", "-c", FW_OUTSIDE, "-p", str(SHUNT), "-t", "4", "-J", "-i", "0.2", "-b",
-                   STEADY_RATE, "--get-server-output", "--connect-timeout", "5000", stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE)
+    srv, cli = tb.start_transfer(SHUNT, 60, bitrate=STEADY_RATE, src=tb.h2, server=tb.h1, dst=FW_OUTSIDE,
+                                 server_port=DNAT_TO)
     try:
         tb.wait_for(lambda: _at_least(4, _nat_flows(tb) + _nat_flows(tb, DNAT_TO)), 10, "the DNAT shunts")
         pair = {f["cookie"] for f in _nat_flows(tb) + _nat_flows(tb, DNAT_TO)}
@@ -305,8 +306,9 @@ def test_a_dnat_shunt_whose_entry_was_lost_is_taken_down_alive_with_its_destinat
                     "the take-down")
         tb.wait_for(lambda: tb.slow_path_packets() > slow + 100, 5, "the transfer to cross the firewall")
         entries = tb.run(tb.fw, "conntrack", "-L", "-p", "tcp", "--orig-port-dst", str(SHUNT), check=False)
+        tb.watch_until(time.monotonic() + 1.5)  # (a stall from the take-down on shows in these)
     finally:
-        result = finish_iperf(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result.get("error")
     assert longest_stall(result) < 1.0
     assert f"src={tb.h1_ip} dst={tb.h2_ip} sport={DNAT_TO}" in entries, entries  # translated again

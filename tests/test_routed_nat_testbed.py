@@ -10,7 +10,7 @@ import pytest
 from nfshunt.core.admission import R_ROUTED
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 TESTBED = Bed(mode="routed", nat="masquerade")
 SHUNT = 5201

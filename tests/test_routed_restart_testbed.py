@@ -16,7 +16,7 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
 SHUNT = 5201
 KEEP = {"experimental_routed": True, "flow_layout": "single", "default_shunt_timeout": 30,
@@ -33,7 +33,9 @@ def _pair_flows(tb, cport: int) -> list[dict[str, str]]:
 
 
 def _transfer(tb, cport: int):
-    srv, cli = tb.start_transfer(SHUNT, 10, cport=cport)
+    """A paced transfer (its stalls are measured) that runs until the test stops it."""
+    from nfshunt_testbed.traffic import STEADY_RATE
+    srv, cli = tb.start_transfer(SHUNT, 60, cport=cport, bitrate=STEADY_RATE)
     flows = tb.wait_for(lambda: (lambda fs: fs if len(fs) == 2 else [])(_pair_flows(tb, cport)), 10,
                         "the data connection's routed pair")
     return srv, cli, {f["cookie"] for f in flows}
@@ -44,7 +46,6 @@ def _age(flows: list[dict[str, str]]) -> float:
 
 
 def restart_keeps_the_pairs(tb, nat: bool, cport: int) -> None:
-    # 10 s: the restart and the checks take about 5 s, and the pair must still be there.
     srv, cli, before = _transfer(tb, cport)
     try:
         if nat:
@@ -63,8 +64,9 @@ def restart_keeps_the_pairs(tb, nat: bool, cport: int) -> None:
         age = _age(after) if after else 0.0
         waited = time.monotonic() - restarted
         entries = tb.run(tb.fw, "conntrack", "-L", "-p", "tcp", "--dport", str(SHUNT), check=False)
+        tb.watch_until(time.monotonic() + 2.0)  # (a stall from the adoption on shows in these 2 s)
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result.get("error")
     assert {f["cookie"] for f in after} == before, (before, after, tb.controller_output(since_start=True)[-3000:])
     assert age > waited, f"re-installed: {age:.1f} s old, {waited:.1f} s after the restart"
@@ -112,8 +114,9 @@ def test_h2_s_new_mac_while_the_controller_was_away_rewrites_the_adopted_pair_in
         followed = time.monotonic() - changed
         after = {f["cookie"] for f in _pair_flows(tb, 47303)}
         counted = _counters(tb)
+        tb.watch_until(time.monotonic() + 1.0)  # (alive on the rewritten pair)
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
         _h2_takes(tb, old)
     assert "error" not in result, result.get("error")
     assert after == before and len(rewritten) == 1, (before, after)  # the same flows, rewritten in place
@@ -142,6 +145,6 @@ def test_a_blackhole_route_to_h2_made_while_the_controller_was_away_hands_the_ad
         # (its entry re-created mostly has its old id: the same cookies then).
         again = tb.wait_for(lambda: _pair_flows(tb, 47304), 10, "the connection shunted again")
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert "error" not in result, result.get("error")  # alive: handed back, not dropped
     assert removed >= 1 and again, removed  # (a previous case's pairs to h2 may be on the switch still)

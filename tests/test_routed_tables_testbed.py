@@ -14,7 +14,7 @@ import pytest
 
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 TESTBED = Bed(mode="routed", config={"experimental_routed": True, "flow_layout": "single"})
 SHUNT = 5201
@@ -41,8 +41,10 @@ def _removed(tb, reason: str) -> int:
     return sum(n for k, n in _counters(tb).items() if k.startswith("removed:") and k.endswith(":" + reason))
 
 
-def _shunted_transfer(tb, seconds: float, cport: int):
-    srv, cli = tb.start_transfer(SHUNT, seconds, cport=cport)
+def _shunted_transfer(tb, cport: int):
+    """A paced transfer (its stalls are measured) that runs until the test stops it."""
+    from nfshunt_testbed.traffic import STEADY_RATE
+    srv, cli = tb.start_transfer(SHUNT, 60, cport=cport, bitrate=STEADY_RATE)
     tb.wait_for(lambda: _routed_flows(tb, cport), 10, "the transfer's routed shunt")
     return srv, cli
 
@@ -58,7 +60,7 @@ def _h2_learns(tb, mac: str) -> None:
 def test_h2_s_new_mac_mid_transfer_is_followed_in_place_without_a_stall(tb):
     old = _mac(tb, tb.h2, "h2-eth0")
     rewrites0 = _counters(tb).get("routed_rewrites", 0)
-    srv, cli = _shunted_transfer(tb, 6, 47101)
+    srv, cli = _shunted_transfer(tb, 47101)
     try:
         time.sleep(1.0)  # (a second of transfer on the shunt first)
         flows = {f["cookie"] for f in _routed_flows(tb, 47101)}
@@ -72,8 +74,9 @@ def test_h2_s_new_mac_mid_transfer_is_followed_in_place_without_a_stall(tb):
                            "src", "host", tb.h1_ip, "and", "dst", "port", str(SHUNT)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         out, _ = cap.communicate(timeout=10)
+        tb.watch_until(told + followed + 2.0)
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
         _h2_learns(tb, old)
     assert "error" not in result, result
     dst = {m.group(1) for m in map(DST_MAC.match, out.splitlines()) if m}
@@ -89,7 +92,7 @@ def test_h2_s_new_mac_mid_transfer_is_followed_in_place_without_a_stall(tb):
 ])
 def test_the_route_to_h2_withdrawn_or_blackholed_hands_the_pair_back_counted(tb, how, reason, cport):
     removed0 = _removed(tb, reason)
-    srv, cli = _shunted_transfer(tb, 6, cport)
+    srv, cli = _shunted_transfer(tb, cport)
     try:
         tb.run(tb.fw, "ip", *how)
         tb.wait_for(lambda: not _routed_flows(tb, cport), 5, "the pair handed back")
@@ -101,7 +104,7 @@ def test_the_route_to_h2_withdrawn_or_blackholed_hands_the_pair_back_counted(tb,
         undo = ("route", "add", H2_NET, "dev", "fw-eth1", "src", "10.0.2.254") if how[1] == "del" else \
             ("route", "del", "blackhole", "10.0.2.1/32")
         tb.run(tb.fw, "ip", *undo)
-        tb.finish_transfer(srv, cli)
+        tb.stop_transfer(srv, cli)
     assert tb.controller.poll() is None
 
 
@@ -111,15 +114,23 @@ def test_h2_s_neighbour_entry_deleted_hands_the_pair_back_and_it_is_shunted_agai
     the policy while the tables said "failed", so waiting for them) is shunted again."""
     reason = "routed: next hop failed"
     removed0 = _removed(tb, reason)
-    srv, cli = _shunted_transfer(tb, 6, 47105)
+    srv, cli = _shunted_transfer(tb, 47105)
     try:
         first = {f["cookie"] for f in _routed_flows(tb, 47105)}
-        tb.run(tb.fw, "ip", "neigh", "del", "10.0.2.1", "dev", "fw-eth1")
-        tb.wait_for(lambda: _removed(tb, reason) > removed0, 5, "the take-down counted as 'next hop failed'")
+        # h2 answers no ARP meanwhile: the firewall would otherwise learn its MAC again about
+        # 0.1 s after the delete (measured: 94-107 ms), and where that falls within the
+        # follower's tick (0.1 s) the tick tells only the last state, h2 reachable at the same
+        # MAC: rightly no change for the pair (3 runs in 8 of this case saw none).
+        tb.run(tb.h2, "ip", "link", "set", "h2-eth0", "arp", "off")
+        try:
+            tb.run(tb.fw, "ip", "neigh", "del", "10.0.2.1", "dev", "fw-eth1")
+            tb.wait_for(lambda: _removed(tb, reason) > removed0, 5, "the take-down counted as 'next hop failed'")
+        finally:
+            tb.run(tb.h2, "ip", "link", "set", "h2-eth0", "arp", "on")
         again = tb.wait_for(lambda: {f["cookie"] for f in _routed_flows(tb, 47105)} - first, 10,
                             "the connection shunted again once the firewall resolved h2")
     finally:
-        result = tb.finish_transfer(srv, cli)
+        result = tb.stop_transfer(srv, cli)
     assert again and "error" not in result, result  # alive throughout
 
 
@@ -142,7 +153,7 @@ def test_zz_h2_s_neighbour_flapping_is_held_down_once_the_controller_answering(t
     h2 = _mac(tb, tb.h2, "h2-eth0")
     held0 = _counters(tb).get("routed_neighbours_held_down", 0)
     removed0 = _removed(tb, "routed: neighbour flapping")
-    srv, cli = _shunted_transfer(tb, 8, 47104)
+    srv, cli = _shunted_transfer(tb, 47104)
     slowest = 0.0
     try:
         start = time.monotonic()
@@ -157,7 +168,7 @@ def test_zz_h2_s_neighbour_flapping_is_held_down_once_the_controller_answering(t
         assert not _routed_flows(tb, 47104)
     finally:
         tb.run(tb.fw, "ip", "neigh", "replace", "10.0.2.1", "lladdr", h2, "dev", "fw-eth1", "nud", "stale")
-        tb.finish_transfer(srv, cli)
+        tb.stop_transfer(srv, cli)
     print(f"{FLAPS} neighbour changes in {flapped:.1f} s; slowest status answer {slowest * 1000:.0f} ms")
     assert flapped >= 2.0, flapped  # (changes for seconds, not one burst)
     assert _counters(tb).get("routed_neighbours_held_down", 0) == held0 + 1  # one warning a hold-down
