@@ -7,10 +7,10 @@ the machine is about two thirds idle through them. So:
   priority (their output is shown as it comes);
 - the ones also marked `second_bed` (the experiments' and benchmarks' programs, the switch
   probe, the dashboard, trust, the IDS's bounds, and modules that count flows and read logs: layouts,
-  operation, several switches; a routing firewall's demo, restarts and shunts) run meanwhile on
+  operation, several switches; a routing firewall's demo, restart and shunts) run meanwhile on
   a second testbed, and those marked `third_bed` (the IDS on the testbed, explain, forged
   closes, take-downs, closes and port reuse, the controller's end-to-end cases; a routing
-  firewall's NAT take-downs and tables) on a third, each on a machine of its own
+  firewall's NAT take-downs, NAT restart and tables) on a third, each on a machine of its own
   (mininet/own_machine.py: namespaces and an Open vSwitch of their own). Their switch ports
   keep the machine's small socket buffer, so the tests that count every frame (the testbed's
   own, jitter, static shunts: one lost 83 of 4,000 there) stay on the first; so does the

@@ -12,7 +12,7 @@ import pytest
 from tests.beds import Bed, Strict
 from tests.test_routed_restart_testbed import KEEP, restart_keeps_the_pairs
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.third_bed]
 
 TESTBED = Bed(mode="routed", nat="masquerade", strict=Strict.FULL, config=KEEP)
 

@@ -13,7 +13,7 @@ from nfshunt.core.admission import R_ROUTED
 from nfshunt.records import markcodec
 from tests.beds import Bed
 
-pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 TESTBED = Bed(mode="routed")
 SHUNT = 5201
