@@ -68,17 +68,37 @@ class NextHops:
                 return R_NOT_UNICAST, None
             oif = route.get("RTA_OIF")
             gateway = route.get("RTA_GATEWAY") or address
-            link = self._ipr.get_links(oif)[0]
-            neighbours = self._ipr.get_neighbours(dst=gateway, ifindex=oif)
         except NetlinkError as exc:
             return {errno.ENETUNREACH: R_NO_ROUTE, errno.EINVAL: R_BLACKHOLE}.get(exc.code, R_NOT_UNICAST), None
         except (OSError, IndexError):
             self.close()  # a new socket next time
             return R_LOOKUP_FAILED, None
+        try:
+            link = self._ipr.get_links(oif)[0]
+            neighbours = self._neighbour(gateway, oif)
+        except NetlinkError:  # (the link gone meanwhile, or the kernel refused the question)
+            return R_LOOKUP_FAILED, None
+        except (OSError, IndexError):
+            self.close()
+            return R_LOOKUP_FAILED, None
         mac = next((n.get("NDA_LLADDR") for n in neighbours if n["state"] & NUD_USABLE and n.get("NDA_LLADDR")), None)
         if mac is None:
             return R_UNRESOLVED, (oif, gateway)
         return NextHop(link.get("IFLA_IFNAME"), link.get("IFLA_ADDRESS"), mac, gateway), (oif, gateway)
+
+    def _neighbour(self, address: str, oif: int) -> list[Any]:
+        """The next hop's one neighbour entry, or none (RTM_GETNEIGH: get_neighbours dumps the
+        whole cache and filters it here, which a router with thousands of neighbours would pay
+        on every new destination)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+        try:
+            return list(self._ipr.neigh("get", dst=address, ifindex=oif))
+        except NetlinkError as exc:
+            if exc.code == errno.ENOENT:  # no entry: not resolved yet
+                return []
+            if exc.code == errno.EOPNOTSUPP:  # a kernel before 4.20 answers no single entry
+                return list(self._ipr.get_neighbours(dst=address, ifindex=oif))
+            raise
 
     def close(self) -> None:
         if self._ipr is not None:
