@@ -33,7 +33,8 @@ from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 FRAME = re.compile(r"^\S+ (\S+) > \S+, ethertype IPv4 \(0x0800\), length \d+: \(tos \S+, ttl (\d+),")
 
 
-def transfer(tb: Testbed, port: int, seconds: float, grace: float, frames_at_h2: bool = False) -> dict:
+def transfer(tb: Testbed, port: int, seconds: float, grace: float, frames_at_h2: bool = False,
+             bitrate: str | None = None) -> dict:
     """One iperf3 transfer h1 -> h2: throughput, packets by path. frames_at_h2: the (source
     MAC, TTL) of up to 100 frames h2 receives, captured once the transfer's flows exist (the
     shunted path's) or from its second second (a path without flows)."""
@@ -49,7 +50,7 @@ def transfer(tb: Testbed, port: int, seconds: float, grace: float, frames_at_h2:
             capture.append(tb.h2.popen(["timeout", "3", "tcpdump", "-l", "-nn", "-e", "-v", "-c", "100", "-i",
                                         "h2-eth0", "ip", "and", "tcp", "and", "dst", "port", str(port)],
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-    result = tb.iperf(port, seconds, grace=grace, watch=watch)
+    result = tb.iperf(port, seconds, grace=grace, watch=watch, bitrate=bitrate)
     watch()
     s = Testbed.iperf_summary(result)
     frames = set()
@@ -105,6 +106,8 @@ def failover(emu: Emulation, seconds: float) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=8, help="length of each transfer (default 8)")
+    ap.add_argument("--bitrate", help="cap each transfer of the plain and the routed table (iperf3 -b, e.g. "
+                    "100M): a run that checks the table's shape, not its rates")
     ap.add_argument("--rtt", type=float, default=100, help="emulated round-trip time in ms (default 100)")
     ap.add_argument("--delay", choices=DELAY_MECHANISMS, default="auto", help="delay mechanism (default auto)")
     ap.add_argument("--openflow", choices=["1.0", "1.3"], default="1.3")
@@ -200,11 +203,11 @@ def paths(args: argparse.Namespace, emu: Emulation) -> int:
                                      ("blocked", BLOCK_PORT, 3, 5),
                                      ("ignored", IGNORE_PORT, args.seconds, grace)):
             print(f"  {label} transfer on port {port} ...", flush=True)
-            rows.append((f"NFShunt, {label}", transfer(tb, port, secs, g)))
+            rows.append((f"NFShunt, {label}", transfer(tb, port, secs, g, bitrate=args.bitrate)))
         latencies = [float(x) for x in re.findall(r"shunt .* in ([0-9.]+) ms", tb.controller_output())]
     with Testbed(mode="firewall", of_version=args.openflow, emulation=emu, log=print) as tb:
         print(f"  firewall-only transfer on port {SHUNT_PORT} ...", flush=True)
-        rows.append(("firewall only", transfer(tb, SHUNT_PORT, args.seconds, grace)))
+        rows.append(("firewall only", transfer(tb, SHUNT_PORT, args.seconds, grace, bitrate=args.bitrate)))
     print()
     print(f"RTT measured before the runs: {rtt[0]:.1f} ms (requested {args.rtt:g} ms, delay mechanism: {rtt[1]})")
     print(f"{'path':<20}{'Gbit/s':>8}{'retrans':>9}{'slow-path pkts':>16}{'switch-flow pkts':>18}  outcome")
@@ -223,8 +226,8 @@ def paths(args: argparse.Namespace, emu: Emulation) -> int:
     return 0 if ok else 1
 
 
-# Routed shunts (experimental_routed) are built in the single flow layout only.
-ROUTED_SHUNTS = {"experimental_routed": True, "flow_layout": "single"}
+# Routed shunts (experimental_routed; flow_layout auto takes the single layout for them).
+ROUTED_SHUNTS = {"experimental_routed": True}
 
 
 def outcome(r: dict) -> str:
@@ -246,12 +249,12 @@ def routed(args: argparse.Namespace, emu: Emulation) -> int:
                                      ("blocked", BLOCK_PORT, 3, 5),
                                      ("ignored", IGNORE_PORT, args.seconds, grace)):
             print(f"  {label} transfer on port {port} ...", flush=True)
-            r = transfer(tb, port, secs, g, frames_at_h2=port != BLOCK_PORT)
+            r = transfer(tb, port, secs, g, frames_at_h2=port != BLOCK_PORT, bitrate=args.bitrate)
             rows.append((f"NFShunt, {label}", {**r, "router": router}))
         latencies = [float(x) for x in re.findall(r"shunt .* in ([0-9.]+) ms", tb.controller_output())]
     with Testbed(mode="routed", emulation=emu, log=print) as tb:  # (each bed's MACs are its own)
         print(f"  router-only transfer on port {SHUNT_PORT} (experimental_routed off) ...", flush=True)
-        r = transfer(tb, SHUNT_PORT, args.seconds, grace, frames_at_h2=True)
+        r = transfer(tb, SHUNT_PORT, args.seconds, grace, frames_at_h2=True, bitrate=args.bitrate)
         rows.append(("router only", {**r, "router": tb.run(tb.fw, "cat", "/sys/class/net/fw-eth1/address").strip()}))
     print()
     print(f"RTT measured before the runs: {rtt[0]:.1f} ms (requested {args.rtt:g} ms, delay mechanism: {rtt[1]})")
