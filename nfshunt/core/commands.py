@@ -243,6 +243,7 @@ class CloseContradicted:
     most likely): counted and logged; its take-down undoes itself."""
     conn: Conn
     claimed: str  # what the catchers had seen
+    by: str = ""  # the segment that contradicted it: its direction, flags and data
 
 
 @dataclass(slots=True)

@@ -112,7 +112,8 @@ class Teardown:
         if verdict is Verdict.REOPENED:
             return self._reset_handed_back(conn, now) if watch.forwarding else \
                 self.shared.conns.watch_over(conn, False)
-        report = CloseContradicted(conn, watch.describe())
+        report = CloseContradicted(conn, watch.describe(),
+                                   f"{'the reply' if reply else 'the original'} side's {seg.describe()}")
         if watch.forwarding:  # nothing was handed back: the pair goes on, its flows as they were
             watch.settled, conn.watch = True, None
             self.shared.conns.resume(conn, watch.draining)

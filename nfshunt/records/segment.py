@@ -22,6 +22,11 @@ class Segment:
         """A FIN or RST: part of a close, whoever sent it."""
         return bool(self.flags & (FIN | RST))
 
+    def describe(self) -> str:
+        """Its flags and data, for a log line: "ACK with 1448 bytes of data"."""
+        names = [name for bit, name in ((SYN, "SYN"), (FIN, "FIN"), (RST, "RST"), (ACK, "ACK")) if self.flags & bit]
+        return f"{'/'.join(names) or 'no flags'} with {self.payload} bytes of data"
+
 
 def parse_segment(frame: bytes) -> Segment | None:
     """The segment in a frame's headers; None if they are not those of a TCP segment over

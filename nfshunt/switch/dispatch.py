@@ -350,8 +350,8 @@ class Dispatcher:
         send (forged on the path, most likely)."""
         self.counters.inc("teardowns_contradicted")
         self.rlog.warning("close-contradicted", "a close the catchers saw (%s) was contradicted by the "
-                          "connection's traffic (forged?): its shunt goes on, or is judged again by the "
-                          "policy: %s", cmd.claimed, cmd.conn.describe())
+                          "connection's traffic (%s; forged?): its shunt goes on, or is judged again by the "
+                          "policy: %s", cmd.claimed, cmd.by, cmd.conn.describe())
 
     def clear_decisions(self, _sw: Switch, _cmd: c.ClearDecisions) -> None:
         def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
