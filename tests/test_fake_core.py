@@ -256,6 +256,40 @@ def test_forged_fins_both_ways_are_undone_by_data_that_follows_them(pipeline, ca
     assert "(the original side's ACK with 1400 bytes of data; forged?)" in caplog.text
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
+def test_data_sent_before_a_real_close_s_fins_and_arriving_after_them_leaves_the_close_standing(pipeline):
+    """Data that ends at or before its side's caught FIN was sent before the close (a
+    retransmission, or a segment late on its way: a real bulk close's echo server, 11,584 bytes
+    in CI): the close stands and goes at the watch's end. Data beyond a FIN still undoes it."""
+    rig = Rig(OFP13, pipeline)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK, seq=5000, payload=100)  # its last data and FIN: 5100
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK, seq=(1 << 32) - 100)  # a FIN near the wrap
+    watched(rig, conn)
+    rig.packet(FAST_B, conn.reply, tcp_flags=ACK, seq=(1 << 32) - 100 - 11584, payload=11584)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, seq=3700, payload=1400)  # ends at 5100
+    assert "teardowns_contradicted" not in rig.counters.flat() and len(rig.worker.restores) == 1
+    rig.advance(WATCH)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and not rig.core.by_key  # handed back: the close stood
+    assert rig.counters.flat()["removed:shunt:tcp fin"] == 1
+
+
+@pytest.mark.parametrize("beyond", [1, 1448, 1 << 24], ids=["one-byte", "a-segment", "the-span"])
+def test_data_beyond_a_caught_fin_undoes_the_close(beyond):
+    """A forger's FINs at the peer's next expected byte (inside its window): the real
+    stream's next data ends beyond them. So does data far behind: beyond BEFORE_FIN."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK, seq=70000)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK, seq=9000)
+    watched(rig, conn)
+    if beyond == 1 << 24:  # ends 2^24 before the FIN: further back than a send before the close is taken to be
+        rig.packet(FAST_A, conn.orig, tcp_flags=ACK, seq=(70000 - (1 << 24) - 1448) % (1 << 32), payload=1448)
+    else:
+        rig.packet(FAST_A, conn.orig, tcp_flags=ACK, seq=70000 - 1448 + beyond, payload=1448)
+    undone(rig, conn)
+
+
 def test_one_forged_fin_in_the_pipeline_layout_is_undone_once_taken_as_a_close():
     """The pipeline layout takes a shunt half-closed for 0.3 s as closed (its second FIN's
     packet-in lost, teardown_sweep): one forged FIN was enough to end it for good."""

@@ -21,7 +21,10 @@ What comes meanwhile decides:
 
 - a segment a real close cannot be followed by contradicts it: from the side that reset,
   anything but another RST (a stack that reset the connection has no socket left to send
-  from); after both FINs, data (each side said it had no more). In an RST's grace nothing
+  from); after both FINs, data beyond its side's FIN (each side said it had no more). Data
+  that ends at or before it (within BEFORE_FIN) was sent before the close and may still
+  come: a retransmission, or a segment late on its way. Where a FIN's sequence number is not
+  known (taken from the catchers' counters), any data contradicts. In an RST's grace nothing
   was handed back: the flows are put back as they were and the pair goes on. After a
   hand-back the take-down undoes itself: the entry is brought back ESTABLISHED with the
   policy's decision cleared, the flows go, and the connection's next packet, judged by
@@ -39,11 +42,18 @@ connection that sends nothing during the watch (its close is taken as real, as b
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nfshunt.records.segment import ACK, SYN, Segment
 
 WATCH = 0.2  # seconds a caught close's flows show its packets to the controller before they go
+SEQ_MASK = 0xFFFFFFFF
+# How far before its side's caught FIN data may end and still be taken as sent before the
+# close (a retransmission, or a segment late on its way): a real bulk close was undone by its
+# echo server's 11,584 bytes sent before its FIN. An off-path forger's FIN lands within this
+# span ahead of the real stream with a chance of 2^24 / 2^32 (0.4 %): data beyond the FIN (the
+# first new segment after a forgery at the peer's next expected byte) still contradicts.
+BEFORE_FIN = 1 << 24
 
 
 class Verdict(enum.Enum):
@@ -63,6 +73,7 @@ class CloseWatch:
     draining: bool = False  # (forwarding) the pair was DRAINING, not LIVE, when the RST came
     syn: bool = False  # a SYN of the original direction came: a new connection may be opening
     settled: bool = False  # decided (contradicted, reopened, or the watch is over)
+    fin_seqs: dict[bool, int] = field(default_factory=dict)  # each side's caught FIN's sequence number
 
     def describe(self) -> str:
         parts = [f"RST from the {'reply' if r else 'original'} side" for r in sorted(self.reset)]
@@ -81,6 +92,13 @@ def judge(watch: CloseWatch, reply: bool, seg: Segment) -> Verdict:
         return Verdict.NONE
     # After a SYN too: a forged SYN gets a live server's challenge ACK, not a SYN/ACK, and
     # the transfer's data that follows still undoes the close (and the entry the SYN made).
-    if reply in watch.reset or (watch.fins and seg.payload > 0):
+    if reply in watch.reset or (watch.fins and seg.payload > 0 and not _before_fin(watch, reply, seg)):
         return Verdict.CONTRADICTED
     return Verdict.NONE
+
+
+def _before_fin(watch: CloseWatch, reply: bool, seg: Segment) -> bool:
+    """Data that ends at or before its side's caught FIN (within BEFORE_FIN): sent before the
+    close, not after it. False where the FIN's sequence number is not known."""
+    fin = watch.fin_seqs.get(reply)
+    return fin is not None and (fin - (seg.seq + seg.payload)) & SEQ_MASK < BEFORE_FIN

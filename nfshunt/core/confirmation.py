@@ -53,8 +53,8 @@ class Confirmation:
         out: list[Command] = [installed]
         if conn.early is not None:
             early, conn.early = conn.early, None
-            for cookie, in_port in early:
-                out.extend(self.teardown.packet(cookie, in_port, now) or ())
+            for cookie, in_port, seg in early:
+                out.extend(self.teardown.packet(cookie, in_port, now, seg) or ())
             if conn.state is State.TAKING_DOWN:
                 # It closed while the switch was confirming: its entry is put in the closing
                 # state and the flows go (the teardown's commands).
@@ -78,8 +78,8 @@ class Confirmation:
         out: list[Command] = [Installed(conn, now - conn.event_time)]
         if conn.early is not None:
             early, conn.early = conn.early, None
-            for cookie, in_port in early:
-                out.extend(self.teardown.packet(cookie, in_port, now) or ())
+            for cookie, in_port, seg in early:
+                out.extend(self.teardown.packet(cookie, in_port, now, seg) or ())
         return out
 
     def _entry_goes(self, conn: Conn, wait: float, now: float) -> Command:

@@ -40,6 +40,7 @@ from typing import NamedTuple
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, NatRange, NextHop, Rewrite, nat_ranges
+from nfshunt.records.segment import Segment
 
 from .close_watch import CloseWatch
 
@@ -121,6 +122,9 @@ class Conn:
     action_counted: bool = True  # still counted in the budget (an evicted pair is not)
     fins: int = 0  # FINs caught: 1 original direction, 2 reply
     first_fin_reply: bool = False
+    # Each direction's caught FIN's sequence number (True: the reply's), where its packet-in
+    # had the headers (close_watch.py: what data after the close may be).
+    fin_seqs: dict[bool, int] | None = None
     remove_reason: str | None = None  # set when NFShunt itself takes the pair down
     adopted: bool = False  # read back from a switch, not installed from a policy decision
     entry_deleted: bool = False  # the firewall no longer tracks it (see the take-down rule)
@@ -129,10 +133,10 @@ class Conn:
     # one comes back in the closing state reported (`closed_on_firewall`).
     closed_on_firewall: bool = False
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
-    # FIN/RST packet-ins (cookie, in_port) caught before the barrier reply: the catchers
-    # forward as soon as the switch has them, so a connection may close before the
+    # FIN/RST packet-ins (cookie, in_port, segment) caught before the barrier reply: the
+    # catchers forward as soon as the switch has them, so a connection may close before the
     # controller knows its flows are in; they are taken once it does.
-    early: list[tuple[int, int]] | None = None
+    early: list[tuple[int, int, Segment | None]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     hops: tuple[NextHop, NextHop] | None = None  # a routing firewall's: the original's, the reply's (routing.py)
     # A NAT entry's (forward, reverse) rewrite (records.model.nat_rewrite): its flows translate

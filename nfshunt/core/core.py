@@ -338,9 +338,11 @@ class Core:
 
     # --- TCP teardown (teardown.py) ---------------------------------------------------------
 
-    def teardown_packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
-        """A FIN or RST seen by a catcher. None: the packet-in names no connection of ours."""
-        return self._teardown.packet(cookie, in_port, now)
+    def teardown_packet(self, cookie: int, in_port: int, now: float,
+                        seg: Segment | None = None) -> list[Command] | None:
+        """A FIN or RST seen by a catcher (its headers, where the packet-in had them). None:
+        the packet-in names no connection of ours."""
+        return self._teardown.packet(cookie, in_port, now, seg)
 
     def watch_sample(self, key: int, reply: bool, seg: Segment | None, now: float) -> list[Command]:
         """A packet a watched close's flow showed the controller (close_watch.py)."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from nfshunt.records import cookies
-from nfshunt.records.segment import Segment
+from nfshunt.records.segment import FIN, Segment
 
-from .close_watch import CloseWatch, Verdict, judge
+from .close_watch import SEQ_MASK, CloseWatch, Verdict, judge
 from .commands import CloseContradicted, Command, EntryDue, Later, UnwatchFlows, WatchEnds, WatchFlows
 from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_TIME_WAIT, Conn, State, closing
 from .state import CoreState
@@ -39,7 +39,7 @@ class Teardown:
     def __init__(self, shared: CoreState):
         self.shared = shared
 
-    def packet(self, cookie: int, in_port: int, now: float) -> list[Command] | None:
+    def packet(self, cookie: int, in_port: int, now: float, seg: Segment | None = None) -> list[Command] | None:
         """A FIN or RST seen by a catcher (packet-in of its headers; the switch has
         forwarded the packet itself). An RST ends the shunt (at the end of its grace); a
         FIN only once both directions have sent one: after a single FIN the other side may
@@ -56,7 +56,7 @@ class Teardown:
         if conn.state is State.PENDING:
             if conn.early is None:
                 conn.early = []
-            conn.early.append((cookie, in_port))
+            conn.early.append((cookie, in_port, seg))
             return []
         if conn.state not in ACTIVE:
             return []
@@ -70,6 +70,8 @@ class Teardown:
             if conn.fins == 0:
                 conn.first_fin_reply = reply
             conn.fins |= 2 if reply else 1
+            if seg is not None and seg.flags & FIN:
+                conn.fin_seqs = {**(conn.fin_seqs or {}), reply: (seg.seq + seg.payload) & SEQ_MASK}
             if conn.fins != 3:
                 self.shared.half_closed.add(conn.key, now)
                 return []
@@ -79,7 +81,7 @@ class Teardown:
             # new entry there (LAST_ACK, for 30 s, let it through in the closed one's).
             state, reason, closer = CT_TCP_TIME_WAIT, "tcp fin", conn.first_fin_reply
         self.shared.half_closed.discard(conn.key)
-        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst)
+        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst, fin_seqs=dict(conn.fin_seqs or {}))
         return self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
 
     def _rst_grace(self, conn: Conn, reply: bool, now: float) -> list[Command]:

@@ -16,6 +16,7 @@ _TCP_PROTO = 6
 class Segment:
     flags: int  # the TCP flags byte
     payload: int  # bytes of data, from the IP length (the frame itself may be cut short)
+    seq: int = 0  # its sequence number
 
     @property
     def closes(self) -> bool:
@@ -55,4 +56,4 @@ def parse_segment(frame: bytes) -> Segment | None:
     if len(frame) < tcp + 14:
         return None
     header = (frame[tcp + 12] >> 4) * 4
-    return Segment(frame[tcp + 13], max(0, ip_data - header))
+    return Segment(frame[tcp + 13], max(0, ip_data - header), struct.unpack_from("!I", frame, tcp + 4)[0])

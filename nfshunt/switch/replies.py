@@ -318,7 +318,7 @@ class Replies:
                 self._unexpected_packet_in("no metadata", cookie)
                 return
             cookie = cookies.make_teardown(*metadata_teardown(metadata), cookies.is_rst(cookie))
-        out = sw.core.teardown_packet(cookie, in_port, now)
+        out = sw.core.teardown_packet(cookie, in_port, now, parse_segment(bytes(msg.data)))
         if out is None:
             self._unexpected_packet_in("no connection of ours", cookie)
             return

@@ -109,16 +109,17 @@ def _op(action: Any) -> tuple[int | str, ...] | None:
     return None
 
 
-def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None, pcp: int = 0) -> bytes:
+def frame(t: FlowTuple | None, tcp_flags: int = 0, payload: int = 0, vlan: int | None = None, pcp: int = 0,
+          seq: int = 0) -> bytes:
     """The headers of a packet of tuple `t` (Ethernet, with an 802.1Q tag of id `vlan` and
-    priority `pcp` if given, IP, TCP or UDP) as the wire has them, with `payload` bytes of
-    data after them (zeros)."""
+    priority `pcp` if given, IP, TCP (sequence number `seq`) or UDP) as the wire has them,
+    with `payload` bytes of data after them (zeros)."""
     if vlan is not None:
-        untagged = frame(t, tcp_flags, payload)
+        untagged = frame(t, tcp_flags, payload, seq=seq)
         return untagged[:12] + struct.pack("!HH", 0x8100, pcp << 13 | vlan) + untagged[12:]
     if t is None:
         return bytes(12) + struct.pack("!H", 0x0806) + bytes(28)
-    l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, 0, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
+    l4 = struct.pack("!HHIIBBHHH", t.sport, t.dport, seq, 0, 5 << 4, tcp_flags, 1024, 0, 0) if t.proto == TCP \
         else struct.pack("!HHHH", t.sport, t.dport, 8 + payload, 0)
     src, dst = ipaddress.ip_address(t.src).packed, ipaddress.ip_address(t.dst).packed
     if t.family == 4:
@@ -529,12 +530,12 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
     # --- what happens to a packet -----------------------------------------------------------------
 
     def packet(self, in_port: int, t: FlowTuple | None = None, tcp_flags: int = 0, vlan: int | None = None,
-               size: int = 100, payload: int = 0, pcp: int = 0) -> Fate:
+               size: int = 100, payload: int = 0, pcp: int = 0, seq: int = 0) -> Fate:
         """Send one packet in at `in_port` (an IP packet of tuple `t` with `payload` bytes of
         data, else a non-IP frame): the ports it leaves by and the packet-ins it makes (also
         put in `replies`, with the packet's first bytes). The packet is `size` bytes long, or
         its headers and payload if longer (a shorter frame padded with zeros, as Ethernet's)."""
-        wire = frame(t, tcp_flags, payload, vlan, pcp)
+        wire = frame(t, tcp_flags, payload, vlan, pcp, seq)
         wire += bytes(max(0, size - len(wire)))
         size = len(wire)
         pkt = {"in_port": in_port, "vlan_vid": 0 if vlan is None else VID_PRESENT | vlan, "metadata": 0}

@@ -267,10 +267,10 @@ class Rig:
         self.pump()
 
     def packet(self, in_port: int, t: FlowTuple, tcp_flags: int = 0, vlan: int | None = None,
-               payload: int = 0) -> fs.Fate:
-        """One packet through the switch (`payload` bytes of data after its headers); its
-        packet-ins (headers up to the catcher's max_len) reach the app's handler."""
-        fate = self.switch.packet(in_port, t, tcp_flags, vlan, payload=payload)
+               payload: int = 0, seq: int = 0) -> fs.Fate:
+        """One packet through the switch (`payload` bytes of data after its headers, sequence
+        number `seq`); its packet-ins (headers up to the catcher's max_len) reach the app's handler."""
+        fate = self.switch.packet(in_port, t, tcp_flags, vlan, payload=payload, seq=seq)
         self.pump()
         return fate
 
