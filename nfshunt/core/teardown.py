@@ -71,7 +71,8 @@ class Teardown:
                 conn.first_fin_reply = reply
             conn.fins |= 2 if reply else 1
             if seg is not None and seg.flags & FIN:
-                conn.fin_seqs = {**(conn.fin_seqs or {}), reply: (seg.seq + seg.payload) & SEQ_MASK}
+                conn.fin_seqs = conn.fin_seqs or {}
+                conn.fin_seqs[reply] = (seg.seq + seg.payload) & SEQ_MASK
             if conn.fins != 3:
                 self.shared.half_closed.add(conn.key, now)
                 return []
@@ -81,7 +82,7 @@ class Teardown:
             # new entry there (LAST_ACK, for 30 s, let it through in the closed one's).
             state, reason, closer = CT_TCP_TIME_WAIT, "tcp fin", conn.first_fin_reply
         self.shared.half_closed.discard(conn.key)
-        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst, fin_seqs=dict(conn.fin_seqs or {}))
+        watch = CloseWatch(frozenset((reply,)) if rst else frozenset(), not rst, fin_seqs=conn.fin_seqs or {})
         return self.shared.conns.hand_back(conn, reason, now, closing(state, closer), watch=watch)
 
     def _rst_grace(self, conn: Conn, reply: bool, now: float) -> list[Command]:
