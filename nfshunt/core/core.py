@@ -250,8 +250,7 @@ class Core:
 
     def next_hops_known(self, answers: dict[str, NextHop | str], ev: ConnEvent, now: float,
                         attempt: int = 0) -> list[Command]:
-        """The firewall's tables answered a ResolveHops: the event is judged again (and, if
-        they had no next hop for it, it waits for their change: tables.py)."""
+        """The firewall's tables answered a ResolveHops: the event judged again (tables.py)."""
         return self._tables.answered(answers, ev, now, attempt)
 
     def tables_changed(self, answers: dict[str, Answer], now: float, attempt: int | None = None) -> list[Command]:
