@@ -226,6 +226,10 @@ def _print_static(reply: dict[str, Any]) -> None:
         print(f"{'name':<20}{'dir':<6}{'flow':<64}{'packets':>12}{'bytes':>12}")
     for row in rows:
         where = "" if row["on_switch"] else "  (not on the switch at the last read)"
+        if "next_hop" in row:  # a routed flow (`via`): where it leaves, or why it crosses the firewall
+            hop = row["next_hop"]
+            where += f"  via {hop['neighbour'] or '?'} {hop['mac']} on {hop['interface']}" if hop else \
+                f"  ({row['no_next_hop']})"
         print(f"{row['name'][:19]:<20}{row['direction'][:4]:<6}{row['flow']:<64}{_size(row['packets']):>12}"
               f"{_size(row['bytes']):>12}{where}")
 

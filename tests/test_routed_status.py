@@ -35,9 +35,10 @@ def test_status_names_each_routed_pairs_next_hops_and_counts_the_pairs_by_next_h
     (sw,) = st["switches"]
     assert rows["tcp 10.0.0.1:41002 -> 10.0.9.9:5201"]["next_hops"][0] == {
         "interface": "fw-eth1", "neighbour": "10.0.0.254", "mac": GW}
-    assert sw["next_hops"] == [{"interface": "fw-eth0", "neighbour": "10.0.0.1", "mac": H1_MAC, "pairs": 3},
-                               {"interface": "fw-eth1", "neighbour": "10.0.0.2", "mac": H2_MAC, "pairs": 2},
-                               {"interface": "fw-eth1", "neighbour": "10.0.0.254", "mac": GW, "pairs": 1}]
+    assert sw["next_hops"] == [
+        {"interface": "fw-eth0", "neighbour": "10.0.0.1", "mac": H1_MAC, "pairs": 3, "static_flows": 0},
+        {"interface": "fw-eth1", "neighbour": "10.0.0.2", "mac": H2_MAC, "pairs": 2, "static_flows": 0},
+        {"interface": "fw-eth1", "neighbour": "10.0.0.254", "mac": GW, "pairs": 1, "static_flows": 0}]
 
 
 def test_explain_shows_a_routed_pairs_next_hops():

@@ -13,6 +13,7 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 
 from nfshunt.config.settings import ConfigError, from_dict  # noqa: E402
+from nfshunt.core.routing import R_HOP_UNKNOWN  # noqa: E402
 from nfshunt.core.static_table import R_VIA_OFF_LINK  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
 from nfshunt.records.model import OFP13, UDP, FlowRewrite, FlowTuple, NextHop  # noqa: E402
@@ -148,6 +149,19 @@ def test_a_next_hop_gone_withdraws_the_static_flow_counted_and_the_stream_crosse
     assert _static(rig)[False] == FlowRewrite(FW1, H2_MAC) and rig.packet(1, FWD).outputs == (3,)
 
 
+def test_status_rows_name_each_routed_flow_s_next_hop_or_why_it_has_none():
+    rig = _rig(follower=Silent({}))
+    asked = {(r["direction"], r["no_next_hop"]) for r in rig.core.static.rows()}
+    assert asked == {("original", R_HOP_UNKNOWN), ("reply", R_HOP_UNKNOWN)}  # (asked, not answered yet)
+    rig.run(rig.core.tables_changed({**GOOD, H2: R_NEXT_HOP_FAILED}, rig.now, 0))
+    rows = {r["direction"]: r for r in rig.core.static.rows()}
+    assert rows["original"]["next_hop"] is None and rows["original"]["no_next_hop"] == R_NEXT_HOP_FAILED
+    assert rows["reply"]["next_hop"] == {"interface": GOOD[H1].ifname, "neighbour": GOOD[H1].neighbour, "mac": H1_MAC}
+    assert rows["reply"]["no_next_hop"] is None
+    (sw,) = rig.control({"cmd": "status"})["switches"]  # what h1's loss would withdraw
+    assert [(h["neighbour"], h["pairs"], h["static_flows"]) for h in sw["next_hops"]] == [(GOOD[H1].neighbour, 0, 1)]
+
+
 def test_a_flow_withdrawn_while_the_switch_was_away_goes_at_the_reconnect():
     rig = _rig()
     rig.disconnect()
@@ -203,3 +217,14 @@ def test_a_restarted_controller_keeps_the_routed_static_flows_it_finds_and_check
     again.dispatcher.follower = FakeFollower({**GOOD, H2: dataclasses.replace(GOOD[H2], eth_dst=NEW_MAC)})
     again.connect(again.switch)
     assert _static(again) == {False: FlowRewrite(FW1, NEW_MAC), True: FlowRewrite(FW0, H1_MAC)}
+
+
+def test_nfshunt_status_static_prints_a_routed_flow_s_next_hop_or_why_it_crosses_the_firewall(capsys):
+    from nfshunt import cli
+    rig = _rig({**GOOD, H2: R_NEXT_HOP_FAILED})
+    rows = rig.core.static.rows()
+    cli._print_static({"static": rig.core.static.summary(), "static_shunts": rows,
+                       "static_page": {"name": None, "offset": 0, "limit": 100, "matched": 2, "next": None}})
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("plc ")}
+    assert lines["orig"].endswith(f"({R_NEXT_HOP_FAILED})")
+    assert lines["repl"].endswith(f"via {GOOD[H1].neighbour or '?'} {H1_MAC} on {GOOD[H1].ifname}")

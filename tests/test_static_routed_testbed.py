@@ -69,6 +69,8 @@ def test_a_routed_static_stream_reaches_h2_with_the_router_s_macs_and_a_ttl_one_
                                  else None)(_static(tb)), 10, "the static stream's routed flows")
     forward = next(f for f in flows if f["in_port"] == "1")
     assert f"set_field:{router}->eth_src" in forward["actions"] and f"set_field:{h2}->eth_dst" in forward["actions"]
+    rows = {r["direction"]: r for r in tb.control({"cmd": "status", "static": True})["static_shunts"]}
+    assert rows["original"]["next_hop"] == {"interface": "fw-eth1", "neighbour": tb.h2_ip, "mac": h2}, rows
     echo = tb.spawn(tb.h2, sys.executable, "-c", ECHO, str(PORT), stdout=subprocess.PIPE)
     cap = None
     try:

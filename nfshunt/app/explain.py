@@ -30,6 +30,7 @@ from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel import table
 from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import OFP10, TCP_STATES, ConnEvent, EntryCounts, FlowTuple, NextHop, SwitchFlow
+from nfshunt.records.routed import hop_json
 from nfshunt.switch.switch import Switch
 
 from .target import Target
@@ -113,23 +114,19 @@ def pair_json(conn: Conn, now: float) -> dict[str, Any]:
             **({"next_hops": hops_json(conn.hops)} if conn.hops is not None else {})}
 
 
-def hop_json(hop: NextHop) -> dict[str, str]:
-    """Where a routed pair's direction goes: out of `interface`, to `neighbour` (the gateway, or
-    the destination on a connected route; "" unknown) at `mac`."""
-    return {"interface": hop.ifname, "neighbour": hop.neighbour, "mac": hop.eth_dst}
-
-
 def hops_json(hops: tuple[NextHop, NextHop]) -> list[dict[str, str]]:
     """A routed pair's next hops: the original direction's, then the reply's."""
     return [hop_json(h) for h in hops]
 
 
-def by_next_hop(conns: Iterable[Conn]) -> list[dict[str, Any]]:
-    """The routed pairs by next hop, most first: a pair counts once under each of its two
-    directions' next hops (a neighbour going away hands back every pair it is on)."""
-    counted = Counter(h for conn in conns if conn.hops is not None for h in set(conn.hops))
-    return [{**hop_json(h), "pairs": n} for h, n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0].ifname,
-                                                                                           kv[0].neighbour))]
+def by_next_hop(conns: Iterable[Conn], static: Iterable[NextHop | str | None] = ()) -> list[dict[str, Any]]:
+    """The routed pairs and static flows (`via`) by next hop, most first: a pair counts once
+    under each of its two directions' next hops, a static flow under its own (a neighbour going
+    away hands back every pair it is on and withdraws every such flow)."""
+    pairs = Counter(h for conn in conns if conn.hops is not None for h in set(conn.hops))
+    flows = Counter(h for h in static if isinstance(h, NextHop))
+    return [{**hop_json(h), "pairs": pairs[h], "static_flows": flows[h]}
+            for h in sorted(pairs.keys() | flows.keys(), key=lambda h: (-pairs[h] - flows[h], h.ifname, h.neighbour))]
 
 
 def flow_json(f: SwitchFlow) -> dict[str, Any]:

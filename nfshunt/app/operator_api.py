@@ -431,8 +431,10 @@ class OperatorAPI:
                 "max_shunts": core.budget, "flow_stats": flows.get(sw.index) is not None,
                 "table": self.table(sw), "pair": sw.roles.status() if sw.roles is not None else None,
                 "static": sw.core.static.summary(),
-                # A routing firewall's pairs by next hop (the pairs a neighbour's loss would hand back)
-                **({"next_hops": by_next_hop(core.by_key.values())} if sw.switch.forwarding == "routed" else {}),
+                # A routing firewall's pairs and static flows by next hop (what a neighbour's loss
+                # would hand back or withdraw)
+                **({"next_hops": by_next_hop(core.by_key.values(), core.static.hops.values())}
+                   if sw.switch.forwarding == "routed" else {}),
                 # A trunk's frames of tags no group carries, dropped, by in_port (untagged configs: none)
                 **({"vlan_dropped_packets": {str(p): n for p, n in sorted(sw.vlan_dropped.items())}}
                    if any(g.trunk for g in sw.switch.ports) else {})})

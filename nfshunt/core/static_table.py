@@ -15,14 +15,10 @@ from nfshunt.records.routed import Answer
 
 from .commands import Command, InstallStatic, RemoveStatic, ResolveStatic
 from .routing import R_FLAPPING, R_HOP_ELSEWHERE
-from .static_view import Counts, StaticIndex, StaticTotals, matching, page, summary
+from .static_view import Counts, HopState, StaticIndex, StaticTotals, matching, page, summary
 
 RENEW = 2.0  # seconds before the switch ends a block's drop that a pin holding longer writes it again
 R_VIA_OFF_LINK = "routed: via is not on the subnet of the destination side's interface"
-# A routed static flow's state (the firewall's tables' last word on its next hop): the hop it is
-# on the switch with; why it is not (withdrawn: the stream crosses the firewall); None not known
-# yet (asked: at connect, reload or restart, where a flow of an earlier run may be on the switch).
-HopState = NextHop | str | None
 
 if TYPE_CHECKING:
     from nfshunt.config.settings import Config
@@ -229,7 +225,7 @@ class StaticTable:
 
     def rows(self, name: str | None = None, offset: int = 0, limit: int = 100) -> list[dict[str, Any]]:
         """One page of the flows, one row each (of the stream `name` names, if given)."""
-        return page(self.flows, self.index, self.counts, name, offset, limit)
+        return page(self.flows, self.index, self.counts, self.hops, name, offset, limit)
 
     def matching(self, name: str | None = None) -> int:
         """How many flows `rows` pages through."""

@@ -8,13 +8,20 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from nfshunt.records.model import SwitchFlow
+from nfshunt.records.model import NextHop, SwitchFlow
+from nfshunt.records.routed import hop_json
+
+from .routing import R_HOP_UNKNOWN
 
 if TYPE_CHECKING:
     from nfshunt.config.static import StaticFlow
 
 Group = tuple[str, bool]  # a stream's label (its name, or its description) and direction (True: reply)
 Counts = SwitchFlow  # a flow's counters as last read: the read's own record (packets, bytes, duration), kept
+# A routed static flow's state (the firewall's tables' last word on its next hop): the hop it is
+# on the switch with; why it is not (withdrawn: the stream crosses the firewall); None not known
+# yet (asked: at connect, reload or restart, where a flow of an earlier run may be on the switch).
+HopState = NextHop | str | None
 
 
 @dataclass(frozen=True)
@@ -89,20 +96,30 @@ def summary(flows: int, index: StaticIndex, totals: StaticTotals) -> dict[str, A
             "missing": flows - totals.on_switch, "packets": totals.packets, "bytes": totals.bytes}
 
 
-def page(flows: dict[int, "StaticFlow"], index: StaticIndex, counts: dict[int, Counts], name: str | None,
-         offset: int, limit: int) -> list[dict[str, Any]]:
+def page(flows: dict[int, "StaticFlow"], index: StaticIndex, counts: dict[int, Counts],
+         hops: dict[int, HopState], name: str | None, offset: int, limit: int) -> list[dict[str, Any]]:
     """Rows offset..offset+limit of the table's flows (of one label's, with `name`): only
     those rows are made."""
     if name is None:
         cookies: Iterable[int] = itertools.islice(flows, offset, offset + limit)
     else:
         cookies = index.by_label.get(name, ())[offset:offset + limit]
-    return [row(flows[cookie], counts.get(cookie)) for cookie in cookies]
+    return [{**row(flows[cookie], counts.get(cookie)), **(routed(hops[cookie]) if cookie in hops else {})}
+            for cookie in cookies]
 
 
 def matching(flows: dict[int, "StaticFlow"], index: StaticIndex, name: str | None) -> int:
     """How many flows a listing (of one label's, with `name`) has in all."""
     return len(flows) if name is None else len(index.by_label.get(name, ()))
+
+
+def routed(hop: HopState) -> dict[str, Any]:
+    """A routed flow's (`via`) next hop as the firewall's tables last gave it, or why it has
+    none: not known yet (asked), or the reason its flow is withdrawn (the stream crosses the
+    firewall meanwhile)."""
+    if isinstance(hop, NextHop):
+        return {"next_hop": hop_json(hop), "no_next_hop": None}
+    return {"next_hop": None, "no_next_hop": hop if hop is not None else R_HOP_UNKNOWN}
 
 
 def row(f: "StaticFlow", got: Counts | None) -> dict[str, Any]:

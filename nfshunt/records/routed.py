@@ -12,3 +12,9 @@ R_LOOKUP_FAILED = "routed: the route lookup failed"
 R_NEXT_HOP_FAILED = "routed: next hop failed"
 
 Answer = NextHop | str
+
+
+def hop_json(hop: NextHop) -> dict[str, str]:
+    """Where a routed pair's direction (or a routed static flow) goes: out of `interface`, to
+    `neighbour` (the gateway, or the destination on a connected route; "" unknown) at `mac`."""
+    return {"interface": hop.ifname, "neighbour": hop.neighbour, "mac": hop.eth_dst}
