@@ -228,3 +228,20 @@ def test_nfshunt_status_static_prints_a_routed_flow_s_next_hop_or_why_it_crosses
     lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("plc ")}
     assert lines["orig"].endswith(f"({R_NEXT_HOP_FAILED})")
     assert lines["repl"].endswith(f"via {GOOD[H1].neighbour or '?'} {H1_MAC} on {GOOD[H1].ifname}")
+
+
+@pytest.mark.parametrize("withdrawn", [False, True])
+def test_an_operators_block_inside_a_routed_stream_drops_the_tuple_until_unshunt_and_the_stream_goes_on(withdrawn):
+    """The block's exact drops sit above the stream's routed flows (or, the flow withdrawn, above
+    the firewall's default): the tuple is dropped on the switch either way; the rest of the
+    stream keeps its rewrite, and after the unshunt the tuple has it again."""
+    rig = _rig()
+    if withdrawn:
+        rig.run(rig.core.tables_changed({H2: R_NEXT_HOP_FAILED}, rig.now))
+    other = FWD._replace(sport=40001)
+    assert rig.control({"cmd": "block", "tuple": str(FWD)})["ok"]
+    assert rig.packet(1, FWD).dropped and rig.packet(3, FWD.reversed()).dropped
+    assert rig.packet(1, other).outputs == ((SLOW,) if withdrawn else (3,))
+    assert rig.control({"cmd": "unshunt", "tuple": str(FWD)})["ok"]
+    assert rig.packet(1, FWD).outputs == ((SLOW,) if withdrawn else (3,))
+    assert _static(rig)[True] == FlowRewrite(FW0, H1_MAC)  # (the stream's flows untouched by the block)
