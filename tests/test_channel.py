@@ -49,7 +49,7 @@ def _batches(send):
 
 
 def _expired(send, now):
-    return [b.answered() for b in send.inflight.expired(now)]
+    return [b.answered() for b, _ in send.inflight.expired(now)]
 
 
 def test_installs_go_out_in_one_write_behind_one_barrier_and_errors_name_their_install():

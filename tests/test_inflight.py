@@ -16,9 +16,12 @@ from nfshunt.openflow.inflight import (
     Batch,
     CounterRead,
     FlowsRead,
+    GivenUp,
     InFlight,
     MeterRead,
+    MeterSet,
     ReconcileRead,
+    StaticRead,
     TableSize,
 )
 from nfshunt.openflow.session import Session  # noqa: E402
@@ -41,17 +44,70 @@ def test_requests_expire_only_once_the_switch_answered_nothing_for_expiry_since_
     inflight = InFlight()
     inflight.ask(1, MeterRead(0.0))
     inflight.ask(2, TableSize(3.0))
-    inflight.ask(3, MeterRead(1.0))
+    inflight.ask(3, StaticRead(1.0))  # (another kind of message: it passes neither)
     assert inflight.expired(EXPIRY) == []
     inflight.answer(3, 4.0)  # the switch is working: what it was asked before waits on
     assert inflight.expired(4.0 + EXPIRY) == []
     late = inflight.expired(4.0 + EXPIRY + 0.1)
-    assert [type(r) for r in late] == [MeterRead, TableSize] and len(inflight) == 0
+    assert [(type(r), why) for r, why in late] == [(MeterRead, GivenUp.SILENT), (TableSize, GivenUp.SILENT)]
+    assert len(inflight) == 0
     # A give-up restarts the clock for what is still in flight.
     inflight.ask(4, TableSize(9.5))
     inflight.ask(5, TableSize(14.0))
-    assert inflight.expired(14.7) == [TableSize(9.5)]
+    assert [r.asked for r, _ in inflight.expired(14.7)] == [9.5]
     assert inflight.expired(14.0 + EXPIRY + 0.5) == [] and len(inflight) == 1  # 5 s from the give-up, not its asking
+
+
+def test_a_request_the_switch_answered_past_is_given_up_though_it_answers_the_rest():
+    """A lost answer: the switch answers a later request of the same kind of message (in order),
+    or a later barrier (which it answers only after everything asked before it), and keeps
+    answering: the first rule alone never gives the lost one up."""
+    inflight = InFlight()
+    inflight.ask(1, ReconcileRead(0.0))  # its answer lost
+    tick = 0.0
+    while tick < 3 * EXPIRY:  # a read of the default flows' counters every tick, answered
+        tick += 1.0
+        inflight.ask(100 + int(tick), StaticRead(tick))
+        inflight.answer(100 + int(tick), tick + 0.01)
+        late = inflight.expired(tick + 0.02)
+        if late:
+            break
+    assert [(type(r), why) for r, why in late] == [(ReconcileRead, GivenUp.PASSED)] and tick == EXPIRY
+
+
+def test_passed_by_another_kind_of_message_is_not_given_up_but_passed_by_a_barrier_is():
+    """Different messages may be answered out of order (a switch that answers meter reads while
+    it applies a burst): a meter read's answer does not give a flow read up; a barrier's does."""
+    for passer, given_up in ((MeterRead(1.0), []), (Barrier(1.0), [(ReconcileRead, GivenUp.PASSED)])):
+        inflight = InFlight()
+        inflight.ask(1, ReconcileRead(0.0))
+        inflight.ask(2, passer)
+        inflight.answer(2, 4.0)
+        assert [(type(r), why) for r, why in inflight.expired(EXPIRY + 0.5)] == given_up
+
+
+def test_a_request_whose_answer_is_still_coming_or_passed_only_recently_is_not_given_up():
+    inflight = InFlight()
+    inflight.ask(1, ReconcileRead(0.0))  # a large table: its parts come over many seconds
+    inflight.ask(2, StaticRead(0.5))
+    inflight.answer(2, 0.6)  # (a switch may answer a small read between a large one's parts)
+    for t in range(1, 12):
+        inflight.answer(1, float(t), done=False)
+        assert inflight.expired(t + 0.5) == []
+    inflight.answer(1, 12.0)
+    inflight.ask(3, TableSize(20.0))
+    assert inflight.expired(20.0 + EXPIRY - 0.1) == []  # unanswered, passed by nothing: the silent rule's
+
+
+def test_a_meter_setting_answered_only_by_a_refusal_is_never_passed():
+    inflight = InFlight()
+    inflight.ask(1, MeterSet(0.0))
+    inflight.ask(2, Barrier(0.5))
+    inflight.answer(2, 0.6)
+    for t in range(1, 20):  # the switch answers every tick's read
+        inflight.ask(10 + t, MeterRead(float(t)))
+        inflight.answer(10 + t, t + 0.01)
+        assert inflight.expired(t + 0.02) == []
 
 
 def test_requests_are_found_and_dropped_by_kind():

@@ -196,14 +196,11 @@ def test_an_unanswered_table_size_read_is_asked_again():
     assert rig.core.budget == 2 and not rig.s.inflight.count(TableSize)
 
 
-@pytest.mark.xfail(strict=True, reason="inflight.py's one rule: an answer to anything keeps every request "
-                   "waiting, and the switch answers a read at every tick (the packet-in meter's; on 1.3 the "
-                   "default flows' counters)")
 def test_a_lost_answer_is_asked_again_while_the_switch_answers_the_reads_of_each_tick():
-    """A switch that lost (or ignores) one answer and answers the rest: the reconcile read is
-    never given up, and the controller never programs the switch. With the meter off it held
-    on main; the default flows' counters, read at every tick since the dashboard's counters,
-    keep it waiting whatever the config."""
+    """A switch that lost (or ignores) one answer and answers the rest: the reconcile read was
+    never given up (an answer to anything kept every request waiting, and the default flows'
+    counters are read and answered every tick), and the controller never programmed the
+    switch. Now the read, passed by later reads' answers, is given up and asked again."""
     switch = fs.FakeSwitch()
     switch.mute.add(fs.FLOWS)
     rig = Rig(switch=switch)
@@ -211,6 +208,7 @@ def test_a_lost_answer_is_asked_again_while_the_switch_answers_the_reads_of_each
     switch.mute.clear()  # it answers again: the reads of each tick
     rig.advance(3 * EXPIRY)
     assert rig.core.reconciled and rig.flows(cookies.Kind.DEFAULT)
+    assert rig.counters.flat()["given_up:passed"] == 2  # (the read of the defaults it kept, and the reconcile's)
 
 
 def test_an_unanswered_counter_read_is_asked_again_and_the_shunt_confirmed_once_counted():

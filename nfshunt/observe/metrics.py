@@ -53,6 +53,9 @@ LABELLED = {
                          "the served switch connection", ("message",)),
     "openflow_unasked": ("nfshunt_openflow_unasked", "Replies from the switch to nothing in flight (a request "
                          "given up, or never asked), dropped", ("message",)),
+    "given_up": ("nfshunt_openflow_given_up", "Requests to the switch given up unanswered (barriers: "
+                 "install_timeouts), by why: silent (it answered nothing for 5 s) or passed (it answered later "
+                 "requests, not this one)", ("why",)),
 }
 PLAIN = {
     "switch_connects": "Switch connections accepted (the first and every reconnect)",

@@ -7,30 +7,52 @@ static flows', the catchers', an operator's status), meter reads, the packet-in 
 setting, table size, role requests. An answer (a reply part, an error) names its request
 by xid; a reply to no request in flight is dropped (replies.py counts it).
 
-The one expiry rule: a request is given up once the switch has answered nothing for
-EXPIRY seconds since it was asked. A switch still answering is working through what it
+The expiry rule: a request is given up once the switch has answered nothing for EXPIRY
+seconds since it was asked (SILENT). A switch still answering is working through what it
 was sent (it answers in order): a burst it takes 16 s to apply must not be given up at 5.
 A give-up restarts the clock for the rest, so one lost answer does not take every later
-request with it. What a given-up request's kind does then is its handler's (replies.py).
+request with it. But a switch that answers what was asked after a request, and not the
+request, has lost it (PASSED): it keeps every other request alive with its answers, so the
+first rule alone would wait for it for ever (a reconcile read lost at connect, and the
+default flows' counters read and answered every tick: the switch never programmed). So a
+request is also given up once nothing of its answer came for EXPIRY while a later request
+of the same kind of message (a switch answers those in order), or a later barrier (after
+whose reply nothing asked before it is answered: OpenFlow 1.3, 6.2), has been answered.
+A packet-in meter's setting, answered only by a refusal, is not held to that. What a
+given-up request's kind does then is its handler's (replies.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, ClassVar, Iterator, TypeVar
 
 from nfshunt.core.connection import Conn
 from nfshunt.core.roles import RoleRequest
 from nfshunt.records.model import SwitchFlow
 
 EXPIRY = 5.0  # seconds the switch may answer nothing before what it was asked is given up
+BARRIER, FLOW_STATS = "barrier", "flow stats"  # kinds of message (Request.MESSAGE)
+
+
+class GivenUp(enum.Enum):
+    """Why a request was given up (replies.py says it)."""
+    SILENT = "answered nothing"
+    PASSED = "answered later requests, not this one,"
 
 
 @dataclasses.dataclass(slots=True)
 class Request:
-    """A request in flight; `asked` is when it was sent (monotonic)."""
+    """A request in flight; `asked` is when it was sent (monotonic); `heard` when a part of
+    its answer last came (`asked` until then); `order` its place among the requests asked."""
     asked: float
+    heard: float = dataclasses.field(default=0.0, kw_only=True)
+    order: int = dataclasses.field(default=0, kw_only=True)
+    # The message it is sent as (its answers come in order with the same kind's); None: only
+    # a refusal answers it.
+    MESSAGE: ClassVar[str | None] = FLOW_STATS
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,6 +87,7 @@ class ChangeWatch(threading.Event):
 @dataclasses.dataclass(slots=True)
 class Barrier(Request):
     """A barrier: the batch of installs it confirms, and who waits for its answer."""
+    MESSAGE: ClassVar[str | None] = BARRIER
     batch: Batch | None = None
     waiter: threading.Event | None = None
 
@@ -90,21 +113,25 @@ class Barrier(Request):
 @dataclasses.dataclass(slots=True)
 class TableSize(Request):
     """How many entries table 0 holds (table features, or table stats in OpenFlow 1.0)."""
+    MESSAGE: ClassVar[str | None] = "table size"
 
 
 @dataclasses.dataclass(slots=True)
 class MeterSet(Request):
     """The packet-in meter's setting: only a refusal answers it."""
+    MESSAGE: ClassVar[str | None] = None
 
 
 @dataclasses.dataclass(slots=True)
 class MeterRead(Request):
     """The packet-in meter's drop count (every tick)."""
+    MESSAGE: ClassVar[str | None] = "meter stats"
 
 
 @dataclasses.dataclass(slots=True)
 class RoleAsk(Request):
     """A pair's role request (roles.py)."""
+    MESSAGE: ClassVar[str | None] = "role"
     request: RoleRequest
 
 
@@ -157,11 +184,15 @@ class InFlight:
     def __init__(self) -> None:
         self._by_xid: dict[int, Request] = {}
         self.answered = 0.0  # when the switch last answered anything (or was given up on)
+        self._asked = 0  # requests asked so far (each one's `order`)
+        self._passed: dict[str, int] = {}  # by message: the latest asked of those answered (its order)
 
     def __len__(self) -> int:
         return len(self._by_xid)
 
     def ask(self, xid: int, request: Request) -> None:
+        self._asked += 1
+        request.order, request.heard = self._asked, request.asked
         self._by_xid[xid] = request
 
     def answer(self, xid: int, now: float, done: bool = True) -> Request | None:
@@ -170,15 +201,25 @@ class InFlight:
         flow-mod: the send path's batches know those)."""
         request = self._by_xid.pop(xid, None) if done else self._by_xid.get(xid)
         if request is not None:
-            self.answered = now
+            self.answered = request.heard = now
+            if done and request.MESSAGE is not None:
+                self._passed[request.MESSAGE] = max(self._passed.get(request.MESSAGE, 0), request.order)
         return request
 
-    def expired(self, now: float) -> list[Request]:
-        """Requests given up (the one rule, see above), taken out."""
-        late = [xid for xid, r in self._by_xid.items() if now - max(r.asked, self.answered) > EXPIRY]
+    def expired(self, now: float) -> list[tuple[Request, GivenUp]]:
+        """Requests given up (the rules above), taken out, each with why."""
+        late = [(xid, why) for xid, r in self._by_xid.items() if (why := self._late(r, now)) is not None]
         if late:
             self.answered = now
-        return [self._by_xid.pop(xid) for xid in late]
+        return [(self._by_xid.pop(xid), why) for xid, why in late]
+
+    def _late(self, r: Request, now: float) -> GivenUp | None:
+        if now - max(r.asked, self.answered) > EXPIRY:
+            return GivenUp.SILENT
+        if r.MESSAGE is not None and now - r.heard > EXPIRY and (
+                self._passed.get(r.MESSAGE, 0) > r.order or self._passed.get(BARRIER, 0) > r.order):
+            return GivenUp.PASSED
+        return None
 
     def of(self, kind: type[R]) -> Iterator[tuple[int, R]]:
         """The requests of one kind in flight, with their xids, oldest first."""

@@ -3,10 +3,10 @@ request it answers (found in flight by its xid: inflight.py), an error to the ha
 what it refused, a request given up to its kind's give-up; packet-ins and flow-removed
 go to the core. Handlers pass the core plain values and `now`, and run what it returns.
 
-Given up (the switch answered nothing for inflight.EXPIRY): a barrier's installs are
-rolled back; what the core waits for (its reconcile read, a shunt's counters, the table
-size, a role request) is asked again; a periodic read is asked again when next due; an
-operator's read is answered without the switch's flows.
+Given up (the switch answered nothing for inflight.EXPIRY, or answered past it: inflight.py's
+rules): a barrier's installs are rolled back; what the core waits for (its reconcile read, a
+shunt's counters, the table size, a role request) is asked again; a periodic read is asked
+again when next due; an operator's read is answered without the switch's flows.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from nfshunt.openflow.inflight import (
     CatcherRead,
     CounterRead,
     FlowsRead,
+    GivenUp,
     MeterRead,
     MeterSet,
     ReconcileRead,
@@ -78,7 +79,6 @@ class Replies:
             MeterRead: self._meter_refused,
         }
         self.on_give_up: dict[type[Request], Callable[[Switch, Session, Any, float], None]] = {
-            Barrier: self._barrier_given_up,
             RoleAsk: lambda sw, _s, req, _now: self.roles.request(sw, req.request),
             TableSize: lambda sw, _s, _req, _now: self.run(sw, [c.RequestTableSize()]),
             ReconcileRead: lambda sw, _s, _req, _now: self.run(sw, [c.RequestSwitchFlows()]),
@@ -266,21 +266,24 @@ class Replies:
 
     def give_up(self, sw: Switch, s: Session, now: float) -> None:
         """The requests the switch left unanswered too long (inflight's one rule)."""
-        for request in s.inflight.expired(now):
-            if not isinstance(request, Barrier):
-                self.rlog.warning("given-up", "switch %s answered nothing for %.0f s: %s given up", sw.name,
-                                  EXPIRY, type(request).__name__)
+        for request, why in s.inflight.expired(now):
+            if isinstance(request, Barrier):
+                self._barrier_given_up(sw, request, why, now)
+                continue
+            self.counters.add("given_up", why.name.lower())
+            self.rlog.warning(f"given-up-{why.name.lower()}", "switch %s %s for %.0f s: %s given up", sw.name,
+                              why.value, EXPIRY, type(request).__name__)
             on_give_up = self.on_give_up.get(type(request))
             if on_give_up is not None:
                 on_give_up(sw, s, request, now)
 
-    def _barrier_given_up(self, sw: Switch, _s: Session, request: Barrier, now: float) -> None:
-        batch = request.answered(f"the switch answered nothing for {EXPIRY:.0f} s")
+    def _barrier_given_up(self, sw: Switch, request: Barrier, why: GivenUp, now: float) -> None:
+        batch = request.answered(f"the switch {why.value.rstrip(',')} for {EXPIRY:.0f} s")
         if batch is None:
             return
         self.counters.inc("install_timeouts", len(batch.conns))
-        LOG.warning("switch %s did not answer a barrier within %.0f s: %d installs rolled back",
-                    sw.name, EXPIRY, len(batch.conns))
+        LOG.warning("switch %s did not answer a barrier within %.0f s (it %s): %d installs rolled back",
+                    sw.name, EXPIRY, why.value.rstrip(","), len(batch.conns))
         self._settle(sw, batch, now, ("no answer from the switch", False))
 
     @staticmethod
