@@ -9,7 +9,19 @@ from typing import Any
 
 from mininet.node import Host
 
-from .topology import FAST1, FAST2, PYTHON, REPO, SLOW1, SLOW2, VLAN_TRUNKS, Firewall, TestbedError, Topology
+from .topology import (
+    FAST1,
+    FAST2,
+    HOP_COUNT,
+    PYTHON,
+    REPO,
+    SLOW1,
+    SLOW2,
+    VLAN_TRUNKS,
+    Firewall,
+    TestbedError,
+    Topology,
+)
 
 DEFAULT_COOKIE = "0x4e01000000000000"  # the controller's default flows (patching fast to slow ports)
 VLAN_DROP_KIND = 0x4E08  # a cookie's top 16 bits: a trunk port's drop of what it does not carry
@@ -79,6 +91,14 @@ class Observation(Topology):
         qd = json.loads(self.run(node, "tc", "-s", "-j", "qdisc", "show", "dev", intf) or "[]")
         c[f"{intf}.qdisc_drops"] = sum(q.get("drops", 0) for q in qd if q.get("root") or q.get("parent"))
 
+    def _routed_ipv4_counts(self) -> tuple[int, int]:
+        """Mode routed: IPv4 packets in on fw-eth0 and out of fw-eth1 (the HOP_COUNT rules)."""
+        counts = []
+        for chain in ("PREROUTING", "POSTROUTING"):
+            out = self.run(self.fw, "iptables", "-w", "5", "-t", "mangle", "-nvxL", chain)
+            counts.append(sum(int(line.split()[0]) for line in out.splitlines() if HOP_COUNT in line))
+        return counts[0], counts[1]
+
     @staticmethod
     def _switch_counters(c: dict[str, int], *ports: int) -> None:
         for port in ports:
@@ -91,7 +111,8 @@ class Observation(Topology):
 
         h1 sends; s1 receives on port 1 and sends either to h2 (port 3, fast) or to the
         firewall (port 2), whose bridge forwards out fw-eth1 back into s1 port 4; h2
-        receives, and its delay queue (NFQUEUE or netem) may drop.
+        receives, and its delay queue (NFQUEUE or netem) may drop. In mode routed the
+        firewall's hop counts IPv4 only: a router sends and takes frames of its own.
         """
         c: dict[str, int] = {}
         # Read against the data's direction, h2 first and h1 last: a packet moving during
@@ -101,6 +122,8 @@ class Observation(Topology):
         self._switch_counters(c, FAST2, SLOW2)
         self._host_counters(c, self.fw, "fw-eth1")
         self._host_counters(c, self.fw, "fw-eth0")
+        if self.mode == "routed":  # the router's own frames and the hosts' to it left out (topology.py)
+            c["fw-eth0.rx"], c["fw-eth1.tx"] = self._routed_ipv4_counts()
         self._switch_counters(c, SLOW1, FAST1)
         self._host_counters(c, self.h1, "h1-eth0")
         for node in (self.h1, self.h2):

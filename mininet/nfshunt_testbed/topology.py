@@ -58,6 +58,7 @@ ROUTED_IPS = ("10.0.1.1", "10.0.2.1")
 ROUTED_GATEWAYS = ("10.0.1.254", "10.0.2.254")
 ROUTED_IP6S = ("fd01::1", "fd02::1")
 ROUTED_GATEWAYS6 = ("fd01::fe", "fd02::fe")
+HOP_COUNT = "nfshunt-testbed-hop-count"  # mode routed: the router's IPv4 counting rules (observe.py)
 H3_IP, H4_IP = "10.0.0.3", "10.0.0.4"
 S1_DPID, S2_DPID = "00000000000000a1", "00000000000000a2"
 # The pair's second firewall (mode "ha"): its slow ports, control link, and the pair's links.
@@ -426,6 +427,15 @@ class Topology:
             self.run(fw, "ip", "link", "set", intf, "up")
         self.run(fw, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
                  "net.netfilter.nf_conntrack_tcp_loose=1")
+        # The data direction's IPv4 packets at the router, for the per-hop loss (observe.py): a
+        # router sends frames of its own (IPv6 start-up: its multicast listener reports and
+        # duplicate address checks, up to ~2 s after its interfaces come up) and takes the
+        # hosts' (their router solicitations, 4 s apart), which its interfaces' counters would
+        # count as the data's. Rules without a target: they only count (NFShunt's chains, whose
+        # jumps go in above them, return).
+        for chain, side, intf in (("PREROUTING", "-i", firewall.intfs[0]), ("POSTROUTING", "-o", firewall.intfs[1])):
+            self.run(fw, "iptables", "-w", "5", "-t", "mangle", "-I", chain, "1", side, intf, "-m", "comment",
+                     "--comment", HOP_COUNT)
         if self.nat == "masquerade":  # h1's connections leave with fw-eth1's address
             out = firewall.intfs[1]
             self.run(fw, "iptables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-o", out, "-s",
