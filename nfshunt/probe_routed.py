@@ -10,11 +10,14 @@ place of the peer port, so no frame leaves the switch):
    checksums still right;
 3. invalid-TTL packet-ins: with the controller's OFPT_SET_ASYNC, a TTL-1 frame through the
    dec_ttl flow must reach the controller as a packet-in of reason INVALID_TTL carrying the
-   flow's cookie and the frame as it arrived.
+   flow's cookie and the frame as it arrived;
+4. the router's rewrite of an IPv6 pair: the frame must come back with the next hop's MACs
+   and its hop limit one lower.
 
 Without 1 or 3 routed mode is refused (the probe exits 1); without 2, NAT connections stay
-on the firewall. Every flow here carries a probe cookie (probe.PROBE_FLOWS), removed with
-the rest.
+on the firewall; without 4, IPv6 connections (a refused flow leaves its connection on the
+firewall, counted; a wrong one must be kept there by policy). Every flow here carries a
+probe cookie (probe.PROBE_FLOWS), removed with the rest.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from os_ken.lib.packet import ethernet, ipv4, packet, packet_utils, tcp, udp
+from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, packet_utils, tcp, udp
 
 from nfshunt.core.connection import Action, Conn
 from nfshunt.openflow.flows import OFPR_INVALID_TTL, invalid_ttl_packet_ins, routed_actions
@@ -41,10 +44,12 @@ NAT_TO = "203.0.113.7"  # TEST-NET-3: the translating router's address, and the 
 NAT_PORT = 61000
 NAT_SERVER, NAT_SERVER_PORT = "203.0.113.9", 80  # where the DNAT sends the pair (all four fields change)
 SENT_SRC, SENT_DST = "02:00:00:00:00:01", "02:00:00:00:00:02"
+SRC6, DST6 = "2001:db8::1", "2001:db8::fe"  # the IPv6 documentation prefix
 
 REWRITE = "routed shunt: dec_ttl, set_field eth_src/eth_dst, output"
 NAT = "NAT set_field ipv4_src/ipv4_dst, tcp/udp ports"
 INVALID_TTL = "invalid-TTL packet-in (set_async INVALID_TTL; a TTL-1 frame through dec_ttl)"
+IPV6 = "IPv6 routed shunt: dec_ttl (hop limit), set_field eth_src/eth_dst, output"
 WHY = {REWRITE: "a shunted frame would leave without the router's rewrite (the next hop's MAC, the TTL one lower)",
        INVALID_TTL: "a frame whose TTL expires on a shunt would not reach the firewall, which must answer it with "
                     "ICMP time exceeded (traceroute through a shunted connection would not show the router)"}
@@ -77,11 +82,13 @@ class Expect:
     dport: int
 
 
-def frame(proto: int, sport: int, ttl: int) -> bytes:
-    """A probe frame to probe.PROBE_DST (TEST-NET-2), UDP or TCP, checksums filled."""
+def frame(proto: int, sport: int, ttl: int, family: int = 4) -> bytes:
+    """A probe frame to probe.PROBE_DST (TEST-NET-2) or DST6, UDP or TCP, checksums filled
+    (`ttl`: IPv6's hop limit)."""
     pkt = packet.Packet()
-    pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=0x0800))
-    pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=proto, ttl=ttl))
+    pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=0x0800 if family == 4 else 0x86DD))
+    pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=proto, ttl=ttl) if family == 4 else
+                     ipv6.ipv6(src=SRC6, dst=DST6, nxt=proto, hop_limit=ttl))
     pkt.add_protocol(udp.udp(src_port=sport, dst_port=9) if proto == UDP else
                      tcp.tcp(src_port=sport, dst_port=9, seq=1, bits=tcp.TCP_ACK, window_size=1024))
     pkt.add_protocol(b"nfshunt probe")
@@ -92,20 +99,26 @@ def frame(proto: int, sport: int, ttl: int) -> bytes:
 def problem(got: bytes, want: Expect) -> str | None:
     """What is wrong with the frame `got` as a flow's output (None: it is as expected),
     its IPv4 and TCP/UDP checksums included (a switch that rewrites without fixing them
-    hands the host frames it drops)."""
+    hands the host frames it drops); an IPv6 frame's hop limit stands for the TTL."""
     pkt = packet.Packet(got)
-    eth, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv4.ipv4)
+    eth, ip4, ip6 = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv4.ipv4), pkt.get_protocol(ipv6.ipv6)
     l4 = pkt.get_protocol(udp.udp) or pkt.get_protocol(tcp.tcp)
-    if eth is None or ip is None or l4 is None:
-        return "came back not an IPv4 TCP/UDP frame"
-    seen = Expect(eth.src, eth.dst, ip.ttl, ip.src, ip.dst, l4.src_port, l4.dst_port)
-    wrong = [f"{name} {getattr(seen, name)} (want {getattr(want, name)})"
-             for name in (f.name for f in dataclasses.fields(Expect)) if getattr(seen, name) != getattr(want, name)]
-    start, end = 14 + ip.header_length * 4, 14 + ip.total_length
-    if packet_utils.checksum(got[14:start]) != 0:
-        wrong.append("IPv4 header checksum wrong")
+    if eth is None or (ip4 is None and ip6 is None) or l4 is None:
+        return "came back not an IP TCP/UDP frame"
+    wrong = []
+    if ip4 is not None:
+        ttl, proto, start, end = ip4.ttl, ip4.proto, 14 + ip4.header_length * 4, 14 + ip4.total_length
+        if packet_utils.checksum(got[14:start]) != 0:
+            wrong.append("IPv4 header checksum wrong")
+    else:
+        ttl, proto, start = ip6.hop_limit, ip6.nxt, 14 + 40
+        end = start + ip6.payload_length
+    ip = ip4 if ip4 is not None else ip6
+    seen = Expect(eth.src, eth.dst, ttl, ip.src, ip.dst, l4.src_port, l4.dst_port)
+    wrong[:0] = [f"{name} {getattr(seen, name)} (want {getattr(want, name)})"
+                 for name in (f.name for f in dataclasses.fields(Expect)) if getattr(seen, name) != getattr(want, name)]
     if len(got) >= end and packet_utils.checksum_ip(ip, end - start, got[start:end]) != 0:
-        wrong.append(f"{'UDP' if ip.proto == UDP else 'TCP'} checksum wrong")
+        wrong.append(f"{'UDP' if proto == UDP else 'TCP'} checksum wrong")
     return "came back with " + ", ".join(wrong) if wrong else None
 
 
@@ -133,6 +146,17 @@ def verdict(report: Report, found: dict[str, Finding]) -> None:
         report.say(f"NAT shunts: WRONG ({nat}): the switch accepts a translated connection's flows and rewrites "
                    "its frames wrongly, and no setting of NFShunt's keeps NAT connections on the firewall: keep "
                    "them there by policy (do not shunt translated connections) or do not translate on this switch")
+    v6 = found[IPV6]
+    if v6.support is Support.SUPPORTED:
+        report.say("IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)")
+    elif v6.support is Support.REFUSED:
+        report.say(f"IPv6 routed shunts: not supported ({v6}): the switch refuses an IPv6 pair's flows, so IPv6 "
+                   "connections stay on the firewall (each refusal counted in nfshunt_openflow_errors_total and "
+                   "logged refused-flow); not a reason to refuse routed mode")
+    else:
+        report.say(f"IPv6 routed shunts: WRONG ({v6}): the switch accepts an IPv6 pair's flows and forwards its "
+                   "frames wrongly, and no setting of NFShunt's keeps IPv6 connections on the firewall: keep them "
+                   "there by policy (do not shunt IPv6 connections)")
 
 
 def _conns(prober: Prober, proto: int, n: int) -> tuple[Conn, Conn]:
@@ -143,6 +167,13 @@ def _conns(prober: Prober, proto: int, n: int) -> tuple[Conn, Conn]:
     routed = Conn(t, t.reversed(), SHAPE_ID + SHAPE_BASE + 2 * n, Action.SHUNT, a, b, 0.0, hops=HOPS)
     reply = FlowTuple(4, proto, NAT_SERVER, NAT_TO, NAT_SERVER_PORT, NAT_PORT)  # SNAT and DNAT, ports both
     return routed, dataclasses.replace(routed, reply=reply, ct_id=routed.ct_id + 1, nat=nat_rewrite(t, reply))
+
+
+def _conn6(prober: Prober, n: int) -> Conn:
+    """A routed IPv6 UDP pair over the probed switch's first and last port groups."""
+    t = FlowTuple(6, UDP, SRC6, DST6, 40200 + n, 9)
+    return Conn(t, t.reversed(), SHAPE_ID + SHAPE_BASE + 2 * n, Action.SHUNT, prober.switch.ports[0],
+                prober.switch.ports[-1], 0.0, hops=HOPS)
 
 
 def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
@@ -166,13 +197,15 @@ def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
     return None
 
 
-def _frame_flow(prober: Prober, n: int, proto: int, sport: int, actions: tuple[Any, ...]) -> tuple[int, str | None]:
+def _frame_flow(prober: Prober, n: int, proto: int, sport: int, actions: tuple[Any, ...],
+                family: int = 4) -> tuple[int, str | None]:
     """A flow matching the probe frame of `sport`, doing `actions` then output to the
     controller (the whole frame): its cookie, and why the switch refused it (None: added)."""
     p, ofp = prober.p, prober.ofp
     cookie = FRAME_COOKIES | n
     l4 = {"udp_src": sport} if proto == UDP else {"tcp_src": sport}
-    match = p.OFPMatch(eth_type=0x0800, ip_proto=proto, ipv4_dst=PROBE_DST, **l4)
+    ip = {"eth_type": 0x0800, "ipv4_dst": PROBE_DST} if family == 4 else {"eth_type": 0x86DD, "ipv6_dst": DST6}
+    match = p.OFPMatch(ip_proto=proto, **ip, **l4)
     xids = prober.send([p.OFPFlowMod(prober.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=65535, match=match,
                                      instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
                                          *actions, p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])])])
@@ -182,15 +215,16 @@ def _frame_flow(prober: Prober, n: int, proto: int, sport: int, actions: tuple[A
 
 def _through(prober: Prober, n: int, conn: Conn, want_nat: bool) -> Finding:
     """The original direction's actions of `conn` on a probe frame, as it comes back."""
-    sport = 40300 + n
-    cookie, refused = _frame_flow(prober, n, conn.orig.proto, sport, routed_actions(prober.p, conn, False))
+    sport, family = 40300 + n, conn.orig.family
+    cookie, refused = _frame_flow(prober, n, conn.orig.proto, sport, routed_actions(prober.p, conn, False), family)
     if refused is not None:
         return Finding(Support.REFUSED, f"its probe flow {refused}")
-    msg = _packet_in(prober, frame(conn.orig.proto, sport, 64), cookie)
+    msg = _packet_in(prober, frame(conn.orig.proto, sport, 64, family), cookie)
     if msg is None:
         return Finding(Support.WRONG, f"the probe frame never came back within {FRAME_WAIT:.0f} s")
     hop = HOPS[0]
-    want = Expect(hop.eth_src, hop.eth_dst, 63, "198.51.100.1", PROBE_DST, sport, 9)
+    want = Expect(hop.eth_src, hop.eth_dst, 63, *(("198.51.100.1", PROBE_DST) if family == 4 else (SRC6, DST6)),
+                  sport, 9)
     if want_nat:
         want = dataclasses.replace(want, src=NAT_TO, dst=NAT_SERVER, sport=NAT_PORT, dport=NAT_SERVER_PORT)
     wrong = problem(bytes(msg.data), want)
@@ -205,8 +239,8 @@ def _installed(prober: Prober, conn: Conn) -> str | None:
 
 
 def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
-    """Shapes 1 and 2: the pairs installed (a TCP one with its catchers, a UDP one), then
-    a probe frame through their actions."""
+    """Shapes 1, 2 and 4: the pairs installed (a TCP one with its catchers, a UDP one; an
+    IPv6 UDP one), then a probe frame through their actions."""
     found: dict[str, Finding] = {}
     for name, nat in ((REWRITE, False), (NAT, True)):
         finding = Finding(Support.SUPPORTED)
@@ -222,6 +256,12 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
                 finding = Finding(finding.support, f"{'TCP' if proto == TCP else 'UDP'}: {finding.detail}")
                 break
         found[name] = finding
+    v6 = _conn6(prober, 6)
+    why = _installed(prober, v6)
+    if why is not None:
+        found[IPV6] = Finding(Support.WRONG if why.startswith("accepted") else Support.REFUSED, f"UDP pair {why}")
+    else:
+        found[IPV6] = _through(prober, 6, v6, False)
     return found
 
 
@@ -263,7 +303,7 @@ def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
     """The three routed shapes, each reported; their flows removed."""
     if len(prober.switch.ports) < 2 or not prober.of13:
         found = {name: Finding(Support.REFUSED, "not probed: needs OpenFlow 1.3 and two port groups")
-                 for name in (REWRITE, NAT, INVALID_TTL)}
+                 for name in (REWRITE, NAT, INVALID_TTL, IPV6)}
     else:
         try:
             found = rewrite_and_nat(prober)
@@ -272,6 +312,6 @@ def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
             prober.delete_probe_flows()
     report.say("routed shapes (installed as the controller does, a probe frame sent through each):")
     for name, finding in found.items():
-        mark = "ok  " if finding.support is Support.SUPPORTED else ("no  " if name == NAT else "FAIL")
+        mark = "ok  " if finding.support is Support.SUPPORTED else ("no  " if name in (NAT, IPV6) else "FAIL")
         report.say(f"  {mark} {name}: {finding}")
     return found

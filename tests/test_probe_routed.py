@@ -12,7 +12,7 @@ import pytest
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
 from nfshunt import probe, probe_routed
-from nfshunt.probe_routed import INVALID_TTL, NAT, REWRITE, Finding, Support
+from nfshunt.probe_routed import INVALID_TTL, IPV6, NAT, REWRITE, Finding, Support
 from nfshunt.records.model import TCP, UDP
 from tests.support import fakeswitch as fs
 from tests.test_probe_shapes import _prober
@@ -46,7 +46,7 @@ def test_a_switch_that_drops_invalid_ttl_packet_ins_is_refused_routed_mode_sayin
 
 def test_a_switch_that_refuses_nat_set_fields_keeps_routed_mode_and_says_nat_stays_on_the_firewall():
     report = _verdict({REWRITE: OK, NAT: Finding(Support.REFUSED, "TCP pair refused (error type 2 code 4)"),
-                       INVALID_TTL: OK})
+                       INVALID_TTL: OK, IPV6: OK})
     assert report.ok and "experimental_routed" not in report.settings
     assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins)" in report.lines
     (line,) = [line for line in report.lines if line.startswith("NAT shunts:")]
@@ -56,17 +56,29 @@ def test_a_switch_that_refuses_nat_set_fields_keeps_routed_mode_and_says_nat_sta
 
 def test_a_switch_that_takes_nat_set_fields_and_rewrites_wrongly_is_warned_of():
     report = _verdict({REWRITE: OK, NAT: Finding(Support.WRONG, "UDP: came back with UDP checksum wrong"),
-                       INVALID_TTL: OK})
+                       INVALID_TTL: OK, IPV6: OK})
     (line,) = [line for line in report.lines if line.startswith("NAT shunts:")]
     assert line.startswith("NAT shunts: WRONG (accepted but wrong: UDP: came back with UDP checksum wrong)")
     assert "keep them there by policy" in line
 
 
-def test_a_switch_that_does_all_three_is_recommended_routed_mode():
-    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK})
+def test_a_switch_that_does_all_four_is_recommended_routed_mode():
+    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK, IPV6: OK})
     assert report.ok and report.settings == {}
     assert report.lines == ["routed mode: supported (the router's rewrite, invalid-TTL packet-ins)",
-                            "NAT shunts: supported (addresses and ports rewritten, checksums fixed)"]
+                            "NAT shunts: supported (addresses and ports rewritten, checksums fixed)",
+                            "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)"]
+
+
+@pytest.mark.parametrize("support, says", [
+    (Support.REFUSED, "IPv6 connections stay on the firewall"),
+    (Support.WRONG, "keep them there by policy (do not shunt IPv6 connections)"),
+])
+def test_a_switch_without_the_ipv6_rewrite_keeps_routed_mode_and_says_what_happens_to_ipv6(support, says):
+    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK, IPV6: Finding(support, "UDP: came back with ttl 64")})
+    assert report.ok and "experimental_routed" not in report.settings
+    (line,) = [line for line in report.lines if line.startswith("IPv6 routed shunts:")]
+    assert says in line and "came back with ttl 64" in line
 
 
 def _out(proto: int = UDP, ttl: int = 63, src: str = "02:00:5e:00:53:b1", break_ip: bool = False,
@@ -99,7 +111,7 @@ def test_the_frame_check_passes_the_router_s_rewrite_and_names_each_thing_wrong(
     assert probe_routed.problem(_out(proto, break_ip=True), WANT) == "came back with IPv4 header checksum wrong"
     assert probe_routed.problem(_out(proto, break_l4=True), WANT) == \
         f"came back with {'UDP' if proto == UDP else 'TCP'} checksum wrong"
-    assert probe_routed.problem(b"\x00" * 20, WANT) == "came back not an IPv4 TCP/UDP frame"
+    assert probe_routed.problem(b"\x00" * 20, WANT) == "came back not an IP TCP/UDP frame"
 
 
 def _invalid_ttl(monkeypatch: Any, answer: Any) -> tuple[Finding, Any]:
@@ -153,5 +165,31 @@ def test_a_switch_that_refuses_dec_ttl_is_refused_the_rewrite_naming_the_error_a
     # (the fake refuses as OFPET_BAD_MATCH / OFPBMC_BAD_FIELD: whatever it says is named)
     assert found[REWRITE] == Finding(Support.REFUSED, "TCP pair refused (error type 4 code 6)")
     assert found[NAT].support is Support.REFUSED  # (its flows begin with dec_ttl too)
+    assert found[IPV6] == Finding(Support.REFUSED, "UDP pair refused (error type 4 code 6)")
     prober.delete_probe_flows()
     assert switch.entries == []
+
+
+def _out6(hop_limit: int = 63, src: str = "02:00:5e:00:53:b1", break_l4: bool = False) -> bytes:
+    """The IPv6 probe frame as a switch doing the router's rewrite sends it on."""
+    from os_ken.lib.packet import ipv6
+    pkt = packet.Packet(probe_routed.frame(UDP, 40306, 64, family=6))
+    eth, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv6.ipv6)
+    eth.src, eth.dst, ip.hop_limit = src, "02:00:5e:00:53:b2", hop_limit
+    pkt.get_protocol(udp.udp).csum = 0
+    pkt.serialize()
+    data = bytearray(pkt.data)
+    if break_l4:
+        data[data.index(b"nfshunt probe")] ^= 0xFF
+    return bytes(data)
+
+
+def test_the_frame_check_reads_an_ipv6_frame_s_hop_limit_and_checksum():
+    want = probe_routed.Expect("02:00:5e:00:53:b1", "02:00:5e:00:53:b2", 63, probe_routed.SRC6, probe_routed.DST6,
+                               40306, 9)
+    assert probe_routed.problem(_out6(), want) is None
+    assert probe_routed.problem(_out6(hop_limit=64), want) == "came back with ttl 64 (want 63)"
+    assert probe_routed.problem(_out6(break_l4=True), want) == "came back with UDP checksum wrong"
+    assert probe_routed.problem(probe_routed.frame(UDP, 40306, 64, family=6), want) == \
+        f"came back with eth_src {probe_routed.SENT_SRC} (want 02:00:5e:00:53:b1), eth_dst {probe_routed.SENT_DST} " \
+        "(want 02:00:5e:00:53:b2), ttl 64 (want 63)"

@@ -1,5 +1,6 @@
 """`nfshunt probe-switch` against the routed testbed's Open vSwitch (issue 38 item 3): each
-routed shape (the router's rewrite, NAT's set_fields, invalid-TTL packet-ins) installed as
+routed shape (the router's rewrite, NAT's set_fields, invalid-TTL packet-ins, an IPv6 pair's
+rewrite) installed as
 the controller does and a probe frame sent through it, all supported, and the switch's flows
 left as the probe found them."""
 from __future__ import annotations
@@ -17,8 +18,9 @@ def test_probe_switch_finds_open_vswitch_does_every_routed_shape(integration_rea
     with running(Bed(mode="routed")) as tb:
         out, settings = _probe(tb)
     print(out)
-    for shape in (probe_routed.REWRITE, probe_routed.NAT, probe_routed.INVALID_TTL):
+    for shape in (probe_routed.REWRITE, probe_routed.NAT, probe_routed.INVALID_TTL, probe_routed.IPV6):
         assert f"  ok   {shape}: supported" in out, shape
     assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins)" in out
     assert "NAT shunts: supported (addresses and ports rewritten, checksums fixed)" in out
+    assert "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)" in out
     assert "experimental_routed" not in settings and "FAIL" not in out
