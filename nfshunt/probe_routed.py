@@ -12,7 +12,7 @@ place of the peer port, so no frame leaves the switch):
    dec_ttl flow must reach the controller as a packet-in of reason INVALID_TTL carrying the
    flow's cookie and the frame as it arrived;
 4. the router's rewrite of an IPv6 pair: the frame must come back with the next hop's MACs
-   and its hop limit one lower.
+   and its hop limit one lower, and one of hop limit 1 as an INVALID_TTL packet-in, as in 3.
 
 Without 1 or 3 routed mode is refused (the probe exits 1); without 2, NAT connections stay
 on the firewall; without 4, IPv6 connections (a refused flow leaves its connection on the
@@ -49,7 +49,7 @@ SRC6, DST6 = "2001:db8::1", "2001:db8::fe"  # the IPv6 documentation prefix
 REWRITE = "routed shunt: dec_ttl, set_field eth_src/eth_dst, output"
 NAT = "NAT set_field ipv4_src/ipv4_dst, tcp/udp ports"
 INVALID_TTL = "invalid-TTL packet-in (set_async INVALID_TTL; a TTL-1 frame through dec_ttl)"
-IPV6 = "IPv6 routed shunt: dec_ttl (hop limit), set_field eth_src/eth_dst, output"
+IPV6 = "IPv6 routed shunt: dec_ttl (hop limit; 1: a packet-in), set_field eth_src/eth_dst, output"
 WHY = {REWRITE: "a shunted frame would leave without the router's rewrite (the next hop's MAC, the TTL one lower)",
        INVALID_TTL: "a frame whose TTL expires on a shunt would not reach the firewall, which must answer it with "
                     "ICMP time exceeded (traceroute through a shunted connection would not show the router)"}
@@ -148,7 +148,8 @@ def verdict(report: Report, found: dict[str, Finding]) -> None:
                    "them there by policy (do not shunt translated connections) or do not translate on this switch")
     v6 = found[IPV6]
     if v6.support is Support.SUPPORTED:
-        report.say("IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)")
+        report.say("IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs, an expiring one to "
+                   "the firewall)")
     elif v6.support is Support.REFUSED:
         report.say(f"IPv6 routed shunts: not supported ({v6}): the switch refuses an IPv6 pair's flows, so IPv6 "
                    "connections stay on the firewall (each refusal counted in nfshunt_openflow_errors_total and "
@@ -265,25 +266,29 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
     return found
 
 
-def invalid_ttl(prober: Prober) -> Finding:
+def invalid_ttl(prober: Prober, family: int = 4) -> Finding:
     """Shape 3: the controller's set_async, then a TTL-1 frame through a dec_ttl flow must
-    come back as an INVALID_TTL packet-in with the flow's cookie and the frame as it came."""
-    xids = prober.send([invalid_ttl_packet_ins(prober.dp)])
-    prober.barrier()
-    refused = prober.refused(xids)
-    if refused is not None:
-        return Finding(Support.REFUSED, f"set_async {refused}")
-    routed, _ = _conns(prober, UDP, 0)
-    n, sport = 8, 40399
-    cookie, refused = _frame_flow(prober, n, UDP, sport, routed_actions(prober.p, routed, False))
+    come back as an INVALID_TTL packet-in with the flow's cookie and the frame as it came.
+    `family` 6: an IPv6 frame of hop limit 1 (the set_async sent for IPv4 already)."""
+    if family == 4:
+        xids = prober.send([invalid_ttl_packet_ins(prober.dp)])
+        prober.barrier()
+        refused = prober.refused(xids)
+        if refused is not None:
+            return Finding(Support.REFUSED, f"set_async {refused}")
+    routed = _conns(prober, UDP, 0)[0] if family == 4 else _conn6(prober, 7)
+    n, sport = (8, 40399) if family == 4 else (9, 40398)
+    cookie, refused = _frame_flow(prober, n, UDP, sport, routed_actions(prober.p, routed, False), family)
     if refused is not None:
         return Finding(Support.REFUSED, f"its dec_ttl flow {refused}")
-    sent = frame(UDP, sport, 1)
+    sent = frame(UDP, sport, 1, family)
     msg = _packet_in(prober, sent, cookie)
     if msg is None:
         return Finding(Support.WRONG, f"no packet-in within {FRAME_WAIT:.0f} s: the switch dropped the expiring frame")
     if msg.reason != OFPR_INVALID_TTL:
-        ttl = ip.ttl if (ip := packet.Packet(bytes(msg.data)).get_protocol(ipv4.ipv4)) is not None else "?"
+        got = packet.Packet(bytes(msg.data))
+        ttl = ip.ttl if (ip := got.get_protocol(ipv4.ipv4)) is not None else \
+            ip6.hop_limit if (ip6 := got.get_protocol(ipv6.ipv6)) is not None else "?"
         return Finding(Support.WRONG, f"packet-in reason {msg.reason}, not INVALID_TTL ({OFPR_INVALID_TTL}): the "
                                       f"switch forwarded the expiring frame on (TTL {ttl}) instead of stopping it")
     if bytes(msg.data)[:len(sent)] != sent:
@@ -308,6 +313,10 @@ def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
         try:
             found = rewrite_and_nat(prober)
             found[INVALID_TTL] = invalid_ttl(prober)
+            if found[IPV6].support is Support.SUPPORTED and found[INVALID_TTL].support is Support.SUPPORTED:
+                expiring = invalid_ttl(prober, 6)  # an IPv6 hop limit expiring on a shunt, too
+                if expiring.support is not Support.SUPPORTED:
+                    found[IPV6] = Finding(expiring.support, f"hop limit 1: {expiring.detail}")
         finally:
             prober.delete_probe_flows()
     report.say("routed shapes (installed as the controller does, a probe frame sent through each):")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from os_ken.lib.packet import ethernet, ipv4, packet, udp
+from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, udp
 
 from nfshunt import probe, probe_routed
 from nfshunt.probe_routed import INVALID_TTL, IPV6, NAT, REWRITE, Finding, Support
@@ -67,7 +67,8 @@ def test_a_switch_that_does_all_four_is_recommended_routed_mode():
     assert report.ok and report.settings == {}
     assert report.lines == ["routed mode: supported (the router's rewrite, invalid-TTL packet-ins)",
                             "NAT shunts: supported (addresses and ports rewritten, checksums fixed)",
-                            "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)"]
+                            "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs, an "
+                            "expiring one to the firewall)"]
 
 
 @pytest.mark.parametrize("support, says", [
@@ -114,7 +115,7 @@ def test_the_frame_check_passes_the_router_s_rewrite_and_names_each_thing_wrong(
     assert probe_routed.problem(b"\x00" * 20, WANT) == "came back not an IP TCP/UDP frame"
 
 
-def _invalid_ttl(monkeypatch: Any, answer: Any) -> tuple[Finding, Any]:
+def _invalid_ttl(monkeypatch: Any, answer: Any, family: int = 4) -> tuple[Finding, Any]:
     """probe_routed.invalid_ttl against the fake switch, whose packet-outs `answer` turns
     into packet-ins (or none) given the frame sent and the cookie of the flow it went through."""
     monkeypatch.setattr(probe_routed, "FRAME_WAIT", 0.3)
@@ -126,14 +127,26 @@ def _invalid_ttl(monkeypatch: Any, answer: Any) -> tuple[Finding, Any]:
         if msg_type != switch.ofproto.OFPT_PACKET_OUT:
             return real(msg_type, xid, buf)
         flow = next(e for e in switch.entries if e.cookie & ~0xFF == probe.FRAME_COOKIES)
-        got = answer(buf[-len(probe_routed.frame(UDP, 40399, 1)):], flow.cookie)  # (the frame: the message's tail)
+        got = answer(buf[-len(probe_routed.frame(UDP, 40399, 1, family)):], flow.cookie)  # (the message's tail)
         if got is not None:
             prober.app.frames.put(got)
     switch.receive = receive
-    finding = probe_routed.invalid_ttl(prober)
+    finding = probe_routed.invalid_ttl(prober, family)
     prober.delete_probe_flows()
-    assert switch.entries == [] and switch.asked[fs.ASYNC] == 1  # the controller's set_async, once
+    assert switch.entries == [] and switch.asked[fs.ASYNC] == (family == 4)  # the set_async once, with IPv4's
     return finding, switch
+
+
+def test_an_ipv6_frame_of_hop_limit_1_is_checked_as_an_ipv4_one_of_ttl_1(monkeypatch):
+    came_back = []
+
+    def answer(data, cookie):
+        came_back.append(data)
+        return SimpleNamespace(cookie=cookie, reason=2, data=data)
+    assert _invalid_ttl(monkeypatch, answer, family=6)[0] == OK
+    assert packet.Packet(came_back[0]).get_protocol(ipv6.ipv6).hop_limit == 1
+    dropped, _ = _invalid_ttl(monkeypatch, lambda data, cookie: None, family=6)
+    assert dropped.support is Support.WRONG and "dropped the expiring frame" in dropped.detail
 
 
 def test_invalid_ttl_supported_when_the_expiring_frame_comes_back_as_it_arrived_with_the_flow_s_cookie(monkeypatch):
@@ -172,7 +185,6 @@ def test_a_switch_that_refuses_dec_ttl_is_refused_the_rewrite_naming_the_error_a
 
 def _out6(hop_limit: int = 63, src: str = "02:00:5e:00:53:b1", break_l4: bool = False) -> bytes:
     """The IPv6 probe frame as a switch doing the router's rewrite sends it on."""
-    from os_ken.lib.packet import ipv6
     pkt = packet.Packet(probe_routed.frame(UDP, 40306, 64, family=6))
     eth, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv6.ipv6)
     eth.src, eth.dst, ip.hop_limit = src, "02:00:5e:00:53:b2", hop_limit

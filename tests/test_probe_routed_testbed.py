@@ -22,5 +22,6 @@ def test_probe_switch_finds_open_vswitch_does_every_routed_shape(integration_rea
         assert f"  ok   {shape}: supported" in out, shape
     assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins)" in out
     assert "NAT shunts: supported (addresses and ports rewritten, checksums fixed)" in out
-    assert "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs)" in out
+    assert "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs, an expiring one to the " \
+           "firewall)" in out
     assert "experimental_routed" not in settings and "FAIL" not in out
