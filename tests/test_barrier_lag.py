@@ -106,8 +106,14 @@ def test_confirming_forwarding_loses_no_packet_behind_a_lagging_switch(lagging, 
     # switch's revalidation added more than the 0.2 s margin (`counters` needs no margin).
     _configure(lagging, confirm=mode, confirm_delay=1.0)
     result, drops, closed = _shunted_transfer(lagging, LAGGING_SECONDS)
-    stall = longest_stall(result)
+    intervals = result["server_output_json"]["intervals"]
+    # While the sender sends: once it stops, the receiver reports empty intervals until the test's
+    # end is agreed over the control connection, whose close behind this lagging switch is the
+    # teardown tests' business (CI-10 of session 50: "longest stall 6.4 s", 32 empty intervals of
+    # 0.2 s, in a 4 s transfer with 6 drops at the close).
+    sending = [iv for iv in intervals if iv["sum"]["start"] < LAGGING_SECONDS]
+    stall = longest_stall({"server_output_json": {"intervals": sending}})
     print(f"confirm {mode}, 400 ms lag: {drops} packets dropped as INVALID at the move ({closed} at the close), "
-          f"longest stall {stall:.1f} s")
+          f"longest stall while sending {stall:.1f} s, over the whole report {longest_stall(result):.1f} s")
     assert drops == 0
-    assert stall < 1.0
+    assert stall < 1.0, [(round(iv["sum"]["start"], 1), iv["sum"]["bytes"]) for iv in intervals]
