@@ -239,6 +239,11 @@ def _installed(prober: Prober, conn: Conn) -> str | None:
                                 prober.fb.remove(conn, (False, True)))
 
 
+def _not_installed(what: str, why: str) -> Finding:
+    """A pair the switch would not take as installed (`why`: _installed's answer)."""
+    return Finding(Support.WRONG if why.startswith("accepted") else Support.REFUSED, f"{what} {why}")
+
+
 def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
     """Shapes 1, 2 and 4: the pairs installed (a TCP one with its catchers, a UDP one; an
     IPv6 UDP one), then a probe frame through their actions."""
@@ -249,8 +254,7 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
             conn = _conns(prober, proto, 2 * n + nat)[nat]
             why = _installed(prober, conn)
             if why is not None:
-                finding = Finding(Support.WRONG if why.startswith("accepted") else Support.REFUSED,
-                                  f"{'TCP' if proto == TCP else 'UDP'} pair {why}")
+                finding = _not_installed(f"{'TCP' if proto == TCP else 'UDP'} pair", why)
                 break
             finding = _through(prober, 2 * n + nat, conn, nat)
             if finding.support is not Support.SUPPORTED:
@@ -259,10 +263,7 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
         found[name] = finding
     v6 = _conn6(prober, 6)
     why = _installed(prober, v6)
-    if why is not None:
-        found[IPV6] = Finding(Support.WRONG if why.startswith("accepted") else Support.REFUSED, f"UDP pair {why}")
-    else:
-        found[IPV6] = _through(prober, 6, v6, False)
+    found[IPV6] = _not_installed("UDP pair", why) if why is not None else _through(prober, 6, v6, False)
     return found
 
 

@@ -27,7 +27,7 @@ Extra arguments go to every run. Ctrl-C or a SIGTERM stops every run the way Ctr
 pytest, so that each testbed is torn down.
 
 The runs start about 600 Python processes (controllers, the CLI, helpers inside the nodes), and
-where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) each compiled NFShunt's modules
+where PYTHONDONTWRITEBYTECODE is set (as on the project's VMs) each compiled NFShunt's modules
 from source again, and each pytest run rewrote and compiled every test module. The runs share
 one bytecode cache instead, in a directory of their own (PYTHONPYCACHEPREFIX: nothing written
 into the source tree or the virtualenv), filled with NFShunt's and the testbed's modules before

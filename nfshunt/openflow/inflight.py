@@ -39,8 +39,8 @@ BARRIER, FLOW_STATS = "barrier", "flow stats"  # kinds of message (Request.MESSA
 
 class GivenUp(enum.Enum):
     """Why a request was given up (replies.py says it)."""
-    SILENT = "answered nothing"
-    PASSED = "answered later requests, not this one,"
+    SILENT = f"answered nothing for {EXPIRY:.0f} s"
+    PASSED = f"answered later requests, not this one, for {EXPIRY:.0f} s"
 
 
 @dataclasses.dataclass(slots=True)

@@ -22,7 +22,6 @@ from nfshunt.observe.metrics import Counters
 from nfshunt.openflow.channel import table_full
 from nfshunt.openflow.flows import OFPR_INVALID_TTL, REMOVED_REASONS, metadata_teardown, packet_out
 from nfshunt.openflow.inflight import (
-    EXPIRY,
     Barrier,
     Batch,
     CatcherRead,
@@ -271,19 +270,19 @@ class Replies:
                 self._barrier_given_up(sw, request, why, now)
                 continue
             self.counters.add("given_up", why.name.lower())
-            self.rlog.warning(f"given-up-{why.name.lower()}", "switch %s %s for %.0f s: %s given up", sw.name,
-                              why.value, EXPIRY, type(request).__name__)
+            self.rlog.warning(f"given-up-{why.name.lower()}", "switch %s %s: %s given up", sw.name, why.value,
+                              type(request).__name__)
             on_give_up = self.on_give_up.get(type(request))
             if on_give_up is not None:
                 on_give_up(sw, s, request, now)
 
     def _barrier_given_up(self, sw: Switch, request: Barrier, why: GivenUp, now: float) -> None:
-        batch = request.answered(f"the switch {why.value.rstrip(',')} for {EXPIRY:.0f} s")
+        batch = request.answered(f"the switch {why.value}")
         if batch is None:
             return
         self.counters.inc("install_timeouts", len(batch.conns))
-        LOG.warning("switch %s did not answer a barrier within %.0f s (it %s): %d installs rolled back",
-                    sw.name, EXPIRY, why.value.rstrip(","), len(batch.conns))
+        LOG.warning("switch %s did not answer a barrier (it %s): %d installs rolled back", sw.name, why.value,
+                    len(batch.conns))
         self._settle(sw, batch, now, ("no answer from the switch", False))
 
     @staticmethod
