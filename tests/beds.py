@@ -40,6 +40,7 @@ class Bed:
     nat: str | None = None  # mode "routed": "masquerade" translates h1's subnet on its way to h2's
     pcp_stream: tuple[int, int] | None = None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag with the PCP
     vlan: bool = False  # mode "ha": both firewalls on trunks, as mode vlan's (tests/test_vlan_ha.py)
+    routed: bool = False  # mode "ha": both firewalls route, the gateways keepalived's (tests/test_routed_ha.py)
 
 
 @contextmanager
@@ -53,7 +54,7 @@ def running(bed: Bed) -> Iterator[Any]:
                  switch_lag_ms=bed.switch_lag_ms, switch_reorder=bed.switch_reorder,
                  late_barriers=bed.late_barriers, host_offload=bed.host_offload,
                  vrrp_gateway=bed.vrrp_gateway, nat=bed.nat, pcp_stream=bed.pcp_stream,
-                 vlan=bed.vlan) as tb:
+                 vlan=bed.vlan, routed=bed.routed) as tb:
         if tb.controlled and bed.mode != "ha":  # a pair's start waited for its election
             tb.wait_for_controller()
         if bed.strict is Strict.FULL:

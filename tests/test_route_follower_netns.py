@@ -135,3 +135,75 @@ def test_a_next_hop_in_a_large_neighbour_cache_is_asked_for_alone_and_found_as_t
         {a: (m if m != unresolved else None) for a, m in report["answers"].items()}
     print(f"\n4,001 neighbours: a next hop's lookup {report['lookup_ms']:.2f} ms (route, link, its entry); "
           f"get_neighbours' dump alone {report['library_dump_ms']:.1f} ms")
+
+
+# A next hop the kernel has never sent to (a routed pair's new master: its slow ports heard
+# nothing while it stood by). Asked plainly, it stays unresolved; asked with `solicit`, the
+# kernel resolves it (its own ARP request: NTF_USE writes no MAC) and the news tells the MAC;
+# one nobody answers for is left to fail, told nothing (the adoption's wait hands it back).
+# h2 is in a namespace of its own (unshare), its veth end moved there.
+SOLICIT = r"""
+import json, os, subprocess, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from nfshunt.kernel.routes import TableFollower
+from nfshunt.records.model import NextHop
+
+def sh(*args):
+    subprocess.run(args, check=True)
+
+sh("ip", "link", "add", "name", "rta", "type", "veth", "peer", "name", "rtb")
+sh("ip", "link", "set", "rta", "address", "02:00:00:00:fe:01", "up")
+sh("ip", "link", "set", "rtb", "address", "02:00:00:00:00:0b")
+sh("ip", "addr", "add", "10.9.0.1/24", "dev", "rta")
+peer = subprocess.Popen(["unshare", "-n", "sleep", "60"])
+deadline = time.monotonic() + 5
+while os.readlink(f"/proc/{peer.pid}/ns/net") == os.readlink("/proc/self/ns/net") and time.monotonic() < deadline:
+    time.sleep(0.01)
+sh("ip", "link", "set", "rtb", "netns", str(peer.pid))
+for args in (("addr", "add", "10.9.0.2/24", "dev", "rtb"), ("link", "set", "rtb", "up")):
+    sh("nsenter", "-t", str(peer.pid), "-n", "ip", *args)
+news, errors, lock = [], [], threading.Lock()
+def heard(n):
+    with lock:
+        news.append({k: (v.eth_dst if isinstance(v, NextHop) else v) for k, v in n.items()})
+def told(seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        with lock:
+            if news:
+                return news.pop(0)
+    return None
+def ask(addresses, solicit):
+    got = []
+    follower.ask(addresses, got.append, solicit)
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return got[0]
+follower = TableFollower(heard, errors.append)
+follower.start()
+report = {"plain": ask(("10.9.0.2",), False), "plain_news": told(1.5)}
+start = time.monotonic()
+report["solicited"] = ask(("10.9.0.2", "10.9.0.7"), True)
+report["news"] = told(3)
+report["seconds"] = time.monotonic() - start
+report["later"] = told(4)  # (10.9.0.7 FAILED meanwhile: nothing to tell)
+report["errors"] = errors
+report["entry"] = json.loads(subprocess.run(["ip", "-j", "neigh", "show", "10.9.0.7", "dev", "rta"],
+                                            capture_output=True, text=True).stdout or "[]")
+follower.stop()
+peer.kill()
+print(json.dumps(report))
+"""
+
+
+def test_a_next_hop_never_sent_to_is_resolved_by_the_kernel_only_when_solicited(netns):
+    report = json.loads(netns(sys.executable, "-c", SOLICIT, REPO).stdout)
+    unresolved = "routed: the next hop's MAC is not resolved"
+    assert report["plain"] == {"10.9.0.2": unresolved} and report["plain_news"] is None
+    assert report["solicited"] == {"10.9.0.2": unresolved, "10.9.0.7": unresolved}  # (asked before it resolves)
+    assert report["news"] == {"10.9.0.2": "02:00:00:00:00:0b"}, report
+    assert report["later"] is None and report["errors"] == []
+    assert [e.get("state") for e in report["entry"]] in ([], [["FAILED"]], [["INCOMPLETE"]]), report["entry"]
+    print(f"\nsolicited next hop resolved and told {report['seconds']:.2f} s after the question")

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol, ofproto_v1_3_parser  # noqa: E402
 
-from nfshunt.core import routing  # noqa: E402
+from nfshunt.core import routed_adoption, routing  # noqa: E402
 from nfshunt.core.connection import State  # noqa: E402
 from nfshunt.core.routed_adoption import R_NAT_ENTRY_GONE, R_NAT_ENTRY_OTHER  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
@@ -32,7 +32,7 @@ from nfshunt.records.model import (  # noqa: E402
     Rewrite,
     nat_ranges,
 )
-from nfshunt.records.routed import R_NO_ROUTE  # noqa: E402
+from nfshunt.records.routed import R_NO_ROUTE, R_UNRESOLVED  # noqa: E402
 from tests.helpers import config, event  # noqa: E402
 from tests.support.rig import Rig, fast, slow  # noqa: E402
 from tests.test_flowstats import _entry, _parse, _reply  # noqa: E402
@@ -55,10 +55,15 @@ class FakeFollower:
     def __init__(self, answers: dict[str, Any]):
         self.answers = answers
         self.asked: list[tuple[str, ...]] = []
+        self.solicited: list[str] = []  # the unresolved next hops the kernel was asked to resolve
 
-    def ask(self, addresses: tuple[str, ...], answered: Callable[[dict[str, Any]], None]) -> None:
+    def ask(self, addresses: tuple[str, ...], answered: Callable[[dict[str, Any]], None],
+            solicit: bool = False) -> None:
         self.asked.append(tuple(addresses))
-        answered({a: self.answers.get(a, R_NO_ROUTE) for a in addresses})
+        answers = {a: self.answers.get(a, R_NO_ROUTE) for a in addresses}
+        if solicit:
+            self.solicited += [a for a, answer in answers.items() if answer == R_UNRESOLVED]
+        answered(answers)
 
     def stop(self) -> None:
         pass
@@ -66,7 +71,7 @@ class FakeFollower:
 
 def _rig(answers=None, switch=None, now=100.0) -> Rig:
     rig = Rig(OFP13, switch=switch, now=now, connect=False, **ROUTED)
-    rig.dispatcher.follower = FakeFollower(dict(GOOD if answers is None else answers))
+    rig.dispatcher.tables.follower = FakeFollower(dict(GOOD if answers is None else answers))
     rig.connect(rig.switch)
     return rig
 
@@ -174,7 +179,7 @@ def test_a_restarted_controller_adopts_a_routed_pair_whose_next_hops_are_the_tab
     again = _restarted(first)
     adopted = again.core.find(tuple_=conn.orig)
     assert adopted is not None and adopted.adopted and adopted.state is State.LIVE and adopted.key == conn.key
-    assert again.dispatcher.follower.asked == [(H2, H1)]  # asked, once, off the loop
+    assert again.dispatcher.tables.follower.asked == [(H2, H1)]  # asked, once, off the loop
     assert adopted.hops == (GOOD[H2], GOOD[H1]) and adopted.nat is None
     # Not re-installed, not rewritten: the very entries (same cookies, same install time).
     assert {e.cookie: e for e in again.flows(cookies.Kind.SHUNT)} == entries
@@ -218,6 +223,46 @@ def test_an_adopted_routed_pair_whose_route_moved_or_went_is_handed_back_alive(a
     assert again.counters.flat().get(f"removed:shunt:{reason}") == 1
 
 
+def test_a_new_master_keeps_an_adopted_pair_while_its_kernel_resolves_a_next_hop_it_never_sent_to():
+    """A routed pair's takeover (docs/routed.md "A firewall pair"): the flows carry the old
+    master's MAC as source; the new master's kernel has no entry for h2 (its slow ports heard
+    nothing while it stood by). The next hop is solicited and the pair keeps its flows
+    meanwhile; resolved, the tables' news rewrites them in place with the new master's MAC."""
+    first = _rig()
+    conn = _shunted(first, event(received=first.now))
+    before = {e.cookie for e in first.flows(cookies.Kind.SHUNT)}
+    again = _restarted(first, {**GOOD, H2: R_UNRESOLVED})
+    adopted = again.core.find(tuple_=conn.orig)
+    assert adopted is not None and adopted.state is State.LIVE
+    assert again.dispatcher.tables.follower.solicited == [H2]
+    assert again.counters.flat().get("routed_next_hops_solicited") == 1
+    again.advance(routed_adoption.RESOLVE_WAIT - 1)
+    assert adopted.state is State.LIVE and fast(again, adopted) and not again.worker.restores
+    mine = dataclasses.replace(GOOD[H2], eth_src=NEW_MAC)  # (the new master's egress MAC)
+    again.run(again.core.tables_changed({H2: mine}, again.now))
+    again.advance(routed_adoption.RESOLVE_WAIT)  # (past the wait: resolved, it stays)
+    assert adopted.state is State.LIVE and adopted.hops[0] == mine
+    flows = {f.cookie: f for f in _pair_flows(again)}
+    assert set(flows) == before  # the same flows, rewritten in place
+    assert flows[conn.cookie(False)].rewrite == FlowRewrite(NEW_MAC, H2_MAC)
+    assert flows[conn.cookie(True)].rewrite == FlowRewrite(FW0, H1_MAC)
+    assert not again.worker.restores and fast(again, adopted)
+
+
+def test_an_adopted_pair_whose_next_hop_does_not_resolve_goes_back_alive_after_the_wait():
+    first = _rig()
+    conn = _shunted(first, event(received=first.now))
+    again = _restarted(first, {**GOOD, H2: R_UNRESOLVED})
+    adopted = again.core.find(tuple_=conn.orig)
+    again.advance(routed_adoption.RESOLVE_WAIT - 1)
+    assert adopted.state is State.LIVE and fast(again, adopted)
+    again.advance(2)
+    assert adopted.state is State.TAKING_DOWN and adopted.remove_reason == R_UNRESOLVED
+    assert [r.orig for r in again.worker.restores] == [conn.orig]  # its entry comes back first (alive)
+    again.kernel_answers()
+    assert slow(again, conn) and again.counters.flat().get(f"removed:shunt:{R_UNRESOLVED}") == 1
+
+
 def test_a_routed_pair_whose_mac_changed_while_the_switch_was_away_is_rewritten_at_the_reconnect():
     """The tables' news came while the switch was away: its RewriteFlows went nowhere. The
     switch kept its table: the reconcile finds the old MAC in the flows and rewrites them."""
@@ -246,7 +291,7 @@ def test_a_restarted_controller_adopts_a_nat_pair_by_its_reply_tuple_when_its_en
     assert conn.nat is not None and not conn.entry_deleted
     entries = {e.cookie: e.added for e in first.flows(cookies.Kind.SHUNT)}
     again = Rig(OFP13, switch=first.switch, now=first.now + 1, connect=False, **ROUTED)
-    again.dispatcher.follower = FakeFollower(GOOD)
+    again.dispatcher.tables.follower = FakeFollower(GOOD)
     again.worker.entries[conn.orig] = _kept_entry(conn)
     again.connect(again.switch)
     adopted = again.core.find(tuple_=conn.orig)
@@ -267,7 +312,7 @@ def test_a_nat_pair_whose_entry_is_gone_or_another_s_is_handed_back_with_its_nat
     first = _rig()
     conn = _shunted(first, _nat_event())
     again = Rig(OFP13, switch=first.switch, now=first.now + 1, connect=False, **ROUTED)
-    again.dispatcher.follower = FakeFollower(GOOD)
+    again.dispatcher.tables.follower = FakeFollower(GOOD)
     if other:  # re-created while the controller was away, with another translation
         again.worker.entries[conn.orig] = _kept_entry(conn, ct_id=99, reply=MASQ_REPLY._replace(dport=61999))
     again.connect(again.switch)

@@ -225,7 +225,7 @@ def test_the_dispatcher_asks_the_follower_and_runs_its_answer_on_the_loop(monkey
     from types import SimpleNamespace
 
     from nfshunt.core.commands import HopsKnown, ResolveHops, TablesChanged
-    from nfshunt.switch import dispatch
+    from nfshunt.switch import dispatch, tables_link
 
     asked, started = [], []
 
@@ -236,10 +236,10 @@ def test_the_dispatcher_asks_the_follower_and_runs_its_answer_on_the_loop(monkey
         def start(self):
             started.append(True)
 
-        def ask(self, addresses, reply):
+        def ask(self, addresses, reply, solicit=False):
             asked.append((addresses, reply))
 
-    monkeypatch.setattr(dispatch, "TableFollower", Follower)
+    monkeypatch.setattr(tables_link, "TableFollower", Follower)
     posted = []
     news = []
     d = dispatch.Dispatcher(SimpleNamespace(), SimpleNamespace(counters=None, handlers={}), lambda *a: None,
@@ -255,7 +255,7 @@ def test_the_dispatcher_asks_the_follower_and_runs_its_answer_on_the_loop(monkey
     assert isinstance(answer, HopsKnown)
     (install,) = d.execute(sw, answer)
     assert isinstance(install, InstallFlows)
-    d.follower.on_news({H2: routes.R_NO_ROUTE})
+    d.tables.follower.on_news({H2: routes.R_NO_ROUTE})
     assert news == [{H2: routes.R_NO_ROUTE}]
     down = d.execute(sw, TablesChanged({H2: routes.R_NO_ROUTE}))
     assert down == [] and install.conn.remove_reason == routes.R_NO_ROUTE  # (pending: goes once confirmed)

@@ -82,7 +82,7 @@ def test_a_bridged_entry_s_cookie_is_what_it_was():
 
 def _rig(answers=None, entries=(STREAM,), follower=None) -> Rig:
     rig = Rig(OFP13, connect=False, **{**ROUTED, "static_shunts": list(entries)})
-    rig.dispatcher.follower = follower or FakeFollower(dict(GOOD if answers is None else answers))
+    rig.dispatcher.tables.follower = follower or FakeFollower(dict(GOOD if answers is None else answers))
     rig.connect(rig.switch)
     return rig
 
@@ -100,7 +100,7 @@ def _static(rig: Rig) -> dict[bool, FlowRewrite | None]:
 
 def test_a_routed_static_stream_goes_on_with_the_router_s_rewrite_once_the_tables_answer():
     rig = _rig()
-    assert (H1, H2) in {tuple(sorted(a)) for a in rig.dispatcher.follower.asked}
+    assert (H1, H2) in {tuple(sorted(a)) for a in rig.dispatcher.tables.follower.asked}
     assert _static(rig) == {False: FlowRewrite(FW1, H2_MAC), True: FlowRewrite(FW0, H1_MAC)}
     fate = rig.packet(1, FWD)
     assert fate.outputs == (3,) and cookies.parse(fate.cookies[0])[0] is cookies.Kind.STATIC
@@ -109,7 +109,7 @@ def test_a_routed_static_stream_goes_on_with_the_router_s_rewrite_once_the_table
 class Silent(FakeFollower):
     """A follower whose answer has not come yet."""
 
-    def ask(self, addresses, answered):
+    def ask(self, addresses, answered, solicit=False):
         self.asked.append(tuple(addresses))
         self.pending = answered
 
@@ -167,7 +167,7 @@ def test_a_flow_withdrawn_while_the_switch_was_away_goes_at_the_reconnect():
     rig.disconnect()
     rig.run(rig.core.tables_changed({H2: R_NEXT_HOP_FAILED}, rig.now))  # (its RemoveStatic went nowhere)
     assert len(rig.flows(cookies.Kind.STATIC)) == 2  # (both still on the switch)
-    rig.dispatcher.follower.answers[H2] = R_NEXT_HOP_FAILED
+    rig.dispatcher.tables.follower.answers[H2] = R_NEXT_HOP_FAILED
     rig.connect(rig.switch)
     assert _static(rig) == {True: FlowRewrite(FW0, H1_MAC)} and rig.packet(1, FWD).outputs == (SLOW,)
 
@@ -214,7 +214,7 @@ def test_a_restarted_controller_keeps_the_routed_static_flows_it_finds_and_check
     first = _rig()
     again = Rig(OFP13, switch=first.switch, now=first.now + 1, connect=False,
                 **{**ROUTED, "static_shunts": [STREAM]})
-    again.dispatcher.follower = FakeFollower({**GOOD, H2: dataclasses.replace(GOOD[H2], eth_dst=NEW_MAC)})
+    again.dispatcher.tables.follower = FakeFollower({**GOOD, H2: dataclasses.replace(GOOD[H2], eth_dst=NEW_MAC)})
     again.connect(again.switch)
     assert _static(again) == {False: FlowRewrite(FW1, NEW_MAC), True: FlowRewrite(FW0, H1_MAC)}
 

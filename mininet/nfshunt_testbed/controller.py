@@ -57,7 +57,7 @@ class Controllers(Topology):
         ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
                  {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
         groups: dict[str, Any] = {"ports": ports}
-        if self.mode == "routed":  # the router's interfaces, not bridge ports
+        if self.routed:  # the router's interfaces, not bridge ports
             ports = [{"fast": g["fast"], "slow": g["slow"], "physdevin": g["physdevin"], "interface": g["bridge_port"]}
                      for g in ports]
             groups = {"ports": ports, "forwarding": "routed"}
@@ -132,7 +132,7 @@ class Controllers(Topology):
     def strict_rules(self) -> list[tuple[str, tuple[str, ...]]]:
         """(tool, rule) strict_firewalls inserts: FORWARD's for IPv4; a router's INPUT's and
         IPv6's too."""
-        if self.mode != "routed":
+        if not self.routed:
             return [("iptables", STRICT_RULE)]
         return [(tool, (chain, *STRICT_RULE[1:]))
                 for tool in ("iptables", "ip6tables") for chain in ("FORWARD", "INPUT")]

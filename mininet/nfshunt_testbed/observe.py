@@ -122,7 +122,7 @@ class Observation(Topology):
         self._switch_counters(c, FAST2, SLOW2)
         self._host_counters(c, self.fw, "fw-eth1")
         self._host_counters(c, self.fw, "fw-eth0")
-        if self.mode == "routed":  # the router's own frames and the hosts' to it left out (topology.py)
+        if self.routed:  # the router's own frames and the hosts' to it left out (topology.py)
             c["fw-eth0.rx"], c["fw-eth1.tx"] = self._routed_ipv4_counts()
         self._switch_counters(c, SLOW1, FAST1)
         self._host_counters(c, self.h1, "h1-eth0")

@@ -17,7 +17,17 @@ from typing import Sequence
 from .controller import Controllers
 from .linkemu import stop_process
 from .machine import processes_in_netns
-from .topology import GATEWAY_VIP, REPO, SYNC_ADDRS, VRRP_ADDRS, VRRP_VIP, Firewall, TestbedError
+from .topology import (
+    GATEWAY_VIP,
+    REPO,
+    ROUTED_GATEWAYS,
+    ROUTED_GATEWAYS6,
+    SYNC_ADDRS,
+    VRRP_ADDRS,
+    VRRP_VIP,
+    Firewall,
+    TestbedError,
+)
 
 HA_CONFIG = os.path.join(REPO, "config", "ha")
 # The environment keepalived gives its notify scripts (and systemd its services).
@@ -93,9 +103,11 @@ class Pair(Controllers):
 
     def render_pair_config(self, fw: Firewall) -> dict[str, str]:
         """The shipped config/ha examples with this node's interfaces, addresses and paths:
-        what the testbed runs is what an admin starts from. Returns the written paths."""
+        what the testbed runs is what an admin starts from (a routed pair's keepalived:
+        keepalived-routed.conf, the gateways on its lan0 and lan1). Returns the written paths."""
         me, peer = fw.index, 1 - fw.index
         subst = {
+            "lan0": f"{fw.name}-eth0", "lan1": f"{fw.name}-eth1",
             "nfshunt-fw-a": f"nfshunt-{fw.name}",
             "vrrp0": f"{fw.name}-eth3", "sync0": f"{fw.name}-eth2",
             "192.0.2.1": VRRP_ADDRS[me], "192.0.2.2": VRRP_ADDRS[peer], "192.0.2.100": VRRP_VIP,
@@ -113,7 +125,8 @@ class Pair(Controllers):
         pattern = re.compile("|".join(re.escape(k) for k in sorted(subst, key=len, reverse=True)))
         out = {}
         for name in ("keepalived.conf", "conntrackd.conf"):
-            with open(os.path.join(HA_CONFIG, name)) as fh:
+            shipped = "keepalived-routed.conf" if name == "keepalived.conf" and self.routed else name
+            with open(os.path.join(HA_CONFIG, shipped)) as fh:
                 text = pattern.sub(lambda m: subst[m.group(0)], fh.read())
             if name == "keepalived.conf" and self.vrrp_gateway:
                 text += GATEWAY_INSTANCE.format(demote=os.path.join(fw.workdir, "gateway-demote"),
@@ -180,8 +193,14 @@ class Pair(Controllers):
                         os.kill(pid, signal.SIGKILL)
         while fw.daemons:
             stop_process(fw.daemons.pop(), 5, sig)
-        # A killed keepalived leaves its VRRP address behind; a host that died has none.
-        self.run(self.node(fw), "ip", "addr", "del", f"{VRRP_VIP}/24", "dev", f"{fw.name}-eth3", check=False)
+        # A killed keepalived leaves its VRRP address behind (a routed pair's gateways too); a
+        # host that died has none.
+        node = self.node(fw)
+        self.run(node, "ip", "addr", "del", f"{VRRP_VIP}/24", "dev", f"{fw.name}-eth3", check=False)
+        if self.routed:
+            for side in (0, 1):
+                for address in (f"{ROUTED_GATEWAYS[side]}/24", f"{ROUTED_GATEWAYS6[side]}/64"):
+                    self.run(node, "ip", "addr", "del", address, "dev", f"{fw.name}-eth{side}", check=False)
         self.stop_controller(sig, fw=fw)
 
     def _signal_all(self, node, sig: int) -> None:

@@ -58,6 +58,10 @@ ROUTED_IPS = ("10.0.1.1", "10.0.2.1")
 ROUTED_GATEWAYS = ("10.0.1.254", "10.0.2.254")
 ROUTED_IP6S = ("fd01::1", "fd02::1")
 ROUTED_GATEWAYS6 = ("fd01::fe", "fd02::fe")
+# Mode "ha" with routed=True: the gateways are the pair's virtual addresses (keepalived's, on
+# the active host); each firewall keeps an address of its own on each side, by its index.
+ROUTED_OWN = (("10.0.1.252", "10.0.2.252"), ("10.0.1.253", "10.0.2.253"))
+ROUTED_OWN6 = (("fd01::fc", "fd02::fc"), ("fd01::fd", "fd02::fd"))
 HOP_COUNT = "nfshunt-testbed-hop-count"  # mode routed: the router's IPv4 counting rules (observe.py)
 H3_IP, H4_IP = "10.0.0.3", "10.0.0.4"
 S1_DPID, S2_DPID = "00000000000000a1", "00000000000000a2"
@@ -241,6 +245,7 @@ class Topology:
     log: Callable[[str], None]
     pcp_stream: tuple[int, int] | None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag
     vlan: bool  # trunks (mode "vlan", or mode "ha" with vlan=True)
+    routed: bool  # the firewalls route (mode "routed", or mode "ha" with routed=True)
     _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
     _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
 
@@ -266,15 +271,15 @@ class Topology:
 
     @property
     def h1_ip(self) -> str:
-        return ROUTED_IPS[0] if self.mode == "routed" else H1_IP
+        return ROUTED_IPS[0] if self.routed else H1_IP
 
     @property
     def h2_ip(self) -> str:
-        return ROUTED_IPS[1] if self.mode == "routed" else H2_IP
+        return ROUTED_IPS[1] if self.routed else H2_IP
 
     @property
     def h2_ip6(self) -> str:
-        return ROUTED_IP6S[1] if self.mode == "routed" else H2_IP6
+        return ROUTED_IP6S[1] if self.routed else H2_IP6
 
     @property
     def fw(self) -> Host:
@@ -356,7 +361,7 @@ class Topology:
         ofproto = OPENFLOW_PROTOCOLS[self.of_version]
         datapath = "user" if self.datapath == "netdev" else "kernel"
         return Mininet(topo=TwoHostTopo(ha=self.mode == "ha", two_switch=self.mode == "two-switch",
-                                        vlan=self.vlan, datapath=datapath, routed=self.mode == "routed"),
+                                        vlan=self.vlan, datapath=datapath, routed=self.routed),
                        controller=controller, autoSetMacs=True,
                        switch=lambda name, **kw: OVSSwitch(name, datapath=datapath, failMode="secure",
                                                            protocols=ofproto, **kw),
@@ -370,7 +375,7 @@ class Topology:
 
     def _setup_hosts(self) -> None:
         hosts = self.hosts
-        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.vlan else list(ROUTED_IP6S) if self.mode == "routed"
+        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.vlan else list(ROUTED_IP6S) if self.routed
                else [f"fd00::{i + 1}" for i in range(len(hosts))])
         for host, address in zip(hosts, ip6, strict=True):
             intf = f"{host.name}-eth0"
@@ -379,7 +384,7 @@ class Topology:
             self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}",
                      f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"{address}/64", "dev", intf, "nodad")
-            if self.mode == "routed":  # each side its own subnet, the firewall its gateway
+            if self.routed:  # each side its own subnet, the firewall (the pair's active one) its gateway
                 self.run(host, "ip", "route", "add", "default", "via", ROUTED_GATEWAYS[hosts.index(host)])
                 self.run(host, "ip", "-6", "route", "add", "default", "via", ROUTED_GATEWAYS6[hosts.index(host)])
             # The userspace datapath completes checksums of offloaded packets only with its
@@ -389,8 +394,8 @@ class Topology:
 
     def _setup_bridge(self, firewall: Firewall) -> None:
         """The firewall node's bridge br0 over its switch ports, netfilter on bridged traffic
-        (mode "routed": no bridge, the node routes between its switch ports)."""
-        if self.mode == "routed":
+        (routed: no bridge, the node routes between its switch ports)."""
+        if self.routed:
             self._setup_router(firewall)
             return
         fw = self.node(firewall)
@@ -415,15 +420,20 @@ class Topology:
 
     def _setup_router(self, firewall: Firewall) -> None:
         """Mode "routed": fw-eth0 and fw-eth1 are the gateways of h1's and h2's subnets (IPv4
-        and IPv6), and the node forwards between them through the same netfilter policy."""
+        and IPv6), and the node forwards between them through the same netfilter policy. A
+        routed pair: each firewall has addresses of its own there (ROUTED_OWN), and keepalived
+        puts the gateways on the active one (pair.py)."""
         fw = self.node(firewall)
+        pair = self.mode == "ha"
         for i, intf in enumerate(firewall.intfs[:2]):
             self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
             # IPv4 only: without its link-local address a router sends no neighbour
             # solicitation for a packet it forwards (seen: fd02::1 stayed INCOMPLETE).
             self.run(fw, "ip", "-4", "addr", "flush", "dev", intf)
-            self.run(fw, "ip", "addr", "add", f"{ROUTED_GATEWAYS[i]}/24", "dev", intf)
-            self.run(fw, "ip", "-6", "addr", "add", f"{ROUTED_GATEWAYS6[i]}/64", "dev", intf, "nodad")
+            own = (ROUTED_OWN[firewall.index][i], ROUTED_OWN6[firewall.index][i]) if pair else \
+                (ROUTED_GATEWAYS[i], ROUTED_GATEWAYS6[i])
+            self.run(fw, "ip", "addr", "add", f"{own[0]}/24", "dev", intf)
+            self.run(fw, "ip", "-6", "addr", "add", f"{own[1]}/64", "dev", intf, "nodad")
             self.run(fw, "ip", "link", "set", intf, "up")
         self.run(fw, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
                  "net.netfilter.nf_conntrack_tcp_loose=1")
@@ -573,7 +583,7 @@ class Topology:
                            check=True, capture_output=True)
         for fw in self.firewalls:
             if not self.vlan:  # its bridges are per VLAN, not br0: the plain testbed's emulation only
-                shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=self.mode != "routed")
+                shape_slow_path(self.run, self.node(fw), fw.intfs, emu, bridge=not self.routed)
         half = emu.rtt_ms / 2
         try:
             mechanism = choose_delay_mechanism(emu.delay, self.h1) if half > 0 else "none"

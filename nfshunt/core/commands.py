@@ -26,6 +26,21 @@ class InstallDefaults:
 
 
 @dataclass(slots=True)
+class AnnounceGateways:
+    """A routing firewall pair's new master: the hosts told its MAC for every address of the
+    groups' routed interfaces, out of their fast ports (openflow/announce.py): keepalived's own
+    announcements went out before this host held the switch, and reached no host."""
+    groups: tuple[PortGroup, ...]
+
+
+@dataclass(slots=True)
+class SendAnnouncements:
+    """The frames an AnnounceGateways makes (the interfaces read off the event loop), each out
+    of its fast port."""
+    frames: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(slots=True)
 class InstallPipeline:
     """The pipeline layout's shared table-1 flows: per port group, FIN and RST catchers
     (IPv4 and IPv6) and the output (see flows.py)."""
@@ -349,7 +364,7 @@ class Removed:
 Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns, DeleteSwitchFlow,
                 RequestSwitchFlows, RequestKeptDefaults, RequestTableSize, ResyncConntrack, ResolveHops,
                 ResolveStatic, StaticHopsKnown, HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
-                CheckAdopted, AdoptedHopsKnown,
+                CheckAdopted, AdoptedHopsKnown, AnnounceGateways, SendAnnouncements,
                 LookUpEntry, EntryFound,
                 RefreshConntrack, ClearDecision, ClearDecisions,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,

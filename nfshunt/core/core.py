@@ -108,7 +108,7 @@ class Core:
         self._confirmation = Confirmation(sh, self._admission, self._teardown)
         self._overrides = Overrides(sh)
         self._reconciler = Reconciler(sh, self._removal, self._overrides)
-        self._tables = TableNews(sh, self._admission)
+        self._tables = TableNews(sh, self._admission, self._reconciler.routed)
 
     # Read by status, metrics and tests; the table itself is connection.py's.
     @property

@@ -8,7 +8,10 @@ what the firewall says now: its tables (asked as any next hop is, off the event 
 route follower) and, for a NAT pair, its kept conntrack entry (one lookup, the conntrack
 worker). The same next hops: kept as it is; only a MAC changed: its flows rewritten in place;
 its route moved to another interface, gone, blackholed, its neighbour failed: handed back to
-the firewall alive (the one take-down). A NAT pair whose entry is gone, or is another
+the firewall alive (the one take-down). A next hop the firewall has no MAC for (a pair's new
+master never sent to it: its slow ports heard nothing while it stood by) is solicited, and the
+pair keeps the MAC its flows carry meanwhile, for RESOLVE_WAIT: resolved, the tables' news
+rewrites it as any neighbour's change does (tables.py); not, it goes back. A NAT pair whose entry is gone, or is another
 connection's now, is handed back with its entry re-created with its NAT (the worker creates
 it with CTA_NAT_* when the kept one is gone). Pure: flows and answers in, commands out.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from nfshunt.config.switch import PortGroup
 from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
-from nfshunt.records.routed import R_LOOKUP_FAILED, Answer
+from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
 from .commands import AdoptedHopsKnown, CheckAdopted, Command, DeleteConntrack, EntryFound, LookUpEntry, RewriteFlows
 from .connection import ACTIVE, Conn
@@ -27,6 +30,9 @@ R_NAT_ENTRY_GONE = "routed: its NAT entry is gone"
 R_NAT_ENTRY_OTHER = "routed: its NAT entry is another connection's"
 R_NAT_ENTRY_UNKNOWN = "routed: its NAT entry could not be looked up"
 NO_NAT = (Rewrite(), Rewrite())
+# Seconds an adopted pair's next hop may take to resolve: the kernel's three ARP requests
+# (or neighbour solicitations) one second apart, and margin.
+RESOLVE_WAIT = 5.0
 
 Shape = tuple[FlowTuple, tuple[NextHop, NextHop] | None, tuple[Rewrite, Rewrite] | None]
 
@@ -73,6 +79,8 @@ def rewrite_fits(conn: Conn, fwd: SwitchFlow, rev: SwitchFlow) -> bool:
 class RoutedAdoption:
     def __init__(self, shared: CoreState):
         self.shared = shared
+        # Adopted pairs whose next hops the kernel is resolving: (pair, its destinations, since).
+        self.resolving: dict[int, tuple[Conn, tuple[str, ...], float]] = {}
 
     def checks(self, adopted: list[Conn]) -> list[Command]:
         """What the firewall is asked about the routed pairs just adopted (those still active):
@@ -101,15 +109,37 @@ class RoutedAdoption:
         assert conn.hops is not None
         hops = list(conn.hops)
         rewrite = False
+        unresolved = []
         for direction, address in enumerate((conn.reply.src, conn.orig.src)):
             answer = answers.get(address, R_LOOKUP_FAILED)
+            if answer == R_UNRESOLVED:  # (solicited: the flows' MAC meanwhile)
+                unresolved.append(address)
+                continue
             change = self.shared.next_hops.change(hops[direction], address, answer, now)
             if isinstance(change, str):
                 return self.shared.conns.take_down(conn, change, now)
             assert isinstance(answer, NextHop)
             hops[direction], rewrite = answer, rewrite or change is Change.REWRITE
         conn.hops = (hops[0], hops[1])  # (the answers: their neighbour, what a hold-down goes by)
+        if unresolved:
+            self.resolving[conn.key] = (conn, tuple(unresolved), now)
         return [RewriteFlows(conn)] if rewrite else []
+
+    def overdue(self, now: float) -> list[Command]:
+        """Adopted pairs whose solicited next hops are resolved now (the tables' news rewrote
+        them already) let go of; the ones RESOLVE_WAIT after, still not, handed back."""
+        out: list[Command] = []
+        for key, (conn, addresses, since) in list(self.resolving.items()):
+            if not self.shared.conns.holds(conn, ACTIVE):
+                del self.resolving[key]
+                continue
+            known = [self.shared.next_hops.answers.get(a) for a in addresses]
+            if all(k is not None and k[1] >= since and isinstance(k[0], NextHop) for k in known):
+                del self.resolving[key]
+            elif now - since >= RESOLVE_WAIT:
+                del self.resolving[key]
+                out.extend(self.shared.conns.take_down(conn, R_UNRESOLVED, now))
+        return out
 
     def entry_found(self, conn: Conn, entry: ConnEvent | None, failed: str | None, now: float) -> list[Command]:
         """The kernel's answer for an adopted NAT pair's entry: the same entry (its id and

@@ -13,6 +13,7 @@ from . import routing
 from .admission import Admission
 from .commands import Command, Ignored, Later, NeighbourHeldDown, ResolveHops, ResolveStatic, RewriteFlows
 from .connection import HELD, Conn
+from .routed_adoption import RoutedAdoption
 from .routing import Change
 from .state import CoreState
 
@@ -20,9 +21,10 @@ PRUNE = 10.0  # seconds between sweeps of the index of routed pairs for the ones
 
 
 class TableNews:
-    def __init__(self, shared: CoreState, admission: Admission):
+    def __init__(self, shared: CoreState, admission: Admission, adoption: RoutedAdoption):
         self.shared = shared
         self.admission = admission
+        self.adoption = adoption  # (adopted pairs waiting for a next hop the kernel was asked to resolve)
         self.next_prune = 0.0
 
     def _alive(self, conn: Conn) -> bool:
@@ -96,12 +98,13 @@ class TableNews:
         return out
 
     def tick(self, now: float) -> list[Command]:
-        """Hold-downs over: what waited for them is judged again; the waiting too old dropped."""
+        """Hold-downs over: what waited for them is judged again; the waiting too old dropped;
+        adopted pairs whose next hop did not resolve in time handed back."""
         table = self.shared.next_hops
         if now >= self.next_prune:
             self.next_prune = now + PRUNE
             table.prune(self._alive)
         released = table.released(now)
-        out = self.retry(table.due(None if released else set(), now), now)
+        out = self.retry(table.due(None if released else set(), now), now) + self.adoption.overdue(now)
         return out + self.shared.static.resolve() if released else out  # (a static next hop held down, too)
 

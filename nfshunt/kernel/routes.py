@@ -35,7 +35,17 @@ RTN_UNICAST = 1
 # Neighbour states whose MAC the kernel itself would use (a STALE entry is used and checked
 # in the background: traffic that bypasses the firewall makes its entries STALE).
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80  # REACHABLE STALE DELAY PROBE NOARP PERMANENT
+NUD_INCOMPLETE = 0x01
+NTF_USE = 0x01  # RTM_NEWNEIGH: resolve the entry as a packet sent to it would, write nothing
 Key = tuple[int, str]  # a neighbour entry: (ifindex, address)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interface:
+    """A routed interface as the kernel has it now: its MAC and addresses."""
+    mac: str
+    addresses: tuple[str, ...]
+
 # RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
 GROUPS = 0x1 | 0x4 | 0x40 | 0x400
 NETLINK_ROUTE = 0
@@ -85,6 +95,29 @@ class NextHops:
         if mac is None:
             return R_UNRESOLVED, (oif, gateway)
         return NextHop(link.get("IFLA_IFNAME"), link.get("IFLA_ADDRESS"), mac, gateway), (oif, gateway)
+
+    def solicit(self, key: Key) -> None:
+        """Make the kernel resolve a next hop it has no MAC for, as a packet it forwarded there
+        would (its own ARP request or neighbour solicitation): RTM_NEWNEIGH with NTF_USE, which
+        writes no MAC, so the tables stay the kernel's. The outcome comes as the neighbour's news."""
+        from pyroute2 import IPRoute
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        oif, address = key
+        self._ipr.neigh("replace", dst=address, ifindex=oif, flags=NTF_USE, state=NUD_INCOMPLETE)
+
+    def interface(self, name: str) -> Interface | None:
+        """An interface's MAC and its addresses (IPv4 and IPv6), or None: no such interface."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        try:
+            (link,) = self._ipr.get_links(ifname=name)
+            addresses = tuple(a.get("IFA_ADDRESS") for a in self._ipr.get_addr(index=link["index"]))
+        except (NetlinkError, ValueError):  # (no such interface, or gone meanwhile; ValueError: not one answer)
+            return None
+        return Interface(link.get("IFLA_ADDRESS"), tuple(a for a in addresses if a))
 
     def _neighbour(self, address: str, oif: int) -> list[Any]:
         """The next hop's one neighbour entry, or none (RTM_GETNEIGH: get_neighbours dumps the
@@ -204,8 +237,7 @@ class TableFollower:
         self.on_error = on_error  # a strange thing counted (the socket's loss, a lookup's failure)
         self.hops = NextHops()
         self.followed = Followed(self.hops.lookup)
-        self.requests: queue.SimpleQueue[tuple[tuple[str, ...], Callable[[dict[str, Answer]], None]]] = \
-            queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # run on the thread
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -234,9 +266,19 @@ class TableFollower:
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
 
-    def ask(self, addresses: tuple[str, ...], reply: Callable[[dict[str, Answer]], None]) -> None:
-        """From the event loop: `reply` gets the answers, called on the follower's thread."""
-        self.requests.put((addresses, reply))
+    def ask(self, addresses: tuple[str, ...], reply: Callable[[dict[str, Answer]], None],
+            solicit: bool = False) -> None:
+        """From the event loop: `reply` gets the answers, called on the follower's thread.
+        `solicit`: the next hops not resolved are resolved by the kernel (NextHops.solicit)."""
+        self._put(lambda: self._answer(addresses, reply, solicit))
+
+    def interfaces(self, names: tuple[str, ...], reply: Callable[[dict[str, Interface | None]], None]) -> None:
+        """From the event loop: each interface's MAC and addresses (None: not there), to
+        `reply` on the follower's thread."""
+        self._put(lambda: reply({name: self.hops.interface(name) for name in names}))
+
+    def _put(self, request: Callable[[], None]) -> None:
+        self.requests.put(request)
         os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
@@ -251,7 +293,7 @@ class TableFollower:
             try:
                 if events in ready:
                     self._read()
-                self._answer()
+                self._requests()
                 if (self.pending or self.tables_changed) and due is None:
                     due = time.monotonic() + TICK
                 if due is not None and time.monotonic() >= due:
@@ -278,13 +320,30 @@ class TableFollower:
             elif msg.get("event") in ("RTM_NEWROUTE", "RTM_DELROUTE", "RTM_NEWLINK"):
                 self.tables_changed = True
 
-    def _answer(self) -> None:
+    def _requests(self) -> None:
         while True:
             try:
-                addresses, reply = self.requests.get_nowait()
+                request = self.requests.get_nowait()
             except queue.Empty:
                 return
-            reply({address: self.followed.ask(address) for address in dict.fromkeys(addresses)})
+            request()
+
+    def _answer(self, addresses: tuple[str, ...], reply: Callable[[dict[str, Answer]], None], solicit: bool) -> None:
+        answers = {address: self.followed.ask(address) for address in dict.fromkeys(addresses)}
+        if solicit:
+            self._solicit([a for a, answer in answers.items() if answer == R_UNRESOLVED])
+        reply(answers)
+
+    def _solicit(self, addresses: list[str]) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+        for key in dict.fromkeys(self.followed.via.get(a) for a in addresses):
+            if key is None:
+                continue
+            try:
+                self.hops.solicit(key)
+            except (NetlinkError, OSError) as exc:  # counted; the pair waits, then goes back
+                self.on_error("neighbour not solicited")
+                LOG.warning("could not make the kernel resolve %s on interface %d: %s", key[1], key[0], exc)
 
     def _flush(self) -> None:
         news: dict[str, Answer] = {}

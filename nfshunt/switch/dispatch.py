@@ -17,13 +17,12 @@ from typing import Any, Callable, Iterable
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
-from nfshunt.core import routing
 from nfshunt.core.connection import CT_TCP_ESTABLISHED, Action
-from nfshunt.kernel.routes import R_LOOKUP_FAILED, Answer, TableFollower
+from nfshunt.kernel.routes import Answer
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import Outcomes
 from nfshunt.observe.logs import RateLimitedLog
-from nfshunt.openflow.flows import ALL_ONES_64, invalid_ttl_packet_ins
+from nfshunt.openflow.flows import ALL_ONES_64, invalid_ttl_packet_ins, packet_out
 from nfshunt.openflow.inflight import (
     Barrier,
     ChangeWatch,
@@ -41,6 +40,7 @@ from nfshunt.records.markcodec import DECISION_MASK
 from nfshunt.records.model import OFP10, TCP, ConnEvent, SwitchFlow
 
 from .switch import Switch
+from .tables_link import TablesLink
 
 LOG = logging.getLogger("nfshunt")
 
@@ -73,8 +73,7 @@ class Dispatcher:
         self.rlog = RateLimitedLog(LOG)
         # A routing firewall's tables, followed on a thread of their own from the first
         # question (kernel/routes.py); its news go to every switch's core (on_tables: feeds).
-        self.follower: TableFollower | None = None
-        self.on_tables = on_tables
+        self.tables = TablesLink(self.counters, post, clock, on_tables)
         report = {t: (lambda _sw, cmd, h=h: h(cmd)) for t, h in outcomes.handlers.items()}
         self.handlers: dict[type, Handler] = {
             **report,
@@ -100,6 +99,8 @@ class Dispatcher:
             c.UnwatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.install(cmd.conn)),
             c.RewriteFlows: self.rewrite_flows,
             c.InstallDefaults: self.install_defaults,
+            c.SendAnnouncements: lambda _sw, s, cmd: s.send.queue([packet_out(s.dp, port, frame)
+                                                                   for port, frame in cmd.frames]),
             c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
             c.LimitPacketIns: self.limit_packet_ins,
             c.DeleteAllFlows: self.delete_all_flows,
@@ -120,17 +121,19 @@ class Dispatcher:
 
     def _routed_handlers(self) -> dict[type, Handler]:
         """A routing firewall's: its tables asked and followed, adopted pairs checked."""
+        t = self.tables
         return {
-            c.ResolveHops: self.resolve_hops,
-            c.ResolveStatic: self.resolve_static,
+            c.ResolveHops: t.resolve_hops,
+            c.ResolveStatic: t.resolve_static,
             c.StaticHopsKnown: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock(), cmd.attempt),
             c.HopsKnown: lambda sw, cmd: sw.core.next_hops_known(cmd.answers, cmd.event, self.clock(), cmd.attempt),
-            c.CheckAdopted: self.check_adopted,
+            c.CheckAdopted: t.check_adopted,
             c.AdoptedHopsKnown: lambda sw, cmd: sw.core.adopted_answer(cmd, self.clock()),
             c.LookUpEntry: self.look_up_entry,
             c.EntryFound: lambda sw, cmd: sw.core.adopted_answer(cmd, self.clock()),
             c.TablesChanged: lambda sw, cmd: sw.core.tables_changed(cmd.answers, self.clock()),
-            c.NeighbourHeldDown: self.neighbour_held_down,
+            c.NeighbourHeldDown: t.neighbour_held_down,
+            c.AnnounceGateways: t.announce_gateways,
         }
 
     def execute(self, sw: Switch, cmd: c.Command) -> list[c.Command] | None:
@@ -266,51 +269,6 @@ class Dispatcher:
 
     # --- the kernel ---------------------------------------------------------------------------
 
-    def resolve_hops(self, sw: Switch, cmd: c.ResolveHops) -> list[c.Command] | None:
-        """Asked of the route follower's thread (a route, a link and a neighbour lookup a new
-        destination, 0.6-1.8 ms with pyroute2 0.9.7 on the 2-core VM: never on the event
-        loop); its answer comes back as a HopsKnown."""
-        failed = self._ask_tables(cmd.addresses, lambda answers: self.post(sw, (c.HopsKnown(answers, cmd.event,
-                                                                                             cmd.attempt),)))
-        if failed is not None:  # (asked again: the retry of a failed lookup, routing.RETRIES)
-            return sw.core.next_hops_known(failed, cmd.event, self.clock(), cmd.attempt)
-        return None
-
-    def resolve_static(self, sw: Switch, cmd: c.ResolveStatic) -> list[c.Command] | None:
-        """The static shunts' next hops (`via`), asked of the route follower as a pair's are;
-        the answer comes back as a StaticHopsKnown."""
-        failed = self._ask_tables(cmd.addresses, lambda answers: self.post(sw, (c.StaticHopsKnown(answers,
-                                                                                                   cmd.attempt),)))
-        if failed is not None:
-            return sw.core.tables_changed(failed, self.clock(), cmd.attempt)
-        return None
-
-    def check_adopted(self, sw: Switch, cmd: c.CheckAdopted) -> list[c.Command] | None:
-        """The routed pairs a reconcile adopted: their destinations asked of the route
-        follower as any next hop is; the answer comes back as an AdoptedHopsKnown."""
-        failed = self._ask_tables(cmd.addresses,
-                                  lambda answers: self.post(sw, (c.AdoptedHopsKnown(cmd.conns, answers),)))
-        if failed is not None:  # (handed back: what the pairs rewrite is not known to be right)
-            return sw.core.adopted_answer(c.AdoptedHopsKnown(cmd.conns, failed), self.clock())
-        return None
-
-    def _ask_tables(self, addresses: tuple[str, ...],
-                    answered: Callable[[dict[str, Answer]], None]) -> dict[str, Answer] | None:
-        """Ask the route follower (started at the first question); `answered` runs on its
-        thread. A follower that cannot start answers at once: every lookup failed."""
-        if self.follower is None:
-            follower = TableFollower(self.on_tables or (lambda _news: None), self._follower_error)
-            try:
-                follower.start()
-            except OSError as exc:
-                self.counters.add("routed_table_errors", "route follower not started")
-                self.rlog.warning("route-follower", "cannot follow the firewall's route tables: %s", exc)
-                follower.stop()
-                return {address: R_LOOKUP_FAILED for address in addresses}
-            self.follower = follower
-        self.follower.ask(addresses, answered)
-        return None
-
     def look_up_entry(self, sw: Switch, cmd: c.LookUpEntry) -> None:
         """An adopted NAT pair's kept entry, looked up by the conntrack worker (its own
         thread); the answer comes back as an EntryFound."""
@@ -320,22 +278,12 @@ class Dispatcher:
             self.post(sw, (c.EntryFound(conn, entry, failed),))
         self.worker.look_up(conn.orig, done)
 
-    def _follower_error(self, what: str) -> None:  # (on the follower's thread: counters are thread-safe)
-        self.counters.add("routed_table_errors", what)
-
-    def neighbour_held_down(self, _sw: Switch, cmd: c.NeighbourHeldDown) -> None:
-        self.counters.inc("routed_neighbours_held_down")
-        LOG.warning("neighbour %s on %s changed its MAC more than %d times in %.0f s: held down %.0f s (its "
-                    "routed pairs go back to the firewall, new ones stay there)", cmd.address, cmd.interface,
-                    routing.FLAP_CHANGES, routing.FLAP_WINDOW, cmd.seconds)
-
     def rewrite_flows(self, _sw: Switch, s: Session, cmd: c.RewriteFlows) -> None:
         self.counters.inc("routed_rewrites")
         s.send.queue(rewrite(s.fb, cmd.conn))
 
     def close(self) -> None:
-        if self.follower is not None:
-            self.follower.stop()
+        self.tables.close()
 
     def restore_conntrack(self, sw: Switch, cmd: c.RestoreConntrack) -> None:
         """The entry first; the commands that wait for it (the flows' removal) run on the

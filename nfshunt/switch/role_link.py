@@ -49,7 +49,10 @@ class RoleLink:
             self.counters.inc("role_promotions")
             LOG.warning("master of switch %s with generation %d: programming it (defaults to this firewall, "
                         "adopting the pairs on the switch)", sw.name, roles.generation)
-            self.run(sw, sw.core.switch_connected(sw.session.dp.ofproto.OFP_VERSION, sw.session.fb.pipeline))
+            commands = sw.core.switch_connected(sw.session.dp.ofproto.OFP_VERSION, sw.session.fb.pipeline)
+            if sw.switch.forwarding == "routed":  # the hosts told this host's MACs (docs/routed.md, "A firewall pair")
+                commands.append(c.AnnounceGateways(sw.switch.ports))
+            self.run(sw, commands)
         if change.request is not None:
             self.request(sw, change.request)
 

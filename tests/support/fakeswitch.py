@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from os_ken.ofproto import ofproto_parser, ofproto_protocol
+from os_ken.ofproto import ofproto_parser, ofproto_protocol, ofproto_v1_3_parser
 
 from nfshunt.openflow.channel import install_connection_factory
 from nfshunt.records.model import OFP13, TCP, FlowTuple
@@ -188,6 +188,7 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
         # A flow-mod add it refuses for what it is, not for room (a match or action it
         # does not support): answered OFPET_BAD_MATCH, nothing added.
         self.refuse_flow: Callable[[Entry], bool] | None = None
+        self.packet_outs: list[tuple[int, bytes]] = []  # (output port, frame) of each packet-out
         self.xid = 0
 
     def close(self) -> None:
@@ -273,6 +274,17 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
             self.role_request(xid, buf)
         elif self.version13 and msg_type == ofp.OFPT_SET_ASYNC:  # (a routed switch's invalid-TTL packet-ins)
             self.asked[ASYNC] += 1
+        elif self.version13 and msg_type == ofp.OFPT_PACKET_OUT:  # (os-ken parses none: a switch's message)
+            if self.role == SLAVE:
+                self.error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_IS_SLAVE, buf)
+                return
+            (actions_len,) = struct.unpack_from("!H", buf, 16)
+            at, end, ports = 24, 24 + actions_len, []
+            while at < end:
+                action = ofproto_v1_3_parser.OFPAction.parser(buf, at)
+                ports.append(action.port)
+                at += action.len
+            self.packet_outs += [(port, bytes(buf[end:])) for port in ports]
         else:
             raise NotImplementedError(f"message type {msg_type}")
 
