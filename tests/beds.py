@@ -37,7 +37,7 @@ class Bed:
     late_barriers: bool = False  # switch_lag_ms on the switch's barrier replies instead of its flow-mods
     host_offload: bool = False
     vrrp_gateway: bool = False  # mode "ha": a second VRRP instance on keepalived (a gateway address)
-    nat: str | None = None  # mode "routed": "masquerade" translates h1's subnet on its way to h2's
+    nat: str | None = None  # routed: "masquerade" (or "snat", to h2's gateway) translates h1's subnet on its way
     pcp_stream: tuple[int, int] | None = None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag with the PCP
     vlan: bool = False  # mode "ha": both firewalls on trunks, as mode vlan's (tests/test_vlan_ha.py)
     routed: bool = False  # mode "ha": both firewalls route, the gateways keepalived's (tests/test_routed_ha.py)

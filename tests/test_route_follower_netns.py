@@ -6,8 +6,9 @@ import json
 import os
 import sys
 
-SCRIPT = r"""
-import json, subprocess, sys, threading, time
+# Both follower scripts' start: the checkout's code, and the router's end (rta) of a veth pair.
+ROUTER = r"""
+import json, os, subprocess, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from nfshunt.kernel.routes import TableFollower
 from nfshunt.records.model import NextHop
@@ -17,8 +18,10 @@ def sh(*args):
 
 sh("ip", "link", "add", "name", "rta", "type", "veth", "peer", "name", "rtb")
 sh("ip", "link", "set", "rta", "address", "02:00:00:00:fe:01", "up")
-sh("ip", "link", "set", "rtb", "up")
 sh("ip", "addr", "add", "10.9.0.1/24", "dev", "rta")
+"""
+SCRIPT = ROUTER + r"""
+sh("ip", "link", "set", "rtb", "up")
 sh("ip", "neigh", "replace", "10.9.0.2", "lladdr", "02:00:00:00:00:01", "dev", "rta", "nud", "reachable")
 news, lock = [], threading.Lock()
 def heard(n):
@@ -142,19 +145,8 @@ def test_a_next_hop_in_a_large_neighbour_cache_is_asked_for_alone_and_found_as_t
 # kernel resolves it (its own ARP request: NTF_USE writes no MAC) and the news tells the MAC;
 # one nobody answers for is left to fail, told nothing (the adoption's wait hands it back).
 # h2 is in a namespace of its own (unshare), its veth end moved there.
-SOLICIT = r"""
-import json, os, subprocess, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-from nfshunt.kernel.routes import TableFollower
-from nfshunt.records.model import NextHop
-
-def sh(*args):
-    subprocess.run(args, check=True)
-
-sh("ip", "link", "add", "name", "rta", "type", "veth", "peer", "name", "rtb")
-sh("ip", "link", "set", "rta", "address", "02:00:00:00:fe:01", "up")
+SOLICIT = ROUTER + r"""
 sh("ip", "link", "set", "rtb", "address", "02:00:00:00:00:0b")
-sh("ip", "addr", "add", "10.9.0.1/24", "dev", "rta")
 peer = subprocess.Popen(["unshare", "-n", "sleep", "60"])
 deadline = time.monotonic() + 5
 while os.readlink(f"/proc/{peer.pid}/ns/net") == os.readlink("/proc/self/ns/net") and time.monotonic() < deadline:

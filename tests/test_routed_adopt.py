@@ -19,7 +19,7 @@ from nfshunt.core.connection import State  # noqa: E402
 from nfshunt.core.routed_adoption import R_NAT_ENTRY_GONE, R_NAT_ENTRY_OTHER  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.openflow.stats import FlowEntry  # noqa: E402
-from nfshunt.records import cookies  # noqa: E402
+from nfshunt.records import cookies, markcodec  # noqa: E402
 from nfshunt.records.model import (  # noqa: E402
     OFP13,
     TCP,
@@ -305,6 +305,32 @@ def test_a_restarted_controller_adopts_a_nat_pair_by_its_reply_tuple_when_its_en
     # Its kept entry is the controller's to keep alive, as before the restart.
     again.advance(2.0)
     assert [t for t, _, _ in again.worker.refreshed] == [conn.orig]
+
+
+@pytest.mark.parametrize("action,kept", [(1, True), (0, False), (2, False)])
+def test_a_nat_pair_s_entry_made_anew_with_its_tuples_is_kept_when_its_mark_decided_the_same(action, kept):
+    """A pair's takeover: conntrackd's commit makes the synced entry anew on the new master
+    (another id; the same tuples and mark): the pair is kept, its entry refreshed by its tuple.
+    The same tuples decided otherwise (ignored, blocked: the policy changed meanwhile) are
+    another connection's: deleted, and the pair handed back with its NAT."""
+    first = _rig()
+    conn = _shunted(first, _nat_event())
+    entries = {e.cookie: e.added for e in first.flows(cookies.Kind.SHUNT)}
+    again = Rig(OFP13, switch=first.switch, now=first.now + 1, connect=False, **ROUTED)
+    again.dispatcher.tables.follower = FakeFollower(GOOD)
+    again.worker.entries[conn.orig] = ConnEvent(EventKind.DUMP, 99, conn.orig, conn.reply,
+                                                markcodec.encode(1, 2, action, admin=0x1234), 3, 0.0)
+    again.connect(again.switch)
+    adopted = again.core.find(tuple_=conn.orig)
+    again.kernel_answers()  # (the lookup's answer)
+    if kept:
+        assert adopted.state is State.LIVE and not again.worker.restores and not again.worker.deleted
+        assert {e.cookie: e.added for e in again.flows(cookies.Kind.SHUNT)} == entries and fast(again, adopted)
+        again.advance(2.0)
+        assert [t for t, _, _ in again.worker.refreshed] == [conn.orig]
+    else:
+        assert adopted.state is State.TAKING_DOWN and adopted.remove_reason == R_NAT_ENTRY_OTHER
+        assert again.worker.deleted == [(conn.orig, 99)]
 
 
 @pytest.mark.parametrize("other", [False, True])

@@ -27,10 +27,10 @@ Modes from the one topology:
             With mode ha, Testbed(vlan=True): the pair, both firewalls on these trunks
             (fw2's NICs vf2, vf3 on slow ports 5, 6: fw2-eth0.100 ...).
   routed    fw routes between h1's 10.0.1.0/24 and h2's 10.0.2.0/24 (and fd01::/64,
-            fd02::/64), the hosts' gateway (docs/routed.md); nat="masquerade" translates h1's
-            subnet. With mode ha, Testbed(routed=True): a pair of routing firewalls, each with
-            addresses of its own (.252, .253), keepalived holding the gateways (.254) on the
-            active one (config/ha/keepalived-routed.conf).
+            fd02::/64), the hosts' gateway (docs/routed.md); nat="masquerade" (or "snat": to
+            h2's gateway) translates h1's subnet. With mode ha, Testbed(routed=True): a pair of
+            routing firewalls, each with addresses of its own (.252, .253), keepalived holding
+            the gateways (.254) on the active one (config/ha/keepalived-routed.conf); nat="snat".
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -126,13 +126,16 @@ class Testbed(Pair, Observation, Traffic):
                  pcp_stream: tuple[int, int] | None = None, vlan: bool = False, routed: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
-        if routed and (mode != "ha" or vlan or nat is not None):
+        if routed and (mode != "ha" or vlan):
             raise ValueError("routed=True is for mode ha (a routing firewall alone is mode routed), without "
-                             "trunks or NAT (not built for a routed pair: docs/routed.md)")
+                             "trunks (not built for a routed pair: docs/routed.md)")
         self.routed = mode == "routed" or routed  # the firewalls route; with mode ha: a routed pair
-        if nat not in (None, "masquerade") or (nat is not None and not self.routed):
-            raise ValueError("nat: only \"masquerade\", with routing firewalls")
-        self.nat = nat  # mode "routed": the firewall masquerades h1's subnet towards h2's
+        if nat not in (None, "masquerade", "snat") or (nat is not None and not self.routed):
+            raise ValueError("nat: \"masquerade\" or \"snat\" (to the gateway's address), with routing firewalls")
+        if nat == "masquerade" and mode == "ha":
+            raise ValueError("a pair translates to the gateway (nat=\"snat\"): masquerade takes each host's own "
+                             "address, which a takeover would change under the connection")
+        self.nat = nat  # routed: the firewall translates h1's subnet towards h2's (masquerade, or snat to the gateway)
         self.mode = mode
         if vlan and mode not in ("vlan", "ha"):
             raise ValueError("vlan=True is for mode ha (mode vlan has trunks anyway)")

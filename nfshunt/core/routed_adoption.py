@@ -18,6 +18,7 @@ it with CTA_NAT_* when the kept one is gone). Pure: flows and answers in, comman
 from __future__ import annotations
 
 from nfshunt.config.switch import PortGroup
+from nfshunt.records import markcodec
 from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
 from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
@@ -141,14 +142,24 @@ class RoutedAdoption:
                 out.extend(self.shared.conns.take_down(conn, R_UNRESOLVED, now))
         return out
 
+    def _decided_alike(self, entry: ConnEvent, conn: Conn) -> bool:
+        """The entry's mark says the pair's action between the pair's port groups."""
+        mark, switch = markcodec.decode(entry.mark), self.shared.switch
+        return mark.complete and self.shared.cfg.action_for(mark.action or 0) is conn.action and \
+            switch.by_physdevin.get(mark.ingress or 0) is conn.ingress and \
+            switch.by_physdevin.get(mark.egress or 0) is conn.egress
+
     def entry_found(self, conn: Conn, entry: ConnEvent | None, failed: str | None, now: float) -> list[Command]:
-        """The kernel's answer for an adopted NAT pair's entry: the same entry (its id and
-        tuples) keeps the pair; none, or another's, hands it back with its NAT re-created
+        """The kernel's answer for an adopted NAT pair's entry: the same entry keeps the pair
+        (its id and tuples; or its tuples and, under another id, the same decision in its mark:
+        conntrackd's commit at a pair's takeover makes the synced entry anew, and an entry re-made
+        while the controller was away and judged alike is this pair's all the same: the requests
+        that name it go by its tuple); none, or another's, hands it back with its NAT re-created
         (another connection's entry on its tuple deleted first: its translation is not this one's)."""
         if not self.shared.conns.holds(conn, ACTIVE):
             return []
-        if failed is None and entry is not None and \
-                (entry.ct_id, entry.orig, entry.reply) == (conn.ct_id, conn.orig, conn.reply):
+        if failed is None and entry is not None and (entry.orig, entry.reply) == (conn.orig, conn.reply) and \
+                (entry.ct_id == conn.ct_id or self._decided_alike(entry, conn)):
             return []
         if failed is not None:
             return self.shared.conns.take_down(conn, R_NAT_ENTRY_UNKNOWN, now)
