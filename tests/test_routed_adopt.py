@@ -15,7 +15,7 @@ os.environ.setdefault("OSKEN_HUB_TYPE", "native")
 from os_ken.ofproto import ofproto_protocol, ofproto_v1_3_parser  # noqa: E402
 
 from nfshunt.core import routed_adoption, routing  # noqa: E402
-from nfshunt.core.connection import State  # noqa: E402
+from nfshunt.core.connection import CT_TCP_FIN_WAIT, State  # noqa: E402
 from nfshunt.core.routed_adoption import R_NAT_ENTRY_GONE, R_NAT_ENTRY_OTHER  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.openflow.stats import FlowEntry  # noqa: E402
@@ -86,7 +86,7 @@ def _shunted(rig: Rig, ev: ConnEvent):
 
 
 def _nat_event(**kw) -> ConnEvent:
-    ev = event(received=100.0, **kw)
+    ev = event(**{"received": 100.0, **kw})
     ev.reply = MASQ_REPLY
     return ev
 
@@ -249,6 +249,21 @@ def test_a_new_master_keeps_an_adopted_pair_while_its_kernel_resolves_a_next_hop
     assert not again.worker.restores and fast(again, adopted)
 
 
+def test_an_adopted_pair_whose_resolution_reached_the_core_as_an_answer_not_as_news_is_rewritten_too():
+    """Another question for h2 (a new connection's ResolveHops) can be answered with the
+    resolved MAC before the follower tells it as news: the follower then has no change to
+    tell, and the adoption's own check rewrites the pair."""
+    first = _rig()
+    conn = _shunted(first, event(received=first.now))
+    again = _restarted(first, {**GOOD, H2: R_UNRESOLVED})
+    adopted = again.core.find(tuple_=conn.orig)
+    mine = dataclasses.replace(GOOD[H2], eth_src=NEW_MAC)
+    again.core.shared.next_hops.learn({H2: mine}, again.now)  # (an answer, no news)
+    again.advance(1.0)
+    assert adopted.state is State.LIVE and adopted.hops[0] == mine
+    assert {f.cookie: f for f in _pair_flows(again)}[conn.cookie(False)].rewrite == FlowRewrite(NEW_MAC, H2_MAC)
+
+
 def test_an_adopted_pair_whose_next_hop_does_not_resolve_goes_back_alive_after_the_wait():
     first = _rig()
     conn = _shunted(first, event(received=first.now))
@@ -327,7 +342,14 @@ def test_a_nat_pair_s_entry_made_anew_with_its_tuples_is_kept_when_its_mark_deci
         assert adopted.state is State.LIVE and not again.worker.restores and not again.worker.deleted
         assert {e.cookie: e.added for e in again.flows(cookies.Kind.SHUNT)} == entries and fast(again, adopted)
         again.advance(2.0)
-        assert [t for t, _, _ in again.worker.refreshed] == [conn.orig]
+        assert [(t, ct_id) for t, ct_id, _ in again.worker.refreshed] == [(conn.orig, 99)]
+        # Its entry's events carry the new id: the pair's own, not a stale duplicate to delete
+        # (the refresh reports one) ...
+        again.events([_nat_event(ct_id=99, received=again.now)])
+        assert adopted.state is State.LIVE and not again.worker.deleted
+        # ... and its close seen on the firewall takes the shunt down.
+        again.events([_nat_event(ct_id=99, received=again.now, state=CT_TCP_FIN_WAIT)])
+        assert adopted.state is State.TAKING_DOWN and not again.worker.deleted
     else:
         assert adopted.state is State.TAKING_DOWN and adopted.remove_reason == R_NAT_ENTRY_OTHER
         assert again.worker.deleted == [(conn.orig, 99)]

@@ -38,17 +38,17 @@ DATAGRAM = re.compile(r"^\s+(\S+)\.(\d+) > (\S+)\.(\d+): \[udp sum (\w+)\]")
 
 def test_the_strict_routed_firewall_drops_invalid_on_input_too_and_for_ipv6(tb):
     """The bed's strict mode in routed mode is the design's (section 6): INVALID dropped on
-    FORWARD and INPUT, IPv4 and IPv6, so untranslated packets addressed to the firewall are
-    not answered by its own stack (F16)."""
+    FORWARD and on INPUT from the routed interfaces, IPv4 and IPv6, so untranslated packets
+    addressed to the firewall are not answered by its own stack (F16)."""
     for tool in ("iptables", "ip6tables"):
         rules = tb.run(tb.fw, tool, "-w", "5", "-S")
-        for chain in ("FORWARD", "INPUT"):
+        for chain in ("FORWARD", "INPUT -i fw-eth0", "INPUT -i fw-eth1"):
             assert f"-A {chain} -m conntrack --ctstate INVALID -j DROP" in rules, (tool, rules)
 
 
 @pytest.fixture
 def fw_strict(tb):
-    """The strict routed bed (its own INVALID drops on FORWARD and INPUT, both families),
+    """The strict routed bed (its own INVALID drops on FORWARD and routed INPUT, both families),
     each case's leftover shunts flushed after it."""
     yield tb
     tb.control({"cmd": "flush", "reason": "the previous case's leftovers"})

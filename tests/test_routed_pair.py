@@ -5,6 +5,7 @@ when, the controller holds the switch. On the real testbed with keepalived and c
 tests/test_routed_ha.py."""
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable
 
 from os_ken.lib.packet import arp, ethernet, icmpv6, ipv6, packet
@@ -12,7 +13,6 @@ from os_ken.lib.packet import arp, ethernet, icmpv6, ipv6, packet
 from nfshunt.kernel.routes import Interface
 from nfshunt.openflow.announce import NA_OVERRIDE, NA_ROUTER, announcements
 from nfshunt.records import cookies
-from tests.support import fakeswitch as fs
 from tests.test_role_link import pair_rig
 from tests.test_routed import FW0, FW1, GOOD, ROUTED_PORTS
 from tests.test_routed_adopt import FakeFollower
@@ -28,8 +28,20 @@ def test_an_ipv4_address_is_announced_by_a_gratuitous_arp_request():
     assert (req.opcode, req.src_mac, req.src_ip, req.dst_ip) == (arp.ARP_REQUEST, MAC, "10.0.1.254", "10.0.1.254")
 
 
-def test_an_ipv6_address_is_announced_by_an_unsolicited_override_advertisement_and_link_local_ones_not():
-    (frame,) = announcements(MAC, ("fd01::fe", "fe80::1"))
+def _icmpv6_sum(frame: bytes) -> int:
+    """The one's complement sum over the IPv6 pseudo-header and the ICMPv6 message, its
+    checksum included (RFC 4443 2.3): 0xffff when the checksum is right."""
+    ip6, body = frame[14:54], frame[54:]
+    data = ip6[8:40] + struct.pack("!IxxxB", len(body), 58) + body + b"\0" * (len(body) % 2)
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def test_an_ipv6_address_is_announced_by_an_unsolicited_override_advertisement_a_link_local_one_too():
+    frame, link_local = announcements(MAC, ("fd01::fe", "fe80::1"))
+    assert packet.Packet(link_local).get_protocol(icmpv6.icmpv6).data.dst == "fe80::1"
     pkt = packet.Packet(frame)
     eth, ip6, icmp = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv6.ipv6), pkt.get_protocol(icmpv6.icmpv6)
     assert (eth.src, eth.dst) == (MAC, "33:33:00:00:00:01")
@@ -39,13 +51,7 @@ def test_an_ipv6_address_is_announced_by_an_unsolicited_override_advertisement_a
     # A router's, overriding the host's entry, not solicited (an unsolicited NA with S set is invalid).
     assert na.res == NA_ROUTER | NA_OVERRIDE and na.dst == "fd01::fe"
     assert isinstance(na.option, icmpv6.nd_option_tla) and na.option.hw_src == MAC
-    # The checksum is right: serialized again from what was parsed, the same bytes.
-    again = packet.Packet()
-    for proto in pkt.protocols:
-        again.add_protocol(proto)
-    icmp.csum = 0
-    again.serialize()
-    assert bytes(again.data) == frame
+    assert _icmpv6_sum(frame) == _icmpv6_sum(link_local) == 0xFFFF  # (a host drops a wrong checksum)
 
 
 class Follower(FakeFollower):
@@ -95,8 +101,9 @@ def test_a_new_master_of_a_routed_pair_tells_the_hosts_its_macs_out_of_each_fast
     backup.run()
     assert backup.sw.roles.granted == "master" and backup.flows(cookies.Kind.DEFAULT)
     assert backup.dispatcher.tables.follower.read == [("fw-eth0", "fw-eth1")]  # read off the loop, once
-    assert _announced(backup) == {1: [(FW0, "10.0.1.253"), (FW0, "10.0.1.254"), (FW0, "fd01::fe")],
+    assert _announced(backup) == {1: [(FW0, "10.0.1.253"), (FW0, "10.0.1.254"), (FW0, "fd01::fe"), (FW0, "fe80::1")],
                                   3: [(FW1, "10.0.2.253"), (FW1, "10.0.2.254")]}
+    assert backup.counters.flat().get("routed_announcements") == 6
 
 
 def test_an_interface_gone_is_said_and_counted_and_the_others_still_announced(tmp_path):
@@ -106,9 +113,21 @@ def test_an_interface_gone_is_said_and_counted_and_the_others_still_announced(tm
     assert rig.counters.flat().get("routed_table_errors:interface not found") == 1
 
 
-def test_a_bridged_pair_and_a_routed_firewall_alone_announce_nothing(tmp_path):
+def test_a_bridged_pair_s_new_master_announces_nothing(tmp_path):
     bridged = pair_rig(tmp_path / "bridged")
     assert bridged.sw.roles.granted == "master" and bridged.switch.packet_outs == []
-    from tests.test_routed_adopt import _rig
-    alone = _rig(switch=fs.FakeSwitch())
-    assert alone.flows(cookies.Kind.DEFAULT) and alone.switch.packet_outs == []
+
+
+def test_a_backup_asks_its_tables_nothing_and_parks_no_event(tmp_path):
+    """conntrackd's commit at a takeover makes its entries on the new master just before it
+    holds the switch. Judged while it was still backup, a shunt's entry had its next hops
+    asked and waited for them; the solicited next hop's resolution after the takeover judged
+    it again beside the adopted pair, under the entry's new id: a NAT pair's kept entry was
+    deleted as a stale duplicate (seen on the testbed, 1 run of 3). A backup ignores it."""
+    from nfshunt.core.admission import R_BACKUP
+    from tests.helpers import event
+    rig = _routed_pair(tmp_path, INTERFACES, role="backup")
+    assert rig.sw.roles.granted == "backup"
+    rig.events([event(received=rig.now)])
+    assert rig.dispatcher.tables.follower.asked == [] and not rig.core.shared.next_hops.waiting
+    assert rig.counters.flat().get(f"ignored:{R_BACKUP}") == 1

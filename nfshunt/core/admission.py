@@ -108,7 +108,7 @@ _new_verdict = tuple.__new__  # Verdict(...) goes through a Python-level __new__
 def created_by(conn: Conn) -> ConnEvent:
     """The event that created the pair, made again for a retry."""
     assert conn.event_kind is not None
-    return ConnEvent(conn.event_kind, conn.ct_id, conn.orig, conn.reply, conn.mark, conn.tcp_state,
+    return ConnEvent(conn.event_kind, conn.entry, conn.orig, conn.reply, conn.mark, conn.tcp_state,
                      conn.event_time)
 
 
@@ -187,14 +187,18 @@ class Admission:
         # A connection we handle: either side may be the new entry's original direction.
         existing = sh.conns.tuples.get(ev.orig)
         if existing is not None:
-            if existing.state in ACTIVE and existing.ct_id != ev.ct_id:
+            if existing.state in ACTIVE and existing.entry != ev.ct_id:
                 return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
-            if closing and existing.ct_id == ev.ct_id and existing.action is Action.SHUNT \
+            if closing and existing.entry == ev.ct_id and existing.action is Action.SHUNT \
                     and existing.state is not State.TAKING_DOWN:
                 return _new_verdict(Verdict, (TAKE_DOWN, R_CLOSING, existing, None, 0, None))
             if existing.state is not State.TAKING_DOWN:
                 return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
         decided = self.decide(ev, closing)
+        if existing is None and not isinstance(decided, Ignored) and (sh.version is None or not sh.reconciled):
+            # (before a routed shunt's next hops: a backup, or a controller whose switch is
+            # away, neither asks the tables nor parks the event until they answer)
+            return _new_verdict(Verdict, (IGNORE, R_BACKUP if sh.backup else R_NO_SWITCH, None, decided, 0, None))
         if not isinstance(decided, Ignored) and sh.switch.experimental_routed and decided[0] is Action.SHUNT:
             hops = sh.next_hops.hops(ev, decided[1], decided[2], ev.received)  # (routing.py)
             decided = Ignored(hops, ev) if isinstance(hops, str) else decided
@@ -207,8 +211,7 @@ class Admission:
                 # that really resumes says so with live events of its own.
                 return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, decided, 0, None))
             return _new_verdict(Verdict, (QUEUE, R_QUEUED, existing, decided, 0, None))
-        if sh.version is None or not sh.reconciled:
-            return _new_verdict(Verdict, (IGNORE, R_BACKUP if sh.backup else R_NO_SWITCH, None, decided, 0, None))
+        assert sh.version is not None  # (a backup's, and an away switch's, returned above)
         if ev.orig.family == 6 and sh.version < OFP13:
             return _new_verdict(Verdict, (IGNORE, R_IPV6_OF10, None, decided, 0, None))
         slot = sh.conns.free_slot(ev.ct_id)

@@ -33,11 +33,19 @@ class AnnounceGateways:
     groups: tuple[PortGroup, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PortFrame:
+    """A frame the controller sends out of a switch port (a packet-out)."""
+    port: int
+    data: bytes
+
+
 @dataclass(slots=True)
 class SendAnnouncements:
     """The frames an AnnounceGateways makes (the interfaces read off the event loop), each out
-    of its fast port."""
-    frames: tuple[tuple[int, bytes], ...]
+    of its group's fast port."""
+    frames: tuple[PortFrame, ...]
+    interfaces: tuple[str, ...]  # the ones read (what the log names)
 
 
 @dataclass(slots=True)

@@ -89,7 +89,7 @@ class Confirmation:
     def _delete_entry(self, conn: Conn, now: float) -> DeleteConntrack:
         self.shared.conns.entry_gone(conn)
         self.sweeps.append((now + SWEEP_AFTER, conn))
-        return DeleteConntrack(conn.orig.family, conn.orig, conn.ct_id, counted=True)
+        return DeleteConntrack(conn.orig.family, conn.orig, conn.entry, counted=True)
 
     def entry_due(self, conn: Conn, now: float) -> list[Command]:
         """The wait for a shunt's forwarding and drain is over: its entry goes, unless the

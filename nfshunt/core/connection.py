@@ -150,6 +150,14 @@ class Conn:
     # `hard_timeout` (seconds from its install; adopted: what its flows had left; 0 none).
     authority: cookies.Authority = cookies.Authority.POLICY
     hard_timeout: int = 0
+    # Its kernel entry's id where that is not ct_id: a NAT pair kept at a pair's takeover,
+    # whose entry conntrackd's commit made anew (routed_adoption.py). None: ct_id.
+    entry_id: int | None = None
+
+    @property
+    def entry(self) -> int:
+        """The id its kernel entry has: what the entry's events carry and requests name."""
+        return self.ct_id if self.entry_id is None else self.entry_id
 
     @property
     def key(self) -> int:

@@ -25,5 +25,5 @@ def refreshes(cfg: Config, conns: list[Conn], now: float) -> list[RefreshConntra
         if conn.nat_refreshed is not None and now - conn.nat_refreshed < max(1.0, idle / 2):
             continue
         conn.nat_refreshed = now
-        out.append(RefreshConntrack(conn.orig.family, conn.orig, conn.ct_id, LIFE_IN_IDLE_TIMEOUTS * idle))
+        out.append(RefreshConntrack(conn.orig.family, conn.orig, conn.entry, LIFE_IN_IDLE_TIMEOUTS * idle))
     return out

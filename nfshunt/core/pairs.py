@@ -164,12 +164,12 @@ class Connections:
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
             if conn.nat is not None and not conn.entry_deleted:  # a UDP NAT pair's kept entry
-                return [ClearDecision(conn.orig.family, conn.orig, conn.ct_id), remove]
+                return [ClearDecision(conn.orig.family, conn.orig, conn.entry), remove]
             return [remove]
         if conn.closed_on_firewall and not conn.entry_deleted:
             # An entry tracking the close keeps its state (not brought back to ESTABLISHED);
             # part of the close may have taken the switch, so it is not left waiting long.
-            return [ShortenConntrack(conn.orig.family, conn.orig, conn.ct_id, SPLIT_CLOSE_TIMEOUT), remove]
+            return [ShortenConntrack(conn.orig.family, conn.orig, conn.entry, SPLIT_CLOSE_TIMEOUT), remove]
         conn.entry_deleted = False
         then: tuple[Command, ...] = (remove,)
         if watch is not None:

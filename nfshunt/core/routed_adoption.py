@@ -1,5 +1,5 @@
 """A routing firewall's pairs read back at a reconcile (docs/design/routed.md 5.6, 5.7): a
-controller restart, or a switch that kept its table across a reconnect.
+controller restart, a switch that kept its table across a reconnect, or a pair's takeover.
 
 A routed shunt's flows carry the router's rewrite (dec_ttl, the MACs) and a NAT pair's its
 translation; its reverse flow matches the reply tuple as it arrives (not the original
@@ -11,14 +11,19 @@ its route moved to another interface, gone, blackholed, its neighbour failed: ha
 the firewall alive (the one take-down). A next hop the firewall has no MAC for (a pair's new
 master never sent to it: its slow ports heard nothing while it stood by) is solicited, and the
 pair keeps the MAC its flows carry meanwhile, for RESOLVE_WAIT: resolved, the tables' news
-rewrites it as any neighbour's change does (tables.py); not, it goes back. A NAT pair whose entry is gone, or is another
-connection's now, is handed back with its entry re-created with its NAT (the worker creates
-it with CTA_NAT_* when the kept one is gone). Pure: flows and answers in, commands out.
+rewrites it as any neighbour's change does (tables.py); not, it goes back. A NAT pair whose
+entry is gone, or is another connection's now, is handed back with its entry re-created with
+its NAT (the worker creates it with CTA_NAT_* when the kept one is gone); one whose entry a
+takeover's commit made anew is kept, the entry's new id beside its own. Pure: flows and
+answers in, commands out.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from nfshunt.config.switch import PortGroup
 from nfshunt.records import markcodec
+from nfshunt.records.cookies import Authority
 from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
 from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
@@ -36,6 +41,14 @@ NO_NAT = (Rewrite(), Rewrite())
 RESOLVE_WAIT = 5.0
 
 Shape = tuple[FlowTuple, tuple[NextHop, NextHop] | None, tuple[Rewrite, Rewrite] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolving:
+    """An adopted pair waiting for next hops its firewall had no MAC for (solicited)."""
+    conn: Conn
+    addresses: tuple[str, ...]  # its destinations not resolved at adoption
+    since: float
 
 
 def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow, ingress: PortGroup,
@@ -80,8 +93,7 @@ def rewrite_fits(conn: Conn, fwd: SwitchFlow, rev: SwitchFlow) -> bool:
 class RoutedAdoption:
     def __init__(self, shared: CoreState):
         self.shared = shared
-        # Adopted pairs whose next hops the kernel is resolving: (pair, its destinations, since).
-        self.resolving: dict[int, tuple[Conn, tuple[str, ...], float]] = {}
+        self.resolving: dict[int, Resolving] = {}  # by pair key
 
     def checks(self, adopted: list[Conn]) -> list[Command]:
         """What the firewall is asked about the routed pairs just adopted (those still active):
@@ -123,29 +135,37 @@ class RoutedAdoption:
             hops[direction], rewrite = answer, rewrite or change is Change.REWRITE
         conn.hops = (hops[0], hops[1])  # (the answers: their neighbour, what a hold-down goes by)
         if unresolved:
-            self.resolving[conn.key] = (conn, tuple(unresolved), now)
+            self.resolving[conn.key] = Resolving(conn, tuple(unresolved), now)
         return [RewriteFlows(conn)] if rewrite else []
 
     def overdue(self, now: float) -> list[Command]:
-        """Adopted pairs whose solicited next hops are resolved now (the tables' news rewrote
-        them already) let go of; the ones RESOLVE_WAIT after, still not, handed back."""
+        """Adopted pairs whose solicited next hops are resolved now let go of, checked against
+        the tables' answers as at adoption (their news rewrote them already, unless a question
+        asked meanwhile took the news' place: then it is done here); the ones RESOLVE_WAIT
+        after, still not, handed back."""
         out: list[Command] = []
-        for key, (conn, addresses, since) in list(self.resolving.items()):
+        table = self.shared.next_hops
+        for key, waiting in list(self.resolving.items()):
+            conn = waiting.conn
             if not self.shared.conns.holds(conn, ACTIVE):
                 del self.resolving[key]
                 continue
-            known = [self.shared.next_hops.answers.get(a) for a in addresses]
-            if all(k is not None and k[1] >= since and isinstance(k[0], NextHop) for k in known):
+            known = [table.answers.get(a) for a in waiting.addresses]
+            if all(k is not None and k[1] >= waiting.since and isinstance(k[0], NextHop) for k in known):
                 del self.resolving[key]
-            elif now - since >= RESOLVE_WAIT:
+                answers = {a: got[0] for a in (conn.reply.src, conn.orig.src) if (got := table.answers.get(a))}
+                out.extend(self._pair(conn, answers, now))
+            elif now - waiting.since >= RESOLVE_WAIT:
                 del self.resolving[key]
                 out.extend(self.shared.conns.take_down(conn, R_UNRESOLVED, now))
         return out
 
     def _decided_alike(self, entry: ConnEvent, conn: Conn) -> bool:
-        """The entry's mark says the pair's action between the pair's port groups."""
+        """The policy decided the pair (an IDS's or an operator's is the old master's: handed
+        back, as a bridged pair's), and the entry's mark says its action between its port groups."""
         mark, switch = markcodec.decode(entry.mark), self.shared.switch
-        return mark.complete and self.shared.cfg.action_for(mark.action or 0) is conn.action and \
+        return conn.authority is Authority.POLICY and mark.complete and \
+            self.shared.cfg.action_for(mark.action or 0) is conn.action and \
             switch.by_physdevin.get(mark.ingress or 0) is conn.ingress and \
             switch.by_physdevin.get(mark.egress or 0) is conn.egress
 
@@ -160,6 +180,7 @@ class RoutedAdoption:
             return []
         if failed is None and entry is not None and (entry.orig, entry.reply) == (conn.orig, conn.reply) and \
                 (entry.ct_id == conn.ct_id or self._decided_alike(entry, conn)):
+            conn.entry_id = None if entry.ct_id == conn.ct_id else entry.ct_id  # (its events and requests)
             return []
         if failed is not None:
             return self.shared.conns.take_down(conn, R_NAT_ENTRY_UNKNOWN, now)

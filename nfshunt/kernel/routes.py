@@ -37,14 +37,8 @@ RTN_UNICAST = 1
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80  # REACHABLE STALE DELAY PROBE NOARP PERMANENT
 NUD_INCOMPLETE = 0x01
 NTF_USE = 0x01  # RTM_NEWNEIGH: resolve the entry as a packet sent to it would, write nothing
+IFA_F_NOT_YET = 0x08 | 0x40  # an address's flags: DADFAILED, TENTATIVE (not the host's to announce)
 Key = tuple[int, str]  # a neighbour entry: (ifindex, address)
-
-
-@dataclasses.dataclass(frozen=True)
-class Interface:
-    """A routed interface as the kernel has it now: its MAC and addresses."""
-    mac: str
-    addresses: tuple[str, ...]
 
 # RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
 GROUPS = 0x1 | 0x4 | 0x40 | 0x400
@@ -54,6 +48,13 @@ RECV_MAX = 1 << 16
 TICK = 0.1  # seconds a neighbour's changes are coalesced: only its last state goes on
 WAKE = 0.5  # seconds the follower waits for anything before it looks whether stop() was asked
 WATCH_MAX = 4096  # destinations followed (the ones asked last); older ones are asked again
+
+
+@dataclasses.dataclass(frozen=True)
+class Interface:
+    """A routed interface as the kernel has it now: its MAC and addresses."""
+    mac: str
+    addresses: tuple[str, ...]
 
 
 class NextHops:
@@ -107,17 +108,23 @@ class NextHops:
         self._ipr.neigh("replace", dst=address, ifindex=oif, flags=NTF_USE, state=NUD_INCOMPLETE)
 
     def interface(self, name: str) -> Interface | None:
-        """An interface's MAC and its addresses (IPv4 and IPv6), or None: no such interface."""
+        """An interface's MAC and its addresses (IPv4 and IPv6; none still tentative or
+        found a duplicate), or None: no such interface, or the question failed."""
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
         if self._ipr is None:
             self._ipr = IPRoute()
         try:
             (link,) = self._ipr.get_links(ifname=name)
-            addresses = tuple(a.get("IFA_ADDRESS") for a in self._ipr.get_addr(index=link["index"]))
+            found = list(self._ipr.get_addr(index=link["index"]))
         except (NetlinkError, ValueError):  # (no such interface, or gone meanwhile; ValueError: not one answer)
             return None
-        return Interface(link.get("IFLA_ADDRESS"), tuple(a for a in addresses if a))
+        except OSError:
+            self.close()  # a new socket next time
+            return None
+        addresses = tuple(a.get("IFA_ADDRESS") for a in found
+                          if a.get("IFA_ADDRESS") and not (a.get("IFA_FLAGS") or a["flags"]) & IFA_F_NOT_YET)
+        return Interface(link.get("IFLA_ADDRESS"), addresses)
 
     def _neighbour(self, address: str, oif: int) -> list[Any]:
         """The next hop's one neighbour entry, or none (RTM_GETNEIGH: get_neighbours dumps the
@@ -275,7 +282,7 @@ class TableFollower:
     def interfaces(self, names: tuple[str, ...], reply: Callable[[dict[str, Interface | None]], None]) -> None:
         """From the event loop: each interface's MAC and addresses (None: not there), to
         `reply` on the follower's thread."""
-        self._put(lambda: reply({name: self.hops.interface(name) for name in names}))
+        self._put(lambda: reply({name: self.hops.interface(name) for name in names}))  # (never raises)
 
     def _put(self, request: Callable[[], None]) -> None:
         self.requests.put(request)
@@ -329,21 +336,31 @@ class TableFollower:
             request()
 
     def _answer(self, addresses: tuple[str, ...], reply: Callable[[dict[str, Answer]], None], solicit: bool) -> None:
-        answers = {address: self.followed.ask(address) for address in dict.fromkeys(addresses)}
-        if solicit:
-            self._solicit([a for a, answer in answers.items() if answer == R_UNRESOLVED])
+        """Every question answered, a strange failure as a failed lookup (never no answer: the
+        loop waits for it); each unresolved next hop solicited as it is found (the entry it
+        depends on, before a long question pushes it out of what is followed)."""
+        answers: dict[str, Answer] = {}
+        solicited: set[Key] = set()
+        try:
+            for address in dict.fromkeys(addresses):
+                answers[address] = self.followed.ask(address)
+                key = self.followed.via.get(address)
+                if solicit and answers[address] == R_UNRESOLVED and key is not None and key not in solicited:
+                    solicited.add(key)
+                    self._solicit(key)
+        except Exception:
+            self.on_error("route follower")
+            LOG.exception("the route follower failed a question: its destinations answered as lookups that failed")
+            answers = {address: answers.get(address, R_LOOKUP_FAILED) for address in addresses}
         reply(answers)
 
-    def _solicit(self, addresses: list[str]) -> None:
+    def _solicit(self, key: Key) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
-        for key in dict.fromkeys(self.followed.via.get(a) for a in addresses):
-            if key is None:
-                continue
-            try:
-                self.hops.solicit(key)
-            except (NetlinkError, OSError) as exc:  # counted; the pair waits, then goes back
-                self.on_error("neighbour not solicited")
-                LOG.warning("could not make the kernel resolve %s on interface %d: %s", key[1], key[0], exc)
+        try:
+            self.hops.solicit(key)
+        except (NetlinkError, OSError) as exc:  # counted; the pair waits, then goes back
+            self.on_error("neighbour not solicited")
+            LOG.warning("could not make the kernel resolve %s on interface %d: %s", key[1], key[0], exc)
 
     def _flush(self) -> None:
         news: dict[str, Answer] = {}

@@ -102,5 +102,5 @@ class FlowRecords:
     def ended(self, conn: Conn, reason: str) -> None:
         """A pair left the switch (the Removed outcome, on the event loop): its record."""
         with self._lock:
-            slow = self._slow.pop((conn.ct_id, conn.orig), None)
+            slow = self._slow.pop((conn.entry, conn.orig), None)
         self.log.info(json.dumps(record(conn, self.cfg, reason, slow, time.time(), time.monotonic())))

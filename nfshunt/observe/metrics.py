@@ -80,8 +80,10 @@ PLAIN = {
     "internal_errors": "Commands that failed inside the controller",
     "routed_rewrites": "Routed pairs rewritten in place: their next hop's MAC changed (docs/design/routed.md)",
     "routed_neighbours_held_down": "Neighbours held down for flapping (their MAC changed too often)",
-    "routed_next_hops_solicited": "Next hops of adopted routed pairs the firewall had no MAC for, which it was "
-                                  "made to resolve (a pair's new master: docs/routed.md)",
+    "routed_next_hops_solicited": "Next hops of adopted routed pairs the firewall had no MAC for, each of which "
+                                  "its kernel was asked to resolve (a pair's new master: docs/routed.md)",
+    "routed_announcements": "Gratuitous ARPs and unsolicited neighbour advertisements a routing firewall pair's "
+                            "new master sent the hosts for its interfaces' addresses (docs/routed.md)",
     "role_promotions": "Times the switch granted this controller MASTER (a firewall pair's takeover)",
     "ids_api_restarts": "Times the IDS API's process ended on its own and was started again",
     "ids_api_bad_frames": "Frames from the IDS API's process that were not requests (nothing done; it was started "

@@ -4,8 +4,9 @@ that host's controller holds the switch, so those frames reach no host and the h
 sending the slow path to the dead master's MAC until their neighbour entries go stale. Once it
 holds the switch the controller sends the same announcements itself, out of the fast ports:
 for each address of a port group's routed interface, a gratuitous ARP request (IPv4) or an
-unsolicited neighbour advertisement with the override flag (IPv6). Pure: the interface's MAC
-and addresses in, frames out (built with os-ken's packet library).
+unsolicited neighbour advertisement with the override flag (IPv6; the link-local address too:
+hosts that learnt their router from its advertisements send to that one). Pure: the
+interface's MAC and addresses in, frames out (built with os-ken's packet library).
 """
 from __future__ import annotations
 
@@ -44,13 +45,6 @@ def unsolicited_advertisement(mac: str, address: str) -> bytes:
 
 
 def announcements(mac: str, addresses: tuple[str, ...]) -> list[bytes]:
-    """What a new master sends for one interface: a frame for each unicast address on it
-    (link-local IPv6 addresses left out: no host's gateway)."""
-    out = []
-    for address in addresses:
-        ip = ipaddress.ip_address(address)
-        if ip.version == 4:
-            out.append(gratuitous_arp(mac, address))
-        elif not ip.is_link_local:
-            out.append(unsolicited_advertisement(mac, address))
-    return out
+    """What a new master sends for one interface: a frame for each address on it."""
+    return [gratuitous_arp(mac, a) if ipaddress.ip_address(a).version == 4 else unsolicited_advertisement(mac, a)
+            for a in addresses]

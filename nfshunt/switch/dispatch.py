@@ -99,8 +99,7 @@ class Dispatcher:
             c.UnwatchFlows: lambda _sw, s, cmd: s.send.queue(s.fb.install(cmd.conn)),
             c.RewriteFlows: self.rewrite_flows,
             c.InstallDefaults: self.install_defaults,
-            c.SendAnnouncements: lambda _sw, s, cmd: s.send.queue([packet_out(s.dp, port, frame)
-                                                                   for port, frame in cmd.frames]),
+            c.SendAnnouncements: self.send_announcements,
             c.InstallPipeline: lambda _sw, s, cmd: s.send.queue(s.fb.pipeline_flows(cmd.groups)),
             c.LimitPacketIns: self.limit_packet_ins,
             c.DeleteAllFlows: self.delete_all_flows,
@@ -200,7 +199,7 @@ class Dispatcher:
             # The switch applies the pair's flows one at a time (hardware: late, in any
             # order): the firewall must not call INVALID the acknowledgements it then
             # sees of data that already took the fast path.
-            self.worker.liberal(conn.orig.family, conn.orig, conn.ct_id)
+            self.worker.liberal(conn.orig.family, conn.orig, conn.entry)
         return None
 
     @staticmethod
@@ -277,6 +276,12 @@ class Dispatcher:
         def done(entry: ConnEvent | None, failed: str | None) -> None:  # on the worker thread
             self.post(sw, (c.EntryFound(conn, entry, failed),))
         self.worker.look_up(conn.orig, done)
+
+    def send_announcements(self, _sw: Switch, s: Session, cmd: c.SendAnnouncements) -> None:
+        s.send.queue([packet_out(s.dp, f.port, f.data) for f in cmd.frames])
+        self.counters.inc("routed_announcements", len(cmd.frames))
+        LOG.info("told the hosts this firewall's MACs: %d announcements of the addresses of %s", len(cmd.frames),
+                 ", ".join(cmd.interfaces))
 
     def rewrite_flows(self, _sw: Switch, s: Session, cmd: c.RewriteFlows) -> None:
         self.counters.inc("routed_rewrites")

@@ -103,10 +103,8 @@ class TablesLink:
                     LOG.warning("cannot tell the hosts behind port %d this firewall's MAC: its routed interface %s "
                                 "is not there", g.fast, g.interface)
                     continue
-                frames += [(g.fast, frame) for frame in announcements(found.mac, found.addresses)]
-            LOG.info("told the hosts this firewall's MACs: %d announcements of %s's addresses", len(frames),
-                     ", ".join(names))
-            self.post(sw, (c.SendAnnouncements(tuple(frames)),))
+                frames += [c.PortFrame(g.fast, frame) for frame in announcements(found.mac, found.addresses)]
+            self.post(sw, (c.SendAnnouncements(tuple(frames), names),))
         follower = self._follower()
         if follower is not None:
             follower.interfaces(names, read)
