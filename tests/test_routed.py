@@ -171,8 +171,6 @@ def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_config
 
 @pytest.mark.parametrize("raw,key,words", [
     ({**BASE, "experimental_routed": True, "flow_layout": "single"}, "experimental_routed", "needs \"forwarding\""),
-    ({**BASE, "forwarding": "routed", "ports": ROUTED_PORTS, "openflow_versions": ["1.3"],
-      "experimental_routed": True, "flow_layout": "pipeline"}, "flow_layout", "set flow_layout to single or auto"),
 ])
 def test_experimental_routed_refuses_what_it_cannot_build(raw, key, words):
     with pytest.raises(ConfigError) as err:

@@ -284,9 +284,10 @@ PER_SWITCH: dict[str, v.Key] = {
                                  "lost or blackholed route hands them back; a neighbour flapping is held down "
                                  "30 s). A restart or reconnect adopts the routed pairs it reads back whose "
                                  "next hops the tables still give (a changed MAC rewritten in place, the "
-                                 "others handed back), a NAT pair only while its entry has the same tuples. "
-                                 "Experimental (docs/design/routed.md); `flow_layout` `auto` is `single` "
-                                 "with it, `pipeline` is refused."),
+                                 "others handed back), a NAT pair while its entry has the same tuples (or, "
+                                 "made anew by a pair's takeover, the same decision). Experimental "
+                                 "(docs/design/routed.md); `flow_layout` `auto` is `single` with it, "
+                                 "`pipeline` when asked."),
 }
 
 
@@ -387,9 +388,6 @@ def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> No
     if sw.experimental_routed and not routed:
         raise ConfigError(f"{sw.at}experimental_routed", "shunts through a routing firewall: needs \"forwarding\": "
                           "\"routed\"")
-    if sw.experimental_routed and sw.flow_layout == "pipeline":
-        raise ConfigError(f"{sw.at}flow_layout", "routed shunts are built in the single flow layout only: set "
-                          "flow_layout to single or auto (auto is single in routed mode)")
     if routed and "1.0" in openflow_versions:
         raise ConfigError(f"{sw.at}forwarding", "routed needs OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL "
                           "packet-ins): set openflow_versions to [\"1.3\"]")

@@ -227,13 +227,16 @@ class FlowBuilder(FlowBasics):
                     return pipeline_metadata(group, cookie)
 
                 vids = self._vids(conn, reply)
+                rewrite = routed_actions(self.parser, conn, reply)
 
                 def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta,
-                               vids: tuple[int, int] = vids) -> Any:
+                               vids: tuple[int, int] = vids, rewrite: tuple[Any, ...] = rewrite) -> Any:
                     return self._goto(self.match(in_port, tt, vid=vids[0]), meta(cookie), cookie, prio, idle,
-                                      self.retag(*vids))
-                out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle, vids), build_goto,
-                                           t.family, conn.cookie(reply), t, meta, hard=conn.hard_timeout))
+                                      [*rewrite, *self.retag(*vids)])
+                out.append(self._templated(("goto", t.family, in_port, group, reply, prio, idle, vids,
+                                            conn.hops[reply] if rewrite and conn.hops else ()), build_goto,
+                                           t.family, conn.cookie(reply), t, meta, hard=conn.hard_timeout,
+                                           fresh=conn.nat is not None))
             return out
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
@@ -316,14 +319,17 @@ class FlowBuilder(FlowBasics):
                                      cookies.OWNED_MASK | cookies.KIND_MASK, p.OFPMatch())
 
     def _goto(self, match: Any, metadata: int, cookie: int, priority: int, idle: int,
-              retag: list[Any] | None = None) -> Any:
+              apply: list[Any] | None = None, modify: bool = False) -> Any:
+        """A pair's table-0 flow of the pipeline layout; `apply` (a routed pair's rewrite, a retag)
+        before table 1 outputs and catches; `modify`: replaced in place (a routed pair's new MAC)."""
         p, ofp = self.parser, self.ofp
         inst = [p.OFPInstructionWriteMetadata(metadata, META_GROUP_MASK | META_CONN_MASK),
                 p.OFPInstructionGotoTable(PIPELINE_TABLE)]
-        if retag:  # applied before table 1 outputs: its FIN/RST catchers see the frame retagged
-            inst.insert(0, p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, retag))
-        return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_ADD, idle_timeout=idle, priority=priority,
-                            flags=ofp.OFPFF_SEND_FLOW_REM, match=match, instructions=inst)
+        if apply:
+            inst.insert(0, p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, apply))
+        return p.OFPFlowMod(self.dp, cookie=cookie, command=ofp.OFPFC_MODIFY_STRICT if modify else ofp.OFPFC_ADD,
+                            idle_timeout=idle, priority=priority, flags=ofp.OFPFF_SEND_FLOW_REM, match=match,
+                            instructions=inst)
 
     def pipeline_flows(self, groups: tuple[PortGroup, ...]) -> list[Any]:
         """Table 1 of the pipeline layout: per port group, the output of every TCP shunt

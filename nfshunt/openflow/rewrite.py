@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from nfshunt.core.connection import Conn
+from nfshunt.core.layout import goes_to_pipeline
 from nfshunt.records import cookies
 
-from .flows import TCP_FIN, TCP_RST, FlowBuilder, idle_timeout, routed_actions
+from .flows import TCP_FIN, TCP_RST, FlowBuilder, idle_timeout, pipeline_metadata, routed_actions
 
 
 def rewrite(fb: FlowBuilder, conn: Conn) -> list[Any]:
@@ -23,6 +24,12 @@ def rewrite(fb: FlowBuilder, conn: Conn) -> list[Any]:
     for reply in (False, True):
         in_port, t, peer = fb._direction(conn, reply)
         vids = fb._vids(conn, reply)
+        if goes_to_pipeline(fb.version, fb.cfg, conn.action, conn.orig.proto, fb.pipeline):
+            group = fb._group[conn.ingress if reply else conn.egress]  # (its table-0 flow: the rewrite, then table 1)
+            out.append(fb._goto(fb.match(in_port, t, vid=vids[0]), pipeline_metadata(group, conn.cookie(reply)),
+                                conn.cookie(reply), prio, idle_timeout(fb.cfg, conn),
+                                [*routed_actions(p, conn, reply), *fb.retag(*vids)], modify=True))
+            continue
         actions = [*routed_actions(p, conn, reply), *fb.retag(*vids), p.OFPActionOutput(peer)]
         out.append(p.OFPFlowMod(fb.dp, cookie=conn.cookie(reply), command=ofp.OFPFC_MODIFY_STRICT,
                                 idle_timeout=idle_timeout(fb.cfg, conn), priority=prio,

@@ -121,7 +121,7 @@ class Peers:
         layout, tables = sw.switch.flow_layout, self._tables.get(dp, 0)
         if layout == "single" or not sw.cfg.tcp_teardown:
             return False
-        if sw.switch.experimental_routed:  # (config refuses pipeline with it: its catchers are built single only)
+        if sw.switch.experimental_routed and layout == "auto":  # (pipeline only when asked: docs/routed.md)
             LOG.info("flow_layout auto: routed shunts, so the single-table layout (6 entries a TCP shunt)")
             return False
         if dp.ofproto.OFP_VERSION == OFP10 or tables < 2:
