@@ -171,6 +171,8 @@ def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_config
 
 @pytest.mark.parametrize("raw,key,words", [
     ({**BASE, "experimental_routed": True, "flow_layout": "single"}, "experimental_routed", "needs \"forwarding\""),
+    ({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"], "experimental_routed": True,
+      "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]}, "ports[0].vlans", "not built yet"),
 ])
 def test_experimental_routed_refuses_what_it_cannot_build(raw, key, words):
     with pytest.raises(ConfigError) as err:
