@@ -2,7 +2,7 @@
 VENV ?= /opt/nfshunt-venv
 PY := $(VENV)/bin/python
 
-.PHONY: deps demo demo-failover demo-vlan demo-routed test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
+.PHONY: deps demo demo-failover demo-routed-failover demo-vlan demo-routed test lint unit mutants experiments experiments-quick jitter jitter-quick bench bench-quick clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -13,6 +13,11 @@ demo: deps
 # The firewall pair: the active firewall dies mid-transfer; what happened to each transfer.
 demo-failover: deps
 	$(PY) mininet/demo.py --failover
+
+# The same for a pair of routing firewalls (docs/routed.md, "A firewall pair"): the new master
+# rewrites the shunts with its MACs and tells the hosts.
+demo-routed-failover: deps
+	$(PY) mininet/demo.py --failover --routed
 
 # The demo's table over VLAN trunks (docs/vlans.md): the same tuple in two VLANs, a translated VLAN.
 demo-vlan: deps

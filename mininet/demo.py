@@ -61,10 +61,12 @@ def transfer(tb: Testbed, port: int, seconds: float, grace: float, frames_at_h2:
             "fast": sum(seen.values()), "flows": bool(seen), "error": result.get("error"), "frames": frames}
 
 
-def failover(emu: Emulation, seconds: float) -> int:
-    """The pair: fw active, fw2 backup, a strict policy on both; fw dies mid-transfer."""
+def failover(emu: Emulation, seconds: float, routed: bool = False) -> int:
+    """The pair: fw active, fw2 backup, a strict policy on both; fw dies mid-transfer.
+    `routed`: a pair of routing firewalls (docs/routed.md, "A firewall pair")."""
     rows = []
-    with Testbed(mode="ha", emulation=emu, log=print, config={"default_shunt_timeout": 60}) as tb:
+    config = {"default_shunt_timeout": 60, **({"experimental_routed": True} if routed else {})}
+    with Testbed(mode="ha", routed=routed, emulation=emu, log=print, config=config) as tb:
         fw = tb.active_firewall()
         assert fw is not None  # the testbed waited for keepalived's election
         fw2 = tb.other(fw)
@@ -82,11 +84,12 @@ def failover(emu: Emulation, seconds: float) -> int:
         timeline = tb.takeover_timeline(fw2, failed_at, first_packet)
         fresh = tb.iperf(5204, 2, cport=SHUNT_PORT)  # opened after the failover; shunted by source port
         after = tb.controller_output(fw2).split("master of switch")[-1]
-        for label, (srv, cli), path in (("shunted", shunted, "switch flows, adopted by fw2"),
+        adopted = f"switch flows, {fw2.name}'s MACs" if routed else f"switch flows, adopted by {fw2.name}"
+        for label, (srv, cli), path in (("shunted", shunted, adopted),
                                         ("ignored", ignored, f"through {fw.name}, then {fw2.name}")):
             r = tb.finish_transfer(srv, cli)
             rows.append((label, path, r, None if "error" in r else tb.longest_stall(r)))
-        rows.append(("opened after", "shunted by fw2" if ":5204 " in after and "shunt tcp" in after
+        rows.append(("opened after", f"shunted by {fw2.name}" if ":5204 " in after and "shunt tcp" in after
                      else "NOT shunted", fresh, None))
     print(f"\nfailover: {fw2.name} had the switch {took:.2f} s after {fw.name} died "
           f"(VRRP advert 0.1 s; conntrackd commit; OpenFlow MASTER claim with a newer generation)")
@@ -112,7 +115,8 @@ def main() -> int:
     ap.add_argument("--delay", choices=DELAY_MECHANISMS, default="auto", help="delay mechanism (default auto)")
     ap.add_argument("--openflow", choices=["1.0", "1.3"], default="1.3")
     ap.add_argument("--failover", action="store_true",
-                    help="the firewall pair: fail the active firewall mid-transfer (OpenFlow 1.3)")
+                    help="the firewall pair: fail the active firewall mid-transfer (OpenFlow 1.3; with --routed, "
+                         "a pair of routing firewalls)")
     ap.add_argument("--vlan", action="store_true",
                     help="the table over VLAN trunks (mode vlan; no emulated delay)")
     ap.add_argument("--routed", action="store_true",
@@ -131,7 +135,7 @@ def main() -> int:
               f"slow path {emu.slow_mbit:g} Mbit/s with a {emu.slow_buffer_kb} KB buffer")
     started = time.monotonic()
     try:
-        rc = (failover(emu, max(args.seconds, 6)) if args.failover else vlans(args) if args.vlan
+        rc = (failover(emu, max(args.seconds, 6), args.routed) if args.failover else vlans(args) if args.vlan
               else routed(args, emu) if args.routed else paths(args, emu))
     except TestbedError as exc:
         print(f"demo: {exc}", file=sys.stderr)

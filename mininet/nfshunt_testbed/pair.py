@@ -337,4 +337,4 @@ class Pair(Controllers):
                 ("conntrackd committed its cache", notify("conntrackd committed")),
                 ("controller claims MASTER", logged("claiming MASTER of switch")),
                 ("switch granted; defaults sent", logged("master of switch")),
-                (f"first packet through {fw.name}'s bridge", packet)]
+                (f"first packet through {fw.name}'s {'router' if self.routed else 'bridge'}", packet)]
