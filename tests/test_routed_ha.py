@@ -40,12 +40,13 @@ def _routed_flows(tb, port: int) -> list[dict[str, str]]:
     return [f for f in tb.conn_flows(port) if "dec_ttl" in f["actions"] and "CONTROLLER" not in f["actions"]]
 
 
-def _sources(tb, port: int) -> dict[str, str]:
-    """in_port -> the source MAC its flow writes."""
-    out = {}
+def _sources(tb, port: int) -> set[tuple[str, str]]:
+    """(in_port, the source MAC its flow writes) of every pair's flows: one MAC a direction
+    when every pair has it."""
+    out = set()
     for f in _routed_flows(tb, port):
         m = re.search(r"set_field:([0-9a-f:]{17})->eth_src", f["actions"])
-        out[f["in_port"]] = m.group(1) if m else ""
+        out.add((f["in_port"], m.group(1) if m else ""))
     return out
 
 
@@ -59,12 +60,16 @@ def test_a_takeover_keeps_the_routed_shunts_rewritten_with_the_new_masters_macs(
         fw, _ = tb.wait_for_elected(10)
         fw2 = tb.other(fw)
         tb.strict_firewalls()
-        old = {"1": _mac(tb, tb.node(fw), f"{fw.name}-eth1"), "3": _mac(tb, tb.node(fw), f"{fw.name}-eth0")}
-        new = {"1": _mac(tb, tb.node(fw2), f"{fw2.name}-eth1"), "3": _mac(tb, tb.node(fw2), f"{fw2.name}-eth0")}
+        old = {("1", _mac(tb, tb.node(fw), f"{fw.name}-eth1")), ("3", _mac(tb, tb.node(fw), f"{fw.name}-eth0"))}
+        new = {("1", _mac(tb, tb.node(fw2), f"{fw2.name}-eth1")), ("3", _mac(tb, tb.node(fw2), f"{fw2.name}-eth0"))}
         s_srv, s_cli = tb.start_transfer(SHUNT, LONG, bitrate=STEADY_RATE)
         i_srv, i_cli = tb.start_transfer(IGNORE, LONG, bitrate=STEADY_RATE)
         try:
-            tb.wait_for(lambda: _sources(tb, SHUNT) == old, 10, f"the routed shunt with {fw.name}'s MACs")
+            # Both of iperf3's connections to the port (its control and data) are shunted: both
+            # pairs in (4 flows), or the later one's install can land after the cookies are read
+            # (CI-7, session 51: 9 ms apart on a loaded first testbed).
+            tb.wait_for(lambda: len(_routed_flows(tb, SHUNT)) == 4 and _sources(tb, SHUNT) == old, 10,
+                        f"the two routed shunts with {fw.name}'s MACs")
             cookies = {f["cookie"] for f in tb.conn_flows(SHUNT)}
             if nat:  # translated to h2's gateway on the way out, back to h1's address on the way in
                 actions = {f["in_port"]: f["actions"] for f in _routed_flows(tb, SHUNT)}
