@@ -534,6 +534,8 @@ def recommend(report: Report, switch: SwitchConfig, of13: bool, size: int | None
     teardown = shapes.get(SHAPE_TCP, False)
     s["tcp_teardown"] = teardown
     pipeline = teardown and shapes.get(SHAPE_PIPELINE, False)
+    # A routing firewall's `auto` is single (switch/peers.py): its table sized as single's, unless asked for.
+    pipeline = pipeline and switch.forwarding != "routed"
     if of13:
         s["flow_layout"] = "auto" if pipeline else "single"
     if of13:

@@ -266,3 +266,11 @@ def test_a_lookup_that_failed_is_asked_for_again_a_few_times_then_left():
     assert not any(isinstance(x, Later) for x in core.next_hops_known(failed, ev, 101.1, routing.RETRIES))
     (install,) = core.next_hops_known(GOOD, ev, 102.2, 2)  # answered meanwhile: shunted
     assert isinstance(install, InstallFlows) and install.conn.hops == (GOOD["10.0.0.2"], GOOD["10.0.0.1"])
+
+
+def test_a_routed_trunk_is_refused_only_where_it_would_be_shunted():
+    """Without experimental_routed nothing routed is shunted: a trunk's frames are patched
+    through to the firewall as every routed connection's, so the config starts."""
+    cfg = from_dict({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"],
+                     "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]})
+    assert [v.id for v in cfg.switches[0].ports[0].vlans] == [100, 200]

@@ -66,4 +66,17 @@ def test_a_routed_shunt_s_entry_stays_until_the_switch_confirms_its_flows():
     conn = rig.core.find(tuple_=ev.orig)
     assert conn is not None and conn.hops is not None
     rig.advance(1.0)
+    assert len(rig.flows(cookies.Kind.SHUNT)) == 2  # (its flows went in: only their confirmation is missing)
     assert conn.state is State.PENDING and not rig.worker.deleted
+
+
+def test_the_probe_sizes_a_routing_firewall_s_table_for_the_single_layout_its_auto_takes():
+    """`auto` is single in routed mode (switch/peers.py): a switch that can do the pipeline
+    layout is still recommended single, and max_shunts counted at 6 entries a TCP shunt."""
+    from nfshunt import probe
+    from tests.helpers import config
+    report = probe.Report()
+    routed = config(**ROUTED).switches[0]
+    probe.recommend(report, routed, True, 1000, {probe.SHAPE_TCP: True, probe.SHAPE_PIPELINE: True}, None, [])
+    assert report.settings["flow_layout"] == "single"
+    assert report.settings["max_shunts"] == (1000 - 2 * len(routed.ports)) // 6

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP13, FlowRewrite
+from nfshunt.records.model import OFP13, FlowRewrite, Rewrite
 from tests.helpers import event
 from tests.support.rig import Rig, fast
 from tests.test_routed import FW0, FW1, GOOD, H1_MAC, H2_MAC
@@ -58,6 +58,7 @@ def test_a_nat_pair_in_the_pipeline_layout_translates_in_table_0():
     rig = _rig()
     conn = _shunted(rig, _nat_event(received=rig.now))
     assert conn.reply == MASQ_REPLY and conn.nat is not None
-    goto, rewrite = _rewrites(rig)[conn.cookie(False)]
-    assert goto and rewrite is not None and rewrite.nat == conn.nat[0]
+    for reply in (False, True):
+        goto, rewrite = _rewrites(rig)[conn.cookie(reply)]
+        assert goto and rewrite is not None and rewrite.nat == conn.nat[reply] != Rewrite()
     assert fast(rig, conn)
