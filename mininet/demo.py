@@ -26,7 +26,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nfshunt_testbed.bed import BLOCK_PORT, IGNORE_PORT, SHUNT_PORT, Testbed, TestbedError, machine_info  # noqa: E402
+from nfshunt_testbed.bed import (  # noqa: E402
+    BLOCK_PORT,
+    FAST1,
+    IGNORE_PORT,
+    SHUNT_PORT,
+    Testbed,
+    TestbedError,
+    machine_info,
+)
 from nfshunt_testbed.linkemu import DELAY_MECHANISMS, Emulation  # noqa: E402
 
 # tcpdump -e -v on h2: the Ethernet and IP header line of a frame (source MAC, TTL).
@@ -82,9 +90,20 @@ def failover(emu: Emulation, seconds: float, routed: bool = False) -> int:
         tb.wait_for(lambda: tb.defaults_point_to(fw2), 15, f"{fw2.name} to take the switch over")
         took = time.monotonic() - t0
         timeline = tb.takeover_timeline(fw2, failed_at, first_packet)
+        adopted = f"switch flows, adopted by {fw2.name}"
+        if routed:  # the adopted shunt's flows rewritten with the new master's MACs (read from the switch)
+            mac = tb.run(tb.node(fw2), "cat", f"/sys/class/net/{fw2.name}-eth1/address").strip()
+
+            def rewritten() -> bool:  # (h1's direction leaves by fw2-eth1's side)
+                return any(f"set_field:{mac}->eth_src" in f["actions"]
+                           for f in tb.conn_flows(SHUNT_PORT) if f.get("in_port") == str(FAST1))
+            try:
+                tb.wait_for(rewritten, 5, "the adopted shunt's flows to take the new master's MACs")
+                adopted = f"switch flows, {fw2.name}'s MACs"
+            except TestbedError:
+                adopted = "switch flows, NOT rewritten"
         fresh = tb.iperf(5204, 2, cport=SHUNT_PORT)  # opened after the failover; shunted by source port
         after = tb.controller_output(fw2).split("master of switch")[-1]
-        adopted = f"switch flows, {fw2.name}'s MACs" if routed else f"switch flows, adopted by {fw2.name}"
         for label, (srv, cli), path in (("shunted", shunted, adopted),
                                         ("ignored", ignored, f"through {fw.name}, then {fw2.name}")):
             r = tb.finish_transfer(srv, cli)
