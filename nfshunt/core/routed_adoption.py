@@ -173,8 +173,8 @@ class RoutedAdoption:
         """The kernel's answer for an adopted NAT pair's entry: the same entry keeps the pair
         (its id and tuples; or its tuples and, under another id, the same decision in its mark:
         conntrackd's commit at a pair's takeover makes the synced entry anew, and an entry re-made
-        while the controller was away and judged alike is this pair's all the same: the requests
-        that name it go by its tuple); none, or another's, hands it back with its NAT re-created
+        while the controller was away and judged alike is this pair's all the same: its id is
+        kept beside the pair's, Conn.entry); none, or another's, hands it back with its NAT re-created
         (another connection's entry on its tuple deleted first: its translation is not this one's)."""
         if not self.shared.conns.holds(conn, ACTIVE):
             return []

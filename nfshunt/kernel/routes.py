@@ -67,12 +67,17 @@ class NextHops:
     def resolve(self, address: str) -> Answer:
         return self.lookup(address)[0]
 
+    def _socket(self) -> Any:
+        """The netlink socket, opened on first use (and again after close())."""
+        if self._ipr is None:
+            from pyroute2 import IPRoute
+            self._ipr = IPRoute()
+        return self._ipr
+
     def lookup(self, address: str) -> tuple[Answer, Key | None]:
         """The answer, and the neighbour entry it depends on (None: no route to follow)."""
-        from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
-        if self._ipr is None:
-            self._ipr = IPRoute()
+        self._socket()
         try:
             route = self._ipr.route("get", dst=address)[0]
             if route["type"] != RTN_UNICAST:
@@ -101,22 +106,17 @@ class NextHops:
         """Make the kernel resolve a next hop it has no MAC for, as a packet it forwarded there
         would (its own ARP request or neighbour solicitation): RTM_NEWNEIGH with NTF_USE, which
         writes no MAC, so the tables stay the kernel's. The outcome comes as the neighbour's news."""
-        from pyroute2 import IPRoute
-        if self._ipr is None:
-            self._ipr = IPRoute()
         oif, address = key
-        self._ipr.neigh("replace", dst=address, ifindex=oif, flags=NTF_USE, state=NUD_INCOMPLETE)
+        self._socket().neigh("replace", dst=address, ifindex=oif, flags=NTF_USE, state=NUD_INCOMPLETE)
 
     def interface(self, name: str) -> Interface | None:
         """An interface's MAC and its addresses (IPv4 and IPv6; none still tentative or
         found a duplicate), or None: no such interface, or the question failed."""
-        from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
-        if self._ipr is None:
-            self._ipr = IPRoute()
+        ipr = self._socket()
         try:
-            (link,) = self._ipr.get_links(ifname=name)
-            found = list(self._ipr.get_addr(index=link["index"]))
+            (link,) = ipr.get_links(ifname=name)
+            found = list(ipr.get_addr(index=link["index"]))
         except (NetlinkError, ValueError):  # (no such interface, or gone meanwhile; ValueError: not one answer)
             return None
         except OSError:
