@@ -28,13 +28,16 @@ def routed(cfg: Config) -> bool:
 
 
 def interfaces(cfg: Config) -> list[tuple[int, str]]:
-    """(physdevin, interface) of every port group; ConfigError naming the first without one."""
+    """(physdevin, interface) of every routed interface (a group's own, carrying its untagged
+    frames, and each VLAN's sub-interface); ConfigError naming the first without one."""
     for sw in cfg.switches:
         for i, g in enumerate(sw.ports):
-            if not g.interface:
+            if g.untagged is not None and not g.interface:
                 raise ConfigError(f"{sw.at}ports[{i}].interface", "required for iptables in routed mode: the "
-                                  "firewall's interface cabled to this group's slow port")
-    return [(g.physdevin, g.interface) for g in cfg.all_port_groups]  # type: ignore[misc]
+                                  "firewall's interface cabled to this group's slow port" +
+                                  (" (or \"untagged\": false, if its trunk carries VLANs only)" if g.vlans else ""))
+    return [(side.physdevin, side.interface) for sw in cfg.switches  # type: ignore[misc]
+            for side in sw.sides.values()]
 
 
 def preflight(cfg: Config, families: list[str], fix_sysctl: bool) -> list[str]:

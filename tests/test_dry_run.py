@@ -157,6 +157,18 @@ def _hop_answered(answer):
     return scene
 
 
+def _stick_pipeline():
+    """Two VLANs of one trunk (a router on a stick) with the pipeline layout."""
+    core = connected(forwarding="routed", openflow_versions=["1.3"], experimental_routed=True,
+                     flow_layout="pipeline",
+                     ports=[{"fast": 1, "slow": 2, "physdevin": 1, "untagged": False,
+                             "vlans": [{"id": 100, "physdevin": 3, "interface": "fw-eth0.100"},
+                                       {"id": 300, "physdevin": 5, "interface": "fw-eth0.300"}]},
+                            {"fast": 3, "slow": 4, "physdevin": 2, "interface": "fw-eth1"}])
+    core.shared.pipeline = True  # (the switch's session takes the layout)
+    return core, event(ingress=3, egress=5)
+
+
 def _flapping():
     core, ev = _hop_unknown()
     h1 = NextHop("fw-eth0", "02:00:00:00:fe:00", "02:00:00:00:00:01")
@@ -176,7 +188,8 @@ SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOW
           adm.R_VLAN: _vlan, adm.R_ROUTED: _routed, adm.R_HOP_UNKNOWN: _hop_unknown,
           adm.R_HOP_ELSEWHERE: _hop_elsewhere, adm.R_NO_ROUTE: _hop_answered(adm.R_NO_ROUTE),
           adm.R_BLACKHOLE: _hop_answered(adm.R_BLACKHOLE), adm.R_UNRESOLVED: _hop_answered(adm.R_UNRESOLVED),
-          adm.R_NEXT_HOP_FAILED: _hop_answered(adm.R_NEXT_HOP_FAILED), adm.R_FLAPPING: _flapping}
+          adm.R_NEXT_HOP_FAILED: _hop_answered(adm.R_NEXT_HOP_FAILED), adm.R_FLAPPING: _flapping,
+          adm.R_STICK_PIPELINE: _stick_pipeline}
 # Not a reason an event is ignored for: the removal's reason of a shunt whose entry
 # closed on the firewall (its event is ignored as R_CLOSING; see the take-down test below).
 # Nor a routed pair's take-down reason when its destination's route leaves by another

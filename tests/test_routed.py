@@ -172,7 +172,8 @@ def test_a_routed_block_needs_no_next_hop_and_bridged_or_unflagged_routed_config
 @pytest.mark.parametrize("raw,key,words", [
     ({**BASE, "experimental_routed": True, "flow_layout": "single"}, "experimental_routed", "needs \"forwarding\""),
     ({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"], "experimental_routed": True,
-      "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]}, "ports[0].vlans", "not built yet"),
+      "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]}, "ports[0].vlans[0]",
+     "an interface of its own"),
 ])
 def test_experimental_routed_refuses_what_it_cannot_build(raw, key, words):
     with pytest.raises(ConfigError) as err:
@@ -268,9 +269,15 @@ def test_a_lookup_that_failed_is_asked_for_again_a_few_times_then_left():
     assert isinstance(install, InstallFlows) and install.conn.hops == (GOOD["10.0.0.2"], GOOD["10.0.0.1"])
 
 
-def test_a_routed_trunk_is_refused_only_where_it_would_be_shunted():
-    """Without experimental_routed nothing routed is shunted: a trunk's frames are patched
-    through to the firewall as every routed connection's, so the config starts."""
+def test_a_routed_trunk_s_vlans_are_interfaces_with_or_without_experimental_routed():
+    """Without experimental_routed nothing routed is shunted, but `nfshunt iptables` marks each
+    routed sub-interface by its physdevin all the same: a bridged VLAN list is refused."""
+    with pytest.raises(ConfigError) as err:
+        from_dict({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"],
+                   "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]})
+    assert err.value.key == "ports[0].vlans[0]" and "physdevin" in str(err.value)
     cfg = from_dict({**BASE, "forwarding": "routed", "openflow_versions": ["1.3"],
-                     "ports": [{**ROUTED_PORTS[0], "vlans": [100, 200]}, ROUTED_PORTS[1]]})
-    assert [v.id for v in cfg.switches[0].ports[0].vlans] == [100, 200]
+                     "ports": [{**ROUTED_PORTS[0], "vlans": [{"id": 100, "physdevin": 3}]}, ROUTED_PORTS[1]]})
+    assert [(s.physdevin, s.vid, s.interface) for s in cfg.switches[0].sides.values()] == \
+        [(3, 100, "fw-eth0.100"), (2, 0, "fw-eth1")]  # (the trunk's untagged frames: not carried, by default)
+

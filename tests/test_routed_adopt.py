@@ -69,11 +69,16 @@ class FakeFollower:
         pass
 
 
-def _rig(answers=None, switch=None, now=100.0) -> Rig:
-    rig = Rig(OFP13, switch=switch, now=now, connect=False, **ROUTED)
-    rig.dispatcher.tables.follower = FakeFollower(dict(GOOD if answers is None else answers))
+def routed_rig(answers: dict[str, Any], switch=None, now=100.0, **cfg: Any) -> Rig:
+    """A routed controller on the rig, the firewall's tables answering from `answers`."""
+    rig = Rig(OFP13, switch=switch, now=now, connect=False, **cfg)
+    rig.dispatcher.tables.follower = FakeFollower(dict(answers))
     rig.connect(rig.switch)
     return rig
+
+
+def _rig(answers=None, switch=None, now=100.0) -> Rig:
+    return routed_rig(GOOD if answers is None else answers, switch, now, **ROUTED)
 
 
 def _shunted(rig: Rig, ev: ConnEvent):

@@ -31,6 +31,12 @@ Modes from the one topology:
             h2's gateway) translates h1's subnet. With mode ha, Testbed(routed=True): a pair of
             routing firewalls, each with addresses of its own (.252, .253), keepalived holding
             the gateways (.254) on the active one (config/ha/keepalived-routed.conf); nat="snat".
+            With vlan=True (docs/design/routed.md section 9; one firewall, no NAT): the routing
+            firewall on mode vlan's stand-in trunks, each host a VLAN and a subnet of its own:
+            h1 on FAST1's trunk in VLAN 100 (10.0.1.1, fd01::1), h2 on FAST2's in VLAN 200
+            (10.0.2.1), h3 on FAST1's in VLAN 300 (10.0.3.1, fd03::1); their gateways (.254,
+            ::fe) the sub-interfaces fw-eth0.100, fw-eth1.200 and fw-eth0.300. h1 <-> h3 is a
+            router on a stick: two VLANs of one trunk, in and out of slow port 2.
 
 The switch uses the kernel datapath when the kernel has it, otherwise the userspace
 (netdev) datapath; `datapath` says which. An `Emulation` (linkemu.py) adds delay (netem or
@@ -92,6 +98,7 @@ from .topology import (
     POLICY,
     PYTHON,
     REPO,
+    ROUTED_VLAN_HOSTS,
     SHUNT_PORT,
     SLOW1,
     SLOW1_B,
@@ -126,20 +133,27 @@ class Testbed(Pair, Observation, Traffic):
                  pcp_stream: tuple[int, int] | None = None, vlan: bool = False, routed: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
-        if routed and (mode != "ha" or vlan):
-            raise ValueError("routed=True is for mode ha (a routing firewall alone is mode routed), without "
-                             "trunks (not built for a routed pair: docs/routed.md)")
+        if routed and mode != "ha":
+            raise ValueError("routed=True is for mode ha (a routing firewall alone is mode routed)")
+        if routed and vlan:
+            raise ValueError("a routed pair on VLAN trunks (mode ha, routed=True, vlan=True) is not built "
+                             "(docs/routed.md): a routing firewall alone on trunks is mode routed with vlan=True")
         self.routed = mode == "routed" or routed  # the firewalls route; with mode ha: a routed pair
         if nat not in (None, "masquerade", "snat") or (nat is not None and not self.routed):
             raise ValueError("nat: \"masquerade\" or \"snat\" (to the gateway's address), with routing firewalls")
+        if nat is not None and vlan:
+            raise ValueError("nat is not built for the routing firewall on VLAN trunks (mode routed, vlan=True): "
+                             "leave nat out, or vlan")
         if nat == "masquerade" and mode == "ha":
             raise ValueError("a pair translates to the gateway (nat=\"snat\"): masquerade takes each host's own "
                              "address, which a takeover would change under the connection")
         self.nat = nat  # routed: the firewall translates h1's subnet towards h2's (masquerade, or snat to the gateway)
         self.mode = mode
-        if vlan and mode not in ("vlan", "ha"):
-            raise ValueError("vlan=True is for mode ha (mode vlan has trunks anyway)")
-        self.vlan = mode == "vlan" or vlan  # trunks; with mode ha: both firewalls' (docs/vlans.md)
+        if vlan and mode not in ("vlan", "ha", "routed"):
+            raise ValueError("vlan=True is for mode ha or routed (mode vlan has trunks anyway)")
+        # trunks; with mode ha: both firewalls' (docs/vlans.md); with mode routed: the router's
+        # sub-interfaces, a VLAN and a subnet each host (ROUTED_VLAN_HOSTS)
+        self.vlan = mode == "vlan" or vlan
         self.vrrp_gateway = vrrp_gateway  # mode "ha": keepalived gets a second instance, not NFShunt's
         # mode "vlan": (UDP port, PCP): the hosts' access switches tag that port's datagrams with the
         # PCP, as an industrial device marks its engineered stream (every other frame gets PCP 0)
@@ -152,9 +166,10 @@ class Testbed(Pair, Observation, Traffic):
         self.workdir = workdir or tempfile.mkdtemp(prefix="nfshunt-testbed-")
         self.net = None
         self.datapath = "system" if kernel_datapath_available() else "netdev"
+        trunk_hosts = ROUTED_VLAN_HOSTS if self.routed else VLAN_HOSTS
         self.firewalls = [Firewall("fw", (SLOW1, SLOW2), MGMT_ROOT, MGMT_FW, ("nfsmgmt0", "nfsmgmt1"), self.workdir,
                                    bridge_ports=4 if mode == "two-switch" else 2,
-                                   sub_intfs=sub_intfs("fw") if self.vlan else ())]
+                                   sub_intfs=sub_intfs("fw", trunk_hosts) if self.vlan else ())]
         self.bridges = ("s1", "s2") if mode == "two-switch" else ("s1",)
         if mode == "ha":
             self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
@@ -217,10 +232,10 @@ class Testbed(Pair, Observation, Traffic):
         self._setup_hosts()
         for fw in self.firewalls:
             os.makedirs(fw.workdir, exist_ok=True)
-            if self.vlan:
+            if self.vlan and not self.routed:
                 self._setup_vlan_bridges(fw)
             else:
-                self._setup_bridge(fw)
+                self._setup_bridge(fw)  # (routed, on trunks too: the router, _setup_router)
             self._write_config(fw)
             self._apply_plumbing(fw)
             if self.controlled:

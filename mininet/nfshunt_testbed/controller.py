@@ -57,7 +57,9 @@ class Controllers(Topology):
         ports = [{"fast": FAST1, "slow": fw.slow[0], "physdevin": 1, "bridge_port": eth0},
                  {"fast": FAST2, "slow": fw.slow[1], "physdevin": 2, "bridge_port": eth1}]
         groups: dict[str, Any] = {"ports": ports}
-        if self.routed:  # the router's interfaces, not bridge ports
+        if self.routed and self.vlan:  # the router's sub-interfaces on trunks
+            groups = {"forwarding": "routed", "ports": self._routed_vlan_groups(fw)}
+        elif self.routed:  # the router's interfaces, not bridge ports
             ports = [{"fast": g["fast"], "slow": g["slow"], "physdevin": g["physdevin"], "interface": g["bridge_port"]}
                      for g in ports]
             groups = {"ports": ports, "forwarding": "routed"}
@@ -104,6 +106,17 @@ class Controllers(Topology):
                            "vlans": vlans})
         return groups
 
+    def _routed_vlan_groups(self, fw: Firewall) -> list[dict[str, Any]]:
+        """Mode "routed" with vlan=True: each side's trunk (tagged only) carries its hosts' VLANs,
+        each named by the router's sub-interface that is its hosts' gateway, with a number of
+        its own in the mark (3, 4, 5: past the groups' 1 and 2); no group-level interface."""
+        groups = []
+        for side, (fast, slow) in enumerate(((FAST1, fw.slow[0]), (FAST2, fw.slow[1]))):
+            vlans = [{"id": h.vid, "physdevin": h.physdevin, "interface": sub_intf(side, h.vid, fw.name)}
+                     for h in self.vlan_hosts if h.side == side]
+            groups.append({"fast": fast, "slow": slow, "physdevin": side + 1, "untagged": False, "vlans": vlans})
+        return groups
+
     def _write_config(self, fw: Firewall) -> None:
         with open(fw.config_path, "w") as fh:
             json.dump(self.nfshunt_config(fw), fh, indent=2)
@@ -141,7 +154,7 @@ class Controllers(Topology):
         if not self.routed:
             return [("iptables", STRICT_RULE)]
         return [(tool, rule) for tool in ("iptables", "ip6tables")
-                for rule in (STRICT_RULE, *(("INPUT", "-i", intf, *STRICT_RULE[1:]) for intf in fw.intfs[:2]))]
+                for rule in (STRICT_RULE, *(("INPUT", "-i", intf, *STRICT_RULE[1:]) for intf in fw.intfs))]
 
     # --- what the switch connects to ------------------------------------------------------
 

@@ -17,7 +17,6 @@ from .topology import (
     REPO,
     SLOW1,
     SLOW2,
-    VLAN_TRUNKS,
     Firewall,
     TestbedError,
     Topology,
@@ -58,14 +57,14 @@ class Observation(Topology):
                           f.get("udp_src"), f.get("udp_dst"))]
 
     def _defaults_installed(self) -> bool:
-        """Every switch has the controller's default flows: four; in mode vlan both ways per
-        carried tag, and a drop (cookie kind VLAN_DROP) per trunk port."""
+        """Every switch has the controller's default flows: four; on trunks (mode vlan, routed
+        with vlan=True) both ways per carried tag, and a drop (cookie kind VLAN_DROP) per trunk port."""
         if not self.vlan:
             return all(sum(1 for f in self.flows(br) if f.get("cookie") == DEFAULT_COOKIE) == 4 for br in self.bridges)
         flows = self.flows()
         drops = sum(1 for f in flows if int(f.get("cookie", "0"), 16) >> 48 == VLAN_DROP_KIND)
-        return (sum(1 for f in flows if f.get("cookie") == DEFAULT_COOKIE) == sum(2 * len(t) for t in VLAN_TRUNKS)
-                and drops == 2 * len(VLAN_TRUNKS))
+        return (sum(1 for f in flows if f.get("cookie") == DEFAULT_COOKIE) == sum(2 * len(t) for t in self.vlan_trunks)
+                and drops == 2 * len(self.vlan_trunks))
 
     def defaults_point_to(self, fw: Firewall) -> bool:
         """s1's default flows patch the fast ports to this firewall's slow ports, and no other."""
@@ -112,8 +111,12 @@ class Observation(Topology):
         h1 sends; s1 receives on port 1 and sends either to h2 (port 3, fast) or to the
         firewall (port 2), whose bridge forwards out fw-eth1 back into s1 port 4; h2
         receives, and its delay queue (NFQUEUE or netem) may drop. In mode routed the
-        firewall's hop counts IPv4 only: a router sends and takes frames of its own.
+        firewall's hop counts IPv4 only: a router sends and takes frames of its own. Not on
+        trunks: the stand-in NICs sit between s1 and the firewall's sub-interfaces, and a slow
+        link carries other VLANs' hosts too (the routed trunks' h3 beside h1).
         """
+        if self.vlan:
+            raise TestbedError("hop_counters is for the testbed without trunks (no fw-eth0/fw-eth1 there)")
         c: dict[str, int] = {}
         # Read against the data's direction, h2 first and h1 last: a packet moving during
         # the reads is then counted before a hop and not after it (in flight), never after

@@ -84,9 +84,14 @@ class VlanHost:
     name: str
     side: int  # 0: behind s1's FAST1 (v1), 1: behind FAST2 (v2)
     vid: int  # its VLAN on the trunk
-    zone: int  # the firewall's bridge (conntrack zone) it is bridged in
+    zone: int  # the firewall's bridge (conntrack zone) it is bridged in (routed: 0, no bridge)
     ip: str
     ip6: str
+    # Routed on trunks: its gateway, the firewall's sub-interface of its VLAN (IPv4, IPv6), and
+    # that sub-interface's number in the mark (the config's ports[].vlans[].physdevin).
+    gateway: str | None = None
+    gateway6: str | None = None
+    physdevin: int | None = None
 
 
 # Mode "vlan" (issue 37, docs/vlans.md): VLANs 100 and 200 carry the SAME addresses (h1/h2
@@ -95,7 +100,23 @@ class VlanHost:
 VLAN_HOSTS = (VlanHost("h1", 0, 100, 100, H1_IP, H1_IP6), VlanHost("h2", 1, 100, 100, H2_IP, H2_IP6),
               VlanHost("h3", 0, 200, 200, H1_IP, H1_IP6), VlanHost("h4", 1, 200, 200, H2_IP, H2_IP6),
               VlanHost("h5", 0, 30, 30, "10.0.3.1", "fd00:3::1"), VlanHost("h6", 1, 301, 30, "10.0.3.2", "fd00:3::2"))
-VLAN_TRUNKS = tuple(tuple(h.vid for h in VLAN_HOSTS if h.side == side) for side in (0, 1))  # each side's VLAN ids
+# Mode "routed" with vlan=True (docs/design/routed.md section 9): the routing firewall on the
+# trunks, each host a VLAN and a subnet of its own, its gateway the firewall's sub-interface of
+# that VLAN; h1 and h3 share FAST1's trunk, so h1 <-> h3 is routed between two VLANs of one
+# trunk (a router on a stick), h1 <-> h2 between the trunks. No zones: a router's connection
+# crosses VLANs, both its directions in zone 0.
+ROUTED_VLAN_HOSTS = (
+    VlanHost("h1", 0, 100, 0, ROUTED_IPS[0], ROUTED_IP6S[0], ROUTED_GATEWAYS[0], ROUTED_GATEWAYS6[0], 3),
+    VlanHost("h2", 1, 200, 0, ROUTED_IPS[1], ROUTED_IP6S[1], ROUTED_GATEWAYS[1], ROUTED_GATEWAYS6[1], 4),
+    VlanHost("h3", 0, 300, 0, "10.0.3.1", "fd03::1", "10.0.3.254", "fd03::fe", 5))
+
+
+def trunks(hosts: tuple[VlanHost, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each side's VLAN ids, in its hosts' order (their access ports' and sub-interfaces')."""
+    return tuple(tuple(h.vid for h in hosts if h.side == side) for side in (0, 1))
+
+
+VLAN_TRUNKS = trunks(VLAN_HOSTS)  # each side's VLAN ids
 VLAN_ZONES = tuple(tuple(h.zone for h in VLAN_HOSTS if h.side == side) for side in (0, 1))
 # No 802.1Q in this kernel (F14): small Open vSwitch bridges play the hosts' trunk switch
 # (v1, v2: an access port per host) and the firewall's NICs with their sub-interfaces (vf0,
@@ -114,9 +135,9 @@ def sub_intf(side: int, vid: int, fw: str = "fw") -> str:
     return f"{fw}-eth{side}.{vid}"
 
 
-def sub_intfs(fw: str = "fw") -> tuple[str, ...]:
-    """Every sub-interface of a firewall, side 0's first."""
-    return tuple(sub_intf(side, vid, fw) for side in (0, 1) for vid in VLAN_TRUNKS[side])
+def sub_intfs(fw: str = "fw", hosts: tuple[VlanHost, ...] = VLAN_HOSTS) -> tuple[str, ...]:
+    """Every sub-interface of a firewall, side 0's first (of mode vlan's trunks, or `hosts`')."""
+    return tuple(sub_intf(side, vid, fw) for side, vids in enumerate(trunks(hosts)) for vid in vids)
 
 
 class TestbedError(RuntimeError):
@@ -138,7 +159,7 @@ class TwoHostTopo(Topo):
     def build(self, ha: bool = False, two_switch: bool = False, vlan: bool = False,  # type: ignore[override]
               datapath: str = "user", routed: bool = False) -> None:
         if vlan:
-            self._build_vlan(datapath, ha)
+            self._build_vlan(datapath, ha, ROUTED_VLAN_HOSTS if routed else VLAN_HOSTS)
             return
         ips = ROUTED_IPS if routed else (H1_IP, H2_IP)
         h1 = self.addHost("h1", ip=f"{ips[0]}/24")
@@ -164,23 +185,24 @@ class TwoHostTopo(Topo):
             self.addLink(h4, s2, port2=FAST2)
             self.addLink(fw, s2, port1=3, port2=SLOW2)
 
-    def _build_vlan(self, datapath: str, ha: bool = False) -> None:
+    def _build_vlan(self, datapath: str, ha: bool = False, hosts: tuple[VlanHost, ...] = VLAN_HOSTS) -> None:
         """Trunks everywhere: each side's hosts on an access switch whose trunk is s1's fast
         port, each slow port a trunk into a stand-in NIC with one access port per VLAN,
         each a veth into its firewall named like the sub-interface it plays. ha: fw2 the
-        same on its own slow ports and NICs, and the pair's sync and VRRP links."""
+        same on its own slow ports and NICs, and the pair's sync and VRRP links. `hosts`:
+        mode vlan's, or the routed trunks' (ROUTED_VLAN_HOSTS)."""
         s1 = self.addSwitch("s1", dpid=S1_DPID)
         firewalls = [("fw", FW_NICS, (SLOW1, SLOW2))] + ([("fw2", FW2_NICS, (SLOW1_B, SLOW2_B))] if ha else [])
         nodes = [self.addHost(name, ip=None) for name, _, _ in firewalls]
         for side, access in enumerate(ACCESS_SWITCHES):
             a = self.addSwitch(access, cls=StandIn, dpid=STAND_IN_DPIDS[access], datapath=datapath)
             self.addLink(a, s1, port1=TRUNK_PORT, port2=(FAST1, FAST2)[side])
-            for port, host in enumerate((h for h in VLAN_HOSTS if h.side == side), 1):
+            for port, host in enumerate((h for h in hosts if h.side == side), 1):
                 self.addLink(self.addHost(host.name, ip=f"{host.ip}/24"), a, port2=port)
             for fw, (name, nics, slow) in zip(nodes, firewalls, strict=True):
                 n = self.addSwitch(nics[side], cls=StandIn, dpid=STAND_IN_DPIDS[nics[side]], datapath=datapath)
                 self.addLink(n, s1, port1=TRUNK_PORT, port2=slow[side])
-                for port, vid in enumerate(VLAN_TRUNKS[side], 1):
+                for port, vid in enumerate(trunks(hosts)[side], 1):
                     # numbered past the pair's links (fw-eth2, fw-eth3)
                     self.addLink(fw, n, intfName1=sub_intf(side, vid, name), port2=port,
                                  port1=10 + 10 * side + port)
@@ -201,7 +223,7 @@ class Firewall:
     workdir: str
     index: int = 0
     bridge_ports: int = 2  # fw-eth0 ... : 4 in mode two-switch
-    sub_intfs: tuple[str, ...] = ()  # mode "vlan": its bridge ports are these sub-interfaces
+    sub_intfs: tuple[str, ...] = ()  # on trunks: its bridge ports (routed: its routed interfaces) are these
     controller: subprocess.Popen | None = None
     log_start: int = 0  # where the running controller's output begins in controller_log
     daemons: list[subprocess.Popen] = field(default_factory=list)
@@ -244,7 +266,7 @@ class Topology:
     rtt_measured: float | None
     log: Callable[[str], None]
     pcp_stream: tuple[int, int] | None  # mode "vlan": (UDP port, PCP) the hosts' trunks tag
-    vlan: bool  # trunks (mode "vlan", or mode "ha" with vlan=True)
+    vlan: bool  # trunks (mode "vlan", or mode "ha" or "routed" with vlan=True)
     routed: bool  # the firewalls route (mode "routed", or mode "ha" with routed=True)
     _procs: list[subprocess.Popen]  # the nodes' background processes, killed on stop
     _delayers: list[subprocess.Popen]  # the NFQUEUE delay programs
@@ -260,9 +282,23 @@ class Topology:
         return self.net.get("h2")  # type: ignore[union-attr]
 
     @property
+    def vlan_hosts(self) -> tuple[VlanHost, ...]:
+        """The hosts on the trunks: mode vlan's (VLAN_HOSTS), or the routed trunks' (mode routed
+        with vlan=True: ROUTED_VLAN_HOSTS); () without trunks."""
+        if not self.vlan:
+            return ()
+        return ROUTED_VLAN_HOSTS if self.routed else VLAN_HOSTS
+
+    @property
+    def vlan_trunks(self) -> tuple[tuple[int, ...], ...]:
+        """Each side's VLAN ids (its stand-ins' access ports 1, 2, 3 in this order)."""
+        return trunks(self.vlan_hosts)
+
+    @property
     def hosts(self) -> list[Host]:
-        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch; h1-h6 in mode vlan)."""
-        names = ([h.name for h in VLAN_HOSTS] if self.vlan
+        """The end hosts: h1, h2 (and h3, h4 on s2 in mode two-switch; h1-h6 in mode vlan;
+        h1-h3 in mode routed with vlan=True)."""
+        names = ([h.name for h in self.vlan_hosts] if self.vlan
                  else ("h1", "h2", "h3", "h4")[:2 * len(self.bridges)])
         return [self.net.get(h) for h in names]  # type: ignore[union-attr]
 
@@ -375,8 +411,10 @@ class Topology:
 
     def _setup_hosts(self) -> None:
         hosts = self.hosts
-        ip6 = ([h.ip6 for h in VLAN_HOSTS] if self.vlan else list(ROUTED_IP6S) if self.routed
+        ip6 = ([h.ip6 for h in self.vlan_hosts] if self.vlan else list(ROUTED_IP6S) if self.routed
                else [f"fd00::{i + 1}" for i in range(len(hosts))])
+        gateways = ([(h.gateway, h.gateway6) for h in self.vlan_hosts] if self.vlan
+                    else list(zip(ROUTED_GATEWAYS, ROUTED_GATEWAYS6, strict=True)))
         for host, address in zip(hosts, ip6, strict=True):
             intf = f"{host.name}-eth0"
             # The tests' fixed client ports are never some other connection's ephemeral one
@@ -384,9 +422,10 @@ class Topology:
             self.run(host, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={FIXED_CLIENT_PORTS}",
                      f"net.ipv6.conf.{intf}.accept_dad=0")
             self.run(host, "ip", "-6", "addr", "add", f"{address}/64", "dev", intf, "nodad")
-            if self.routed:  # each side its own subnet, the firewall (the pair's active one) its gateway
-                self.run(host, "ip", "route", "add", "default", "via", ROUTED_GATEWAYS[hosts.index(host)])
-                self.run(host, "ip", "-6", "route", "add", "default", "via", ROUTED_GATEWAYS6[hosts.index(host)])
+            if self.routed:  # each side (VLAN) its own subnet, the firewall (the pair's active one) its gateway
+                gateway, gateway6 = gateways[hosts.index(host)]
+                self.run(host, "ip", "route", "add", "default", "via", str(gateway))
+                self.run(host, "ip", "-6", "route", "add", "default", "via", str(gateway6))
             # The userspace datapath completes checksums of offloaded packets only with its
             # own TSO support on (set in start() when host_offload asks for it).
             if not self.host_offload:
@@ -418,25 +457,35 @@ class Topology:
             self.run(fw, "sysctl", "-qw", f"net.bridge.{name}=1")
         self.run(fw, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=1")
 
+    def _router_addresses(self, firewall: Firewall) -> list[tuple[str, str, str]]:
+        """(interface, IPv4, IPv6) of a routing firewall: fw-eth0's and fw-eth1's, the gateways
+        (a pair's firewall: its own addresses, ROUTED_OWN); on trunks each VLAN's sub-interface,
+        the gateway of its host's subnet (fw-eth0.100, fw-eth1.200, fw-eth0.300)."""
+        if self.vlan:
+            return [(sub_intf(h.side, h.vid, firewall.name), str(h.gateway), str(h.gateway6))
+                    for h in self.vlan_hosts]
+        own = ((ROUTED_OWN[firewall.index], ROUTED_OWN6[firewall.index]) if self.mode == "ha"
+               else (ROUTED_GATEWAYS, ROUTED_GATEWAYS6))
+        return list(zip(firewall.intfs[:2], *own, strict=True))
+
     def _setup_router(self, firewall: Firewall) -> None:
         """Mode "routed": fw-eth0 and fw-eth1 are the gateways of h1's and h2's subnets (IPv4
         and IPv6), and the node forwards between them through the same netfilter policy. A
         routed pair: each firewall has addresses of its own there (ROUTED_OWN), and keepalived
-        puts the gateways on the active one (pair.py)."""
+        puts the gateways on the active one (pair.py). On trunks (vlan=True): each VLAN's
+        sub-interface (fw-eth0.100, fw-eth1.200, fw-eth0.300) the gateway of its subnet."""
         fw = self.node(firewall)
-        pair = self.mode == "ha"
-        for i, intf in enumerate(firewall.intfs[:2]):
+        for intf, *own in self._router_addresses(firewall):
             # Down, then up below with duplicate address detection off: Mininet brought the link
             # up before, and its link-local address stayed tentative for 1.2 s into the tests
             # (measured), while a router sends no neighbour solicitation for a packet it
             # forwards: a test's first IPv6 ping through it was lost in 1 of 3 runs.
             self.run(fw, "ip", "link", "set", intf, "down")
-            self.run(fw, "sysctl", "-qw", f"net.ipv6.conf.{intf}.accept_dad=0")
+            # (a sysctl path of slashes: a sub-interface's name has a dot, fw-eth0.100)
+            self.run(fw, "sysctl", "-qw", f"net/ipv6/conf/{intf}/accept_dad=0")
             # IPv4 only: without its link-local address a router sends no neighbour
             # solicitation for a packet it forwards (seen: fd02::1 stayed INCOMPLETE).
             self.run(fw, "ip", "-4", "addr", "flush", "dev", intf)
-            own = (ROUTED_OWN[firewall.index][i], ROUTED_OWN6[firewall.index][i]) if pair else \
-                (ROUTED_GATEWAYS[i], ROUTED_GATEWAYS6[i])
             self.run(fw, "ip", "addr", "add", f"{own[0]}/24", "dev", intf)
             self.run(fw, "ip", "-6", "addr", "add", f"{own[1]}/64", "dev", intf, "nodad")
             self.run(fw, "ip", "link", "set", intf, "up")
@@ -447,8 +496,12 @@ class Topology:
         # duplicate address checks, up to ~2 s after its interfaces come up) and takes the
         # hosts' (their router solicitations, 4 s apart), which its interfaces' counters would
         # count as the data's. Rules without a target: they only count (NFShunt's chains, whose
-        # jumps go in above them, return).
-        for chain, side, intf in (("PREROUTING", "-i", firewall.intfs[0]), ("POSTROUTING", "-o", firewall.intfs[1])):
+        # jumps go in above them, return). Not on trunks: the per-hop accounting reads s1's slow
+        # ports and fw-eth0/fw-eth1 as the hops around the router, and there the stand-in NICs
+        # (vf0, vf1) sit between them and FAST1's slow link carries h3's VLAN beside h1's: no
+        # count there would be h1 -> h2's alone (hop_counters refuses the trunks).
+        hops = () if self.vlan else (("PREROUTING", "-i", firewall.intfs[0]), ("POSTROUTING", "-o", firewall.intfs[1]))
+        for chain, side, intf in hops:
             self.run(fw, "iptables", "-w", "5", "-t", "mangle", "-I", chain, "1", side, intf, "-m", "comment",
                      "--comment", HOP_COUNT)
         # h1's connections leave with fw-eth1's address (masquerade), or with the gateway's (snat:
@@ -489,7 +542,7 @@ class Topology:
         for side in (0, 1):
             for bridge in (ACCESS_SWITCHES[side], FW_NICS[side], *((FW2_NICS[side],) if self.mode == "ha" else ())):
                 flows = []
-                for port, vid in enumerate(VLAN_TRUNKS[side], 1):
+                for port, vid in enumerate(self.vlan_trunks[side], 1):
                     tag = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid"
                     flows.append(f"priority=100,in_port={port},actions={tag},output:{TRUNK_PORT}")
                     flows.append(f"priority=100,in_port={TRUNK_PORT},dl_vlan={vid},actions=pop_vlan,output:{port}")
@@ -506,7 +559,7 @@ class Topology:
             return []
         nics = (FW_NICS, FW2_NICS) if self.mode == "ha" else (FW_NICS,)
         return [f"{br}-eth{port}" for side in (0, 1) for br in (ACCESS_SWITCHES[side], *(n[side] for n in nics))
-                for port in (*range(1, len(VLAN_TRUNKS[side]) + 1), TRUNK_PORT)]
+                for port in (*range(1, len(self.vlan_trunks[side]) + 1), TRUNK_PORT)]
 
     def _setup_mgmt(self, fw: Firewall) -> None:
         root_if, fw_if = fw.mgmt_ifs
@@ -543,8 +596,8 @@ class Topology:
         own packets on fw-eth1 and h2-eth0 made the throughput experiment's per-hop loss
         negative (lost at the firewall -1, measured). The table follower takes a permanent
         entry as resolved."""
-        if self.mode != "routed":
-            raise TestbedError("pin_neighbours is for mode routed")
+        if self.mode != "routed" or self.vlan:
+            raise TestbedError("pin_neighbours is for mode routed without trunks")
         fw = self.firewalls[0]
         for host, intf, gateway in ((self.h1, fw.intfs[0], ROUTED_GATEWAYS[0]),
                                     (self.h2, fw.intfs[1], ROUTED_GATEWAYS[1])):
@@ -561,8 +614,8 @@ class Topology:
         router's interface MAC as source, the host's as destination), above every other flow:
         the throughput experiment's direct switching for a routed network. ARP still goes to
         the firewall, which answers for the gateways; the controller's flows stay below."""
-        if self.mode != "routed":
-            raise TestbedError("route_on_switch is for mode routed")
+        if self.mode != "routed" or self.vlan:
+            raise TestbedError("route_on_switch is for mode routed without trunks")
         fw = self.firewalls[0]
         mac = {name: self.run(node, "cat", f"/sys/class/net/{name}/address").strip()
                for node, name in ((self.h1, "h1-eth0"), (self.h2, "h2-eth0"), (self.fw, fw.intfs[0]),

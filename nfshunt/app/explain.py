@@ -84,7 +84,12 @@ def entry_json(ev: ConnEvent, counts: EntryCounts, cfg: Config) -> dict[str, Any
 
 def _vlans(cfg: Config, zone: int, ingress: int | None, egress: int | None) -> list[int | None] | None:
     """A zoned entry's tag on each side, as the trunks of the groups its mark names carry its
-    zone (0: untagged; None: that side not recorded, or not carrying it); None untagged."""
+    zone (0: untagged; None: that side not recorded, or not carrying it); None untagged. A
+    routing firewall's: the tags of the interfaces its mark names (None: all untagged)."""
+    sides = {p: side for sw in cfg.switches for p, side in sw.sides.items()}  # (a routing firewall's interfaces)
+    if sides:
+        tags = [sides[p].vid if p in sides else None for p in (ingress, egress)]
+        return tags if any(tags) else None
     if not zone:
         return None
     groups = {g.physdevin: g for g in cfg.all_port_groups}
@@ -107,11 +112,19 @@ def marked(source: ConnEvent | Conn | None, cfg: Config) -> dict[str, Any] | Non
 def pair_json(conn: Conn, now: float) -> dict[str, Any]:
     return {"action": conn.action.value, "state": conn.state.value, "ct_id": conn.ct_id, "slot": conn.slot,
             "cookie": f"0x{conn.cookie(False):016x}", "tuple": str(conn.orig),
-            "ports": [conn.ingress.physdevin, conn.egress.physdevin],
+            "ports": _ports(conn),
+            **({"vlans": list(conn.tags)} if conn.sides and conn.tags and any(conn.tags) else {}),
             "switch_ports": [conn.ingress.fast, conn.egress.fast],
             "age": round(now - (conn.confirmed_time or conn.event_time), 3), "entry_deleted": conn.entry_deleted,
             "idle_timeout": conn.idle_timeout, "remove_reason": conn.remove_reason, "adopted": conn.adopted,
             **({"next_hops": hops_json(conn.hops)} if conn.hops is not None else {})}
+
+
+def _ports(conn: Conn) -> list[int]:
+    """The physdevins its mark named: a routed one's interfaces' (a VLAN's own), else its groups'."""
+    if conn.sides is not None:
+        return [side.physdevin for side in conn.sides]
+    return [conn.ingress.physdevin, conn.egress.physdevin]
 
 
 def hops_json(hops: tuple[NextHop, NextHop]) -> list[dict[str, str]]:
@@ -320,10 +333,12 @@ REASONS = {
                 "it stays on the firewall",
     adm.R_ROUTED: "the firewall routes (forwarding \"routed\") and shunting through a routing firewall is not "
                   "enabled (experimental_routed), so it stays on the firewall",
+    adm.R_STICK_PIPELINE: "it is routed between two VLANs of one trunk (router on a stick), which the pipeline "
+                          "flow layout cannot output: it stays on the firewall (flow_layout \"single\" shunts it)",
     adm.R_HOP_UNKNOWN: "the firewall's route and neighbour tables are being asked where its two directions go; it "
                        "is judged again with their answer",
-    adm.R_HOP_ELSEWHERE: "the firewall routes one of its directions out of another interface than the port "
-                         "group's: the switch cannot send it there, so it stays on the firewall",
+    adm.R_HOP_ELSEWHERE: "the firewall routes one of its directions out of another interface than the one "
+                         "its mark named: the switch cannot send it there, so it stays on the firewall",
     # The tables' no (core/tables.py): it stays on the firewall and is judged again when they change.
     adm.R_NO_ROUTE: "the firewall has no route to one of its ends: it stays there (judged again when a route "
                        "appears)",

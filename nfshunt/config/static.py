@@ -389,6 +389,11 @@ def _check_via(at: str, shunt: StaticShunt, switch: SwitchConfig) -> None:
     if routed and not switch.experimental_routed:
         raise ConfigError(f"{at}.via", "shunts through a routing firewall, static ones too, need "
                           f"{switch.at}experimental_routed true")
+    groups = {g.fast: g for g in switch.ports}
+    if routed and any(g.routed_vlans for g in (groups.get(port) for port in shunt.fast_ports) if g is not None):
+        raise ConfigError(f"{at}.fast_ports", "a static shunt through a routed trunk's VLANs is not built yet "
+                          "(docs/routed.md, \"What is not built yet\"): its connections are shunted as the policy "
+                          "marks them; cable the stream's ports untagged for a static one")
 
 
 def tags_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int] | None:

@@ -2,6 +2,7 @@
 the keys each entry of `switches` may set, and what one switch's keys must agree on."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,15 @@ class Vlan:
     """One VLAN a port group's trunk carries: its id on this side (the fast port and the slow
     link carry the same id), the conntrack zone the firewall bridges it in (a VLAN of another
     group with the same zone is the other side of that bridge: ids may differ, translated),
-    and the firewall's sub-interface that serves it."""
+    and the firewall's sub-interface that serves it. A routing firewall's VLAN (physdevin set)
+    is an interface of its own instead: the mark names it by its physdevin, and its zone is the
+    router's (0: both directions of a routed connection must meet one entry, whatever VLANs
+    they cross; docs/design/routed.md 9)."""
     id: int
     zone: int
     bridge_port: str | None = None
+    physdevin: int | None = None  # routed: its number in the mark's port fields
+    interface: str | None = None  # routed: the router's sub-interface for it
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,19 @@ class PortGroup:
     zone_of_vid: dict[int, int] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        vids = {vlan.zone: vlan.id for vlan in self.vlans}
+        vids = {vlan.zone: vlan.id for vlan in self.vlans if vlan.physdevin is None}
         if self.untagged is not None:
             vids[self.untagged] = 0
         object.__setattr__(self, "vid_of_zone", vids)
-        object.__setattr__(self, "zone_of_vid", {vid: zone for zone, vid in vids.items()})
+        # (A routed VLAN's frames are in the router's zone, 0, and its tag is its side's:
+        # RoutedSide, not vid_of_zone, which would need one tag per zone.)
+        object.__setattr__(self, "zone_of_vid", {**{vid: zone for zone, vid in vids.items()},
+                                                 **{v.id: 0 for v in self.vlans if v.physdevin is not None}})
+
+    @property
+    def routed_vlans(self) -> bool:
+        """Its VLANs are a routing firewall's interfaces (each with a physdevin), not bridged zones."""
+        return any(vlan.physdevin is not None for vlan in self.vlans)
 
     @property
     def trunk(self) -> bool:
@@ -57,6 +71,30 @@ class PortGroup:
 
 
 @dataclass(frozen=True)
+class RoutedSide:
+    """One interface of a routing firewall behind a port group: the group's own (its untagged
+    frames, the group's physdevin) or one VLAN's sub-interface (the VLAN's). The mark's port
+    fields name it; a routed connection's frames on that side carry its tag (0: untagged)."""
+    physdevin: int
+    group: PortGroup
+    vid: int
+    interface: str | None
+    zone: int  # the conntrack zone its frames are routed in
+
+
+def routed_sides(ports: tuple[PortGroup, ...]) -> dict[int, RoutedSide]:
+    """Every routed interface behind the groups, by physdevin."""
+    sides = {}
+    for g in ports:
+        if g.untagged is not None:
+            sides[g.physdevin] = RoutedSide(g.physdevin, g, 0, g.interface, g.untagged)
+        for vlan in g.vlans:
+            if vlan.physdevin is not None:
+                sides[vlan.physdevin] = RoutedSide(vlan.physdevin, g, vlan.id, vlan.interface, 0)
+    return sides
+
+
+@dataclass(frozen=True)
 class TLSConfig:
     private_key: str
     certificate: str
@@ -64,8 +102,19 @@ class TLSConfig:
 
 
 def _subif(key: str, parent: str | None, vid: int) -> str | None:
-    """A VLAN's default sub-interface name: its group's bridge_port, a dot, the id."""
-    return None if parent is None else v.ifname(f"{key}.bridge_port", f"{parent}.{vid}")
+    """A VLAN's default sub-interface name: its group's bridge_port (or routed interface), a dot, the id."""
+    return None if parent is None else v.ifname(key, f"{parent}.{vid}")
+
+
+def _named(key: str, vlan: Vlan, group: dict[str, Any]) -> Vlan:
+    """A VLAN with its sub-interface's default name filled in (none without its group's)."""
+    if vlan.physdevin is not None:
+        if vlan.interface is not None:
+            return vlan
+        return dataclasses.replace(vlan, interface=_subif(f"{key}.interface", group.get("interface"), vlan.id))
+    if vlan.bridge_port is not None:
+        return vlan
+    return dataclasses.replace(vlan, bridge_port=_subif(f"{key}.bridge_port", group.get("bridge_port"), vlan.id))
 
 
 _QINQ = ("stacked tags (QinQ) are not supported: OpenFlow 1.3 matches the outer tag only, and a Linux bridge "
@@ -97,33 +146,49 @@ VLAN = v.Table("ports[].vlans[]", "A VLAN of a port group's trunk, when it needs
                   "ids differ); each once in a group.", default="the id"),
     "bridge_port": v.Key(v.ifname, "The firewall's sub-interface that serves it, for `nfshunt iptables`; each "
                          "once, across all switches.", default="the group's `bridge_port`, a dot, the id"),
+    "physdevin": v.Key(v.integer(1, markcodec.MAX_PORT), "With `forwarding` `routed` (required there): this "
+                       "VLAN's routed sub-interface is an interface of its own to the firewall, named by this "
+                       "number in the mark's port fields; each once, across all switches (no `zone`: a router "
+                       "routes its VLANs in one zone)."),
+    "interface": v.Key(v.ifname, "With `forwarding` `routed`: the firewall's routed sub-interface for this VLAN, "
+                       "for `nfshunt iptables`; each once.", default="the group's `interface`, a dot, the id"),
 }, required=("id",), record=Vlan)
 
+_ROUTED_KEYS = ("physdevin", "interface")
+_BRIDGED_KEYS = ("zone", "bridge_port")
 
-def _vlan(key: str, value: Any) -> tuple[int, int, str | None]:
-    """One entry of `vlans`: (id, zone, sub-interface or None for the default)."""
+
+def _vlan(key: str, value: Any) -> Vlan:
+    """One entry of `vlans` (its sub-interface None: the group's default)."""
     if isinstance(value, dict) and "tpid" in value:
         raise ConfigError(f"{key}.tpid", _QINQ)
     if not isinstance(value, dict):
         vid = vlan_id(key, value)
-        return vid, vid, None
+        return Vlan(vid, vid)
     given = VLAN.read(key, value)
-    return given["id"], given.get("zone", given["id"]), given.get("bridge_port")
+    routed, bridged = ([k for k in keys if k in given] for keys in (_ROUTED_KEYS, _BRIDGED_KEYS))
+    if routed and bridged:
+        raise ConfigError(f"{key}.{bridged[0]}", f"a routed VLAN ({routed[0]} given) has no {bridged[0]}: a "
+                          "router routes all its VLANs in one conntrack zone and has no bridge; give "
+                          "\"physdevin\" and \"interface\" (routed) or \"zone\" and \"bridge_port\" (bridged)")
+    if routed:
+        return Vlan(given["id"], 0, physdevin=given.get("physdevin"), interface=given.get("interface"))
+    return Vlan(given["id"], given.get("zone", given["id"]), given.get("bridge_port"))
 
 
-@v.takes("list", "VLAN ids 1-4094, or objects `{\"id\", \"zone\" (1-65535), \"bridge_port\"}`; each id "
-         "and zone once")
-def vlan_list(key: str, value: Any) -> tuple[tuple[int, int, str | None], ...]:
+@v.takes("list", "VLAN ids 1-4094, or objects `{\"id\", \"zone\" (1-65535), \"bridge_port\"}` (bridged) or "
+         "`{\"id\", \"physdevin\", \"interface\"}` (routed); each id and zone once")
+def vlan_list(key: str, value: Any) -> tuple[Vlan, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, "expected a non-empty list of VLAN ids (or leave `vlans` out: untagged only)")
     out = []
     seen: dict[int, int] = {}
     for i, raw in enumerate(value):
-        vid, zone, name = _vlan(f"{key}[{i}]", raw)
-        if vid in seen:
-            raise ConfigError(f"{key}[{i}]", f"VLAN {vid} is already listed as vlans[{seen[vid]}]")
-        seen[vid] = i
-        out.append((vid, zone, name))
+        vlan = _vlan(f"{key}[{i}]", raw)
+        if vlan.id in seen:
+            raise ConfigError(f"{key}[{i}]", f"VLAN {vlan.id} is already listed as vlans[{seen[vlan.id]}]")
+        seen[vlan.id] = i
+        out.append(vlan)
     return tuple(out)
 
 
@@ -151,7 +216,8 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
                    "(`fast` and the slow link alike), each an id or `{\"id\", \"zone\", \"bridge_port\"}`: the "
                    "conntrack zone the firewall bridges it in (default: the id; the same zone on another group "
                    "is the other side of that VLAN's bridge, its id may differ) and its sub-interface (default: "
-                   "`bridge_port.id`). Frames of other VLANs are dropped and counted."),
+                   "`bridge_port.id`). Frames of other VLANs are dropped and counted. With `forwarding` `routed` "
+                   "each is `{\"id\", \"physdevin\", \"interface\"}`: an interface of the router's own."),
     "untagged": v.Key(untagged, "Whether untagged frames of this side are carried: `true` (bridged untagged, "
                       "zone 0), `false` (dropped and counted), or `{\"zone\": N}` (bridged into VLAN zone N "
                       "on the other side).", default="true without `vlans`, false with"),
@@ -160,9 +226,13 @@ PORT_GROUP = v.Table("ports[]", "A port group: one external port of the switch, 
 
 def port_group(key: str, value: Any) -> PortGroup:
     values = PORT_GROUP.read(key, value)
-    vlans: tuple[Vlan, ...] = tuple(
-        Vlan(vid, zone, name if name is not None else _subif(f"{key}.vlans[{i}]", values.get("bridge_port"), vid))
-        for i, (vid, zone, name) in enumerate(values.pop("vlans", ())))
+    vlans: tuple[Vlan, ...] = tuple(_named(f"{key}.vlans[{i}]", vlan, values)
+                                    for i, vlan in enumerate(values.pop("vlans", ())))
+    routed = [vlan.physdevin is not None for vlan in vlans]
+    if any(routed) and not all(routed):
+        i = routed.index(False)
+        raise ConfigError(f"{key}.vlans[{i}]", "the other VLANs of this trunk are routed (each names its "
+                          "physdevin): give this one a physdevin of its own too")
     values.setdefault("untagged", None if vlans else 0)
     group = PortGroup(**values, vlans=vlans)
     if group.bridge_port is not None and group.interface is not None:
@@ -172,6 +242,11 @@ def port_group(key: str, value: Any) -> PortGroup:
         raise ConfigError(f"{key}.slow", f"the same switch port {group.slow} as 'fast'")
     zones: dict[int, str] = {} if group.untagged is None else {group.untagged: "the untagged frames'"}
     for i, vlan in enumerate(vlans):
+        if vlan.physdevin is not None:
+            if group.untagged not in (None, 0):
+                raise ConfigError(f"{key}.untagged", "a routed trunk's untagged frames are routed in the "
+                                  "router's one zone with its VLANs: `true` or `false`, not a zone")
+            continue
         if vlan.zone in zones:
             raise ConfigError(f"{key}.vlans[{i}].zone", f"zone {vlan.zone} is already {zones[vlan.zone]} on this "
                               "port group; a zone may name one VLAN per trunk, or the controller cannot tell "
@@ -207,7 +282,8 @@ def unique_bridge_ports(groups: list[tuple[str, PortGroup]]) -> None:
     seen: dict[tuple[str, Any], str] = {}
     for path, g in groups:
         named = [(f"{path}.{attr}", attr, getattr(g, attr)) for attr in ("physdevin", "bridge_port", "interface")]
-        named += [(f"{path}.vlans[{i}].bridge_port", "bridge_port", vlan.bridge_port) for i, vlan in enumerate(g.vlans)]
+        named += [(f"{path}.vlans[{i}].{attr}", attr, getattr(vlan, attr)) for i, vlan in enumerate(g.vlans)
+                  for attr in ("physdevin", "bridge_port", "interface")]
         for at, attr, value in named:
             if value is not None and (attr, value) in seen:
                 raise ConfigError(at, f"{value!r} is already used by {seen[(attr, value)]}")
@@ -318,9 +394,17 @@ class SwitchConfig:
     experimental_routed: bool = False  # routed shunts, NAT too (docs/design/routed.md slices 2, 4), not refusals
     at: str = field(default="", compare=False)  # where its keys are in the config: "" or "switches[i]."
     by_physdevin: dict[int, PortGroup] = field(init=False, compare=False, repr=False)
+    # Routed: each interface of the firewall by the physdevin the mark names it by, and by
+    # (fast port, tag) as a flow read back names it; empty when bridged.
+    sides: dict[int, RoutedSide] = field(init=False, compare=False, repr=False)
+    side_at: dict[tuple[int, int], RoutedSide] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "by_physdevin", {g.physdevin: g for g in self.ports})
+        sides = routed_sides(self.ports) if self.forwarding == "routed" else {}
+        object.__setattr__(self, "sides", sides)
+        object.__setattr__(self, "side_at", {(s.group.fast, s.vid): s for s in sides.values()})
+        object.__setattr__(self, "by_physdevin", {**{s.physdevin: s.group for s in sides.values()},
+                                                  **{g.physdevin: g for g in self.ports}})
 
 
 @v.takes("string or integer", "a datapath id: up to 16 hex digits (0x optional), up to 8 colon-separated bytes, "
@@ -378,10 +462,19 @@ def forwarding_check(sw: SwitchConfig, openflow_versions: tuple[str, ...]) -> No
     OpenFlow 1.3 (dec_ttl, set_field, invalid-TTL packet-ins: docs/design/routed.md)."""
     routed = sw.forwarding == "routed"
     for i, g in enumerate(sw.ports):
-        if sw.experimental_routed and routed and g.trunk:  # (without it nothing is shunted: frames patched through)
-            raise ConfigError(f"{sw.at}ports[{i}].{'vlans' if g.vlans else 'untagged'}", "routed shunts over VLAN "
-                              "trunks are not built yet (docs/routed.md, \"What is not built yet\"): cable each "
-                              "routed interface to a slow port of its own, untagged, or leave experimental_routed out")
+        if routed and g.vlans and not g.routed_vlans:
+            raise ConfigError(f"{sw.at}ports[{i}].vlans[0]", "a routing firewall's VLAN is an interface of its own: "
+                              "give each {\"id\", \"physdevin\", \"interface\"} (docs/routed.md, \"VLAN trunks\")")
+        for j, vlan in enumerate(g.vlans):
+            if routed and vlan.interface is None:
+                raise ConfigError(f"{sw.at}ports[{i}].vlans[{j}].interface", "required: the firewall's routed "
+                                  f"sub-interface for VLAN {vlan.id} (or give the group's \"interface\": it is "
+                                  "that, a dot, the id)")
+        if not routed and g.routed_vlans:
+            i_vlan = next(j for j, vlan in enumerate(g.vlans) if vlan.physdevin is not None)
+            raise ConfigError(f"{sw.at}ports[{i}].vlans[{i_vlan}].physdevin", "names a routed VLAN, and this "
+                              "switch's forwarding is bridged: a bridged VLAN shares its group's physdevin and is "
+                              "told apart by its zone; set \"forwarding\": \"routed\", or leave physdevin out")
         if routed and g.bridge_port is not None:
             raise ConfigError(f"{sw.at}ports[{i}].bridge_port", "a routing firewall has no bridge: name its routed "
                               "interface in \"interface\"")
@@ -416,6 +509,8 @@ def vlan_warnings(sw: SwitchConfig) -> list[str]:
     out = []
     for i, g in enumerate(sw.ports):
         for j, vlan in enumerate(g.vlans):
+            if vlan.physdevin is not None:
+                continue  # (a routed VLAN is routed to any other interface)
             if not any(vlan.zone in other.vid_of_zone for other in sw.ports if other is not g):
                 out.append(f"{sw.at}ports[{i}].vlans[{j}]: zone {vlan.zone} is on no other port group: a VLAN "
                            "bridged to nothing is never shunted")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import PortGroup, RoutedSide
 from nfshunt.records import markcodec, routed
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
@@ -24,8 +24,10 @@ from .pins import hard_timeout
 from .routing import NextHopTable
 from .state import CoreState
 
-# What `decide` found: action, port groups, idle timeout, authority, hard timeout.
-Decided = tuple[Action, PortGroup, PortGroup, "int | None", Authority, int]
+# What `decide` found: action, port groups, idle timeout, authority, hard timeout, and on a
+# routing firewall the interfaces the mark named (ingress, egress: each a VLAN's, or a group's own).
+Sides = tuple[RoutedSide, RoutedSide]
+Decided = tuple[Action, PortGroup, PortGroup, "int | None", Authority, int, "Sides | None"]
 WAITING_MAX = 65536  # connections remembered while waiting for room on the switch
 
 # Reasons an event is ignored; fixed strings so they can label metrics.
@@ -54,6 +56,9 @@ R_IDS_SERVER = "ids shunt: not the server it was judged on"
 # rule's): there is no tag to match or put back, and untagged flows would carry another
 # VLAN's traffic.
 R_VLAN = "vlan: zone not configured on its port groups"
+# A router on a stick's (two VLANs of one trunk): the pipeline layout's table 1 outputs a
+# group's shunts to its port, which OpenFlow drops for frames that came in by it.
+R_STICK_PIPELINE = "routed: two VLANs of one trunk need the single flow layout"
 # A routing firewall's connection would need the router's rewrite (MACs, TTL; NAT): not
 # built yet, so it stays on the firewall (docs/design/routed.md, slice 1).
 R_ROUTED = "routed: shunting through a routing firewall is not enabled (experimental_routed)"
@@ -164,12 +169,12 @@ class Admission:
 
     def _pair(self, ev: ConnEvent, decided: Decided, slot: int) -> Conn:
         """The pair an event's decision makes, remembered."""
-        action, ingress, egress, idle, authority, hard = decided
+        action, ingress, egress, idle, authority, hard, sides = decided
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event_kind=ev.kind,
                     tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle, authority=authority,
-                    hard_timeout=hard)
-        if action is Action.SHUNT and self.shared.switch.experimental_routed:
-            hops = self.shared.next_hops.hops(ev, ingress, egress, ev.received)  # (decide found them)
+                    hard_timeout=hard, sides=sides)
+        if action is Action.SHUNT and sides is not None and self.shared.switch.experimental_routed:
+            hops = self.shared.next_hops.hops(ev, sides, ev.received)  # (decide found them)
             conn.hops = hops if not isinstance(hops, str) else None
             if conn.hops is not None:
                 self.shared.next_hops.use(conn)  # (found by the tables' news: core/tables.py)
@@ -199,8 +204,8 @@ class Admission:
             # (before a routed shunt's next hops: a backup, or a controller whose switch is
             # away, neither asks the tables nor parks the event until they answer)
             return _new_verdict(Verdict, (IGNORE, R_BACKUP if sh.backup else R_NO_SWITCH, None, decided, 0, None))
-        if not isinstance(decided, Ignored) and sh.switch.experimental_routed and decided[0] is Action.SHUNT:
-            hops = sh.next_hops.hops(ev, decided[1], decided[2], ev.received)  # (routing.py)
+        if not isinstance(decided, Ignored) and decided[6] is not None and decided[0] is Action.SHUNT:
+            hops = sh.next_hops.hops(ev, decided[6], ev.received)  # (routing.py)
             decided = Ignored(hops, ev) if isinstance(hops, str) else decided
         if isinstance(decided, Ignored):
             return _new_verdict(Verdict, (IGNORE, decided.reason, existing, None, 0, decided))
@@ -279,25 +284,48 @@ class Admission:
                 idle = pin.idle_timeout
         if action is Action.IGNORE:
             return Ignored(R_POLICY_IGNORE, ev)
-        by_physdevin = self.shared.switch.by_physdevin
-        ingress = by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
-        egress = by_physdevin.get(mark.egress)  # type: ignore[arg-type]
-        if ingress is None or egress is None:
-            return Ignored(R_UNKNOWN_PORT, ev)
-        if ingress is egress:
-            return Ignored(R_SAME_PORT, ev)
-        if self.shared.switch.forwarding == "routed" and not self.shared.switch.experimental_routed:
-            return Ignored(R_ROUTED, ev)  # (a bridge's flows would hand the host the router's frames)
-        zone = ev.orig.zone  # each side must carry it (a tag to match and put back): else, e.g.
-        if zone not in ingress.vid_of_zone or zone not in egress.vid_of_zone:  # an admin's own CT rule
-            return Ignored(R_VLAN, ev)
+        ports = self._ports(ev, mark)
+        if isinstance(ports, Ignored):
+            return ports
+        ingress, egress, sides = ports
         if ev.orig.proto not in (TCP, UDP):
             return Ignored(R_PROTOCOL, ev)
         if closing:
             return Ignored(R_CLOSING, ev)
         if ev.reply != ev.orig.reversed() and not self.shared.switch.experimental_routed:
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
-        return action, ingress, egress, idle, authority, hard
+        return action, ingress, egress, idle, authority, hard, sides
+
+    def _ports(self, ev: ConnEvent, mark: markcodec.Mark) -> Ignored | tuple[PortGroup, PortGroup, Sides | None]:
+        """The port groups the mark names (and a routing firewall's interfaces), or why not."""
+        switch = self.shared.switch
+        zone = ev.orig.zone
+        if switch.forwarding == "routed":
+            # The mark names the router's interfaces: a trunk's VLANs are each its own, and
+            # two of one trunk are routed between (router on a stick) as any two are.
+            a, b = switch.sides.get(mark.ingress), switch.sides.get(mark.egress)  # type: ignore[arg-type]
+            if a is None or b is None:
+                return Ignored(R_UNKNOWN_PORT, ev)
+            if a is b:
+                return Ignored(R_SAME_PORT, ev)
+            if not switch.experimental_routed:
+                return Ignored(R_ROUTED, ev)  # (a bridge's flows would hand the host the router's frames)
+            if zone != a.zone or zone != b.zone:  # (an admin's own CT rule)
+                return Ignored(R_VLAN, ev)
+            if a.group is b.group and self.shared.pipeline:
+                return Ignored(R_STICK_PIPELINE, ev)  # (table 1 outputs to the group's port: dropped)
+            return a.group, b.group, (a, b)
+        ingress = switch.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]
+        egress = switch.by_physdevin.get(mark.egress)  # type: ignore[arg-type]
+        if ingress is None or egress is None:
+            return Ignored(R_UNKNOWN_PORT, ev)
+        if ingress is egress:
+            return Ignored(R_SAME_PORT, ev)
+        # Each side must carry the zone (a tag to match and put back): else, e.g. an admin's
+        # own CT rule's.
+        if zone not in ingress.vid_of_zone or zone not in egress.vid_of_zone:
+            return Ignored(R_VLAN, ev)
+        return ingress, egress, None
 
     # --- room on the switch -----------------------------------------------------------------
 

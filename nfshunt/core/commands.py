@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from nfshunt.config.static import StaticFlow
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import PortGroup, RoutedSide
 from nfshunt.records.model import ConnEvent, FlowTuple, NatRange, NextHop, SwitchFlow
 
 from .address_flows import AddressFlow
@@ -27,10 +27,10 @@ class InstallDefaults:
 
 @dataclass(slots=True)
 class AnnounceGateways:
-    """A routing firewall pair's new master: the hosts told its MAC for every address of the
-    groups' routed interfaces, out of their fast ports (openflow/announce.py): keepalived's own
-    announcements went out before this host held the switch, and reached no host."""
-    groups: tuple[PortGroup, ...]
+    """A routing firewall pair's new master: the hosts told its MAC for every address of its
+    routed interfaces, out of their groups' fast ports (a VLAN's tagged; openflow/announce.py):
+    keepalived's own announcements went out before this host held the switch, and reached no host."""
+    sides: tuple[RoutedSide, ...]
 
 
 @dataclass(frozen=True, slots=True)

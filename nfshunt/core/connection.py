@@ -37,7 +37,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import PortGroup, RoutedSide
 from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, NatRange, NextHop, Rewrite, nat_ranges
 from nfshunt.records.segment import Segment
@@ -139,6 +139,10 @@ class Conn:
     early: list[tuple[int, int, Segment | None]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     hops: tuple[NextHop, NextHop] | None = None  # a routing firewall's: the original's, the reply's (routing.py)
+    # A routing firewall's: the interfaces the original entered and left by (the mark's;
+    # read back: the flows' tags), whose tags its flows match and put on; None bridged,
+    # where a side's tag is its group's for the entry's zone.
+    sides: tuple[RoutedSide, RoutedSide] | None = None
     # A NAT entry's (forward, reverse) rewrite (records.model.nat_rewrite): its flows translate
     # as the firewall did, and its entry is kept for the pair's life (confirmation.py).
     nat: tuple[Rewrite, Rewrite] | None = None
@@ -184,6 +188,16 @@ class Conn:
         """What a re-creation of a NAT pair's entry must carry (CTA_NAT_*, design F13/F14)."""
         return nat_ranges(self.orig, self.reply) if self.nat is not None else ()
 
+    @property
+    def tags(self) -> tuple[int, int] | None:
+        """(ingress side's, egress side's) tag of the original direction's frames (0:
+        untagged), or None: a zone neither side carries (admission shunts none)."""
+        if self.sides is not None:
+            return self.sides[0].vid, self.sides[1].vid
+        zone = self.orig.zone
+        vid_in, vid_out = self.ingress.vid_of_zone.get(zone), self.egress.vid_of_zone.get(zone)
+        return None if vid_in is None or vid_out is None else (vid_in, vid_out)
+
     def cookie(self, reply: bool) -> int:
         return cookies.make(self.kind, self.key, reply, self.authority)
 
@@ -195,7 +209,9 @@ class Conn:
         """The mark the re-created entry carries: the admin's bits and the bridge ports
         always; the decision only for a closing entry. An adopted pair's mark is not known:
         its port bits are made from its port groups."""
-        mark = self.mark or markcodec.encode(self.ingress.physdevin, self.egress.physdevin)
+        ports = (self.sides[0].physdevin, self.sides[1].physdevin) if self.sides else \
+            (self.ingress.physdevin, self.egress.physdevin)
+        mark = self.mark or markcodec.encode(*ports)
         return mark if how.keep_decision else mark & ~markcodec.DECISION_MASK
 
 

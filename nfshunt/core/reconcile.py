@@ -48,7 +48,7 @@ from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, goes_to_pipeline
 from .overrides import Overrides
 from .removal import Removal
-from .routed_adoption import RoutedAdoption, macs_differ, rewrite_fits, routed_shape
+from .routed_adoption import RoutedAdoption, flow_sides, macs_differ, rewrite_fits, routed_shape
 from .state import CoreState
 
 R_TIMED_OUT_AWAY = "timed out while the switch was away"
@@ -234,8 +234,12 @@ class Reconciler:
         conns = self.shared.conns
         if fwd.match in conns.tuples or rev.match in conns.tuples or key in conns.by_key:
             return None  # (an id held by a pair of the other kind: its flows go as orphans)
-        routed = kind is cookies.Kind.SHUNT and self.shared.switch.experimental_routed
-        shape = routed_shape(routed, fwd, rev, ingress, egress)
+        switch = self.shared.switch
+        sides = flow_sides(switch, fwd, rev) if switch.sides else None
+        if switch.sides and sides is None:
+            return None  # (a routed pair joins two interfaces of the router's: its tags name them)
+        routed = kind is cookies.Kind.SHUNT and switch.experimental_routed
+        shape = routed_shape(routed, fwd, rev, sides)
         if shape is None:
             return None  # not a pair NFShunt builds here (a bridge's, a router's, a NAT's)
         reply, hops, nat = shape
@@ -252,7 +256,7 @@ class Reconciler:
         # A NAT pair's entry was kept (routed.md 5.6): looked up before it is relied on.
         conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
                     confirmed_time=now, adopted=True, entry_deleted=nat is None, slot=key >> cookies.KEY_SLOT_SHIFT,
-                    authority=authority, hard_timeout=left, hops=hops, nat=nat)
+                    authority=authority, hard_timeout=left, hops=hops, nat=nat, sides=sides)
         self.shared.remember(conn)
         if hops is not None:
             self.shared.next_hops.use(conn)  # (the tables' news find it: tables.py)

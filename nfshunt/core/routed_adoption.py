@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import RoutedSide, SwitchConfig
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
+from nfshunt.records.model import VID_MASK, ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
 from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
 from .commands import AdoptedHopsKnown, CheckAdopted, Command, DeleteConntrack, EntryFound, LookUpEntry, RewriteFlows
@@ -51,8 +51,18 @@ class Resolving:
     since: float
 
 
-def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow, ingress: PortGroup,
-                 egress: PortGroup) -> Shape | None:
+def flow_sides(switch: SwitchConfig, fwd: SwitchFlow, rev: SwitchFlow) -> tuple[RoutedSide, RoutedSide] | None:
+    """The routed interfaces a pair read back joins: each direction's in_port and match tag
+    name one (a block's too); None where one names none (not a pair of this config's)."""
+    if fwd.in_port is None or rev.in_port is None or fwd.vlan is None or rev.vlan is None:
+        return None
+    a = switch.side_at.get((fwd.in_port, fwd.vlan & VID_MASK))
+    b = switch.side_at.get((rev.in_port, rev.vlan & VID_MASK))
+    return None if a is None or b is None or a is b else (a, b)
+
+
+def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow,
+                 sides: tuple[RoutedSide, RoutedSide] | None) -> Shape | None:
     """(reply tuple, next hops, NAT rewrite) of a pair read back, if its flows rewrite as this
     version's do for this switch: a routed shunt (`routed`) dec_ttl and both MACs, then the
     translation its tuples define; anything else nothing, its reply the original reversed.
@@ -67,8 +77,10 @@ def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow, ingress: PortGr
     nat = nat_rewrite(fwd.match, rev.match)
     if (fwd.rewrite.nat, rev.rewrite.nat) != nat:
         return None
-    hops = (NextHop(egress.interface or "", fwd.rewrite.eth_src, fwd.rewrite.eth_dst),
-            NextHop(ingress.interface or "", rev.rewrite.eth_src, rev.rewrite.eth_dst))
+    if sides is None:
+        return None
+    hops = (NextHop(sides[1].interface or "", fwd.rewrite.eth_src, fwd.rewrite.eth_dst),
+            NextHop(sides[0].interface or "", rev.rewrite.eth_src, rev.rewrite.eth_dst))
     return rev.match, hops, (None if nat == NO_NAT else nat)
 
 
@@ -166,8 +178,7 @@ class RoutedAdoption:
         mark, switch = markcodec.decode(entry.mark), self.shared.switch
         return conn.authority is Authority.POLICY and mark.complete and \
             self.shared.cfg.action_for(mark.action or 0) is conn.action and \
-            switch.by_physdevin.get(mark.ingress or 0) is conn.ingress and \
-            switch.by_physdevin.get(mark.egress or 0) is conn.egress
+            conn.sides == (switch.sides.get(mark.ingress or 0), switch.sides.get(mark.egress or 0))
 
     def entry_found(self, conn: Conn, entry: ConnEvent | None, failed: str | None, now: float) -> list[Command]:
         """The kernel's answer for an adopted NAT pair's entry: the same entry keeps the pair

@@ -10,7 +10,7 @@ import collections
 import enum
 from typing import Callable, Iterable
 
-from nfshunt.config.switch import PortGroup
+from nfshunt.config.switch import RoutedSide
 from nfshunt.records.model import ConnEvent, FlowTuple, NextHop
 from nfshunt.records.routed import (
     R_BLACKHOLE,
@@ -29,7 +29,7 @@ KEEP_NONE = 1.0  # seconds "no next hop" is believed: the neighbour may resolve 
 # many times; what the tables said no to waits for their change instead (TableNews).
 RETRIES = 5
 R_HOP_UNKNOWN = "routed: next hop being looked up"
-R_HOP_ELSEWHERE = "routed: the route leaves by another interface than the port group's"
+R_HOP_ELSEWHERE = "routed: the route leaves by another interface than the port group's"  # (or VLAN's)
 R_ROUTE_MOVED = "routed: route moved"
 R_FLAPPING = "routed: neighbour flapping"
 # Flap damping (issue 38 item 6): more than FLAP_CHANGES MAC changes within FLAP_WINDOW
@@ -88,19 +88,19 @@ class NextHopTable:
     def held_down(self, neighbour: Neighbour, now: float) -> bool:
         return self.held.get(neighbour, 0.0) > now
 
-    def hops(self, ev: ConnEvent, ingress: PortGroup, egress: PortGroup,
+    def hops(self, ev: ConnEvent, sides: tuple[RoutedSide, RoutedSide],
              now: float) -> tuple[NextHop, NextHop] | str:
         """Both directions' next hops, or why not: R_HOP_UNKNOWN (ask the kernel), the
         kernel's reason, R_HOP_ELSEWHERE (the firewall would route it out of another
         interface than the switch port the pair outputs to) or R_FLAPPING (held down)."""
         out = []
-        for address, group in zip(self.wanted(ev), (egress, ingress), strict=True):
+        for address, side in zip(self.wanted(ev), reversed(sides), strict=True):
             answer = self._known(address, now)
             if answer is None:
                 return R_HOP_UNKNOWN
             if isinstance(answer, str):
                 return answer
-            if answer.ifname != group.interface:
+            if answer.ifname != side.interface:
                 return R_HOP_ELSEWHERE
             if self.held_down(neighbour_of(answer, address), now):
                 return R_FLAPPING

@@ -22,15 +22,18 @@ LOG = logging.getLogger("nfshunt")
 
 def conn_fields(conn: Conn, event: str, **more: Any) -> dict[str, Any]:
     """A connection as structured log fields (JSON logs, experiments, accounting); a VLAN's
-    (zone not 0) also its zone and the tag of each side (0: untagged), an untagged one's
-    line exactly as before VLANs."""
+    (zone not 0, or a routed trunk's tagged interface) also its zone and the tag of each side
+    (0: untagged), an untagged one's line exactly as before VLANs. A routed one's ports are
+    its interfaces' physdevins (the mark's)."""
     o = conn.orig
     out = {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
            "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
            "egress": conn.egress.physdevin}
-    if o.zone:
-        out.update(zone=o.zone, vlan_in=conn.ingress.vid_of_zone.get(o.zone),
-                   vlan_out=conn.egress.vid_of_zone.get(o.zone))
+    if conn.sides is not None:  # a routing firewall's interfaces (a trunk's VLAN: its tag)
+        out.update(ingress=conn.sides[0].physdevin, egress=conn.sides[1].physdevin)
+    tags = conn.tags
+    if o.zone or (tags is not None and any(tags)):
+        out.update(zone=o.zone, vlan_in=tags[0] if tags else None, vlan_out=tags[1] if tags else None)
     return {**out, **more}
 
 

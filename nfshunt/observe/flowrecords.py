@@ -67,11 +67,12 @@ def record(conn: Conn, cfg: Config, reason: str, slow: EntryCounts | None, now_w
 
 
 def _vlans(conn: Conn) -> list[int] | None:
-    """A VLAN connection's tag on each side, ingress then egress (0: untagged); None untagged."""
-    zone = conn.orig.zone
-    if not zone:
+    """A VLAN connection's tag on each side, ingress then egress (0: untagged); None untagged
+    (and a routed one between untagged interfaces)."""
+    tags = conn.tags
+    if not conn.orig.zone and not (tags and any(tags)):
         return None
-    return [conn.ingress.vid_of_zone.get(zone, 0), conn.egress.vid_of_zone.get(zone, 0)]
+    return list(tags) if tags else [0, 0]
 
 
 class FlowRecords:

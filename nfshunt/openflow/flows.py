@@ -112,6 +112,17 @@ def nat_actions(p: Any, conn: Conn, reply: bool) -> tuple[Any, ...]:
     return tuple(p.OFPActionSetField(**{name: value}) for name, value in fields if value is not None)
 
 
+def direction_tags(conn: Conn, reply: bool) -> tuple[int, int]:
+    """(tag in, tag out) of a direction's frames: each side's VLAN for the connection's zone
+    (admission shunts only a zone both groups carry), or a routed one's interfaces'
+    (Conn.tags); (0, 0) untagged."""
+    tags = conn.tags
+    if tags is None:
+        raise ValueError(f"zone {conn.orig.zone} is not carried by both port groups of {conn.describe()}")
+    vid_in, vid_out = tags
+    return (vid_out, vid_in) if reply else (vid_in, vid_out)
+
+
 class FlowBuilder(FlowBasics):
     """The messages that change the switch's table; the ones that ask it something and
     read its answers are SwitchReads' (flowreads.py)."""
@@ -188,16 +199,12 @@ class FlowBuilder(FlowBasics):
 
 
     def _direction(self, conn: Conn, reply: bool) -> tuple[int, FlowTuple, int]:
+        """(in_port, tuple, output port); a router on a stick's outputs to OFPP_IN_PORT."""
         if reply:
-            return conn.egress.fast, conn.reply, conn.ingress.fast
-        return conn.ingress.fast, conn.orig, conn.egress.fast
-
-    def _vids(self, conn: Conn, reply: bool) -> tuple[int, int]:
-        """(tag in, tag out) of a direction's frames: each side's VLAN for the connection's
-        zone (admission shunts only a zone both groups carry); (0, 0) untagged."""
-        zone = conn.orig.zone
-        vid_in, vid_out = conn.ingress.vid_of_zone[zone], conn.egress.vid_of_zone[zone]
-        return (vid_out, vid_in) if reply else (vid_in, vid_out)
+            in_port, t, out = conn.egress.fast, conn.reply, conn.ingress.fast
+        else:
+            in_port, t, out = conn.ingress.fast, conn.orig, conn.egress.fast
+        return in_port, t, self.ofp.OFPP_IN_PORT if out == in_port else out
 
     def _priority(self, conn: Conn) -> int:
         return self.cfg.shunt_priority if conn.action is Action.SHUNT else self.cfg.block_priority
@@ -226,7 +233,7 @@ class FlowBuilder(FlowBasics):
                 def meta(cookie: int, group: int = group) -> int:
                     return pipeline_metadata(group, cookie)
 
-                vids = self._vids(conn, reply)
+                vids = direction_tags(conn, reply)
                 rewrite = routed_actions(self.parser, conn, reply)
 
                 def build_goto(cookie: int, tt: FlowTuple, in_port: int = in_port, meta: Any = meta,
@@ -241,7 +248,7 @@ class FlowBuilder(FlowBasics):
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
             out_port = peer if shunt else None
-            vids = self._vids(conn, reply)
+            vids = direction_tags(conn, reply)
             rewrite = routed_actions(self.parser, conn, reply) if shunt else ()
 
             def build(cookie: int, tt: FlowTuple, in_port: int = in_port, out_port: int | None = out_port,
@@ -364,7 +371,7 @@ class FlowBuilder(FlowBasics):
         prio = self._priority(conn) + 1
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
-            vids = self._vids(conn, reply)
+            vids = direction_tags(conn, reply)
             actions = self._forward_and_tell(peer, vids, routed_actions(p, conn, reply))
             inst = [p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
             for rst, bit in ((False, TCP_FIN), (True, TCP_RST)):
@@ -399,7 +406,7 @@ class FlowBuilder(FlowBasics):
         out = []
         for reply in (False, True):
             in_port, t, peer = self._direction(conn, reply)
-            vids = self._vids(conn, reply)
+            vids = direction_tags(conn, reply)
             # To its own side's slow link the frame keeps its tag: that link carries the fast port's.
             actions = self._forward_and_tell(peer if forwarding else (conn.egress if reply else conn.ingress).slow,
                                              vids if forwarding else (0, 0),
@@ -418,7 +425,7 @@ class FlowBuilder(FlowBasics):
         prio = self._priority(conn)
         for reply in directions:
             in_port, t, _ = self._direction(conn, reply)
-            vid = self._vids(conn, reply)[0]
+            vid = direction_tags(conn, reply)[0]
 
             def build(cookie: int, tt: FlowTuple, in_port: int = in_port, vid: int = vid) -> Any:
                 return self._delete(self.match(in_port, tt, vid=vid), prio, cookie)

@@ -16,6 +16,7 @@ from nfshunt.records.model import (
     OFP10,
     TCP,
     UDP,
+    VID_MASK,
     VID_PRESENT,
     FlowTuple,
     Retag,
@@ -55,11 +56,12 @@ class _Tags:
     (0 untagged, VID_PRESENT | id) and its zone; each fast port's group; any trunk at all
     (without one, an untagged pair's flows are checked as before VLANs: no retag to compare)."""
 
-    __slots__ = ("switch", "zones", "groups", "trunked", "controller")
+    __slots__ = ("switch", "zones", "groups", "trunked", "controller", "in_port_out")
 
-    def __init__(self, switch: SwitchConfig, controller: int):
+    def __init__(self, switch: SwitchConfig, controller: int, in_port_out: int):
         self.switch = switch
         self.controller = controller  # the controller's port number in this OpenFlow version
+        self.in_port_out = in_port_out  # OFPP_IN_PORT in this version
         self.zones: dict[int | None, dict[int | None, int]] = {
             g.fast: {(VID_PRESENT | vid if vid else 0): zone for vid, zone in g.zone_of_vid.items()}
             for g in switch.ports}
@@ -186,6 +188,8 @@ class SwitchReads:
         out_port = outs[0] if outs else None
         if out_port == tags.controller and len(outs) > 1:
             out_port = outs[1]  # a retagging catcher or watch: the controller's copy first, then the peer
+        if out_port == tags.in_port_out and in_port is not None:
+            out_port = in_port  # a router on a stick's (flows.py _direction)
         exact = t is not None and in_port is not None and exact
         if goto:  # the pipeline layout: the port is the one table 1 outputs the group to
             group = (metadata >> META_GROUP_SHIFT) - 1 if metadata is not None else -1
@@ -194,7 +198,7 @@ class SwitchReads:
             # The catchers name the connection by the metadata: it must be this pair's.
             exact = exact and metadata is not None and metadata & META_CONN_MASK == stats.cookie & META_CONN_MASK
         if exact and (zone or retag or tags.trunked):
-            exact = self._retag_right(tags, in_port, out_port, zone or 0, retag)  # type: ignore[arg-type]
+            exact = self._retag_right(tags, in_port, out_port, zone or 0, retag, vlan)  # type: ignore[arg-type]
         # SwitchFlow's fields in order (its Python-level __new__ skipped, as cookies.parse does)
         return _new_flow(SwitchFlow, (stats.cookie, stats.priority, in_port, t, out_port, stats.packet_count,
                                       stats.byte_count, stats.duration_sec + stats.duration_nsec / 1e9, goto, exact,
@@ -204,17 +208,24 @@ class SwitchReads:
         """The switch config's tags by fast port, built once per config (a reconcile reads 200,000 flows)."""
         tags = getattr(self, "_tags_of", None)
         if tags is None or tags.switch is not self.switch:
-            tags = self._tags_of = _Tags(self.switch, self.ofp.OFPP_CONTROLLER)
+            tags = self._tags_of = _Tags(self.switch, self.ofp.OFPP_CONTROLLER, self.ofp.OFPP_IN_PORT)
         return tags
 
     @staticmethod
-    def _retag_right(tags: "_Tags", in_port: int, out_port: int | None, zone: int, retag: Retag) -> bool:
+    def _retag_right(tags: "_Tags", in_port: int, out_port: int | None, zone: int, retag: Retag,
+                     vlan: int | None) -> bool:
         """A pair's flow does to the tag what this version builds for its ports and zone:
-        nothing for a block (no output), the bridge's retag for a shunt (flows.py)."""
+        nothing for a block (no output), the bridge's retag for a shunt (flows.py); a routed
+        shunt's from its match's tag to one of an interface behind its output's group."""
         if out_port is None:
             return not retag
         ingress, egress = tags.groups[in_port], tags.groups.get(out_port)
-        if egress is None or zone not in egress.vid_of_zone:
+        if egress is None:
+            return False
+        if tags.switch.sides:
+            vid_in = (vlan or 0) & VID_MASK
+            return any(retag == retag_ops(vid_in, vid) for (fast, vid) in tags.switch.side_at if fast == out_port)
+        if zone not in egress.vid_of_zone:
             return False
         return retag == retag_ops(ingress.vid_of_zone[zone], egress.vid_of_zone[zone])
 
@@ -253,7 +264,7 @@ class SwitchReads:
             elif name == "OFPActionVlanVid":
                 retag.append((TagOp.SET_VID, a.vlan_vid))
             elif name == "OFPActionSetField" and a.key == "vlan_vid":
-                retag.append((TagOp.SET_VID, a.value & 0xFFF))
+                retag.append((TagOp.SET_VID, a.value & VID_MASK))
                 foreign = foreign or not a.value & VID_PRESENT
             else:
                 foreign = True

@@ -8,7 +8,7 @@ from nfshunt.core.connection import Conn
 from nfshunt.core.layout import goes_to_pipeline
 from nfshunt.records import cookies
 
-from .flows import TCP_FIN, TCP_RST, FlowBuilder, idle_timeout, pipeline_metadata, routed_actions
+from .flows import TCP_FIN, TCP_RST, FlowBuilder, direction_tags, idle_timeout, pipeline_metadata, routed_actions
 
 
 def rewrite(fb: FlowBuilder, conn: Conn) -> list[Any]:
@@ -23,7 +23,7 @@ def rewrite(fb: FlowBuilder, conn: Conn) -> list[Any]:
     prio = fb._priority(conn)
     for reply in (False, True):
         in_port, t, peer = fb._direction(conn, reply)
-        vids = fb._vids(conn, reply)
+        vids = direction_tags(conn, reply)
         if goes_to_pipeline(fb.version, fb.cfg, conn.action, conn.orig.proto, fb.pipeline):
             group = fb._group[conn.ingress if reply else conn.egress]  # (its table-0 flow: the rewrite, then table 1)
             out.append(fb._goto(fb.match(in_port, t, vid=vids[0]), pipeline_metadata(group, conn.cookie(reply)),

@@ -148,6 +148,7 @@ class SwitchFlow(NamedTuple):
 
 
 VID_PRESENT = 0x1000  # OpenFlow 1.3 vlan_vid: a tag is there, its id in the low 12 bits (OFPVID_PRESENT)
+VID_MASK = 0xFFF  # a tag's id, without VID_PRESENT
 
 
 class TagOp(enum.IntEnum):

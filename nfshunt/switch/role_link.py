@@ -51,7 +51,7 @@ class RoleLink:
                         "adopting the pairs on the switch)", sw.name, roles.generation)
             commands = sw.core.switch_connected(sw.session.dp.ofproto.OFP_VERSION, sw.session.fb.pipeline)
             if sw.switch.forwarding == "routed":  # the hosts told this host's MACs (docs/routed.md, "A firewall pair")
-                commands.append(c.AnnounceGateways(sw.switch.ports))
+                commands.append(c.AnnounceGateways(tuple(sw.switch.sides.values())))
             self.run(sw, commands)
         if change.request is not None:
             self.request(sw, change.request)

@@ -67,7 +67,7 @@ class Router:
 
     def __init__(self, cfg: Config):
         self.several = len(cfg.switches) > 1
-        self.by_physdevin = {g.physdevin: i for i, sw in enumerate(cfg.switches) for g in sw.ports}
+        self.by_physdevin = {p: i for i, sw in enumerate(cfg.switches) for p in sw.by_physdevin}  # (routed VLANs' too)
 
     def route(self, ev: ConnEvent) -> int | Ignored:
         """The index of the switch whose core takes the event, or why no switch does."""

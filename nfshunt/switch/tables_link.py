@@ -90,20 +90,22 @@ class TablesLink:
         return self.follower
 
     def announce_gateways(self, sw: Switch, cmd: c.AnnounceGateways) -> None:
-        """The groups' routed interfaces read on the follower's thread (their MACs and
-        addresses now: keepalived has just added the gateways); the frames go back to the loop."""
-        names = tuple(dict.fromkeys(g.interface for g in cmd.groups if g.interface))
+        """The routed interfaces read on the follower's thread (their MACs and addresses now:
+        keepalived has just added the gateways); the frames go back to the loop."""
+        names = tuple(dict.fromkeys(side.interface for side in cmd.sides if side.interface))
 
         def read(interfaces: dict[str, Interface | None]) -> None:  # (on the follower's thread)
             frames = []
-            for g in cmd.groups:
-                found = interfaces.get(g.interface or "")
+            for side in cmd.sides:
+                found = interfaces.get(side.interface or "")
                 if found is None:
                     self.counters.add("routed_table_errors", "interface not found")
-                    LOG.warning("cannot tell the hosts behind port %d this firewall's MAC: its routed interface %s "
-                                "is not there", g.fast, g.interface)
+                    LOG.warning("cannot tell the hosts behind port %d%s this firewall's MAC: its routed interface %s "
+                                "is not there", side.group.fast, f" (VLAN {side.vid})" if side.vid else "",
+                                side.interface)
                     continue
-                frames += [c.PortFrame(g.fast, frame) for frame in announcements(found.mac, found.addresses)]
+                frames += [c.PortFrame(side.group.fast, frame)
+                           for frame in announcements(found.mac, found.addresses, side.vid)]
             self.post(sw, (c.SendAnnouncements(tuple(frames), names),))
         follower = self._follower()
         if follower is not None:

@@ -583,6 +583,10 @@ class FakeSwitch(ofproto_protocol.ProtocolDesc):
                     wire += bytes(max(0, size - len(wire)))
                     continue
                 port, max_len = args
+                if port == in_port:
+                    continue  # OpenFlow sends nothing back out of the port a frame came in by...
+                if port == self.ofproto.OFPP_IN_PORT:
+                    port = in_port  # ...unless told so (a router on a stick's)
                 if port == self.ofproto.OFPP_CONTROLLER:
                     fields = {"in_port": in_port, **({"metadata": pkt["metadata"]} if pkt["metadata"] else {})}
                     packet_ins.append(PacketIn(e.cookie, e.table_id, fields, max_len, wire[:max_len]))
