@@ -144,10 +144,15 @@ class Prober:
     """Drives one switch connection synchronously from the probe's own thread."""
 
     def __init__(self, app: ProbeApp, dp: Any, cfg: Config, switch: SwitchConfig):
-        self.app, self.dp, self.cfg, self.switch = app, dp, cfg, switch
+        self.app, self.dp, self.cfg = app, dp, cfg
+        self.configured = switch  # as the config gives it (its trunks: the VLAN and routed VLAN shapes')
+        # The untagged shapes' ports: each group's untagged (a trunk of VLANs only carries no
+        # untagged pair to build; the VLAN shapes make trunks of their own).
+        self.switch = dataclasses.replace(switch, ports=tuple(dataclasses.replace(g, vlans=(), untagged=0)
+                                                              for g in switch.ports))
         self.p, self.ofp = dp.ofproto_parser, dp.ofproto
         self.of13 = dp.ofproto.OFP_VERSION != OFP10
-        self.fb = FlowBuilder(dp, cfg, switch=switch)
+        self.fb = FlowBuilder(dp, cfg, switch=self.switch)
 
     def ask(self, msg: Any, timeout: float = TIMEOUT) -> list[Any]:
         """Send a request; its replies (multipart ones gathered), or [] on an error or silence."""

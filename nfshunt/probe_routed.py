@@ -12,9 +12,13 @@ place of the peer port, so no frame leaves the switch):
    dec_ttl flow must reach the controller as a packet-in of reason INVALID_TTL carrying the
    flow's cookie and the frame as it arrived;
 4. the router's rewrite of an IPv6 pair: the frame must come back with the next hop's MACs
-   and its hop limit one lower, and one of hop limit 1 as an INVALID_TTL packet-in, as in 3.
+   and its hop limit one lower, and one of hop limit 1 as an INVALID_TTL packet-in, as in 3;
+5. with routed VLANs in the config (docs/routed.md, "VLAN trunks"): the rewrite and the retag
+   in one flow, from one of its interfaces' tags to another's (a pair built as the controller
+   builds it between them): the frame must come back with the next hop's MACs, its TTL one
+   lower and the egress interface's tag.
 
-Without 1 or 3 routed mode is refused (the probe exits 1); without 2, NAT connections stay
+Without 1 or 3 (or 5, with routed VLANs) routed mode is refused (the probe exits 1); without 2, NAT connections stay
 on the firewall; without 4, IPv6 connections (a refused flow leaves its connection on the
 firewall, counted; a wrong one must be kept there by policy). Every flow here carries a
 probe cookie (probe.PROBE_FLOWS), removed with the rest.
@@ -29,12 +33,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, packet_utils, tcp, udp
+from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, packet_utils, tcp, udp, vlan
+from os_ken.lib.packet.ether_types import ETH_TYPE_8021Q
 
+from nfshunt.config.switch import RoutedSide
 from nfshunt.core.connection import Action, Conn
 from nfshunt.openflow.flows import OFPR_INVALID_TTL, invalid_ttl_packet_ins, routed_actions
 from nfshunt.probe import FRAME_COOKIES, PROBE_DST, SHAPE_ID, Prober, Report
-from nfshunt.records.model import TCP, UDP, FlowTuple, NextHop, nat_rewrite
+from nfshunt.records.model import TCP, UDP, VID_PRESENT, FlowTuple, NextHop, nat_rewrite
 
 SHAPE_BASE = 8  # conntrack ids SHAPE_ID + 8... of its pairs (after the shapes' own)
 FRAME_WAIT = 3.0  # seconds a probe frame is sent again until its packet-in comes
@@ -50,9 +56,12 @@ REWRITE = "routed shunt: dec_ttl, set_field eth_src/eth_dst, output"
 NAT = "NAT set_field ipv4_src/ipv4_dst, tcp/udp ports"
 INVALID_TTL = "invalid-TTL packet-in (set_async INVALID_TTL; a TTL-1 frame through dec_ttl)"
 IPV6 = "IPv6 routed shunt: dec_ttl (hop limit; 1: a packet-in), set_field eth_src/eth_dst, output"
+TRUNK = "routed shunt between VLANs: dec_ttl, set_field eth_src/eth_dst, retag, output"
 WHY = {REWRITE: "a shunted frame would leave without the router's rewrite (the next hop's MAC, the TTL one lower)",
        INVALID_TTL: "a frame whose TTL expires on a shunt would not reach the firewall, which must answer it with "
-                    "ICMP time exceeded (traceroute through a shunted connection would not show the router)"}
+                    "ICMP time exceeded (traceroute through a shunted connection would not show the router)",
+       TRUNK: "a frame shunted between two of the router's VLANs would leave without the router's rewrite or with "
+              "the wrong tag"}
 
 
 class Support(enum.Enum):
@@ -80,13 +89,19 @@ class Expect:
     dst: str
     sport: int
     dport: int
+    vid: int = 0  # its VLAN tag's id (0: untagged)
 
 
-def frame(proto: int, sport: int, ttl: int, family: int = 4) -> bytes:
+def frame(proto: int, sport: int, ttl: int, family: int = 4, vid: int = 0) -> bytes:
     """A probe frame to probe.PROBE_DST (TEST-NET-2) or DST6, UDP or TCP, checksums filled
-    (`ttl`: IPv6's hop limit)."""
+    (`ttl`: IPv6's hop limit), tagged with `vid` if not 0."""
     pkt = packet.Packet()
-    pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=0x0800 if family == 4 else 0x86DD))
+    ethertype = 0x0800 if family == 4 else 0x86DD
+    if vid:
+        pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=ETH_TYPE_8021Q))
+        pkt.add_protocol(vlan.vlan(vid=vid, ethertype=ethertype))
+    else:
+        pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=ethertype))
     pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=proto, ttl=ttl) if family == 4 else
                      ipv6.ipv6(src=SRC6, dst=DST6, nxt=proto, hop_limit=ttl))
     pkt.add_protocol(udp.udp(src_port=sport, dst_port=9) if proto == UDP else
@@ -106,15 +121,17 @@ def problem(got: bytes, want: Expect) -> str | None:
     if eth is None or (ip4 is None and ip6 is None) or l4 is None:
         return "came back not an IP TCP/UDP frame"
     wrong = []
+    tag = pkt.get_protocol(vlan.vlan)
+    l2 = 18 if tag is not None else 14
     if ip4 is not None:
-        ttl, proto, start, end = ip4.ttl, ip4.proto, 14 + ip4.header_length * 4, 14 + ip4.total_length
-        if packet_utils.checksum(got[14:start]) != 0:
+        ttl, proto, start, end = ip4.ttl, ip4.proto, l2 + ip4.header_length * 4, l2 + ip4.total_length
+        if packet_utils.checksum(got[l2:start]) != 0:
             wrong.append("IPv4 header checksum wrong")
     else:
-        ttl, proto, start = ip6.hop_limit, ip6.nxt, 14 + 40
+        ttl, proto, start = ip6.hop_limit, ip6.nxt, l2 + 40
         end = start + ip6.payload_length
     ip = ip4 if ip4 is not None else ip6
-    seen = Expect(eth.src, eth.dst, ttl, ip.src, ip.dst, l4.src_port, l4.dst_port)
+    seen = Expect(eth.src, eth.dst, ttl, ip.src, ip.dst, l4.src_port, l4.dst_port, tag.vid if tag is not None else 0)
     wrong[:0] = [f"{name} {getattr(seen, name)} (want {getattr(want, name)})"
                  for name in (f.name for f in dataclasses.fields(Expect)) if getattr(seen, name) != getattr(want, name)]
     if len(got) >= end and packet_utils.checksum_ip(ip, end - start, got[start:end]) != 0:
@@ -127,14 +144,16 @@ def verdict(report: Report, found: dict[str, Finding]) -> None:
     without the router's rewrite or invalid-TTL packet-ins, each reason said; NAT's
     set_fields refused only keep NAT connections on the firewall. (NAT is said only when
     routed mode stands: its flows begin with the router's rewrite.)"""
-    missing = [name for name in (REWRITE, INVALID_TTL) if found[name].support is not Support.SUPPORTED]
+    missing = [name for name in (REWRITE, INVALID_TTL, TRUNK)
+               if name in found and found[name].support is not Support.SUPPORTED]
     if missing:
         report.ok = False
         report.settings["experimental_routed"] = False
         report.say("routed mode: refused on this switch: " + "; ".join(f"{WHY[name]} ({name}: {found[name]})"
                                                                       for name in missing))
         return
-    report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins)")
+    report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins" +
+               (", between the config's VLANs)" if TRUNK in found else ")"))
     nat = found[NAT]
     if nat.support is Support.SUPPORTED:
         report.say("NAT shunts: supported (addresses and ports rewritten, checksums fixed)")
@@ -199,14 +218,16 @@ def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
 
 
 def _frame_flow(prober: Prober, n: int, proto: int, sport: int, actions: tuple[Any, ...],
-                family: int = 4) -> tuple[int, str | None]:
-    """A flow matching the probe frame of `sport`, doing `actions` then output to the
-    controller (the whole frame): its cookie, and why the switch refused it (None: added)."""
+                family: int = 4, vid: int = 0) -> tuple[int, str | None]:
+    """A flow matching the probe frame of `sport` (tagged `vid`, if not 0), doing `actions`
+    then output to the controller (the whole frame): its cookie, and why the switch refused
+    it (None: added)."""
     p, ofp = prober.p, prober.ofp
     cookie = FRAME_COOKIES | n
     l4 = {"udp_src": sport} if proto == UDP else {"tcp_src": sport}
     ip = {"eth_type": 0x0800, "ipv4_dst": PROBE_DST} if family == 4 else {"eth_type": 0x86DD, "ipv6_dst": DST6}
-    match = p.OFPMatch(ip_proto=proto, **ip, **l4)
+    tag = {"vlan_vid": VID_PRESENT | vid} if vid else {}
+    match = p.OFPMatch(ip_proto=proto, **tag, **ip, **l4)
     xids = prober.send([p.OFPFlowMod(prober.dp, cookie=cookie, command=ofp.OFPFC_ADD, priority=65535, match=match,
                                      instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
                                          *actions, p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])])])
@@ -267,6 +288,41 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
     return found
 
 
+def trunk_sides(prober: Prober) -> tuple[RoutedSide, RoutedSide] | None:
+    """Two of the config's routed interfaces with different tags, a tagged one first (a
+    routed VLAN's); None without routed VLANs."""
+    sides = list(prober.configured.sides.values())
+    a = next((s for s in sides if s.vid), None)
+    b = next((s for s in sides if a is not None and s.vid != a.vid and s.group is not a.group), None) or \
+        next((s for s in sides if a is not None and s.vid != a.vid), None)
+    return None if a is None or b is None else (a, b)
+
+
+def trunk(prober: Prober, sides: tuple[RoutedSide, RoutedSide]) -> Finding:
+    """Shape 5: a pair between two routed interfaces of different tags installed as the
+    controller does (its catchers too), then a frame of the first's tag through its
+    original direction's actions (the router's rewrite, the retag): the next hop's MACs, the
+    TTL one lower, the second's tag."""
+    a, b = sides
+    t = FlowTuple(4, UDP, "198.51.100.1", PROBE_DST, 40210, 9)
+    conn = Conn(t, t.reversed(), SHAPE_ID + SHAPE_BASE + 10, Action.SHUNT, a.group, b.group, 0.0, hops=HOPS,
+                sides=sides)
+    why = _installed(prober, conn)
+    if why is not None:
+        return _not_installed(f"UDP pair (VLAN {a.vid} to {b.vid or 'untagged'})", why)
+    sport = 40310
+    actions = (*routed_actions(prober.p, conn, False), *prober.fb.retag(a.vid, b.vid))
+    cookie, refused = _frame_flow(prober, 10, UDP, sport, actions, vid=a.vid)
+    if refused is not None:
+        return Finding(Support.REFUSED, f"its probe flow {refused}")
+    msg = _packet_in(prober, frame(UDP, sport, 64, vid=a.vid), cookie)
+    if msg is None:
+        return Finding(Support.WRONG, f"the probe frame never came back within {FRAME_WAIT:.0f} s")
+    want = Expect(HOPS[0].eth_src, HOPS[0].eth_dst, 63, "198.51.100.1", PROBE_DST, sport, 9, b.vid)
+    wrong = problem(bytes(msg.data), want)
+    return Finding(Support.WRONG, wrong) if wrong else Finding(Support.SUPPORTED)
+
+
 def invalid_ttl(prober: Prober, family: int = 4) -> Finding:
     """Shape 3: the controller's set_async, then a TTL-1 frame through a dec_ttl flow must
     come back as an INVALID_TTL packet-in with the flow's cookie and the frame as it came.
@@ -314,6 +370,9 @@ def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
         try:
             found = rewrite_and_nat(prober)
             found[INVALID_TTL] = invalid_ttl(prober)
+            sides = trunk_sides(prober)
+            if sides is not None:
+                found[TRUNK] = trunk(prober, sides)
             if found[IPV6].support is Support.SUPPORTED and found[INVALID_TTL].support is Support.SUPPORTED:
                 expiring = invalid_ttl(prober, 6)  # an IPv6 hop limit expiring on a shunt, too
                 if expiring.support is not Support.SUPPORTED:

@@ -4,12 +4,13 @@ refuses dec_ttl, one that drops invalid-TTL packet-ins and one that refuses NAT'
 set_fields; the frame check; the invalid-TTL probe against a fake switch's packet-ins."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, udp
+from os_ken.lib.packet import ethernet, ipv4, ipv6, packet, udp, vlan
 
 from nfshunt import probe, probe_routed
 from nfshunt.probe_routed import INVALID_TTL, IPV6, NAT, REWRITE, Finding, Support
@@ -205,3 +206,30 @@ def test_the_frame_check_reads_an_ipv6_frame_s_hop_limit_and_checksum():
     assert probe_routed.problem(probe_routed.frame(UDP, 40306, 64, family=6), want) == \
         f"came back with eth_src {probe_routed.SENT_SRC} (want 02:00:5e:00:53:b1), eth_dst {probe_routed.SENT_DST} " \
         "(want 02:00:5e:00:53:b2), ttl 64 (want 63)"
+
+
+def test_the_frame_check_reads_a_tagged_frame_and_names_a_wrong_tag():
+    """Shape 5's frame (docs/routed.md, "VLAN trunks"): the tag is checked beside the rest."""
+    sent = probe_routed.frame(UDP, 40300, 64, vid=100)
+    pkt = packet.Packet(sent)
+    eth, tag, ip = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(vlan.vlan), pkt.get_protocol(ipv4.ipv4)
+    eth.src, eth.dst, ip.ttl, ip.csum, tag.vid = "02:00:5e:00:53:b1", "02:00:5e:00:53:b2", 63, 0, 200
+    pkt.get_protocol(udp.udp).csum = 0
+    pkt.serialize()
+    want = dataclasses.replace(WANT, vid=200)
+    assert probe_routed.problem(bytes(pkt.data), want) is None
+    assert probe_routed.problem(bytes(pkt.data), dataclasses.replace(WANT, vid=300)) == \
+        "came back with vid 200 (want 300)"
+    assert probe_routed.problem(_out(UDP), want) == "came back with vid 0 (want 200)"
+
+
+def test_a_trunk_shape_that_fails_refuses_routed_mode_and_one_that_passes_is_said():
+    why = probe_routed.WHY[probe_routed.TRUNK]
+    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK, IPV6: OK,
+                       probe_routed.TRUNK: Finding(Support.WRONG, "came back with vid 100 (want 200)")})
+    assert not report.ok and report.settings["experimental_routed"] is False
+    (line,) = [line for line in report.lines if line.startswith("routed mode:")]
+    assert why in line and "vid 100 (want 200)" in line
+    report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK, IPV6: OK, probe_routed.TRUNK: OK})
+    assert report.ok and "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, between the " \
+                         "config's VLANs)" in report.lines

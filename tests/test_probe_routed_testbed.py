@@ -25,3 +25,13 @@ def test_probe_switch_finds_open_vswitch_does_every_routed_shape(integration_rea
     assert "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs, an expiring one to the " \
            "firewall)" in out
     assert "experimental_routed" not in settings and "FAIL" not in out
+
+
+def test_probe_switch_finds_open_vswitch_does_the_rewrite_and_retag_between_routed_vlans(integration_ready):
+    """Shape 5 on the routed trunks' config (h1's VLAN 100 to h2's 200)."""
+    with running(Bed(mode="routed", vlan=True)) as tb:
+        out, settings = _probe(tb)
+    print(out)
+    assert f"  ok   {probe_routed.TRUNK}: supported" in out
+    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, between the config's VLANs)" in out
+    assert "experimental_routed" not in settings and "FAIL" not in out
