@@ -289,13 +289,16 @@ def rewrite_and_nat(prober: Prober) -> dict[str, Finding]:
 
 
 def trunk_sides(prober: Prober) -> tuple[RoutedSide, RoutedSide] | None:
-    """Two of the config's routed interfaces with different tags, a tagged one first (a
-    routed VLAN's); None without routed VLANs."""
+    """Two of the config's routed interfaces, a tagged one first (a routed VLAN's), the other
+    of another tag where there is one; None without routed VLANs."""
     sides = list(prober.configured.sides.values())
     a = next((s for s in sides if s.vid), None)
-    b = next((s for s in sides if a is not None and s.vid != a.vid and s.group is not a.group), None) or \
-        next((s for s in sides if a is not None and s.vid != a.vid), None)
-    return None if a is None or b is None else (a, b)
+    if a is None:
+        return None
+    others = [s for s in sides if s is not a]
+    b = next((s for s in others if s.vid != a.vid and s.group is not a.group), None) or \
+        next((s for s in others if s.vid != a.vid), None) or next(iter(others), None)  # (a tag kept, at least)
+    return None if b is None else (a, b)
 
 
 def trunk(prober: Prober, sides: tuple[RoutedSide, RoutedSide]) -> Finding:
@@ -363,7 +366,8 @@ def probe(prober: Prober, report: Report) -> None:
 
 def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
     """The three routed shapes, each reported; their flows removed."""
-    if len(prober.switch.ports) < 2 or not prober.of13:
+    # (one trunk whose VLANs the firewall routes between: a router on a stick, its pairs in and out of one port)
+    if not prober.of13 or (len(prober.switch.ports) < 2 and len(prober.configured.sides) < 2):
         found = {name: Finding(Support.REFUSED, "not probed: needs OpenFlow 1.3 and two port groups")
                  for name in (REWRITE, NAT, INVALID_TTL, IPV6)}
     else:

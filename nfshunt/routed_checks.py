@@ -15,7 +15,7 @@ import ipaddress
 import socket
 
 from nfshunt.config.settings import Config, ConfigError
-from nfshunt.config.static import VIA_TABLE
+from nfshunt.config.static import VIA_TABLE, routed_sides_of
 
 IFF_UP = 0x1
 FORWARDING = {"ipv4": "/proc/sys/net/ipv4/ip_forward", "ipv6": "/proc/sys/net/ipv6/conf/all/forwarding"}
@@ -88,12 +88,14 @@ def via_problems(cfg: Config) -> list[str]:
     from pyroute2 import IPRoute
     with IPRoute() as ipr:
         for i, shunt, via in given:
-            group = next(g for sw in cfg.switches if shunt.on(sw) for g in sw.ports if g.fast == shunt.fast_ports[1])
-            index = ipr.link_lookup(ifname=group.interface)
+            sw = next(sw for sw in cfg.switches if shunt.on(sw))
+            sides = routed_sides_of(shunt, sw)  # (config.static checked them)
+            interface = sides[1].interface if sides is not None else None
+            index = ipr.link_lookup(ifname=interface) if interface else []
             nets = [ipaddress.ip_interface(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}").network
                     for a in (ipr.get_addr(index=index[0]) if index else ()) if a["scope"] == 0]
             if not any(ipaddress.ip_address(via) in net for net in nets):
-                problems.append(f"static_shunts[{i}].via: {via} is not on a subnet of {group.interface}, the "
+                problems.append(f"static_shunts[{i}].via: {via} is not on a subnet of {interface}, the "
                                 f"destination side's routed interface ({', '.join(map(str, nets)) or 'no address'}): "
                                 "a next hop is a neighbour on that link; name one there, or \"table\"")
     return problems
@@ -107,7 +109,8 @@ def check_interfaces(names: list[str], families: list[str]) -> list[str]:
         for ifname in names:
             index = ipr.link_lookup(ifname=ifname)
             if not index:
-                problems.append(f"interface {ifname} does not exist: create it or fix ports[].interface")
+                problems.append(f"interface {ifname} does not exist: create it or fix ports[].interface (a "
+                                "routed VLAN's: ports[].vlans[].interface)")
                 continue
             link = ipr.get_links(index[0])[0]
             mtus[ifname] = link.get_attr("IFLA_MTU")

@@ -89,7 +89,8 @@ def test_preflight_refuses_interfaces_that_do_not_exist_and_changes_nothing():
     cfg = routed(ports=[{"fast": 1, "slow": 2, "physdevin": 1, "interface": "nfsh-none0"},
                         {"fast": 3, "slow": 4, "physdevin": 2, "interface": "nfsh-none1"}])
     problems = iptables.preflight(cfg, ["ipv4"], fix_sysctl=True)
-    assert "interface nfsh-none0 does not exist: create it or fix ports[].interface" in problems
+    assert "interface nfsh-none0 does not exist: create it or fix ports[].interface (a routed VLAN's: " \
+           "ports[].vlans[].interface)" in problems
     assert not any("bridge" in p for p in problems)  # no br_netfilter checks for a router
 
 

@@ -14,10 +14,16 @@ import pytest
 
 from tests.beds import Bed
 from tests.test_routed_shunt_testbed import ECHO, FRAME, PROBE, _forwarded
+from tests.test_static_testbed import ECHO as STATIC_ECHO
+from tests.test_static_testbed import FRAMES, SENDER
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
-TESTBED = Bed(mode="routed", vlan=True, config={"experimental_routed": True})
+STATIC_PORT, STATIC_CPORT = 34964, 40000
+# h1 (VLAN 100) -> h2: h2's group routes one interface (VLAN 200), so vlan_out is left out.
+STREAM = {"name": "plc-vlan", "protocol": "udp", "src": "10.0.1.1", "dst": "10.0.2.1", "dst_port": STATIC_PORT,
+          "fast_ports": [1, 3], "vlan": 100, "via": "table"}
+TESTBED = Bed(mode="routed", vlan=True, config={"experimental_routed": True, "static_shunts": [STREAM]})
 SHUNT = 5201
 H3_IP = "10.0.3.1"
 
@@ -26,14 +32,16 @@ def _mac(tb, node, intf: str) -> str:
     return json.loads(tb.run(node, "ip", "-j", "link", "show", intf))[0]["address"]
 
 
-def _routed_pair(tb, vids: tuple[int, int], ports: tuple[int, int]) -> list[dict[str, str]] | None:
-    """The data connection's two rewriting flows (in by ports[0] on vids[0], in by ports[1] on
-    vids[1]) once its forward flow has carried the transfer, or None. (iperf3's control
-    connection to the same port is a pair of its own, of a few packets.)"""
+def _routed_pair(tb, dst: str, vids: tuple[int, int], ports: tuple[int, int]) -> list[dict[str, str]] | None:
+    """The data connection's two rewriting flows to and from `dst` (in by ports[0] on vids[0],
+    in by ports[1] on vids[1]) once its forward flow has carried the transfer, or None.
+    (iperf3's control connection to the same port is a pair of its own, of a few packets; an
+    earlier transfer's pair to another host may still be there, idle.)"""
     flows = [f for f in tb.conn_flows(SHUNT) if "dec_ttl" in f["actions"]]
     pair = []
-    for vid, port in zip(vids, ports, strict=True):
-        found = [f for f in flows if f.get("in_port") == str(port) and f.get("dl_vlan") == str(vid)]
+    for vid, port, side in zip(vids, ports, ("nw_dst", "nw_src"), strict=True):
+        found = [f for f in flows if f.get("in_port") == str(port) and f.get("dl_vlan") == str(vid)
+                 and f.get(side) == dst]
         if not found:
             return None
         pair.append(max(found, key=lambda f: int(f.get("n_packets", "0"))))
@@ -49,7 +57,7 @@ def _shunted(tb, server, dst: str, vids: tuple[int, int], ports: tuple[int, int]
     from nfshunt_testbed.traffic import STEADY_RATE
     srv, cli = tb.start_transfer(SHUNT, 2, server=server, dst=dst, bitrate=STEADY_RATE)
     try:
-        pair = tb.wait_for(lambda: _routed_pair(tb, vids, ports), 10, f"the routed shunt of VLANs {vids}")
+        pair = tb.wait_for(lambda: _routed_pair(tb, dst, vids, ports), 10, f"the routed shunt of VLANs {vids}")
     finally:
         result = tb.finish_transfer(srv, cli)
     assert "error" not in result, result
@@ -135,3 +143,37 @@ def test_a_shunted_datagram_whose_ttl_expires_on_a_trunk_is_answered_by_the_vlan
         probe.communicate()
         echo.kill()
     assert answer == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}, answer
+
+
+def test_a_static_stream_over_routed_vlans_reaches_h2_retagged_with_the_router_s_rewrite(tb):
+    """A static stream (no conntrack event) from VLAN 100 to VLAN 200: its flows match h1's
+    tag, do the router's rewrite and put h2's VLAN's tag on; every datagram is echoed back by
+    the reverse flow, and h2 gets each with fw-eth1.200's MAC and TTL 63."""
+    import sys
+    router, h2 = _mac(tb, tb.fw, "fw-eth1.200"), _mac(tb, tb.h2, "h2-eth0")
+
+    def flows():
+        found = [f for f in tb.flows() if int(f["cookie"], 16) >> 48 == 0x4E06 and "dec_ttl" in f["actions"]]
+        return found if len(found) == 2 else None
+    forward = next(f for f in tb.wait_for(flows, 10, "the static stream's routed flows") if f["in_port"] == "1")
+    assert forward.get("dl_vlan") == "100" and _retags(forward, 200), forward
+    assert f"set_field:{router}->eth_src" in forward["actions"] and f"set_field:{h2}->eth_dst" in forward["actions"]
+    echo = tb.spawn(tb.h2, sys.executable, "-c", STATIC_ECHO, str(STATIC_PORT), stdout=subprocess.PIPE)
+    cap = None
+    try:
+        assert echo.stdout.readline().strip() == "ready"
+        cap = tb.h2.popen(["timeout", "15", "tcpdump", "-l", "-nn", "-e", "-v", "-c", str(FRAMES), "-i", "h2-eth0",
+                           "udp", "and", "dst", "port", str(STATIC_PORT)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tb.wait_for(lambda: "listening" in cap.stderr.readline(), 5, "tcpdump to listen")
+        result = json.loads(tb.run(tb.h1, sys.executable, "-c", SENDER, tb.h2_ip, str(STATIC_PORT),
+                                   str(STATIC_CPORT), str(FRAMES), timeout=60))
+        out, _ = cap.communicate(timeout=20)
+    finally:
+        if cap is not None and cap.poll() is None:
+            cap.kill()
+        echo.kill()
+        echo.wait()
+    frames = [m.groups() for m in map(FRAME.match, out.splitlines()) if m]
+    assert (result["sent"], result["echoed"]) == (FRAMES, FRAMES), result
+    assert len(frames) == FRAMES and set(frames) == {(router, h2, "63")}, set(frames)

@@ -81,6 +81,7 @@ def test_a_config_names_each_routed_vlan_and_the_plumbing_marks_each_sub_interfa
     ({"id": 100, "physdevin": 2, "interface": "x.100"}, "ports[1].physdevin", "already used by ports[0]"),
     ({"id": 100, "physdevin": V100}, "ports[0].vlans[0].interface", "required"),
     ({"id": 100, "physdevin": V100, "interface": "fw-eth1.200"}, "ports[1].vlans[0].interface", "already used"),
+    ({"id": 100, "interface": "fw-eth0.100"}, "ports[0].vlans[0].physdevin", "required with interface"),
 ])
 def test_a_routed_vlan_that_cannot_work_is_refused_with_its_key(vlan, key, words):
     ports = [{**PORTS[0], "vlans": [vlan]}, PORTS[1]]
@@ -175,6 +176,11 @@ def test_the_pipeline_layout_leaves_a_router_on_a_stick_on_the_firewall_and_shun
     assert rig.core.dry_run(ev).reason == adm.R_STICK_PIPELINE
     conn = _installed(rig, _event(H1, H2, V100, V200))
     assert _path(rig, TRUNK, conn.orig, 100) == ((OTHER,), (200,))
+    # A UDP shunt and a block stay in table 0, whose output to OFPP_IN_PORT works: shunted.
+    udp = FlowTuple(4, 17, H1, H3, 40001, 5201)
+    ev = ConnEvent(EventKind.UPDATE, 9, udp, udp.reversed(), markcodec.encode(V100, V300, 1), None, rig.now)
+    stick = _installed(rig, ev)
+    assert _path(rig, TRUNK, stick.orig, 100) == ((TRUNK,), (300,))
 
 
 def test_a_new_master_tells_each_vlan_s_hosts_its_mac_in_frames_tagged_with_that_vlan(tmp_path):
@@ -198,3 +204,56 @@ def test_a_new_master_tells_each_vlan_s_hosts_its_mac_in_frames_tagged_with_that
                      pkt.get_protocol(arp.arp).src_ip))
     assert sorted(sent) == [(TRUNK, 100, FW0, "10.0.1.254"), (TRUNK, 300, FW3, "10.0.3.254"),
                             (OTHER, 200, FW1, "10.0.2.254")]
+
+
+# --- static shunts over routed VLANs -------------------------------------------------------------
+
+STREAM = {"name": "plc", "protocol": "udp", "src": H1, "dst": H2, "dst_port": 34964, "fast_ports": [TRUNK, OTHER],
+          "vlan": 100, "via": "table"}
+
+
+def test_a_static_stream_names_its_source_vlan_and_the_destination_s_one_routed_interface_is_taken():
+    from nfshunt.config.static import tags_of
+    cfg = from_dict({**BASE, **ROUTED, "static_shunts": [STREAM]})
+    assert tags_of(cfg.static_shunts[0], cfg.switches[0]) == (100, 200, 0)
+    back = {**STREAM, "src": H2, "dst": H1, "fast_ports": [OTHER, TRUNK], "vlan": 200}
+    with pytest.raises(ConfigError) as err:  # (port 1's group routes VLANs 100 and 300)
+        from_dict({**BASE, **ROUTED, "static_shunts": [back]})
+    assert err.value.key == "static_shunts[0].vlan_out" and "name the one the stream leaves by" in str(err.value)
+    cfg = from_dict({**BASE, **ROUTED, "static_shunts": [{**back, "vlan_out": 300}]})
+    assert tags_of(cfg.static_shunts[0], cfg.switches[0]) == (200, 300, 0)
+    for entry, key, words in (({**STREAM, "vlan": 200}, "static_shunts[0].vlan", "not a routed interface"),
+                              ({**back, "vlan_out": 200}, "static_shunts[0].vlan_out", "routes 100, 300")):
+        with pytest.raises(ConfigError) as err:
+            from_dict({**BASE, **ROUTED, "static_shunts": [entry]})
+        assert err.value.key == key and words in str(err.value), str(err.value)
+
+
+def test_a_static_stream_over_routed_vlans_goes_with_the_router_s_rewrite_and_each_side_s_tag():
+    rig = routed_rig(TABLES, **{**ROUTED, "static_shunts": [STREAM]})
+    fwd = FlowTuple(4, 17, H1, H2, 40000, 34964)
+    assert _path(rig, TRUNK, fwd, 100) == ((OTHER,), (200,))
+    assert _path(rig, OTHER, fwd.reversed(), 200) == ((TRUNK,), (100,))
+    assert _path(rig, TRUNK, fwd, 300)[0] == (2,)  # another VLAN's frames: the firewall's
+
+
+def test_a_static_stream_whose_route_leaves_by_another_vlan_is_withheld_and_crosses_the_firewall():
+    rig = routed_rig({**TABLES, H2: NextHop("fw-eth0.300", FW3, H2_MAC)}, **{**ROUTED, "static_shunts": [STREAM]})
+    fwd = FlowTuple(4, 17, H1, H2, 40000, 34964)
+    assert _path(rig, TRUNK, fwd, 100) == ((2,), (100,))
+    assert rig.counters.flat().get(f"static_flows:withheld:{routing.R_HOP_ELSEWHERE}") == 1, rig.counters.flat()
+
+
+def test_a_pair_whose_flows_retag_otherwise_than_its_interfaces_is_not_adopted():
+    """Read back after a restart: a forward flow that leaves with another tag than the
+    interface its reverse flow comes in by names (an older release's, a foreign writer's) is
+    not a pair of this config's: not adopted (its flows go as orphans)."""
+    from nfshunt.core.routed_adoption import flow_sides
+    from nfshunt.records.model import SwitchFlow, TagOp
+    sw = config(**ROUTED).switches[0]
+    t = FlowTuple(4, TCP, H1, H2, 40000, 5201)
+    fwd = SwitchFlow(1, 1, TRUNK, t, OTHER, vlan=0x1000 | 100, retag=((TagOp.SET_VID, 200),))
+    rev = SwitchFlow(2, 1, OTHER, t.reversed(), TRUNK, vlan=0x1000 | 200, retag=((TagOp.SET_VID, 100),))
+    assert flow_sides(sw, fwd, rev) == (sw.sides[V100], sw.sides[V200])
+    assert flow_sides(sw, fwd._replace(retag=((TagOp.SET_VID, 300),)), rev) is None
+    assert flow_sides(sw, fwd, rev._replace(vlan=0x1000 | 300)) is None  # (VLAN 300 is not behind OTHER)

@@ -333,7 +333,7 @@ REASONS = {
                 "it stays on the firewall",
     adm.R_ROUTED: "the firewall routes (forwarding \"routed\") and shunting through a routing firewall is not "
                   "enabled (experimental_routed), so it stays on the firewall",
-    adm.R_STICK_PIPELINE: "it is routed between two VLANs of one trunk (router on a stick), which the pipeline "
+    adm.R_STICK_PIPELINE: "a TCP shunt routed between two VLANs of one trunk (router on a stick), which the pipeline "
                           "flow layout cannot output: it stays on the firewall (flow_layout \"single\" shunts it)",
     adm.R_HOP_UNKNOWN: "the firewall's route and neighbour tables are being asked where its two directions go; it "
                        "is judged again with their answer",

@@ -425,6 +425,9 @@ class OperatorAPI:
                 "openflow": None if dp is None else openflow_label(dp.ofproto.OFP_VERSION),
                 "address": None if dp is None else f"{dp.address[0]}:{dp.address[1]}",
                 "ports": [g.physdevin for g in sw.switch.ports],
+                **({"routed_interfaces": [{"physdevin": s.physdevin, "port": s.group.fast, "vlan": s.vid or None,
+                                           "interface": s.interface} for s in sw.switch.sides.values()]}
+                   if sw.switch.sides else {}),
                 "shunts": core.shunts, "blocks": core.blocks, "waiting": len(core.waiting),
                 "pending": send.pending() if send is not None else 0,
                 "queued": len(send.queued) if send is not None else 0,

@@ -21,7 +21,7 @@ from nfshunt.records import cookies
 from nfshunt.records.model import TCP, UDP, FlowTuple, NextHop
 
 from . import validate as v
-from .switch import SwitchConfig, vlan_id
+from .switch import RoutedSide, SwitchConfig, vlan_id
 from .validate import ConfigError
 
 PROTOCOLS = {"udp": UDP, "tcp": TCP}
@@ -53,6 +53,9 @@ class StaticShunt:
     # A routing firewall's (forwarding "routed"): the next hop towards dst, an address on the
     # destination side's subnet, or VIA_TABLE (the firewall's route to dst, as a reactive pair's).
     via: str | None = None
+    # A routing firewall's trunk (routed VLANs): the destination side's VLAN id, where its group
+    # has several routed interfaces (None: its only one).
+    vlan_out: int | None = None
 
     def on(self, switch: SwitchConfig) -> bool:
         """This entry's flows go on that switch."""
@@ -232,7 +235,8 @@ ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from 
                          "switch with both fast ports"),
     "vlan": v.Key(v.Check(vlan_id, "integer", "1-4094"), "The VLAN "
                   "id of the source side's frames (its port group's `vlans`); they leave with the tag of the same "
-                  "zone on the destination's group, as the firewall's bridge would put it.", default="untagged"),
+                  "zone on the destination's group, as the firewall's bridge would put it (routed: `vlan_out`'s).",
+                  default="untagged"),
     "pcp": v.Key(v.integer(0, 7), "The VLAN priority (802.1p PCP) of the stream's frames, kept as "
                  "it came; needs `vlan`. With it, `protocol`, `src` and `dst` may all be left out: every frame of "
                  "the VLAN with that priority (the industrial case).", default="any"),
@@ -241,6 +245,10 @@ ENTRY = v.Table("static_shunts[]", "One engineered stream on the fast path from 
                  "neighbour tables, followed (`dst`, and `src` with `both_directions`, then one host each). The "
                  "flows do the router's rewrite (TTL one lower, the egress interface's and the next hop's MACs); "
                  "the reverse direction always follows the table to `src`.", default="none (bridged)"),
+    "vlan_out": v.Key(v.Check(vlan_id, "integer", "1-4094"), "Routing firewalls on trunks only (routed VLANs): "
+                      "the VLAN id of the destination side's routed interface the stream leaves by (its next hop "
+                      "must be there; the reverse direction comes in by it).", default="the destination group's "
+                      "one routed interface"),
 }, required=("fast_ports",), record=StaticShunt)
 _ADDRESSED = ("protocol", "src", "dst")  # required, unless an entry names a priority: then all or none
 
@@ -382,6 +390,9 @@ def _check_via(at: str, shunt: StaticShunt, switch: SwitchConfig) -> None:
     if shunt.via is not None and not routed:
         raise ConfigError(f"{at}.via", "names a next hop, and this switch's forwarding is bridged: a bridging "
                           "firewall has no next hop (leave via out, or set forwarding \"routed\")")
+    if shunt.vlan_out is not None and not routed:
+        raise ConfigError(f"{at}.vlan_out", "names a routed VLAN, and this switch's forwarding is bridged: a "
+                          "bridged stream leaves with its zone's tag (leave vlan_out out)")
     if routed and shunt.via is None:
         raise ConfigError(f"{at}.via", "required with forwarding \"routed\": the stream's frames must leave with "
                           "the router's rewrite; give the next hop towards dst (an address on its side's subnet) "
@@ -389,16 +400,14 @@ def _check_via(at: str, shunt: StaticShunt, switch: SwitchConfig) -> None:
     if routed and not switch.experimental_routed:
         raise ConfigError(f"{at}.via", "shunts through a routing firewall, static ones too, need "
                           f"{switch.at}experimental_routed true")
-    groups = {g.fast: g for g in switch.ports}
-    if routed and any(g.routed_vlans for g in (groups.get(port) for port in shunt.fast_ports) if g is not None):
-        raise ConfigError(f"{at}.fast_ports", "a static shunt through a routed trunk's VLANs is not built yet "
-                          "(docs/routed.md, \"What is not built yet\"): its connections are shunted as the policy "
-                          "marks them; cable the stream's ports untagged for a static one")
 
 
 def tags_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int] | None:
     """(source side's tag, destination side's tag, zone) of an entry on its switch (0:
     untagged); None if a side does not carry it (check() refuses such an entry)."""
+    if switch.sides:
+        sides = routed_sides_of(shunt, switch)
+        return None if sides is None else (sides[0].vid, sides[1].vid, 0)
     groups = {g.fast: g for g in switch.ports}
     a, b = (groups.get(port) for port in shunt.fast_ports)
     if a is None or b is None:
@@ -409,11 +418,25 @@ def tags_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int] | 
     return shunt.vlan or 0, b.vid_of_zone[zone], zone
 
 
+def routed_sides_of(shunt: StaticShunt, switch: SwitchConfig) -> tuple[RoutedSide, RoutedSide] | None:
+    """A routed entry's interfaces: the source side's by `vlan`, the destination side's by
+    `vlan_out` or, without it, its group's only one; None if either is not there."""
+    a = switch.side_at.get((shunt.fast_ports[0], shunt.vlan or 0))
+    if shunt.vlan_out is not None:
+        b = switch.side_at.get((shunt.fast_ports[1], shunt.vlan_out))
+    else:
+        there = [side for (fast, _), side in switch.side_at.items() if fast == shunt.fast_ports[1]]
+        b = there[0] if len(there) == 1 else None
+    return None if a is None or b is None else (a, b)
+
+
 def _check_tags(at: str, shunt: StaticShunt, switch: SwitchConfig) -> tuple[int, int, int]:
     """The entry's tags (tags_of), or the error that says which side does not carry them."""
     tags = tags_of(shunt, switch)
     if tags is not None:
         return tags
+    if switch.sides:
+        _routed_tags_error(at, shunt, switch)
     groups = {g.fast: g for g in switch.ports}
     a, b = (groups[port] for port in shunt.fast_ports)
     zone = a.zone_of_vid.get(shunt.vlan or 0)
@@ -427,6 +450,21 @@ def _check_tags(at: str, shunt: StaticShunt, switch: SwitchConfig) -> tuple[int,
                       f"{what} (zone {zone}) is not carried by the port group of fast port {b.fast}: the firewall "
                       "bridges the zone to no VLAN there" if zone else
                       f"{what} are not carried by the port group of fast port {b.fast} (its \"untagged\")")
+
+
+def _routed_tags_error(at: str, shunt: StaticShunt, switch: SwitchConfig) -> None:
+    """Which of a routed entry's interfaces is not there, and what to give."""
+    a, b = shunt.fast_ports
+    if (a, shunt.vlan or 0) not in switch.side_at:
+        what = f"VLAN {shunt.vlan} is" if shunt.vlan else "untagged frames are"
+        raise ConfigError(f"{at}.vlan" if shunt.vlan else f"{at}.fast_ports[0]", f"{what} not a routed interface "
+                          f"of port {a}'s group (its \"vlans\" and \"untagged\")")
+    there = sorted(vid for (fast, vid) in switch.side_at if fast == b)
+    if shunt.vlan_out is not None:
+        raise ConfigError(f"{at}.vlan_out", f"VLAN {shunt.vlan_out} is not a routed interface of port {b}'s group "
+                          f"(it routes {', '.join(str(v or 'untagged') for v in there) or 'nothing'})")
+    raise ConfigError(f"{at}.vlan_out", f"port {b}'s group routes {len(there)} interfaces "
+                      f"({', '.join(str(v or 'untagged') for v in there)}): name the one the stream leaves by")
 
 
 class _Seen:
@@ -553,6 +591,8 @@ def _key(shunt: StaticShunt, priority: int) -> int:
         fields += (("vlan", shunt.vlan), ("pcp", shunt.pcp))
     if shunt.via is not None:  # (likewise: a bridged entry's cookie as before)
         fields += (("via", shunt.via),)
+    if shunt.vlan_out is not None:
+        fields += (("vlan_out", shunt.vlan_out),)
     text = repr(fields)
     return zlib.crc32(text.encode())
 

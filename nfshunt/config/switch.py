@@ -171,8 +171,11 @@ def _vlan(key: str, value: Any) -> Vlan:
         raise ConfigError(f"{key}.{bridged[0]}", f"a routed VLAN ({routed[0]} given) has no {bridged[0]}: a "
                           "router routes all its VLANs in one conntrack zone and has no bridge; give "
                           "\"physdevin\" and \"interface\" (routed) or \"zone\" and \"bridge_port\" (bridged)")
+    if routed and "physdevin" not in given:
+        raise ConfigError(f"{key}.physdevin", "required with interface: a routed VLAN is an interface of its own, "
+                          "named in the mark by its own number (1-15); a bridged VLAN names its bridge_port")
     if routed:
-        return Vlan(given["id"], 0, physdevin=given.get("physdevin"), interface=given.get("interface"))
+        return Vlan(given["id"], 0, physdevin=given["physdevin"], interface=given.get("interface"))
     return Vlan(given["id"], given.get("zone", given["id"]), given.get("bridge_port"))
 
 

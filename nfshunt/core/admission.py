@@ -20,6 +20,7 @@ from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKi
 from . import routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
 from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
+from .layout import goes_to_pipeline
 from .pins import hard_timeout
 from .routing import NextHopTable
 from .state import CoreState
@@ -284,7 +285,7 @@ class Admission:
                 idle = pin.idle_timeout
         if action is Action.IGNORE:
             return Ignored(R_POLICY_IGNORE, ev)
-        ports = self._ports(ev, mark)
+        ports = self._ports(ev, mark, action)
         if isinstance(ports, Ignored):
             return ports
         ingress, egress, sides = ports
@@ -296,7 +297,8 @@ class Admission:
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
         return action, ingress, egress, idle, authority, hard, sides
 
-    def _ports(self, ev: ConnEvent, mark: markcodec.Mark) -> Ignored | tuple[PortGroup, PortGroup, Sides | None]:
+    def _ports(self, ev: ConnEvent, mark: markcodec.Mark,
+               action: Action) -> Ignored | tuple[PortGroup, PortGroup, Sides | None]:
         """The port groups the mark names (and a routing firewall's interfaces), or why not."""
         switch = self.shared.switch
         zone = ev.orig.zone
@@ -312,7 +314,8 @@ class Admission:
                 return Ignored(R_ROUTED, ev)  # (a bridge's flows would hand the host the router's frames)
             if zone != a.zone or zone != b.zone:  # (an admin's own CT rule)
                 return Ignored(R_VLAN, ev)
-            if a.group is b.group and self.shared.pipeline:
+            if a.group is b.group and goes_to_pipeline(self.shared.version, self.shared.cfg, action, ev.orig.proto,
+                                                       self.shared.pipeline):
                 return Ignored(R_STICK_PIPELINE, ev)  # (table 1 outputs to the group's port: dropped)
             return a.group, b.group, (a, b)
         ingress = switch.by_physdevin.get(mark.ingress)  # type: ignore[arg-type]

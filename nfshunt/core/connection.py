@@ -202,7 +202,9 @@ class Conn:
         return cookies.make(self.kind, self.key, reply, self.authority)
 
     def describe(self) -> str:
-        return (f"{self.orig} ports {self.ingress.physdevin}->{self.egress.physdevin}"
+        ports = (self.sides[0].physdevin, self.sides[1].physdevin) if self.sides else \
+            (self.ingress.physdevin, self.egress.physdevin)
+        return (f"{self.orig} ports {ports[0]}->{ports[1]}"
                 f" (switch {self.ingress.fast}<->{self.egress.fast}) ct_id={self.ct_id}")
 
     def handback_mark(self, how: Handback) -> int:

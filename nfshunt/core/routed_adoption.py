@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from nfshunt.config.switch import RoutedSide, SwitchConfig
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
-from nfshunt.records.model import VID_MASK, ConnEvent, FlowTuple, NextHop, Rewrite, SwitchFlow, nat_rewrite
+from nfshunt.records.model import (
+    VID_MASK,
+    ConnEvent,
+    FlowTuple,
+    NextHop,
+    Rewrite,
+    SwitchFlow,
+    nat_rewrite,
+    retag_ops,
+)
 from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
 from .commands import AdoptedHopsKnown, CheckAdopted, Command, DeleteConntrack, EntryFound, LookUpEntry, RewriteFlows
@@ -58,7 +67,13 @@ def flow_sides(switch: SwitchConfig, fwd: SwitchFlow, rev: SwitchFlow) -> tuple[
         return None
     a = switch.side_at.get((fwd.in_port, fwd.vlan & VID_MASK))
     b = switch.side_at.get((rev.in_port, rev.vlan & VID_MASK))
-    return None if a is None or b is None or a is b else (a, b)
+    if a is None or b is None or a is b:
+        return None
+    # Each flow retags (a shunt's) from its side's tag to the other's, as this version builds it.
+    shunt = fwd.out_port is not None
+    if shunt and (fwd.retag != retag_ops(a.vid, b.vid) or rev.retag != retag_ops(b.vid, a.vid)):
+        return None
+    return a, b
 
 
 def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow,

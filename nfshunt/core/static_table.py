@@ -48,8 +48,8 @@ class StaticTable:
         # expires). The stream never reaches conntrack, so a pin alone would never be decided.
         self.blocks: dict[int, tuple[StaticFlow, float]] = {}
         # A routing firewall's (`via`): each routed flow's next hop, and the interface each fast
-        # port's group routes by (where a next hop must lie).
-        self.interfaces = {g.fast: g.interface for g in switch.ports}
+        # port's group routes by, per tag (where a next hop must lie: a trunk's VLAN's own).
+        self.interfaces = {at: side.interface for at, side in switch.side_at.items()}
         self.hops: dict[int, HopState] = {cookie: None for cookie, f in self.flows.items() if f.via is not None}
 
     @property
@@ -115,7 +115,7 @@ class StaticTable:
         if isinstance(answer, str):
             return answer
         assert f.via is not None
-        if answer.ifname != self.interfaces.get(f.out_port or 0):
+        if answer.ifname != self.interfaces.get((f.out_port or 0, f.vid_out)):
             return R_HOP_ELSEWHERE
         if not f.reply and f.via == f.shunt.via and answer.neighbour not in ("", f.via):
             return R_VIA_OFF_LINK
