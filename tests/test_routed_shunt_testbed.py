@@ -116,6 +116,15 @@ def test_a_shunted_datagram_whose_ttl_expires_is_answered_by_the_firewall_as_a_r
     """The traceroute rule: the switch's dec_ttl finds the TTL expiring and sends the frame
     to the controller (OpenFlow 1.3 set_async: invalid-TTL packet-ins), which hands it to
     the firewall; the firewall answers ICMP time exceeded from its own address on h1's side."""
+    answer = ttl_expired_answer(tb)
+    assert answer == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}, answer  # ICMP, time exceeded
+    counters = tb.control({"cmd": "status", "connections": False})["counters"]
+    assert counters.get("packet_in:ttl expired", 0) >= 1, counters
+
+
+def ttl_expired_answer(tb) -> dict:
+    """h1's shunted UDP stream to h2's echo, then one datagram of TTL 1 through its shunt: the
+    ICMP error that came back (PROBE's line), {} if none."""
     from nfshunt_testbed.bed import PYTHON
     echo = tb.spawn(tb.h2, PYTHON, "-c", ECHO)
     tb.wait_for(lambda: tb.run(tb.h2, "ss", "-Hlun", "sport", "=", f":{SHUNT}", check=False).strip(), 5,
@@ -127,11 +136,8 @@ def test_a_shunted_datagram_whose_ttl_expires_is_answered_by_the_firewall_as_a_r
                     "the UDP stream's routed shunt")
         probe.stdin.write("probe\n")
         probe.stdin.flush()
-        answer = json.loads(probe.stdout.readline())
+        return json.loads(probe.stdout.readline())
     finally:
         probe.kill()
         probe.communicate()
         echo.kill()
-    assert answer == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}, answer  # ICMP, time exceeded
-    counters = tb.control({"cmd": "status", "connections": False})["counters"]
-    assert counters.get("packet_in:ttl expired", 0) >= 1, counters

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from tests.beds import Bed
-from tests.test_routed_shunt_testbed import ECHO, FRAME, PROBE, _forwarded
-from tests.test_static_testbed import ECHO as STATIC_ECHO
-from tests.test_static_testbed import FRAMES, SENDER
+from tests.test_routed_shunt_testbed import FRAME, _forwarded, ttl_expired_answer
+from tests.test_static_routed_testbed import stream_at_h2
+from tests.test_static_testbed import FRAMES
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed, pytest.mark.second_bed]
 
@@ -126,30 +126,13 @@ def test_a_shunted_datagram_whose_ttl_expires_on_a_trunk_is_answered_by_the_vlan
     """The traceroute rule through a VLAN: the expiring frame reaches the controller as it
     arrived (tagged 100) and goes to the firewall by the trunk's slow port, where fw-eth0.100
     answers ICMP time exceeded from its own address."""
-    from nfshunt_testbed.bed import PYTHON
-    echo = tb.spawn(tb.h2, PYTHON, "-c", ECHO)
-    tb.wait_for(lambda: tb.run(tb.h2, "ss", "-Hlun", "sport", "=", f":{SHUNT}", check=False).strip(), 5,
-                "h2's echo to listen", interval=0.05)
-    probe = tb.h1.popen([PYTHON, "-c", PROBE, tb.h2_ip], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert probe.stdout.readline().strip() == "ready"
-        tb.wait_for(lambda: [f for f in tb.conn_flows(SHUNT) if "dec_ttl" in f["actions"] and "udp" in f], 10,
-                    "the UDP stream's routed shunt")
-        probe.stdin.write("probe\n")
-        probe.stdin.flush()
-        answer = json.loads(probe.stdout.readline())
-    finally:
-        probe.kill()
-        probe.communicate()
-        echo.kill()
-    assert answer == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}, answer
+    assert ttl_expired_answer(tb) == {"origin": 2, "type": 11, "code": 0, "offender": "10.0.1.254"}
 
 
 def test_a_static_stream_over_routed_vlans_reaches_h2_retagged_with_the_router_s_rewrite(tb):
     """A static stream (no conntrack event) from VLAN 100 to VLAN 200: its flows match h1's
     tag, do the router's rewrite and put h2's VLAN's tag on; every datagram is echoed back by
     the reverse flow, and h2 gets each with fw-eth1.200's MAC and TTL 63."""
-    import sys
     router, h2 = _mac(tb, tb.fw, "fw-eth1.200"), _mac(tb, tb.h2, "h2-eth0")
 
     def flows():
@@ -158,22 +141,6 @@ def test_a_static_stream_over_routed_vlans_reaches_h2_retagged_with_the_router_s
     forward = next(f for f in tb.wait_for(flows, 10, "the static stream's routed flows") if f["in_port"] == "1")
     assert forward.get("dl_vlan") == "100" and _retags(forward, 200), forward
     assert f"set_field:{router}->eth_src" in forward["actions"] and f"set_field:{h2}->eth_dst" in forward["actions"]
-    echo = tb.spawn(tb.h2, sys.executable, "-c", STATIC_ECHO, str(STATIC_PORT), stdout=subprocess.PIPE)
-    cap = None
-    try:
-        assert echo.stdout.readline().strip() == "ready"
-        cap = tb.h2.popen(["timeout", "15", "tcpdump", "-l", "-nn", "-e", "-v", "-c", str(FRAMES), "-i", "h2-eth0",
-                           "udp", "and", "dst", "port", str(STATIC_PORT)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        tb.wait_for(lambda: "listening" in cap.stderr.readline(), 5, "tcpdump to listen")
-        result = json.loads(tb.run(tb.h1, sys.executable, "-c", SENDER, tb.h2_ip, str(STATIC_PORT),
-                                   str(STATIC_CPORT), str(FRAMES), timeout=60))
-        out, _ = cap.communicate(timeout=20)
-    finally:
-        if cap is not None and cap.poll() is None:
-            cap.kill()
-        echo.kill()
-        echo.wait()
-    frames = [m.groups() for m in map(FRAME.match, out.splitlines()) if m]
+    result, frames, _ = stream_at_h2(tb, STATIC_PORT, STATIC_CPORT)
     assert (result["sent"], result["echoed"]) == (FRAMES, FRAMES), result
     assert len(frames) == FRAMES and set(frames) == {(router, h2, "63")}, set(frames)

@@ -62,6 +62,28 @@ def slow_path_watch(tb):
         tb.ofctl("del-flows", f"cookie={WATCH}/-1")
 
 
+def stream_at_h2(tb, port: int = PORT, cport: int = CPORT) -> tuple[dict, list[tuple[str, ...]], str]:
+    """FRAMES datagrams h1 -> h2:port, echoed back by h2: the sender's report, and each
+    datagram as h2 got it ((source MAC, destination MAC, TTL), tcpdump's text)."""
+    echo = tb.spawn(tb.h2, sys.executable, "-c", ECHO, str(port), stdout=subprocess.PIPE)
+    cap = None
+    try:
+        assert echo.stdout.readline().strip() == "ready"
+        cap = tb.h2.popen(["timeout", "15", "tcpdump", "-l", "-nn", "-e", "-v", "-c", str(FRAMES), "-i", "h2-eth0",
+                           "udp", "and", "dst", "port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tb.wait_for(lambda: "listening" in cap.stderr.readline(), 5, "tcpdump to listen")
+        result = json.loads(tb.run(tb.h1, sys.executable, "-c", SENDER, tb.h2_ip, str(port), str(cport),
+                                   str(FRAMES), timeout=60))
+        out, _ = cap.communicate(timeout=20)
+    finally:
+        if cap is not None and cap.poll() is None:
+            cap.kill()
+        echo.kill()
+        echo.wait()
+    return result, [m.groups() for m in map(FRAME.match, out.splitlines()) if m], out
+
+
 def test_a_routed_static_stream_reaches_h2_with_the_router_s_macs_and_a_ttl_one_lower(tb, neighbours,
                                                                                     slow_path_watch):
     router, h2 = _mac(tb, tb.fw, "fw-eth1"), _mac(tb, tb.h2, "h2-eth0")
@@ -71,23 +93,7 @@ def test_a_routed_static_stream_reaches_h2_with_the_router_s_macs_and_a_ttl_one_
     assert f"set_field:{router}->eth_src" in forward["actions"] and f"set_field:{h2}->eth_dst" in forward["actions"]
     rows = {r["direction"]: r for r in tb.control({"cmd": "status", "static": True})["static_shunts"]}
     assert rows["original"]["next_hop"] == {"interface": "fw-eth1", "neighbour": tb.h2_ip, "mac": h2}, rows
-    echo = tb.spawn(tb.h2, sys.executable, "-c", ECHO, str(PORT), stdout=subprocess.PIPE)
-    cap = None
-    try:
-        assert echo.stdout.readline().strip() == "ready"
-        cap = tb.h2.popen(["timeout", "15", "tcpdump", "-l", "-nn", "-e", "-v", "-c", str(FRAMES), "-i", "h2-eth0",
-                           "udp", "and", "dst", "port", str(PORT)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        tb.wait_for(lambda: "listening" in cap.stderr.readline(), 5, "tcpdump to listen")
-        result = json.loads(tb.run(tb.h1, sys.executable, "-c", SENDER, tb.h2_ip, str(PORT), str(CPORT),
-                                   str(FRAMES), timeout=60))
-        out, _ = cap.communicate(timeout=20)
-    finally:
-        if cap is not None and cap.poll() is None:
-            cap.kill()
-        echo.kill()
-        echo.wait()
-    frames = [m.groups() for m in map(FRAME.match, out.splitlines()) if m]
+    result, frames, out = stream_at_h2(tb)
     assert (result["sent"], result["echoed"]) == (FRAMES, FRAMES), result  # (the echo: the reverse flow's rewrite)
     assert len(frames) == FRAMES, out[-2000:]
     assert set(frames) == {(router, h2, "63")}, set(frames)
