@@ -233,3 +233,24 @@ def test_a_trunk_shape_that_fails_refuses_routed_mode_and_one_that_passes_is_sai
     report = _verdict({REWRITE: OK, NAT: OK, INVALID_TTL: OK, IPV6: OK, probe_routed.TRUNK: OK})
     assert report.ok and "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, between the " \
                          "config's VLANs)" in report.lines
+
+
+def test_a_one_trunk_router_on_a_stick_is_probed_not_refused_for_want_of_two_groups(monkeypatch):
+    """A single trunk whose VLANs the firewall routes between: its shapes run (their pairs in
+    and out of one port), the trunk shape among them; the verdict stands on what they found."""
+    from tests.helpers import config
+    cfg = config(forwarding="routed", openflow_versions=["1.3"], experimental_routed=True,
+                 ports=[{"fast": 1, "slow": 2, "physdevin": 1, "untagged": False,
+                         "vlans": [{"id": 100, "physdevin": 3, "interface": "fw-eth0.100"},
+                                   {"id": 300, "physdevin": 5, "interface": "fw-eth0.300"}]}])
+    fake, _ = _prober()
+    prober = probe.Prober(fake.app, fake.dp, cfg, cfg.switches[0])
+    ran = []
+    monkeypatch.setattr(probe_routed, "rewrite_and_nat", lambda _p: ran.append("rewrite") or
+                        {REWRITE: OK, NAT: OK, IPV6: OK})
+    monkeypatch.setattr(probe_routed, "invalid_ttl", lambda _p, family=4: ran.append(f"ttl{family}") or OK)
+    monkeypatch.setattr(probe_routed, "trunk", lambda _p, sides: ran.append(tuple(s.vid for s in sides)) or OK)
+    found = probe_routed.routed_shapes(prober, probe.Report())
+    assert ran == ["rewrite", "ttl4", (100, 300), "ttl6"] and found[probe_routed.TRUNK] == OK
+    report = _verdict(found)
+    assert report.ok and "experimental_routed" not in report.settings
