@@ -31,7 +31,8 @@ Modes from the one topology:
             h2's gateway) translates h1's subnet. With mode ha, Testbed(routed=True): a pair of
             routing firewalls, each with addresses of its own (.252, .253), keepalived holding
             the gateways (.254) on the active one (config/ha/keepalived-routed.conf); nat="snat".
-            With vlan=True (docs/design/routed.md section 9; one firewall, no NAT): the routing
+            With vlan=True (docs/design/routed.md section 9; no NAT; with mode ha a pair, each
+            firewall's own addresses .252/.253 on every sub-interface): the routing
             firewall on mode vlan's stand-in trunks, each host a VLAN and a subnet of its own:
             h1 on FAST1's trunk in VLAN 100 (10.0.1.1, fd01::1), h2 on FAST2's in VLAN 200
             (10.0.2.1), h3 on FAST1's in VLAN 300 (10.0.3.1, fd03::1); their gateways (.254,
@@ -135,9 +136,6 @@ class Testbed(Pair, Observation, Traffic):
             raise ValueError(f"mode must be one of {MODES}")
         if routed and mode != "ha":
             raise ValueError("routed=True is for mode ha (a routing firewall alone is mode routed)")
-        if routed and vlan:
-            raise ValueError("a routed pair on VLAN trunks (mode ha, routed=True, vlan=True) is not built "
-                             "(docs/routed.md): a routing firewall alone on trunks is mode routed with vlan=True")
         self.routed = mode == "routed" or routed  # the firewalls route; with mode ha: a routed pair
         if nat not in (None, "masquerade", "snat") or (nat is not None and not self.routed):
             raise ValueError("nat: \"masquerade\" or \"snat\" (to the gateway's address), with routing firewalls")
@@ -174,7 +172,7 @@ class Testbed(Pair, Observation, Traffic):
         if mode == "ha":
             self.firewalls.append(Firewall("fw2", (SLOW1_B, SLOW2_B), MGMT_ROOT2, MGMT_FW2, ("nfsmgmt2", "nfsmgmt3"),
                                            os.path.join(self.workdir, "fw2"), index=1,
-                                           sub_intfs=sub_intfs("fw2") if self.vlan else ()))
+                                           sub_intfs=sub_intfs("fw2", trunk_hosts) if self.vlan else ()))
         self.config_path = self.firewalls[0].config_path
         self.controller_log = self.firewalls[0].controller_log
         self._old_signals: dict[int, Any] = {}

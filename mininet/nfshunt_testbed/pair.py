@@ -27,6 +27,7 @@ from .topology import (
     VRRP_VIP,
     Firewall,
     TestbedError,
+    sub_intf,
 )
 
 HA_CONFIG = os.path.join(REPO, "config", "ha")
@@ -101,13 +102,21 @@ class Pair(Controllers):
         os.replace(f"{path}.new", path)
         return path
 
+    def _gateways(self, fw: Firewall) -> list[tuple[str, str, str]]:
+        """(interface, IPv4, IPv6) of each gateway keepalived holds on a routed pair's host: on
+        fw-eth0 and fw-eth1, or (trunks) on each VLAN's sub-interface, h1's and h2's first."""
+        if self.vlan:
+            return [(sub_intf(h.side, h.vid, fw.name), str(h.gateway), str(h.gateway6)) for h in self.vlan_hosts]
+        return [(f"{fw.name}-eth{side}", ROUTED_GATEWAYS[side], ROUTED_GATEWAYS6[side]) for side in (0, 1)]
+
     def render_pair_config(self, fw: Firewall) -> dict[str, str]:
         """The shipped config/ha examples with this node's interfaces, addresses and paths:
         what the testbed runs is what an admin starts from (a routed pair's keepalived:
         keepalived-routed.conf, the gateways on its lan0 and lan1). Returns the written paths."""
         me, peer = fw.index, 1 - fw.index
+        lans = self._gateways(fw)
         subst = {
-            "lan0": f"{fw.name}-eth0", "lan1": f"{fw.name}-eth1",
+            "lan0": lans[0][0], "lan1": lans[1][0],
             "nfshunt-fw-a": f"nfshunt-{fw.name}",
             "vrrp0": f"{fw.name}-eth3", "sync0": f"{fw.name}-eth2",
             "192.0.2.1": VRRP_ADDRS[me], "192.0.2.2": VRRP_ADDRS[peer], "192.0.2.100": VRRP_VIP,
@@ -128,6 +137,11 @@ class Pair(Controllers):
             shipped = "keepalived-routed.conf" if name == "keepalived.conf" and self.routed else name
             with open(os.path.join(HA_CONFIG, shipped)) as fh:
                 text = pattern.sub(lambda m: subst[m.group(0)], fh.read())
+            for lan, gateway, gateway6 in lans[2:] if name == "keepalived.conf" else ():  # (a third VLAN's)
+                text = text.replace(f"{ROUTED_GATEWAYS[1]}/24 dev {lans[1][0]}",
+                                    f"{ROUTED_GATEWAYS[1]}/24 dev {lans[1][0]}\n        {gateway}/24 dev {lan}")
+                text = text.replace(f"{ROUTED_GATEWAYS6[1]}/64 dev {lans[1][0]}",
+                                    f"{ROUTED_GATEWAYS6[1]}/64 dev {lans[1][0]}\n        {gateway6}/64 dev {lan}")
             if name == "keepalived.conf" and self.vrrp_gateway:
                 text += GATEWAY_INSTANCE.format(demote=os.path.join(fw.workdir, "gateway-demote"),
                                                 intf=f"{fw.name}-eth3", priority=150 if me == 0 else 100,
@@ -198,9 +212,9 @@ class Pair(Controllers):
         node = self.node(fw)
         self.run(node, "ip", "addr", "del", f"{VRRP_VIP}/24", "dev", f"{fw.name}-eth3", check=False)
         if self.routed:
-            for side in (0, 1):
-                for address in (f"{ROUTED_GATEWAYS[side]}/24", f"{ROUTED_GATEWAYS6[side]}/64"):
-                    self.run(node, "ip", "addr", "del", address, "dev", f"{fw.name}-eth{side}", check=False)
+            for lan, gateway, gateway6 in self._gateways(fw):
+                for address in (f"{gateway}/24", f"{gateway6}/64"):
+                    self.run(node, "ip", "addr", "del", address, "dev", lan, check=False)
         self.stop_controller(sig, fw=fw)
 
     def _signal_all(self, node, sig: int) -> None:

@@ -111,6 +111,12 @@ ROUTED_VLAN_HOSTS = (
     VlanHost("h3", 0, 300, 0, "10.0.3.1", "fd03::1", "10.0.3.254", "fd03::fe", 5))
 
 
+def own_address(gateway: str, gateway6: str, index: int) -> tuple[str, str]:
+    """A routed pair's firewall's own addresses on a subnet whose gateway keepalived holds
+    (.252 / ::fc the first's, .253 / ::fd the second's, as ROUTED_OWN)."""
+    return f"{gateway.rsplit('.', 1)[0]}.{252 + index}", f"{gateway6.rsplit(':', 1)[0]}:{0xfc + index:x}"
+
+
 def trunks(hosts: tuple[VlanHost, ...]) -> tuple[tuple[int, ...], ...]:
     """Each side's VLAN ids, in its hosts' order (their access ports' and sub-interfaces')."""
     return tuple(tuple(h.vid for h in hosts if h.side == side) for side in (0, 1))
@@ -460,10 +466,15 @@ class Topology:
     def _router_addresses(self, firewall: Firewall) -> list[tuple[str, str, str]]:
         """(interface, IPv4, IPv6) of a routing firewall: fw-eth0's and fw-eth1's, the gateways
         (a pair's firewall: its own addresses, ROUTED_OWN); on trunks each VLAN's sub-interface,
-        the gateway of its host's subnet (fw-eth0.100, fw-eth1.200, fw-eth0.300)."""
+        the gateway of its host's subnet (fw-eth0.100, fw-eth1.200, fw-eth0.300; a pair's: its
+        own address there, own_address)."""
         if self.vlan:
-            return [(sub_intf(h.side, h.vid, firewall.name), str(h.gateway), str(h.gateway6))
-                    for h in self.vlan_hosts]
+            out = []
+            for h in self.vlan_hosts:
+                gateways = str(h.gateway), str(h.gateway6)
+                own = own_address(*gateways, firewall.index) if self.mode == "ha" else gateways
+                out.append((sub_intf(h.side, h.vid, firewall.name), *own))
+            return out
         own = ((ROUTED_OWN[firewall.index], ROUTED_OWN6[firewall.index]) if self.mode == "ha"
                else (ROUTED_GATEWAYS, ROUTED_GATEWAYS6))
         return list(zip(firewall.intfs[:2], *own, strict=True))
