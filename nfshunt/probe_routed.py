@@ -13,12 +13,16 @@ place of the peer port, so no frame leaves the switch):
    flow's cookie and the frame as it arrived;
 4. the router's rewrite of an IPv6 pair: the frame must come back with the next hop's MACs
    and its hop limit one lower, and one of hop limit 1 as an INVALID_TTL packet-in, as in 3;
-5. with routed VLANs in the config (docs/routed.md, "VLAN trunks"): the rewrite and the retag
+5. a first fragment (MF set, offset 0: the UDP header inside) of a datagram to a shunted
+   tuple: it must miss the flow that matches the tuple's ports and come back by a flow that
+   matches its addresses alone (a switch that matched a first fragment's ports would shunt it
+   while the firewall waits to reassemble the rest: the datagram lost);
+6. with routed VLANs in the config (docs/routed.md, "VLAN trunks"): the rewrite and the retag
    in one flow, from one of its interfaces' tags to another's (a pair built as the controller
    builds it between them): the frame must come back with the next hop's MACs, its TTL one
    lower and the egress interface's tag.
 
-Without 1 or 3 (or 5, with routed VLANs) routed mode is refused (the probe exits 1); without 2, NAT connections stay
+Without 1, 3 or 5 (or 6, with routed VLANs) routed mode is refused (the probe exits 1); without 2, NAT connections stay
 on the firewall; without 4, IPv6 connections (a refused flow leaves its connection on the
 firewall, counted; a wrong one must be kept there by policy). Every flow here carries a
 probe cookie (probe.PROBE_FLOWS), removed with the rest.
@@ -57,9 +61,12 @@ NAT = "NAT set_field ipv4_src/ipv4_dst, tcp/udp ports"
 INVALID_TTL = "invalid-TTL packet-in (set_async INVALID_TTL; a TTL-1 frame through dec_ttl)"
 IPV6 = "IPv6 routed shunt: dec_ttl (hop limit; 1: a packet-in), set_field eth_src/eth_dst, output"
 TRUNK = "routed shunt between VLANs: dec_ttl, set_field eth_src/eth_dst, retag, output"
+FRAGMENT = "a first fragment misses a shunt's ports (its datagram stays whole on the firewall)"
 WHY = {REWRITE: "a shunted frame would leave without the router's rewrite (the next hop's MAC, the TTL one lower)",
        INVALID_TTL: "a frame whose TTL expires on a shunt would not reach the firewall, which must answer it with "
                     "ICMP time exceeded (traceroute through a shunted connection would not show the router)",
+       FRAGMENT: "a fragmented datagram's first fragment would take the shunt while the firewall waits for it to "
+                 "reassemble the rest (the datagram lost)",
        TRUNK: "a frame shunted between two of the router's VLANs would leave without the router's rewrite or with "
               "the wrong tag"}
 
@@ -144,7 +151,7 @@ def verdict(report: Report, found: dict[str, Finding]) -> None:
     without the router's rewrite or invalid-TTL packet-ins, each reason said; NAT's
     set_fields refused only keep NAT connections on the firewall. (NAT is said only when
     routed mode stands: its flows begin with the router's rewrite.)"""
-    missing = [name for name in (REWRITE, INVALID_TTL, TRUNK)
+    missing = [name for name in (REWRITE, INVALID_TTL, FRAGMENT, TRUNK)
                if name in found and found[name].support is not Support.SUPPORTED]
     if missing:
         report.ok = False
@@ -153,6 +160,7 @@ def verdict(report: Report, found: dict[str, Finding]) -> None:
                                                                       for name in missing))
         return
     report.say("routed mode: supported (the router's rewrite, invalid-TTL packet-ins" +
+               (", fragments kept off" if FRAGMENT in found else "") +
                (", between the config's VLANs)" if TRUNK in found else ")"))
     nat = found[NAT]
     if nat.support is Support.SUPPORTED:
@@ -196,9 +204,10 @@ def _conn6(prober: Prober, n: int) -> Conn:
                 prober.switch.ports[-1], 0.0, hops=HOPS)
 
 
-def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
-    """The packet-in of the flow of `cookie` for `data` sent into the table (again every
-    0.1 s: a switch may apply a flow late), None if none came within FRAME_WAIT."""
+def _packet_in(prober: Prober, data: bytes, cookie: int | tuple[int, ...]) -> Any:
+    """The packet-in of the flow of `cookie` (or of any of several) for `data` sent into the
+    table (again every 0.1 s: a switch may apply a flow late), None if none came within FRAME_WAIT."""
+    cookies = cookie if isinstance(cookie, tuple) else (cookie,)
     p, ofp = prober.p, prober.ofp
     frames: queue.Queue[Any] = prober.app.frames
     deadline = next_send = time.monotonic()
@@ -212,7 +221,7 @@ def _packet_in(prober: Prober, data: bytes, cookie: int) -> Any:
             msg = frames.get(timeout=0.02)
         except queue.Empty:
             continue
-        if msg.cookie == cookie:
+        if msg.cookie in cookies:
             return msg
     return None
 
@@ -326,6 +335,44 @@ def trunk(prober: Prober, sides: tuple[RoutedSide, RoutedSide]) -> Finding:
     return Finding(Support.WRONG, wrong) if wrong else Finding(Support.SUPPORTED)
 
 
+def fragment(sport: int) -> bytes:
+    """A first fragment of a UDP datagram to probe.PROBE_DST: more fragments set, offset 0,
+    the UDP header inside (its length the whole datagram's, 2,000 bytes)."""
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=SENT_DST, src=SENT_SRC, ethertype=0x0800))
+    pkt.add_protocol(ipv4.ipv4(src="198.51.100.1", dst=PROBE_DST, proto=UDP, ttl=64, flags=0b001, offset=0))
+    pkt.add_protocol(udp.udp(src_port=sport, dst_port=9, total_length=2000, csum=0))
+    pkt.add_protocol(b"\0" * 64)
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def first_fragment(prober: Prober) -> Finding:
+    """Shape 5: two flows to the controller, one matching the probe's UDP ports (a shunt's
+    match) and one below it matching its addresses alone; a first fragment sent through the
+    table must come back by the second."""
+    sport = 40320
+    by_ports, refused = _frame_flow(prober, 11, UDP, sport, ())
+    if refused is not None:
+        return Finding(Support.REFUSED, f"its probe flow {refused}")
+    p, ofp = prober.p, prober.ofp
+    by_addresses = FRAME_COOKIES | 12
+    xids = prober.send([p.OFPFlowMod(prober.dp, cookie=by_addresses, command=ofp.OFPFC_ADD, priority=65534,
+                                     match=p.OFPMatch(eth_type=0x0800, ipv4_dst=PROBE_DST),
+                                     instructions=[p.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                                         p.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])])])
+    prober.barrier()
+    refused = prober.refused(xids)
+    if refused is not None:
+        return Finding(Support.REFUSED, f"its address flow {refused}")
+    msg = _packet_in(prober, fragment(sport), (by_ports, by_addresses))
+    if msg is None:
+        return Finding(Support.WRONG, f"the first fragment never came back within {FRAME_WAIT:.0f} s")
+    if msg.cookie == by_ports:
+        return Finding(Support.WRONG, "the first fragment matched the UDP ports: the switch would shunt it")
+    return Finding(Support.SUPPORTED)
+
+
 def invalid_ttl(prober: Prober, family: int = 4) -> Finding:
     """Shape 3: the controller's set_async, then a TTL-1 frame through a dec_ttl flow must
     come back as an INVALID_TTL packet-in with the flow's cookie and the frame as it came.
@@ -374,6 +421,7 @@ def routed_shapes(prober: Prober, report: Report) -> dict[str, Finding]:
         try:
             found = rewrite_and_nat(prober)
             found[INVALID_TTL] = invalid_ttl(prober)
+            found[FRAGMENT] = first_fragment(prober)
             sides = trunk_sides(prober)
             if sides is not None:
                 found[TRUNK] = trunk(prober, sides)

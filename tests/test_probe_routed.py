@@ -250,7 +250,35 @@ def test_a_one_trunk_router_on_a_stick_is_probed_not_refused_for_want_of_two_gro
                         {REWRITE: OK, NAT: OK, IPV6: OK})
     monkeypatch.setattr(probe_routed, "invalid_ttl", lambda _p, family=4: ran.append(f"ttl{family}") or OK)
     monkeypatch.setattr(probe_routed, "trunk", lambda _p, sides: ran.append(tuple(s.vid for s in sides)) or OK)
+    monkeypatch.setattr(probe_routed, "first_fragment", lambda _p: ran.append("fragment") or OK)
     found = probe_routed.routed_shapes(prober, probe.Report())
-    assert ran == ["rewrite", "ttl4", (100, 300), "ttl6"] and found[probe_routed.TRUNK] == OK
+    assert ran == ["rewrite", "ttl4", "fragment", (100, 300), "ttl6"] and found[probe_routed.TRUNK] == OK
     report = _verdict(found)
     assert report.ok and "experimental_routed" not in report.settings
+
+
+@pytest.mark.parametrize("by,support", [("addresses", Support.SUPPORTED), ("ports", Support.WRONG),
+                                        (None, Support.WRONG)])
+def test_a_first_fragment_must_miss_the_shunt_s_ports_and_come_back_by_its_addresses(monkeypatch, by, support):
+    """Shape 5: the switch's packet-in for the first fragment names which probe flow matched it
+    (the fake switch does no matching: the test answers as each kind of switch would)."""
+    monkeypatch.setattr(probe_routed, "FRAME_WAIT", 0.3)
+    prober, switch = _prober()
+    prober.app.frames = queue.Queue()
+    real = switch.receive
+    sent = []
+
+    def receive(msg_type: int, xid: int, buf: bytes) -> None:
+        if msg_type != switch.ofproto.OFPT_PACKET_OUT:
+            return real(msg_type, xid, buf)
+        sent.append(buf[-len(probe_routed.fragment(40320)):])
+        flows = {e.cookie & 0xFF: e.cookie for e in switch.entries if e.cookie & ~0xFF == probe.FRAME_COOKIES}
+        if by is not None:
+            prober.app.frames.put(SimpleNamespace(cookie=flows[11 if by == "ports" else 12], reason=1, data=sent[-1]))
+    switch.receive = receive
+    finding = probe_routed.first_fragment(prober)
+    prober.delete_probe_flows()
+    assert finding.support is support, finding
+    ip = packet.Packet(sent[0]).get_protocol(ipv4.ipv4)
+    assert (ip.flags, ip.offset) == (0b001, 0)  # more fragments, the first
+    assert switch.entries == []

@@ -18,9 +18,10 @@ def test_probe_switch_finds_open_vswitch_does_every_routed_shape(integration_rea
     with running(Bed(mode="routed")) as tb:
         out, settings = _probe(tb)
     print(out)
-    for shape in (probe_routed.REWRITE, probe_routed.NAT, probe_routed.INVALID_TTL, probe_routed.IPV6):
+    for shape in (probe_routed.REWRITE, probe_routed.NAT, probe_routed.INVALID_TTL, probe_routed.IPV6,
+                  probe_routed.FRAGMENT):
         assert f"  ok   {shape}: supported" in out, shape
-    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins)" in out
+    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, fragments kept off)" in out
     assert "NAT shunts: supported (addresses and ports rewritten, checksums fixed)" in out
     assert "IPv6 routed shunts: supported (the hop limit one lower, the next hop's MACs, an expiring one to the " \
            "firewall)" in out
@@ -33,5 +34,7 @@ def test_probe_switch_finds_open_vswitch_does_the_rewrite_and_retag_between_rout
         out, settings = _probe(tb)
     print(out)
     assert f"  ok   {probe_routed.TRUNK}: supported" in out
-    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, between the config's VLANs)" in out
+    assert f"  ok   {probe_routed.FRAGMENT}: supported" in out
+    assert "routed mode: supported (the router's rewrite, invalid-TTL packet-ins, fragments kept off, between the " \
+           "config's VLANs)" in out
     assert "experimental_routed" not in settings and "FAIL" not in out
