@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.test_failsafe import longest_stall
-from tests.test_routed_ha import LONG, WATCH_SLOW, _mac, _routed_flows
+from tests.test_routed_ha import LONG, WATCH_SLOW, _mac, _routed_flows, assert_carried_on, fail_over
 
 pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
@@ -49,11 +49,7 @@ def test_a_takeover_keeps_the_routed_vlan_shunts_rewritten_with_the_new_masters_
                         f"the two routed VLAN shunts with {fw.name}'s MACs")
             cookies = {f["cookie"] for f in tb.conn_flows(SHUNT)}
             time.sleep(2)  # both transfers under way, conntrackd has the ignored one on fw2
-            failed_at = time.monotonic()
-            tb.fail_firewall(fw)
-            tb.wait_for(lambda: tb.defaults_point_to(fw2), 10, f"{fw2.name} to take the switch over")
-            took_over = time.monotonic() - failed_at
-            tb.wait_for(lambda: _sources(tb, SHUNT) == new, 10, f"the adopted shunt rewritten with {fw2.name}'s MACs")
+            failed_at, took_over, _ = fail_over(tb, fw, lambda: _sources(tb, SHUNT) == new)
             assert {f["cookie"] for f in tb.conn_flows(SHUNT)} == cookies  # adopted, rewritten in place
             tb.watch_until(failed_at + WATCH_SLOW)
             # h3's gateway (VLAN 300, the third keepalived holds) moved too: h1 -> h3 through fw2's
@@ -64,10 +60,7 @@ def test_a_takeover_keeps_the_routed_vlan_shunts_rewritten_with_the_new_masters_
             ignored = tb.stop_transfer(i_srv, i_cli)
         print(f"{fw2.name} had the switch {took_over:.2f} s after {fw.name} died; longest stall: shunted "
               f"{longest_stall(shunted):.1f} s, slow path {longest_stall(ignored):.1f} s")
-        assert "error" not in shunted and "error" not in ignored, (shunted.get("error"), ignored.get("error"))
-        assert longest_stall(shunted) < 1.0, "the shunted transfer stalled"
-        assert longest_stall(ignored) < took_over + 1.5, \
-            f"the slow-path transfer did not resume within 1.5 s of {fw2.name} holding the switch"
+        assert_carried_on(shunted, ignored, took_over, fw2.name)
         counters = tb.control({"cmd": "status", "connections": False}, fw=fw2)["counters"]
         assert counters.get("routed_announcements", 0) >= 3, counters  # (one a gateway at least, tagged)
         assert not [k for k in counters if k.startswith("removed:shunt:routed")], counters

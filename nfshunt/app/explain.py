@@ -112,19 +112,12 @@ def marked(source: ConnEvent | Conn | None, cfg: Config) -> dict[str, Any] | Non
 def pair_json(conn: Conn, now: float) -> dict[str, Any]:
     return {"action": conn.action.value, "state": conn.state.value, "ct_id": conn.ct_id, "slot": conn.slot,
             "cookie": f"0x{conn.cookie(False):016x}", "tuple": str(conn.orig),
-            "ports": _ports(conn),
+            "ports": list(conn.ports),
             **({"vlans": list(conn.tags)} if conn.sides and conn.tags and any(conn.tags) else {}),
             "switch_ports": [conn.ingress.fast, conn.egress.fast],
             "age": round(now - (conn.confirmed_time or conn.event_time), 3), "entry_deleted": conn.entry_deleted,
             "idle_timeout": conn.idle_timeout, "remove_reason": conn.remove_reason, "adopted": conn.adopted,
             **({"next_hops": hops_json(conn.hops)} if conn.hops is not None else {})}
-
-
-def _ports(conn: Conn) -> list[int]:
-    """The physdevins its mark named: a routed one's interfaces' (a VLAN's own), else its groups'."""
-    if conn.sides is not None:
-        return [side.physdevin for side in conn.sides]
-    return [conn.ingress.physdevin, conn.egress.physdevin]
 
 
 def hops_json(hops: tuple[NextHop, NextHop]) -> list[dict[str, str]]:

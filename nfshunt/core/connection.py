@@ -189,6 +189,13 @@ class Conn:
         return nat_ranges(self.orig, self.reply) if self.nat is not None else ()
 
     @property
+    def ports(self) -> tuple[int, int]:
+        """The physdevins its mark names: a routed one's interfaces' (a VLAN's own), else its groups'."""
+        if self.sides is not None:
+            return self.sides[0].physdevin, self.sides[1].physdevin
+        return self.ingress.physdevin, self.egress.physdevin
+
+    @property
     def tags(self) -> tuple[int, int] | None:
         """(ingress side's, egress side's) tag of the original direction's frames (0:
         untagged), or None: a zone neither side carries (admission shunts none)."""
@@ -202,18 +209,15 @@ class Conn:
         return cookies.make(self.kind, self.key, reply, self.authority)
 
     def describe(self) -> str:
-        ports = (self.sides[0].physdevin, self.sides[1].physdevin) if self.sides else \
-            (self.ingress.physdevin, self.egress.physdevin)
-        return (f"{self.orig} ports {ports[0]}->{ports[1]}"
+        ingress, egress = self.ports
+        return (f"{self.orig} ports {ingress}->{egress}"
                 f" (switch {self.ingress.fast}<->{self.egress.fast}) ct_id={self.ct_id}")
 
     def handback_mark(self, how: Handback) -> int:
         """The mark the re-created entry carries: the admin's bits and the bridge ports
         always; the decision only for a closing entry. An adopted pair's mark is not known:
         its port bits are made from its port groups."""
-        ports = (self.sides[0].physdevin, self.sides[1].physdevin) if self.sides else \
-            (self.ingress.physdevin, self.egress.physdevin)
-        mark = self.mark or markcodec.encode(*ports)
+        mark = self.mark or markcodec.encode(*self.ports)
         return mark if how.keep_decision else mark & ~markcodec.DECISION_MASK
 
 

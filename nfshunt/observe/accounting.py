@@ -27,10 +27,7 @@ def conn_fields(conn: Conn, event: str, **more: Any) -> dict[str, Any]:
     its interfaces' physdevins (the mark's)."""
     o = conn.orig
     out = {"event": event, "action": conn.action, "ct_id": conn.ct_id, "proto": o.proto, "src": o.src,
-           "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ingress.physdevin,
-           "egress": conn.egress.physdevin}
-    if conn.sides is not None:  # a routing firewall's interfaces (a trunk's VLAN: its tag)
-        out.update(ingress=conn.sides[0].physdevin, egress=conn.sides[1].physdevin)
+           "dst": o.dst, "sport": o.sport, "dport": o.dport, "ingress": conn.ports[0], "egress": conn.ports[1]}
     tags = conn.tags
     if o.zone or (tags is not None and any(tags)):
         out.update(zone=o.zone, vlan_in=tags[0] if tags else None, vlan_out=tags[1] if tags else None)
