@@ -22,7 +22,10 @@
   ids      shunt requests to the IDS API (issue 28) at a rate, each against a live conntrack entry
            the policy accepted and left alone: send -> `201 added` (after the switch's barrier),
            every answer counted by status, beside the switch alone at the same rate and its top rate
-  all      the four (not reload, reload-hold, ids)
+  config   static shunts validated offline (config load, no testbed): 10,000 entries (--sizes)
+           between one host pair, from spread sources, and as prefixes; the file written one
+           key a line, as an admin writes it
+  all      the four (not reload, reload-hold, ids, config)
 
 --quick runs each small (the test suite does). Results: bench/results/<bench>-<time>/
 <bench>.md and CSV, with the machine (cores, kernel, Open vSwitch, datapath).
@@ -30,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import math
 import os
@@ -822,6 +826,52 @@ def _spread(values: list[float]) -> str:
     return f"{f(pct(vals, 0.5), 1)} ({f(min(vals), 1)}-{f(max(vals), 1)})"
 
 
+# --- config ------------------------------------------------------------------------------------------
+
+def _static_entries(shape: str, n: int) -> list[dict[str, Any]]:
+    """n static streams none of which overlaps another: between one host pair (by client port,
+    then server port), from n distinct sources, or as n distinct /28 prefixes."""
+    if shape == "host pair":
+        return [{"name": f"p{i}", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2",
+                 "src_port": 1024 + i % 60000, "dst_port": 5201 + i // 60000, "fast_ports": [1, 3]} for i in range(n)]
+    if shape == "sources":
+        return [{"name": f"s{i}", "protocol": "udp", "src": str(ipaddress.ip_address((11 << 24) + i)),
+                 "dst": "10.0.0.2", "dst_port": 30000, "fast_ports": [1, 3]} for i in range(n)]
+    return [{"name": f"n{i}", "protocol": "tcp", "src": f"{ipaddress.ip_address((11 << 24) + (i << 4))}/28",
+             "dst": "10.0.0.0/24", "fast_ports": [1, 3]} for i in range(n)]
+
+
+def bench_config(args: argparse.Namespace) -> int:
+    sizes = args.sizes or ([1000] if args.quick else [10000])
+    runs = args.runs or (1 if args.quick else 5)
+    res = Results(args.out, "config", {
+        "sizes": sizes, "runs per shape": runs, "measured": "nfshunt.config.settings.load: the file read, "
+        "parsed and validated (overlaps included), in this process, one after another",
+        "file": "indented JSON, one key a line (json.dump indent=2)"})
+    base = json.load(open(os.path.join(REPO, "config", "nfshunt.json")))
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            for shape in ("host pair", "sources", "prefixes"):
+                path = os.path.join(tmp, "nfshunt.json")
+                with open(path, "w") as fh:
+                    json.dump({**base, "openflow_versions": ["1.3"], "static_shunts": _static_entries(shape, size)},
+                              fh, indent=2)
+                times = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    nfconfig.load(path)
+                    times.append((time.perf_counter() - t0) * 1000)
+                res.add({"entries": size, "shape": shape, "file_bytes": os.path.getsize(path),
+                         "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)})
+                print(f"[{size} {shape}] validated in {_spread(times)} ms", flush=True)
+    body = ["Milliseconds to load and validate the whole config, median (min-max).", "",
+            *md_table(["entries", "shape", "file MB", "validated ms"],
+                      ([f"{r['entries']}", r["shape"], f(r["file_bytes"] / 2**20),
+                        f"{f(r['median_ms'], 1)} ({f(r['min_ms'], 1)}-{f(r['max_ms'], 1)})"] for r in res.rows))]
+    print(f"report: {res.report('Static shunts validated offline', body, False)}")
+    return 0
+
+
 # --- ids ---------------------------------------------------------------------------------------------
 
 IDS_PORT = 9754
@@ -1008,7 +1058,8 @@ def _shunts_or_none(tb: Testbed) -> int | None:
 
 def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "reload-hold", "ids", "all"])
+    ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "reload-hold", "ids", "config",
+                                     "all"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true", help="latency, burst: sample the controller with py-spy while "
                     "the load runs; the report says where its time went (bench/profiles.py)")
@@ -1045,7 +1096,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                 sub.feed = "tcp"
             {"latency": bench_latency, "rate": bench_rate, "rate-tcp": bench_rate, "scale": bench_scale,
              "burst": bench_burst, "reload": bench_reload, "reload-hold": bench_reload_hold,
-             "ids": bench_ids}[name](sub)
+             "ids": bench_ids, "config": bench_config}[name](sub)
     except TestbedError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

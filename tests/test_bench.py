@@ -111,3 +111,13 @@ def test_the_reload_hold_benchmark_times_status_requests_during_each_reload(tmp_
         assert int(r["slices"]) >= 1 and int(r["probe_errors"]) == 0
         assert 0 < float(r["validated_ms"]) <= float(r["confirmed_ms"])
     assert "switch alone" in machine_report(tmp_path / "reload-hold.md")
+
+
+def test_the_config_benchmark_validates_every_shape(tmp_path, integration_ready):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "config", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    print(proc.stdout[-4000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    data = csv_rows(tmp_path / "config.csv")
+    assert [(int(r["entries"]), r["shape"]) for r in data] == [(1000, s) for s in ("host pair", "sources", "prefixes")]
+    assert all(0 < float(r["min_ms"]) <= float(r["median_ms"]) <= float(r["max_ms"]) for r in data)

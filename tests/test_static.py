@@ -97,6 +97,18 @@ def test_overlapping_entries_and_a_name_used_twice_are_refused():
     assert err.value.key == "static_shunts[1].name" and "already used" in err.value.problem
 
 
+def test_ten_thousand_streams_between_one_host_pair_written_one_key_a_line_load(tmp_path):
+    """A config an admin writes for 10,000 streams (2 MB indented, past the old 1 MiB
+    limit) is read; how long it takes is bench/run.py config's to measure."""
+    from nfshunt.config.settings import load
+    base = json.loads(open(os.path.join(os.path.dirname(__file__), "..", "config", "nfshunt.json")).read())
+    streams = [dict(STREAM, name=f"s{i}", src_port=1024 + i) for i in range(10000)]
+    path = tmp_path / "nfshunt.json"
+    path.write_text(json.dumps({**base, "openflow_versions": ["1.3"], "static_shunts": streams}, indent=2))
+    assert path.stat().st_size > 1 << 20
+    assert len(load(str(path)).static_shunts) == 10000
+
+
 def test_the_prefix_limit_priority_and_openflow_version_are_checked():
     wide = {**STREAM, "src": "10.0.0.0/16"}
     assert static_config(wide, static_shunt_max_prefix={"ipv4": 16}).static_shunts[0].src.prefixlen == 16
