@@ -925,6 +925,7 @@ def bench_ids(args: argparse.Namespace) -> int:
                             "rate for as long, a batch and a barrier every 10 ms, flows idling out "
                             "(bench/switchlimit.py sustained), the controller stopped meanwhile; both before the "
                             "requests, in the same testbed"})
+    sampled: list[str] = []
     for k, rate in enumerate(rates):
         count = int(rate * seconds)
         start_index = k * 10_000_000 // 8
@@ -959,10 +960,15 @@ def bench_ids(args: argparse.Namespace) -> int:
                                           time.time())
                 print(f"    {count} live entries; {count} shunt requests at {rate}/s", flush=True)
                 out = os.path.join(tb.workdir, f"ids-{int(rate)}.csv")
-                load = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "idsload.py"), "--port", str(IDS_PORT),
-                                "--token-file", tokens, "--rate", str(rate), "--count", str(count), "--start",
-                                str(start_index), "--connections", str(conns), "--out", out, stdout=subprocess.PIPE)
-                line, _ = load.communicate(timeout=seconds + 120)
+                path = profile_path(args, res, f"ids-{int(rate)}")
+                with profiles.sampled(pid, path):
+                    load = tb.spawn(tb.fw, PYTHON, os.path.join(HERE, "idsload.py"), "--port", str(IDS_PORT),
+                                    "--token-file", tokens, "--rate", str(rate), "--count", str(count), "--start",
+                                    str(start_index), "--connections", str(conns), "--out", out,
+                                    stdout=subprocess.PIPE)
+                    line, _ = load.communicate(timeout=seconds + 120)
+                if path:
+                    sampled.append(path)
                 sent = json.loads(line.strip().splitlines()[-1])
                 cpu1, rss = proc_usage(pid)
                 ovs1, main1, busy1, t1 = (proc_usage(ovs_pid)[0], ovs_main_thread_cpu(ovs_pid), machine_busy(),
@@ -1045,6 +1051,8 @@ def bench_ids(args: argparse.Namespace) -> int:
                             f(r["client_cpu_pct"], 0), f(r["rest_of_machine_cpu_pct"], 0),
                             f"{r['switch_alone_pairs_per_s']:,.0f} ({f(r['switch_alone_p99_ms'])})",
                             f"{r['switch_max_pairs_per_s']:,.0f}"] for r in res.rows))]
+    if sampled:
+        body += profile_section(sampled)
     print(f"report: {res.report('IDS requests: shunts of live connections over the API', body, False)}")
     return 0
 
@@ -1061,8 +1069,8 @@ def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     ap.add_argument("bench", choices=["latency", "rate", "scale", "burst", "reload", "reload-hold", "ids", "config",
                                      "all"])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="latency, burst: sample the controller with py-spy while "
-                    "the load runs; the report says where its time went (bench/profiles.py)")
+    ap.add_argument("--profile", action="store_true", help="latency, burst, ids: sample the controller with py-spy "
+                    "while the load runs; the report says where its time went (bench/profiles.py)")
     ap.add_argument("--out", help="output directory (default bench/results/<bench>-<time>)")
     ap.add_argument("--runs", type=int)
     ap.add_argument("--bitrate", default="100M", help="latency: iperf3 rate of each run (default 100M)")
