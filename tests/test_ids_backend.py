@@ -4,11 +4,13 @@ dispatcher, replies and housekeeping); the backend is the test's, its posted wor
 once (the test's thread is the event loop)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import pytest
@@ -49,6 +51,9 @@ class Host:
     def feed(self, events: Any) -> None:
         for ev in events:
             self.rig.run(self.rig.core.conntrack_event(ev))
+
+    def held(self) -> Any:
+        return contextlib.nullcontext()  # (each run is written and answered at once: the rig's switch)
 
 
 class Clock:
@@ -414,17 +419,18 @@ def test_an_api_thread_waits_for_the_loop_and_a_loop_that_never_takes_it_is_a_ti
     rig, backend, entries, _ = setup()
     posted = []
     backend.host.post = posted.append  # the loop takes nothing until the test runs it
+    other = ORIG._replace(sport=40001)  # (no entry: its rule waits for one, whenever it runs)
     with pytest.raises(TimeoutError):  # the API answers 504
-        backend.submit(rule(rig), 0.05)
+        backend.submit(rule(rig, connection=other), 0.05)
     entries[ORIG] = event(action=0)
     got = []
-    taken = threading.Event()
-    posted.clear()
-    backend.host.post = lambda ev: (posted.append(ev), taken.set())
     api = threading.Thread(target=lambda: got.append(backend.submit(rule(rig, rule_id="2"), 5.0)))
     api.start()
-    assert taken.wait(5), "the API thread posted its call"
-    posted.pop().work()  # the event loop's turn: the pair installed and confirmed
+    deadline = time.monotonic() + 5
+    while len(backend.loop._calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    (drain,) = posted  # the second call joined the first, still waiting for the loop: one turn for both
+    drain.work()  # the event loop's turn: the pair installed and confirmed
     api.join(5)
     assert got[0].result is Result.ADDED and got[0].pending is None
 
@@ -550,7 +556,7 @@ def test_a_call_is_waited_for_on_its_answer_alone():
 
     from nfshunt.ids.loop import LoopCalls
     posted: list = []
-    loop = LoopCalls(SimpleNamespace(post=posted.append))  # type: ignore[arg-type]
+    loop = LoopCalls(SimpleNamespace(post=posted.append, held=contextlib.nullcontext))  # type: ignore[arg-type]
     answered = loop.call(lambda a: a.answer(Outcome(Result.ADDED)), 1.0)
     posted.pop().work()
     assert loop.wait(answered, 0.0, 0.0) and answered.outcome == Outcome(Result.ADDED)
@@ -560,6 +566,40 @@ def test_a_call_is_waited_for_on_its_answer_alone():
     untaken = loop.call(lambda a: None, 1.0)
     with pytest.raises(TimeoutError, match="did not take"):
         loop.wait(untaken, 0.01, 5.0)
+
+
+def test_calls_posted_while_one_waits_for_the_loop_run_in_its_turn_in_order_whatever_one_raises():
+    """LoopCalls: one EventIds for the calls that came while it waited (one turn, their
+    flow-mods written together inside `held`); one that raises neither stops the rest nor
+    goes unseen (the loop counts it); the next call after the turn is posted again."""
+    from types import SimpleNamespace
+
+    from nfshunt.ids.loop import LoopCalls
+    posted: list = []
+    held: list[str] = []
+
+    @contextlib.contextmanager
+    def hold():
+        held.append("begin")
+        yield
+        held.append("end")
+    loop = LoopCalls(SimpleNamespace(post=posted.append, held=hold))  # type: ignore[arg-type]
+    ran: list[str] = []
+
+    def broken(_a):
+        ran.append("broken")
+        raise ValueError("a bad call")
+    answers = [loop.call(lambda a: ran.append("first"), 1.0), loop.call(broken, 1.0),
+               loop.call(lambda a: (ran.append("third"), held.append("third ran")), 1.0)]
+    assert len(posted) == 1
+    with pytest.raises(ValueError, match="a bad call"):
+        posted.pop().work()
+    assert ran == ["first", "broken", "third"] and all(a.taken for a in answers)
+    assert held == ["begin", "third ran", "end"]  # every call inside the one hold
+    loop.call(lambda a: ran.append("later"), 1.0)
+    assert len(posted) == 1
+    posted.pop().work()
+    assert ran[-1] == "later"
 
 
 def test_an_add_leaves_no_cycle_for_the_garbage_collector():
@@ -627,3 +667,23 @@ def test_one_clients_whitelist_does_not_lift_anothers_block_unless_the_config_sa
         own = rule(rig, Kind.BLOCK, "d", source="ids:scipass", connection=FlowTuple(4, 6, "10.0.0.1", "10.0.0.2", 1,
                                                                                      2))
         assert backend.submit(own, 1.0).refusal is Refusal.WHITELISTED  # its own whitelist: always
+
+
+def test_turns_held_together_are_written_once_each_behind_its_own_barrier():
+    """Dispatcher.held (an IDS drain): the turns' flow-mods wait inside and go in one write
+    at the end; each turn's waiter is set by its own barrier's answer."""
+    import threading
+    rig = Rig()
+    sends: list[bytes] = []
+    write = rig.switch.send
+    rig.switch.send = lambda buf: (sends.append(buf), write(buf))[1]
+    evs = [event(action=1, sport=41000 + i, ct_id=500 + i, received=rig.now) for i in range(3)]
+    waiters = [threading.Event() for _ in evs]
+    with rig.dispatcher.held(rig.app.switches):
+        for ev, waiter in zip(evs, waiters, strict=True):
+            rig.app.run(rig.sw, rig.core.conntrack_event(ev), waiter)
+        assert sends == [] and not any(w.is_set() for w in waiters)
+    assert len(sends) == 1
+    rig.pump()
+    assert all(w.is_set() for w in waiters)
+    assert all(rig.packet(FAST_A, ev.orig).outputs == (FAST_B,) for ev in evs)

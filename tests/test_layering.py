@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "kernel": {"records"},
     "core": {"records", "config"},
     "observe": {"records", "config", "core"},
-    "openflow": {"records", "config", "core", "observe"},
+    "openflow": {"records", "config", "core", "kernel", "observe"},
     "switch": {"records", "config", "core", "kernel", "observe", "openflow"},
     "ids": {"records", "config", "core", "kernel", "observe", "openflow", "switch"},
     "app": {"records", "config", "core", "kernel", "observe", "openflow", "switch", "ids"},

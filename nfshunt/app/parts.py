@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from nfshunt.config.settings import Config
 from nfshunt.core.policy_state import PolicyWatch
@@ -134,6 +134,10 @@ class Parts:
         self.listener.stop()
         self.dispatcher.close()
         self.worker.stop()
+
+    def held(self) -> ContextManager[None]:
+        """Turns run inside (an IDS drain's calls) are written to the switches together."""
+        return self.dispatcher.held(self.switches)
 
     def feed(self, events: list[ConnEvent]) -> None:
         """Entries read outside the listener (an IDS request's lookup), decided as events are."""

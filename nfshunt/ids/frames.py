@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
+from nfshunt.kernel import held
 
 from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleView, State
 from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError
@@ -62,8 +63,14 @@ class Channel:
 
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":")).encode()
+        frame = HEAD.pack(VERSION, len(data)) + data
         with self._send_lock:
-            self.sock.sendall(HEAD.pack(VERSION, len(data)) + data)
+            try:  # at once, keeping the interpreter's lock (an answer, from the event loop: kernel/held.py)
+                sent = held.send(self.sock.fileno(), frame)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(frame):  # the rest as before, waiting (up to the socket's send timeout)
+                self.sock.sendall(frame[sent:])
 
     def receive(self) -> dict[str, Any] | None:
         """The next message; None at the peer's end (EOF). FrameError: not a frame."""

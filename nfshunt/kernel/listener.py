@@ -17,6 +17,7 @@ from typing import Callable
 
 from nfshunt.records.model import ConnEvent
 
+from . import held
 from .codec import (
     BPF_INSN,
     NETLINK_NETFILTER,
@@ -84,6 +85,7 @@ class ConntrackListener:
     def _run(self) -> None:
         buf = bytearray(1 << 18)
         view = memoryview(buf)
+        receiver = held.Receiver(buf)
         lost_since: float | None = None  # an ENOBUFS not yet answered by a dump request
         while not self._stop.is_set():
             if lost_since is not None:
@@ -113,12 +115,12 @@ class ConntrackListener:
                 self.on_overflow()  # events may have been missed meanwhile
                 continue
             events = parse_datagram(bytes(view[:n]), time.monotonic(), self.on_malformed)
-            if self._coalesce(events, buf, view):
+            if self._coalesce(events, receiver, view):
                 lost_since = lost_since or time.monotonic()
             if events:
                 self.on_events(events)
 
-    def _coalesce(self, events: list[ConnEvent], buf: bytearray, view: memoryview) -> bool:
+    def _coalesce(self, events: list[ConnEvent], receiver: held.Receiver, view: memoryview) -> bool:
         """Add what else is queued (up to COALESCE_MAX events) to one hand-over: under a
         burst the event loop takes them in one turn and one write to the switch, not a
         turn each (bursts of 10,000 ran 2-3 times faster); at low load the queue is empty
@@ -127,9 +129,11 @@ class ConntrackListener:
             # One read a datagram until the queue is empty: a select() before each, and the
             # poll() Python makes before a read on a socket with a timeout, were three system
             # calls a datagram (the listener was the burst's largest cost: 17 % of the
-            # controller's samples at 20,000 entries, bench/results/2026-11-27).
+            # controller's samples at 20,000 entries, bench/results/2026-11-27). Each read
+            # keeps the interpreter's lock (kernel/held.py): the thread does not wait for the
+            # event loop to let go of it for every datagram of the batch.
             try:
-                n = self.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+                n = receiver.recv_into(self.sock.fileno())
             except BlockingIOError:
                 return False
             except OSError as exc:  # the main loop deals with the rest

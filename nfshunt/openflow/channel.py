@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import ipaddress
 import logging
-import os
 import socket
 import ssl
 import struct
@@ -29,6 +28,7 @@ from os_ken.controller.handler import DEAD_DISPATCHER
 from os_ken.lib import hub
 
 from nfshunt.core.connection import Conn
+from nfshunt.kernel import held
 from nfshunt.observe.logs import RateLimitedLog
 from nfshunt.records.model import OFP10
 
@@ -161,7 +161,9 @@ class ChannelDatapath(osken_controller.Datapath):
             if self._unsent or q is None or self.socket.gettimeout() is None:  # (None: a blocking descriptor)
                 return False
             try:
-                written = os.write(self.socket.fileno(), buf)
+                # (the interpreter's lock kept: letting go of it for a microsecond's write made
+                # the loop wait for it behind another thread, up to 5 ms: kernel/held.py)
+                written = held.send(self.socket.fileno(), buf)
             except BlockingIOError:
                 written = 0
             except (OSError, ValueError):  # failed or closed: the send thread meets it and ends the connection
@@ -363,6 +365,7 @@ class SendPath:
         self.out: list[Any] = []
         self._conns: list[Conn] = []  # installs waiting for the next barrier
         self._xids: dict[int, Conn] = {}  # their flow-mods' xids
+        self.hold = 0  # > 0: turns held together (Dispatcher.held), written once when they end
 
     def queue(self, msgs: list[Any]) -> None:
         self.out.extend(msgs)
@@ -451,9 +454,15 @@ class SendPath:
             + len(self._conns) + len(self.queued)
 
     def flush(self, waiter: threading.Event | None = None) -> None:
-        dp = self.dp
+        """The turn's messages behind a barrier (if an install or `waiter` needs one),
+        written now, or by `write` once the turns held together end (`hold`)."""
         if self._conns or waiter is not None:
             self._close_batch(waiter)
+        if not self.hold:
+            self.write()
+
+    def write(self) -> None:
+        dp = self.dp
         if not self.out:
             return
         buf = bytearray()

@@ -9,11 +9,12 @@ switch. A new kind of command adds one handler here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
@@ -174,6 +175,24 @@ class Dispatcher:
             waiter.end("the switch is not connected: the flows go in when it connects")
         elif waiter is not None:
             waiter.set()
+
+    @contextlib.contextmanager
+    def held(self, switches: Iterable[Switch]) -> Iterator[None]:
+        """Turns run inside write nothing to the switches (nor hand conntrack requests to
+        the worker) until the last ends, then each switch's in one write: a drain of IDS
+        calls makes one write for its requests, not a write, a thread hand-over and a wait
+        for the interpreter's lock each (bench ids). Each turn keeps its own barrier."""
+        held = [(sw, sw.session) for sw in switches if sw.session is not None]
+        for _, session in held:
+            session.send.hold += 1
+        try:
+            with self.worker.batched():
+                yield
+        finally:
+            for sw, session in held:
+                session.send.hold -= 1
+                if not session.send.hold and sw.session is session:  # (a session gone meanwhile is moot)
+                    session.send.write()
 
     def _release(self, sw: Switch, session: Session) -> list[c.Command]:
         """Paced installs whose turn has come go out; the queue's freed room goes to
