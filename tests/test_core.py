@@ -26,6 +26,14 @@ def handed_back(cmds):
     return out
 
 
+def watch_ended(core, cmds, now):
+    """A close seen on the firewall is watched first (close_watch.py): what its watch's end
+    brings, nothing having contradicted it."""
+    (ends,) = {id(y): y for x in handed_back(cmds) if isinstance(x, cm.Later) for y in x.commands
+               if isinstance(y, cm.WatchEnds)}.values()
+    return core.watch_ends(ends.conn, ends.watch, now)
+
+
 def connected(version=OFP13, **cfg):
     core = c.Core(config(**cfg))
     core.switch_connected(version)
@@ -712,7 +720,8 @@ FIN_WAIT, TIME_WAIT = 4, 7  # conntrack TCP states
 def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_loses_the_shunt():
     """Its FINs crossed the firewall before the switch carried it (the update events say
     so): the shunt would outlive it and carry a later connection on its ports past the
-    firewall. It goes once confirmed, and the entry tracking the close is left as it is."""
+    firewall. It goes once confirmed, and the entry tracking the close is left as it is;
+    its flows are watched first (a forged FIN reaches the firewall too: close_watch.py)."""
     core = connected()
     (install,) = core.conntrack_event(event())
     out = core.conntrack_event(event(state=FIN_WAIT))  # the same entry, closing
@@ -720,8 +729,10 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_loses_
     out = core.flows_confirmed(install.conn, 100.001)
     # No DeleteConntrack, and no RestoreConntrack that would bring the entry back to ESTABLISHED;
     # a shorter life (part of the close may have taken the switch, leaving it FIN_WAIT).
-    assert types(out) == ["ShortenConntrack", "RemoveFlows"] and out[1].reason == adm.R_CLOSED_ON_FIREWALL
+    assert types(out) == ["ShortenConntrack", "WatchFlows", "Later"]
     assert (out[0].ct_id, out[0].timeout) == (install.conn.ct_id, cn.SPLIT_CLOSE_TIMEOUT)
+    out = watch_ended(core, out, 100.201)
+    assert types(out) == ["RemoveFlows"] and out[0].reason == adm.R_CLOSED_ON_FIREWALL
     (removed,) = [x for x in _remove_pair(core, install.conn, "delete") if type(x).__name__ == "Removed"]
     assert removed.reason == adm.R_CLOSED_ON_FIREWALL and core.find(tuple_=install.conn.orig) is None
 
@@ -733,7 +744,8 @@ def test_a_draining_shunt_whose_entry_closes_goes_and_its_entry_is_not_deleted()
     core.flows_confirmed(conn, 100.001)
     assert conn.state is cn.State.DRAINING
     out = core.conntrack_event(event(state=TIME_WAIT, kind=EventKind.UPDATE))
-    assert types(out) == ["ShortenConntrack", "RemoveFlows", "Ignored"]
+    assert types(out) == ["ShortenConntrack", "WatchFlows", "Later", "Ignored"]
+    assert types(watch_ended(core, out, 100.3)) == ["RemoveFlows"]
     assert core.entry_due(conn, 100.6) == []  # the entry tracking the close stays
     # Another entry's closing update (the id of another live entry) takes nothing down.
     other = shunted(core, sport=2, ct_id=9)
@@ -751,10 +763,11 @@ def test_a_live_shunt_told_late_of_a_close_on_the_firewall_goes_and_is_not_shunt
     conn = shunted(core)
     assert conn.state is cn.State.LIVE and conn.entry_deleted
     out = handed_back(core.conntrack_event(event(state=FIN_WAIT)))
-    assert types(out) == ["RestoreConntrack", "RemoveFlows", "Ignored"]
+    assert types(out) == ["RestoreConntrack", "WatchFlows", "Later", "Ignored"]
     restore = out[0]
     assert (restore.tcp_state, restore.timeout) == (FIN_WAIT, 120)
     assert restore.mark & markcodec.DECISION_MASK == conn.mark & markcodec.DECISION_MASK
+    assert types(watch_ended(core, out, 101.3)) == ["RemoveFlows"]
     # The re-created entry (another id) reports its close: nothing waits to be shunted.
     assert core.conntrack_event(event(ct_id=70, state=TIME_WAIT))[0].reason == adm.R_CLOSING
     assert "InstallFlows" not in types(_remove_pair(core, conn))
@@ -783,8 +796,8 @@ def test_a_close_seen_while_a_take_down_waits_keeps_the_take_down_reason():
     (install,) = core.conntrack_event(event())
     core.flush("policy changed", 100.0)
     core.conntrack_event(event(state=FIN_WAIT))
-    out = core.flows_confirmed(install.conn, 100.001)
-    assert types(out) == ["ShortenConntrack", "RemoveFlows"] and out[1].reason == "policy changed"
+    out = watch_ended(core, core.flows_confirmed(install.conn, 100.001), 100.201)
+    assert types(out) == ["RemoveFlows"] and out[0].reason == "policy changed"
 
 
 def test_a_flush_forgets_connections_waiting_for_room():

@@ -15,6 +15,7 @@ from nfshunt.core.confirmation import SWEEP_AFTER
 from nfshunt.core.connection import (
     CT_TCP_CLOSE,
     CT_TCP_ESTABLISHED,
+    CT_TCP_FIN_WAIT,
     CT_TCP_LAST_ACK,
     CT_TCP_TIME_WAIT,
     IDLE_RESTORE_TIMEOUT,
@@ -304,6 +305,73 @@ def test_one_forged_fin_in_the_pipeline_layout_is_undone_once_taken_as_a_close()
     watched(rig, conn)
     rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)
     undone(rig, conn)
+
+
+def _late_barrier(rig: Rig, **kw: Any) -> tuple[Any, list[Any]]:
+    """A conntrack event whose install the switch applies at once and confirms late (the
+    testbed's late barriers): its pair PENDING, its flows forwarding; the barrier replies held."""
+    rig.app.feeds.events([event(received=rig.now, **kw)])
+    rig.app._event_loop()  # the install written, the switch's answers not yet read
+    held = [r for r in rig.switch.replies if type(r).__name__ == "OFPBarrierReply"]
+    rig.switch.replies = [r for r in rig.switch.replies if r not in held]
+    rig.pump()
+    conn = rig.core.find(tuple_=event(**kw).orig)
+    assert conn is not None and conn.state is State.PENDING
+    return conn, held
+
+
+@pytest.mark.parametrize("close", ["forged", "real"])
+def test_a_fin_that_reaches_the_firewall_while_a_contradicted_close_is_shunted_again_is_watched_too(close):
+    """The bed's 1-in-23 failure of test_forged_close (pipeline): one forged FIN taken as a close
+    (teardown_sweep), its entry re-created closing under a new id, the close contradicted (entry
+    ESTABLISHED, decision cleared) and the policy's mark installing a pair keyed on the new
+    entry. While that pair was PENDING, the next forged FIN reached the firewall (the switch not
+    yet forwarding on the new flows) and the entry, liberal, went FIN_WAIT: taken as 'tcp closed
+    on the firewall', the pair went with the entry left closing and its decision kept, and the
+    transfer stayed on the slow path for good. A real close still ends the pair."""
+    rig = Rig(OFP13, True)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)  # the client's FIN's packet-in lost
+    rig.advance(max(CHECK_AFTER + WATCH_PERIOD, rig.app.feeds.next_watch - rig.now))
+    assert rig.worker.restores[-1].tcp_state == CT_TCP_TIME_WAIT
+    new = conn.ct_id + 1000  # the entry the kernel re-created (its id not the deleted one's)
+    rig.event(ct_id=new, kind=EventKind.NEW, state=CT_TCP_TIME_WAIT)
+    watched(rig, conn)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # contradicted: back ESTABLISHED, undecided
+    assert rig.worker.restores[-1].tcp_state == CT_TCP_ESTABLISHED and not rig.core.by_key
+    undecided = event().mark & ~DECISION_MASK
+    rig.event(ct_id=new, mark=undecided)  # the kernel's answer
+    rig.kernel_answers()
+    again, held = _late_barrier(rig, ct_id=new, state=None)  # the policy's mark: a pair keyed on the new entry
+    assert again.entry == new and fast(rig, again)
+    rig.event(ct_id=new, state=CT_TCP_FIN_WAIT)  # a FIN that reached the firewall, forged or not
+    assert again.state is State.PENDING and again.closed_on_firewall
+    rig.switch.replies.extend(held)
+    rig.pump()  # confirmed: taken down, its entry left closing (shortened) and its flows watched
+    assert rig.worker.expired == [(conn.orig, new, SPLIT_CLOSE_TIMEOUT)]
+    if close == "real":
+        assert rig.packet(FAST_A, conn.orig, tcp_flags=ACK).outputs == (SLOW_A,)  # the last ACK
+        rig.advance(WATCH)
+        assert rig.flows(cookies.Kind.SHUNT) == [] and not rig.core.by_key and slow(rig, conn)
+        assert rig.worker.restores[-1].tcp_state == CT_TCP_ESTABLISHED and len(rig.worker.restores) == 2
+        rig.event(ct_id=new, state=None)  # the closing entry's later updates shunt nothing
+        assert not rig.core.by_key
+        assert rig.counters.flat()["removed:shunt:tcp closed on the firewall"] == 1
+        return
+    fate = rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # the transfer goes on: not closed
+    assert fate.packet_ins, "taken as closed at once: its flows gone unwatched, its entry left closing"
+    assert rig.counters.flat()["teardowns_contradicted"] == 2 and len(rig.worker.restores) == 3
+    restore = rig.worker.restores[-1]
+    assert (restore.tcp_state, restore.mark & DECISION_MASK) == (CT_TCP_ESTABLISHED, 0)
+    assert not rig.core.by_key and slow(rig, conn)
+    rig.event(ct_id=new, mark=undecided)
+    rig.kernel_answers()
+    last = rig.event(ct_id=new, state=None)  # the policy's mark again
+    rig.advance(rig.core.switch.drain)
+    assert last.entry == new and last.state is State.LIVE and fast(rig, last)
+    counters = rig.counters.flat()
+    assert counters["removed:shunt:close contradicted by its traffic"] == 2
+    assert "removed:shunt:tcp closed on the firewall" not in counters
 
 
 def test_a_client_reconnecting_on_the_ports_during_the_watch_ends_it_at_once():

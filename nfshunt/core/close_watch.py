@@ -2,8 +2,11 @@
 
 A catcher tells the controller that a FIN or RST with the connection's tuple crossed the
 switch, not who sent it, and the controller cannot judge its sequence number (conntrack
-does not export its window over netlink; the switch keeps none). One forged segment
-would otherwise end a shunt: its entry re-created closing, its decision kept, the
+does not export its window over netlink; the switch keeps none). A shunt's entry that
+reports a closing state (connection.py `closed_on_firewall`) says no more: a FIN that
+reaches the firewall while the switch is not yet forwarding on a new pair's flows moves
+the entry (liberal) wherever its sequence number lies. One forged segment would
+otherwise end a shunt: its entry re-created (or left) closing, its decision kept, the
 transfer carried on through the firewall for good. So the pair's own two flows, changed
 in place (no entry more on the switch), show the controller the connection's next
 packets (the first 128 bytes of each) for a moment:
@@ -15,7 +18,9 @@ packets (the first 128 bytes of each) for a moment:
   connection is handed back at once, its entry re-created in the state the close reached
   (the firewall tracks the rest of it), and for `WATCH` seconds the flows send each
   packet to the firewall's bridge port of its side (as the default flows would) instead
-  of going at once; its own catchers go.
+  of going at once; its own catchers go;
+- after a close seen on the firewall: likewise, its entry left in the state the firewall
+  has it in (or re-created in it, if it was deleted), and watched as after both FINs.
 
 What comes meanwhile decides:
 
@@ -24,11 +29,11 @@ What comes meanwhile decides:
   from); after both FINs, data beyond its side's FIN (each side said it had no more). Data
   that ends at or before it (within BEFORE_FIN) was sent before the close and may still
   come: a retransmission, or a segment late on its way. Where a FIN's sequence number is not
-  known (taken from the catchers' counters), any data contradicts. In an RST's grace nothing
-  was handed back: the flows are put back as they were and the pair goes on. After a
-  hand-back the take-down undoes itself: the entry is brought back ESTABLISHED with the
-  policy's decision cleared, the flows go, and the connection's next packet, judged by
-  the policy again, shunts it again;
+  known (taken from the catchers' counters, or seen on the firewall), any data
+  contradicts. In an RST's grace nothing was handed back: the flows are put back as they
+  were and the pair goes on. After a hand-back the take-down undoes itself: the entry is
+  brought back ESTABLISHED with the policy's decision cleared, the flows go, and the
+  connection's next packet, judged by the policy again, shunts it again;
 - a SYN from the client answered by a SYN/ACK: a new connection on the ports. After a
   hand-back the firewall judged its SYN as new (a closing entry with CLOSE_INIT lets
   conntrack open a new one); in an RST's grace it rode the shunt, as it always did there.
@@ -66,7 +71,8 @@ class Verdict(enum.Enum):
 class CloseWatch:
     """What a caught close claimed, and what its watch has seen."""
     reset: frozenset[bool]  # directions (reply?) whose RST was caught
-    fins: bool  # both directions' FINs caught (or the second taken as lost: teardown_sweep)
+    # Both directions' FINs caught (or the second taken as lost: teardown_sweep), or a close seen on the firewall.
+    fins: bool
     # The RST's grace (`rst_grace`): the pair still forwards to the peer, shows the controller
     # each packet, and is handed back only when the grace ends uncontradicted.
     forwarding: bool = False
@@ -74,8 +80,11 @@ class CloseWatch:
     syn: bool = False  # a SYN of the original direction came: a new connection may be opening
     settled: bool = False  # decided (contradicted, reopened, or the watch is over)
     fin_seqs: dict[bool, int] = field(default_factory=dict)  # each side's caught FIN's sequence number
+    firewall: bool = False  # seen on the firewall (its entry closing), not by a catcher
 
     def describe(self) -> str:
+        if self.firewall:
+            return "its entry closing on the firewall"
         parts = [f"RST from the {'reply' if r else 'original'} side" for r in sorted(self.reset)]
         return " and ".join(parts + (["FINs from both sides"] if self.fins else []))
 

@@ -29,7 +29,8 @@ States of a pair (a shunt or a block), and the only transitions there are:
 - A shunt whose entry reports a closing state (its FINs crossed the firewall before the
   switch carried it) is taken down (`closed_on_firewall`; a pending one once confirmed):
   the shunt would outlive the connection and carry a later one on the same ports past the
-  firewall.
+  firewall. A forged FIN can reach the firewall too (the switch not yet forwarding on the
+  flows): the close is watched first, like a caught one (close_watch.py).
 """
 from __future__ import annotations
 

@@ -5,12 +5,13 @@ The take-down rule, written once here (`Connections.hand_back`): a connection wh
 leave the switch goes back to the firewall *alive*. A TCP connection's conntrack entry is
 (re-)created before its flows go: ESTABLISHED with the policy's decision cleared (its next
 packet is judged by the current policy), or in the state a close reached (CLOSE after an
-RST, TIME_WAIT after both FINs). A caught close that the connection's own traffic then
-contradicts (a forged FIN or RST) is brought back ESTABLISHED with the decision cleared.
-Without it a strict firewall (tcp_loose 0, INVALID dropped) drops every later segment
-of a connection whose entry was deleted when the shunt was confirmed. Only a first install
-rolled back before its confirmation, and a connection that closed on the firewall before
-its entry was deleted, keep their entry as it is.
+RST, TIME_WAIT after both FINs). A caught close, or one seen on the firewall, that the
+connection's own traffic then contradicts (a forged FIN or RST) is brought back
+ESTABLISHED with the decision cleared. Without it a strict firewall (tcp_loose 0, INVALID
+dropped) drops every later segment of a connection whose entry was deleted when the
+shunt was confirmed. Only a first install rolled back before its confirmation, and a
+connection that closed on the firewall before its entry was deleted (unless its traffic
+contradicts the close), keep their entry as it is.
 UDP needs no entry: its next packet is a new one, judged by the policy. A block is not
 handed back (`Conn.owed_entry`).
 """
@@ -157,24 +158,29 @@ class Connections:
         """The one take-down: the pair's flows (`directions` of them) leave the switch, and
         a TCP connection's entry is re-created first (see the module's docstring). The
         pair is TAKING_DOWN until both flow-removed messages came (or a tick gives up).
-        With `watch` (a close a catcher caught), the flows first show the connection's
-        packets to the controller on their way to the firewall, for WATCH seconds
-        (close_watch.py; `watch_over` ends it)."""
+        With `watch` (a close a catcher caught), or for a close seen on the firewall, the
+        flows first show the connection's packets to the controller on their way to the
+        firewall, for WATCH seconds (close_watch.py; `watch_over` ends it)."""
         self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
             if conn.nat is not None and not conn.entry_deleted:  # a UDP NAT pair's kept entry
                 return [ClearDecision(conn.orig.family, conn.orig, conn.entry), remove]
             return [remove]
-        if conn.closed_on_firewall and not conn.entry_deleted:
-            # An entry tracking the close keeps its state (not brought back to ESTABLISHED);
-            # part of the close may have taken the switch, so it is not left waiting long.
-            return [ShortenConntrack(conn.orig.family, conn.orig, conn.entry, SPLIT_CLOSE_TIMEOUT), remove]
-        conn.entry_deleted = False
+        if conn.closed_on_firewall and watch is None:
+            # The firewall's word is no better than a catcher's: a FIN anyone on the path sends
+            # reaches it while the switch is not yet forwarding on the flows, and the entry's
+            # liberal window tracking takes it wherever its sequence number lies.
+            watch = CloseWatch(frozenset(), True, firewall=True)
         then: tuple[Command, ...] = (remove,)
         if watch is not None:
             conn.watch = watch
             then = (WatchFlows(conn), Later(WATCH, (WatchEnds(conn, watch),)))
+        if conn.closed_on_firewall and not conn.entry_deleted:
+            # An entry tracking the close keeps its state (not brought back to ESTABLISHED);
+            # part of the close may have taken the switch, so it is not left waiting long.
+            return [ShortenConntrack(conn.orig.family, conn.orig, conn.entry, SPLIT_CLOSE_TIMEOUT), *then]
+        conn.entry_deleted = False
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
                                  conn.handback_mark(how), then, conn.nat_ranges)]
 

@@ -73,8 +73,9 @@ PLAIN = {
                                "their packet-ins",
     "teardowns_half_closed": "Shunts (pipeline layout) taken as closed while half-closed: the packet-in of their "
                              "second FIN not heard of 0.3 s after the first",
-    "teardowns_contradicted": "Closes the catchers saw (FIN or RST) that the connection's own traffic then "
-                              "contradicted: forged on the path, most likely; the shunt is undone and made again",
+    "teardowns_contradicted": "Closes (a FIN or RST the catchers or the firewall saw) that the connection's own "
+                              "traffic then contradicted: forged on the path, most likely; the shunt is undone "
+                              "and made again",
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
     "internal_errors": "Commands that failed inside the controller",

@@ -321,7 +321,7 @@ class Dispatcher:
         """A caught close its own traffic contradicted: a FIN or RST the endpoints did not
         send (forged on the path, most likely)."""
         self.counters.inc("teardowns_contradicted")
-        self.rlog.warning("close-contradicted", "a close the catchers saw (%s) was contradicted by the "
+        self.rlog.warning("close-contradicted", "a close (%s) was contradicted by the "
                           "connection's traffic (%s; forged?): its shunt goes on, or is judged again by the "
                           "policy: %s", cmd.claimed, cmd.by, cmd.conn.describe())
 
