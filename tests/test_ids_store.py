@@ -4,6 +4,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from nfshunt.config.ids import IdsConfig
 from nfshunt.ids.rules import Kind, parse
 from nfshunt.ids.store import Added, Counts, write
@@ -253,3 +255,14 @@ def test_a_running_rule_ends_on_the_monotonic_clock_and_a_restart_gives_it_no_mo
     again = Store(path, max_rules=10, clock=later)
     again.load()
     assert again.deadline(again.get("ids:zeek", "1")) == 5.0 + 100  # not 5 + 3700
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_state_file_written_line_by_line_is_the_lines_joined(tmp_path, count):
+    """write() hands the file its lines one by one (no 18 MB join in one hold of the
+    interpreter's lock): the bytes are those of the whole joined at once."""
+    from nfshunt.ids.store import FORMAT
+    lines = [json.dumps({"n": i}).encode() for i in range(count)]
+    path = tmp_path / "ids.json"
+    write(str(path), lines)
+    assert path.read_bytes() == b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}"

@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import tempfile
-from typing import Any
+from typing import Any, Iterable
 
 MAX_DEPTH = 32  # our documents nest 4 levels; this keeps repr() and every walk far from recursion limits
 MAX_DIGITS = 100  # an integer literal's digits: 2**64 has 20; int() of thousands is slow or refused
@@ -123,16 +123,20 @@ def read(path: str, max_bytes: int) -> Any:
     return parse(data, path)
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """`data` as the file at `path`, whole or not at all: written beside it (mode 0600, its
-    folder made 0700), synced, renamed over it, and the rename synced too (it survives a
-    power cut). OSError is the caller's to report; no temporary file is left behind."""
+def write_atomic(path: str, data: bytes | Iterable[bytes]) -> None:
+    """`data` (or its parts, one after another) as the file at `path`, whole or not at all:
+    written beside it (mode 0600, its folder made 0700), synced, renamed over it, and the
+    rename synced too (it survives a power cut). OSError is the caller's to report; no
+    temporary file is left behind."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if isinstance(data, bytes):
+                fh.write(data)
+            else:  # (each buffer's write lets the other threads run: no one long hold of the lock)
+                fh.writelines(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from nfshunt.config import jsonfile
 from nfshunt.config.ids import MAX_IDS_EXPIRE, MayShunt
@@ -428,8 +428,18 @@ def read(path: str, max_rules: int) -> list[Any]:
 
 
 def write(path: str, lines: list[bytes]) -> None:
-    """The state file of these rules' lines (`Store.snapshot`), written atomically; from any thread."""
-    jsonfile.write_atomic(path, b'{"version":%d,"rules":[' % FORMAT + b",".join(lines) + b"]}")
+    """The state file of these rules' lines (`Store.snapshot`), written atomically; from any
+    thread. Written line by line: joined first, 60,000 rules' 18 MB were copied three times
+    in one hold of the interpreter's lock (28 ms) every tick, which the event loop waited
+    out (the IDS bench's p99 grew with the rules held)."""
+    jsonfile.write_atomic(path, _parts(lines))
+
+
+def _parts(lines: list[bytes]) -> Iterator[bytes]:
+    yield b'{"version":%d,"rules":[' % FORMAT
+    for i, line in enumerate(lines):
+        yield b"," + line if i else line
+    yield b"]}"
 
 
 def _overlap(a: Network, b: Network) -> bool:
