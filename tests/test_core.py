@@ -737,6 +737,22 @@ def test_a_connection_that_closes_on_the_firewall_while_its_shunt_goes_in_loses_
     assert removed.reason == adm.R_CLOSED_ON_FIREWALL and core.find(tuple_=install.conn.orig) is None
 
 
+@pytest.mark.parametrize("why", ["openflow 1.0", "no tcp_teardown", "no packet-in meter", "an rst"])
+def test_a_close_on_the_firewall_is_not_watched_where_it_cannot_be_or_an_rsts_side_is_unknown(why):
+    """The watch needs what the catchers need (OpenFlow 1.3, tcp_teardown, the packet-in
+    meter): without it the pair goes at once, as before. An RST seen on the firewall (CLOSE)
+    is not watched either: the data of the side that did not reset would contradict it."""
+    version = OFP10 if why == "openflow 1.0" else OFP13
+    kw = {"tcp_teardown": False} if why == "no tcp_teardown" else {}
+    if why == "no packet-in meter":
+        kw["packet_in_rate"] = 0
+    core = connected(version, **kw)
+    (install,) = core.conntrack_event(event())
+    core.conntrack_event(event(state=cn.CT_TCP_CLOSE if why == "an rst" else FIN_WAIT))
+    out = core.flows_confirmed(install.conn, 100.001)
+    assert types(out) == ["ShortenConntrack", "RemoveFlows"] and out[1].reason == adm.R_CLOSED_ON_FIREWALL
+
+
 def test_a_draining_shunt_whose_entry_closes_goes_and_its_entry_is_not_deleted():
     core = connected(drain=0.5)
     (install,) = core.conntrack_event(event())

@@ -687,3 +687,25 @@ def test_turns_held_together_are_written_once_each_behind_its_own_barrier():
     rig.pump()
     assert all(w.is_set() for w in waiters)
     assert all(rig.packet(FAST_A, ev.orig).outputs == (FAST_B,) for ev in evs)
+
+
+def test_a_call_the_loop_cannot_be_handed_is_not_made_and_the_next_one_is_posted():
+    from types import SimpleNamespace
+
+    from nfshunt.ids.loop import QUEUED, LoopCalls
+    posted: list = []
+
+    def post(ev):
+        if not posted:
+            posted.append(None)
+            raise RuntimeError("the loop is stopping")
+        posted.append(ev)
+    loop = LoopCalls(SimpleNamespace(post=post, held=contextlib.nullcontext))  # type: ignore[arg-type]
+    ran: list[str] = []
+    with pytest.raises(RuntimeError):
+        loop.call(lambda a: ran.append("lost"), 1.0)
+    loop.call(lambda a: ran.append("next"), 1.0)
+    posted[-1].work()
+    assert ran == ["next"]
+    for _ in range(QUEUED):  # the failed call's room was given back
+        loop.call(lambda a: None, 0.0)

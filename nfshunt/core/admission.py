@@ -19,7 +19,7 @@ from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKi
 
 from . import routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
-from .connection import ACTIVE, Action, Conn, State, closed_on_firewall
+from .connection import ACTIVE, CT_TCP_CLOSE, Action, Conn, State, closed_on_firewall
 from .layout import goes_to_pipeline
 from .pins import hard_timeout
 from .routing import NextHopTable
@@ -149,6 +149,7 @@ class Admission:
             # Its FINs crossed the firewall while the flows went in: the shunt would
             # outlive the connection, carrying a later one on its ports past the firewall.
             conn.closed_on_firewall = True
+            conn.closed_by_reset = ev.tcp_state == CT_TCP_CLOSE
             if conn.remove_reason is not None:  # a take-down already waits for the confirmation
                 return [Ignored(R_CLOSING, ev)]
             down = sh.conns.take_down(conn, R_CLOSED_ON_FIREWALL, ev.received, closed_on_firewall(ev.tcp_state))

@@ -133,6 +133,7 @@ class Conn:
     # went in. An entry not yet deleted is tracking the close and is left to it; a deleted
     # one comes back in the closing state reported (`closed_on_firewall`).
     closed_on_firewall: bool = False
+    closed_by_reset: bool = False  # (closed_on_firewall) in CLOSE: an RST, sent by a side no one can tell
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
     # FIN/RST packet-ins (cookie, in_port, segment) caught before the barrier reply: the
     # catchers forward as soon as the switch has them, so a connection may close before the

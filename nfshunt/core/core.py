@@ -156,7 +156,8 @@ class Core:
             out.append(InstallDefaults(switch.ports))
         if pipeline:
             out.append(InstallPipeline(switch.ports))
-        if version >= OFP13 and cfg.tcp_teardown and switch.packet_in_rate:
+        sh.conns.watch_closes = version >= OFP13 and cfg.tcp_teardown and bool(switch.packet_in_rate)
+        if sh.conns.watch_closes:
             out.append(LimitPacketIns(switch.packet_in_rate))
         out.append(RequestTableSize())
         out.append(RequestSwitchFlows())
@@ -170,17 +171,16 @@ class Core:
         self.shared.table_kept = any((f.in_port, f.out_port, f.vlan) in mine for f in found)
 
     def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
-        """A reloaded config (reload.py keeps every key but the live ones): static shunts
-        change as the difference only (`static`: worked out beforehand, StaticTable.change);
-        the packet-in meter takes a new rate. Nothing is sent to a switch that is not ours
-        now (away, or a pair's backup)."""
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts change
+        as the difference only (`static`: StaticTable.change); the packet-in meter takes a new
+        rate. Nothing is sent to a switch that is not ours now (away, or a pair's backup)."""
         sh = self.shared
         old, sh.cfg, sh.switch = sh.switch, cfg, switch
         out: list[Command] = sh.static.reload(cfg, switch, static)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
-        if sh.version >= OFP13 and cfg.tcp_teardown and switch.packet_in_rate and \
-                switch.packet_in_rate != old.packet_in_rate:
+        sh.conns.watch_closes = sh.version >= OFP13 and cfg.tcp_teardown and bool(switch.packet_in_rate)
+        if sh.conns.watch_closes and switch.packet_in_rate != old.packet_in_rate:
             out.append(LimitPacketIns(switch.packet_in_rate))
         return out
 

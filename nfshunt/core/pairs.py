@@ -52,6 +52,9 @@ class Connections:
         self.blocks = 0  # block pairs (with shunts: counted against the budget)
         self.entries = 0  # switch entries the pairs take (defaults not included)
         self.removing: set[Conn] = set()  # so a tick need not scan every connection
+        # The switch can show a watched close's packets (OpenFlow 1.3, tcp_teardown, a
+        # packet-in meter: the catchers' own terms; Core sets it as the switch connects).
+        self.watch_closes = False
 
     def __iter__(self) -> Iterator[Conn]:
         return iter(list(self.by_key.values()))
@@ -167,10 +170,11 @@ class Connections:
             if conn.nat is not None and not conn.entry_deleted:  # a UDP NAT pair's kept entry
                 return [ClearDecision(conn.orig.family, conn.orig, conn.entry), remove]
             return [remove]
-        if conn.closed_on_firewall and watch is None:
+        if conn.closed_on_firewall and watch is None and self.watch_closes and not conn.closed_by_reset:
             # The firewall's word is no better than a catcher's: a FIN anyone on the path sends
             # reaches it while the switch is not yet forwarding on the flows, and the entry's
-            # liberal window tracking takes it wherever its sequence number lies.
+            # liberal window tracking takes it wherever its sequence number lies. (An RST's
+            # side is not told: the data of the side that did not reset would contradict it.)
             watch = CloseWatch(frozenset(), True, firewall=True)
         then: tuple[Command, ...] = (remove,)
         if watch is not None:

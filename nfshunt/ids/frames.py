@@ -98,11 +98,12 @@ class Channel:
 
     def close(self) -> None:
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(socket.SHUT_RDWR)  # (a send waiting on it fails now)
         except OSError:
             pass
         self._reader.close()
-        self.sock.close()
+        with self._send_lock:  # not between a send's read of the descriptor and its write to it
+            self.sock.close()
 
 
 # --- what the controller sends (trusted by the child) ------------------------------------------

@@ -8,6 +8,7 @@ switch's replies, which must never wait behind a flood of requests (feeds.HANDOV
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterable, Protocol
@@ -21,6 +22,7 @@ from nfshunt.switch.switch import Switch
 
 from .calls import Outcome
 
+LOG = logging.getLogger("nfshunt")
 QUEUED = 32  # IDS calls in the event loop's queue at most
 
 
@@ -98,7 +100,15 @@ class LoopCalls:
             if self._posted:
                 return ans
             self._posted = True
-        self.host.post(EventIds(self._drain))
+        try:
+            self.host.post(EventIds(self._drain))
+        except BaseException:  # not posted: this call is not made; those that joined it are, by the next
+            with self._lock:
+                self._posted = False
+                if run in self._calls:
+                    self._calls.remove(run)
+                    self._room.release()
+            raise
         return ans
 
     def _drain(self) -> None:
@@ -113,6 +123,8 @@ class LoopCalls:
                 try:
                     run()
                 except Exception as exc:
+                    if failed is not None:  # (the first is the loop's to count and log)
+                        LOG.error("an IDS call failed on the event loop", exc_info=exc)
                     failed = failed or exc
         if failed is not None:
             raise failed

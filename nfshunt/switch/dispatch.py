@@ -182,17 +182,23 @@ class Dispatcher:
         the worker) until the last ends, then each switch's in one write: a drain of IDS
         calls makes one write for its requests, not a write, a thread hand-over and a wait
         for the interpreter's lock each (bench ids). Each turn keeps its own barrier."""
-        held = [(sw, sw.session) for sw in switches if sw.session is not None]
-        for _, session in held:
-            session.send.hold += 1
+        held = [(sw, sw.session, sw.session.send) for sw in switches if sw.session is not None]
+        for _, _, send in held:
+            send.hold += 1
         try:
             with self.worker.batched():
                 yield
         finally:
-            for sw, session in held:
-                session.send.hold -= 1
-                if not session.send.hold and sw.session is session:  # (a session gone meanwhile is moot)
-                    session.send.write()
+            for _, _, send in held:
+                send.hold -= 1
+            for sw, session, send in held:
+                if send.hold or sw.session is not session or session.send is not send:
+                    continue  # (still held further out; or a session gone or disowned meanwhile: moot)
+                try:
+                    send.write()
+                except Exception:  # one switch's failure keeps none of the others' turns unwritten
+                    self.counters.inc("internal_errors")
+                    LOG.exception("failed to write held turns to switch %s", sw.name)
 
     def _release(self, sw: Switch, session: Session) -> list[c.Command]:
         """Paced installs whose turn has come go out; the queue's freed room goes to
