@@ -72,11 +72,16 @@ def test_quick_benchmark_writes_results(quick, name, csvname, columns):
         assert sum(int(n.replace(",", "")) for n in stages.values()) == int(samples[1].replace(",", "")), report
 
 
-def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "rate", "--quick", "--proto", "udp",
-                           "--seconds", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+def _bench(out, *args: str) -> None:
+    """bench/run.py ARGS --quick --out OUT, which must succeed (its output printed for a failure)."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), *args, "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0
+
+
+def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path, integration_ready):
+    _bench(tmp_path, "rate", "--proto", "udp", "--seconds", "1")
     (row,) = csv_rows(tmp_path / "rate-netlink.csv")
     assert int(row["shunted"]) == int(row["created"]) > 0
     # The same pairs written straight to the switch, beside the controller's run.
@@ -88,10 +93,7 @@ def test_the_udp_rate_benchmark_runs_the_switch_alone_at_the_same_rate(tmp_path,
 
 
 def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "reload", "--quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    print(proc.stdout[-4000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
+    _bench(tmp_path, "reload")
     data = csv_rows(tmp_path / "reload.csv")
     assert {(int(r["streams"]), r["change"]) for r in data} == {(1, "add"), (1, "remove"), (10, "add"),
                                                                  (10, "remove")}
@@ -100,10 +102,7 @@ def test_the_reload_benchmark_confirms_every_change(tmp_path, integration_ready)
 
 
 def test_the_reload_hold_benchmark_times_status_requests_during_each_reload(tmp_path, integration_ready):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "reload-hold", "--quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    print(proc.stdout[-4000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
+    _bench(tmp_path, "reload-hold")
     data = csv_rows(tmp_path / "reload-hold.csv")
     assert [(int(r["streams"]), r["change"]) for r in data] == [(500, "add"), (500, "remove")]
     for r in data:  # a request is in flight at every moment of the reload: at least one overlaps it
@@ -114,10 +113,7 @@ def test_the_reload_hold_benchmark_times_status_requests_during_each_reload(tmp_
 
 
 def test_the_config_benchmark_validates_every_shape(tmp_path, integration_ready):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"), "config", "--quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    print(proc.stdout[-4000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
+    _bench(tmp_path, "config")
     data = csv_rows(tmp_path / "config.csv")
     assert [(int(r["entries"]), r["shape"]) for r in data] == [(1000, s) for s in ("host pair", "sources", "prefixes")]
     assert all(0 < float(r["min_ms"]) <= float(r["median_ms"]) <= float(r["max_ms"]) for r in data)

@@ -76,3 +76,17 @@ def test_recv_into_gives_each_datagram_as_socket_recv_into_does_truncated_alike(
     assert o == (BlockingIOError, 11)  # all read: nothing now, for both
     for s in (a1, b1, a2, b2):
         s.close()
+
+
+def test_sendall_sends_what_the_socket_takes_at_once_and_the_rest_waiting():
+    import threading
+    (a, b), = _pairs(socket.SOCK_STREAM, 1)
+    data = bytes(range(256)) * 400  # 102,400 bytes: far more than the buffer takes at once
+    got = bytearray()
+    reader = threading.Thread(target=lambda: [got.extend(c) for c in iter(lambda: b.recv(65536), b"")])
+    reader.start()
+    held.sendall(a, data)
+    a.close()
+    reader.join(5)
+    b.close()
+    assert bytes(got) == data

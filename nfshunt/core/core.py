@@ -49,7 +49,7 @@ from .commands import (
 )
 from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
-from .layout import PIPELINE_ENTRIES, max_pair_entries
+from .layout import PIPELINE_ENTRIES, max_pair_entries, watches_closes
 from .overrides import Overrides
 from .pins import PIN_TTL, IdsHold, hard_timeout
 from .reconcile import Reconciler, default_paths, table_1_complete
@@ -156,7 +156,7 @@ class Core:
             out.append(InstallDefaults(switch.ports))
         if pipeline:
             out.append(InstallPipeline(switch.ports))
-        sh.conns.watch_closes = version >= OFP13 and cfg.tcp_teardown and bool(switch.packet_in_rate)
+        sh.conns.watch_closes = watches_closes(version, cfg, switch)
         if sh.conns.watch_closes:
             out.append(LimitPacketIns(switch.packet_in_rate))
         out.append(RequestTableSize())
@@ -179,7 +179,7 @@ class Core:
         out: list[Command] = sh.static.reload(cfg, switch, static)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
-        sh.conns.watch_closes = sh.version >= OFP13 and cfg.tcp_teardown and bool(switch.packet_in_rate)
+        sh.conns.watch_closes = watches_closes(sh.version, cfg, switch)
         if sh.conns.watch_closes and switch.packet_in_rate != old.packet_in_rate:
             out.append(LimitPacketIns(switch.packet_in_rate))
         return out

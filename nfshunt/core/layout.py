@@ -5,7 +5,8 @@ and the probe's recommendation. No I/O."""
 from __future__ import annotations
 
 from nfshunt.config.settings import Config
-from nfshunt.records.model import OFP10, TCP, Action
+from nfshunt.config.switch import SwitchConfig
+from nfshunt.records.model import OFP10, OFP13, TCP, Action
 
 from .connection import Conn
 
@@ -16,6 +17,12 @@ SINGLE_TCP_ENTRIES = 6  # a TCP shunt in the single layout: its two flows and fo
 def catches_teardown(version: int | None, cfg: Config, conn: Conn) -> bool:
     """A TCP shunt on OpenFlow 1.3 gets FIN and RST catchers (see teardown.py)."""
     return version != OFP10 and cfg.tcp_teardown and conn.action is Action.SHUNT and conn.orig.proto == TCP
+
+
+def watches_closes(version: int, cfg: Config, switch: SwitchConfig) -> bool:
+    """The switch can show a watched close's packets to the controller: the catchers' own
+    terms (OpenFlow 1.3, tcp_teardown), with their packet-in meter."""
+    return version >= OFP13 and cfg.tcp_teardown and bool(switch.packet_in_rate)
 
 
 def entries_per_pair(teardown: bool, pipeline: bool) -> int:

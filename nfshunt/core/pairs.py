@@ -52,8 +52,8 @@ class Connections:
         self.blocks = 0  # block pairs (with shunts: counted against the budget)
         self.entries = 0  # switch entries the pairs take (defaults not included)
         self.removing: set[Conn] = set()  # so a tick need not scan every connection
-        # The switch can show a watched close's packets (OpenFlow 1.3, tcp_teardown, a
-        # packet-in meter: the catchers' own terms; Core sets it as the switch connects).
+        # The switch can show a watched close's packets (layout.watches_closes; Core sets it
+        # as the switch connects and at a reload).
         self.watch_closes = False
 
     def __iter__(self) -> Iterator[Conn]:

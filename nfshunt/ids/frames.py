@@ -64,13 +64,8 @@ class Channel:
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":")).encode()
         frame = HEAD.pack(VERSION, len(data)) + data
-        with self._send_lock:
-            try:  # at once, keeping the interpreter's lock (an answer, from the event loop: kernel/held.py)
-                sent = held.send(self.sock.fileno(), frame)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(frame):  # the rest as before, waiting (up to the socket's send timeout)
-                self.sock.sendall(frame[sent:])
+        with self._send_lock:  # (an answer, from the event loop: the interpreter's lock kept if it can be)
+            held.sendall(self.sock, frame)
 
     def receive(self) -> dict[str, Any] | None:
         """The next message; None at the peer's end (EOF). FrameError: not a frame."""

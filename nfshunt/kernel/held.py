@@ -47,6 +47,17 @@ def send(fd: int, data: bytes | bytearray | memoryview) -> int:
     return n
 
 
+def sendall(sock: socket.socket, data: bytes) -> None:
+    """sock.sendall(data): as much as the socket takes at once with `send`, the rest (if
+    any) with the socket's own call, which waits, letting go of the lock."""
+    try:
+        sent = send(sock.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
 class Receiver:
     """recv_into(buf, 0, MSG_DONTWAIT) into one bytearray, read again and again."""
 

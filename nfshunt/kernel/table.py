@@ -161,25 +161,22 @@ class _Lookups:
         self.sock = _lookup_socket()
         self.seq = 0
         # (a test's stand-in for the socket has no descriptor: its own send and recv)
-        self._held = held.Receiver(bytearray(1 << 16)) if isinstance(self.sock, socket.socket) else None
+        self._receiver = held.Receiver(bytearray(1 << 16)) if isinstance(self.sock, socket.socket) else None
 
     def _send(self, request: bytes) -> None:
         """The request sent keeping the interpreter's lock (the event loop's: kernel/held.py)."""
-        if self._held is not None:
-            try:
-                held.send(self.sock.fileno(), request)
-                return
-            except BlockingIOError:
-                pass
-        self.sock.send(request)
+        if self._receiver is not None:
+            held.sendall(self.sock, request)
+        else:
+            self.sock.send(request)
 
     def _received(self) -> bytes:
         """The next datagram: at once if it is there (the kernel answers within the send's
         own system call), else waited for (SO_RCVTIMEO)."""
-        if self._held is not None:
+        if self._receiver is not None:
             try:
-                n = self._held.recv_into(self.sock.fileno())
-                return bytes(self._held.buf[:n])
+                n = self._receiver.recv_into(self.sock.fileno())
+                return bytes(self._receiver.buf[:n])
             except BlockingIOError:
                 pass
         return self.sock.recv(1 << 16)
