@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
+from nfshunt.kernel import codec
 from nfshunt.kernel.codec import parse_datagram, parse_entry
 from nfshunt.records import model
 from nfshunt.records.model import EventKind, address_text
@@ -69,6 +70,22 @@ def test_events_of_one_host_share_its_address_text():
     assert first.orig.dst is second.orig.dst is third.orig.dst
     assert first.orig.src is third.orig.src and first.orig.src is not second.orig.src
 
+
+
+def test_events_of_one_mark_share_its_int_and_the_cache_is_bounded(monkeypatch):
+    """A shunt keeps its entry's mark for its life: connections a policy marked alike must
+    not each hold an int of their own; a flood of distinct marks costs no more than the bound."""
+    a = message(4, 17, "10.64.0.1", "10.65.0.1", 1024, 5201, 1, 0x71210000, None, True)
+    b = message(4, 17, "10.64.0.2", "10.65.0.1", 1025, 5201, 2, 0x71210000, None, True)
+    first, second = parse_datagram(a + b, 0.0, lambda w: None)
+    assert first.mark == 0x71210000 and first.mark is second.mark
+    monkeypatch.setattr(codec, "MARKS_MAX", 100)
+    monkeypatch.setattr(codec, "_MARKS", {})
+    for i in range(1000):
+        value = 0x71210000 + i
+        (ev,) = parse_datagram(message(4, 17, "10.64.0.1", "10.65.0.1", 1024, 5201, 1, value, None, True), 0.0,
+                               lambda w: None)
+        assert ev.mark == value and len(codec._MARKS) <= 100
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, max_size=16)))

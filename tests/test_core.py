@@ -217,6 +217,17 @@ def test_half_removed_pair_is_forgotten_after_grace():
     assert not core.by_key
 
 
+
+def test_a_pairs_key_is_its_id_and_slot_and_slot_0_keeps_the_ids_own_int():
+    """The table holds 100,000 pairs by key: slot 0's (the common case) is the id's own int
+    object, not one more int a pair; every slot's key still names its id and slot."""
+    ct_id = 3_000_000_000 + 7  # (an int Python does not keep shared itself)
+    assert cookies.key(ct_id) is ct_id and cookies.key(ct_id, 0) is ct_id
+    for slot in (0, 1, 15):
+        k = cookies.key(ct_id, slot)
+        assert k & 0xFFFFFFFF == ct_id and k >> cookies.KEY_SLOT_SHIFT == slot
+        assert cookies.parse(cookies.make(cookies.Kind.SHUNT, k)) == (cookies.Kind.SHUNT, k, False)
+
 def test_foreign_and_default_cookies_in_flow_removed_are_ignored():
     core = connected()
     assert core.flow_removed(0x1234, "idle timeout", 0, 0, 0, 0) == []

@@ -168,7 +168,7 @@ class Conn:
     @property
     def key(self) -> int:
         """What the pair's cookies name, and what the table holds it by."""
-        return self.ct_id | self.slot << cookies.KEY_SLOT_SHIFT
+        return cookies.key(self.ct_id, self.slot)
 
     @property
     def kind(self) -> cookies.Kind:

@@ -98,6 +98,20 @@ def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
 # Every port number as one shared int: a shunt keeps its ports for its life, and an int
 # made per event costs 32 B (2.5 MB once, against 6 MB at 100,000 shunts).
 _PORTS = tuple(range(65536))
+# One int object a mark value, for the same reason: a policy gives many connections the same
+# few marks (32 B a shunt: 3 MB at 100,000, bench/results/2026-11-28/README.md). Bounded like the addresses.
+MARKS_MAX = 4096
+_MARKS: dict[int, int] = {}
+
+
+def shared_mark(value: int) -> int:
+    """`value`, as the one int object every event with that mark holds while the cache does."""
+    mark = _MARKS.get(value)
+    if mark is None:
+        if len(_MARKS) >= MARKS_MAX:
+            _MARKS.clear()
+        mark = _MARKS[value] = value
+    return mark
 
 
 def _fast_tuple(data: bytes, span: tuple[int, int] | None, family: int, zone: int) -> FlowTuple:
@@ -154,7 +168,7 @@ def parse_fast(data: bytes, offset: int, length: int, kind: EventKind, received:
     orig = _fast_tuple(data, top.get(CTA_TUPLE_ORIG), family, zone_id)
     reply = _fast_tuple(data, top.get(CTA_TUPLE_REPLY), family, zone_id)
     return ConnEvent(kind, BE32.unpack_from(data, ct_id[0])[0], orig, _mirrored(orig, reply),
-                     BE32.unpack_from(data, mark[0])[0] if mark and mark[1] - mark[0] == 4 else 0,
+                     shared_mark(BE32.unpack_from(data, mark[0])[0]) if mark and mark[1] - mark[0] == 4 else 0,
                      state, received)
 
 

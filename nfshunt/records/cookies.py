@@ -62,7 +62,8 @@ KEY_SLOT_SHIFT = 32
 
 
 def key(ct_id: int, slot: int = 0) -> int:
-    return slot << KEY_SLOT_SHIFT | ct_id
+    """(Slot 0's key is the id's own int object: no 32 B int a pair for the table's key.)"""
+    return ct_id if not slot else slot << KEY_SLOT_SHIFT | ct_id
 
 
 def make(kind: Kind, pair_key: int = 0, reply: bool = False, authority: Authority = Authority.POLICY) -> int:
