@@ -194,7 +194,9 @@ def _conns(prober: Prober, proto: int, n: int) -> tuple[Conn, Conn]:
     t = FlowTuple(4, proto, "198.51.100.1", "198.51.100.2", 40200 + n, 9)
     routed = Conn(t, t.reversed(), SHAPE_ID + SHAPE_BASE + 2 * n, Action.SHUNT, a, b, 0.0, hops=HOPS)
     reply = FlowTuple(4, proto, NAT_SERVER, NAT_TO, NAT_SERVER_PORT, NAT_PORT)  # SNAT and DNAT, ports both
-    return routed, dataclasses.replace(routed, reply=reply, ct_id=routed.ct_id + 1, nat=nat_rewrite(t, reply))
+    translated = Conn(t, reply, routed.ct_id + 1, Action.SHUNT, a, b, 0.0, hops=HOPS)
+    translated.nat = nat_rewrite(t, reply)
+    return routed, translated
 
 
 def _conn6(prober: Prober, n: int) -> Conn:

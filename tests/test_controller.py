@@ -15,6 +15,21 @@ def test_the_controller_collects_young_objects_less_often_and_never_fully_on_its
         gc.set_threshold(*saved)
 
 
+def test_start_up_empties_the_caches_os_ken_s_import_left_in_its_abstract_packet_classes():
+    """os-ken's packet module asks of every class it imports whether it is a PacketBase;
+    PacketBase and each subclass kept every answer (3.3 MB). `tune` empties the caches."""
+    import _abc
+
+    from os_ken.lib.packet import ethernet, packet, packet_base  # noqa: F401  (fills them)
+
+    def negative_cache() -> int:
+        return len(_abc._get_dump(packet_base.PacketBase)[2])
+    assert issubclass(int, packet_base.PacketBase) is False and negative_cache() > 0
+    assert collector.clear_abc_caches() > 40 and negative_cache() == 0
+    assert issubclass(ethernet.ethernet, packet_base.PacketBase)  # the answers stay right
+    assert not issubclass(int, packet_base.PacketBase) and negative_cache() == 1
+
+
 def test_full_collections_wait_for_a_quiet_second_and_come_at_the_latest_after_full_max():
     made: list[int | str] = []
     clock = iter(range(0, 1000, 2)).__next__  # each collection "takes" 2 s (logged: over SLOW)

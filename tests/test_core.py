@@ -7,7 +7,7 @@ from nfshunt.core import confirmation, layout, pins, removal
 from nfshunt.core import connection as cn
 from nfshunt.core import core as c
 from nfshunt.records import cookies
-from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, SwitchFlow
+from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple, SwitchFlow
 from tests.helpers import config, event
 
 
@@ -227,6 +227,41 @@ def test_a_pairs_key_is_its_id_and_slot_and_slot_0_keeps_the_ids_own_int():
         k = cookies.key(ct_id, slot)
         assert k & 0xFFFFFFFF == ct_id and k >> cookies.KEY_SLOT_SHIFT == slot
         assert cookies.parse(cookies.make(cookies.Kind.SHUNT, k)) == (cookies.Kind.SHUNT, k, False)
+
+
+def test_a_pair_is_found_by_either_direction_and_keeps_no_mirror_of_its_original():
+    """100,000 pairs kept their reply tuples and indexed them: a mirror of the original is
+    now made when asked for, and only a NAT pair's reply is kept and indexed."""
+    core = connected()
+    conn = shunted(core)
+    assert conn._reply is None and conn.reply == conn.orig.reversed()
+    assert list(core.conns.tuples) == [conn.orig]
+    assert core.find(tuple_=conn.orig) is conn and core.find(tuple_=conn.reply) is conn
+    assert core.find(tuple_=conn.orig._replace(sport=1)) is None
+    # A NAT pair: its reply is not its original's mirror, so that mirror names no pair.
+    orig = conn.orig._replace(sport=40001)
+    reply = FlowTuple(4, orig.proto, orig.dst, "192.0.2.9", orig.dport, 61000)
+    nat = cn.Conn(orig, reply, 8, conn.action, conn.ingress, conn.egress, 100.0)
+    core.conns.remember(nat, 2)
+    assert nat.translated and nat.reply is reply
+    assert core.find(tuple_=reply) is nat and core.find(tuple_=orig) is nat
+    assert core.find(tuple_=orig.reversed()) is None
+    core.conns.forget(nat)
+    assert core.find(tuple_=reply) is None and list(core.conns.tuples) == [conn.orig]
+
+def test_a_plain_shunt_keeps_no_seldom_part_until_one_of_its_fields_is_set():
+    """18 fields few pairs set live apart (connection.Seldom): a confirmed shunt has none;
+    a field set to its default makes none; a take-down makes one."""
+    core = connected()
+    conn = shunted(core)
+    assert conn._seldom is None and conn.watch is None and conn.hard_timeout == 0 and not conn.adopted
+    conn.hard_timeout, conn.nat, conn.adopted = 0, None, False
+    assert conn._seldom is None
+    core.remove(conn, "flush", 102.0)
+    assert conn._seldom is not None and conn.remove_reason == "flush" and conn.removing_since == 102.0
+    assert conn.hard_timeout == 0 and conn.fins == 0  # the others still read as their defaults
+    assert isinstance(cn.Conn.watch, cn._Seldom) and cn.Conn.watch.name == "watch"
+
 
 def test_foreign_and_default_cookies_in_flow_removed_are_ignored():
     core = connected()

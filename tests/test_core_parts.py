@@ -90,7 +90,7 @@ def test_the_admission_decides_against_the_shared_state_alone():
     assert admission.conntrack_event(event())[0].reason == adm.R_NO_SWITCH
     shared.version, shared.reconciled = OFP13, True
     (install,) = admission.conntrack_event(event())
-    assert shared.conns.tuples[install.conn.reply] is install.conn and shared.conns.shunts == 1
+    assert shared.conns.by_tuple(install.conn.reply) is install.conn and shared.conns.shunts == 1
     assert admission.conntrack_event(event(sport=2, ct_id=2))[0].reason == adm.R_BUDGET
     assert list(shared.waiting) == [event(sport=2).orig]
 

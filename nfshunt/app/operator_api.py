@@ -482,11 +482,11 @@ def rules_by_source(switches: list[Switch], ids: IdsBackend | None) -> dict[str,
     directions: each counts once. Read on the event loop (status) or a scrape thread."""
     pinned_pairs = operator = 0
     for sw in switches:
-        tuples = sw.core.conns.tuples
+        conns = sw.core.conns
         for t, pin in list(sw.core.pins.items()):
             if pin.source is None:
                 operator += 1
-            elif t in tuples:
+            elif conns.by_tuple(t) is not None:
                 pinned_pairs += 1
     pairs = sum(sw.core.shunts + sw.core.blocks for sw in switches)
     return {"policy": pairs - pinned_pairs // 2, "operator": operator // 2, **(ids.by_source() if ids else {})}

@@ -173,8 +173,8 @@ class Admission:
         """The pair an event's decision makes, remembered."""
         action, ingress, egress, idle, authority, hard, sides = decided
         conn = Conn(ev.orig, ev.reply, ev.ct_id, action, ingress, egress, ev.received, event_kind=ev.kind,
-                    tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, idle_timeout=idle, authority=authority,
-                    hard_timeout=hard, sides=sides)
+                    tcp_state=ev.tcp_state, mark=ev.mark, slot=slot, authority=authority, sides=sides)
+        conn.idle_timeout, conn.hard_timeout = idle, hard
         if action is Action.SHUNT and sides is not None and self.shared.switch.experimental_routed:
             hops = self.shared.next_hops.hops(ev, sides, ev.received)  # (decide found them)
             conn.hops = hops if not isinstance(hops, str) else None
@@ -192,7 +192,7 @@ class Admission:
         if ev.kind is EventKind.DESTROY:
             return _new_verdict(Verdict, (FORGET, R_DESTROY, None, None, 0, None))
         # A connection we handle: either side may be the new entry's original direction.
-        existing = sh.conns.tuples.get(ev.orig)
+        existing = sh.conns.by_tuple(ev.orig)
         if existing is not None:
             if existing.state in ACTIVE and existing.entry != ev.ct_id:
                 return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from operator import attrgetter
+from typing import Callable, Generic, NamedTuple, TypeVar, overload
 
 from nfshunt.config.switch import PortGroup, RoutedSide
 from nfshunt.records import cookies, markcodec
@@ -44,6 +45,8 @@ from nfshunt.records.model import TCP, Action, ConnEvent, EventKind, FlowTuple, 
 from nfshunt.records.segment import Segment
 
 from .close_watch import CloseWatch
+
+T = TypeVar("T")
 
 
 class State(enum.Enum):
@@ -100,10 +103,77 @@ def closed_on_firewall(tcp_state: int | None) -> Handback:
     return closing(state, False)
 
 
+class FlowCount(NamedTuple):
+    """A removed flow's counts, as its flow-removed reported them."""
+    packets: int
+    bytes: int
+    duration: float
+
+
+@dataclass(slots=True)
+class Seldom:
+    """What few pairs ever set (a NAT's, an IDS's, a close's, a take-down's), kept apart:
+    each of 100,000 plain shunts held 18 empty fields, 14 MB. Read and set as the pair's
+    own fields (`Conn`), which make this part when one is first set to other than its
+    default."""
+    removing_since: float | None = None
+    gone: set[bool] | None = None
+    stats: dict[bool, FlowCount] | None = None
+    resume: ConnEvent | None = None
+    fins: int = 0
+    first_fin_reply: bool = False
+    fin_seqs: dict[bool, int] | None = None
+    remove_reason: str | None = None
+    adopted: bool = False
+    closed_on_firewall: bool = False
+    closed_by_reset: bool = False
+    early: list[tuple[int, int, Segment | None]] | None = None
+    nat: tuple[Rewrite, Rewrite] | None = None
+    nat_refreshed: float | None = None
+    idle_timeout: int | None = None
+    watch: CloseWatch | None = None
+    hard_timeout: int = 0
+    entry_id: int | None = None
+
+
+class _Seldom(Generic[T]):
+    """A field of `Conn` kept in its `Seldom` part: its default while the pair has none."""
+
+    def __init__(self, default: T) -> None:
+        self.default = default
+        self.name = ""
+        self._get: Callable[[Seldom], T] = attrgetter("")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self._get = attrgetter(name)
+
+    @overload
+    def __get__(self, conn: None, owner: type) -> _Seldom[T]: ...
+    @overload
+    def __get__(self, conn: Conn, owner: type) -> T: ...
+
+    def __get__(self, conn: Conn | None, owner: type) -> T | _Seldom[T]:
+        if conn is None:
+            return self
+        part = conn._seldom
+        return self.default if part is None else self._get(part)
+
+    def __set__(self, conn: Conn, value: T) -> None:
+        part = conn._seldom
+        if part is None:
+            if value is self.default:  # (None, False, 0: nothing to keep)
+                return
+            part = conn._seldom = Seldom()
+        setattr(part, self.name, value)
+
+
 @dataclass(eq=False, slots=True)
 class Conn:
     orig: FlowTuple
-    reply: FlowTuple
+    # The reply direction's tuple as given, kept only where it is not the original's mirror
+    # (a NAT entry's): 100,000 pairs kept 10 MB of mirrors, and their index as much. `reply`.
+    _reply: FlowTuple | None
     ct_id: int  # its entry's kernel id (a 32-bit hash: another live entry, or one re-made on the tuple, may share it)
     action: Action  # SHUNT or BLOCK
     ingress: PortGroup  # bridge port the original direction entered by
@@ -111,54 +181,72 @@ class Conn:
     event_time: float
     state: State = State.PENDING
     confirmed_time: float | None = None
-    removing_since: float | None = None
-    gone: set[bool] | None = None  # directions whose flow was removed (allocated on removal)
-    stats: dict[bool, "FlowCount"] | None = None
-    resume: ConnEvent | None = None  # an event that waits for this pair to leave
     # What a retry of the event that created it needs (if the switch had no room); the
     # event itself is not kept: held until confirmation, 100,000 of them fragmented memory.
     event_kind: EventKind | None = None  # None: adopted from a switch, never retried
     tcp_state: int | None = None
     mark: int = 0  # the entry's mark: hand-backs keep the admin's bits
     action_counted: bool = True  # still counted in the budget (an evicted pair is not)
-    fins: int = 0  # FINs caught: 1 original direction, 2 reply
-    first_fin_reply: bool = False
-    # Each direction's caught FIN's sequence number (True: the reply's), where its packet-in
-    # had the headers (close_watch.py: what data after the close may be).
-    fin_seqs: dict[bool, int] | None = None
-    remove_reason: str | None = None  # set when NFShunt itself takes the pair down
-    adopted: bool = False  # read back from a switch, not installed from a policy decision
     entry_deleted: bool = False  # the firewall no longer tracks it (see the take-down rule)
-    # Its entry reported closing: the connection closed on the slow path while the flows
-    # went in. An entry not yet deleted is tracking the close and is left to it; a deleted
-    # one comes back in the closing state reported (`closed_on_firewall`).
-    closed_on_firewall: bool = False
-    closed_by_reset: bool = False  # (closed_on_firewall) in CLOSE: an RST, sent by a side no one can tell
     entries: int = 2  # flow entries the pair takes on the switch (set when remembered)
-    # FIN/RST packet-ins (cookie, in_port, segment) caught before the barrier reply: the
-    # catchers forward as soon as the switch has them, so a connection may close before the
-    # controller knows its flows are in; they are taken once it does.
-    early: list[tuple[int, int, Segment | None]] | None = None
     slot: int = 0  # tells it apart from live pairs whose ct_id is the same (cookies.py)
     hops: tuple[NextHop, NextHop] | None = None  # a routing firewall's: the original's, the reply's (routing.py)
     # A routing firewall's: the interfaces the original entered and left by (the mark's;
     # read back: the flows' tags), whose tags its flows match and put on; None bridged,
     # where a side's tag is its group's for the entry's zone.
     sides: tuple[RoutedSide, RoutedSide] | None = None
-    # A NAT entry's (forward, reverse) rewrite (records.model.nat_rewrite): its flows translate
-    # as the firewall did, and its entry is kept for the pair's life (confirmation.py).
-    nat: tuple[Rewrite, Rewrite] | None = None
-    nat_refreshed: float | None = None  # when its kept entry's timeout was last given (core/nat.py)
-    idle_timeout: int | None = None  # its IDS rule's (pins.py); None: the config's default for its action
-    watch: CloseWatch | None = None  # a caught close being watched (close_watch.py)
     # What decided it (cookies.Authority, named in its cookie): an IDS's rule or an operator's
     # pin that changed the policy's decision bounds the pair on the switch itself with
     # `hard_timeout` (seconds from its install; adopted: what its flows had left; 0 none).
     authority: cookies.Authority = cookies.Authority.POLICY
-    hard_timeout: int = 0
+    _seldom: Seldom | None = None
+
+    # --- the seldom fields (Seldom: set after the pair is made) ------------------------------
+    removing_since = _Seldom[float | None](None)
+    gone = _Seldom[set[bool] | None](None)  # directions whose flow was removed (allocated on removal)
+    stats = _Seldom[dict[bool, FlowCount] | None](None)
+    resume = _Seldom[ConnEvent | None](None)  # an event that waits for this pair to leave
+    fins = _Seldom[int](0)  # FINs caught: 1 original direction, 2 reply
+    first_fin_reply = _Seldom[bool](False)
+    # Each direction's caught FIN's sequence number (True: the reply's), where its packet-in
+    # had the headers (close_watch.py: what data after the close may be).
+    fin_seqs = _Seldom[dict[bool, int] | None](None)
+    remove_reason = _Seldom[str | None](None)  # set when NFShunt itself takes the pair down
+    adopted = _Seldom[bool](False)  # read back from a switch, not installed from a policy decision
+    # Its entry reported closing: the connection closed on the slow path while the flows
+    # went in. An entry not yet deleted is tracking the close and is left to it; a deleted
+    # one comes back in the closing state reported (`closed_on_firewall`).
+    closed_on_firewall = _Seldom[bool](False)
+    closed_by_reset = _Seldom[bool](False)  # (closed_on_firewall) in CLOSE: an RST, sent by a side no one can tell
+    # FIN/RST packet-ins (cookie, in_port, segment) caught before the barrier reply: the
+    # catchers forward as soon as the switch has them, so a connection may close before the
+    # controller knows its flows are in; they are taken once it does.
+    early = _Seldom[list[tuple[int, int, Segment | None]] | None](None)
+    # A NAT entry's (forward, reverse) rewrite (records.model.nat_rewrite): its flows translate
+    # as the firewall did, and its entry is kept for the pair's life (confirmation.py).
+    nat = _Seldom[tuple[Rewrite, Rewrite] | None](None)
+    nat_refreshed = _Seldom[float | None](None)  # when its kept entry's timeout was last given (core/nat.py)
+    idle_timeout = _Seldom[int | None](None)  # its IDS rule's (pins.py); None: the config's default for its action
+    watch = _Seldom[CloseWatch | None](None)  # a caught close being watched (close_watch.py)
+    hard_timeout = _Seldom[int](0)  # (authority)
     # Its kernel entry's id where that is not ct_id: a NAT pair kept at a pair's takeover,
     # whose entry conntrackd's commit made anew (routed_adoption.py). None: ct_id.
-    entry_id: int | None = None
+    entry_id = _Seldom[int | None](None)
+
+    def __post_init__(self) -> None:
+        if self._reply is not None and self._reply == self.orig.reversed():
+            self._reply = None
+
+    @property
+    def reply(self) -> FlowTuple:
+        """The reply direction's tuple: the original's mirror unless the entry was NATed."""
+        reply = self._reply
+        return self.orig.reversed() if reply is None else reply
+
+    @property
+    def translated(self) -> bool:
+        """Its reply is not the original's mirror (a NAT entry's): the tables index both."""
+        return self._reply is not None
 
     @property
     def entry(self) -> int:
@@ -221,10 +309,3 @@ class Conn:
         its port bits are made from its port groups."""
         mark = self.mark or markcodec.encode(*self.ports)
         return mark if how.keep_decision else mark & ~markcodec.DECISION_MASK
-
-
-class FlowCount(NamedTuple):
-    """A removed flow's counts, as its flow-removed reported them."""
-    packets: int
-    bytes: int
-    duration: float

@@ -310,7 +310,7 @@ class Core:
     def find(self, ct_id: int | None = None, tuple_: FlowTuple | None = None) -> Conn | None:
         """A handled connection by conntrack id or by either direction's tuple."""
         if tuple_ is not None:
-            return self.conns.tuples.get(tuple_)
+            return self.conns.by_tuple(tuple_)
         return self.conns.with_id(ct_id) if ct_id is not None else None
 
     def pin(self, orig: FlowTuple, action: Action, now: float, ttl: float = PIN_TTL) -> list[Command]:

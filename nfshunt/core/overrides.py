@@ -46,7 +46,7 @@ class Overrides:
         sh = self.shared
         sh.pins.hold(orig, action, now, ttl)
         out: list[Command] = []
-        conn = sh.conns.tuples.get(orig)
+        conn = sh.conns.by_tuple(orig)
         if conn is not None and not (action is Action.BLOCK and conn.action is Action.BLOCK):
             why = "unshunt by operator" if action is Action.IGNORE else "blocked by operator"
             out.extend(sh.conns.take_down(conn, why, now))
@@ -72,7 +72,7 @@ class Overrides:
         if hold.action is not Action.BLOCK:
             return []
         out = sh.static.block(orig, now, hard_timeout(hold.until, now))
-        conn = sh.conns.tuples.get(orig)
+        conn = sh.conns.by_tuple(orig)
         if conn is not None and conn.action is not Action.BLOCK:
             out.extend(sh.conns.take_down(conn, f"blocked by {hold.source}", now))
         return out
@@ -93,7 +93,7 @@ class Overrides:
             out.extend(sh.static.block(orig, now, hard_timeout(successor.until, now)))
         elif released.action is Action.BLOCK:
             out.extend(sh.static.unblock(orig, reason))
-        conn = sh.conns.tuples.get(orig)
+        conn = sh.conns.by_tuple(orig)
         if conn is None:
             return out
         mark = markcodec.decode(conn.mark)

@@ -45,7 +45,9 @@ class Connections:
     def __init__(self) -> None:
         # Every pair by key (conntrack id and slot: what its cookies name), an int the pair
         # makes from what it holds anyway: 100,000 pairs took 10 MB more as a table by
-        # original tuple and another by cookie. `tuples` serves lookups by either direction.
+        # original tuple and another by cookie. `tuples` holds each pair by its original
+        # tuple, and a NAT pair by its reply too; a pair's reply is otherwise found by its
+        # mirror (`by_tuple`): indexed, 100,000 pairs' replies took 15 MB.
         self.by_key: dict[int, Conn] = {}
         self.tuples: dict[FlowTuple, Conn] = {}
         self.shunts = 0  # shunt pairs in the table
@@ -70,6 +72,14 @@ class Connections:
         if states is None:
             return True
         return conn.state is states if isinstance(states, State) else conn.state in states
+
+    def by_tuple(self, t: FlowTuple) -> Conn | None:
+        """The pair with `t` as either direction's tuple."""
+        conn = self.tuples.get(t)
+        if conn is not None:
+            return conn
+        conn = self.tuples.get(t.reversed())  # `t` a reply: the mirror of its original
+        return conn if conn is not None and conn.reply == t else None
 
     def named(self, kind: cookies.Kind, key: int) -> Conn | None:
         """The pair a cookie of this kind and key names."""
@@ -97,7 +107,9 @@ class Connections:
 
     def remember(self, conn: Conn, entries: int) -> None:
         self.by_key[conn.key] = conn
-        self.tuples[conn.orig] = self.tuples[conn.reply] = conn
+        self.tuples[conn.orig] = conn
+        if conn.translated:
+            self.tuples[conn.reply] = conn
         self._count(conn, 1)
         conn.entries = entries
         self.entries += entries
@@ -109,7 +121,7 @@ class Connections:
             self.entries -= conn.entries
             if conn.action_counted:
                 self._count(conn, -1)
-        for t in (conn.orig, conn.reply):
+        for t in (conn.orig, conn.reply) if conn.translated else (conn.orig,):
             if self.tuples.get(t) is conn:
                 del self.tuples[t]
 

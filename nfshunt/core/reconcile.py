@@ -232,7 +232,7 @@ class Reconciler:
         if kind is cookies.Kind.SHUNT and (fwd.out_port != egress.fast or rev.out_port != ingress.fast):
             return None
         conns = self.shared.conns
-        if fwd.match in conns.tuples or rev.match in conns.tuples or key in conns.by_key:
+        if conns.by_tuple(fwd.match) is not None or conns.by_tuple(rev.match) is not None or key in conns.by_key:
             return None  # (an id held by a pair of the other kind: its flows go as orphans)
         switch = self.shared.switch
         sides = flow_sides(switch, fwd, rev) if switch.sides else None
@@ -255,8 +255,9 @@ class Reconciler:
             authority = cookies.Authority.UNKNOWN  # not a pair this version writes: never named
         # A NAT pair's entry was kept (routed.md 5.6): looked up before it is relied on.
         conn = Conn(fwd.match, reply, key & 0xFFFFFFFF, action, ingress, egress, now, state=State.LIVE,
-                    confirmed_time=now, adopted=True, entry_deleted=nat is None, slot=key >> cookies.KEY_SLOT_SHIFT,
-                    authority=authority, hard_timeout=left, hops=hops, nat=nat, sides=sides)
+                    confirmed_time=now, entry_deleted=nat is None, slot=key >> cookies.KEY_SLOT_SHIFT,
+                    authority=authority, hops=hops, sides=sides)
+        conn.adopted, conn.hard_timeout, conn.nat = True, left, nat
         self.shared.remember(conn)
         if hops is not None:
             self.shared.next_hops.use(conn)  # (the tables' news find it: tables.py)

@@ -69,6 +69,9 @@ class EventKind(enum.Enum):
     DUMP = "dump"  # an entry read by a resync dump rather than heard as an event
 
 
+_new_tuple = tuple.__new__
+
+
 class FlowTuple(NamedTuple):
     """One direction of a connection: what the switch matches on. A named tuple: made
     for every event and looked up in several tables per shunt, and a tuple's hash and
@@ -102,7 +105,10 @@ class FlowTuple(NamedTuple):
         return f"{text}, zone={self.zone!r})" if self.zone else f"{text})"
 
     def reversed(self) -> "FlowTuple":
-        return FlowTuple(self.family, self.proto, self.dst, self.src, self.dport, self.sport, self.zone)
+        # tuple.__new__ skips the named tuple's Python-level __new__: half the time, and a
+        # pair's reply is made this way each time it is asked for (core/connection.Conn.reply).
+        family, proto, src, dst, sport, dport, zone = self
+        return _new_tuple(FlowTuple, (family, proto, dst, src, dport, sport, zone))
 
 
 @dataclass(slots=True)
