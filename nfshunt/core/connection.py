@@ -172,7 +172,8 @@ class _Seldom(Generic[T]):
 class Conn:
     orig: FlowTuple
     # The reply direction's tuple as given, kept only where it is not the original's mirror
-    # (a NAT entry's): 100,000 pairs kept 10 MB of mirrors, and their index as much. `reply`.
+    # (a NAT entry's): 100,000 pairs kept 10 MB of mirrors, and their index as much. Read it
+    # as `reply`.
     _reply: FlowTuple | None
     ct_id: int  # its entry's kernel id (a 32-bit hash: another live entry, or one re-made on the tuple, may share it)
     action: Action  # SHUNT or BLOCK
