@@ -263,6 +263,17 @@ def test_a_plain_shunt_keeps_no_seldom_part_until_one_of_its_fields_is_set():
     assert isinstance(cn.Conn.watch, cn._Seldom) and cn.Conn.watch.name == "watch"
 
 
+def test_every_seldom_field_reads_the_same_default_with_or_without_its_part():
+    """A seldom field's default is written twice (Seldom's field, the descriptor's argument):
+    they must agree, or a pair would read one value before its part is made and another after."""
+    from dataclasses import fields
+    names = [f.name for f in fields(cn.Seldom)]
+    assert names == [n for n, v in vars(cn.Conn).items() if isinstance(v, cn._Seldom)]
+    made = cn.Seldom()
+    for name in names:
+        assert getattr(cn.Conn, name).default == getattr(made, name), name
+
+
 def test_foreign_and_default_cookies_in_flow_removed_are_ignored():
     core = connected()
     assert core.flow_removed(0x1234, "idle timeout", 0, 0, 0, 0) == []
