@@ -72,7 +72,7 @@ def entry_json(ev: ConnEvent, counts: EntryCounts, cfg: Config) -> dict[str, Any
     mark = markcodec.decode(ev.mark)
     action = cfg.action_for(mark.action) if mark.action is not None else None
     o, r = ev.orig, ev.reply
-    return {"ct_id": ev.ct_id, "tuple": str(o), "reply": str(r), "nat": r != o.reversed(),
+    return {"ct_id": ev.ct_id, "tuple": str(o), "reply": str(r), "nat": not o.mirrors(r),
             "tcp_state": TCP_STATES[ev.tcp_state] if ev.tcp_state is not None and ev.tcp_state < len(TCP_STATES)
             else None, "mark": f"0x{ev.mark:08x}", "zone": counts.zone,
             "vlan": _vlans(cfg, o.zone, mark.ingress, mark.egress), "timeout": counts.timeout,

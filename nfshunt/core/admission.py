@@ -75,7 +75,7 @@ R_ROUTE_MOVED, R_FLAPPING = routing.R_ROUTE_MOVED, routing.R_FLAPPING
 
 def _nat(ev: ConnEvent) -> tuple[Rewrite, Rewrite] | None:
     """A routed shunt's NAT rewrite, if its entry translates (docs/design/routed.md, 5.6)."""
-    return nat_rewrite(ev.orig, ev.reply) if ev.reply != ev.orig.reversed() else None
+    return None if ev.orig.mirrors(ev.reply) else nat_rewrite(ev.orig, ev.reply)
 
 
 class Act(enum.Enum):
@@ -294,7 +294,7 @@ class Admission:
             return Ignored(R_PROTOCOL, ev)
         if closing:
             return Ignored(R_CLOSING, ev)
-        if ev.reply != ev.orig.reversed() and not self.shared.switch.experimental_routed:
+        if not ev.orig.mirrors(ev.reply) and not self.shared.switch.experimental_routed:
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
         return action, ingress, egress, idle, authority, hard, sides
 

@@ -235,7 +235,7 @@ class Conn:
     entry_id = _Seldom[int | None](None)
 
     def __post_init__(self) -> None:
-        if self._reply is not None and self._reply == self.orig.reversed():
+        if self._reply is not None and self.orig.mirrors(self._reply):
             self._reply = None
 
     @property

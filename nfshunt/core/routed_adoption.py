@@ -84,7 +84,7 @@ def routed_shape(routed: bool, fwd: SwitchFlow, rev: SwitchFlow,
     None: not a pair this version installs here."""
     assert fwd.match is not None and rev.match is not None
     if not routed:
-        if fwd.rewrite is not None or rev.rewrite is not None or rev.match != fwd.match.reversed():
+        if fwd.rewrite is not None or rev.rewrite is not None or not fwd.match.mirrors(rev.match):
             return None
         return fwd.match.reversed(), None, None  # (sharing the address objects, as the listener's tuples do)
     if fwd.rewrite is None or rev.rewrite is None:

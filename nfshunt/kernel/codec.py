@@ -204,8 +204,8 @@ def parse_counts(data: bytes, offset: int, length: int) -> EntryCounts:
 
 
 def _mirrored(orig: FlowTuple, reply: FlowTuple) -> FlowTuple:
-    """The reply tuple; without NAT, made of the original's own address objects: a shunt
-    keeps both tuples for its life, and sharing the addresses saves 128 B a shunt."""
+    """The reply tuple; without NAT, made of the original's own address objects (an event
+    waiting for room keeps both; a pair keeps no mirror at all: connection.Conn.reply)."""
     mirror = orig.reversed()
     return mirror if reply == mirror else reply
 

@@ -110,6 +110,10 @@ class FlowTuple(NamedTuple):
         family, proto, src, dst, sport, dport, zone = self
         return _new_tuple(FlowTuple, (family, proto, dst, src, dport, sport, zone))
 
+    def mirrors(self, reply: "FlowTuple") -> bool:
+        """`reply` is this tuple reversed: an entry's reply when nothing translated it (no NAT)."""
+        return reply == self.reversed()
+
 
 @dataclass(slots=True)
 class ConnEvent:
