@@ -11,7 +11,19 @@ import pytest
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from nfshunt.kernel import table
-from nfshunt.kernel.codec import AF, CTA_TUPLE_ORIG, NLMSG_ERROR, NLMSG_HDR, tuple_attr
+from nfshunt.kernel.codec import (
+    AF,
+    CTA_ID,
+    CTA_MARK,
+    CTA_TUPLE_ORIG,
+    CTA_TUPLE_REPLY,
+    CTA_TUPLE_ZONE,
+    NLA_F_NESTED,
+    NLMSG_ERROR,
+    NLMSG_HDR,
+    nla,
+    tuple_attr,
+)
 from nfshunt.records.model import TCP, FlowTuple
 
 CLIENT = FlowTuple(4, TCP, "10.64.0.1", "10.65.0.1", 40000, 5201)
@@ -148,3 +160,27 @@ def test_a_bad_answer_drops_the_socket(sockets):
         table.lookup(CLIENT)
     sockets.answer = lambda seq, t: [entry(t, 7, seq)]
     assert table.lookup(CLIENT).ct_id == 7 and sockets[0].closed and len(sockets) == 2
+
+
+def directional(t, seq):
+    """The kernel's answer for an entry made by `-j CT --zone-orig 100`: its original tuple
+    carries a zone of its own, which no pair of flows can stand for."""
+    zone = nla(CTA_TUPLE_ZONE, struct.pack("!H", 100))
+    body = struct.pack("=BBH", AF[t.family], 0, 0) \
+        + nla(CTA_TUPLE_ORIG | NLA_F_NESTED, tuple_attr(CTA_TUPLE_ORIG, t)[4:] + zone) \
+        + tuple_attr(CTA_TUPLE_REPLY, t.reversed()) \
+        + nla(CTA_ID, struct.pack("!I", 5)) + nla(CTA_MARK, struct.pack("!I", 0x71210000))
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), 1 << 8, 0, seq, 0) + body
+
+
+def test_an_answer_the_codec_refuses_is_a_failed_lookup_as_a_timeout_is(sockets):
+    # Every caller (the conntrack worker, the IDS's threads, explain) handles a failed lookup
+    # as an OSError; the codec's own error got through them and ended the worker's thread.
+    sockets.answer = lambda seq, t: [directional(t, seq)]
+    with pytest.raises(table.RefusedAnswer, match="directional conntrack zone") as refused:
+        table.entry_of(CLIENT)
+    assert isinstance(refused.value, OSError)
+    with pytest.raises(OSError, match="directional conntrack zone"):
+        table.lookup_counted(CLIENT)
+    sockets.answer = lambda seq, t: [entry(t, 7, seq)]
+    assert table.entry_of(CLIENT).ct_id == 7  # the next lookup is answered

@@ -5,6 +5,7 @@ closing entry it was asked for, looked up just before it is sent."""
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -42,6 +43,9 @@ class Sock:
     def recv(self, _size: int) -> bytes:
         raise socket.timeout
 
+    def close(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize("found, sent", [(entry(77, TIME_WAIT), True), (entry(77, ESTABLISHED), False)])
 def test_the_worker_sends_an_expire_only_to_its_entry(monkeypatch, found, sent):
@@ -56,3 +60,29 @@ def test_the_worker_sends_an_expire_only_to_its_entry(monkeypatch, found, sent):
         [codec.delete_message(4, T, 77, 1)]
     assert fake.sent == [b"".join(expected)]
     assert w.stale == (0 if sent else 1)
+
+
+def test_the_worker_outlives_a_refused_lookup_and_a_failing_request(monkeypatch):
+    # A lookup the codec refused ended the worker's thread, and every delete and hand-back
+    # queued after it waited for ever (no shunt was taken down again).
+    from nfshunt.kernel import table
+
+    def refused(t: FlowTuple) -> ConnEvent | None:
+        raise table.RefusedAnswer("conntrack lookup: the kernel's answer was refused: directional")
+
+    monkeypatch.setattr(worker, "entry_of", refused)
+    failures = []
+    w = worker.ConntrackWorker(lambda _: None, print, on_failed=lambda: failures.append(1))
+    w.sock.close()
+    w.sock = Sock()
+    looked_up, ran = [], threading.Event()
+    w.start()
+    try:
+        w.q.put(worker.LookUp(T, lambda entry, why: looked_up.append((entry, why))))
+        w.q.put(worker.Call(lambda: 1 / 0))  # a request that fails in a way nobody foresaw
+        w.q.put(worker.Call(ran.set))
+        assert ran.wait(5), "the worker stopped serving its queue"
+    finally:
+        w.stop()
+    assert looked_up == [(None, "conntrack lookup: the kernel's answer was refused: directional")]
+    assert failures == [1]  # counted (internal_errors)

@@ -79,7 +79,8 @@ class Parts:
         self.audit = audit_logger(self.cfg.audit_log)
         if self.cfg.metrics_address:
             self.metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
-        self.worker = self.Worker(on_dump=self.feeds.dump, on_malformed=self._malformed)
+        self.worker = self.Worker(on_dump=self.feeds.dump, on_malformed=self._malformed,
+                                  on_failed=lambda: self.counters.inc("internal_errors"))
         outcomes = Outcomes(self.metrics, self.audit)
         if self.cfg.accounting_log:  # a record for each pair that leaves, with the slow path's counts
             outcomes.records = FlowRecords(self.cfg.accounting_log, self.cfg)

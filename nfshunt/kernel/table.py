@@ -29,6 +29,7 @@ from .codec import (
     NLMSG_ERROR,
     NLMSG_HDR,
     SO_RCVBUFFORCE,
+    MalformedEvent,
     get_message,
     mark_update_message,
     netlink_acks,
@@ -135,6 +136,19 @@ def clear_marks(mask: int, on_malformed: Callable[[str], None] | None = None,
 LOOKUP_SECONDS = 1.0  # for the kernel's answer to one lookup request
 
 
+class RefusedAnswer(OSError):
+    """A lookup whose answer the codec refuses (an entry with a one-direction zone): a
+    failed lookup, as a timeout is, for every caller. A MalformedEvent let through killed
+    the conntrack worker's thread, and every delete and hand-back after it waited for ever."""
+
+
+def _parsed(found: tuple[bytes, int, int]) -> ConnEvent:
+    try:
+        return parse_fast(*found, EventKind.DUMP, time.monotonic())
+    except MalformedEvent as exc:
+        raise RefusedAnswer(f"conntrack lookup: the kernel's answer was refused: {exc}") from None
+
+
 def _lookup_socket() -> socket.socket:
     """A blocking socket whose receive times out in the kernel (SO_RCVTIMEO): with a
     Python timeout every send and receive is a poll and the call, each letting go of the
@@ -187,7 +201,7 @@ class _Lookups:
     def ask(self, t: FlowTuple) -> ConnEvent | None:
         """The entry whose original tuple is `t`, or None (the kernel's error: none)."""
         found = self.ask_raw(t)
-        return None if found is None else parse_fast(*found, EventKind.DUMP, time.monotonic())
+        return None if found is None else _parsed(found)
 
     def ask_raw(self, t: FlowTuple) -> tuple[bytes, int, int] | None:
         """The kernel's answer for the entry whose original tuple is `t`, as (datagram,
@@ -253,7 +267,7 @@ def lookup_counted(t: FlowTuple) -> tuple[ConnEvent, EntryCounts] | None:
     found = _asked(lambda own: own.ask_raw(t) or own.ask_raw(t.reversed()))
     if found is None:
         return None
-    return parse_fast(*found, EventKind.DUMP, time.monotonic()), parse_counts(*found)
+    return _parsed(found), parse_counts(*found)
 
 
 ACCT_SYSCTL = "/proc/sys/net/netfilter/nf_conntrack_acct"

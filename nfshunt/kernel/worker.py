@@ -33,6 +33,7 @@ from .codec import (
 from .table import clear_marks, entry_of, raw_dump
 
 LOG = logging.getLogger("nfshunt.conntrack")
+FAILURE_LOG_INTERVAL = 10.0  # seconds between two tracebacks of the worker's failures
 
 
 # The worker's requests. Deletes, liberal marks and restores go in lists (a turn's worth
@@ -144,9 +145,12 @@ class ConntrackWorker:
     """Deletes and dumps on a thread of their own; results come back through callbacks."""
 
     def __init__(self, on_dump: Callable[[list[ConnEvent]], None],
-                 on_malformed: Callable[[str], None], batch: int = 256):
+                 on_malformed: Callable[[str], None], batch: int = 256,
+                 on_failed: Callable[[], None] = lambda: None):
         self.on_dump = on_dump
         self.on_malformed = on_malformed
+        self.on_failed = on_failed
+        self._failure_logged = -FAILURE_LOG_INTERVAL
         # A counted delete's entry as the kernel destroyed it (its tuple, id, counters):
         # the pair's accounting record takes the slow path's share from it. Worker thread.
         self.on_counted: Callable[[FlowTuple, int, EntryCounts], None] | None = None
@@ -262,24 +266,42 @@ class ConntrackWorker:
             item = self.q.get()
             if item is None:
                 return
-            match item:
-                case list():  # deletes, liberal marks and restores
-                    self._requests(item)
-                case Dump():
-                    with self._dump_lock:
-                        self._dump_queued = False  # losses from now on need a dump of their own
-                    self._dump()
-                case Call(callback):
-                    callback()
-                case LookUp(orig, done):
-                    self._look_up(orig, done)
-                case ClearMarks(mask, done):
-                    try:
-                        cleared, failed = clear_marks(mask, self.on_malformed)
-                    except OSError as exc:
-                        done(0, 0, str(exc))
-                    else:
-                        done(cleared, failed, None)
+            try:
+                self._serve(item)
+            except Exception:
+                # Whatever one request meets, the thread goes on: were it to end, every delete
+                # and hand-back queued after it would wait for ever, and no shunt would be
+                # taken down.
+                self._failed("conntrack worker: a request failed; the worker goes on")
+
+    def _serve(self, item: object) -> None:
+        match item:
+            case list():  # deletes, liberal marks and restores
+                self._requests(item)
+            case Dump():
+                with self._dump_lock:
+                    self._dump_queued = False  # losses from now on need a dump of their own
+                self._dump()
+            case Call(callback):
+                callback()
+            case LookUp(orig, done):
+                self._look_up(orig, done)
+            case ClearMarks(mask, done):
+                try:
+                    cleared, failed = clear_marks(mask, self.on_malformed)
+                except OSError as exc:
+                    done(0, 0, str(exc))
+                else:
+                    done(cleared, failed, None)
+
+    def _failed(self, what: str) -> None:
+        """Counted (the controller's internal errors) and logged with its traceback, at most
+        one line every FAILURE_LOG_INTERVAL."""
+        self.on_failed()
+        now = time.monotonic()
+        if now - self._failure_logged >= FAILURE_LOG_INTERVAL:
+            self._failure_logged = now
+            LOG.exception(what)
 
     def _requests(self, batch: list[Request]) -> None:
         """Requests queued together, and those queued meanwhile, in netlink writes of at
@@ -302,12 +324,14 @@ class ConntrackWorker:
                     self._send_batch(self._retry)
             except OSError as exc:
                 LOG.error("conntrack update failed: %s", exc)
+            except Exception:  # (its restores' flows must still go: their callbacks below)
+                self._failed("conntrack update failed")
             for item in part:
                 if isinstance(item, Restore):
                     try:
                         item.done()
                     except Exception:
-                        LOG.exception("restore callback failed")
+                        self._failed("restore callback failed")
 
     def _send_batch(self, batch: list[Request]) -> None:
         out = bytearray()

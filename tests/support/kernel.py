@@ -27,7 +27,8 @@ class FakeWorker:
     """The conntrack worker: requests recorded, re-creations answered when the test says."""
 
     def __init__(self, on_dump: Callable[[list[Any]], None] | None = None,
-                 on_malformed: Callable[[str], None] | None = None) -> None:
+                 on_malformed: Callable[[str], None] | None = None,
+                 on_failed: Callable[[], None] | None = None) -> None:
         self.on_dump = on_dump
         self.deleted: list[tuple[FlowTuple, int | None]] = []
         self.restores: list[Restore] = []
