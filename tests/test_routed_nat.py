@@ -197,6 +197,47 @@ def test_a_udp_nat_pair_s_take_down_clears_the_decision_on_its_kept_entry_and_a_
     assert [type(x) for x in plain.remove(install.conn, "unshunt", 101.0)] == [RemoveFlows]
 
 
+
+UDP_ORIG = FlowTuple(4, UDP, "10.0.1.1", "10.0.2.1", 41103, 5201)
+UDP_REPLY = FlowTuple(4, UDP, "10.0.2.1", "10.0.2.254", 5201, 41103)
+
+
+@pytest.mark.parametrize("proto", [TCP, UDP])
+def test_a_nat_pair_whose_kept_entry_is_destroyed_is_taken_down_and_a_tcp_one_gets_it_back_with_its_nat(proto):
+    """Its translated tuple is free in the kernel again (an admin's flush or delete, a timeout):
+    nf_nat may give it to another host, whose replies the pair's reply flow would carry to
+    this pair's host, past the firewall. The DESTROY takes the pair down."""
+    from nfshunt.core.commands import ClearDecision, Ignored, RemoveFlows
+    orig, reply = (SNAT_ORIG, SNAT_REPLY) if proto == TCP else (UDP_ORIG, UDP_REPLY)
+    core, conn = nat_installed(orig, reply)
+    core.flows_confirmed(conn, 100.1)
+    out = core.conntrack_event(ConnEvent(EventKind.DESTROY, 7, orig, reply, conn.mark, None, 101.0))
+    assert conn.state is State.TAKING_DOWN and conn.remove_reason == nat.R_NAT_ENTRY_GONE
+    if proto == TCP:
+        (restore, ignored) = out
+        assert isinstance(restore, RestoreConntrack) and restore.nat == (NatRange(NatSide.SRC, "10.0.2.254", 50000),)
+    else:
+        assert [type(x) for x in out] == [ClearDecision, RemoveFlows, Ignored]
+    assert out[-1].reason == adm.R_DESTROY
+
+
+def test_only_the_destroy_of_the_entry_a_nat_pair_keeps_takes_it_down():
+    core, conn = nat_installed()
+    other = ConnEvent(EventKind.DESTROY, 8, SNAT_ORIG, SNAT_REPLY, conn.mark, None, 100.05)  # another id's
+    assert [x.reason for x in core.conntrack_event(other)] == [adm.R_DESTROY]
+    out = core.conntrack_event(ConnEvent(EventKind.DESTROY, 7, SNAT_ORIG, SNAT_REPLY, conn.mark, None, 100.06))
+    assert conn.state is State.PENDING and conn.remove_reason == nat.R_NAT_ENTRY_GONE  # once the switch confirms
+    assert [x.reason for x in out] == [adm.R_DESTROY]
+    assert [type(x) for x in core.flows_confirmed(conn, 100.1)] == [RestoreConntrack]
+    plain = connected(experimental())  # a plain routed pair's entry goes at confirmation: its DESTROY is ours
+    ev = event()
+    plain.conntrack_event(ev)
+    (install,) = plain.next_hops_known({"10.0.0.2": HOPS["10.0.2.1"], "10.0.0.1": HOPS["10.0.1.1"]}, ev, 100.0)
+    plain.flows_confirmed(install.conn, 100.1)
+    plain.entry_due(install.conn, 100.2)
+    plain.conntrack_event(ConnEvent(EventKind.DESTROY, 7, ev.orig, ev.reply, ev.mark, 3, 100.3))
+    assert install.conn.state is State.LIVE
+
 # --- the codec and the worker -----------------------------------------------------------------
 
 def _attrs(raw):

@@ -17,7 +17,7 @@ from nfshunt.records import markcodec, routed
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import OFP13, TCP, TCP_ENDED, UDP, ConnEvent, EventKind, Rewrite, nat_rewrite
 
-from . import routing
+from . import nat, routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
 from .connection import ACTIVE, CT_TCP_CLOSE, Action, Conn, State, closed_on_firewall
 from .layout import goes_to_pipeline
@@ -84,6 +84,7 @@ class Act(enum.Enum):
     FORGET = "forget"  # a DESTROY: what waited or was pinned for the entry goes
     DELETE_STALE = "delete stale"  # an entry re-created behind a live pair: deleted
     TAKE_DOWN = "take down"  # a shunt whose entry closed on the firewall
+    NAT_GONE = "nat entry gone"  # the DESTROY of the entry a NAT pair keeps: the pair goes
     QUEUE = "queue"  # waits for the pair being taken down on its tuple
     WAIT = "wait"  # decided, no room (budget, id slots): waits on the slow path
     EVICT = "evict"  # a block that takes the newest shunt's room, installed
@@ -92,7 +93,7 @@ class Act(enum.Enum):
 
 # The members as module names: the per-event checks below read them (an Enum member read
 # from its class is a slow attribute lookup, several an event).
-IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, QUEUE, WAIT, EVICT, INSTALL = Act
+IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, NAT_GONE, QUEUE, WAIT, EVICT, INSTALL = Act
 
 
 
@@ -136,6 +137,9 @@ class Admission:
             if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)
                 sh.next_hops.wait(ev, ev.received)
             return [ignored or Ignored(reason, ev)]
+        if act is NAT_GONE and conn is not None:
+            down = sh.conns.take_down(conn, nat.R_NAT_ENTRY_GONE, ev.received)
+            return [*down, Ignored(R_DESTROY, ev)]
         if act is FORGET:
             sh.waiting.pop(ev.orig, None)  # gone from the firewall: nothing to shunt later
             sh.next_hops.forget(ev.orig)  # (nor once its next hop is known: routing.py)
@@ -190,6 +194,9 @@ class Admission:
         (`dry_run`: nfshunt explain) gets the very reason an event would get."""
         sh = self.shared
         if ev.kind is EventKind.DESTROY:
+            held = None if ev.orig.mirrors(ev.reply) else sh.conns.by_tuple(ev.orig)  # (NAT entries only)
+            if held is not None and nat.keeps(held, ev.ct_id):
+                return _new_verdict(Verdict, (NAT_GONE, R_DESTROY, held, None, 0, None))
             return _new_verdict(Verdict, (FORGET, R_DESTROY, None, None, 0, None))
         # A connection we handle: either side may be the new entry's original direction.
         existing = sh.conns.by_tuple(ev.orig)

@@ -14,6 +14,16 @@ from .connection import Conn, State
 
 # The entry gets this many of its flows' idle timeouts, every half of one.
 LIFE_IN_IDLE_TIMEOUTS = 3
+R_NAT_ENTRY_GONE = "routed: its NAT entry is gone"
+
+
+def keeps(conn: Conn, ct_id: int) -> bool:
+    """Whether entry `ct_id` is the one a NAT pair keeps for its translation. Once that entry
+    is gone (flushed, deleted, timed out), nf_nat may give its translated tuple to another
+    connection, whose replies the pair's reply flow would carry to this pair's host: the
+    pair is taken down (admission)."""
+    return conn.nat is not None and not conn.entry_deleted and conn.entry == ct_id \
+        and conn.state is not State.TAKING_DOWN
 
 
 def refreshes(cfg: Config, conns: list[Conn], now: float) -> list[RefreshConntrack]:

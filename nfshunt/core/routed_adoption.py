@@ -38,10 +38,10 @@ from nfshunt.records.routed import R_LOOKUP_FAILED, R_UNRESOLVED, Answer
 
 from .commands import AdoptedHopsKnown, CheckAdopted, Command, DeleteConntrack, EntryFound, LookUpEntry, RewriteFlows
 from .connection import ACTIVE, Conn
+from .nat import R_NAT_ENTRY_GONE
 from .routing import Change
 from .state import CoreState
 
-R_NAT_ENTRY_GONE = "routed: its NAT entry is gone"
 R_NAT_ENTRY_OTHER = "routed: its NAT entry is another connection's"
 R_NAT_ENTRY_UNKNOWN = "routed: its NAT entry could not be looked up"
 NO_NAT = (Rewrite(), Rewrite())
