@@ -110,6 +110,22 @@ def test_a_vlan_no_group_carries_or_carries_in_two_zones_is_refused_saying_what_
         two.zone_of_vlan(100)
 
 
+def test_on_trunks_without_untagged_frames_a_tuple_without_its_vlan_is_refused_and_nothing_pinned():
+    # Pinned in zone 0, which no group carries, the block held nothing: the VLAN's shunt
+    # forwarded on, and the answer said the tuple was blocked.
+    rig = vlan_rig()
+    conn = rig.event(zone=100)
+    text = str(conn.orig._replace(zone=0))
+    for cmd in ("block", "unshunt"):
+        for req in ({"tuple": text}, {"tuple": text, "zone": 0}):
+            assert "serves VLANs only" in rig.control({"cmd": cmd, **req})["error"]
+    assert not rig.core.pins and rig.core.conns.holds(conn)
+    assert rig.control({"cmd": "block", "tuple": text, "vlan": 100})["tuple"] == f"{text} zone 100"
+    rig.kernel_answers()
+    assert not rig.core.conns.holds(conn)  # the VLAN's pair, taken down
+    assert "error" not in Rig(OFP13).control({"cmd": "block", "tuple": text})  # untagged: zone 0 is served
+
+
 def test_explain_takes_the_vlan_of_a_tuple(monkeypatch):
     rig = vlan_rig()
     conn = rig.event(zone=30, proto=UDP)

@@ -385,7 +385,10 @@ class OperatorAPI:
 
     def target(self, req: dict[str, Any]) -> FlowTuple:
         if "tuple" in req:
-            return zoned(parse_tuple(str(req["tuple"])), req, self.app.cfg)
+            t = zoned(parse_tuple(str(req["tuple"])), req, self.app.cfg)
+            if (refused := self.app.cfg.zone_refused(t.zone)) is not None:  # (the IDS's rules: the same)
+                raise ValueError(refused)
+            return t
         if "vlan" in req or "zone" in req:
             raise ValueError(_ID_ZONED)
         ct_id = req.get("ct_id")

@@ -92,6 +92,15 @@ class Config:
         """Every switch's port groups: the firewall bridge's ports (the iptables plumbing)."""
         return tuple(g for sw in self.switches for g in sw.ports)
 
+    def zone_refused(self, zone: int) -> str | None:
+        """Why a connection named in `zone` can be no pair of this controller's (an operator's
+        or an IDS's tuple), or None. Zone 0 is the untagged frames': on trunks that carry
+        none, a tuple given without its VLAN would pin or shunt nothing, and say it did."""
+        if zone or any(0 in g.zone_of_vid.values() for g in self.all_port_groups):  # (a routed VLAN's too)
+            return None
+        return "this controller serves VLANs only (no port group carries untagged frames): name the " \
+               "connection's vlan (or zone)"
+
     def zone_of_vlan(self, vid: int) -> int:
         """The conntrack zone a VLAN id names (an operator's or an IDS's `vlan`): the one its
         groups bridge it in; ValueError saying what to give when no group carries it, or
