@@ -238,6 +238,26 @@ def test_only_the_destroy_of_the_entry_a_nat_pair_keeps_takes_it_down():
     plain.conntrack_event(ConnEvent(EventKind.DESTROY, 7, ev.orig, ev.reply, ev.mark, 3, 100.3))
     assert install.conn.state is State.LIVE
 
+
+def test_a_translation_onto_a_held_pair_s_reply_tuple_stays_on_the_firewall():
+    """A plain routed pair's entry goes at its drain, so nf_nat sees no clash when a port
+    forward gives another connection that pair's reply tuple: installed, its reply flow (same
+    match, same priority) would replace the held pair's, and the table would name it by both."""
+    core = connected(experimental())
+    plain = nat_event(FlowTuple(4, UDP, "10.0.1.1", "10.0.2.1", 5000, 53), FlowTuple(4, UDP, "10.0.2.1", "10.0.1.1",
+                                                                                    53, 5000))
+    core.conntrack_event(plain)
+    (install,) = [x for x in core.next_hops_known(HOPS, plain, 100.0) if isinstance(x, InstallFlows)]
+    held = install.conn
+    core.flows_confirmed(held, 100.1)
+    core.entry_due(held, 100.2)
+    forwarded = nat_event(FlowTuple(4, UDP, "10.0.1.1", "10.0.2.254", 5000, 5353), plain.reply, ct_id=9,
+                          received=101.0)
+    out = core.conntrack_event(forwarded) + core.next_hops_known(HOPS, forwarded, 101.0)
+    assert not [x for x in out if isinstance(x, InstallFlows)]
+    assert adm.R_REPLY_HELD in [getattr(x, "reason", None) for x in out]
+    assert core.conns.by_tuple(plain.reply) is held and held.state is State.LIVE
+
 # --- the codec and the worker -----------------------------------------------------------------
 
 def _attrs(raw):

@@ -49,6 +49,7 @@ R_QUEUED = "queued behind removal"
 R_BUDGET = "flow budget full"
 R_PINNED = "kept on the slow path by an operator"
 R_NAT = "nat: reply tuple is not the original reversed"
+R_REPLY_HELD = "nat: its reply tuple is a held pair's"
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
@@ -219,6 +220,10 @@ class Admission:
         if isinstance(decided, Ignored):
             return _new_verdict(Verdict, (IGNORE, decided.reason, existing, None, 0, decided))
         action = decided[0]
+        if existing is None and not ev.orig.mirrors(ev.reply) and sh.conns.by_tuple(ev.reply) is not None:
+            # A translation onto a held pair's tuple (that pair's entry went at its drain, so
+            # nf_nat saw no clash): its reply flow would take the held pair's place on the switch.
+            return _new_verdict(Verdict, (IGNORE, R_REPLY_HELD, None, decided, 0, None))
         if existing is not None:  # TAKING_DOWN: handle once the old pair is gone
             if ev.kind is EventKind.DUMP:
                 # Most likely the entry whose deletion is still on its way. A connection
