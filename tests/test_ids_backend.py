@@ -285,6 +285,43 @@ def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
     assert blocked.action is Action.BLOCK and rig.packet(FAST_A, ORIG).dropped
 
 
+@pytest.mark.parametrize("b_priority", [0, 1], ids=["c-holds", "b-holds-then-c"])
+def test_a_rules_end_answers_its_own_waiting_add_alone_and_the_others_are_answered_by_their_install(b_priority):
+    """Two blocks wait for a shunt's take-down; one of them ends: its add is answered the
+    error, the other's rule stays in force and its add is answered added once confirmed."""
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig, source="ids:a"), 1.0)  # a shunt, installed
+    got_b: list[Outcome | Exception] = []
+    got_c: list[Outcome | Exception] = []
+    backend.submit_async(rule(rig, Kind.BLOCK, source="ids:b", priority=b_priority), 30.0, got_b.append)
+    backend.submit_async(rule(rig, Kind.BLOCK, source="ids:c"), 30.0, got_c.append)
+    assert not got_b and not got_c  # both wait for the shunt's take-down
+    backend.remove("ids:b", "1")
+    assert got_b == [Outcome(Result.ERROR, "the rule ended before its flows were confirmed",
+                             error=Reject.UNAVAILABLE)]
+    assert not got_c and backend.store.get("ids:c", "1") is not None
+    assert rig.core.pins[ORIG].source == "ids:c"
+    rig.kernel_answers()  # the shunt's flows go
+    assert rig.event(action=0, ct_id=8).action is Action.BLOCK
+    assert got_c == [Outcome(Result.ADDED)]  # answered once its block was confirmed
+    assert not backend.waiting
+
+
+def test_an_add_answered_at_its_deadline_leaves_no_waiter_once_its_rule_ends():
+    rig, backend, entries, _ = setup()
+    entries[ORIG] = event(action=0)
+    backend.submit(rule(rig, source="ids:a"), 1.0)
+    out = backend.submit(rule(rig, Kind.BLOCK, source="ids:b"), 0.01)
+    assert out.pending  # kept; the add waits no longer, its rule's waiter does
+    backend.submit(rule(rig, Kind.BLOCK, source="ids:c"), 0.01)
+    assert backend.waiting
+    backend.remove("ids:b", "1")
+    assert backend.waiting  # c's waits for its block's install
+    backend.remove("ids:c", "1")
+    assert not backend.waiting
+
+
 def test_an_operator_pin_beats_an_ids_rule_and_replaces_its_pin():
     rig, backend, entries, _ = setup()
     rig.run(rig.core.pin(ORIG, Action.IGNORE, rig.now))

@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from nfshunt.config.ids import IdsConfig
@@ -84,6 +85,48 @@ class Submitted:
             self.give(TimeoutError("the controller's event loop did not take the request in time"))
 
 
+@dataclass
+class _Waiter:
+    """An add waiting for its pair's install: the rule it added (Rule.key), its answer."""
+    rule: tuple[str, str]
+    ans: Answer
+
+
+class Waiting:
+    """Adds waiting for their pair's install, by connection and action; each answered once,
+    and dropped then. What the pair does (installed, on the switch already, closing, no entry
+    yet) answers every add waiting for it: their rules are in force alike. A rule's end
+    answers its own add alone: another rule's stays in force, and waits for the install it
+    leads to. At most one a kept rule (a second add of it is answered `exists`), gone at its
+    end at the latest."""
+
+    def __init__(self) -> None:
+        self.adds: dict[tuple[FlowTuple, Action], list[_Waiter]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.adds)
+
+    def wait(self, key: tuple[FlowTuple, Action], rule: Rule, ans: Answer) -> None:
+        self.adds.setdefault(key, []).append(_Waiter(rule.key, ans))
+
+    def answer(self, key: tuple[FlowTuple, Action], outcome: Outcome,
+               barriers: Iterable[threading.Event] = ()) -> None:
+        """Every add waiting for the pair with this action."""
+        for w in self.adds.pop(key, ()):
+            w.ans.answer(outcome, barriers)
+
+    def ended(self, rule: Rule, outcome: Outcome) -> None:
+        """A connection rule ended before its pair was confirmed: its own add, if waiting."""
+        assert rule.connection is not None
+        key = (pair_key(rule.connection), rule.action)
+        waiters = self.adds.pop(key, [])
+        if left := [w for w in waiters if w.rule != rule.key]:
+            self.adds[key] = left
+        for w in waiters:
+            if w.rule == rule.key:
+                w.ans.answer(outcome)
+
+
 class IdsBackend:
     def __init__(self, cfg: IdsConfig, host: Host, counters: Any, audit: logging.Logger,
                  lookup: Callable[[FlowTuple], ConnEvent | None], wall: Callable[[], float] = time.time,
@@ -96,8 +139,8 @@ class IdsBackend:
         self.store = Store(cfg.state_file or None, cfg.max_rules, shared_whitelists=cfg.shared_whitelists,
                            wall=wall, mono=mono)
         self.log = RuleLog(counters, audit)
-        self.waiting: dict[tuple[FlowTuple, Action], list[Answer]] = {}  # adds waiting for their pair's install
-        self.ends = RuleEnds(host, self.store, self.log, self._answered, wall, mono)
+        self.waiting = Waiting()
+        self.ends = RuleEnds(host, self.store, self.log, self.waiting.ended, wall, mono)
         self.loop = LoopCalls(host)
         self._rlog = RateLimitedLog(LOG)
 
@@ -281,23 +324,19 @@ class IdsBackend:
         # A closing entry is never shunted nor blocked (admission): the rule's pin waits for
         # a new connection on the ports, which the firewall judges first.
         closing = entry is not None and entry.orig.proto == TCP and entry.tcp_state in TCP_CLOSING
-        self.waiting.setdefault(key, []).append(ans)
+        self.waiting.wait(key, rule, ans)
         stream = self._apply(rule, None if closing else entry)  # (waiters: a static stream's tuple dropped above it)
         if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
             return
         if stream:
-            self._answered(key, Outcome(Result.ADDED, reason="dropped in the switch above a static stream"), stream)
+            self.waiting.answer(key, Outcome(Result.ADDED, reason="dropped in the switch above a static stream"),
+                                stream)
         elif any(conn.action is action and conn.state in ACTIVE for conn in conns):
-            self._answered(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
+            self.waiting.answer(key, Outcome(Result.ADDED, reason="its flows are on the switch already"))
         elif closing:
-            self._answered(key, Outcome(Result.ADDED, pending=CLOSING))
+            self.waiting.answer(key, Outcome(Result.ADDED, pending=CLOSING))
         elif decision is Decision.WAIT or (entry is None and not conns):
-            self._answered(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
-
-    def _answered(self, key: tuple[FlowTuple, Action], outcome: Outcome,
-                  barriers: Iterable[threading.Event] = ()) -> None:
-        for ans in self.waiting.pop(key, ()):
-            ans.answer(outcome, barriers)
+            self.waiting.answer(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 
     def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[threading.Event]:
         """Put a kept rule into effect on every switch: barrier waiters of connected ones."""
@@ -330,9 +369,7 @@ class IdsBackend:
     def installed(self, conn: Conn) -> None:
         """The switch confirmed a pair (Outcomes' Installed): adds waiting for it are answered."""
         if self.waiting:
-            key = (pair_key(conn.orig), conn.action)
-            if key in self.waiting:
-                self._answered(key, Outcome(Result.ADDED))
+            self.waiting.answer((pair_key(conn.orig), conn.action), Outcome(Result.ADDED))
 
     def _remove(self, source: str, rule_id: str, ans: Answer) -> None:
         rule = self.store.get(source, rule_id)

@@ -10,7 +10,7 @@ from typing import Callable
 from nfshunt.core import commands as c
 from nfshunt.core.connection import Conn
 from nfshunt.observe.accounting import carried
-from nfshunt.records.model import Action, FlowTuple
+from nfshunt.records.model import FlowTuple
 
 from .calls import Outcome, Reject, Result
 from .log import RuleLog
@@ -35,9 +35,9 @@ class _Ending:
 
 class RuleEnds:
     def __init__(self, host: Host, store: Store, log: RuleLog,
-                 answered: Callable[[tuple[FlowTuple, Action], Outcome], None],
-                 wall: Callable[[], float], mono: Callable[[], float]):
-        """answered: the adds still waiting for a pair's install, answered (the rule ended first)."""
+                 answered: Callable[[Rule, Outcome], None], wall: Callable[[], float], mono: Callable[[], float]):
+        """answered: a rule's own add, if still waiting for its pair's install, answered (the
+        rule ended first); another rule's waiting for the pair stays in force, and waits on."""
         self.host = host
         self.store = store
         self.log = log
@@ -81,7 +81,7 @@ class RuleEnds:
             for sw in self.host.switches:
                 self.host.run(sw, sw.core.unblock_address(rule.address, reason))
         elif rule.connection is not None:
-            self.answered((pair_key(rule.connection), rule.action), Outcome(
+            self.answered(rule, Outcome(
                 Result.ERROR, "the rule ended before its flows were confirmed", error=Reject.UNAVAILABLE))
             # The pin passes to the connection's next holder (ids_rules.holder: a block first).
             key = pair_key(rule.connection)
