@@ -447,7 +447,6 @@ def zoned_rule(rule: Rule, cfg: Config) -> tuple[Rule, str | None]:
             return dataclasses.replace(rule, connection=c._replace(zone=cfg.zone_of_vlan(rule.vlan))), None
         except ValueError as exc:
             return rule, f"connection.vlan: {exc}"
-    if not c.zone and not any(0 in g.zone_of_vid.values() for g in cfg.all_port_groups):  # (a routed VLAN's too)
-        return rule, "connection: this controller serves VLANs only (no port group carries untagged frames): " \
-                     "name the connection's vlan (or zone)"
+    if (refused := cfg.zone_refused(c.zone)) is not None:  # (an operator's tuple: the same)
+        return rule, f"connection: {refused}"
     return rule, None
