@@ -19,6 +19,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ EXIT_FAILED = 1
 # packet (first match wins). A bare `-j MARK` rule does not end the chain: a later
 # matching rule would overwrite its decision.
 DECISIONS = {Action.SHUNT: "NFSHUNT_SHUNT", Action.BLOCK: "NFSHUNT_BLOCK", Action.IGNORE: "NFSHUNT_IGNORE"}
-CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_POST", "NFSHUNT_POST_PD_OUT",
+CHAINS = ("NFSHUNT_PRE", "NFSHUNT_PRE_PD_IN", "NFSHUNT_PRE_PD_BACK", "NFSHUNT_POST", "NFSHUNT_POST_PD_OUT",
           *DECISIONS.values(), "NFSHUNT_POLICY")
 JUMPS = (("PREROUTING", "NFSHUNT_PRE"), ("POSTROUTING", "NFSHUNT_POST"))
 # The raw table's: each VLAN sub-interface's conntrack zone, set before conntrack looks.
@@ -112,9 +113,15 @@ def plumbing_rules(cfg: Config) -> list[str]:
     ]
     rules += [f"-A NFSHUNT_PRE_PD_IN -m physdev --physdev-in {ifname} -j MARK --set-xmark "
               f"{xmark(markcodec.ingress_xmark(n))}" for n, ifname in ports]
+    flooded = _floods(cfg)
+    if flooded:
+        rules += _egress_from_replies(ports)
     rules += [
         "-A NFSHUNT_POST -m physdev ! --physdev-is-bridged -j RETURN",
         f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_INGRESS)} -j RETURN",
+        # Each copy of a flooded packet passes here with its own port out; the first records
+        # the egress, the others take its record rather than write theirs over it.
+        *([f"-A NFSHUNT_POST -j CONNMARK --restore-mark --nfmask {EGRESS} --ctmask {EGRESS}"] if flooded else []),
         f"-A NFSHUNT_POST -m mark --mark 0x0/{_hex(markcodec.FLAG_EGRESS)} -j NFSHUNT_POST_PD_OUT",
         # A packet that came in decided (its entry's mark, restored) saves nothing back: one
         # in flight when a policy change cleared the entry's decision would write the old
@@ -127,6 +134,34 @@ def plumbing_rules(cfg: Config) -> list[str]:
     rules += [f"-A NFSHUNT_POST_PD_OUT -m physdev --physdev-is-bridged --physdev-out {ifname} "
               f"-j MARK --set-xmark {xmark(markcodec.egress_xmark(n))}" for n, ifname in ports]
     return rules + _decision_rules(cfg)
+
+
+EGRESS = _hex(markcodec.FLAG_EGRESS | markcodec.EGRESS_MASK)
+
+
+def _floods(cfg: Config) -> bool:
+    """Whether a bridge has more than two of the plumbed ports: a first packet to a MAC it
+    has not learnt (aged out, a failover's empty table) is flooded to all of them, and the
+    port recorded as the egress may be another group's, whose network a shunt would then
+    send the connection to. Bridges are per zone (one per VLAN, docs/vlans.md)."""
+    per_zone = Counter(p.zone for p in bridge_ports(cfg))
+    return any(n > 2 for n in per_zone.values())
+
+
+def _egress_from_replies(ports: list[tuple[int, str]]) -> list[str]:
+    """The egress as the connection's replies show it: a reply enters by the port its
+    sender is behind, one port, never a flood. A reply that enters elsewhere than the
+    recorded egress records its own port, in the entry too (its update tells the
+    controller, which takes down a pair installed on the first record)."""
+    rules = ["-A NFSHUNT_PRE -m conntrack --ctdir REPLY -m mark --mark "
+             f"{_hex(markcodec.FLAG_EGRESS)}/{_hex(markcodec.FLAG_EGRESS)} -j NFSHUNT_PRE_PD_BACK"]
+    for n, ifname in ports:
+        value = xmark(markcodec.egress_xmark(n))
+        rules += [f"-A NFSHUNT_PRE_PD_BACK -m physdev --physdev-in {ifname} -m mark ! --mark {value} "
+                  f"-j CONNMARK --set-xmark {value}",
+                  f"-A NFSHUNT_PRE_PD_BACK -m physdev --physdev-in {ifname} -m mark ! --mark {value} "
+                  f"-j MARK --set-xmark {value}"]
+    return rules
 
 
 def routed_rules(cfg: Config) -> list[str]:

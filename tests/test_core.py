@@ -1143,3 +1143,35 @@ def test_probe_recommends_the_budget_the_core_derives_from_the_same_table(teardo
     core = connected(tcp_teardown=teardown)
     core.pipeline = pipeline
     assert report.settings["max_shunts"] == core.table_size(1000)
+
+
+THREE_GROUPS = [{"fast": 1 + 2 * i, "slow": 2 + 2 * i, "physdevin": i + 1, "bridge_port": f"fw-eth{i}"}
+                for i in range(3)]
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_a_pair_whose_entry_s_mark_names_other_ports_goes_and_its_event_is_judged_again(confirmed):
+    """A first packet flooded by a bridge of three groups recorded one copy's port as the
+    egress; the connection's reply sets it right (iptables.py). The pair installed on the
+    first record sends the connection into the wrong group's network: it goes, its entry
+    gets the ports as they are now, and the update is judged again once the pair is gone."""
+    core = connected(ports=THREE_GROUPS)
+    (install,) = core.conntrack_event(event(egress=3))
+    conn = install.conn
+    if confirmed:
+        core.flows_confirmed(conn, 101.0)
+        core.entry_due(conn, 101.1)
+    moved = event(egress=2, received=102.0)
+    out = core.conntrack_event(moved)
+    assert out[-1].reason == adm.R_PORTS_MOVED and conn.remove_reason == adm.R_PORTS_MOVED
+    if not confirmed:  # its flows go once the switch confirms them
+        assert conn.state is cn.State.PENDING
+        out = core.flows_confirmed(conn, 102.1)
+    (restore,) = [x for x in out if isinstance(x, cm.RestoreConntrack)]
+    assert restore.mark & 0x0ff00000 == 0x01200000  # the entry keeps its ports as the reply set them
+    for reply in (False, True):
+        out = core.flow_removed(conn.cookie(reply), "delete", 0, 0, 1.0, 103.0)
+    (again,) = [x for x in out if isinstance(x, cm.InstallFlows)]
+    assert (again.conn.ingress.physdevin, again.conn.egress.physdevin) == (1, 2)
+    same = event(egress=2, received=104.0)  # its own ports: a duplicate, as before
+    assert [x.reason for x in core.conntrack_event(same)] == [adm.R_DUPLICATE]

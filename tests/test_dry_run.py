@@ -2,6 +2,7 @@
 event can be ignored, the dry run names the reason the real event then gets, and it
 changes nothing (no pair, no waiting entry, no closing entry learnt, no pin touched)."""
 import copy
+import dataclasses
 
 import pytest
 
@@ -179,6 +180,25 @@ def _flapping():
     return core, ev
 
 
+def _ports_moved():
+    """A pair installed on the egress a flooded first packet's copy recorded; its reply set it right."""
+    core = connected(ports=[{"fast": 1 + 2 * i, "slow": 2 + 2 * i, "physdevin": i + 1, "bridge_port": f"fw-eth{i}"}
+                            for i in range(3)])
+    live(core, event(egress=3))
+    return core, event(egress=2)
+
+
+def _reply_held():
+    """A port forward's translation onto the reply tuple of a held routed pair."""
+    core, ev = _hop_unknown()
+    h1 = NextHop("fw-eth0", "02:00:00:00:fe:00", "02:00:00:00:00:01")
+    h2 = NextHop("fw-eth1", "02:00:00:00:fe:01", "02:00:00:00:00:02")
+    core.shared.next_hops.learn({"10.0.0.2": h2, "10.0.0.1": h1}, ev.received)
+    live(core, ev)
+    forwarded = FlowTuple(4, ev.orig.proto, "10.0.0.1", "10.0.0.254", ev.orig.sport, 8080)
+    return core, dataclasses.replace(ev, ct_id=9, orig=forwarded)
+
+
 SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOWN_ACTION: _unknown_action,
           adm.R_UNKNOWN_PORT: _unknown_port, adm.R_SAME_PORT: _same_port, adm.R_POLICY_IGNORE: _policy_ignore,
           adm.R_PROTOCOL: _protocol, adm.R_CLOSING: _closing, adm.R_DESTROY: _destroy,
@@ -189,7 +209,7 @@ SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOW
           adm.R_HOP_ELSEWHERE: _hop_elsewhere, adm.R_NO_ROUTE: _hop_answered(adm.R_NO_ROUTE),
           adm.R_BLACKHOLE: _hop_answered(adm.R_BLACKHOLE), adm.R_UNRESOLVED: _hop_answered(adm.R_UNRESOLVED),
           adm.R_NEXT_HOP_FAILED: _hop_answered(adm.R_NEXT_HOP_FAILED), adm.R_FLAPPING: _flapping,
-          adm.R_STICK_PIPELINE: _stick_pipeline}
+          adm.R_STICK_PIPELINE: _stick_pipeline, adm.R_PORTS_MOVED: _ports_moved, adm.R_REPLY_HELD: _reply_held}
 # Not a reason an event is ignored for: the removal's reason of a shunt whose entry
 # closed on the firewall (its event is ignored as R_CLOSING; see the take-down test below).
 # Nor a routed pair's take-down reason when its destination's route leaves by another

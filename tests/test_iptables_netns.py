@@ -342,3 +342,69 @@ def test_the_admins_own_bridge_rules_still_see_what_the_guard_lets_through(vfw):
     vfw(sys.executable, "-c", send)
     rules = [line for line in vfw("ebtables", "-L", "FORWARD", "--Lc").stdout.splitlines() if "0x88b5" in line]
     assert len(rules) == 1 and "pcnt = 1 " in rules[0], rules
+
+
+# A UDP datagram as a host behind a bridge port sends it: Ethernet, IPv4 (checksummed),
+# UDP without a checksum; written on the port's veth peer, so it enters the bridge there.
+SEND = """
+import socket, struct, sys
+peer, src_mac, dst_mac, src, dst, sport, dport = sys.argv[1:8]
+mac = lambda m: bytes.fromhex(m.replace(':', ''))
+payload = b'x' * 8
+ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + 8 + len(payload), 0, 0, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+words = sum(struct.unpack('!10H', ip))
+words = (words & 0xffff) + (words >> 16)
+ip = ip[:10] + struct.pack('!H', ~((words & 0xffff) + (words >> 16)) & 0xffff) + ip[12:]
+udp = struct.pack('!HHHH', int(sport), int(dport), 8 + len(payload), 0)
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((peer, 0))
+s.send(mac(dst_mac) + mac(src_mac) + b'\\x08\\x00' + ip + udp + payload)
+"""
+MACS = ["02:00:00:00:aa:00", "02:00:00:00:aa:01", "02:00:00:00:aa:02"]
+
+
+@pytest.fixture
+def three(netns, tmp_path):
+    """br0 over three ports (three port groups: one switch's inside, outside and DMZ), each
+    with its host's veth peer; no IPv6, so nothing but the test's frames teaches the bridge."""
+    netns("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+    netns("ip", "link", "add", "br0", "type", "bridge")
+    for i in range(3):
+        netns("ip", "link", "add", f"fw-eth{i}", "type", "veth", "peer", "name", f"peer{i}")
+        netns("ip", "link", "set", f"peer{i}", "address", MACS[i], "up")
+        netns("ip", "link", "set", f"fw-eth{i}", "master", "br0", "up")
+    netns("ip", "link", "set", "br0", "up")
+    ports = [{"fast": 1 + 2 * i, "slow": 2 + 2 * i, "physdevin": i + 1, "bridge_port": f"fw-eth{i}"} for i in range(3)]
+    _write_config(netns, tmp_path, {**BASE, "ports": ports})
+    netns.nfshunt = lambda *args: netns("env", f"PYTHONPATH={REPO}", sys.executable, "-m", "nfshunt", *args)
+    netns.nfshunt("iptables", "apply", "--config", netns.config)
+    return netns
+
+
+def _egress(fw, sport):
+    """The egress port number the entry of `sport`'s datagram records (None: none yet)."""
+    from nfshunt.records import markcodec
+    out = fw("conntrack", "-L", "-p", "udp", "--orig-port-src", str(sport), check=False).stdout
+    marks = [int(word[5:]) for word in out.split() if word.startswith("mark=")]
+    assert len(marks) == 1, out
+    return markcodec.decode(marks[0]).egress
+
+
+@pytest.mark.parametrize("behind", [1, 2])
+def test_a_flooded_first_packet_s_egress_is_set_right_by_the_connection_s_reply(three, behind):
+    # The bridge has not learnt the destination's MAC (aged out; a failover's empty table):
+    # the first datagram is flooded to both other ports, and the egress recorded was one
+    # copy's, whichever port it went out of. A shunt installed on it sent the connection
+    # into the third group's network. The reply enters by the one port its sender is behind.
+    fw = three
+    sport = 40000 + behind
+    fw(sys.executable, "-c", SEND, "peer0", MACS[0], MACS[behind], "10.0.0.1", f"10.0.0.{2 + behind}",
+       str(sport), "53")
+    assert _egress(fw, sport) in (2, 3)  # a flood's record: either copy's port
+    fw(sys.executable, "-c", SEND, f"peer{behind}", MACS[behind], MACS[0], f"10.0.0.{2 + behind}", "10.0.0.1",
+       "53", str(sport))
+    assert _egress(fw, sport) == behind + 1
+    fw(sys.executable, "-c", SEND, "peer0", MACS[0], MACS[behind], "10.0.0.1", f"10.0.0.{2 + behind}",
+       str(sport), "53")
+    assert _egress(fw, sport) == behind + 1  # the next datagram (unicast now) keeps it

@@ -321,6 +321,8 @@ REASONS = {
     adm.R_NAT: "NAT: its reply tuple is not the original reversed (the switch would have to rewrite addresses)",
     adm.R_REPLY_HELD: "NAT gave it a reply tuple a pair on the switch holds (that pair's entry is gone, so the "
                       "kernel saw no clash): it stays on the firewall while that pair lives",
+    adm.R_PORTS_MOVED: "its entry's mark names other bridge ports than its pair's (the egress a flooded first "
+                       "packet's copy recorded, set right by its reply): the pair goes, and it is judged again",
     adm.R_ID_COLLISION: "every slot of its conntrack id is held by live pairs (a hash collision): it waits",
     adm.R_CLOSED_ON_FIREWALL: "it closed on the firewall",
     adm.R_IDS_SERVER: "an IDS's shunt was judged on the other end as the server: not applied to this direction",

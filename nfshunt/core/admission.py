@@ -50,6 +50,7 @@ R_BUDGET = "flow budget full"
 R_PINNED = "kept on the slow path by an operator"
 R_NAT = "nat: reply tuple is not the original reversed"
 R_REPLY_HELD = "nat: its reply tuple is a held pair's"
+R_PORTS_MOVED = "its entry's mark names other ports now"  # also the removal's reason
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
@@ -86,6 +87,7 @@ class Act(enum.Enum):
     DELETE_STALE = "delete stale"  # an entry re-created behind a live pair: deleted
     TAKE_DOWN = "take down"  # a shunt whose entry closed on the firewall
     NAT_GONE = "nat entry gone"  # the DESTROY of the entry a NAT pair keeps: the pair goes
+    MOVED = "ports moved"  # its entry's mark names other ports: the pair goes, the event waits for it
     QUEUE = "queue"  # waits for the pair being taken down on its tuple
     WAIT = "wait"  # decided, no room (budget, id slots): waits on the slow path
     EVICT = "evict"  # a block that takes the newest shunt's room, installed
@@ -94,7 +96,7 @@ class Act(enum.Enum):
 
 # The members as module names: the per-event checks below read them (an Enum member read
 # from its class is a slow attribute lookup, several an event).
-IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, NAT_GONE, QUEUE, WAIT, EVICT, INSTALL = Act
+IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, NAT_GONE, MOVED, QUEUE, WAIT, EVICT, INSTALL = Act
 
 
 
@@ -111,6 +113,17 @@ class Verdict(NamedTuple):
 
 
 _new_verdict = tuple.__new__  # Verdict(...) goes through a Python-level __new__: one an event
+
+
+_BOTH_PORTS = markcodec.FLAG_INGRESS | markcodec.FLAG_EGRESS
+
+
+def _moved(conn: Conn, mark: int) -> bool:
+    """Whether an entry's mark names other ports than the ones its pair was installed on."""
+    if mark & _BOTH_PORTS != _BOTH_PORTS:
+        return False
+    return ((mark & markcodec.INGRESS_MASK) >> markcodec.INGRESS_SHIFT,
+            (mark & markcodec.EGRESS_MASK) >> markcodec.EGRESS_SHIFT) != conn.ports
 
 
 def created_by(conn: Conn) -> ConnEvent:
@@ -138,6 +151,13 @@ class Admission:
             if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)
                 sh.next_hops.wait(ev, ev.received)
             return [ignored or Ignored(reason, ev)]
+        if act is MOVED and conn is not None:
+            # The egress a flooded first packet's copy recorded, set right by the connection's
+            # reply (iptables.py): the pair sends the connection to the wrong group's port.
+            conn.mark = ev.mark  # (the hand-back writes the entry's ports as they are now)
+            down = sh.conns.take_down(conn, R_PORTS_MOVED, ev.received)
+            conn.resume = ev  # judged again once the pair is gone
+            return [*down, Ignored(R_PORTS_MOVED, ev)]
         if act is NAT_GONE and conn is not None:
             down = sh.conns.take_down(conn, nat.R_NAT_ENTRY_GONE, ev.received)
             return [*down, Ignored(R_DESTROY, ev)]
@@ -208,6 +228,8 @@ class Admission:
                     and existing.state is not State.TAKING_DOWN:
                 return _new_verdict(Verdict, (TAKE_DOWN, R_CLOSING, existing, None, 0, None))
             if existing.state is not State.TAKING_DOWN:
+                if existing.entry == ev.ct_id and _moved(existing, ev.mark):
+                    return _new_verdict(Verdict, (MOVED, R_PORTS_MOVED, existing, None, 0, None))
                 return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
         decided = self.decide(ev, closing)
         if existing is None and not isinstance(decided, Ignored) and (sh.version is None or not sh.reconciled):
