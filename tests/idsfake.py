@@ -79,10 +79,14 @@ def write_tokens(folder):
     return str(path)
 
 
+def ids_config(token_file, **kw):
+    return IdsConfig(listen_port=0, token_file=token_file,
+                     may_shunt=MayShunt(prefixes=(ipaddress.ip_network("10.0.0.0/24"),
+                                                  ipaddress.ip_network("fd00::/64"))), **kw)
+
+
 def make_api(token_file, request_seconds=5.0, preauth_seconds=PREAUTH_SECONDS, idle_seconds=IDLE_SECONDS, **kw):
-    cfg = IdsConfig(listen_port=0, token_file=token_file,
-                    may_shunt=MayShunt(prefixes=(ipaddress.ip_network("10.0.0.0/24"),
-                                                 ipaddress.ip_network("fd00::/64"))), **kw)
+    cfg = ids_config(token_file, **kw)
     backend = FakeBackend(cfg)
     counted = []
     api = IdsApi(cfg, backend, count=counted.append, request_seconds=request_seconds,

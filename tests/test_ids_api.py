@@ -16,8 +16,10 @@ import pytest
 from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
 from nfshunt.ids.api import IdsApi
 from nfshunt.ids.calls import Reject
+from nfshunt.ids.frames import MAX_ANSWER, MAX_REQUEST, Channel
+from nfshunt.ids.process import BackendServer, RemoteBackend
 from nfshunt.records.model import TCP, Action, FlowTuple
-from tests.idsfake import ADMIN, CONN, OTHER, TOKEN, FakeBackend, call, make_api, write_tokens
+from tests.idsfake import ADMIN, CONN, OTHER, TOKEN, FakeBackend, call, ids_config, make_api, write_tokens
 
 
 @pytest.fixture
@@ -406,3 +408,56 @@ def test_a_client_lists_its_own_rules_in_pages_and_an_admin_every_clients(served
         assert resp.getheader("X-Next-After")
     finally:
         conn.close()
+
+
+@pytest.fixture
+def relayed(token_file):
+    """The API as its own process serves it, here: each call a frame (RemoteBackend) to the
+    controller's end (BackendServer, whose frames.request_of checks it) and on to the fake
+    backend; `forged`, what the controller took for a forged frame (which ends the process)."""
+    cfg = ids_config(token_file)
+    ours, theirs = socket.socketpair()
+    forged = []
+    server = BackendServer(Channel(ours, MAX_REQUEST), cfg, FakeBackend(cfg), lambda why: None, lambda *a: None,
+                           forged.append, workers=2)
+    remote = RemoteBackend(Channel(theirs, MAX_ANSWER), cfg.answer_timeout)
+    threads = [threading.Thread(target=server.serve, args=(lambda error: None,)),
+               threading.Thread(target=remote.answers)]
+    for t in threads:
+        t.start()
+    api = IdsApi(cfg, remote)
+    api.start()
+    yield api, forged
+    api.stop()
+    server.channel.close()
+    remote.channel.close()
+    for t in threads:
+        t.join(5)
+
+
+# A listing's query values at and just past each bound, and the status each is answered.
+LISTING_EDGES = [
+    ("after=0", 200), (f"after={(1 << 62) - 1}", 200), (f"after={1 << 62}", 400), ("after=-1", 400),
+    ("after=" + "9" * 20, 400), ("limit=1", 200), ("limit=1000", 200), ("limit=0", 400), ("limit=1001", 400),
+    ("source=ids:zeek", 200), ("source=ids:" + "a" * 64, 200), ("source=ids:" + "a" * 65, 400),
+    ("source=zeek", 400), ("source=ids:", 400), ("source=ids:a%2Fb", 400),
+    ("kind=block_address", 200), ("kind=Shunt", 400), ("address=10.0.0.0/8", 200), ("address=fd00::2", 200),
+    ("address=10.0.0.0/32", 200), ("address=10.0.0.0/33", 400), ("address=x", 400),
+]
+
+
+def test_whatever_a_listing_query_the_api_takes_the_controller_takes(relayed):
+    """Review s56, 1: the API took ?after=2^62 and an admin's ?source=zeek, which the
+    controller's frame check refuses: it took the relayed listing for a forged frame and
+    started the API's process again (every client cut off), as often as anyone asked. The
+    API now checks a query with the controller's own code: a 400 naming the value, or served."""
+    api, forged = relayed
+    for query, expected in LISTING_EDGES:
+        name = query.split("=")[0]
+        status, body = call(api, "GET", f"/v1/rules?{query}", token=ADMIN)
+        assert status == expected and not forged, (query, status, body, forged)
+        if status == 400:
+            assert body["error"] == "invalid" and body["reason"].startswith(f"query: {name}"), (query, body)
+        if name in ("after", "limit"):
+            status, body = call(api, "GET", f"/scipass/flows/get_bad_flows?{query}", token=OTHER)
+            assert status == expected and not forged, (query, status, body, forged)

@@ -60,7 +60,9 @@ from nfshunt.config.ids import IdsConfig
 from nfshunt.kernel import sockdiag
 from nfshunt.observe.logs import RateLimitedLog
 
-from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleBackend
+from . import frames
+from .calls import Outcome, Page, Reject, Result, RuleBackend
+from .frames import FrameError
 from .rules import RULE_ID, Kind, Network, Rule, RuleError, parse, parse_scipass, scipass_id, scipass_json
 from .tokens import CLIENT_NAME, Tokens
 
@@ -587,27 +589,20 @@ def _filters(query: str, allowed: tuple[str, ...] = ("source", "kind", "address"
         if len(values) > 1:
             raise _Refused(Reject.INVALID, f"query: {name} given twice")
     one = {name: values[0] for name, values in given.items()}
-    kind = address = None
-    if "kind" in one:
-        try:
-            kind = Kind(one["kind"])
-        except ValueError:
-            raise _Refused(Reject.INVALID, "query: kind is not one of " + ", ".join(k.value for k in Kind)) from None
-    if "address" in one:
-        try:
-            address = ipaddress.ip_network(one["address"], strict=False)
-        except ValueError:
-            raise _Refused(Reject.INVALID, "query: address is not an address or prefix") from None
-    after, limit = (_count(name, one.get(name), lo, hi, default) for name, lo, hi, default in
-                    (("after", 0, 1 << 62, 0), ("limit", 1, PAGE_MAX, PAGE_SIZE)))
-    return Filters(one.get("source"), kind, address, after, limit)
+    try:
+        # the controller's own check of a listing: one it refuses would be a forged frame there
+        return Filters(*frames.listing_of(one.get("source"), one.get("kind"), one.get("address"),
+                                          _number("after", one.get("after"), 0),
+                                          _number("limit", one.get("limit"), PAGE_SIZE)))
+    except FrameError as exc:
+        raise _Refused(Reject.INVALID, f"query: {exc}") from None
 
 
-def _count(name: str, text: str | None, lo: int, hi: int, default: int) -> int:
+def _number(name: str, text: str | None, default: int) -> int:
     if text is None:
         return default
-    if not re.fullmatch(r"[0-9]{1,19}", text, re.ASCII) or not lo <= int(text) <= hi:
-        raise _Refused(Reject.INVALID, f"query: {name} is not a number in {lo}-{hi}")
+    if not re.fullmatch(r"[0-9]{1,19}", text, re.ASCII):
+        raise _Refused(Reject.INVALID, f"query: {name}: {text[:40]!r} is not a number")
     return int(text)
 
 

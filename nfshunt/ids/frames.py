@@ -45,6 +45,7 @@ MAX_REQUEST = 64 * 1024  # a child's frame: a rule is ~400 bytes, a log record's
 MAX_ANSWER = 16 * 1024 * 1024  # the controller's: the config and tokens, or a page of views (~0.5 MB)
 LOG_TEXT = 8192
 MAX_TIMEOUT = 60.0  # seconds an add may ask to be waited for (ids.answer_timeout's bound)
+AFTER_END = 1 << 62  # a listing's places (?after=) are below it: an integer any JSON reader keeps exact
 
 
 class FrameError(ValueError):
@@ -226,17 +227,33 @@ def request_of(message: dict[str, Any], now: float, cfg: IdsConfig) -> tuple[str
         return op, _seq(message), (source_of(message["source"]), _rule_id(message["id"]))
     if op == "rules":
         _fields(message, ("seq", "source", "kind", "address", "after", "limit"))
-        source = None if message["source"] is None else source_of(message["source"])
-        after, limit = message["after"], message["limit"]
-        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 1 << 62:
-            raise FrameError("rules: after is not a place in the listing")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= PAGE_MAX:
-            raise FrameError(f"rules: limit is not 1-{PAGE_MAX}")
-        return op, _seq(message), (source, _kind(message["kind"]), _network(message["address"]), after, limit)
+        try:
+            listing = listing_of(message["source"], message["kind"], message["address"], message["after"],
+                                 message["limit"])
+        except FrameError as exc:
+            raise FrameError(f"rules: {exc}") from None
+        return op, _seq(message), listing
     if op == "tokens":
         _fields(message, ("seq",))
         return op, _seq(message), ()
     raise FrameError(f"an unknown op {op!r:.40}")
+
+
+def listing_of(source: Any, kind: Any, address: Any, after: Any,
+               limit: Any) -> tuple[str | None, Kind | None, Network | None, int, int]:
+    """A listing's filters and page, checked: a rules frame's here, and the API's query
+    before it relays one, so that no listing it takes is a forged frame here (which would
+    end its process). FrameError naming the field otherwise."""
+    if source is not None:
+        try:
+            source_of(source)
+        except FrameError as exc:
+            raise FrameError(f"source: {exc}") from None
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < AFTER_END:
+        raise FrameError(f"after: {after!r:.40} is not a place in the listing (0-{AFTER_END - 1})")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= PAGE_MAX:
+        raise FrameError(f"limit: {limit!r:.40} is not 1-{PAGE_MAX}")
+    return source, _kind(kind), _network(address), after, limit
 
 
 def _kind(value: Any) -> Kind | None:
@@ -245,7 +262,7 @@ def _kind(value: Any) -> Kind | None:
     try:
         return Kind(value)
     except ValueError:
-        raise FrameError(f"rules: {value!r:.40} is not a kind") from None
+        raise FrameError(f"kind: {value!r:.40} is not one of " + ", ".join(Kind)) from None
 
 
 def _network(value: Any) -> Network | None:
@@ -256,7 +273,7 @@ def _network(value: Any) -> Network | None:
             return ipaddress.ip_network(value, strict=False)
     except ValueError:
         pass
-    raise FrameError(f"rules: {value!r:.60} is not an address or prefix")
+    raise FrameError(f"address: {value!r:.60} is not an address or prefix")
 
 
 def count_of(message: dict[str, Any]) -> Reject:
