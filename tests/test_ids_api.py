@@ -3,6 +3,7 @@ bound to 127.0.0.1 on an ephemeral port; tried as an attacker would as well."""
 import http.client
 import ipaddress
 import json
+import logging
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +20,7 @@ from nfshunt.ids.api import IdsApi
 from nfshunt.ids.calls import Reject
 from nfshunt.ids.frames import MAX_ANSWER, MAX_REQUEST, Channel
 from nfshunt.ids.process import BackendServer, RemoteBackend
+from nfshunt.observe import logs
 from nfshunt.records.model import TCP, Action, FlowTuple
 from tests.idsfake import ADMIN, CONN, OTHER, TOKEN, FakeBackend, call, ids_config, make_api, write_tokens
 
@@ -461,3 +464,22 @@ def test_whatever_a_listing_query_the_api_takes_the_controller_takes(relayed):
         if name in ("after", "limit"):
             status, body = call(api, "GET", f"/scipass/flows/get_bad_flows?{query}", token=OTHER)
             assert status == expected and not forged, (query, status, body, forged)
+
+
+def test_a_bug_is_answered_and_counted_each_time_and_its_traceback_logged_rate_limited(served, caplog, monkeypatch):
+    """Review s56, 4: each request a bug failed logged its whole traceback, unthrottled: one
+    client could write thousands a second into the controller's log. Each is still answered
+    500 and counted; its traceback is logged at most once every 10 s, the next one saying
+    how many were held back."""
+    api, backend, counted = served
+    clock = [1000.0]
+    monkeypatch.setattr(logs, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    backend.fail = RuntimeError("a bug")
+    with caplog.at_level(logging.ERROR, logger="nfshunt"):
+        assert [add(api)[0] for _ in range(5)] == [500] * 5
+        clock[0] += 10
+        assert add(api)[0] == 500
+    logged = [r for r in caplog.records if "POST /v1/rules failed" in r.getMessage()]
+    assert counted == [Reject.INTERNAL] * 6
+    assert len(logged) == 2 and all(r.exc_info for r in logged), logged
+    assert "(4 more like this since the last report)" in logged[1].getMessage()

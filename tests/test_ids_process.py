@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -432,3 +433,46 @@ def test_the_child_serves_tls_with_a_key_only_root_may_read(tmp_path):
         conn.close()
     finally:
         s.api.stop()
+
+
+def test_the_childs_log_records_are_rate_limited_by_logger_and_level(caplog, monkeypatch):
+    """Review s56, 4: every record the API's process sent was logged, however many (a 500's
+    traceback for each request of a client, say, or a compromised child's flood). Now a
+    logger and level's records are logged a burst at a time every 10 s, the first after
+    it saying how many were held back; another logger's or level's are not held by them."""
+    from nfshunt.ids.frames import MAX_ANSWER
+    from nfshunt.ids.process import BackendServer
+    from nfshunt.observe import logs
+    clock = [1000.0]
+    monkeypatch.setattr(logs, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    cfg = config(None)
+    ours, theirs = socket.socketpair()
+    bad = []
+    server = BackendServer(Channel(ours, MAX_REQUEST), cfg, FakeBackend(cfg), lambda why: None, lambda *a: None,
+                           bad.append, workers=1)
+    child = Channel(theirs, MAX_ANSWER)
+    served = threading.Thread(target=server.serve, args=(lambda error: None,))
+    served.start()
+
+    def log(level, text, name="nfshunt"):
+        child.send({"op": "log", "name": name, "level": level, "message": text, "exc": None})
+
+    def seen(text):
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+    try:
+        with caplog.at_level(logging.DEBUG, logger="nfshunt"):
+            for i in range(1000):
+                log(logging.ERROR, f"flood {i}")
+            log(logging.WARNING, "another level")
+            log(logging.ERROR, "another logger", "nfshunt.other")
+            assert until(lambda: seen("another logger"), 10)
+            flood = seen("flood")
+            assert seen("another level") and 0 < len(flood) < 1000 and "flood 0" in flood[0]
+            clock[0] += 10
+            log(logging.ERROR, "flood again")
+            assert until(lambda: seen("flood again"), 10)
+            assert f"({1000 - len(flood)} more like this since the last report)" in seen("flood again")[0]
+        assert not bad
+    finally:
+        child.close()
+        served.join(5)

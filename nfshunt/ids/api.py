@@ -412,8 +412,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._refuse(refused.why, refused.reason, scipass, close=self._unread)
         except TimeoutError:
             raise  # the base class cuts the connection
-        except Exception:  # a bug must not leave the client unanswered
-            LOG.exception("ids api: %s %s failed", self.command, self.path)
+        except Exception:  # a bug must not leave the client unanswered (nor flood the log: rate-limited)
+            self.server.rlog.log(logging.ERROR, "internal", "ids api: %s %s failed", self.command, self.path,
+                                 exc_info=True)
             self._refuse(Reject.INTERNAL, "internal error (logged)", scipass, close=True)
 
     def _authenticate(self) -> Client:
@@ -674,13 +675,13 @@ class _Server(http.server.ThreadingHTTPServer):
         self.socket = api.listening if api.listening is not None else listen(api.cfg)
         self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
-        self._rlog = RateLimitedLog(LOG)
+        self.rlog = RateLimitedLog(LOG)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection's thread ended on an exception (socketserver's default prints its
         traceback to stderr, once for every such connection a client opens)."""
         self.api.count(Reject.INTERNAL)
-        self._rlog.warning("connection", "ids api: the connection from %s ended on an error: %r",
+        self.rlog.warning("connection", "ids api: the connection from %s ended on an error: %r",
                            client_address[0], sys.exc_info()[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:

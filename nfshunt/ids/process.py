@@ -63,6 +63,7 @@ START_WAIT = 10.0  # seconds a child has to say it serves
 CALL_MARGIN = 5.0  # seconds a call waits for the controller beyond the call's own limit
 DEADLINE_STEP = 0.1  # seconds: how late an unanswered add may be answered pending
 SEND_SECONDS = 1  # an answer the child does not take within this ends the child
+LOG_BURST = 100  # the child's records of one logger and level logged every 10 s at most (the rest counted)
 CHILD = "import sys; from nfshunt.ids.process import child_main; sys.exit(child_main(sys.argv[1:]))"
 OK, TIMEOUT, FAILED = 0, 1, 2  # how the controller ended a call: the API answers 200s, 504, 500
 
@@ -259,12 +260,13 @@ class BackendServer:
     the real backend. An add is answered from the event loop the moment the switch
     confirms it (submit: IdsBackend.submit_async), with no thread of ours waiting for it;
     the rarer calls each wait on a thread of a pool. Refusals are counted and records
-    logged as they come. A frame that is not one (`bad_frame`: counted, logged) ends the
-    child, having changed nothing."""
+    logged as they come (`logs`: at most LOG_BURST of a logger and level every 10 s, the
+    rest counted; ApiProcess's, kept across its children). A frame that is not one
+    (`bad_frame`: counted, logged) ends the child, having changed nothing."""
 
     def __init__(self, channel: Channel, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None],
                  submit: SubmitAsync, bad_frame: Callable[[str], None], workers: int,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, logs: RateLimitedLog | None = None):
         self.channel = channel
         self.cfg = cfg
         self.backend = backend
@@ -272,6 +274,7 @@ class BackendServer:
         self.submit = submit
         self.bad_frame = bad_frame
         self.wall = wall
+        self.logs = logs if logs is not None else RateLimitedLog(LOG, burst=LOG_BURST)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfshunt-ids-call")
         self.deadlines = Deadlines()
         # An answer is written on the event loop: a child that stops reading fails the
@@ -307,8 +310,12 @@ class BackendServer:
         if op == "count":
             self.count(frames.count_of(message))
         elif op == "log":
+            # limited here, not by the child: what it says of itself is not to be trusted
             record = frames.log_of(message)
-            logging.getLogger(record.name).handle(record)
+            held = self.logs.allow(f"{record.name} {record.levelno}")
+            if held is not None:
+                record.msg += self.logs.note(held)
+                logging.getLogger(record.name).handle(record)
         elif op == "serving":
             on_serving(frames.serving_of(message))
         else:
@@ -361,6 +368,7 @@ class ApiProcess:
         self.restarted = restarted
         self.counted_bad_frame = bad_frame
         self._rlog = RateLimitedLog(LOG)
+        self._child_logs = RateLimitedLog(LOG, burst=LOG_BURST)
         self.request_seconds = request_seconds
         self._listening: socket.socket | None = None
         self._child: subprocess.Popen[bytes] | None = None
@@ -410,7 +418,7 @@ class ApiProcess:
             said.append(error)
             event.set()
         server = BackendServer(self._channel, self.cfg, self.backend, self.count, self.submit, self._bad_frame,
-                               workers=self.cfg.max_connections + 4)
+                               workers=self.cfg.max_connections + 4, logs=self._child_logs)
         self._server_thread = threading.Thread(target=server.serve, args=(serving,), name="nfshunt-ids-calls",
                                                daemon=True)
         self._server_thread.start()

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -95,28 +96,43 @@ def flush_all() -> None:
 
 
 class RateLimitedLog:
-    """At most one line per key every `interval` seconds, with how many were held back."""
+    """At most `burst` lines per key every `interval` seconds, with how many were held back;
+    from any thread. Past `keys` keys the rest share one: keys a peer names (the IDS API
+    process's loggers) cannot grow it, nor escape the limit by naming more."""
 
-    def __init__(self, logger: logging.Logger, interval: float = 10.0):
+    def __init__(self, logger: logging.Logger, interval: float = 10.0, burst: int = 1, keys: int = 1000):
         self.logger = logger
         self.interval = interval
-        self._last: dict[str, tuple[float, int]] = {}
+        self.burst = burst
+        self.keys = keys
+        self._seen: dict[str, tuple[float, int, int]] = {}  # a key's interval's start, lines in it, held back
+        self._lock = threading.Lock()
 
     def allow(self, key: str) -> int | None:
         """How many lines of this key were held back since the last one, if this one may
         be logged; None if it is held back too."""
         now = time.monotonic()
-        last, held = self._last.get(key, (-1e9, 0))
-        if now - last < self.interval:
-            self._last[key] = (last, held + 1)
-            return None
-        self._last[key] = (now, 0)
-        return held
+        with self._lock:
+            if key not in self._seen and len(self._seen) >= self.keys:
+                key = "(other keys)"
+            start, lines, held = self._seen.get(key, (-1e9, 0, 0))
+            if now - start >= self.interval:
+                start, lines = now, 0
+            if lines >= self.burst:
+                self._seen[key] = (start, lines, held + 1)
+                return None
+            self._seen[key] = (start, lines + 1, 0)
+            return held
+
+    @staticmethod
+    def note(held: int) -> str:
+        """What a line says of the `held` lines of its key held back before it."""
+        return f" ({held} more like this since the last report)" if held else ""
 
     def warning(self, key: str, msg: str, *args: Any) -> None:
+        self.log(logging.WARNING, key, msg, *args)
+
+    def log(self, level: int, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
         held = self.allow(key)
-        if held is None:
-            return
-        if held:
-            msg += f" ({held} more like this since the last report)"
-        self.logger.warning(msg, *args)
+        if held is not None:
+            self.logger.log(level, msg + self.note(held), *args, exc_info=exc_info)
