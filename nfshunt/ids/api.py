@@ -19,7 +19,7 @@ milliseconds). What a server that may face a network needs besides is added here
     first request within PREAUTH_SECONDS of its accept, a keep-alive connection's next
     within IDLE_SECONDS, each whole request within REQUEST_SECONDS of its first byte (a
     client that sends one byte a second is cut off, holding only its own thread);
-  - a body cap (413, not read);
+  - a cap on a request's line and headers, HEAD_BYTES, and on its body (413, not read);
   - JSON read by jsonfile (bounded depth and digits, duplicate keys refused), unknown
     fields refused; every refusal is a 4xx (or 5xx) with a reason, and counted (`count`).
 
@@ -141,6 +141,8 @@ class _DeadlineReader(io.RawIOBase):
         self.request_seconds = request_seconds
         self.idle_until = self.deadline = self.cap = math.inf
         self.received = 0  # bytes of the current request
+        self.carried = 0  # bytes of it read with the last one's (pipelined)
+        self.held = False  # a read now takes nothing from the socket (`_buffered`)
         # A plain socket is left blocking and waits in the kernel, its reads bounded by
         # SO_RCVTIMEO and its writes by SO_SNDTIMEO: a socket with a Python timeout polls
         # before every recv and send, two more syscalls and GIL hand-overs a request (and
@@ -155,13 +157,29 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def next_request(self, idle_until: float, cap: float) -> None:
+    def next_request(self, idle_until: float, cap: float, rfile: io.BufferedReader) -> None:
         self.received = 0
+        self.carried = self._buffered(rfile)
         self.idle_until = min(idle_until, cap)
         self.deadline = math.inf  # set by the request's first byte
         self.cap = cap
 
-    def readinto(self, buf: Any) -> int:
+    def head(self, rfile: io.BufferedReader) -> int:
+        """The bytes the request's line and headers took, once parsed: those read, less
+        those `rfile` (over this reader) holds past them."""
+        return self.carried + self.received - self._buffered(rfile)
+
+    def _buffered(self, rfile: io.BufferedReader) -> int:
+        """Bytes `rfile` read and did not give out yet, found without reading on."""
+        self.held = True
+        try:
+            return len(rfile.peek())
+        finally:
+            self.held = False
+
+    def readinto(self, buf: Any) -> int | None:
+        if self.held:
+            return None  # (nothing to read yet, as a non-blocking socket would say)
         room = self.limit - self.received
         if room <= 0:
             return 0
@@ -279,9 +297,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         now = time.monotonic()
         if self._authenticated:
-            self._reader.next_request(now + self.server.api.idle_seconds, math.inf)
+            self._reader.next_request(now + self.server.api.idle_seconds, math.inf, self.rfile)
         else:
-            self._reader.next_request(self._preauth, self._preauth)
+            self._reader.next_request(self._preauth, self._preauth, self.rfile)
         try:
             super().handle_one_request()
         except BlockingIOError as exc:  # SO_SNDTIMEO passed: what http.server does when a write times out
@@ -400,7 +418,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0").strip()
         self._unread = length not in ("", "0") or bool(self.headers.get("Transfer-Encoding"))
         try:
-            if self._reader.received >= self._reader.limit:
+            if self._reader.head(self.rfile) > HEAD_BYTES:  # (the reader's limit is the head's and the body's)
                 self._unread = True  # what is left of it
                 raise _Refused(Reject.TOO_LARGE, f"request too large: its line and headers are over {HEAD_BYTES} "
                                "bytes")
