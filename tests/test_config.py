@@ -108,6 +108,7 @@ def test_check_config_cli_exit_codes(tmp_path, capsys):
      "not a valid interface name"),
     (with_(shunt_priority=65535), "shunt_priority", "outside 1-65534"),
     (with_(switch_addresses=["switch.example"]), "switch_addresses[0]", "not an IP address"),
+    (with_(switch_addresses=["fe80::1%eth0"]), "switch_addresses[0]", "IPv6 scope id (%eth0)"),
     (with_(echo_interval=0), "echo_interval", "outside"),
     (with_(max_block_share=1.5), "max_block_share", "outside"),
 ])

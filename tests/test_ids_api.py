@@ -121,6 +121,8 @@ def test_malformed_json(served, raw, problem):
     ({"connection": {**CONN, "dport": 0}}, "connection.dport: 0 is outside 1-65535"),
     ({"connection": {**CONN, "sport": 65536}}, "connection.sport: 65536 is outside 1-65535"),
     ({"action": "block", "connection": None, "address": "10.0.0.0/8"}, "address: 10.0.0.0/8 is wider than /16"),
+    ({"action": "block", "connection": None, "address": "fe80::%eth0/64"}, "address: 'fe80::%eth0/64' has an IPv6"),
+    ({"connection": {**CONN, "src": "fd00::1%eth0", "dst": "fd00::2"}}, "connection.src: 'fd00::1%eth0' has an IPv6"),
 ])
 def test_bad_fields_are_400_with_the_field(served, change, problem):
     api, backend, counted = served

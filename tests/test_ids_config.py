@@ -68,6 +68,8 @@ def test_client_certificates_alone_authenticate(pem):
     ({"token_file": "/nonexistent/token"}, "ids.token_file", "cannot read"),
     ({"token_file": "TOKEN", "may_shunt": {"prefixes": ["10.0.0.0/33"]}}, "ids.may_shunt.prefixes[0]",
      "not an IP address or network"),
+    ({"token_file": "TOKEN", "may_shunt": {"prefixes": ["fd00::%eth0/64"]}}, "ids.may_shunt.prefixes[0]",
+     "IPv6 scope id (%eth0)"),
     ({"token_file": "TOKEN", "may_shunt": {"ports": [0]}}, "ids.may_shunt.ports[0]", "outside"),
     ({"token_file": "TOKEN", "may_shunt": {"ports": ["9-1"]}}, "ids.may_shunt.ports[0]", "low end"),
     ({"token_file": "TOKEN", "may_shunt": {"ports": ["1-70000"]}}, "ids.may_shunt.ports[0]", "outside"),

@@ -106,6 +106,34 @@ def test_bad_input_names_the_field(raw, field, problem):
     assert problem in info.value.problem
 
 
+SCOPED = ["fe80::1%1", "::1%x", "fd00::1%eth0"]
+
+
+@pytest.mark.parametrize("text", SCOPED)
+@pytest.mark.parametrize("field", ["src", "dst"])
+def test_a_connection_end_with_an_ipv6_scope_id_is_refused_naming_the_field(field, text):
+    conn = {**CONN, "src": "fd00::1", "dst": "fd00::2", field: text}
+    with pytest.raises(RuleError) as info:
+        parse(body(connection=conn), "ids:z", NOW, CFG)
+    assert info.value.field == f"connection.{field}" and "scope id" in info.value.problem
+
+
+@pytest.mark.parametrize("text", ["fe80::%eth0/64", "fd00::1%1", "fd00::%x/48"])
+@pytest.mark.parametrize("action", ["block", "whitelist"])
+def test_an_address_rule_with_an_ipv6_scope_id_is_refused(action, text):
+    with pytest.raises(RuleError) as info:
+        parse(body(action=action, connection=None, address=text), "ids:z", NOW, CFG)
+    assert info.value.field == "address" and "scope id" in info.value.problem
+
+
+@pytest.mark.parametrize("field,text", [("nw_src", "fd00::1%x/128"), ("nw_dst", "fd00::2%eth0"),
+                                        ("nw_src", "fe80::1%1")])
+def test_a_scipass_end_with_an_ipv6_scope_id_is_refused(field, text):
+    with pytest.raises(RuleError) as info:
+        parse_scipass({**SCIPASS, "nw_src": "fd00::1", "nw_dst": "fd00::2", field: text}, True, "ids:sp", NOW, CFG)
+    assert info.value.field == field and "scope id" in info.value.problem
+
+
 def test_prefix_limit_from_config():
     cfg = IdsConfig(token_file="/unused", max_prefix={4: 8, 6: 32})
     assert parse(body(action="block", connection=None, address="10.0.0.0/8"), "ids:z", NOW, cfg).address.prefixlen == 8

@@ -199,6 +199,19 @@ def test_state_file_bad_entries_dropped_bad_file_kept_aside(tmp_path):
     assert (tmp_path / "ids-rules.json.bad").exists() and not path.exists()
 
 
+def test_state_file_rules_with_an_ipv6_scope_id_are_dropped_and_logged(tmp_path, caplog):
+    path = tmp_path / "ids-rules.json"
+    good = rule("ok").to_json()
+    block = rule("b", action="block", address="fd00::/64").to_json()
+    scoped_conn = {**good, "id": "c", "connection": {**CONN, "src": "fd00::1%eth0", "dst": "fd00::2"}}
+    path.write_text(json.dumps({"version": 1, "rules": [good, {**block, "address": "fe80::%eth0/64"},
+                                                        scoped_conn]}))
+    store = Store(str(path), max_rules=10)
+    assert store.load() == [] and [r.id for r in store.select()] == ["ok"]
+    assert "rules[1] is dropped: address:" in caplog.text and "rules[2] is dropped: connection.src:" in caplog.text
+    assert caplog.text.count("scope id") == 2
+
+
 def test_state_file_over_the_cap(tmp_path):
     path = str(tmp_path / "ids-rules.json")
     store = Store(path, max_rules=3)

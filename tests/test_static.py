@@ -62,6 +62,8 @@ def test_an_entrys_cookie_is_stable_and_names_its_fields():
     ({**STREAM, "protocol": "sctp"}, "static_shunts[0].protocol", "not one of"),
     ({**STREAM, "src": "10.0.0.1/33"}, "static_shunts[0].src", "not an address or prefix"),
     ({**STREAM, "src": "10.0.0.1/24"}, "static_shunts[0].src", "host bits"),
+    ({**STREAM, "src": "fd00::1%eth0", "dst": "fd00:3::/64"}, "static_shunts[0].src", "IPv6 scope id (%eth0)"),
+    ({**STREAM, "src": "fd00::9", "dst": "fe80::%1/64"}, "static_shunts[0].dst", "IPv6 scope id (%1)"),
     ({**STREAM, "dst": "fd00::2"}, "static_shunts[0].dst", "one family"),
     ({**STREAM, "src": "10.0.0.0/16"}, "static_shunts[0].src", "wider than /24"),
     ({**STREAM, "dst": "fd00::/48", "src": "fd00:1::/64"}, "static_shunts[0].dst", "wider than /64"),

@@ -51,6 +51,8 @@ def test_via_reads_an_address_or_table_and_names_each_direction_s_next_hop():
     (raw(STREAM, experimental_routed=False), "static_shunts[0].via", "need experimental_routed true"),
     (raw({**STREAM, "via": "10.0.2.300"}), "static_shunts[0].via", "neither an address"),
     (raw({**STREAM, "via": "next"}), "static_shunts[0].via", "neither an address"),
+    (raw({**STREAM, "src": "fd01::1", "dst": "fd02::1", "via": "fe80::1%eth0"}), "static_shunts[0].via",
+     "IPv6 scope id (%eth0)"),
     (raw({**STREAM, "via": 5}), "static_shunts[0].via", "expected a non-empty string"),
     (raw({**STREAM, "via": "fd02::1"}), "static_shunts[0].via", "not of dst 10.0.0.2/32's family"),
     (raw({**STREAM, "dst": "10.0.0.0/24"}), "static_shunts[0].dst", "name one host"),

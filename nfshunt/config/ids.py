@@ -86,7 +86,7 @@ def port_range(key: str, value: Any) -> tuple[int, int]:
     return port, port
 
 
-@v.takes("list of strings", "IP addresses or networks")
+@v.takes("list of strings", "IP addresses or networks (no IPv6 scope id)")
 def _prefixes(key: str, value: Any) -> tuple[Any, ...]:
     return tuple(ipaddress.ip_network(n, strict=False) for n in v.networks(key, value))
 

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from nfshunt.records import cookies
-from nfshunt.records.model import TCP, UDP, FlowTuple, NextHop
+from nfshunt.records.model import (
+    TCP,
+    UDP,
+    FlowTuple,
+    Network,
+    NextHop,
+    ScopeIdError,
+    parse_address,
+    parse_network,
+)
 
 from . import validate as v
 from .switch import RoutedSide, SwitchConfig, vlan_id
@@ -31,7 +40,6 @@ VIA_TABLE = "table"  # `via`: follow the firewall's route to the destination, as
 # subnet, the smallest routed unit. A stream between two controllers is /32 (/128).
 DEFAULT_MAX_PREFIX = {4: 24, 6: 64}
 DEFAULT_PRIORITY = 33050  # above reactive shunts (33000) and their catchers (33001), below blocks (33100)
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -185,11 +193,13 @@ class Scope(Entries, Protocol):
     def static_shunt_max_prefix(self) -> dict[int, int]: ...
 
 
-@v.takes("string", "an address or a prefix, host bits zero")
+@v.takes("string", "an address or a prefix, host bits zero (no IPv6 scope id)")
 def _network(key: str, value: Any) -> Network:
     value = v.string(key, value)
     try:
-        return ipaddress.ip_network(value, strict=True)
+        return parse_network(value)
+    except ScopeIdError as exc:
+        raise ConfigError(key, str(exc)) from None
     except ValueError as exc:
         raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
 
@@ -204,16 +214,13 @@ def _port_pair(key: str, value: Any) -> tuple[int, int]:
     return a, b
 
 
-@v.takes("string", "an IPv4 or IPv6 address, or `table`")
+@v.takes("string", "an IPv4 or IPv6 address (no scope id), or `table`")
 def _via(key: str, value: Any) -> str:
     value = v.string(key, value)
     if value == VIA_TABLE:
         return value
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise ConfigError(key, f"{value!r} is neither an address (the next hop towards dst) nor \"table\" (follow "
-                          "the firewall's route to dst)") from None
+    return str(v.parsed(key, parse_address, value, f"{value!r} is neither an address (the next hop towards dst) "
+                        "nor \"table\" (follow the firewall's route to dst)"))
 
 
 _ANY = "required (with `pcp`: all three or none)"

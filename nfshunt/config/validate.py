@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
+from nfshunt.records.model import ScopeIdError, parse_network
+
 T = TypeVar("T")
 
 
@@ -137,23 +139,35 @@ def number(lo: float, hi: float) -> Check[float]:
     return Check(check, "number", f"{lo:g}-{hi:g}")
 
 
-@takes("list of strings", "IP addresses or networks")
+@takes("list of strings", "IP addresses or networks (no IPv6 scope id)")
 def networks(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise ConfigError(key, f"expected a list of addresses or networks, got {type_name(value)}")
     out = []
     for i, v in enumerate(value):
         v = string(f"{key}[{i}]", v)
-        try:
-            ipaddress.ip_network(v, strict=False)
-        except ValueError:
-            raise ConfigError(f"{key}[{i}]", f"{v!r} is not an IP address or network") from None
+        parsed(f"{key}[{i}]", lambda text: parse_network(text, strict=False), v,
+               f"{v!r} is not an IP address or network")
         out.append(v)
     return tuple(out)
 
 
+def parsed(key: str, parser: Callable[[str], T], text: str, problem: str,
+           error: Callable[[str, str], Exception] = ConfigError) -> T:
+    """parser(text) (records.model's parse_address or parse_network), its refusal
+    `error(key, ...)`: a scope id's own reason, else problem. Shared by the config and the
+    IDS API's request bodies."""
+    try:
+        return parser(text)
+    except ScopeIdError as exc:
+        raise error(key, str(exc)) from None
+    except ValueError:
+        raise error(key, problem) from None
+
+
 @takes("string", "an IP address")
 def address(key: str, value: Any) -> str:
+    """A listener's address (a scope id allowed: binding a link-local address needs one)."""
     value = string(key, value)
     try:
         ipaddress.ip_address(value)

@@ -32,10 +32,18 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from nfshunt.config.ids import MAX_IDS_EXPIRE, IdsConfig, MayShunt
-from nfshunt.config.validate import check_names, type_name
-from nfshunt.records.model import TCP, UDP, Action, FlowTuple, canonical_address
+from nfshunt.config.validate import check_names, parsed, type_name
+from nfshunt.records.model import (
+    TCP,
+    UDP,
+    Action,
+    FlowTuple,
+    Network,
+    canonical_address,
+    parse_address,
+    parse_network,
+)
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 PROTOCOLS = {"tcp": TCP, "udp": UDP}
 PROTOCOL_NAMES = {v: k for k, v in PROTOCOLS.items()}
 # URL-safe (a rule is named in /v1/rules/<id>), and what Zeek's ids look like ("12", "worker-1:12").
@@ -167,18 +175,12 @@ def _host(field: str, value: Any, scipass: bool = False) -> str:
         raise RuleError(field, f"expected an address, got {type_name(value)} {value!r:.40}")
     text = value
     if scipass and "/" in value:
-        try:
-            net = ipaddress.ip_network(value, strict=True)
-        except ValueError:
-            raise RuleError(field, f"{value!r:.60} is not an address or a /32 (/128) of one") from None
+        net = parsed(field, parse_network, value, f"{value!r:.60} is not an address or a /32 (/128) of one", RuleError)
         if net.prefixlen != net.max_prefixlen:
             raise RuleError(field, f"{value} is a prefix: a connection's ends are single hosts (/{net.max_prefixlen})")
         text = str(net.network_address)
     if not DOTTED_QUAD.fullmatch(text):  # one is an address: ipaddress's parse of it was ~5 us
-        try:
-            ipaddress.ip_address(text)
-        except ValueError:
-            raise RuleError(field, f"{value!r:.60} is not an IPv4 or IPv6 address") from None
+        parsed(field, parse_address, text, f"{value!r:.60} is not an IPv4 or IPv6 address", RuleError)
     return canonical_address(text)
 
 
@@ -217,13 +219,16 @@ def _tuple(field: str, proto: int, src: str, dst: str, sport: int, dport: int, n
     return FlowTuple(family, proto, src, dst, sport, dport)
 
 
-def _prefix(field: str, value: Any, max_prefix: dict[int, int]) -> Network:
+def prefix_of(field: str, value: Any) -> Network:
+    """A rule's `address`: an address or prefix, host bits zero (the API's and the state file's)."""
     if not isinstance(value, str):
         raise RuleError(field, f"expected an address or prefix, got {type_name(value)} {value!r:.40}")
-    try:
-        net = ipaddress.ip_network(value, strict=True)
-    except ValueError:
-        raise RuleError(field, f"{value!r:.60} is not an address or prefix (host bits must be zero)") from None
+    return parsed(field, parse_network, value,
+                  f"{value!r:.60} is not an address or prefix (host bits must be zero)", RuleError)
+
+
+def _prefix(field: str, value: Any, max_prefix: dict[int, int]) -> Network:
+    net = prefix_of(field, value)
     limit = max_prefix[net.version]
     if net.prefixlen < limit:
         raise RuleError(field, f"{net} is wider than /{limit} (ids.max_prefix ipv{net.version})")

@@ -60,6 +60,7 @@ from .rules import (
     connection_vlan,
     pair_key,
     precedence,
+    prefix_of,
     server_of,
 )
 
@@ -484,10 +485,7 @@ def from_json(raw: Any, created_at: float | None = None) -> Rule:
     if kind in CONNECTION_KINDS:
         conn = _connection("connection", raw.get("connection"))
     else:
-        try:
-            address = ipaddress.ip_network(raw["address"], strict=True)
-        except (KeyError, TypeError, ValueError):
-            raise RuleError("address", "not an address or prefix") from None
+        address = prefix_of("address", raw.get("address"))
     return Rule(source, rule_id, kind, _int("priority", raw.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY),
                 _int("expire", raw.get("expire"), 1, MAX_IDS_EXPIRE),
                 float(created) if created_at is None else created_at, conn, address,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -31,6 +32,39 @@ TCP_STATES = ("NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_
               "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2")
 TCP_CLOSING = frozenset({4, 5, 6, 7, 8})
 TCP_ENDED = frozenset({7, 8})  # TIME_WAIT, CLOSE: the connection is over (a SYN starts a new entry)
+
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ScopeIdError(ValueError):
+    """An IPv6 address with a scope id ("fe80::1%eth0"). ipaddress takes one, but a flow's
+    match, a conntrack tuple and inet_pton have no interface in an address (os-ken cannot
+    build the match): no address a rule, match or flow is made of may carry one (only a
+    listener's, config.validate.address: binding a link-local address needs it)."""
+
+
+def parse_address(text: str) -> Address:
+    """The one parse of a given address: ipaddress's, without a scope id (ScopeIdError);
+    ValueError: not an address."""
+    address = ipaddress.ip_address(text)
+    _unscoped(text, address)
+    return address
+
+
+def parse_network(text: str, strict: bool = True) -> Network:
+    """The one parse of a given address or prefix (strict: host bits zero): ipaddress's,
+    without a scope id (ScopeIdError); ValueError: not an address or prefix."""
+    net = ipaddress.ip_network(text, strict=strict)
+    _unscoped(text, net.network_address)
+    return net
+
+
+def _unscoped(text: str, address: Address) -> None:
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise ScopeIdError(f"{text!r:.60} has an IPv6 scope id (%{address.scope_id:.20}): an address here names "
+                           "no interface, leave it out")
 
 
 def canonical_address(text: str) -> str:
