@@ -1,11 +1,13 @@
 """IDS rules: parsing kind by kind, the bad-input list of issue 28, and the precedence rule."""
 import ipaddress
+import math
 
 import pytest
 
 from nfshunt.config.ids import IdsConfig, MayShunt
 from nfshunt.ids.rules import (
     DOTTED_QUAD,
+    SCIPASS_FIELDS,
     Decision,
     Kind,
     Refusal,
@@ -171,6 +173,39 @@ def test_scipass_bad_input(raw, field, problem):
     with pytest.raises(RuleError) as info:
         parse_scipass(raw, True, "ids:sp", NOW, CFG)
     assert info.value.field == field and problem in info.value.problem
+
+
+# What a client may put in any field instead of what it takes: each a RuleError (a 400), never another exception.
+WRONG_TYPES = [[], {}, True, 1.5, math.nan, "x%y", 10**99, 10**400]
+TAKEN = [("expire", 1.5)]  # (seconds as a double: rounded up)
+RULE_FIELDS = ["id", "action", "connection", "address", "priority", "expire", "idle_timeout",
+               *(f"connection.{name}" for name in ("protocol", "src", "sport", "dst", "dport", "zone", "vlan"))]
+
+
+def _with(field, value):
+    raw = body(action="block", connection=None, address="10.0.0.0/24") if field == "address" else body()
+    where, _, name = field.rpartition(".")
+    (raw[where] if where else raw)[name] = value
+    return raw
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES, ids=lambda v: f"{type(v).__name__}:{v!r:.10}")
+@pytest.mark.parametrize("field", RULE_FIELDS)
+def test_a_wrong_type_in_any_field_is_a_rule_error_naming_it(field, value):
+    if (field, value) in TAKEN:
+        parse(_with(field, value), "ids:z", NOW, CFG)
+        return
+    with pytest.raises(RuleError) as info:
+        parse(_with(field, value), "ids:z", NOW, CFG)
+    assert info.value.field == field or info.value.field.startswith(f"{field}.")  # ({} as a connection: its fields)
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES, ids=lambda v: f"{type(v).__name__}:{v!r:.10}")
+@pytest.mark.parametrize("field", SCIPASS_FIELDS)
+def test_a_wrong_type_in_any_scipass_field_is_a_rule_error_naming_it(field, value):
+    with pytest.raises(RuleError) as info:
+        parse_scipass({**SCIPASS, field: value}, True, "ids:sp", NOW, CFG)
+    assert info.value.field == field
 
 
 # --- precedence -----------------------------------------------------------------------------

@@ -162,7 +162,9 @@ def _int(field: str, value: Any, lo: int, hi: int, text: bool = False) -> int:
 
 def _expire(field: str, value: Any) -> int:
     """Hard expiry in seconds, > 0; a fraction rounds up (Zeek sends intervals as doubles)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # (isfinite only of a float: of an int past a double's range it raises OverflowError)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            isinstance(value, float) and not math.isfinite(value):
         raise RuleError(field, f"expected a number of seconds, got {type_name(value)} {value!r:.40}")
     if not 0 < value <= MAX_IDS_EXPIRE:
         raise RuleError(field, f"{value} is outside (0, {MAX_IDS_EXPIRE}] seconds")
@@ -185,7 +187,7 @@ def _host(field: str, value: Any, scipass: bool = False) -> str:
 
 
 def _protocol(field: str, value: Any) -> int:
-    if value not in PROTOCOLS:
+    if not isinstance(value, str) or value not in PROTOCOLS:  # (a list or object is no dict key: TypeError)
         raise RuleError(field, f"{value!r:.40} is not one of {', '.join(PROTOCOLS)}")
     return PROTOCOLS[value]
 
