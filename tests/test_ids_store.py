@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from nfshunt.config.ids import IdsConfig
+from nfshunt.ids import store as store_module
 from nfshunt.ids.rules import Kind, parse
 from nfshunt.ids.store import Added, Counts, write
 from nfshunt.ids.store import Store as _Store
@@ -210,6 +211,50 @@ def test_state_file_rules_with_an_ipv6_scope_id_are_dropped_and_logged(tmp_path,
     assert store.load() == [] and [r.id for r in store.select()] == ["ok"]
     assert "rules[1] is dropped: address:" in caplog.text and "rules[2] is dropped: connection.src:" in caplog.text
     assert caplog.text.count("scope id") == 2
+
+
+# What a hand-edited state file may hold in a rule's field instead of what it takes.
+WRONG_TYPES = [[], {}, True, 1.5, float("nan"), "x%y", 10**99, -1e308, None]
+TAKEN = [("server", None), ("idle_timeout", None), ("created", 10**99)]  # (a deadline is at most `expire` away)
+FILE_FIELDS = ["source", "id", "kind", "priority", "expire", "created", "idle_timeout", "server", "server.address",
+               "server.port", "address", "connection",
+               *(f"connection.{name}" for name in ("protocol", "src", "sport", "dst", "dport", "zone", "vlan"))]
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES, ids=lambda v: f"{type(v).__name__}:{v!r:.10}")
+@pytest.mark.parametrize("field", FILE_FIELDS)
+def test_a_hand_edited_field_of_any_type_drops_its_rule_with_a_log_line_not_the_start(tmp_path, caplog, field, value):
+    path = tmp_path / "ids-rules.json"
+    edited = (rule("e", action="block", address="10.9.0.0/24") if field == "address" else rule("e")).to_json()
+    edited["server"] = {"address": CONN["dst"], "port": CONN["dport"]}
+    where, _, name = field.rpartition(".")
+    (edited[where] if where else edited)[name] = value
+    path.write_text(json.dumps({"version": 1, "rules": [rule("ok", sport=1).to_json(), edited]}))
+    store = Store(str(path), max_rules=10)
+    gone = store.load()
+    kept = [r.id for r in store.select()]
+    if (field, value) in TAKEN:
+        assert sorted(kept) == ["e", "ok"]
+    elif field == "created" and value in (1.5, -1e308):  # long past: the rule ended while the controller was down
+        assert kept == ["ok"] and [e.rule.id for e in gone] == ["e"]
+    else:
+        assert kept == ["ok"] and "rules[1] is dropped" in caplog.text
+
+
+def test_a_rule_whose_check_raises_another_error_is_dropped_with_a_log_line_not_the_start(tmp_path, caplog,
+                                                                                        monkeypatch):
+    path = tmp_path / "ids-rules.json"
+    path.write_text(json.dumps({"version": 1, "rules": [rule("bad").to_json(), rule("ok", sport=1).to_json()]}))
+    checked = store_module.from_json
+
+    def from_json(raw):  # a field's check with a bug: the wrong exception for a wrong value
+        if raw["id"] == "bad":
+            raise TypeError("unhashable type: 'list'")
+        return checked(raw)
+    monkeypatch.setattr(store_module, "from_json", from_json)
+    store = Store(str(path), max_rules=10)
+    assert store.load() == [] and [r.id for r in store.select()] == ["ok"]
+    assert "rules[0] is dropped: TypeError: unhashable type: 'list'" in caplog.text
 
 
 def test_state_file_over_the_cap(tmp_path):

@@ -321,8 +321,12 @@ class Store:
         for i, raw in enumerate(read(self.path, self.max_rules)):
             try:
                 rule = from_json(raw)
-            except RuleError as exc:
-                LOG.error("IDS rules file %s: rules[%d] is dropped: %s", self.path, i, exc)
+            except (ValueError, TypeError, LookupError, ArithmeticError, OSError) as exc:
+                # RuleError (a ValueError) is the checks' own; the others are what a check that
+                # misjudges an edited value raises (a wrong type, a missing key, a number out of
+                # range, inet_pton's refusal): that rule is lost, not the controller's start.
+                LOG.error("IDS rules file %s: rules[%d] is dropped: %s", self.path, i,
+                          exc if isinstance(exc, RuleError) else f"{type(exc).__name__}: {exc}")
                 continue
             if rule.key in self.rules:
                 LOG.error("IDS rules file %s: rules[%d] repeats %s/%s: dropped", self.path, i, rule.source, rule.id)
