@@ -109,6 +109,23 @@ def tick(rig: Rig, backend: IdsBackend, seconds: float) -> None:
     backend.tick()
 
 
+def test_an_address_block_whose_flow_cannot_be_built_keeps_no_other_block_off_the_switch_at_a_reconnect():
+    """One InstallAddressBlocks carries every prefix's flows at a connect: one os-ken cannot
+    build (a scope id, before rules refused them: a stored rule past the checks) is counted
+    and left out, and the others still go in."""
+    from tests.support import fakeswitch as fs
+    rig, backend, _, _ = setup()
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    assert backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "good", address="10.0.0.0/30"), 1.0).result is Result.ADDED
+    scoped = dataclasses.replace(rule(rig, Kind.BLOCK_ADDRESS, "scoped", address="fd00::/64"),
+                                 address=ipaddress.ip_network("fe80::%eth0/64"))
+    backend.submit(scoped, 1.0)
+    assert rig.counters.flat().get("internal_errors") == 2  # (its two flows: to the prefix and from it)
+    rig.reconnect(fs.FakeSwitch(now=rig.now))  # (a switch rebooted: an empty table)
+    assert len(rig.flows(cookies.Kind.ADDRESS_BLOCK)) == 2 and rig.counters.flat().get("internal_errors") == 4
+    assert rig.packet(FAST_A, ORIG).dropped
+
+
 def test_a_connection_the_policy_ignores_is_shunted_inside_may_shunt_and_answered_once_confirmed():
     rig, backend, entries, records = setup()
     entries[ORIG] = event(action=0)  # accepted, left to the firewall by the policy

@@ -174,6 +174,31 @@ def test_a_flow_mod_the_switch_refuses_is_reported_and_the_reload_is_not_confirm
     assert len(rig.switch.table(0)) == 4 + 2 + 1
 
 
+def test_a_static_flow_that_cannot_be_built_is_reported_refused_and_the_reload_not_confirmed(tmp_path, monkeypatch):
+    """A bug past the config's checks (os-ken refuses what they let through): it was
+    "confirmed", with nothing sent. Now it names the flows left out; the entry before stays."""
+    from nfshunt.openflow.flows import FlowBuilder
+    path = tmp_path / "nfshunt.json"
+    rig = _rig(path)
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    build = FlowBuilder.static_add
+
+    def static_add(fb, flow):
+        if flow.shunt.name == "b":
+            raise ValueError("not an address")
+        return build(fb, flow)
+    monkeypatch.setattr(FlowBuilder, "static_add", static_add)
+    path.write_text(json.dumps(raw(static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
+    reply = _reload_on(rig)
+    assert reply["confirmed"] is False
+    (row,) = reply["switches"]
+    assert row["state"] == "failed" and row["sent"] == 0  # (the flow-mods the switch was sent)
+    assert sorted(r["flow"].split(":")[0] for r in row["refused"]) == ["the add of static flow b (original)",
+                                                                       "the add of static flow b (reply)"]
+    assert {r["error"] for r in row["refused"]} == {"not built: ValueError: not an address"}
+    assert len(rig.switch.table(0)) == 4 + 2
+
+
 def test_a_reload_while_the_switch_is_away_is_pending_not_confirmed(tmp_path):
     """It answered "confirmed by the switch in ~0 ms" with no switch there."""
     path = tmp_path / "nfshunt.json"

@@ -15,7 +15,7 @@ from nfshunt.core.pins import PIN_TTL  # noqa: E402
 from nfshunt.core.static_table import StaticTable  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
-from nfshunt.records.model import OFP13, UDP, Action, SwitchFlow  # noqa: E402
+from nfshunt.records.model import OFP13, UDP, Action, FlowTuple, SwitchFlow  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
 STREAM = {"name": "plc-cycle", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,
@@ -304,6 +304,30 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
     assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, Action.BLOCK, 11))
     (remove,) = [x for x in core.pin(t, Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
     assert set(remove.cookies) == {f.cookie for f in drops}
+
+
+def test_a_flow_that_cannot_be_built_is_counted_and_named_and_the_other_streams_still_go_in(monkeypatch, caplog):
+    """One InstallStatic carries every stream's flows at a connect: one the switch side
+    cannot build (a bug past the checks) keeps none of the others off the switch."""
+    from tests.support.rig import FAST_A, FAST_B, Rig
+    good = {**STREAM, "name": "good", "src": "10.0.0.1"}
+    bad = {**STREAM, "name": "bad", "src": "10.0.0.9"}
+    rig = Rig(openflow_versions=["1.3"], static_shunts=[good, bad], connect=False)
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    build = FlowBuilder.static_add
+
+    def static_add(fb, flow):
+        if flow.shunt.name == "bad":
+            raise ValueError("not an address")
+        return build(fb, flow)
+    monkeypatch.setattr(FlowBuilder, "static_add", static_add)
+    rig.connect(rig.switch)
+    flows = rig.core.static.flows
+    installed = {flows[e.cookie].shunt.name for e in rig.switch.entries if e.cookie in flows}
+    # bad's two directions, at the connect and again when the reconcile finds them missing
+    assert installed == {"good"} and rig.counters.flat().get("internal_errors") == 4
+    assert rig.packet(FAST_A, FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 4000, 34964)).outputs == (FAST_B,)
+    assert "static flow bad (original)" in caplog.text and "static flow bad (reply)" in caplog.text
 
 
 def test_metrics_show_each_flows_counters_and_audit_lines_name_each_flow():

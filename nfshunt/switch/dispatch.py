@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from nfshunt.config.static import StaticFlow
 from nfshunt.core import commands as c
@@ -49,6 +49,7 @@ Handler = Callable[[Switch, Any], "list[c.Command] | None"]
 OnSwitch = Callable[[Switch, Session, Any], None]
 Schedule = Callable[[float, Switch, tuple[c.Command, ...]], None]
 Post = Callable[[Switch, tuple[c.Command, ...]], None]
+F = TypeVar("F")
 
 
 def _static_add(f: StaticFlow) -> str:
@@ -260,13 +261,35 @@ class Dispatcher:
         self.counters.inc("reconcile_deleted")
         LOG.info("deleting switch %s flow cookie=0x%016x: %s", sw.name, cmd.flow.cookie, cmd.reason)
 
+    def _built(self, sw: Switch, flows: Iterable[F], build: Callable[[F], Any], name: Callable[[F], str]
+               ) -> tuple[list[F], list[Any]]:
+        """Each flow's message built on its own, and the flows built: one command carries
+        every static stream's (every address block's) flows at a connect, so one that
+        cannot be built (a bug past the config's or the rules' checks) is counted, named
+        (rate-limited; to a reload, as refused) and left out, not all of them."""
+        done, msgs = [], []
+        for f in flows:
+            try:
+                msgs.append(build(f))
+            except Exception as exc:
+                self.counters.inc("internal_errors")
+                if self.watch is not None:  # a reload's change: not confirmed, and its answer names the flow
+                    self.watch.refused.append((name(f), f"not built: {type(exc).__name__}: {exc}"))
+                key = f"{sw.name} {name(f)}"  # (as many keys as entries: bounded by the config and ids.max_rules)
+                if (held := self.rlog.allow(key)) is not None:
+                    LOG.exception("switch %s: cannot build %s: left out%s", sw.name, name(f),
+                                  f" ({held} more since the last report)" if held else "")
+                continue
+            done.append(f)
+        return done, msgs
+
     def install_static(self, sw: Switch, s: Session, cmd: c.InstallStatic) -> None:
-        msgs = [s.fb.static_add(f) for f in cmd.flows]
+        flows, msgs = self._built(sw, cmd.flows, s.fb.static_add, _static_add)
         if self.watch is None:
             s.send.queue(msgs)
         else:
-            s.send.queue_watched(msgs, [functools.partial(_static_add, f) for f in cmd.flows], self.watch)
-        self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows], cmd.reason)
+            s.send.queue_watched(msgs, [functools.partial(_static_add, f) for f in flows], self.watch)
+        self.outcomes.static("static_installed", sw.name, [(f.cookie, f.describe()) for f in flows], cmd.reason)
 
     def remove_static(self, sw: Switch, s: Session, cmd: c.RemoveStatic) -> None:
         msgs = [s.fb.delete_by_cookie(cookie, ALL_ONES_64) for cookie in cmd.cookies]
@@ -282,8 +305,10 @@ class Dispatcher:
                       len(cmd.flows), cmd.reason)
             return
         now = self.clock()
-        s.send.queue([s.fb.address_block_add(f, now) for f in cmd.flows])
-        self.outcomes.static("address_block_installed", sw.name, [(f.cookie, f.describe()) for f in cmd.flows],
+        flows, msgs = self._built(sw, cmd.flows, lambda f: s.fb.address_block_add(f, now),
+                                  lambda f: f"the add of IDS address-block flow {f.describe()}")
+        s.send.queue(msgs)
+        self.outcomes.static("address_block_installed", sw.name, [(f.cookie, f.describe()) for f in flows],
                              cmd.reason, "address_blocks")
 
     def remove_address_blocks(self, sw: Switch, s: Session, cmd: c.RemoveAddressBlocks) -> None:
