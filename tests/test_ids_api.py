@@ -483,6 +483,7 @@ LISTING_EDGES = [
     ("source=zeek", 400), ("source=ids:", 400), ("source=ids:a%2Fb", 400),
     ("kind=block_address", 200), ("kind=Shunt", 400), ("address=10.0.0.0/8", 200), ("address=fd00::2", 200),
     ("address=10.0.0.0/32", 200), ("address=10.0.0.0/33", 400), ("address=x", 400),
+    ("address=fe80::%25eth0/64", 400), ("address=fe80::1%251", 400),  # an IPv6 scope id (%25: '%')
 ]
 
 
