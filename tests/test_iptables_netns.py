@@ -177,18 +177,21 @@ ADMIN_BRIDGE = ["-A", "FORWARD", "-p", "0x88b5", "-j", "DROP"]
 LINKS_MARK = 0x61200000
 SEND = r"""
 import socket, struct, sys
-ifname, sport, tags = sys.argv[1], int(sys.argv[2]), [int(t, 16) for t in sys.argv[3:]]
+ifname, sport, tags = sys.argv[1], int(sys.argv[2]), [int(t, 16) for t in sys.argv[3:] if "=" not in t]
+opts = dict(t.split("=") for t in sys.argv[3:] if "=" in t)  # dport, src, dst, smac, dmac: others than the default
 def csum(b):
     s = sum(struct.unpack("!%dH" % (len(b) // 2), b)); s = (s >> 16) + (s & 0xffff); s += s >> 16
     return ~s & 0xffff
-src, dst = socket.inet_aton("10.9.0.1"), socket.inet_aton("10.9.0.2")
-udp = struct.pack("!HHHH", sport, 9999, 12, 0) + b"vlan"
+src, dst = socket.inet_aton(opts.get("src", "10.9.0.1")), socket.inet_aton(opts.get("dst", "10.9.0.2"))
+mac = lambda m: bytes.fromhex(m.replace(":", ""))
+udp = struct.pack("!HHHH", sport, int(opts.get("dport", 9999)), 12, 0) + b"vlan"
 ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, src, dst)
 ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
 tag = b"".join(struct.pack("!HH", t >> 16, t & 0xffff) for t in tags)  # each: tpid << 16 | tci
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((ifname, 0))
-s.send(b"\x02\0\0\0\0\x02" + b"\x02\0\0\0\0\x01" + tag + b"\x08\x00" + ip + udp)
+s.send(mac(opts.get("dmac", "02:00:00:00:00:02")) + mac(opts.get("smac", "02:00:00:00:00:01")) + tag + b"\x08\x00"
+       + ip + udp)
 """
 
 
@@ -344,23 +347,6 @@ def test_the_admins_own_bridge_rules_still_see_what_the_guard_lets_through(vfw):
     assert len(rules) == 1 and "pcnt = 1 " in rules[0], rules
 
 
-# A UDP datagram as a host behind a bridge port sends it: Ethernet, IPv4 (checksummed),
-# UDP without a checksum; written on the port's veth peer, so it enters the bridge there.
-SEND = """
-import socket, struct, sys
-peer, src_mac, dst_mac, src, dst, sport, dport = sys.argv[1:8]
-mac = lambda m: bytes.fromhex(m.replace(':', ''))
-payload = b'x' * 8
-ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + 8 + len(payload), 0, 0, 64, 17, 0,
-                 socket.inet_aton(src), socket.inet_aton(dst))
-words = sum(struct.unpack('!10H', ip))
-words = (words & 0xffff) + (words >> 16)
-ip = ip[:10] + struct.pack('!H', ~((words & 0xffff) + (words >> 16)) & 0xffff) + ip[12:]
-udp = struct.pack('!HHHH', int(sport), int(dport), 8 + len(payload), 0)
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-s.bind((peer, 0))
-s.send(mac(dst_mac) + mac(src_mac) + b'\\x08\\x00' + ip + udp + payload)
-"""
 MACS = ["02:00:00:00:aa:00", "02:00:00:00:aa:01", "02:00:00:00:aa:02"]
 
 
@@ -398,13 +384,12 @@ def test_a_flooded_first_packet_s_egress_is_set_right_by_the_connection_s_reply(
     # copy's, whichever port it went out of. A shunt installed on it sent the connection
     # into the third group's network. The reply enters by the one port its sender is behind.
     fw = three
-    sport = 40000 + behind
-    fw(sys.executable, "-c", SEND, "peer0", MACS[0], MACS[behind], "10.0.0.1", f"10.0.0.{2 + behind}",
-       str(sport), "53")
+    sport, host = 40000 + behind, f"10.0.0.{2 + behind}"
+    out = ["dport=53", "src=10.0.0.1", f"dst={host}", f"smac={MACS[0]}", f"dmac={MACS[behind]}"]
+    fw(sys.executable, "-c", SEND, "peer0", str(sport), *out)
     assert _egress(fw, sport) in (2, 3)  # a flood's record: either copy's port
-    fw(sys.executable, "-c", SEND, f"peer{behind}", MACS[behind], MACS[0], f"10.0.0.{2 + behind}", "10.0.0.1",
-       "53", str(sport))
+    fw(sys.executable, "-c", SEND, f"peer{behind}", "53", f"dport={sport}", f"src={host}", "dst=10.0.0.1",
+       f"smac={MACS[behind]}", f"dmac={MACS[0]}")
     assert _egress(fw, sport) == behind + 1
-    fw(sys.executable, "-c", SEND, "peer0", MACS[0], MACS[behind], "10.0.0.1", f"10.0.0.{2 + behind}",
-       str(sport), "53")
+    fw(sys.executable, "-c", SEND, "peer0", str(sport), *out)
     assert _egress(fw, sport) == behind + 1  # the next datagram (unicast now) keeps it
