@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
+from nfshunt.ids import tokens
 from nfshunt.ids.api import HEAD_BYTES, IdsApi
 from nfshunt.ids.calls import Reject
 from nfshunt.ids.frames import MAX_ANSWER, MAX_REQUEST, Channel
@@ -149,6 +150,21 @@ def test_unauthenticated_and_bad_tokens(served, token_file):
     # A token file others may read authenticates nobody.
     os.chmod(token_file, 0o644)
     assert add(api, "2", token=new)[0] == 401
+
+
+@pytest.mark.parametrize("content", [
+    f"zeek {'z' * 20}\nscipass {'z' * 20}\n",  # one token, two clients: which would a request be?
+    f"# {'x' * 65536}\nzeek {'z' * 20}\n",  # too large: cut, its last line could read as a shorter token
+])
+def test_a_token_file_that_cannot_name_one_client_a_token_authenticates_nobody(tmp_path, content, caplog):
+    path = tmp_path / "tokens"
+    path.write_text(content)
+    os.chmod(path, 0o600)
+    with caplog.at_level(logging.ERROR, logger="nfshunt"):
+        assert tokens.read(str(path))[1] == []
+    assert "every request is refused" in caplog.text
+    path.write_text(f"zeek {'z' * 20}\nzeek {'y' * 20}\n")  # a client's two tokens (a rotation): both
+    assert [t.client for t in tokens.read(str(path))[1]] == ["zeek", "zeek"]
 
 
 def test_oversized_and_unframed_bodies(served):

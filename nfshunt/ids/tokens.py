@@ -60,7 +60,12 @@ def read(path: str) -> tuple[Signature, list[Token]]:
                       path)
             return seen, []
         with open(path, "rb") as fh:
-            lines = fh.read(MAX_TOKEN_FILE).decode("utf-8").splitlines()
+            data = fh.read(MAX_TOKEN_FILE + 1)
+        if len(data) > MAX_TOKEN_FILE:  # (cut, its last line could read as a shorter, valid token)
+            LOG.error("IDS token file %s is larger than %d bytes: every request is refused until it is not",
+                      path, MAX_TOKEN_FILE)
+            return seen, []
+        lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         LOG.error("cannot read the IDS token file %s (%s): every request is refused until it can be", path, exc)
         return None, []
@@ -77,6 +82,10 @@ def read(path: str) -> tuple[Signature, list[Token]]:
         if not CLIENT_NAME.fullmatch(name) or len(token) < MIN_TOKEN:
             LOG.error("IDS token file %s: entry %d is not \"<client> <token of %d or more characters> [admin]\": "
                       "every request is refused until it is", path, i + 1, MIN_TOKEN)
+            return seen, []
+        if any(t.secret == token.encode() for t in tokens):  # (which client would it be?)
+            LOG.error("IDS token file %s: entry %d gives a token an earlier entry gives: every request is refused "
+                      "until each client has its own", path, i + 1)
             return seen, []
         tokens.append(Token(name, token.encode(), admin))
     return seen, tokens
