@@ -476,3 +476,40 @@ def test_the_childs_log_records_are_rate_limited_by_logger_and_level(caplog, mon
     finally:
         child.close()
         served.join(5)
+
+
+def test_calls_past_one_a_connection_are_answered_busy_not_queued_without_end():
+    """Review s56: each of the child's threads waits for its call, so a child (compromised)
+    that sends calls faster than they are served grew the controller's queue of them without
+    end. Past max_connections + CALLS_SPARE outstanding, a call is answered busy at once; the
+    others are served once the backend is free."""
+    from nfshunt.ids.frames import MAX_ANSWER
+    from nfshunt.ids.process import CALLS_SPARE, TIMEOUT, BackendServer
+    cfg = config(None, max_connections=2, max_connections_per_client=2)
+    backend = FakeBackend(cfg)
+    free = threading.Event()
+    listed = backend.rules
+    backend.rules = lambda *args: free.wait(10) and listed(*args)
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10)  # (a failure is an error, not a hang)
+    bad = []
+    server = BackendServer(Channel(ours, MAX_REQUEST), cfg, backend, lambda why: None, lambda *a: None,
+                           bad.append, workers=2)
+    child = Channel(theirs, MAX_ANSWER)
+    served = threading.Thread(target=server.serve, args=(lambda error: None,))
+    served.start()
+    limit, extra = cfg.max_connections + CALLS_SPARE, 3
+    try:
+        for seq in range(1, limit + extra + 1):
+            child.send({"op": "rules", "seq": seq, "source": "ids:zeek", "kind": None, "address": None,
+                        "after": 0, "limit": 10})
+        busy = [child.receive() for _ in range(extra)]  # at once: nothing else can be answered yet
+        assert [(a["seq"], a["done"]) for a in busy] == [(limit + 1 + i, TIMEOUT) for i in range(extra)]
+        free.set()
+        served_ = sorted(child.receive()["seq"] for _ in range(limit))
+        assert served_ == list(range(1, limit + 1)) and not bad
+    finally:
+        free.set()
+        child.close()
+        served.join(10)
+    assert not served.is_alive()

@@ -62,6 +62,7 @@ STOP_WAIT = 3.0  # seconds a stopping child has to end before it is killed
 START_WAIT = 10.0  # seconds a child has to say it serves
 CALL_MARGIN = 5.0  # seconds a call waits for the controller beyond the call's own limit
 DEADLINE_STEP = 0.1  # seconds: how late an unanswered add may be answered pending
+CALLS_SPARE = 8  # calls beyond one per API connection the controller queues (the token reader's, late ones)
 SEND_SECONDS = 1  # an answer the child does not take within this ends the child
 LOG_BURST = 100  # the child's records of one logger and level logged every 10 s at most (the rest counted)
 CHILD = "import sys; from nfshunt.ids.process import child_main; sys.exit(child_main(sys.argv[1:]))"
@@ -276,6 +277,10 @@ class BackendServer:
         self.wall = wall
         self.logs = logs if logs is not None else RateLimitedLog(LOG, burst=LOG_BURST)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfshunt-ids-call")
+        # Each of the child's threads waits for its call's answer: at most one each, unless
+        # calls outlive the child's wait. More is a child that floods (compromised): it is
+        # answered busy at once, not queued without end in the controller's memory.
+        self.calls = threading.BoundedSemaphore(cfg.max_connections + CALLS_SPARE)
         self.deadlines = Deadlines()
         # An answer is written on the event loop: a child that stops reading fails the
         # write after SEND_SECONDS (and is started again) instead of stalling the loop.
@@ -323,8 +328,10 @@ class BackendServer:
             if op == "submit":
                 rule, timeout = args
                 self.deadlines.watch(self.submit(rule, timeout, lambda result: self._answer(op, seq, result)))
-            else:
+            elif self.calls.acquire(blocking=False):
                 self.pool.submit(self._run, op, seq, args)
+            else:
+                self._answer(op, seq, TimeoutError("the controller is busy with the API's earlier calls"))
 
     def _run(self, op: str, seq: int, args: tuple[Any, ...]) -> None:
         try:
@@ -335,6 +342,8 @@ class BackendServer:
                 value = getattr(self.backend, op)(*args)
         except Exception as exc:
             value = exc
+        finally:
+            self.calls.release()
         self._answer(op, seq, value)
 
     def _answer(self, op: str, seq: int, result: Any) -> None:
