@@ -69,7 +69,7 @@ def read(path: str) -> tuple[Signature, list[Token]]:
     except (OSError, UnicodeDecodeError) as exc:
         LOG.error("cannot read the IDS token file %s (%s): every request is refused until it can be", path, exc)
         return None, []
-    tokens = []
+    tokens: list[Token] = []
     entries = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     for i, fields in enumerate(entries):
         admin = len(fields) == 3 and fields[2] == ADMIN
