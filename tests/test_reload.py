@@ -16,7 +16,7 @@ from nfshunt.core import commands as cmds  # noqa: E402
 from nfshunt.core import core as c  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
 from nfshunt.switch.switch import Switch  # noqa: E402
-from tests.helpers import BASE  # noqa: E402
+from tests.helpers import BASE, unbuildable  # noqa: E402
 
 STREAM = {"name": "plc", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,
           "fast_ports": [1, 3]}
@@ -177,17 +177,10 @@ def test_a_flow_mod_the_switch_refuses_is_reported_and_the_reload_is_not_confirm
 def test_a_static_flow_that_cannot_be_built_is_reported_refused_and_the_reload_not_confirmed(tmp_path, monkeypatch):
     """A bug past the config's checks (os-ken refuses what they let through): it was
     "confirmed", with nothing sent. Now it names the flows left out; the entry before stays."""
-    from nfshunt.openflow.flows import FlowBuilder
     path = tmp_path / "nfshunt.json"
     rig = _rig(path)
     rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
-    build = FlowBuilder.static_add
-
-    def static_add(fb, flow):
-        if flow.shunt.name == "b":
-            raise ValueError("not an address")
-        return build(fb, flow)
-    monkeypatch.setattr(FlowBuilder, "static_add", static_add)
+    unbuildable(monkeypatch, "b")
     path.write_text(json.dumps(raw(static_shunts=[STREAM, {**STREAM, "name": "b", "dst_port": 1}])))
     reply = _reload_on(rig)
     assert reply["confirmed"] is False

@@ -16,7 +16,7 @@ from nfshunt.core.static_table import StaticTable  # noqa: E402
 from nfshunt.openflow.flows import FlowBuilder  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
 from nfshunt.records.model import OFP13, UDP, Action, FlowTuple, SwitchFlow  # noqa: E402
-from tests.helpers import config  # noqa: E402
+from tests.helpers import config, unbuildable  # noqa: E402
 
 STREAM = {"name": "plc-cycle", "protocol": "udp", "src": "10.0.0.1", "dst": "10.0.0.2", "dst_port": 34964,
           "fast_ports": [1, 3]}
@@ -314,13 +314,7 @@ def test_a_flow_that_cannot_be_built_is_counted_and_named_and_the_other_streams_
     bad = {**STREAM, "name": "bad", "src": "10.0.0.9"}
     rig = Rig(openflow_versions=["1.3"], static_shunts=[good, bad], connect=False)
     rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
-    build = FlowBuilder.static_add
-
-    def static_add(fb, flow):
-        if flow.shunt.name == "bad":
-            raise ValueError("not an address")
-        return build(fb, flow)
-    monkeypatch.setattr(FlowBuilder, "static_add", static_add)
+    unbuildable(monkeypatch, "bad")
     rig.connect(rig.switch)
     flows = rig.core.static.flows
     installed = {flows[e.cookie].shunt.name for e in rig.switch.entries if e.cookie in flows}
