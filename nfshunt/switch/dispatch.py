@@ -276,9 +276,8 @@ class Dispatcher:
                 if self.watch is not None:  # a reload's change: not confirmed, and its answer names the flow
                     self.watch.refused.append((name(f), f"not built: {type(exc).__name__}: {exc}"))
                 key = f"{sw.name} {name(f)}"  # (as many keys as entries: bounded by the config and ids.max_rules)
-                if (held := self.rlog.allow(key)) is not None:
-                    LOG.exception("switch %s: cannot build %s: left out%s", sw.name, name(f),
-                                  f" ({held} more since the last report)" if held else "")
+                self.rlog.log(logging.ERROR, key, "switch %s: cannot build %s: left out", sw.name, name(f),
+                              exc_info=True)
                 continue
             done.append(f)
         return done, msgs
