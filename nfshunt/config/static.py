@@ -24,7 +24,6 @@ from nfshunt.records.model import (
     FlowTuple,
     Network,
     NextHop,
-    ScopeIdError,
     parse_address,
     parse_network,
 )
@@ -196,12 +195,7 @@ class Scope(Entries, Protocol):
 @v.takes("string", "an address or a prefix, host bits zero (no IPv6 scope id)")
 def _network(key: str, value: Any) -> Network:
     value = v.string(key, value)
-    try:
-        return parse_network(value)
-    except ScopeIdError as exc:
-        raise ConfigError(key, str(exc)) from None
-    except ValueError as exc:
-        raise ConfigError(key, f"{value!r} is not an address or prefix (host bits must be zero): {exc}") from None
+    return v.parsed(key, parse_network, value, f"{value!r} is not an address or prefix (host bits must be zero)")
 
 
 @v.takes("list of 2 integers", "two different switch ports, 1-4294967040")

@@ -215,7 +215,7 @@ class Admission:
         (`dry_run`: nfshunt explain) gets the very reason an event would get."""
         sh = self.shared
         if ev.kind is EventKind.DESTROY:
-            held = None if ev.orig.mirrors(ev.reply) else sh.conns.by_tuple(ev.orig)  # (NAT entries only)
+            held = sh.conns.by_tuple(ev.orig)  # (mostly a drained pair's own delete: found, no NAT)
             if held is not None and nat.keeps(held, ev.ct_id):
                 return _new_verdict(Verdict, (NAT_GONE, R_DESTROY, held, None, 0, None))
             return _new_verdict(Verdict, (FORGET, R_DESTROY, None, None, 0, None))
@@ -242,7 +242,8 @@ class Admission:
         if isinstance(decided, Ignored):
             return _new_verdict(Verdict, (IGNORE, decided.reason, existing, None, 0, decided))
         action = decided[0]
-        if existing is None and not ev.orig.mirrors(ev.reply) and sh.conns.by_tuple(ev.reply) is not None:
+        if existing is None and decided[6] is not None and not ev.orig.mirrors(ev.reply) \
+                and sh.conns.by_tuple(ev.reply) is not None:  # (NAT is shunted routed only: `sides`)
             # A translation onto a held pair's tuple (that pair's entry went at its drain, so
             # nf_nat saw no clash): its reply flow would take the held pair's place on the switch.
             return _new_verdict(Verdict, (IGNORE, R_REPLY_HELD, None, decided, 0, None))
