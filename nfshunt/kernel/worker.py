@@ -296,7 +296,7 @@ class ConntrackWorker:
 
     def _failed(self, what: str) -> None:
         """Counted (the controller's internal errors) and logged with its traceback, at most
-        one line every FAILURE_LOG_INTERVAL."""
+        one line every FAILURE_LOG_INTERVAL (observe's RateLimitedLog is a layer above kernel/)."""
         self.on_failed()
         now = time.monotonic()
         if now - self._failure_logged >= FAILURE_LOG_INTERVAL:
