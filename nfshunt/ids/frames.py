@@ -33,7 +33,7 @@ from typing import Any
 
 from nfshunt.config.ids import IdsConfig, IdsTLS, MayShunt
 from nfshunt.kernel import held
-from nfshunt.records.model import parse_network
+from nfshunt.records.model import ScopeIdError, parse_network
 
 from .calls import PAGE_MAX, Outcome, Page, Reject, Result, RuleView, State
 from .rules import RULE_ID, Kind, Network, Refusal, Rule, RuleError
@@ -272,7 +272,9 @@ def _network(value: Any) -> Network | None:
     try:
         if isinstance(value, str):
             return parse_network(value, strict=False)
-    except ValueError:  # (an IPv6 scope id too: the API's filter and the controller refuse it alike)
+    except ScopeIdError as exc:  # (the API's filter and the controller refuse it alike)
+        raise FrameError(f"address: {exc}") from None
+    except ValueError:
         pass
     raise FrameError(f"address: {value!r:.60} is not an address or prefix")
 
