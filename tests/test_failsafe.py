@@ -61,9 +61,9 @@ def fresh(request, tb):
     yield tb
     if fresh_start and _running(tb):
         # A burst's hundreds of pairs, under a config made for the burst (a tiny netlink
-        # buffer: a flush's hand-backs overflow it again): the next test's start clears the
-        # switch instead (a flush left 300 pairs re-shunted for 20 s once in CI).
-        tb.stop_controller()
+        # buffer: a flush's hand-backs overflow it again): left with the switch cleared
+        # instead (a flush left 300 pairs re-shunted for 20 s once in CI).
+        _leave_the_pairs(tb)
     if _running(tb):  # else the next test's restart clears the switch
         tb.control({"cmd": "flush", "reason": "the previous test's leftovers"})
         wait_flows_gone(tb, (SHUNT, BLOCK))
@@ -353,9 +353,14 @@ def _burst(tb, n, left_ok):
 
 
 def _leave_the_pairs(tb):
-    """Stops the controller keeping the burst's pairs (delete_flows_on_shutdown false): the
-    next test's restart deletes every flow at once (a flush took 30,000 down one by one)."""
+    """Stops the controller and clears the switch's table, all at once. A flush takes a
+    burst's pairs down one by one, and a restart adopts the ones still on the switch (those
+    not idled out yet: 0-30,000, by how long the test took), which the next test's flush of
+    leftovers then took down while its own burst ran: the switch, busy with 30,000
+    flow-removed messages, confirmed that burst 4-7 s late, and pairs idled out (10 s)
+    before their entries went, which left them to the firewall (1 of 7 suite runs)."""
     assert tb.stop_controller() == 0
+    tb.ofctl("del-flows")  # (the next test's start installs the defaults again)
 
 
 # INFO: a debug line for each of ~100,000 events took 29 s instead of 6.
