@@ -759,7 +759,23 @@ def test_a_flush_while_the_switch_is_away_holds_when_it_returns():
     core.flush("again", 200.0)
     core.switch_connected(OFP13)
     out = core.reconcile([], 201.0)
-    assert types(out) == ["Removed", "ResyncConntrack"] and core.find(tuple_=other.orig) is None
+    assert types(out) == ["RemoveFlows", "Removed", "ResyncConntrack"] and core.find(tuple_=other.orig) is None
+
+
+def test_a_removal_the_switch_half_holds_at_a_reconnect_takes_the_half_left():
+    """A shunt's reply flow idled out and its partner's removal went nowhere (the link
+    dropped): the switch still has half the pair. Forgotten at the reconcile, that half
+    would carry one direction past the firewall until it idles out too, wherever
+    delete_flows_on_startup does not delete it as an orphan."""
+    core = connected(delete_flows_on_startup=False)
+    conn = shunted(core)
+    assert types(handed_back(core.flow_removed(conn.cookie(True), "idle timeout", 1, 1, 1, 200.0))) == \
+        ["RestoreConntrack", "RemoveFlows"]
+    core.switch_disconnected()
+    core.switch_connected(OFP13)
+    out = core.reconcile(_flows_for(conn)[:1], 300.0)
+    assert types(out) == ["RemoveFlows", "Removed", "ResyncConntrack"] and out[0].conn is conn
+    assert core.find(tuple_=conn.orig) is None
 
 
 def test_a_pending_pair_is_taken_down_as_soon_as_it_is_confirmed_and_keeps_its_entry():

@@ -674,6 +674,37 @@ def test_an_operator_block_given_while_the_switch_is_away_holds_when_it_returns(
     assert rig.core.find(tuple_=conn.orig).action is Action.BLOCK
 
 
+@pytest.mark.parametrize("take_down", ["flush", "unshunt", "block"])
+def test_a_take_down_given_while_the_switch_is_away_holds_though_a_tick_comes_before_the_reconcile(take_down):
+    """The switch kept its table and the take-down's removal went nowhere (no session). A
+    tick that came after the connect but before the reconcile's read was answered (a big
+    table, a lagging switch) forgot the pair as an overdue removal, and the reconcile then
+    adopted its flows as a live pair: the flush, unshunt or block undone. Removals wait for
+    the reconcile, which hands the pair back again (review s57 V1)."""
+    rig = Rig(OFP13, default_shunt_timeout=600)
+    conn = shunted(rig)
+    rig.disconnect()
+    if take_down == "flush":
+        rig.run(rig.core.flush("flush by operator", rig.now))
+    else:
+        rig.run(rig.core.pin(conn.orig, Action.IGNORE if take_down == "unshunt" else Action.BLOCK, rig.now))
+    rig.kernel_answers()  # the entry re-created at once; the flows' removal dropped: no switch
+    rig.advance(2 * REMOVAL_GRACE)
+    rig.switch.mute.add(fs.FLOWS)  # the reconcile's read goes unanswered until it is asked again
+    rig.connect(rig.switch)
+    rig.switch.mute.clear()
+    rig.advance(1)  # a tick before the reconcile
+    assert not rig.core.reconciled and conn.state is State.TAKING_DOWN
+    rig.advance(12)  # the read given up, asked again and answered: the reconcile
+    assert rig.core.reconciled
+    rig.kernel_answers()  # handed back again: its entry first, then the flows go
+    rig.advance(1)
+    held = rig.core.find(tuple_=conn.orig)
+    assert held is None or held.action is Action.BLOCK, f"adopted again: {held.state}, adopted={held.adopted}"
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.packet(FAST_A, conn.orig, tcp_flags=ACK).outputs == (SLOW_A,)
+    assert all(r.tcp_state == CT_TCP_ESTABLISHED and not r.mark & DECISION_MASK for r in rig.worker.restores)
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

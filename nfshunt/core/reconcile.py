@@ -176,15 +176,7 @@ class Reconciler:
         """One known pair after a reconnect, by what the switch still has of it."""
         conns = self.shared.conns
         if conn.state is State.TAKING_DOWN:
-            # Taken down while the switch was away (flush, unshunt, block, policy): the
-            # decision holds, whatever the switch still has. A caught close's entry is the
-            # close's already (close_watch.py): its watch ends, its flows go.
-            if present and conn.watch is not None:
-                conn.watch.settled = True
-                return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
-            if present:
-                return conns.hand_back(conn, conn.remove_reason or "removal", now)
-            return self.removal.finish(conn, conn.remove_reason or "removal")
+            return self._removal(conn, present, now)
         if present:
             if conn.adopted and self.shared.stale_policy:
                 return conns.hand_back(conn, "policy changed while the controller was stopped", now)
@@ -205,6 +197,21 @@ class Reconciler:
             return [*conns.roll_back(conn, R_PIN_ENDED_AWAY), Removed(conn, R_PIN_ENDED_AWAY)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
+
+    def _removal(self, conn: Conn, present: bool, now: float) -> list[Command]:
+        """A pair being taken down (flush, unshunt, block, policy, a close), most likely
+        while the switch was away, its removal dropped (removals wait for this: removal.py
+        `overdue`): the decision holds, whatever the switch still has. A caught close's
+        entry is the close's already (close_watch.py): its watch ends, its flows go. A pair
+        the switch does not hold whole is forgotten, the half a switch may have left of it
+        (one direction idled out) deleted with it."""
+        reason = conn.remove_reason or "removal"
+        if present and conn.watch is not None:
+            conn.watch.settled = True
+            return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
+        if present:
+            return self.shared.conns.hand_back(conn, reason, now)
+        return [RemoveFlows(conn, (False, True), reason), *self.removal.finish(conn, reason)]
 
     def _matches(self, conn: Conn, dirs: dict[bool, SwitchFlow]) -> bool:
         """The switch's pair is this connection's (a flow under its cookie with another

@@ -59,9 +59,12 @@ class Removal:
         return out
 
     def overdue(self, now: float) -> list[Command]:
-        """A pair whose second flow-removed never came is forgotten (while the switch is
-        away, removals wait for it)."""
-        if self.shared.version is None:
+        """A pair whose second flow-removed never came is forgotten. Removals wait for the
+        switch and for its reconcile: a pair taken down while the switch was away had its
+        removal dropped (no session), and forgotten before the reconcile read the switch, its
+        flows would be adopted there as a live pair (the take-down undone); the reconcile
+        hands it back again, or finishes it (reconcile.py `_repair`)."""
+        if self.shared.version is None or not self.shared.reconciled:
             return []
         out: list[Command] = []
         for conn in list(self.shared.conns.removing):
