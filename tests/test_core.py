@@ -208,13 +208,27 @@ def test_resumed_connection_after_full_removal_is_shunted_again():
     assert types(core.conntrack_event(event(ct_id=51))) == ["InstallFlows"]
 
 
-def test_half_removed_pair_is_forgotten_after_grace():
+def test_half_removed_pair_has_its_removal_sent_again_and_is_forgotten_a_grace_later():
+    """The switch may have lost the partner flow's removal (its flow would carry the tuple
+    on, untracked) or only its flow-removed: the removal goes once more before the pair is
+    forgotten."""
     core = connected()
     conn = shunted(core)
     core.flow_removed(conn.cookie(False), "idle timeout", 1, 1, 1, 200.0)
     assert core.tick(201.0) == []
-    assert types(core.tick(200.0 + removal.REMOVAL_GRACE + 1)) == ["Removed"]
+    t = 200.0 + removal.REMOVAL_GRACE + 1
+    (again,) = core.tick(t)
+    assert types([again]) == ["RemoveFlows"] and again.directions == (True,) and again.reason == "idle timeout"
+    assert core.tick(t + removal.REMOVAL_GRACE) == [] and core.find(tuple_=conn.orig) is conn
+    (removed,) = core.tick(t + removal.REMOVAL_GRACE + 1)
+    assert types([removed]) == ["Removed"] and removed.reason == removal.R_NOT_CONFIRMED
     assert not core.by_key
+    # A removal begun since (a reconnect's hand-back) is sent again too before it is given up.
+    other = shunted(core, sport=2, ct_id=2)
+    core.remove(other, "flush", 300.0)
+    assert types(core.tick(306.0)) == ["RemoveFlows"]
+    core.conns.hand_back(other, "flush", 310.0)
+    assert types(core.tick(316.0)) == ["RemoveFlows"] and core.find(tuple_=other.orig) is other
 
 
 

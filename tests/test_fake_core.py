@@ -24,7 +24,7 @@ from nfshunt.core.connection import (
     Action,
     State,
 )
-from nfshunt.core.removal import REMOVAL_GRACE
+from nfshunt.core.removal import R_NOT_CONFIRMED, REMOVAL_GRACE
 from nfshunt.core.teardown_sweep import CHECK_AFTER, WATCH_PERIOD
 from nfshunt.openflow.flows import FlowBuilder
 from nfshunt.records import cookies
@@ -874,3 +874,34 @@ def test_every_take_down_recreates_the_entry_before_the_flows_go_and_leaves_the_
     rig.kernel_answers()
     assert slow(rig, conn)
     assert rig.flows(cookies.Kind.SHUNT) == [] and rig.flows(cookies.Kind.TEARDOWN) == []
+
+
+@pytest.mark.parametrize("lost", ["delete", "flow-removed"])
+def test_a_removal_the_switch_did_not_confirm_is_sent_again_before_the_pair_is_forgotten(lost):
+    """Within one session the switch lost the pair's delete (its flows then carried the
+    tuple, untracked, until they idled out: the pair forgotten after REMOVAL_GRACE, review
+    s57 S2), or only its flow-removed messages. The delete is sent again first (idempotent);
+    the pair is forgotten a grace after that if its flow-removed messages still do not come."""
+    rig = Rig(OFP13, default_shunt_timeout=600)
+    conn = shunted(rig)
+    switch = rig.switch
+    real_flow_mod = switch.flow_mod
+
+    def flow_mod(msg: Any, buf: bytes, xid: int) -> None:
+        if msg.command not in (switch.ofproto.OFPFC_DELETE, switch.ofproto.OFPFC_DELETE_STRICT):
+            real_flow_mod(msg, buf, xid)
+    switch.flow_mod = flow_mod if lost == "delete" else real_flow_mod  # type: ignore[method-assign]
+    if lost == "flow-removed":
+        switch.remove = lambda e, _reason: switch.entries.remove(e)  # type: ignore[method-assign]
+    _unshunt(rig, conn)
+    rig.kernel_answers()
+    assert len(rig.flows(cookies.Kind.SHUNT)) == (2 if lost == "delete" else 0)
+    switch.flow_mod = real_flow_mod  # type: ignore[method-assign]
+    rig.advance(REMOVAL_GRACE + 1)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, conn)
+    if lost == "flow-removed":
+        assert rig.core.find(tuple_=conn.orig) is conn  # sent again, waited for once more
+        rig.advance(REMOVAL_GRACE + 1)
+    assert rig.core.find(tuple_=conn.orig) is None
+    reason = "unshunt by operator" if lost == "delete" else R_NOT_CONFIRMED
+    assert rig.counters.flat()[f"removed:shunt:{reason}"] == 1

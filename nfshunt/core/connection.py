@@ -117,6 +117,7 @@ class Seldom:
     own fields (`Conn`), which make this part when one is first set to other than its
     default."""
     removing_since: float | None = None
+    removal_resent: float | None = None
     gone: set[bool] | None = None
     stats: dict[bool, FlowCount] | None = None
     resume: ConnEvent | None = None
@@ -204,6 +205,9 @@ class Conn:
 
     # --- the seldom fields (Seldom: set after the pair is made) ------------------------------
     removing_since = _Seldom[float | None](None)
+    # When a tick sent its removal again, unconfirmed (removal.py `overdue`): the
+    # removing_since it gave it then, so that a removal begun since is sent again too.
+    removal_resent = _Seldom[float | None](None)
     gone = _Seldom[set[bool] | None](None)  # directions whose flow was removed (allocated on removal)
     stats = _Seldom[dict[bool, FlowCount] | None](None)
     resume = _Seldom[ConnEvent | None](None)  # an event that waits for this pair to leave

@@ -7,12 +7,13 @@ from __future__ import annotations
 from nfshunt.records import cookies
 
 from .admission import Admission
-from .commands import Command, Removed
+from .commands import Command, Removed, RemoveFlows
 from .connection import ACTIVE, IDLE, REEVALUATE, Conn, FlowCount, State
 from .state import CoreState
 
 R_HARD_TIMEOUT = "hard timeout"  # the switch's reason (flows.REMOVED_REASONS)
-REMOVAL_GRACE = 5.0  # seconds a half-removed pair may wait for its second flow-removed
+REMOVAL_GRACE = 5.0  # seconds a pair's removal may wait for its flow-removed messages (then sent again, once)
+R_NOT_CONFIRMED = "removal not confirmed"
 
 
 class Removal:
@@ -59,17 +60,31 @@ class Removal:
         return out
 
     def overdue(self, now: float) -> list[Command]:
-        """A pair whose second flow-removed never came is forgotten. Removals wait for the
-        switch and for its reconcile: a pair taken down while the switch was away had its
-        removal dropped (no session), and forgotten before the reconcile read the switch, its
-        flows would be adopted there as a live pair (the take-down undone); the reconcile
-        hands it back again, or finishes it (reconcile.py `_repair`)."""
+        """A pair whose flow-removed messages did not all come within REMOVAL_GRACE: the
+        switch lost them, or lost the removal itself, whose flows would then carry the
+        tuple, untracked, until they idle out. So its removal is sent again first (a delete
+        is idempotent), and the pair is forgotten only when another grace brings nothing.
+        An RST's grace is left to its own end, which hands the pair back.
+
+        Removals wait for the switch and for its reconcile: a pair taken down while the
+        switch was away had its removal dropped (no session), and forgotten before the
+        reconcile read the switch, its flows would be adopted there as a live pair (the
+        take-down undone); the reconcile hands it back again, or finishes it
+        (reconcile.py `_repair`)."""
         if self.shared.version is None or not self.shared.reconciled:
             return []
         out: list[Command] = []
         for conn in list(self.shared.conns.removing):
-            if conn.removing_since is not None and now - conn.removing_since > REMOVAL_GRACE:
-                out.extend(self.finish(conn, "removal not confirmed"))
+            since, watch = conn.removing_since, conn.watch
+            if since is None or now - since <= REMOVAL_GRACE or \
+                    (watch is not None and watch.forwarding and not watch.settled):
+                continue
+            if conn.removal_resent == since:
+                out.extend(self.finish(conn, R_NOT_CONFIRMED))
+                continue
+            conn.removing_since = conn.removal_resent = now
+            left = tuple(reply for reply in (False, True) if reply not in (conn.gone or ()))
+            out.append(RemoveFlows(conn, left, conn.remove_reason or R_NOT_CONFIRMED))
         return out
 
     def finish(self, conn: Conn, reason: str) -> list[Command]:
