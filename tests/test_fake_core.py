@@ -705,6 +705,52 @@ def test_a_take_down_given_while_the_switch_is_away_holds_though_a_tick_comes_be
     assert all(r.tcp_state == CT_TCP_ESTABLISHED and not r.mark & DECISION_MASK for r in rig.worker.restores)
 
 
+def _reinstall_unconfirmed_at_a_second_break(close: bool = False) -> tuple[Rig, Any]:
+    """A LIVE shunt that a rebooted switch lost, installed again; the control link drops
+    after the switch applied it and before its barrier reply (with `close`, the connection
+    closes meanwhile: both FINs caught); the switch, which kept its table this time, comes back."""
+    rig = Rig(OFP13, default_shunt_timeout=10)
+    conn = shunted(rig)
+    rebooted = fs.FakeSwitch(OFP13, now=rig.now)
+    rebooted.mute.add(fs.BARRIER)
+    rig.reconnect(rebooted)
+    assert conn.state is State.PENDING and conn.entry_deleted and rig.flows(cookies.Kind.SHUNT)
+    if close:
+        rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+        rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+        assert len(conn.early) == 2  # taken once the pair is confirmed
+    rebooted.mute.clear()
+    rig.reconnect(rebooted)
+    return rig, conn
+
+
+def test_a_reinstall_found_on_the_switch_after_a_second_break_is_confirmed_by_this_session():
+    """A present PENDING pair was left alone: nothing would ever confirm it (the barrier it
+    waited for went with the old session), so it held its room for ever (review s57 V3)."""
+    rig, conn = _reinstall_unconfirmed_at_a_second_break()
+    assert conn.state is State.LIVE and conn.entry_deleted and fast(rig, conn)
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id)]  # once, at the first confirmation
+
+
+def test_a_reinstall_confirmed_after_a_second_break_hears_its_close():
+    """A PENDING pair's catchers' FIN/RST wait for its confirmation (`early`)."""
+    rig, conn = _reinstall_unconfirmed_at_a_second_break(close=True)
+    rig.kernel_answers()
+    rig.advance(WATCH)
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
+    assert [r.tcp_state for r in rig.worker.restores] == [CT_TCP_TIME_WAIT]
+
+
+def test_a_reinstall_confirmed_after_a_second_break_is_handed_back_when_it_idles_out():
+    """A flow-removed of a PENDING pair is ignored: the idled-out connection (its entry
+    deleted) never got its entry back, and the pair stayed in the table."""
+    rig, conn = _reinstall_unconfirmed_at_a_second_break()
+    rig.advance(12)  # the idle timeout: the switch removes the flows
+    rig.kernel_answers()
+    assert rig.flows(cookies.Kind.SHUNT) == [] and rig.core.find(tuple_=conn.orig) is None
+    assert [(r.orig, r.timeout) for r in rig.worker.restores] == [(conn.orig, IDLE_RESTORE_TIMEOUT)]
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

@@ -153,7 +153,8 @@ class Connections:
 
     @staticmethod
     def reinstall(conn: Conn, now: float) -> None:
-        """LIVE or DRAINING -> PENDING: a reconnected switch lost the pair; it goes again."""
+        """LIVE or DRAINING -> PENDING: a reconnected switch lost the pair; it goes again (a
+        PENDING one too: found on the switch, its barrier reply lost to a second break)."""
         conn.state = State.PENDING
         conn.event_time = now
 

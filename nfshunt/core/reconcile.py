@@ -178,9 +178,7 @@ class Reconciler:
         if conn.state is State.TAKING_DOWN:
             return self._removal(conn, present, now)
         if present:
-            if conn.adopted and self.shared.stale_policy:
-                return conns.hand_back(conn, "policy changed while the controller was stopped", now)
-            return self.overrides.judge_adopted(conn, now) if conn.adopted else []
+            return self._present(conn, now)
         if conn.state not in ACTIVE and not conn.entry_deleted:
             return []
         if conn.adopted or self.shared.table_kept:
@@ -197,6 +195,19 @@ class Reconciler:
             return [*conns.roll_back(conn, R_PIN_ENDED_AWAY), Removed(conn, R_PIN_ENDED_AWAY)]
         conns.reinstall(conn, now)
         return [InstallFlows(conn)]
+
+    def _present(self, conn: Conn, now: float) -> list[Command]:
+        """A pair the switch holds whole, not being taken down."""
+        if conn.state is State.PENDING:
+            # A re-install (a first install is forgotten at a disconnect) whose barrier reply
+            # a second break lost: nothing else would confirm it. Sent again (an add changes
+            # nothing the switch holds), this session's barrier confirms it (flows_confirmed:
+            # the FIN or RST its catchers caught meanwhile, a take-down waiting, taken then).
+            self.shared.conns.reinstall(conn, now)
+            return [InstallFlows(conn)]
+        if conn.adopted and self.shared.stale_policy:
+            return self.shared.conns.hand_back(conn, "policy changed while the controller was stopped", now)
+        return self.overrides.judge_adopted(conn, now) if conn.adopted else []
 
     def _removal(self, conn: Conn, present: bool, now: float) -> list[Command]:
         """A pair being taken down (flush, unshunt, block, policy, a close), most likely
