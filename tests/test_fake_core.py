@@ -751,6 +751,21 @@ def test_a_reinstall_confirmed_after_a_second_break_is_handed_back_when_it_idles
     assert [(r.orig, r.timeout) for r in rig.worker.restores] == [(conn.orig, IDLE_RESTORE_TIMEOUT)]
 
 
+def test_a_draining_shunt_across_a_control_link_drop_still_has_its_counters_read():
+    """confirm: counters. The re-read that fell due while the link was down was dropped (no
+    session) and nothing read the pair's counters again: DRAINING for ever, its entry never
+    deleted (review s57 V6)."""
+    rig = Rig(OFP13, confirm="counters", openflow_versions=["1.3"], default_shunt_timeout=600)
+    conn = rig.event()
+    assert conn.state is State.DRAINING
+    rig.disconnect()
+    rig.advance(0.2)
+    rig.connect(rig.switch)  # it kept its table: the pair is found
+    assert fast(rig, conn)
+    rig.advance(1)
+    assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

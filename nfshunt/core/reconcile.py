@@ -39,6 +39,7 @@ from .commands import (
     Command,
     DeleteSwitchFlow,
     InstallFlows,
+    ReadCounters,
     Removed,
     RemoveFlows,
     ResyncConntrack,
@@ -205,6 +206,10 @@ class Reconciler:
             # the FIN or RST its catchers caught meanwhile, a take-down waiting, taken then).
             self.shared.conns.reinstall(conn, now)
             return [InstallFlows(conn)]
+        if conn.state is State.DRAINING and self.shared.switch.confirm == "counters":
+            # Its counters' read again fell due while the switch was away (dropped: no
+            # session), or its answer was lost with the connection: nothing else reads them.
+            return [ReadCounters(conn)]
         if conn.adopted and self.shared.stale_policy:
             return self.shared.conns.hand_back(conn, "policy changed while the controller was stopped", now)
         return self.overrides.judge_adopted(conn, now) if conn.adopted else []
