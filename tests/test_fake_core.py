@@ -766,6 +766,28 @@ def test_a_draining_shunt_across_a_control_link_drop_still_has_its_counters_read
     assert conn.state is State.LIVE and rig.worker.deleted == [(conn.orig, conn.ct_id)]
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["table-kept", "rebooted"])
+def test_a_reconnect_in_an_rsts_grace_hands_the_connection_back_with_its_decision_cleared(kept):
+    """In an RST's grace nothing is handed back yet (the grace's end does). A reconnect then
+    took the flows away (table kept) or forgot the pair (table lost) with no entry made: a
+    live connection (the RST forged) met a strict firewall that tracks nothing of it. The
+    watch cannot finish: the entry comes back ESTABLISHED with the decision cleared, so the
+    policy judges the next packet, and only then do the flows go (review s57 V4)."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # forged by someone on the path: its grace begins
+    assert conn.state is State.TAKING_DOWN and conn.watch.forwarding and rig.worker.restores == []
+    rig.reconnect(rig.switch if kept else fs.FakeSwitch(OFP13, now=rig.now))
+    (restore,) = rig.worker.restores
+    assert restore.tcp_state == CT_TCP_ESTABLISHED and not restore.mark & DECISION_MASK
+    assert len(rig.flows(cookies.Kind.SHUNT)) == (2 if kept else 0)  # nothing goes before the kernel answered
+    rig.kernel_answers()
+    rig.advance(rig.core.cfg.rst_grace)  # the grace's own end finds it settled
+    assert len(rig.worker.restores) == 1 and rig.flows(cookies.Kind.SHUNT) == []
+    assert rig.core.find(tuple_=conn.orig) is None
+    assert rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=100).outputs == (SLOW_A,)
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

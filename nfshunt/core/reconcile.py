@@ -218,12 +218,23 @@ class Reconciler:
         """A pair being taken down (flush, unshunt, block, policy, a close), most likely
         while the switch was away, its removal dropped (removals wait for this: removal.py
         `overdue`): the decision holds, whatever the switch still has. A caught close's
-        entry is the close's already (close_watch.py): its watch ends, its flows go. A pair
-        the switch does not hold whole is forgotten, the half a switch may have left of it
-        (one direction idled out) deleted with it."""
+        entry is the close's already (close_watch.py): its watch ends, its flows go; an
+        RST's grace, which hands back only at its end, is handed back now. A pair the switch
+        does not hold whole is forgotten, the half a switch may have left of it (one
+        direction idled out) deleted with it."""
         reason = conn.remove_reason or "removal"
-        if present and conn.watch is not None:
-            conn.watch.settled = True
+        watch = conn.watch
+        if watch is not None and watch.forwarding and not watch.settled:
+            # An RST's grace the break cut short: nothing was handed back yet (its end does
+            # that), and the watch cannot finish. Handed back as its end would, but with the
+            # decision cleared, so the policy judges the next packet: its entry first, then
+            # the flows go. One the switch no longer holds is forgotten too, its entry asked
+            # for all the same (removing flows alone, or forgetting, left it with neither).
+            watch.settled = True
+            back = self.shared.conns.hand_back(conn, reason, now)
+            return back if present else [*back, *self.removal.finish(conn, reason)]
+        if present and watch is not None:
+            watch.settled = True
             return [RemoveFlows(conn, (False, True), conn.remove_reason or "close")]
         if present:
             return self.shared.conns.hand_back(conn, reason, now)
