@@ -788,6 +788,26 @@ def test_a_reconnect_in_an_rsts_grace_hands_the_connection_back_with_its_decisio
     assert rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=100).outputs == (SLOW_A,)
 
 
+def test_a_first_install_whose_barrier_reply_a_disconnect_lost_is_adopted_and_its_entry_goes():
+    """Forgotten at the disconnect (its entry kept: the connection stays on the firewall),
+    the pair is found on the switch, which applied it, and adopted as any pair a switch
+    holds. Its entry was never deleted (an adopted pair's is taken as deleted by the run
+    that installed it): the resync's dump shows it, and it goes (review s57 S1)."""
+    rig = Rig(OFP13)
+    rig.switch.mute.add(fs.BARRIER)
+    conn = rig.event()
+    assert conn.state is State.PENDING
+    rig.switch.mute.clear()
+    rig.reconnect(rig.switch)
+    adopted = rig.core.find(tuple_=conn.orig)
+    assert adopted is not conn and adopted.adopted and adopted.state is State.LIVE and fast(rig, adopted)
+    assert rig.worker.deleted == []
+    rig.event(kind=EventKind.DUMP)  # its entry, as the reconnect's resync reads it
+    assert rig.worker.deleted == [(conn.orig, conn.ct_id)]
+    rig.event(kind=EventKind.DUMP, ct_id=conn.ct_id + 1)  # (as any adopted pair's: a stale one by id)
+    assert rig.worker.deleted[-1] == (conn.orig, conn.ct_id + 1) and rig.core.find(tuple_=conn.orig) is adopted
+
+
 def test_a_pair_adopted_from_a_peer_posing_as_the_switch_never_reaches_the_real_one():
     poser = fs.FakeSwitch(OFP13)
     forged = event(ct_id=0x1234).orig

@@ -126,6 +126,14 @@ def _moved(conn: Conn, mark: int) -> bool:
             (mark & markcodec.EGRESS_MASK) >> markcodec.EGRESS_SHIFT) != conn.ports
 
 
+def _entry_outlived_adoption(conn: Conn) -> bool:
+    """An event of the entry of an adopted pair: a pair's entry is taken as deleted by the
+    run that installed it, and this one is still there (a first install whose barrier reply
+    a disconnect lost, forgotten and then found on the switch; a controller stopped during a
+    pair's drain). The switch carries the connection: the entry goes, as a stale one."""
+    return conn.adopted and conn.entry_deleted and conn.state is State.LIVE
+
+
 def created_by(conn: Conn) -> ConnEvent:
     """The event that created the pair, made again for a retry."""
     assert conn.event_kind is not None
@@ -230,6 +238,8 @@ class Admission:
             if existing.state is not State.TAKING_DOWN:
                 if existing.entry == ev.ct_id and _moved(existing, ev.mark):
                     return _new_verdict(Verdict, (MOVED, R_PORTS_MOVED, existing, None, 0, None))
+                if _entry_outlived_adoption(existing):
+                    return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
                 return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
         decided = self.decide(ev, closing)
         if existing is None and not isinstance(decided, Ignored) and (sh.version is None or not sh.reconciled):
