@@ -6,8 +6,11 @@ bounced), unless the policy changed since they were decided: then they are hande
 to it. A pair we know of that is missing: if the switch kept its table (its defaults were
 there before they were sent again), it timed out while the switch was away and is handed
 back as its flow-removed would have been; if the switch lost its table (a reboot), it is
-installed again. NFShunt flows nobody accounts for are deleted when delete_flows_on_startup
-is set.
+installed again. A pair we know of that the switch still holds gets what the break left
+undone (`_repair`): a take-down asked meanwhile is carried out (removals wait for this:
+removal.py `overdue`), an RST's grace the break cut short is handed back, a re-install
+whose barrier reply the break lost is sent again, a draining pair's counters are read
+again. NFShunt flows nobody accounts for are deleted when delete_flows_on_startup is set.
 
 Trust: only pairs this controller installed from a policy decision are ever installed
 again after a reconnect; pairs adopted from a switch's flow table (a restart) are kept
