@@ -237,6 +237,8 @@ class RestoreConntrack:
     # cleared); only if that one is gone, it is created with these translations, its reply
     # the original reversed (F14: the translated reply alone translates nothing).
     nat: tuple[NatRange, ...] = ()
+    # A take-down's pair: told when the kernel has answered (EntryBack), as `then` goes.
+    handed_back: Conn | None = None
 
 
 @dataclass(slots=True)
@@ -285,6 +287,14 @@ class Later:
     """Run `commands` after `delay` seconds (the app's timer posts them back)."""
     delay: float
     commands: tuple["Command", ...]
+
+
+@dataclass(slots=True)
+class EntryBack:
+    """A handed-back pair's entry is back (the kernel answered its re-creation) and its
+    removal goes: the wait for its flow-removed messages starts (answer with core.conns.entry_back());
+    posted by the dispatcher ahead of a RestoreConntrack's `then`."""
+    conn: Conn
 
 
 @dataclass(slots=True)
@@ -375,6 +385,6 @@ Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns
                 CheckAdopted, AdoptedHopsKnown, AnnounceGateways, SendAnnouncements,
                 LookUpEntry, EntryFound,
                 RefreshConntrack, ClearDecision, ClearDecisions,
-                InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryDue, ReadCounters, Ignored,
-                Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
+                InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryBack, EntryDue, ReadCounters,
+                Ignored, Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

@@ -198,8 +198,12 @@ class Connections:
             # part of the close may have taken the switch, so it is not left waiting long.
             return [ShortenConntrack(conn.orig.family, conn.orig, conn.entry, SPLIT_CLOSE_TIMEOUT), *then]
         conn.entry_deleted = False
+        # The removal waits for the kernel's answer, which a worker behind a mass take-down
+        # may give late: its grace (removal.py `overdue`) starts when the entry is back
+        # (`handed_back`), so that a removal sent again never goes before it.
+        conn.removing_since = None
         return [RestoreConntrack(conn.orig, conn.reply, how.tcp_state, how.timeout, how.closer_is_reply,
-                                 conn.handback_mark(how), then, conn.nat_ranges)]
+                                 conn.handback_mark(how), then, conn.nat_ranges, conn)]
 
     def going(self, conn: Conn, reason: str, now: float) -> None:
         """-> TAKING_DOWN (the hand-back may come later: an RST's grace, close_watch.py)."""
@@ -207,6 +211,14 @@ class Connections:
         conn.removing_since = now
         conn.remove_reason = conn.remove_reason or reason
         self.removing.add(conn)
+
+    @staticmethod
+    def entry_back(conn: Conn, now: float) -> list[Command]:
+        """A handed-back pair's entry is re-created, and its removal goes: the grace for its
+        flow-removed messages (removal.py `overdue`) starts now."""
+        if conn.state is State.TAKING_DOWN and conn.removing_since is None:
+            conn.removing_since = now
+        return []
 
     def resume(self, conn: Conn, draining: bool) -> None:
         """TAKING_DOWN -> DRAINING or LIVE, as it was: an RST's grace that the connection's

@@ -88,6 +88,7 @@ class Dispatcher:
             **self._routed_handlers(),
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
             c.ClearDecisions: self.clear_decisions,
+            c.EntryBack: lambda sw, cmd: sw.core.conns.entry_back(cmd.conn, self.clock()),
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
             c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, self.clock()),
             c.CloseContradicted: self.close_contradicted,
@@ -343,7 +344,7 @@ class Dispatcher:
         """The entry first; the commands that wait for it (the flows' removal) run on the
         event loop once the kernel has answered."""
         self.counters.inc("teardowns" if cmd.tcp_state != CT_TCP_ESTABLISHED else "reevaluations")
-        then = cmd.then
+        then = cmd.then if cmd.handed_back is None else (c.EntryBack(cmd.handed_back), *cmd.then)
         self.worker.restore(cmd.orig.family, cmd.orig, cmd.reply, cmd.tcp_state, cmd.timeout, cmd.closer_is_reply,
                             cmd.mark, lambda: self.post(sw, then), cmd.nat)
 
