@@ -259,6 +259,12 @@ def _ask(rig: Rig, conn: Any, cmd: str) -> dict[str, Any]:
     return reply
 
 
+def _answered_as_taken_down(reply: dict[str, Any], cmd: str) -> None:
+    """An unshunt or block was answered as taking the connection's flows down (not "not
+    shunted now; held for its next appearance": its shunt was forwarding)."""
+    assert cmd not in ("unshunt", "block") or reply["flows_removed"]
+
+
 def _next_entry_as_asked(rig: Rig, conn: Any, cmd: str) -> None:
     """The connection's next entry, marked shunt by the policy, gets what was asked: kept on
     the slow path (unshunt), blocked (block), judged anew and shunted again as a new pair
@@ -281,7 +287,7 @@ def test_a_take_down_asked_in_an_rst_grace_hands_the_pair_back_when_the_rst_is_c
     conn = rig.event() if draining else shunted(rig)
     rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # forged: the grace begins, the pair forwards on
     assert conn.state is State.TAKING_DOWN
-    _ask(rig, conn, cmd)
+    reply = _ask(rig, conn, cmd)
     assert rig.worker.restores == []  # (nothing yet: the grace runs on)
     rig.packet(FAST_B, conn.reply, tcp_flags=ACK, payload=100)  # the side that "reset" goes on: contradicted
     # Handed back for the take-down, not resumed: the entry ESTABLISHED with the decision
@@ -296,6 +302,7 @@ def test_a_take_down_asked_in_an_rst_grace_hands_the_pair_back_when_the_rst_is_c
     rig.advance(1)  # the grace's end, and a draining pair's: nothing more
     assert len(rig.worker.restores) == 1 and rig.worker.deleted == ([] if draining else [(conn.orig, conn.ct_id)])
     _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
 
 
 @pytest.mark.parametrize("cmd", list(ASKED))
@@ -307,7 +314,7 @@ def test_a_take_down_asked_in_an_rst_grace_that_stands_goes_with_the_close_the_d
     rig = Rig(OFP13)
     conn = shunted(rig)
     rig.packet(FAST_B, conn.reply, tcp_flags=RST)
-    _ask(rig, conn, cmd)
+    reply = _ask(rig, conn, cmd)
     rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data the client sent before the reset reached it
     rig.advance(rig.core.cfg.rst_grace)
     (restore,) = rig.worker.restores
@@ -317,6 +324,7 @@ def test_a_take_down_asked_in_an_rst_grace_that_stands_goes_with_the_close_the_d
     assert rig.counters.flat()["removed:shunt:tcp rst"] == 1  # (what ended it: the reset)
     if cmd == "block":  # the operator's pin holds for the ports' next connection
         _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
 
 
 @pytest.mark.parametrize("cmd", list(ASKED))
@@ -329,10 +337,11 @@ def test_a_take_down_asked_while_both_fins_are_watched_is_not_undone_by_a_contra
     rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
     rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
     watched(rig, conn)
-    _ask(rig, conn, cmd)
+    reply = _ask(rig, conn, cmd)
     rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data: neither side had closed
     undone(rig, conn, reshunted=False)
     _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -412,6 +421,18 @@ def _late_barrier(rig: Rig, **kw: Any) -> tuple[Any, list[Any]]:
     conn = rig.core.find(tuple_=event(**kw).orig)
     assert conn is not None and conn.state is State.PENDING
     return conn, held
+
+
+def test_an_unshunt_of_a_pending_pair_is_answered_as_taking_its_flows_down():
+    """Its take-down waits for the switch's confirmation while its flows forward: not "not
+    shunted now; held for its next appearance"."""
+    rig = Rig(OFP13)
+    conn, held = _late_barrier(rig)
+    assert rig.control({"cmd": "unshunt", "tuple": str(conn.orig)})["flows_removed"]
+    rig.switch.replies.extend(held)
+    rig.pump()
+    rig.kernel_answers()
+    assert not rig.core.by_key and slow(rig, conn)
 
 
 @pytest.mark.parametrize("close", ["forged", "real"])

@@ -277,6 +277,13 @@ class Conn:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def leaving(self) -> bool:
+        """Its flows are leaving the switch, or will once what its take-down waits for comes:
+        a pending pair's confirmation, its RST's grace's end (pairs.py `take_down`)."""
+        return self.state is State.TAKING_DOWN or self.remove_reason is not None
+
     @property
     def owed_entry(self) -> bool:
         """A TCP shunt gets its entry back when its flows leave; a block is not owed a
