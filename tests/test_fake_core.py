@@ -192,16 +192,17 @@ def watched(rig: Rig, conn: Any) -> None:
     assert rig.flows(cookies.Kind.TEARDOWN) == [] and len(rig.flows(cookies.Kind.SHUNT)) == 2
 
 
-def undone(rig: Rig, conn: Any) -> None:
+def undone(rig: Rig, conn: Any, reshunted: bool = True) -> None:
     """A contradicted close: its entry back ESTABLISHED with the decision cleared, then the
-    flows go, and the policy's next mark shunts the connection again."""
+    flows go, and (`reshunted`) the policy's next mark shunts the connection again."""
     closing, again = rig.worker.restores[-2:]
     assert closing.tcp_state != CT_TCP_ESTABLISHED and closing.mark & DECISION_MASK
     assert (again.tcp_state, again.timeout, again.mark & DECISION_MASK) == (CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, 0)
     assert not rig.core.by_key and slow(rig, conn)  # the closing entry carries it meanwhile
     counters = rig.counters.flat()
     assert counters["teardowns_contradicted"] == 1 and counters["removed:shunt:close contradicted by its traffic"] == 1
-    assert fast(rig, rig.event(ct_id=conn.ct_id + 1))  # its next packet, marked by the policy again
+    if reshunted:
+        assert fast(rig, rig.event(ct_id=conn.ct_id + 1))  # its next packet, marked by the policy again
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -239,6 +240,108 @@ def test_a_real_rst_stands_and_the_connection_is_handed_back_at_the_end_of_its_g
     rig.kernel_answers()
     assert not rig.core.by_key and slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
     assert rig.counters.flat()["removed:shunt:tcp rst"] == 1 and "teardowns_contradicted" not in rig.counters.flat()
+
+
+# A take-down asked for while a caught close is watched (flush, re-evaluation, an operator's
+# unshunt or block; an IDS's block: tests/test_ids_backend.py). In an RST's grace the pair is
+# TAKING_DOWN but still forwards, nothing handed back: `take_down` found it not held and kept
+# nothing, and the connection's own traffic contradicting the RST (anyone on the path may
+# forge one) then put the pair back as installed. The take-down was lost, the shunt went on.
+
+ASKED = {"unshunt": "unshunt by operator", "block": "blocked by operator", "flush": "flush by operator",
+         "reevaluate": "policy changed"}
+
+
+def _ask(rig: Rig, conn: Any, cmd: str) -> dict[str, Any]:
+    """The take-down `cmd`, asked of the app as the control socket does: its answer."""
+    reply = rig.control({"cmd": cmd, "tuple": str(conn.orig)} if cmd in ("unshunt", "block") else {"cmd": cmd})
+    assert reply.get("ok"), reply
+    return reply
+
+
+def _answered_as_taken_down(reply: dict[str, Any], cmd: str) -> None:
+    """An unshunt or block was answered as taking the connection's flows down (not "not
+    shunted now; held for its next appearance": its shunt was forwarding)."""
+    assert cmd not in ("unshunt", "block") or reply["flows_removed"]
+
+
+def _next_entry_as_asked(rig: Rig, conn: Any, cmd: str) -> None:
+    """The connection's next entry, marked shunt by the policy, gets what was asked: kept on
+    the slow path (unshunt), blocked (block), judged anew and shunted again as a new pair
+    (flush, re-evaluation)."""
+    again = rig.event(ct_id=conn.ct_id + 1)
+    if cmd == "unshunt":
+        assert again is None and slow(rig, conn)
+    elif cmd == "block":
+        assert again.action is Action.BLOCK and rig.packet(conn.ingress.fast, conn.orig).dropped
+    else:
+        assert again is not conn and again.action is Action.SHUNT
+
+
+@pytest.mark.parametrize("cmd", list(ASKED))
+@pytest.mark.parametrize("draining", [False, True], ids=["live", "draining"])
+def test_a_take_down_asked_in_an_rst_grace_hands_the_pair_back_when_the_rst_is_contradicted(cmd, draining):
+    """The take-down is kept through the grace; the contradiction hands the pair back for it
+    instead of resuming it (from DRAINING too: its entry, kept, is re-created over)."""
+    rig = Rig(OFP13)
+    conn = rig.event() if draining else shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # forged: the grace begins, the pair forwards on
+    assert conn.state is State.TAKING_DOWN
+    reply = _ask(rig, conn, cmd)
+    assert rig.worker.restores == []  # (nothing yet: the grace runs on)
+    rig.packet(FAST_B, conn.reply, tcp_flags=ACK, payload=100)  # the side that "reset" goes on: contradicted
+    # Handed back for the take-down, not resumed: the entry ESTABLISHED with the decision
+    # cleared, then the flows go.
+    (restore,) = rig.worker.restores
+    assert (restore.tcp_state, restore.timeout, restore.mark & DECISION_MASK) == \
+        (CT_TCP_ESTABLISHED, REEVALUATE_TIMEOUT, 0)
+    rig.kernel_answers()
+    assert not rig.core.by_key and slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
+    counters = rig.counters.flat()
+    assert counters["teardowns_contradicted"] == 1 and counters[f"removed:shunt:{ASKED[cmd]}"] == 1
+    rig.advance(1)  # the grace's end, and a draining pair's: nothing more
+    assert len(rig.worker.restores) == 1 and rig.worker.deleted == ([] if draining else [(conn.orig, conn.ct_id)])
+    _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
+
+
+@pytest.mark.parametrize("cmd", list(ASKED))
+def test_a_take_down_asked_in_an_rst_grace_that_stands_goes_with_the_close_the_decision_cleared(cmd):
+    """Nothing contradicts the RST: the pair is handed back in CLOSE at the grace's end (a
+    reset connection's entry, as with nothing asked), the decision cleared as the take-down
+    asked. A re-evaluation's clearing of the marks cannot reach the entry (deleted while the
+    pair was live): re-created with its decision, the old policy's would stand for it."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)
+    reply = _ask(rig, conn, cmd)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data the client sent before the reset reached it
+    rig.advance(rig.core.cfg.rst_grace)
+    (restore,) = rig.worker.restores
+    assert (restore.tcp_state, restore.closer_is_reply, restore.mark & DECISION_MASK) == (CT_TCP_CLOSE, True, 0)
+    rig.kernel_answers()
+    assert not rig.core.by_key and slow(rig, conn) and rig.flows(cookies.Kind.SHUNT) == []
+    assert rig.counters.flat()["removed:shunt:tcp rst"] == 1  # (what ended it: the reset)
+    if cmd == "block":  # the operator's pin holds for the ports' next connection
+        _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
+
+
+@pytest.mark.parametrize("cmd", list(ASKED))
+def test_a_take_down_asked_while_both_fins_are_watched_is_not_undone_by_a_contradiction(cmd):
+    """After both FINs the pair is handed back at once (TIME_WAIT) and watched: a take-down
+    asked then has nothing left to do, and a contradiction brings the entry back with the
+    decision cleared while the flows go, so the pin or the policy judges its next entry."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_A, conn.orig, tcp_flags=FIN | ACK)
+    rig.packet(FAST_B, conn.reply, tcp_flags=FIN | ACK)
+    watched(rig, conn)
+    reply = _ask(rig, conn, cmd)
+    rig.packet(FAST_A, conn.orig, tcp_flags=ACK, payload=1400)  # data: neither side had closed
+    undone(rig, conn, reshunted=False)
+    _next_entry_as_asked(rig, conn, cmd)
+    _answered_as_taken_down(reply, cmd)
 
 
 @pytest.mark.parametrize("pipeline", [False, True], ids=["single", "pipeline"])
@@ -318,6 +421,18 @@ def _late_barrier(rig: Rig, **kw: Any) -> tuple[Any, list[Any]]:
     conn = rig.core.find(tuple_=event(**kw).orig)
     assert conn is not None and conn.state is State.PENDING
     return conn, held
+
+
+def test_an_unshunt_of_a_pending_pair_is_answered_as_taking_its_flows_down():
+    """Its take-down waits for the switch's confirmation while its flows forward: not "not
+    shunted now; held for its next appearance"."""
+    rig = Rig(OFP13)
+    conn, held = _late_barrier(rig)
+    assert rig.control({"cmd": "unshunt", "tuple": str(conn.orig)})["flows_removed"]
+    rig.switch.replies.extend(held)
+    rig.pump()
+    rig.kernel_answers()
+    assert not rig.core.by_key and slow(rig, conn)
 
 
 @pytest.mark.parametrize("close", ["forged", "real"])

@@ -24,7 +24,7 @@ from nfshunt.ids.rules import Kind, Refusal, Rule  # noqa: E402
 from nfshunt.records import cookies, markcodec  # noqa: E402
 from nfshunt.records.model import Action, EventKind, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
-from tests.support.rig import FAST_A, FAST_B, LAYOUTS, SLOW_A, Rig, fast, slow  # noqa: E402
+from tests.support.rig import ACK, FAST_A, FAST_B, LAYOUTS, RST, SLOW_A, Rig, fast, slow  # noqa: E402
 
 WALL = 1_700_000_000.0
 ORIG = event().orig  # tcp 10.0.0.1:40000 -> 10.0.0.2:5201
@@ -298,6 +298,33 @@ def test_an_ids_block_takes_a_policy_shunt_down_and_the_next_entry_is_blocked():
     assert out.result is Result.ADDED and out.pending  # waits for the pair's take-down and the block
     rig.kernel_answers()  # the entry re-created, decision cleared; the flows go
     assert slow(rig, conn)
+    blocked = rig.event(ct_id=8)  # its next packet: the policy says shunt again, the IDS's block wins
+    assert blocked.action is Action.BLOCK and rig.packet(FAST_A, ORIG).dropped
+
+
+@pytest.mark.parametrize("contradicted", [True, False], ids=["rst-contradicted", "rst-standing"])
+def test_an_ids_block_asked_in_an_rst_grace_takes_the_shunt_down_whatever_comes_of_the_rst(contradicted):
+    """A caught RST (anyone on the path may forge one) puts the shunt in its grace: taken
+    down, still forwarding, nothing handed back. The block asked then was dropped, and the
+    connection's traffic contradicting the RST put the shunt back: the IDS's block lost, its
+    connection on the fast path. Kept, it hands the pair back when the RST is contradicted;
+    when the RST stands, the pair goes with the close (its decision cleared, as the block's
+    take-down asks). The connection's next entry is blocked either way."""
+    rig, backend, _, _ = setup()
+    conn = rig.event()  # the policy shunts it
+    rig.advance(rig.core.switch.drain)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)
+    out = backend.submit(rule(rig, Kind.BLOCK), 0.01)
+    assert out.result is Result.ADDED and out.pending  # waits for the pair's take-down and the block
+    if contradicted:
+        rig.packet(FAST_B, conn.reply, tcp_flags=ACK, payload=100)  # the side that "reset" goes on
+    else:
+        rig.advance(rig.core.cfg.rst_grace)
+    (restore,) = rig.worker.restores
+    assert restore.mark & markcodec.DECISION_MASK == 0
+    rig.kernel_answers()
+    assert rig.core.find(tuple_=ORIG) is None and slow(rig, conn)
+    assert rig.counters.flat()[f"removed:shunt:{'blocked by ids:zeek' if contradicted else 'tcp rst'}"] == 1
     blocked = rig.event(ct_id=8)  # its next packet: the policy says shunt again, the IDS's block wins
     assert blocked.action is Action.BLOCK and rig.packet(FAST_A, ORIG).dropped
 

@@ -287,6 +287,10 @@ class OperatorAPI:
         for sw in self.switches:  # the connection's next entry may come to any switch's core
             out = sw.core.pin(orig, Action.IGNORE if cmd == "unshunt" else Action.BLOCK, now)
             removed += sum(isinstance(c_, (c.RemoveFlows, c.RestoreConntrack)) for c_ in out)
+            # Or its take-down waits (a pending pair's confirmation, an RST's grace): the
+            # shunt forwards still, and goes once that comes.
+            held = sw.core.find(tuple_=orig)
+            removed += held is not None and held.leaving
             self.app.run(sw, out)
         self.counters.add("operator", cmd)
         LOG.warning("operator %s of %s", cmd, orig)

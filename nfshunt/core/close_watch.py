@@ -31,9 +31,11 @@ What comes meanwhile decides:
   come: a retransmission, or a segment late on its way. Where a FIN's sequence number is not
   known (taken from the catchers' counters, or seen on the firewall), any data
   contradicts. In an RST's grace nothing was handed back: the flows are put back as they
-  were and the pair goes on. After a hand-back the take-down undoes itself: the entry is
-  brought back ESTABLISHED with the policy's decision cleared, the flows go, and the
-  connection's next packet, judged by the policy again, shunts it again;
+  were and the pair goes on (unless a take-down was asked for meanwhile, which the RST does
+  not undo: the pair is handed back for it, pairs.py). After a hand-back the take-down
+  undoes itself: the entry is brought back ESTABLISHED with the policy's decision cleared,
+  the flows go, and the connection's next packet, judged by the policy again, shunts it
+  again;
 - a SYN from the client answered by a SYN/ACK: a new connection on the ports. After a
   hand-back the firewall judged its SYN as new (a closing entry with CLOSE_INIT lets
   conntrack open a new one); in an RST's grace it rode the shunt, as it always did there.

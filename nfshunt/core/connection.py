@@ -21,7 +21,8 @@ States of a pair (a shunt or a block), and the only transitions there are:
   A close the catchers caught is watched first: its flows stay a moment, changed to show
   the controller each packet (close_watch.py, `watch_over`). An RST's pair is TAKING_DOWN
   through its grace, still forwarding, and is handed back at its end; its own traffic
-  contradicting the RST puts it back in the state it left (`resume`: the one way back).
+  contradicting the RST puts it back in the state it left (`resume`: the one way back),
+  unless a take-down was asked for meanwhile (`down_asked`): then it is handed back for it.
 - A LIVE pair that a reconnected switch lost with its table (a reboot) goes back to PENDING
   to be installed again; its entry stays deleted (`entry_deleted`), which the take-down
   rule (pairs.py) knows. One that a switch which kept its table no longer holds timed out
@@ -90,6 +91,13 @@ REEVALUATE = Handback()
 IDLE = Handback(timeout=IDLE_RESTORE_TIMEOUT)
 
 
+class DownAsked(NamedTuple):
+    """A take-down asked for during an RST's grace (pairs.py `take_down`): its reason and the
+    entry it asked to hand back."""
+    reason: str
+    how: Handback
+
+
 def closing(tcp_state: int, closer_is_reply: bool) -> Handback:
     return Handback(tcp_state, TEARDOWN_TIMEOUT[tcp_state], closer_is_reply, keep_decision=True)
 
@@ -133,6 +141,7 @@ class Seldom:
     nat_refreshed: float | None = None
     idle_timeout: int | None = None
     watch: CloseWatch | None = None
+    down_asked: DownAsked | None = None
     hard_timeout: int = 0
     entry_id: int | None = None
 
@@ -233,6 +242,8 @@ class Conn:
     nat_refreshed = _Seldom[float | None](None)  # when its kept entry's timeout was last given (core/nat.py)
     idle_timeout = _Seldom[int | None](None)  # its IDS rule's (pins.py); None: the config's default for its action
     watch = _Seldom[CloseWatch | None](None)  # a caught close being watched (close_watch.py)
+    # A take-down asked for during its RST's grace, kept for what ends the grace (pairs.py).
+    down_asked = _Seldom[DownAsked | None](None)
     hard_timeout = _Seldom[int](0)  # (authority)
     # Its kernel entry's id where that is not ct_id: a NAT pair kept at a pair's takeover,
     # whose entry conntrackd's commit made anew (routed_adoption.py). None: ct_id.
@@ -270,6 +281,12 @@ class Conn:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def leaving(self) -> bool:
+        """Its flows are leaving the switch, or will once what its take-down waits for comes:
+        a pending pair's confirmation, its RST's grace's end (pairs.py `take_down`)."""
+        return self.state is State.TAKING_DOWN or self.remove_reason is not None
 
     @property
     def owed_entry(self) -> bool:

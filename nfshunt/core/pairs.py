@@ -17,6 +17,7 @@ handed back (`Conn.owed_entry`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 from nfshunt.records import cookies
@@ -26,14 +27,16 @@ from .close_watch import WATCH, CloseWatch
 from .commands import (
     ClearDecision,
     Command,
+    EntryDue,
     Later,
     RemoveFlows,
     RestoreConntrack,
     ShortenConntrack,
+    UnwatchFlows,
     WatchEnds,
     WatchFlows,
 )
-from .connection import HELD, REEVALUATE, SPLIT_CLOSE_TIMEOUT, Conn, Handback, State
+from .connection import HELD, REEVALUATE, SPLIT_CLOSE_TIMEOUT, Conn, DownAsked, Handback, State
 
 CONTRADICTED = "close contradicted by its traffic"  # a watched close undone (close_watch.py): the removal's reason
 
@@ -161,13 +164,25 @@ class Connections:
     def take_down(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE) -> list[Command]:
         """A take-down asked for (flush, unshunt, block, policy change, a close seen on the
         firewall): handed back to the firewall alive; a pending pair as soon as the switch
-        confirms it (flows_confirmed), so its flows are not withdrawn while in flight."""
+        confirms it (flows_confirmed), so its flows are not withdrawn while in flight; a
+        pair in an RST's grace once the grace ends (`in_grace`)."""
         if not self.holds(conn, HELD):
+            if self.in_grace(conn) and conn.down_asked is None:
+                conn.down_asked = DownAsked(reason, how)
             return []
         if conn.state is State.PENDING and not conn.entry_deleted:
             conn.remove_reason = reason
             return []
         return self.hand_back(conn, reason, now, how)
+
+    def in_grace(self, conn: Conn) -> bool:
+        """The pair is in an RST's grace (close_watch.py): TAKING_DOWN, still forwarding,
+        nothing handed back yet, and the RST (anyone on the path may forge one) not yet
+        judged. A take-down asked now is kept (`Conn.down_asked`) for what ends the grace:
+        the RST's traffic contradicting it (`resume`), or the grace's end (`hand_back`)."""
+        watch = conn.watch
+        return self.holds(conn, State.TAKING_DOWN) and watch is not None and watch.forwarding \
+            and not watch.settled
 
     def hand_back(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE,
                   directions: tuple[bool, ...] = (False, True), watch: CloseWatch | None = None) -> list[Command]:
@@ -176,7 +191,13 @@ class Connections:
         pair is TAKING_DOWN until both flow-removed messages came (or a tick gives up).
         With `watch` (a close a catcher caught), or for a close seen on the firewall, the
         flows first show the connection's packets to the controller on their way to the
-        firewall, for WATCH seconds (close_watch.py; `watch_over` ends it)."""
+        firewall, for WATCH seconds (close_watch.py; `watch_over` ends it). A take-down
+        asked during an RST's grace that the reset outlived (its entry handed back closing)
+        has the decision cleared if it asked so: a re-evaluation's clearing of the marks
+        missed the entry, deleted while the pair was live."""
+        asked, conn.down_asked = conn.down_asked, None
+        if asked is not None and how.keep_decision and not asked.how.keep_decision:
+            how = replace(how, keep_decision=False)
         self.going(conn, reason, now)
         remove = RemoveFlows(conn, directions, reason)
         if not conn.owed_entry:
@@ -220,12 +241,20 @@ class Connections:
             conn.removing_since = now
         return []
 
-    def resume(self, conn: Conn, draining: bool) -> None:
+    def resume(self, conn: Conn, draining: bool, now: float) -> list[Command]:
         """TAKING_DOWN -> DRAINING or LIVE, as it was: an RST's grace that the connection's
-        traffic contradicted (close_watch.py). Nothing was handed back, its entry is as it was."""
+        traffic contradicted (close_watch.py). Nothing was handed back, its entry is as it
+        was, and its flows go back to as installed. A take-down asked for during the grace
+        is not undone with the RST: the pair is handed back for it now, as it would have
+        been with no RST (an attacker who forges one, then sends data, keeps no shunt that
+        an unshunt, a block, a flush or a re-evaluation took down meanwhile)."""
         conn.state = State.DRAINING if draining else State.LIVE
         conn.removing_since = conn.remove_reason = None
         self.removing.discard(conn)
+        asked, conn.down_asked = conn.down_asked, None
+        if asked is not None:
+            return self.hand_back(conn, asked.reason, now, asked.how)
+        return [UnwatchFlows(conn), *((EntryDue(conn),) if draining else ())]
 
     def watch_over(self, conn: Conn, contradicted: bool) -> list[Command]:
         """A watched close is decided (close_watch.py): its flows go now. Contradicted (the

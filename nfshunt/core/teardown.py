@@ -22,7 +22,7 @@ from nfshunt.records import cookies
 from nfshunt.records.segment import FIN, Segment
 
 from .close_watch import SEQ_MASK, CloseWatch, Verdict, judge
-from .commands import CloseContradicted, Command, EntryDue, Later, UnwatchFlows, WatchEnds, WatchFlows
+from .commands import CloseContradicted, Command, Later, WatchEnds, WatchFlows
 from .connection import ACTIVE, CT_TCP_CLOSE, CT_TCP_TIME_WAIT, Conn, State, closing
 from .state import CoreState
 
@@ -117,10 +117,9 @@ class Teardown:
                 self.shared.conns.watch_over(conn, False)
         report = CloseContradicted(conn, watch.describe(),
                                    f"{'the reply' if reply else 'the original'} side's {seg.describe()}")
-        if watch.forwarding:  # nothing was handed back: the pair goes on, its flows as they were
+        if watch.forwarding:  # nothing was handed back: the pair goes on (or for a take-down asked meanwhile)
             watch.settled, conn.watch = True, None
-            self.shared.conns.resume(conn, watch.draining)
-            return [report, UnwatchFlows(conn), *((EntryDue(conn),) if watch.draining else ())]
+            return [report, *self.shared.conns.resume(conn, watch.draining, now)]
         return [report, *self.shared.conns.watch_over(conn, True)]
 
     def watch_ends(self, conn: Conn, watch: CloseWatch, now: float) -> list[Command]:
