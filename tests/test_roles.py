@@ -113,6 +113,79 @@ def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, c
     assert "cannot write the pair state file" in caplog.text and roles.save_error
 
 
+def _held(roles, generation):
+    """A master granted `generation` whose switch connection then broke."""
+    roles.connected()
+    assert roles.reply(EQUAL, generation).request == RoleRequest(MASTER, generation)
+    assert roles.reply(MASTER, generation).promoted
+    roles.disconnected()
+
+
+def test_a_master_that_loses_the_switch_while_its_connection_is_down_is_demoted_once(tmp_path):
+    """Review s57/2 V1: disconnected() cleared `granted`, and only a granted master was ever
+    demoted: the core kept pairs the other controller owned, and installed them again when
+    it took the switch back."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    told = Roles(str(path))  # keepalived says BACKUP while it is away
+    _held(told, 2)
+    assert told.stand_by().demoted == "asked to be backup"
+    told.connected()
+    assert told.reply(EQUAL, 4).demoted is None  # once
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    refused = Roles(str(path))  # still master: its claim is refused at the reconnect
+    _held(refused, 2)
+    refused.connected()
+    change = refused.reply(EQUAL, 4)  # another controller's claim: demoted now, claimed again (stale)
+    assert change.demoted and "generation 4" in change.demoted and change.request == RoleRequest(MASTER, 2)
+    assert refused.stale().demoted is None and refused.reply(SLAVE, 4).demoted is None
+    again = Roles(str(path))  # a takeover asked again while away: demoted before its newer claim
+    _held(again, 2)
+    again.take_over()
+    again.connected()
+    change = again.reply(EQUAL, 4)
+    assert change.demoted and change.request == RoleRequest(MASTER, 6)
+    assert again.reply(MASTER, 6).promoted
+
+
+def test_a_master_whose_switch_is_its_own_at_the_reconnect_is_not_demoted(tmp_path):
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    for generation in (2, UNDEFINED_GENERATION):  # still its claim; a switch that restarted
+        roles = Roles(str(path))
+        _held(roles, 2)
+        roles.connected()
+        change = roles.reply(EQUAL, generation)
+        assert change.demoted is None and change.request == RoleRequest(MASTER, 2)
+        assert roles.reply(MASTER, 2).promoted  # (switch_connected: the core's reconcile adopts its pairs)
+
+
+def test_a_master_told_backup_while_away_or_stopped_releases_its_claim_when_it_connects(tmp_path):
+    """Review s57/2 V2: it asked for SLAVE at its claim's even generation, so the other
+    controller, keepalived's master, yielded to that claim for ever. Released only while the
+    switch's generation is its own claim's."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    away = Roles(str(path))
+    _held(away, 2)
+    away.stand_by()
+    away.connected()
+    assert away.reply(EQUAL, 2).request == RoleRequest(SLAVE, 3)
+    assert away.reply(SLAVE, 3) == Change() and away.granted == "backup"
+    Roles(str(path)).stand_by()  # `nfshunt role backup` while the controller is stopped ...
+    path.write_text(json.dumps({"role": "backup", "generation": 2}))
+    started = Roles(str(path), "master")  # ... which then starts from the file
+    started.connected()
+    assert started.reply(EQUAL, 2).request == RoleRequest(SLAVE, 3)
+    # Not its claim: another's, released already, a restarted switch's (none): a plain SLAVE.
+    for generation, asked in ((4, 4), (3, 3), (UNDEFINED_GENERATION, 2)):
+        other = Roles(str(path))
+        other.connected()
+        assert other.reply(EQUAL, generation).request == RoleRequest(SLAVE, asked)
+
+
+
+
 def test_a_takeover_claims_above_a_generation_the_backup_never_heard_of(tmp_path):
     """Issue 30.2: the backup asked for SLAVE before the first master's claim (generation 1),
     so it never learned it; its takeover asks the switch first and claims 2, not 1 (which
