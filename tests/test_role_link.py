@@ -266,3 +266,29 @@ def test_a_backup_whose_claim_no_longer_holds_the_switch_releases_nothing(tmp_pa
     rig, _, switch = _lost_while_away(tmp_path, "backup")
     assert switch.generation == 4 and switch.role == fs.SLAVE
 
+
+# --- the state file cannot be written (review s57/2 V6) ------------------------------------------
+
+
+def test_a_claim_the_state_file_cannot_hold_is_not_made_and_is_made_once_it_can(tmp_path):
+    """A claim whose generation was kept in memory only was lost by a restart, which then
+    claimed the file's older generation, was refused as stale and yielded to its own lost
+    claim for ever. The claim waits for the write: said in the role command's answer and
+    status, logged, counted, tried again at each role check."""
+    blocker = tmp_path / "lib"
+    blocker.write_text("")  # the state file's directory cannot be made: a file is in the way
+    rig = pair_rig(blocker, role="backup")
+    assert rig.sw.roles.granted == "backup" and rig.switch.generation == 0
+    answer = rig.control({"cmd": "role", "role": "master"})
+    assert answer["ok"] and "cannot be written" in answer["state_file_error"]
+    assert "fix its path or permissions" in answer["state_file_error"]
+    rig.advance(3)
+    assert rig.switch.generation == 0 and rig.switch.role == fs.SLAVE and rig.sw.roles.granted == "backup"
+    assert rig.counters.flat()["role_claims_withheld"] >= 3  # (every role check)
+    assert "not claiming the switch" in rig.sw.roles.status()["why_backup"]
+    blocker.unlink()  # the admin fixes it
+    rig.advance(1)
+    assert rig.sw.roles.granted == "master" and rig.switch.generation == 2
+    assert state(blocker) == {"role": "master", "generation": 2, "takeover": False}
+    assert rig.sw.roles.status()["state_file_error"] is None
+

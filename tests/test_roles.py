@@ -104,13 +104,48 @@ def test_start_role_master_without_a_state_file_takes_over_on_connect(tmp_path):
     assert roles.reply(EQUAL, 9).request == RoleRequest(MASTER, 10)
 
 
-def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, caplog):
+def test_an_unwritable_state_file_is_logged_and_no_claim_is_made_until_it_can_be_written(tmp_path, caplog):
+    """docs/pair.md: the generation is written first. A claim made with one kept in memory
+    only (review s57/2 V6) was the switch's newest after a restart that read the older one
+    back: refused as stale, the controller yielded to its own lost claim for ever."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     roles = Roles(str(blocker / "pair.json"))  # its directory cannot exist: a file is in the way
     roles.take_over()
+    change = roles.reply(EQUAL, UNDEFINED_GENERATION)
+    assert change.request is None and change.withheld and "fix its path or permissions" in change.withheld
+    assert roles.generation == 0 and roles.granted is None and roles.save_error
+    assert "cannot write the pair state file" in caplog.text and "not claiming the switch" in caplog.text
+    assert "cannot be written" in roles.status()["state_file_error"]
+    assert roles.check() == RoleRequest(NOCHANGE, 0)  # tried again at each role check
+    caplog.clear()
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).withheld and caplog.text == ""  # said once
+    blocker.unlink()
     assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 2)
-    assert "cannot write the pair state file" in caplog.text and roles.save_error
+    assert json.loads((blocker / "pair.json").read_text())["generation"] == 2
+    assert roles.reply(MASTER, 2).promoted and roles.status()["state_file_error"] is None
+
+
+def test_a_restart_never_yields_to_a_claim_of_its_own_the_state_file_lost(tmp_path, monkeypatch):
+    """The claim that could not be saved is not made, so the switch never holds a generation
+    of this controller's newer than its file's: the restart's claim is its switch's own."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2, "takeover": False}))
+    a = Roles(str(path), "master")
+    a.connected()
+    assert a.reply(EQUAL, 3).request == RoleRequest(MASTER, 2)  # released at 3 by the other meanwhile
+    a.stale()
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda *_: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    change = a.reply(EQUAL, 3)  # odd: nobody holds it, claim it: not with a generation the file lacks
+    assert change.request is None and "No space left on device" in (change.withheld or "")
+    monkeypatch.setattr(os, "replace", real_replace)
+    b = Roles(str(path), "master")  # the controller restarts before the disk is fixed
+    b.connected()
+    assert b.reply(EQUAL, 3).request == RoleRequest(MASTER, 2)  # stale (3 is newer): asked again
+    b.stale()
+    assert b.reply(EQUAL, 3).request == RoleRequest(MASTER, 4)  # odd: claimed, saved first
+    assert json.loads(path.read_text())["generation"] == 4
 
 
 def _held(roles, generation):
@@ -279,6 +314,24 @@ def test_role_without_a_controller_or_a_pair_to_record_it_in_fails_loudly(tmp_pa
     (tmp_path / "lib").write_text("")  # the state file's directory cannot be made
     assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 1
     assert "cannot be written" in capsys.readouterr().err
+
+
+def test_role_answered_by_a_controller_that_cannot_write_its_state_file_fails_saying_what_to_fix(
+        tmp_path, capsys, monkeypatch):
+    """The controller's answer carries it (a takeover waits for the write: no claim is made
+    with a generation the file lacks); the command fails, so keepalived's notify logs it."""
+    from nfshunt.app import control
+    from nfshunt.cli import main
+    roles = Roles(str(tmp_path / "file" / "pair.json"))
+    (tmp_path / "file").write_text("")
+    roles.take_over()
+    answered = {"ok": True, **roles.status(), "switch_connected": True}
+    monkeypatch.setattr(control, "request", lambda _socket, _payload: answered)
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "fix its path or permissions" in err and "does not claim" in err
+    answered["state_file_error"] = None
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 0
 
 
 def test_the_notify_script_finds_nfshunt_with_keepalived_minimal_path_or_fails_loudly(tmp_path):

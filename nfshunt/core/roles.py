@@ -41,6 +41,11 @@ controller owns now. Without it, they stayed, and a later takeover installed the
 Nothing is programmed before MASTER is granted: a controller that has not asked for a
 role is EQUAL, which the switch lets program.
 
+A claim is made only with a generation the state file holds: one not saved could be lost by
+a restart, which would then claim the older one, be refused as stale and yield to its own
+lost claim for ever. A claim the file cannot be written for is withheld (logged, counted,
+in status and the role command's answer) and tried again every `role_check_interval`.
+
 A takeover asked for while the controller is not running (keepalived started first, or the
 controller is restarting) is kept in the state file as pending (`takeover`): the controller
 makes it once the switch connects, so the order in which the pair's services start does
@@ -84,6 +89,7 @@ class Change:
     promoted: bool = False
     demoted: str | None = None  # why this controller is no longer master
     request: RoleRequest | None = None  # the next role request to send
+    withheld: str | None = None  # why a claim this called for was not made (the state file)
 
 
 def newer(a: int, b: int) -> bool:
@@ -132,9 +138,10 @@ class Roles:
         if takeover and role == "master":
             self.claim = Claim.QUERYING
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
+        """Write the state file; False (said once per error, `save_error`) if it cannot be."""
         if not self.state_file:
-            return
+            return True
         tmp = None
         try:
             folder = os.path.dirname(self.state_file)
@@ -150,17 +157,31 @@ class Roles:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.state_file)
             tmp = None
+            if self.save_error is not None:
+                LOG.warning("the pair state file %s is written again", self.state_file)
             self.save_error = None
+            return True
         except OSError as exc:
-            self.save_error = str(exc.strerror or exc)
-            # Carry on: a restart then starts from the older state, which is refused as
-            # stale if the other controller took over meanwhile (safe), never wins.
-            LOG.error("cannot write the pair state file %s (%s): fix its directory; role %s generation %d "
-                      "is kept in memory only", self.state_file, exc.strerror or exc, self.wanted, self.generation)
+            error = str(exc.strerror or exc)
+            if error != self.save_error:  # (a withheld claim tries again every role check: said once)
+                LOG.error("cannot write the pair state file %s (%s): fix its path or permissions; role %s generation "
+                          "%d is not saved (a restart starts from the file's older state; a claim is not made until "
+                          "it is saved)", self.state_file, error, self.wanted, self.generation)
+            self.save_error = error
+            return False
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+    def state_file_error(self) -> str | None:
+        """What the role command's answer and status say while the state file cannot be written."""
+        if self.save_error is None:
+            return None
+        then = ("this controller does not claim the switch until it can (asked again every role_check_interval)"
+                if self.wanted == "master" else "a restart would start from the file's older role")
+        return (f"the pair state file {self.state_file} cannot be written ({self.save_error}): fix its path or "
+                f"permissions; {then}")
 
     # --- the switch --------------------------------------------------------------------------
 
@@ -284,8 +305,9 @@ class Roles:
 
     def check(self) -> RoleRequest | None:
         """The periodic query (no role status in 1.3): a master's, to notice a takeover; a
-        yielded one's, to notice the other letting go."""
-        if self.granted == "master" or (self.wanted == "master" and self.yielded is not None):
+        yielded one's, to notice the other letting go; a withheld claim's, to try again."""
+        if self.granted == "master" or (self.wanted == "master" and (self.yielded is not None
+                                                                     or self.claim is Claim.QUERYING)):
             return RoleRequest(NOCHANGE, 0)
         return None
 
@@ -301,12 +323,23 @@ class Roles:
 
     def _claim(self, demoted: str | None = None) -> Change:
         """A takeover's claim: the next even generation above this controller's and the newest
-        the switch reported, saved before it is claimed."""
+        the switch reported, saved first. One the state file cannot hold is not made (the
+        takeover stays pending, asked again at each role check): a restart would claim the
+        file's older generation, be refused as stale and yield to its own lost claim."""
+        before = self.generation
         base = max(self.generation, self.switch_generation or 0)
         self.generation = (base + 2 - (base & 1)) & UNDEFINED_GENERATION
         self.claim = Claim.CLAIMED
-        self._save()
-        return Change(demoted=demoted, request=RoleRequest(MASTER, self.generation))
+        if self._save():
+            return Change(demoted=demoted, request=RoleRequest(MASTER, self.generation))
+        self.generation, self.claim = before, Claim.QUERYING
+        why = (f"not claiming the switch: the pair state file {self.state_file} cannot be written "
+               f"({self.save_error}); fix its path or permissions (claimed once it can be written: tried again "
+               f"every role_check_interval)")
+        if why != self.why:
+            LOG.error("%s", why)
+        self.why = why
+        return Change(demoted=demoted, withheld=why)
 
     # --- the operator (keepalived's notify) ---------------------------------------------------
 
@@ -344,4 +377,5 @@ class Roles:
         return {"wanted": self.wanted, "granted": self.granted, "generation": self.generation,
                 "switch_generation": self.switch_generation, "why_backup": self.why,
                 "takeover": self.claim.value if self.claim is not None else None,
-                "yielded_to": None if self.yielded in (None, UNDEFINED_GENERATION) else self.yielded}
+                "yielded_to": None if self.yielded in (None, UNDEFINED_GENERATION) else self.yielded,
+                "state_file_error": self.state_file_error()}
