@@ -292,3 +292,30 @@ def test_a_claim_the_state_file_cannot_hold_is_not_made_and_is_made_once_it_can(
     assert state(blocker) == {"role": "master", "generation": 2, "takeover": False}
     assert rig.sw.roles.status()["state_file_error"] is None
 
+
+# --- a controller that is not master writes no blocks (review s57/2 V5) ---------------------------
+
+
+def test_a_backup_writes_no_static_block_to_the_switch(tmp_path):
+    """With SLAVE granted, the switch refused the drops (IS_SLAVE): counted as errors on every
+    backup, at each block and each renewal."""
+    from nfshunt.records.model import UDP, FlowTuple
+    from tests.test_static import STREAM
+    rig = pair_rig(tmp_path, role="backup", static_shunts=[STREAM])
+    assert rig.sw.roles.granted == "backup"
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)
+    assert rig.control({"cmd": "block", "tuple": str(t)})["ok"] and rig.core.static.blocks
+    assert not any(k.startswith("openflow_error") for k in rig.counters.flat())
+
+
+def test_a_controller_the_switch_grants_no_role_writes_no_static_block(tmp_path):
+    """The switch refuses roles: the connection is EQUAL, which may program; the controller
+    said it "stays backup and programs nothing", and then wrote the drops."""
+    from nfshunt.records.model import UDP, FlowTuple
+    from tests.test_static import STREAM
+    switch = fs.FakeSwitch()
+    switch.refuse.add(fs.ROLE)
+    rig = pair_rig(tmp_path, switch=switch, static_shunts=[STREAM])
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)
+    assert rig.control({"cmd": "block", "tuple": str(t)})["ok"]
+    assert rig.switch.entries == []
