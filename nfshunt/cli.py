@@ -357,6 +357,9 @@ def cmd_role(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(f"role {reply['wanted']} requested with generation {reply['generation']}"
           + ("" if reply["switch_connected"] else " (the switch is not connected: claimed when it is)"))
+    if reply.get("state_file_error"):  # (keepalived's notify logs the failure)
+        print(f"nfshunt: role {args.role}: {reply['state_file_error']}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 

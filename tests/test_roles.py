@@ -104,13 +104,121 @@ def test_start_role_master_without_a_state_file_takes_over_on_connect(tmp_path):
     assert roles.reply(EQUAL, 9).request == RoleRequest(MASTER, 10)
 
 
-def test_an_unwritable_state_file_is_logged_and_the_takeover_goes_on(tmp_path, caplog):
+def test_an_unwritable_state_file_is_logged_and_no_claim_is_made_until_it_can_be_written(tmp_path, caplog):
+    """docs/pair.md: the generation is written first. A claim made with one kept in memory
+    only (review s57/2 V6) was the switch's newest after a restart that read the older one
+    back: refused as stale, the controller yielded to its own lost claim for ever."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     roles = Roles(str(blocker / "pair.json"))  # its directory cannot exist: a file is in the way
     roles.take_over()
+    change = roles.reply(EQUAL, UNDEFINED_GENERATION)
+    assert change.request is None and change.withheld and "fix its path or permissions" in change.withheld
+    assert roles.generation == 0 and roles.granted is None and roles.save_error
+    assert "cannot write the pair state file" in caplog.text and "not claiming the switch" in caplog.text
+    assert "cannot be written" in roles.status()["state_file_error"]
+    assert roles.check() == RoleRequest(NOCHANGE, 0)  # tried again at each role check
+    caplog.clear()
+    assert roles.reply(EQUAL, UNDEFINED_GENERATION).withheld and caplog.text == ""  # said once
+    blocker.unlink()
     assert roles.reply(EQUAL, UNDEFINED_GENERATION).request == RoleRequest(MASTER, 2)
-    assert "cannot write the pair state file" in caplog.text and roles.save_error
+    assert json.loads((blocker / "pair.json").read_text())["generation"] == 2
+    assert roles.reply(MASTER, 2).promoted and roles.status()["state_file_error"] is None
+
+
+def test_a_restart_never_yields_to_a_claim_of_its_own_the_state_file_lost(tmp_path, monkeypatch):
+    """The claim that could not be saved is not made, so the switch never holds a generation
+    of this controller's newer than its file's: the restart's claim is its switch's own."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2, "takeover": False}))
+    a = Roles(str(path), "master")
+    a.connected()
+    assert a.reply(EQUAL, 3).request == RoleRequest(MASTER, 2)  # released at 3 by the other meanwhile
+    a.stale()
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda *_: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    change = a.reply(EQUAL, 3)  # odd: nobody holds it, claim it: not with a generation the file lacks
+    assert change.request is None and "No space left on device" in (change.withheld or "")
+    monkeypatch.setattr(os, "replace", real_replace)
+    b = Roles(str(path), "master")  # the controller restarts before the disk is fixed
+    b.connected()
+    assert b.reply(EQUAL, 3).request == RoleRequest(MASTER, 2)  # stale (3 is newer): asked again
+    b.stale()
+    assert b.reply(EQUAL, 3).request == RoleRequest(MASTER, 4)  # odd: claimed, saved first
+    assert json.loads(path.read_text())["generation"] == 4
+
+
+def _held(roles, generation):
+    """A master granted `generation` whose switch connection then broke."""
+    roles.connected()
+    assert roles.reply(EQUAL, generation).request == RoleRequest(MASTER, generation)
+    assert roles.reply(MASTER, generation).promoted
+    roles.disconnected()
+
+
+def test_a_master_that_loses_the_switch_while_its_connection_is_down_is_demoted_once(tmp_path):
+    """Review s57/2 V1: disconnected() cleared `granted`, and only a granted master was ever
+    demoted: the core kept pairs the other controller owned, and installed them again when
+    it took the switch back."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    told = Roles(str(path))  # keepalived says BACKUP while it is away
+    _held(told, 2)
+    assert told.stand_by().demoted == "asked to be backup"
+    told.connected()
+    assert told.reply(EQUAL, 4).demoted is None  # once
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    refused = Roles(str(path))  # still master: its claim is refused at the reconnect
+    _held(refused, 2)
+    refused.connected()
+    change = refused.reply(EQUAL, 4)  # another controller's claim: demoted now, claimed again (stale)
+    assert change.demoted and "generation 4" in change.demoted and change.request == RoleRequest(MASTER, 2)
+    assert refused.stale().demoted is None and refused.reply(SLAVE, 4).demoted is None
+    again = Roles(str(path))  # a takeover asked again while away: demoted before its newer claim
+    _held(again, 2)
+    again.take_over()
+    again.connected()
+    change = again.reply(EQUAL, 4)
+    assert change.demoted and change.request == RoleRequest(MASTER, 6)
+    assert again.reply(MASTER, 6).promoted
+
+
+def test_a_master_whose_switch_is_its_own_at_the_reconnect_is_not_demoted(tmp_path):
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    for generation in (2, UNDEFINED_GENERATION):  # still its claim; a switch that restarted
+        roles = Roles(str(path))
+        _held(roles, 2)
+        roles.connected()
+        change = roles.reply(EQUAL, generation)
+        assert change.demoted is None and change.request == RoleRequest(MASTER, 2)
+        assert roles.reply(MASTER, 2).promoted  # (switch_connected: the core's reconcile adopts its pairs)
+
+
+def test_a_master_told_backup_while_away_or_stopped_releases_its_claim_when_it_connects(tmp_path):
+    """Review s57/2 V2: it asked for SLAVE at its claim's even generation, so the other
+    controller, keepalived's master, yielded to that claim for ever. Released only while the
+    switch's generation is its own claim's."""
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"role": "master", "generation": 2}))
+    away = Roles(str(path))
+    _held(away, 2)
+    away.stand_by()
+    away.connected()
+    assert away.reply(EQUAL, 2).request == RoleRequest(SLAVE, 3)
+    assert away.reply(SLAVE, 3) == Change() and away.granted == "backup"
+    Roles(str(path)).stand_by()  # `nfshunt role backup` while the controller is stopped ...
+    path.write_text(json.dumps({"role": "backup", "generation": 2}))
+    started = Roles(str(path), "master")  # ... which then starts from the file
+    started.connected()
+    assert started.reply(EQUAL, 2).request == RoleRequest(SLAVE, 3)
+    # Not its claim: another's, released already, a restarted switch's (none): a plain SLAVE.
+    for generation, asked in ((4, 4), (3, 3), (UNDEFINED_GENERATION, 2)):
+        other = Roles(str(path))
+        other.connected()
+        assert other.reply(EQUAL, generation).request == RoleRequest(SLAVE, asked)
+
+
 
 
 def test_a_takeover_claims_above_a_generation_the_backup_never_heard_of(tmp_path):
@@ -206,6 +314,24 @@ def test_role_without_a_controller_or_a_pair_to_record_it_in_fails_loudly(tmp_pa
     (tmp_path / "lib").write_text("")  # the state file's directory cannot be made
     assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 1
     assert "cannot be written" in capsys.readouterr().err
+
+
+def test_role_answered_by_a_controller_that_cannot_write_its_state_file_fails_saying_what_to_fix(
+        tmp_path, capsys, monkeypatch):
+    """The controller's answer carries it (a takeover waits for the write: no claim is made
+    with a generation the file lacks); the command fails, so keepalived's notify logs it."""
+    from nfshunt.app import control
+    from nfshunt.cli import main
+    roles = Roles(str(tmp_path / "file" / "pair.json"))
+    (tmp_path / "file").write_text("")
+    roles.take_over()
+    answered = {"ok": True, **roles.status(), "switch_connected": True}
+    monkeypatch.setattr(control, "request", lambda _socket, _payload: answered)
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "fix its path or permissions" in err and "does not claim" in err
+    answered["state_file_error"] = None
+    assert main(["role", "master", "--config", _pair_config(tmp_path)]) == 0
 
 
 def test_the_notify_script_finds_nfshunt_with_keepalived_minimal_path_or_fails_loudly(tmp_path):

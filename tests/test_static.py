@@ -171,8 +171,7 @@ def test_templated_flow_mods_are_byte_for_byte_os_kens_for_every_shape():
     entries[2].pop("dst_port")
     cfg = static_config(*entries)
     table = StaticTable(cfg, cfg.switches[0])
-    core = c.Core(cfg)
-    blocks = core.static.block(FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964), 0.0, 3600)[0].flows
+    blocks = table.block(FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964), 0.0, 3600)[0].flows
     plain, fast = builder(cfg), builder(cfg, templated=True)
     flows = [*table.flows.values(), *blocks]
     for _ in range(2):  # the second round from the cached templates
@@ -304,6 +303,36 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
     assert not any(isinstance(x, cmds.InstallStatic) for x in core.pin(outside, Action.BLOCK, 11))
     (remove,) = [x for x in core.pin(t, Action.IGNORE, 12) if isinstance(x, cmds.RemoveStatic)]
     assert set(remove.cookies) == {f.cookie for f in drops}
+
+
+def test_a_core_whose_switch_is_not_its_own_keeps_blocks_and_writes_them_only_when_it_is():
+    """Review s57/2 V5: a pair's backup (EQUAL before a grant, SLAVE, or a switch that refuses
+    roles), or a controller whose switch is away, made the static and address blocks' drops
+    anyway, and the dispatcher sent them to any connected switch. They are kept, and the
+    switch gets them once it is this controller's (switch_connected installs them)."""
+    import ipaddress
+    cfg = static_config(STREAM)
+    core = c.Core(cfg)
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)
+    net = ipaddress.ip_network("192.0.2.0/24")
+    on_switch = (cmds.InstallStatic, cmds.RemoveStatic, cmds.InstallAddressBlocks, cmds.RemoveAddressBlocks)
+
+    def flow_mods(out):
+        return [x for x in out if isinstance(x, on_switch)]
+    core.switch_connected(OFP13)
+    core.reconcile([], 0)
+    assert flow_mods(core.pin(t, Action.BLOCK, 1.0)) and flow_mods(core.block_address(net, 100.0, "ids/1"))
+    assert flow_mods(core.unblock_address(net, "ended")) and flow_mods(core.pin(t, Action.IGNORE, 2.0))
+    core.stand_by()  # no longer master (a pair's step-down; switch_disconnected likewise)
+    assert flow_mods(core.pin(t, Action.BLOCK, 3.0)) == [] and core.static.blocks
+    assert flow_mods(core.block_address(net, 200.0, "ids/2")) == [] and core.shared.address_blocks.flows
+    connected = core.switch_connected(OFP13)  # granted MASTER: what it kept goes in first
+    (install,) = [x for x in connected if isinstance(x, cmds.InstallStatic)]
+    assert {f.cookie for f in install.flows} >= set(core.static.blocks)
+    assert [x for x in connected if isinstance(x, cmds.InstallAddressBlocks)]
+    core.stand_by()
+    assert flow_mods(core.pin(t, Action.IGNORE, 4.0)) == [] and not core.static.blocks  # an unblock: kept too
+    assert flow_mods(core.unblock_address(net, "ended")) == [] and not core.shared.address_blocks.flows
 
 
 def test_a_flow_that_cannot_be_built_is_counted_and_named_and_the_other_streams_still_go_in(monkeypatch, caplog):

@@ -7,10 +7,13 @@ the rule's remaining lifetime as its hard timeout (the switch ends it on time ev
 the controller is down) and asks for a flow-removed, whose counters the rule's end
 reports. Installed at every connect, kept by reconcile, like the static flows. The flows
 themselves are address_flows.py's. Pure: the dispatcher sends the commands made here.
+A block or an unblock while the switch is not this controller's to program (away, or a
+pair's backup) is kept and makes no flow-mod: `connected` installs what is kept.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from nfshunt.config.static import Network
 from nfshunt.records import cookies
@@ -29,8 +32,10 @@ class Counts:
 class AddressBlocks:
     """One switch's address blocks, by prefix; the counters of flows the switch removed."""
 
-    def __init__(self, priority: int):
+    def __init__(self, priority: int, ours: Callable[[], bool] = lambda: True):
+        """ours: whether the switch is this controller's to program now (the core's)."""
         self.priority = priority
+        self.ours = ours
         self.flows: dict[Network, tuple[AddressFlow, AddressFlow]] = {}
         self.removed: dict[int, Counts] = {}  # by cookie: what a removed flow reported
 
@@ -52,11 +57,11 @@ class AddressBlocks:
         self.flows[net] = pair
         for f in pair:
             self.removed.pop(f.cookie, None)
-        return [InstallAddressBlocks(pair, reason)]
+        return [InstallAddressBlocks(pair, reason)] if self.ours() else []
 
     def unblock(self, net: Network, reason: str) -> list[Command]:
         pair = self.flows.pop(net, None)
-        if pair is None:
+        if pair is None or not self.ours():
             return []
         return [RemoveAddressBlocks(tuple(f.cookie for f in pair), tuple(f.describe() for f in pair), reason)]
 

@@ -44,8 +44,10 @@ class CoreState:
         # Connections refused for lack of room, oldest first; blocks go to the front.
         self.waiting: collections.OrderedDict[FlowTuple, ConnEvent] = collections.OrderedDict()
         self.pins = Pins()  # operator overrides by tuple (both directions): IGNORE (unshunt) or BLOCK
-        self.static = StaticTable(cfg, switch)  # engineered streams (static.py): not pairs, not in the budget
-        self.address_blocks = AddressBlocks(cfg.block_priority)  # an IDS's prefix drops (address_blocks.py)
+        # Engineered streams (static.py: not pairs, not in the budget) and an IDS's prefix drops
+        # (address_blocks.py): both make flow-mods only while the switch is ours (`programs`).
+        self.static = StaticTable(cfg, switch, self.programs)
+        self.address_blocks = AddressBlocks(cfg.block_priority, self.programs)
         # TCP shunts with one FIN caught: where a lost packet-in is looked for (teardown_sweep).
         self.half_closed = HalfClosed()
         self.closing = ClosingEntries()  # TCP entries seen closing, for events that omit the state
@@ -53,6 +55,10 @@ class CoreState:
         # The last tick's time: an event retried from the waiting queue carries the time it
         # was first heard, which a pin's pair must not take as now (pins.hard_timeout).
         self.now = 0.0
+
+    def programs(self) -> bool:
+        """The switch is this controller's to program now (connected; in a pair, granted MASTER)."""
+        return self.version is not None
 
     def remember(self, conn: Conn) -> None:
         """A new or adopted pair joins the table, with the entries it takes in this layout."""

@@ -1,6 +1,10 @@
 """One switch's static shunts as the core keeps them: the flows the config wants, their
 counters as last read, operators' and IDSs' blocks inside a stream; installed at connect, brought
 into agreement by the reconcile, changed by a reload as the difference only. No I/O.
+
+A block, an unblock or a routed flow's new next hop while the switch is not this
+controller's to program (away, or a pair's backup: EQUAL before a grant, SLAVE) is kept
+here and makes no flow-mod: `connected` installs what is kept when the switch is ours.
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ class StaticChange:
 class StaticTable:
     """One switch's static flows: what the config wants, and their counters as last read."""
 
-    def __init__(self, cfg: "Config", switch: "SwitchConfig"):
+    def __init__(self, cfg: "Config", switch: "SwitchConfig", ours: Callable[[], bool] = lambda: True):
+        """ours: whether the switch is this controller's to program now (the core's)."""
+        self.ours = ours
         self.flows = switch_flows(cfg, switch)
         self.index = StaticIndex.of(self.flows)
         self.counts: dict[int, Counts] = {}
@@ -106,7 +112,7 @@ class StaticTable:
         out.extend(RemoveStatic(tuple(f.cookie for f in flows), tuple(f.describe() for f in flows), why,
                                 "static_removed" if installed else "static_withheld")
                    for (why, installed), flows in gone.items())
-        return out
+        return out if self.ours() else []
 
     def _verdict(self, f: StaticFlow, answer: Answer, held_down: Callable[[NextHop, str], bool]) -> NextHop | str:
         """The next hop a routed flow may leave by, or why not: it must leave by the interface
@@ -132,7 +138,7 @@ class StaticTable:
                  if f.covers(u)]
         for f in flows:
             self.blocks[f.cookie] = (f, now + lifetime)
-        return [InstallStatic(tuple(flows), "blocked")] if flows else []
+        return [InstallStatic(tuple(flows), "blocked")] if flows and self.ours() else []
 
     def unblock(self, t: FlowTuple, reason: str) -> list[Command]:
         """An operator's unshunt, or the end of the IDS rule that blocked it, lifts the block
@@ -140,7 +146,9 @@ class StaticTable:
         gone = [f for f, _ in self.blocks.values() if _blocked(f) in (t, t.reversed())]
         for f in gone:
             del self.blocks[f.cookie]
-        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), reason)] if gone else []
+        if not gone or not self.ours():
+            return []
+        return [RemoveStatic(tuple(f.cookie for f in gone), tuple(f.describe() for f in gone), reason)]
 
     def expire(self, now: float) -> list[tuple[FlowTuple, float]]:
         """Blocks the switch's hard timeout has ended are forgotten; those it ends within

@@ -92,6 +92,8 @@ PLAIN = {
     "ids_lookup_failed": "Conntrack lookups of an IDS rule's connection that failed (the rule waits for its events)",
     "gc_full_collections": "Full garbage collections the controller made (collector.py: paced, not Python's own)",
     "role_demotions": "Times this controller stopped being MASTER (asked to, or another controller took over)",
+    "role_claims_withheld": "Claims of the switch not made because the pair's state file could not be written "
+                            "(tried again every role_check_interval; docs/pair.md)",
 }
 
 

@@ -45,6 +45,8 @@ class RoleLink:
             if sw.session is not None:  # what was queued for the switch is not ours to send any more
                 sw.session.disown(sw.switch)
             self.run(sw, sw.core.stand_by())
+        if change.withheld is not None:  # (roles.py logged it, once)
+            self.counters.inc("role_claims_withheld")
         if change.promoted and sw.session is not None:
             self.counters.inc("role_promotions")
             LOG.warning("master of switch %s with generation %d: programming it (defaults to this firewall, "
