@@ -54,6 +54,9 @@ R_PORTS_MOVED = "its entry's mark names other ports now"  # also the removal's r
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
+# What the policy decided in an entry read before a re-evaluation's clearing of the decisions
+# in the kernel ended: maybe the old policy's (policy_state.Clearing). A dump reads it again.
+R_DECIDED_BEFORE = "read before a re-evaluation cleared the decisions"
 # An entry in a conntrack zone that its ingress or egress port group does not carry (its
 # `vlans` and `untagged`; without them only zone 0, so e.g. an admin's own `-j CT --zone`
 # rule's): there is no tag to match or put back, and untagged flows would carry another
@@ -146,6 +149,8 @@ class Admission:
                 sh.pins.closed(ev)  # an operator's unshunt ends with its connection
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
+            if reason == R_DECIDED_BEFORE:
+                sh.clearing.ignored += 1  # (the re-evaluation's answer says how many)
             if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)
                 return [ResolveHops(ev, NextHopTable.wanted(ev)), ignored or Ignored(reason, ev)]
             if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)
@@ -299,6 +304,7 @@ class Admission:
         pins = self.shared.pins
         pin = pins.get(ev.orig) if pins else None
         idle, authority, hard = None, Authority.POLICY, 0
+        overridden = False  # a pin decided whatever the policy said: an operator's, an IDS's block
         if pin is not None and pin.server is not None and pin.server != (ev.orig.dst, ev.orig.dport):
             # An IDS shunt judged on the other end as the server (before the entry was
             # seen): this connection goes the other way round, outside what was judged.
@@ -313,6 +319,7 @@ class Admission:
             # (A pin at its end is not applied: an IDS rule's is released by its tick.)
             if pin.expires > now and (pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE):
                 # (an IDS's shunt only of what the policy accepted and left alone)
+                overridden = pin.source is None or pin.action is Action.BLOCK
                 if action is not pin.action:  # the pin, not the policy, decides: bounded by it
                     authority = Authority.OPERATOR if pin.source is None else Authority.IDS
                     hard = hard_timeout(pin.expires, now)
@@ -331,6 +338,10 @@ class Admission:
             return Ignored(R_CLOSING, ev)
         if not ev.orig.mirrors(ev.reply) and not self.shared.switch.experimental_routed:
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
+        if not overridden and ev.received < self.shared.clearing.since:
+            # The decision (or an IDS's shunt, which rests on it) may be an old policy's: a
+            # re-evaluation's clearing had not ended when the entry was read (policy_state.Clearing).
+            return Ignored(R_DECIDED_BEFORE, ev)
         return action, ingress, egress, idle, authority, hard, sides
 
     def _ports(self, ev: ConnEvent, mark: markcodec.Mark,
