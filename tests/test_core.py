@@ -1206,3 +1206,28 @@ def test_while_a_reevaluation_clears_the_decisions_only_a_pin_that_overrides_the
     assert types(core.conntrack_event(event(sport=1, ct_id=1, received=159.9))) == ["Ignored"]
     assert types(core.conntrack_event(event(sport=1, ct_id=1, received=160.0))) == ["InstallFlows"]
     assert core.clearing.ignored == 4  # (until the next re-evaluation begins)
+
+
+def test_a_withdrawn_decision_takes_down_what_rests_on_the_policy_and_not_what_a_pin_decided():
+    """An update or a dump of a pair's own entry with its decision cleared: the pair goes if
+    it rests on the policy (its own decision, or an IDS's shunt of what the policy left
+    alone); an IDS's block and an operator's decide whatever the policy said, and stay. Another
+    entry's (a different id), or a NEW one made on the tuple, says nothing of it."""
+    from nfshunt.core.pins import IdsHold
+    from nfshunt.records.cookies import Authority
+    core = connected()
+    ids_shunt_ev, ids_block_ev = event(sport=2, ct_id=2, action=0), event(sport=3, ct_id=3)
+    core.ids_pin(ids_shunt_ev.orig, IdsHold(cn.Action.SHUNT, "ids:zeek", until=700.0), 100.0)
+    core.ids_pin(ids_block_ev.orig, IdsHold(cn.Action.BLOCK, "ids:zeek", until=700.0), 100.0)
+    ids_shunt, ids_block = shunted(core, sport=2, ct_id=2, action=0), shunted(core, sport=3, ct_id=3)
+    shunt = shunted(core, sport=1, ct_id=1)
+    assert (ids_shunt.authority, ids_block.authority, shunt.authority) == (Authority.IDS,) * 2 + (Authority.POLICY,)
+    assert types(core.conntrack_event(event(sport=1, ct_id=9, action=None))) == ["DeleteConntrack", "Ignored"]
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, action=None, kind=EventKind.NEW))) == ["Ignored"]
+    assert shunt.state is cn.State.DRAINING
+    out = core.conntrack_event(event(sport=1, ct_id=1, action=None, kind=EventKind.DUMP))
+    assert types(out) == ["RestoreConntrack", "Ignored"] and out[1].reason == adm.R_WITHDRAWN
+    assert shunt.state is cn.State.TAKING_DOWN and shunt.remove_reason == adm.R_WITHDRAWN
+    assert types(core.conntrack_event(event(sport=2, ct_id=2, action=None))) == ["RestoreConntrack", "Ignored"]
+    assert types(core.conntrack_event(event(sport=3, ct_id=3, action=None))) == ["Ignored"]
+    assert ids_shunt.state is cn.State.TAKING_DOWN and ids_block.state in cn.ACTIVE

@@ -295,3 +295,55 @@ def test_reevaluate_an_old_decision_whose_entry_went_at_the_drain_leaves_no_shun
     assert rig.core.find(ct_id=97) is None and rig.flows(cookies.Kind.SHUNT) == []
     assert all(ct_id != 97 for _, ct_id in rig.worker.deleted)  # its entry kept, for the new policy to judge
 
+
+
+def test_reevaluate_an_old_decision_read_after_the_clearing_ended_goes_with_the_clearings_update():
+    """The listener reads the socket in order, but behind the worker: an update the kernel
+    sent before the clearing reached its entry can be read after the clearing ended (and
+    shunted). The clearing's own update of that entry comes right behind it: the entry the
+    pair holds (its conntrack id) says the policy's decision was withdrawn, and the pair is
+    handed back to the firewall, even once its entry went at the drain."""
+    from nfshunt.core.connection import State
+    from nfshunt.records import cookies, markcodec
+    from tests.support.rig import Rig, slow
+    rig = Rig(default_shunt_timeout=60)
+    cleared = _reevaluating(rig)
+    rig.advance(0.5)
+    cleared()
+    rig.advance(0.1)
+    late = rig.event(sport=41003, ct_id=96)  # read late: the old policy's shunt
+    assert late is not None
+    rig.advance(rig.core.switch.drain + 0.1)
+    assert late.state is State.LIVE and late.entry_deleted
+    rig.event(sport=41003, ct_id=96, action=None)  # the clearing's update, right behind it
+    assert late.state is State.TAKING_DOWN
+    (restore,) = [r for r in rig.worker.restores if r.orig == late.orig]
+    assert restore.mark == late.mark & ~markcodec.DECISION_MASK
+    rig.kernel_answers()
+    assert rig.core.find(ct_id=96) is None and rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, late)
+    assert rig.counters.flat()["removed:shunt:its decision was withdrawn"] == 1
+
+
+def test_a_decision_cleared_by_hand_takes_the_policys_shunt_down_and_not_an_operators_block():
+    """An admin's `conntrack -U --mark` clearing an entry's decision: the policy's shunt on
+    it goes back to the firewall (its next packet is judged again); an operator's block is
+    the operator's, not the policy's, and stays. A new entry made on a shunt's tuple with
+    its id (the kernel reuses ids) says nothing about the shunt's own decision."""
+    from nfshunt.core.connection import Action, State
+    from nfshunt.records.cookies import Authority
+    from nfshunt.records.model import EventKind
+    from tests.support.rig import Rig, shunted
+    rig = Rig(default_shunt_timeout=60, default_block_timeout=60)
+    shunt = shunted(rig, sport=41004, ct_id=95)
+    rig.event(sport=41004, ct_id=95, action=None, kind=EventKind.NEW)  # (a new entry's)
+    assert shunt.state is State.LIVE
+    rig.event(sport=41004, ct_id=95, action=None)
+    assert shunt.state is State.TAKING_DOWN
+    other = shunted(rig, sport=41005, ct_id=94)
+    assert rig.control({"cmd": "block", "tuple": str(other.orig)})["ok"]
+    rig.kernel_answers()
+    block = rig.event(sport=41005, ct_id=93)  # its entry made again, read by the dump the block asked for
+    rig.advance(rig.core.switch.drain)
+    assert (block.action, block.authority, block.state) == (Action.BLOCK, Authority.OPERATOR, State.LIVE)
+    rig.event(sport=41005, ct_id=93, action=None)
+    assert block.state is State.LIVE and rig.core.find(ct_id=93) is block

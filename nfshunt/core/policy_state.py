@@ -128,7 +128,10 @@ class Clearing:
     outlive the re-evaluation: the kernel's clearing of its entry comes as an update of a
     held pair, or not at all once the pair's drain deleted the entry. So what the policy
     decided in an entry read before the clearing ended is not acted on (admission.decide);
-    once it has ended, a dump reads every entry again."""
+    once it has ended, a dump reads every entry again. An update the kernel sent before the
+    clearing reached its entry but the listener read after it ended is followed by the
+    clearing's own update of that entry, which takes the pair down (admission: its decision
+    withdrawn)."""
     __slots__ = ("going", "since", "ignored")
 
     def __init__(self) -> None:
