@@ -644,6 +644,8 @@ def reevaluate(cfg: Config) -> int:
         return _fail(f"policy applied, but the controller could not re-evaluate: {reply['error']} ({reason})")
     print(f"existing connections sent back through the new policy: {reply.get('removed', 0)} shunts and blocks"
           f" taken down, decisions cleared on {reply.get('cleared', 0)} conntrack entries"
+          + (f"; {reply['ignored_meanwhile']} decisions read while they were cleared not acted on (a dump reads"
+             " every entry again)" if reply.get("ignored_meanwhile") else "")
           + ("" if reply.get("switch_connected", True) else " (switch away: its flows go when it returns)"))
     return 0 if not reply.get("clear_failed") else EXIT_FAILED
 

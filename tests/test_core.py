@@ -1212,3 +1212,59 @@ def test_a_pair_whose_entry_s_mark_names_other_ports_goes_and_its_event_is_judge
     assert (again.conn.ingress.physdevin, again.conn.egress.physdevin) == (1, 2)
     same = event(egress=2, received=104.0)  # its own ports: a duplicate, as before
     assert [x.reason for x in core.conntrack_event(same)] == [adm.R_DUPLICATE]
+
+
+def test_while_a_reevaluation_clears_the_decisions_only_a_pin_that_overrides_the_policy_is_acted_on():
+    """policy_state.Clearing: until the kernel's clearing ends, what the policy decided in an
+    entry may be the old policy's: neither a policy's shunt or block nor an IDS's shunt
+    (applied only to what the policy left alone) is installed. An operator's block and an
+    IDS's block decide whatever the policy said, and are. Once the clearing ends, an entry
+    read before its end still is not acted on; one read after is, and a dump is asked."""
+    from nfshunt.core.pins import IdsHold
+    from nfshunt.records.cookies import Authority
+    core = connected()
+    core.clearing.begin()
+    (ignored,) = core.conntrack_event(event(sport=1, ct_id=1))
+    assert ignored.reason == adm.R_DECIDED_BEFORE
+    ids_shunt = event(sport=2, ct_id=2, action=0)
+    core.ids_pin(ids_shunt.orig, IdsHold(cn.Action.SHUNT, "ids:zeek", until=700.0), 100.0)
+    assert [x.reason for x in core.conntrack_event(ids_shunt)] == [adm.R_DECIDED_BEFORE]
+    ids_block, operator_block = event(sport=3, ct_id=3), event(sport=4, ct_id=4)
+    core.ids_pin(ids_block.orig, IdsHold(cn.Action.BLOCK, "ids:zeek", until=700.0), 100.0)
+    core.pin(operator_block.orig, cn.Action.BLOCK, 100.0)
+    (a,), (b,) = core.conntrack_event(ids_block), core.conntrack_event(operator_block)
+    assert (a.conn.action, a.conn.authority, b.conn.action, b.conn.authority) == \
+        (cn.Action.BLOCK, Authority.IDS, cn.Action.BLOCK, Authority.OPERATOR)
+    assert core.clearing.ignored == 2
+    core.clearing.begin()  # a second re-evaluation while the first clears
+    assert core.clearing.end(150.0) == []  # (the first's: the second's still goes on)
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, received=151.0))) == ["Ignored"]
+    assert types(core.clearing.end(160.0)) == ["ResyncConntrack"]
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, received=159.9))) == ["Ignored"]
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, received=160.0))) == ["InstallFlows"]
+    assert core.clearing.ignored == 4  # (until the next re-evaluation begins)
+
+
+def test_a_withdrawn_decision_takes_down_what_rests_on_the_policy_and_not_what_a_pin_decided():
+    """An update or a dump of a pair's own entry with its decision cleared: the pair goes if
+    it rests on the policy (its own decision, or an IDS's shunt of what the policy left
+    alone); an IDS's block and an operator's decide whatever the policy said, and stay. Another
+    entry's (a different id), or a NEW one made on the tuple, says nothing of it."""
+    from nfshunt.core.pins import IdsHold
+    from nfshunt.records.cookies import Authority
+    core = connected()
+    ids_shunt_ev, ids_block_ev = event(sport=2, ct_id=2, action=0), event(sport=3, ct_id=3)
+    core.ids_pin(ids_shunt_ev.orig, IdsHold(cn.Action.SHUNT, "ids:zeek", until=700.0), 100.0)
+    core.ids_pin(ids_block_ev.orig, IdsHold(cn.Action.BLOCK, "ids:zeek", until=700.0), 100.0)
+    ids_shunt, ids_block = shunted(core, sport=2, ct_id=2, action=0), shunted(core, sport=3, ct_id=3)
+    shunt = shunted(core, sport=1, ct_id=1)
+    assert (ids_shunt.authority, ids_block.authority, shunt.authority) == (Authority.IDS,) * 2 + (Authority.POLICY,)
+    assert types(core.conntrack_event(event(sport=1, ct_id=9, action=None))) == ["DeleteConntrack", "Ignored"]
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, action=None, kind=EventKind.NEW))) == ["Ignored"]
+    assert shunt.state is cn.State.DRAINING
+    out = core.conntrack_event(event(sport=1, ct_id=1, action=None, kind=EventKind.DUMP))
+    assert types(out) == ["RestoreConntrack", "Ignored"] and out[1].reason == adm.R_WITHDRAWN
+    assert shunt.state is cn.State.TAKING_DOWN and shunt.remove_reason == adm.R_WITHDRAWN
+    assert types(core.conntrack_event(event(sport=2, ct_id=2, action=None))) == ["RestoreConntrack", "Ignored"]
+    assert types(core.conntrack_event(event(sport=3, ct_id=3, action=None))) == ["Ignored"]
+    assert ids_shunt.state is cn.State.TAKING_DOWN and ids_block.state in cn.ACTIVE

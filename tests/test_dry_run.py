@@ -127,6 +127,20 @@ def _ids_server():
     return core, ev
 
 
+def _decided_before():
+    """A re-evaluation's clearing of the kernel's decisions going on (policy_state.Clearing)."""
+    core = connected()
+    core.clearing.begin()
+    return core, event()
+
+
+def _withdrawn():
+    """A live shunt's entry with its decision cleared (a re-evaluation's clearing, or by hand)."""
+    core = connected()
+    live(core, event())
+    return core, event(action=None)
+
+
 def _vlan():
     return connected(), event(zone=100)
 
@@ -205,6 +219,7 @@ SCENES = {adm.R_UNMARKED: _unmarked, adm.R_INCOMPLETE: _incomplete, adm.R_UNKNOW
           adm.R_NO_SWITCH: _no_switch, adm.R_BACKUP: _backup, adm.R_IPV6_OF10: _ipv6_of10,
           adm.R_DUPLICATE: _duplicate, adm.R_QUEUED: _queued, adm.R_BUDGET: _budget, adm.R_PINNED: _pinned,
           adm.R_NAT: _nat, adm.R_ID_COLLISION: _id_collision, adm.R_IDS_SERVER: _ids_server,
+          adm.R_DECIDED_BEFORE: _decided_before, adm.R_WITHDRAWN: _withdrawn,
           adm.R_VLAN: _vlan, adm.R_ROUTED: _routed, adm.R_HOP_UNKNOWN: _hop_unknown,
           adm.R_HOP_ELSEWHERE: _hop_elsewhere, adm.R_NO_ROUTE: _hop_answered(adm.R_NO_ROUTE),
           adm.R_BLACKHOLE: _hop_answered(adm.R_BLACKHOLE), adm.R_UNRESOLVED: _hop_answered(adm.R_UNRESOLVED),

@@ -192,3 +192,18 @@ def test_a_missing_sub_interface_says_how_to_make_it():
     del links["eth1.301"]
     assert _problems(links) == ["interface eth1.301 does not exist: create it (ip link add link eth1 name eth1.301 "
                                 "type vlan id 301) or fix ports[1].vlans[].bridge_port"]
+
+
+def test_apply_says_how_many_decisions_read_during_the_clearing_were_not_acted_on(monkeypatch, capsys):
+    """`iptables apply --policy` asks the running controller to re-evaluate: its answer's
+    counts are printed, with the decisions it did not act on while the kernel cleared them."""
+    from nfshunt.app import control
+    replies = [{"ok": True, "removed": 3, "cleared": 40, "clear_failed": 0, "ignored_meanwhile": 2},
+               {"ok": True, "removed": 0, "cleared": 5, "clear_failed": 0, "ignored_meanwhile": 0}]
+    monkeypatch.setattr(control, "request", lambda _path, _req, timeout: replies.pop(0))
+    cfg = config(control_socket="/run/nfshunt/control.sock")
+    assert iptables.reevaluate(cfg) == 0
+    assert "3 shunts and blocks taken down, decisions cleared on 40 conntrack entries; 2 decisions read while " \
+           "they were cleared not acted on (a dump reads every entry again)" in capsys.readouterr().out
+    assert iptables.reevaluate(cfg) == 0
+    assert "not acted on" not in capsys.readouterr().out

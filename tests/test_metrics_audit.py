@@ -189,3 +189,22 @@ def test_a_restore_runs_its_callback_whatever_the_write_did_and_is_written_as_a_
     worker._send_batch = refused
     worker._requests([item])
     assert calls == ["done", "done"]
+
+
+def test_a_clearing_of_the_marks_is_answered_whatever_it_meets_and_its_failure_counted(monkeypatch):
+    """A re-evaluation acts on no decision of the policy's until the kernel's clearing of
+    them is answered (operator_api.reevaluate): a failure other than the kernel's refusal
+    must not leave it unanswered for ever. It is still counted as the worker's failure."""
+    from nfshunt.kernel import worker as wk
+    failed = []
+    worker = wk.ConntrackWorker(on_dump=lambda events: None, on_malformed=lambda what: None,
+                                on_failed=lambda: failed.append(1))
+
+    def broken(_mask, _on_malformed):
+        raise ValueError("a message no one expected")
+    monkeypatch.setattr(wk, "clear_marks", broken)
+    answers = []
+    worker.start()
+    worker.clear_marks(0x100F0000, lambda *answer: answers.append(answer))
+    worker.stop()
+    assert answers == [(0, 0, "internal error: ValueError: a message no one expected")] and failed == [1]

@@ -1,5 +1,7 @@
 """The operator API over several switches: a status request asks every connected switch
-for its flows and is answered once all have replied or gone; take-downs act on all."""
+for its flows and is answered once all have replied or gone; take-downs act on all. On the
+rig: the operator's requests through the app's event loop, and a re-evaluation against what
+the kernel says while it clears the decisions."""
 import dataclasses
 import os
 import threading
@@ -194,3 +196,154 @@ def test_reevaluate_clears_the_decisions_hands_every_pair_back_and_records_the_p
     assert slow(rig, tcp) and not rig.packet(FAST_A, block.orig).dropped and not rig.core.by_key
     assert rig.event(sport=45020, ct_id=1, action=0) is None and slow(rig, tcp)  # the new policy ignores it
     assert rig.counters.flat()["removed:shunt:policy changed"] == 1
+
+
+# --- a re-evaluation against what the kernel says meanwhile -------------------------------------
+# The flush takes every pair down at once; clearing the decisions in the kernel walks the whole
+# conntrack table on the worker's thread (seconds for a big one). What the event loop reads
+# meanwhile (the listener's backlog, a dump's entries) may carry the old policy's decision: it
+# must not put a shunt on the switch that outlives the re-evaluation (V5 of session 57's review).
+
+def _reevaluating(rig):
+    """A re-evaluation asked for, its clearing of the kernel's decisions still going on: the
+    function that ends it (the worker's answer, then the event loop's turn) and returns the reply."""
+    from nfshunt.app.operator_api import EventControl
+    pending = []
+    rig.app.worker.clear_marks = lambda _mask, done: pending.append(done)
+    ev = EventControl({"cmd": "reevaluate", "reason": "policy changed"})
+    rig.post(ev)
+    rig.pump()
+    assert len(pending) == 1
+
+    def cleared(done=1):
+        pending.pop()(done, 0, None)  # (on the worker's thread, in production)
+        rig.pump()
+        assert ev.done.is_set() and ev.reply["ok"], ev.reply
+        return ev.reply
+    return cleared
+
+
+def _ignored_before_cleared(rig):
+    from nfshunt.core.admission import R_DECIDED_BEFORE
+    return rig.counters.flat().get(f"ignored:{R_DECIDED_BEFORE}", 0)
+
+
+def test_reevaluate_an_event_of_the_listeners_backlog_decided_by_the_old_policy_is_not_shunted():
+    """The listener's backlog at the flush: an update the kernel sent before the clearing
+    reached its entry, its decision the old policy's. Shunted then, the kernel's clearing of
+    the entry (an update with the decision bits cleared) was ignored as a duplicate and the
+    shunt stayed. Nothing the policy decided is admitted until the clearing is done; the dump
+    asked once it is reads every entry again, and shunts what the new policy decided."""
+    from nfshunt.records import cookies
+    from nfshunt.records.model import EventKind
+    from tests.support.rig import Rig
+    rig = Rig(default_shunt_timeout=60)
+    rig.advance(1)
+    cleared = _reevaluating(rig)
+    old = rig.event(sport=41000, ct_id=99)  # marked shunt by the old policy
+    assert old is None and rig.flows(cookies.Kind.SHUNT) == []
+    rig.advance(rig.core.switch.drain)
+    assert rig.event(sport=41000, ct_id=99, action=None) is None  # the kernel clears its decision
+    dumps = rig.worker.dumps
+    reply = cleared()
+    assert rig.core.find(ct_id=99) is None and rig.flows(cookies.Kind.SHUNT) == []
+    assert _ignored_before_cleared(rig) == 1 and reply["ignored_meanwhile"] == 1
+    assert rig.worker.dumps == dumps + 1  # what the new policy decided meanwhile is read again
+    new = rig.event(sport=41000, ct_id=99, kind=EventKind.DUMP)  # that dump: the new policy shunts it
+    assert new is not None and new.ct_id == 99 and len(rig.flows(cookies.Kind.SHUNT)) == 2
+
+
+def test_reevaluate_a_dump_read_before_the_clearing_ended_and_fed_after_it_is_not_shunted():
+    """A dump (a reconnect's resync, an overflow's) is read on the worker's thread, the
+    clearing's too, but fed to the event loop in slices on a thread of its own: an entry
+    read before the clearing ended may reach the loop after it, its decision the old
+    policy's. It is ignored (counted); the dump asked after the clearing reads it again."""
+    from nfshunt.records import cookies
+    from nfshunt.records.model import EventKind
+    from nfshunt.switch.feeds import EventConntrack
+    from tests.helpers import event
+    from tests.support.rig import Rig
+    rig = Rig(default_shunt_timeout=60)
+    cleared = _reevaluating(rig)
+    stale = event(sport=41001, ct_id=98, kind=EventKind.DUMP, received=rig.now)  # read before the clearing ended
+    rig.advance(0.5)
+    cleared()
+    rig.app.feeds.hand_over(EventConntrack([stale], dump=True))  # its slice, fed after
+    rig.pump()
+    assert rig.core.find(ct_id=98) is None and rig.flows(cookies.Kind.SHUNT) == []
+    assert _ignored_before_cleared(rig) == 1
+    fresh = event(sport=41001, ct_id=98, kind=EventKind.DUMP, received=rig.now)  # the dump after the clearing
+    rig.app.feeds.hand_over(EventConntrack([fresh], dump=True))
+    rig.pump()
+    assert rig.core.find(ct_id=98) is not None and len(rig.flows(cookies.Kind.SHUNT)) == 2
+
+
+def test_reevaluate_an_old_decision_whose_entry_went_at_the_drain_leaves_no_shunt():
+    """Shunted from the backlog while the clearing went on, a pair's entry is deleted at its
+    drain: the clearing finds no entry, and no event comes to take the shunt down. The
+    event is not admitted at all, so no entry is deleted and nothing is left on the switch."""
+    from nfshunt.records import cookies
+    from tests.support.rig import Rig
+    rig = Rig(default_shunt_timeout=60)
+    rig.advance(1)
+    cleared = _reevaluating(rig)
+    rig.event(sport=41002, ct_id=97)  # the old policy's shunt
+    rig.advance(rig.core.switch.drain + 1)
+    cleared()
+    rig.advance(1)
+    rig.kernel_answers()
+    assert rig.core.find(ct_id=97) is None and rig.flows(cookies.Kind.SHUNT) == []
+    assert all(ct_id != 97 for _, ct_id in rig.worker.deleted)  # its entry kept, for the new policy to judge
+
+
+
+def test_reevaluate_an_old_decision_read_after_the_clearing_ended_goes_with_the_clearings_update():
+    """The listener reads the socket in order, but behind the worker: an update the kernel
+    sent before the clearing reached its entry can be read after the clearing ended (and
+    shunted). The clearing's own update of that entry comes right behind it: the entry the
+    pair holds (its conntrack id) says the policy's decision was withdrawn, and the pair is
+    handed back to the firewall, even once its entry went at the drain."""
+    from nfshunt.core.connection import State
+    from nfshunt.records import cookies, markcodec
+    from tests.support.rig import Rig, slow
+    rig = Rig(default_shunt_timeout=60)
+    cleared = _reevaluating(rig)
+    rig.advance(0.5)
+    cleared()
+    rig.advance(0.1)
+    late = rig.event(sport=41003, ct_id=96)  # read late: the old policy's shunt
+    assert late is not None
+    rig.advance(rig.core.switch.drain + 0.1)
+    assert late.state is State.LIVE and late.entry_deleted
+    rig.event(sport=41003, ct_id=96, action=None)  # the clearing's update, right behind it
+    assert late.state is State.TAKING_DOWN
+    (restore,) = [r for r in rig.worker.restores if r.orig == late.orig]
+    assert restore.mark == late.mark & ~markcodec.DECISION_MASK
+    rig.kernel_answers()
+    assert rig.core.find(ct_id=96) is None and rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, late)
+    assert rig.counters.flat()["removed:shunt:its decision was withdrawn"] == 1
+
+
+def test_a_decision_cleared_by_hand_takes_the_policys_shunt_down_and_not_an_operators_block():
+    """An admin's `conntrack -U --mark` clearing an entry's decision: the policy's shunt on
+    it goes back to the firewall (its next packet is judged again); an operator's block is
+    the operator's, not the policy's, and stays. A new entry made on a shunt's tuple with
+    its id (the kernel reuses ids) says nothing about the shunt's own decision."""
+    from nfshunt.core.connection import Action, State
+    from nfshunt.records.cookies import Authority
+    from nfshunt.records.model import EventKind
+    from tests.support.rig import Rig, shunted
+    rig = Rig(default_shunt_timeout=60, default_block_timeout=60)
+    shunt = shunted(rig, sport=41004, ct_id=95)
+    rig.event(sport=41004, ct_id=95, action=None, kind=EventKind.NEW)  # (a new entry's)
+    assert shunt.state is State.LIVE
+    rig.event(sport=41004, ct_id=95, action=None)
+    assert shunt.state is State.TAKING_DOWN
+    other = shunted(rig, sport=41005, ct_id=94)
+    assert rig.control({"cmd": "block", "tuple": str(other.orig)})["ok"]
+    rig.kernel_answers()
+    block = rig.event(sport=41005, ct_id=93)  # its entry made again, read by the dump the block asked for
+    rig.advance(rig.core.switch.drain)
+    assert (block.action, block.authority, block.state) == (Action.BLOCK, Authority.OPERATOR, State.LIVE)
+    rig.event(sport=41005, ct_id=93, action=None)
+    assert block.state is State.LIVE and rig.core.find(ct_id=93) is block

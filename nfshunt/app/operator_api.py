@@ -1,7 +1,7 @@
-"""The operator API: what the control socket's requests do (status, flush, reevaluate,
-unshunt, block, ids_remove: an IDS's rule taken out; reload: reloading.py), answered on
-the app's event loop. The app hands each request over (EventControl) and lends this class
-its state; nothing here talks to a socket.
+"""The operator API: what the control socket's requests do (status, flush, reevaluate:
+reevaluation.py, unshunt, block, ids_remove: an IDS's rule taken out; reload:
+reloading.py), answered on the app's event loop. The app hands each request over
+(EventControl) and lends this class its state; nothing here talks to a socket.
 
 With several switches every request concerns all of them: status reads each connected
 switch's flows and answers once all have replied (or gone); flush, reevaluate, unshunt
@@ -27,13 +27,13 @@ from nfshunt.ids.backend import IdsBackend
 from nfshunt.kernel.worker import ConntrackWorker
 from nfshunt.observe.accounting import conn_fields
 from nfshunt.observe.metrics import Counters
-from nfshunt.records import markcodec
 from nfshunt.records.model import FlowTuple, SwitchFlow, openflow_label
 from nfshunt.switch.switch import Switch
 
 from . import pin_file, top
 from .control import parse_tuple
 from .explain import Explain, Gathered, by_next_hop, finish, gather, hops_json
+from .reevaluation import Cleared, Reevaluation
 from .reloading import Reloader
 from .target import parse_target
 
@@ -138,6 +138,7 @@ class Controller(Protocol):
     worker: ConntrackWorker
     policy: PolicyWatch
     ids: IdsBackend | None
+    clock: Callable[[], float]  # monotonic: the app's (a rig's own)
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands and send what they make (then a barrier
@@ -156,6 +157,7 @@ class OperatorAPI:
         self.explainer = Explain(app)
         self.sampler = top.TopSampler()
         self.reloader = Reloader(app, self._post)
+        self.reevaluation = Reevaluation(app, self._post)
 
     def _post(self, request: dict[str, Any], context: Any) -> EventControl:
         ev = EventControl(request, context)
@@ -218,8 +220,10 @@ class OperatorAPI:
                 self.counters.add("operator", "flush")
                 LOG.warning("operator flush (%s): taking down %d shunts and blocks", reason, removed)
                 ev.answer({"ok": True, "removed": removed, "switch_connected": self._connected()})
+            case "reevaluate" if isinstance(ev.context, Cleared):  # (the kernel's part done)
+                self.reevaluation.cleared(ev.context)
             case "reevaluate":
-                self.reevaluate(ev, str(req.get("reason") or "policy changed"), now)
+                self.reevaluation.begin(req, ev.answer, str(req.get("reason") or "policy changed"), now)
             case "unshunt" | "block":
                 self.pin(ev, cmd, req, now)
             case "ids_remove":
@@ -358,25 +362,6 @@ class OperatorAPI:
         LOG.warning("operator: role %s (generation %d; was %s)", role, roles.generation, was or "nothing granted")
         self.app.role_change(sw, change)
         ev.answer({"ok": True, **roles.status(), "switch_connected": sw.session is not None})
-
-    def reevaluate(self, ev: EventControl, reason: str, now: float) -> None:
-        """A new policy: every connection is judged again. Decided marks are cleared in
-        the kernel (the next packet of each entry crosses NFSHUNT_POLICY); every shunt and
-        block is taken down, a TCP one after its entry is re-created so it goes on through
-        the firewall without a stall. Answered once the kernel has done its part."""
-        removed = self._each(lambda sw: sw.core.flush(reason, now))
-        self.counters.add("operator", "reevaluate")
-        LOG.warning("re-evaluating every connection (%s): taking down %d shunts and blocks", reason, removed)
-        connected = self._connected()
-
-        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
-            if error is not None:
-                ev.answer({"error": f"could not clear the decision marks: {error}"})
-            else:
-                self.app.policy.reevaluated()  # the pairs from now on are the new policy's
-                ev.answer({"ok": True, "removed": removed, "cleared": cleared, "clear_failed": failed,
-                           "switch_connected": connected})
-        self.app.worker.clear_marks(markcodec.DECISION_MASK, done)
 
     def _each(self, take_down: Callable[[Switch], list[c.Command]]) -> int:
         """Run a take-down on every switch's core; how many pairs it took down."""

@@ -21,6 +21,7 @@ from . import nat, routing
 from .commands import Command, DeleteConntrack, Ignored, InstallFlows, ResolveHops
 from .connection import ACTIVE, CT_TCP_CLOSE, Action, Conn, State, closed_on_firewall
 from .layout import goes_to_pipeline
+from .overrides import follows_policy
 from .pins import hard_timeout
 from .routing import NextHopTable
 from .state import CoreState
@@ -54,6 +55,13 @@ R_PORTS_MOVED = "its entry's mark names other ports now"  # also the removal's r
 R_ID_COLLISION = "conntrack id of a live pair"
 R_CLOSED_ON_FIREWALL = "tcp closed on the firewall"  # also the removal's reason
 R_IDS_SERVER = "ids shunt: not the server it was judged on"
+# What the policy decided in an entry read before a re-evaluation's clearing of the decisions
+# in the kernel ended: maybe the old policy's (policy_state.Clearing). A dump reads it again.
+R_DECIDED_BEFORE = "read before a re-evaluation cleared the decisions"
+# The entry a pair holds has had its decision cleared (a re-evaluation's clearing read late,
+# or an admin's `conntrack -U --mark`): the pair goes, its connection judged again. Also the
+# removal's reason.
+R_WITHDRAWN = "its decision was withdrawn"
 # An entry in a conntrack zone that its ingress or egress port group does not carry (its
 # `vlans` and `untagged`; without them only zone 0, so e.g. an admin's own `-j CT --zone`
 # rule's): there is no tag to match or put back, and untagged flows would carry another
@@ -88,6 +96,7 @@ class Act(enum.Enum):
     TAKE_DOWN = "take down"  # a shunt whose entry closed on the firewall
     NAT_GONE = "nat entry gone"  # the DESTROY of the entry a NAT pair keeps: the pair goes
     MOVED = "ports moved"  # its entry's mark names other ports: the pair goes, the event waits for it
+    WITHDRAWN = "withdrawn"  # its entry's decision was cleared: the pair goes
     QUEUE = "queue"  # waits for the pair being taken down on its tuple
     WAIT = "wait"  # decided, no room (budget, id slots): waits on the slow path
     EVICT = "evict"  # a block that takes the newest shunt's room, installed
@@ -96,7 +105,7 @@ class Act(enum.Enum):
 
 # The members as module names: the per-event checks below read them (an Enum member read
 # from its class is a slow attribute lookup, several an event).
-IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, NAT_GONE, MOVED, QUEUE, WAIT, EVICT, INSTALL = Act
+IGNORE, FORGET, DELETE_STALE, TAKE_DOWN, NAT_GONE, MOVED, WITHDRAWN, QUEUE, WAIT, EVICT, INSTALL = Act
 
 
 
@@ -116,6 +125,7 @@ _new_verdict = tuple.__new__  # Verdict(...) goes through a Python-level __new__
 
 
 _BOTH_PORTS = markcodec.FLAG_INGRESS | markcodec.FLAG_EGRESS
+_DECIDED = markcodec.FLAG_DECIDED
 
 
 def _moved(conn: Conn, mark: int) -> bool:
@@ -126,12 +136,34 @@ def _moved(conn: Conn, mark: int) -> bool:
             (mark & markcodec.EGRESS_MASK) >> markcodec.EGRESS_SHIFT) != conn.ports
 
 
+def _withdrawn(conn: Conn, ev: ConnEvent) -> bool:
+    """Whether an update (or a dump) of the entry a pair holds says the decision the pair
+    rests on was cleared: a re-evaluation's clearing (its update read after a shunt the
+    listener read late: policy_state.Clearing), or an admin's `conntrack -U --mark`. A NEW
+    event is another entry made on the tuple (the kernel reuses ids), not the pair's."""
+    return not ev.mark & _DECIDED and conn.mark & _DECIDED != 0 and ev.kind is not EventKind.NEW \
+        and follows_policy(conn)
+
+
 def _entry_outlived_adoption(conn: Conn) -> bool:
     """An event of the entry of an adopted pair: a pair's entry is taken as deleted by the
     run that installed it, and this one is still there (a first install whose barrier reply
     a disconnect lost, forgotten and then found on the switch; a controller stopped during a
     pair's drain). The switch carries the connection: the entry goes, as a stale one."""
     return conn.adopted and conn.entry_deleted and conn.state is State.LIVE
+
+
+def _of_held(existing: Conn, ev: ConnEvent) -> Verdict:
+    """An event of a held pair's tuple, the pair not being taken down: news of its own entry
+    (moved, its decision withdrawn, an adopted pair's entry still there), or a duplicate."""
+    own = existing.entry == ev.ct_id
+    if own and _moved(existing, ev.mark):
+        return _new_verdict(Verdict, (MOVED, R_PORTS_MOVED, existing, None, 0, None))
+    if own and not ev.mark & _DECIDED and _withdrawn(existing, ev):
+        return _new_verdict(Verdict, (WITHDRAWN, R_WITHDRAWN, existing, None, 0, None))
+    if _entry_outlived_adoption(existing):
+        return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
+    return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
 
 
 def created_by(conn: Conn) -> ConnEvent:
@@ -154,18 +186,22 @@ class Admission:
                 sh.pins.closed(ev)  # an operator's unshunt ends with its connection
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
+            if reason == R_DECIDED_BEFORE:
+                sh.clearing.ignored += 1  # (the re-evaluation's answer says how many)
             if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)
                 return [ResolveHops(ev, NextHopTable.wanted(ev)), ignored or Ignored(reason, ev)]
             if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)
                 sh.next_hops.wait(ev, ev.received)
             return [ignored or Ignored(reason, ev)]
-        if act is MOVED and conn is not None:
-            # The egress a flooded first packet's copy recorded, set right by the connection's
+        if (act is MOVED or act is WITHDRAWN) and conn is not None:
+            # MOVED: the egress a flooded first packet's copy recorded, set right by the connection's
             # reply (iptables.py): the pair sends the connection to the wrong group's port.
-            conn.mark = ev.mark  # (the hand-back writes the entry's ports as they are now)
-            down = sh.conns.take_down(conn, R_PORTS_MOVED, ev.received)
-            conn.resume = ev  # judged again once the pair is gone
-            return [*down, Ignored(R_PORTS_MOVED, ev)]
+            # WITHDRAWN: the decision the pair rests on is gone from its entry.
+            conn.mark = ev.mark  # (the hand-back writes the entry's mark as it is now)
+            down = sh.conns.take_down(conn, reason, ev.received)
+            if act is MOVED:
+                conn.resume = ev  # judged again once the pair is gone (WITHDRAWN: by its next packet)
+            return [*down, Ignored(reason, ev)]
         if act is NAT_GONE and conn is not None:
             down = sh.conns.take_down(conn, nat.R_NAT_ENTRY_GONE, ev.received)
             return [*down, Ignored(R_DESTROY, ev)]
@@ -236,11 +272,7 @@ class Admission:
                     and existing.state is not State.TAKING_DOWN:
                 return _new_verdict(Verdict, (TAKE_DOWN, R_CLOSING, existing, None, 0, None))
             if existing.state is not State.TAKING_DOWN:
-                if existing.entry == ev.ct_id and _moved(existing, ev.mark):
-                    return _new_verdict(Verdict, (MOVED, R_PORTS_MOVED, existing, None, 0, None))
-                if _entry_outlived_adoption(existing):
-                    return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
-                return _new_verdict(Verdict, (IGNORE, R_DUPLICATE, existing, None, 0, None))
+                return _of_held(existing, ev)
         decided = self.decide(ev, closing)
         if existing is None and not isinstance(decided, Ignored) and (sh.version is None or not sh.reconciled):
             # (before a routed shunt's next hops: a backup, or a controller whose switch is
@@ -309,6 +341,7 @@ class Admission:
         pins = self.shared.pins
         pin = pins.get(ev.orig) if pins else None
         idle, authority, hard = None, Authority.POLICY, 0
+        overridden = False  # a pin decided whatever the policy said: an operator's, an IDS's block
         if pin is not None and pin.server is not None and pin.server != (ev.orig.dst, ev.orig.dport):
             # An IDS shunt judged on the other end as the server (before the entry was
             # seen): this connection goes the other way round, outside what was judged.
@@ -323,6 +356,7 @@ class Admission:
             # (A pin at its end is not applied: an IDS rule's is released by its tick.)
             if pin.expires > now and (pin.source is None or pin.action is Action.BLOCK or action is Action.IGNORE):
                 # (an IDS's shunt only of what the policy accepted and left alone)
+                overridden = pin.source is None or pin.action is Action.BLOCK
                 if action is not pin.action:  # the pin, not the policy, decides: bounded by it
                     authority = Authority.OPERATOR if pin.source is None else Authority.IDS
                     hard = hard_timeout(pin.expires, now)
@@ -341,6 +375,10 @@ class Admission:
             return Ignored(R_CLOSING, ev)
         if not ev.orig.mirrors(ev.reply) and not self.shared.switch.experimental_routed:
             return Ignored(R_NAT, ev)  # the switch would have to rewrite addresses (a router's: slice 4)
+        if not overridden and ev.received < self.shared.clearing.since:
+            # The decision (or an IDS's shunt, which rests on it) may be an old policy's: a
+            # re-evaluation's clearing had not ended when the entry was read (policy_state.Clearing).
+            return Ignored(R_DECIDED_BEFORE, ev)
         return action, ingress, egress, idle, authority, hard, sides
 
     def _ports(self, ev: ConnEvent, mark: markcodec.Mark,

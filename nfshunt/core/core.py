@@ -97,9 +97,9 @@ class Core:
     def __init__(self, cfg: Config, switch: SwitchConfig | None = None):
         """switch: which of cfg.switches this core decides for (the first by default)."""
         sh = self.shared = CoreState(cfg, cfg.switches[0] if switch is None else switch)
-        # The shared tables, read by status, metrics and tests (never rebound).
-        self.conns, self.waiting, self.pins, self.static, self.half_closed = \
-            sh.conns, sh.waiting, sh.pins, sh.static, sh.half_closed
+        # The shared tables, read by status, metrics and tests (never rebound); a re-evaluation's clearing.
+        self.conns, self.waiting, self.pins, self.static, self.half_closed, self.clearing = \
+            sh.conns, sh.waiting, sh.pins, sh.static, sh.half_closed, sh.clearing
         self.table_max: int | None = None  # entries the switch's table 0 holds, as it reported them
         self.pipeline_reads = 0  # reads of the switch's flows at connect that lacked table-1 flows
         self._admission = Admission(sh)

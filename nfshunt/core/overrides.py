@@ -30,6 +30,13 @@ from .state import CoreState
 R_UNNAMED = "adopted with no authority this controller can name (no live IDS rule or operator pin)"
 
 
+def follows_policy(conn: Conn) -> bool:
+    """Whether a pair rests on the policy's decision: the policy's own, or an IDS's shunt
+    (applied only to what the policy accepted and left alone). An operator's pin and an
+    IDS's block decide whatever the policy said (admission.decide: `overridden`)."""
+    return conn.authority is Authority.POLICY or (conn.authority is Authority.IDS and conn.action is Action.SHUNT)
+
+
 class Overrides:
     def __init__(self, shared: CoreState):
         self.shared = shared

@@ -10,14 +10,20 @@ chains it finds: when they differ, or nothing was recorded, every adopted pair i
 back to the firewall (its entry re-created, its next packet judged by the new policy).
 The chains are read from the kernel, so a rule changed by hand counts as a change too.
 Read at start and after a re-evaluation only, never on the event path.
+
+While a re-evaluation clears the decisions in the kernel, what the event loop reads may
+still carry the old policy's (`Clearing`).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import subprocess
 import tempfile
+
+from .commands import Command, ResyncConntrack
 
 LOG = logging.getLogger("nfshunt")
 FILE = "policy-fingerprint"
@@ -107,3 +113,48 @@ class PolicyWatch:
         """Every pair was judged again under the policy now in the kernel (on the worker thread)."""
         self.live = fingerprint()
         record(self.state_dir, self.live)
+
+
+class Clearing:
+    """A re-evaluation's clearing of the policy's decisions in the kernel, as one switch's
+    core follows it (pure: the operator API says when one begins, with the flush, and when
+    the kernel ended it).
+
+    The flush takes every pair down at once; the clearing walks the whole conntrack table
+    on the worker's thread, seconds for a big one. An entry read before it ended may carry
+    the old policy's decision: the listener's backlog, a dump's entries (read on the
+    worker's thread but fed to the event loop in slices, after it), an event kept for later
+    (queued behind a pair's removal, waiting for a next hop). Acted on, the shunt would
+    outlive the re-evaluation: the kernel's clearing of its entry comes as an update of a
+    held pair, or not at all once the pair's drain deleted the entry. So what the policy
+    decided in an entry read before the clearing ended is not acted on (admission.decide);
+    once it has ended, a dump reads every entry again. An update the kernel sent before the
+    clearing reached its entry but the listener read after it ended is followed by the
+    clearing's own update of that entry, which takes the pair down (admission: its decision
+    withdrawn)."""
+    __slots__ = ("going", "since", "ignored")
+
+    def __init__(self) -> None:
+        self.going = 0  # clearings begun and not yet ended
+        # What the policy decided in an entry read before this time (the clock events are
+        # read on: monotonic) may be an old policy's: -inf before any clearing, +inf while
+        # one goes on.
+        self.since = -math.inf
+        self.ignored = 0  # decisions not acted on for it since the first of those going began
+
+    def begin(self) -> None:
+        if not self.going:
+            self.ignored = 0
+        self.going += 1
+        self.since = math.inf
+
+    def end(self, cleared_at: float) -> list[Command]:
+        """The kernel ended a clearing at `cleared_at` (the worker ends them in the order
+        they began): an entry read from then on carries none of an old policy's decisions.
+        Once none is left going, every entry is read again (a dump), for what the new policy
+        decided meanwhile and was not acted on."""
+        self.going = max(0, self.going - 1)
+        if self.going:
+            return []
+        self.since = cleared_at
+        return [ResyncConntrack()]

@@ -16,6 +16,7 @@ from .connection import Conn
 from .layout import pair_entries
 from .pairs import Connections
 from .pins import Pins
+from .policy_state import Clearing
 from .routing import NextHopTable
 from .static_table import StaticTable
 from .teardown_sweep import HalfClosed
@@ -24,7 +25,7 @@ from .teardown_sweep import HalfClosed
 class CoreState:
     __slots__ = ("cfg", "switch", "version", "pipeline", "backup", "reconciled", "table_kept", "stale_policy",
                  "budget", "conns", "waiting", "pins", "static", "address_blocks", "half_closed", "closing", "now",
-                 "next_hops")
+                 "next_hops", "clearing")
 
     def __init__(self, cfg: Config, switch: SwitchConfig):
         self.cfg = cfg  # the controller's keys
@@ -39,6 +40,9 @@ class CoreState:
         # The policy changed since the pairs on the switch were decided (set by the app at
         # start, from policy_state.py): the first reconcile hands every adopted pair back.
         self.stale_policy = False
+        # A re-evaluation's clearing of the decisions in the kernel: what an entry read
+        # before it ended says the policy decided is not acted on (policy_state.Clearing).
+        self.clearing = Clearing()
         self.budget = switch.max_shunts  # pairs allowed at once (0: no limit)
         self.conns = Connections()
         # Connections refused for lack of room, oldest first; blocks go to the front.

@@ -291,6 +291,12 @@ class ConntrackWorker:
                     cleared, failed = clear_marks(mask, self.on_malformed)
                 except OSError as exc:
                     done(0, 0, str(exc))
+                except Exception as exc:
+                    # What waits for the answer must have one whatever happened (a re-evaluation
+                    # acts on no decision of the policy's until the clearing is done); the
+                    # failure is still counted and logged (_run).
+                    done(0, 0, f"internal error: {type(exc).__name__}: {exc}")
+                    raise
                 else:
                     done(cleared, failed, None)
 
