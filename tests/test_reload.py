@@ -128,6 +128,56 @@ def test_a_good_config_applies_the_difference_and_reports_what_it_kept(tmp_path)
     assert sw.core.cfg.default_shunt_timeout == 30 and app.cfg.listen_port == 6653
 
 
+
+def _two_raw(**top):
+    return {"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"], **top, "switches": [
+        {"datapath_id": "a1", "ports": BASE["ports"]},
+        {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}]}]}
+
+
+def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_and_says_so(tmp_path, caplog):
+    """The second switch's core raises midway through its reload (after taking the new keys),
+    the first's already reloaded: it was answered "the event loop did not take the reload
+    within 5 s: nothing changed" while the controller and the first switch ran the new
+    config. Now everything is put back (one config: the old), the answer and the log say
+    the turn failed and what runs, it is counted, and the next reload applies whole."""
+    path = tmp_path / "nfshunt.json"
+    cfg = from_dict(_two_raw())
+    app, ran = _app(path, cfg)
+    first, second = app.switches
+    tables = [sw.core.static.flows for sw in app.switches]
+    path.write_text(json.dumps(_two_raw(default_shunt_timeout=30, static_shunts=[STREAM])))  # (STREAM: a1's only)
+    reload_ = second.core.static.reload
+
+    def midway(*_args):
+        raise KeyError("a bug elsewhere")
+    second.core.static.reload = midway
+    api = OperatorAPI(app)
+
+    def loop(ev):  # the event loop: a handler that raises is logged and counted, the loop goes on
+        try:
+            api.handle(ev)
+        except Exception:
+            app.counters.inc("handler_errors")
+    app.post = loop
+    reply = api.off_loop({"cmd": "reload"}, None)
+    assert "did not take" not in reply["error"], reply
+    assert "failed on the controller's event loop" in reply["error"] and "a bug elsewhere" in reply["error"]
+    assert "nothing of it kept" in reply["error"] and "the config it ran before" in reply["error"]
+    assert app.cfg is cfg and ran == []
+    for i, sw in enumerate(app.switches):
+        assert sw.cfg is cfg and sw.switch is cfg.switches[i] and sw.core.cfg is cfg
+        assert sw.core.switch is cfg.switches[i] and sw.core.static.flows is tables[i]
+    assert app.counters.flat().get("internal_errors") == 1 and "operator_reload" not in app.counters.flat()
+    (failed,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert failed.exc_info and "failed on the event loop" in failed.getMessage()
+    assert "the config running is the one before it" in failed.getMessage()
+    second.core.static.reload = reload_
+    again = api.off_loop({"cmd": "reload"}, None)
+    assert again["confirmed"] and again["static"] == {"added": 2, "removed": 0, "flows": 2}
+    assert first.core.cfg.default_shunt_timeout == 30 and second.core.cfg is app.cfg is first.cfg
+
+
 # --- what a reload's answer says: confirmed only when every flow-mod of it is in the switch --------
 
 def _rig(path, table_size=None, connect=True, **kw):
