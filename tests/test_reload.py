@@ -301,7 +301,7 @@ def test_the_reload_commands_exit_codes(monkeypatch, capsys, tmp_path):
         1: {"error": "this controller was not started from a config file"},
     }
     for code, answer in answers.items():
-        monkeypatch.setattr(control, "request", lambda _path, _payload, answer=answer: answer)
+        monkeypatch.setattr(control, "request", lambda _path, _payload, *_timeout, answer=answer: answer)
         assert cli.main(["reload", "--socket", "/nonexistent"]) == code, answer
     out = capsys.readouterr()
     assert "refused: the add of static flow b: table full" in out.out and "NOT confirmed" in out.out
@@ -310,3 +310,68 @@ def test_the_reload_commands_exit_codes(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli.main(["reload", "--config", str(bad)])
     assert exc.value.code == 2
+
+
+def test_the_reload_command_waits_out_the_reloads_own_waits(monkeypatch):
+    """Beyond its work (reading and validating the file, sending), a reload's answer may wait
+    LOOP_WAIT for the loop to take its swap, LOOP_WAIT for a slice the loop takes late and
+    RELOAD_WAIT for the switches' barriers. The command waited 10 s, as for any request: it
+    said the controller had not answered (exit 1) while the reload went on, and a retry was
+    refused as busy. It waits for those, on top of what any request gets for its work."""
+    import inspect
+
+    from nfshunt import cli
+    from nfshunt.app import control, reloading
+    signature = inspect.signature(control.request)
+    waited = []
+
+    def request(*args, **kw):
+        bound = signature.bind(*args, **kw)
+        bound.apply_defaults()
+        waited.append(bound.arguments["timeout"])
+        return {"ok": True, "changed": [], "static": {"added": 0, "removed": 0, "flows": 2}, "kept": {},
+                "confirmed": True, "confirmed_ms": 0.5, "switches": []}
+    monkeypatch.setattr(control, "request", request)
+    assert cli.main(["reload", "--socket", "/nonexistent"]) == 0
+    any_request = signature.parameters["timeout"].default
+    assert waited == [any_request + 2 * reloading.LOOP_WAIT + reloading.RELOAD_WAIT]
+
+
+def test_a_reload_not_answered_in_time_may_still_be_in_progress_and_the_command_says_where_to_look(
+        monkeypatch, capsys, tmp_path):
+    """A control socket that takes the request and does not answer within the reload's
+    wait: the command says the reload may still be in progress, that its outcome will be in
+    the controller's log and that one asked meanwhile is refused as busy; exit 1. (It said
+    only that the controller did not answer within 10 s.)"""
+    import socket
+    import threading
+
+    from nfshunt import cli
+    from nfshunt.app import control, reloading
+    monkeypatch.setattr(control, "REQUEST_TIMEOUT", 0.1, raising=False)
+    monkeypatch.setattr(reloading, "LOOP_WAIT", 0.05)
+    monkeypatch.setattr(reloading, "RELOAD_WAIT", 0.05)
+    path = str(tmp_path / "nfshunt.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    done = threading.Event()
+
+    def late():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1 << 16)  # the request, taken
+            done.wait(30)  # the answer would come after the command gave up
+    thread = threading.Thread(target=late, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    try:
+        code = cli.main(["reload", "--socket", path])
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+    took, err = time.monotonic() - t0, capsys.readouterr().err
+    assert code == 1 and 0.25 <= took < 5, (code, took)
+    assert f"did not answer on {path} within 0.25 s" in err and "may still be in progress" in err
+    assert "controller's log" in err and "reload (control socket)" in err and "busy" in err

@@ -50,6 +50,17 @@ FIRST_SLICE, MIN_SLICE, MAX_SLICE = 200, 20, 5000  # flow-mods a slice: the firs
 PREPARE_SWITCH = 0.0005  # seconds: the interpreter's switch interval while a reload is prepared
 
 
+def answer_waits() -> float:
+    """What a reload's answer may wait for on top of its work (reading and validating the
+    file, a second at 10,000 static entries; the slices' turns, milliseconds each): the loop
+    taking the swap's turn (LOOP_WAIT), a slice it then takes late or not at all (LOOP_WAIT:
+    not taken, that switch's change ends there) and the switches' barriers (RELOAD_WAIT,
+    from the last slice). Nothing bounds the whole: a file far larger takes longer to read,
+    and a loop that takes every slice late waits up to LOOP_WAIT each (`nfshunt reload`
+    says, when it gives up, that the reload may still be in progress)."""
+    return 2 * LOOP_WAIT + RELOAD_WAIT
+
+
 class Host(Protocol):
     """What a reload needs of the controller."""
     cfg: Config
