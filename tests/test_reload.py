@@ -178,6 +178,33 @@ def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_
     assert first.core.cfg.default_shunt_timeout == 30 and second.core.cfg is app.cfg is first.cfg
 
 
+
+def test_a_reload_that_cannot_be_put_back_says_the_controller_may_run_part_of_it(tmp_path, caplog):
+    """Should putting back fail too, the answer does not claim one config: it says what may
+    be running and to restart (the loop logged and counted the exception)."""
+    path = tmp_path / "nfshunt.json"
+    app, ran = _app(path, from_dict(_two_raw()))
+    path.write_text(json.dumps(_two_raw(default_shunt_timeout=30)))
+    second = app.switches[1]
+
+    def fails(*_args):
+        raise KeyError("a bug elsewhere")
+    second.core.static.reload = fails
+    second.saved = lambda: fails  # (its putting back fails as well)
+    api = OperatorAPI(app)
+
+    def loop(ev):
+        try:
+            api.handle(ev)
+        except Exception:
+            app.counters.inc("handler_errors")
+    app.post = loop
+    reply = api.off_loop({"cmd": "reload"}, None)
+    assert "may not all be put back" in reply["error"] and "part of the new config; restart it" in reply["error"]
+    assert "nothing of it kept" not in reply["error"] and app.counters.flat().get("handler_errors") == 1
+    assert any("restart the controller" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+
 # --- what a reload's answer says: confirmed only when every flow-mod of it is in the switch --------
 
 def _rig(path, table_size=None, connect=True, **kw):
