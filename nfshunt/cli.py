@@ -14,9 +14,10 @@ from nfshunt.config.settings import DEFAULT_CONTROL_SOCKET, Config, ConfigError,
 from . import __version__
 
 # Exit codes (docs/operating.md's table): 0 done; 1 failed (the controller not
-# reached, a request refused); 2 a config that fails validation (or a usage error:
-# argparse's); reload only: 3 applied but not known to be in every switch yet (pending),
-# 4 applied and a switch refused a flow-mod of it.
+# reached, a request refused or not answered, a reload failed on it and put back); 2 a
+# config that fails validation (or a usage error: argparse's); reload only: 3 applied
+# but not known to be in every switch yet (pending), 4 applied and a switch refused a
+# flow-mod of it.
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_PENDING = 3
@@ -287,10 +288,17 @@ def cmd_ids_remove(args: argparse.Namespace) -> int:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """Exit 0 only when every flow-mod of the change is in every switch; 3 pending, 4 refused
-    (2: the config fails validation, here or in the controller; 1: not reached)."""
-    from nfshunt.app.control import ControlError, request
-    try:
-        reply = request(_socket(args), {"cmd": "reload"})
+    (2: the config fails validation, here or in the controller; 1: not reached, refused,
+    failed on the controller (put back, nothing of it kept), or not answered in time)."""
+    from nfshunt.app.control import REQUEST_TIMEOUT, ControlError, NotAnswered, request
+    from nfshunt.app.reloading import answer_waits
+    try:  # (the time any request gets for its work, and what a reload may wait for besides)
+        reply = request(_socket(args), {"cmd": "reload"}, REQUEST_TIMEOUT + answer_waits())
+    except NotAnswered as exc:
+        print(f"nfshunt: {exc}: the reload may still be in progress. Its outcome will be in the controller's log "
+              "(the lines \"reload (control socket) ...\"); a reload asked meanwhile is refused as busy, saying "
+              "how far this one got", file=sys.stderr)
+        return EXIT_FAILED
     except ControlError as exc:
         print(f"nfshunt: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -128,6 +128,83 @@ def test_a_good_config_applies_the_difference_and_reports_what_it_kept(tmp_path)
     assert sw.core.cfg.default_shunt_timeout == 30 and app.cfg.listen_port == 6653
 
 
+
+def _two_raw(**top):
+    return {"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"], **top, "switches": [
+        {"datapath_id": "a1", "ports": BASE["ports"]},
+        {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}]}]}
+
+
+def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_and_says_so(tmp_path, caplog):
+    """The second switch's core raises midway through its reload (after taking the new keys),
+    the first's already reloaded: it was answered "the event loop did not take the reload
+    within 5 s: nothing changed" while the controller and the first switch ran the new
+    config. Now everything is put back (one config: the old), the answer and the log say
+    the turn failed and what runs, it is counted, and the next reload applies whole."""
+    path = tmp_path / "nfshunt.json"
+    cfg = from_dict(_two_raw())
+    app, ran = _app(path, cfg)
+    first, second = app.switches
+    tables = [sw.core.static.flows for sw in app.switches]
+    path.write_text(json.dumps(_two_raw(default_shunt_timeout=30, static_shunts=[STREAM])))  # (STREAM: a1's only)
+    reload_ = second.core.static.reload
+
+    def midway(*_args):
+        raise KeyError("a bug elsewhere")
+    second.core.static.reload = midway
+    api = OperatorAPI(app)
+
+    def loop(ev):  # the event loop: a handler that raises is logged and counted, the loop goes on
+        try:
+            api.handle(ev)
+        except Exception:
+            app.counters.inc("handler_errors")
+    app.post = loop
+    reply = api.off_loop({"cmd": "reload"}, None)
+    assert "did not take" not in reply["error"], reply
+    assert "failed on the controller's event loop" in reply["error"] and "a bug elsewhere" in reply["error"]
+    assert "nothing of it kept" in reply["error"] and "the config it ran before" in reply["error"]
+    assert app.cfg is cfg and ran == []
+    for i, sw in enumerate(app.switches):
+        assert sw.cfg is cfg and sw.switch is cfg.switches[i] and sw.core.cfg is cfg
+        assert sw.core.switch is cfg.switches[i] and sw.core.static.flows is tables[i]
+    assert app.counters.flat().get("internal_errors") == 1 and "operator_reload" not in app.counters.flat()
+    (failed,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert failed.exc_info and "failed on the event loop" in failed.getMessage()
+    assert "the config running is the one before it" in failed.getMessage()
+    second.core.static.reload = reload_
+    again = api.off_loop({"cmd": "reload"}, None)
+    assert again["confirmed"] and again["static"] == {"added": 2, "removed": 0, "flows": 2}
+    assert first.core.cfg.default_shunt_timeout == 30 and second.core.cfg is app.cfg is first.cfg
+
+
+
+def test_a_reload_that_cannot_be_put_back_says_the_controller_may_run_part_of_it(tmp_path, caplog):
+    """Should putting back fail too, the answer does not claim one config: it says what may
+    be running and to restart (the loop logged and counted the exception)."""
+    path = tmp_path / "nfshunt.json"
+    app, ran = _app(path, from_dict(_two_raw()))
+    path.write_text(json.dumps(_two_raw(default_shunt_timeout=30)))
+    second = app.switches[1]
+
+    def fails(*_args):
+        raise KeyError("a bug elsewhere")
+    second.core.static.reload = fails
+    second.saved = lambda: fails  # (its putting back fails as well)
+    api = OperatorAPI(app)
+
+    def loop(ev):
+        try:
+            api.handle(ev)
+        except Exception:
+            app.counters.inc("handler_errors")
+    app.post = loop
+    reply = api.off_loop({"cmd": "reload"}, None)
+    assert "may not all be put back" in reply["error"] and "part of the new config; restart it" in reply["error"]
+    assert "nothing of it kept" not in reply["error"] and app.counters.flat().get("handler_errors") == 1
+    assert any("restart the controller" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+
 # --- what a reload's answer says: confirmed only when every flow-mod of it is in the switch --------
 
 def _rig(path, table_size=None, connect=True, **kw):
@@ -251,7 +328,7 @@ def test_the_reload_commands_exit_codes(monkeypatch, capsys, tmp_path):
         1: {"error": "this controller was not started from a config file"},
     }
     for code, answer in answers.items():
-        monkeypatch.setattr(control, "request", lambda _path, _payload, answer=answer: answer)
+        monkeypatch.setattr(control, "request", lambda _path, _payload, *_timeout, answer=answer: answer)
         assert cli.main(["reload", "--socket", "/nonexistent"]) == code, answer
     out = capsys.readouterr()
     assert "refused: the add of static flow b: table full" in out.out and "NOT confirmed" in out.out
@@ -260,3 +337,68 @@ def test_the_reload_commands_exit_codes(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli.main(["reload", "--config", str(bad)])
     assert exc.value.code == 2
+
+
+def test_the_reload_command_waits_out_the_reloads_own_waits(monkeypatch):
+    """Beyond its work (reading and validating the file, sending), a reload's answer may wait
+    LOOP_WAIT for the loop to take its swap, LOOP_WAIT for a slice the loop takes late and
+    RELOAD_WAIT for the switches' barriers. The command waited 10 s, as for any request: it
+    said the controller had not answered (exit 1) while the reload went on, and a retry was
+    refused as busy. It waits for those, on top of what any request gets for its work."""
+    import inspect
+
+    from nfshunt import cli
+    from nfshunt.app import control, reloading
+    signature = inspect.signature(control.request)
+    waited = []
+
+    def request(*args, **kw):
+        bound = signature.bind(*args, **kw)
+        bound.apply_defaults()
+        waited.append(bound.arguments["timeout"])
+        return {"ok": True, "changed": [], "static": {"added": 0, "removed": 0, "flows": 2}, "kept": {},
+                "confirmed": True, "confirmed_ms": 0.5, "switches": []}
+    monkeypatch.setattr(control, "request", request)
+    assert cli.main(["reload", "--socket", "/nonexistent"]) == 0
+    any_request = signature.parameters["timeout"].default
+    assert waited == [any_request + 2 * reloading.LOOP_WAIT + reloading.RELOAD_WAIT]
+
+
+def test_a_reload_not_answered_in_time_may_still_be_in_progress_and_the_command_says_where_to_look(
+        monkeypatch, capsys, tmp_path):
+    """A control socket that takes the request and does not answer within the reload's
+    wait: the command says the reload may still be in progress, that its outcome will be in
+    the controller's log and that one asked meanwhile is refused as busy; exit 1. (It said
+    only that the controller did not answer within 10 s.)"""
+    import socket
+    import threading
+
+    from nfshunt import cli
+    from nfshunt.app import control, reloading
+    monkeypatch.setattr(control, "REQUEST_TIMEOUT", 0.1, raising=False)
+    monkeypatch.setattr(reloading, "LOOP_WAIT", 0.05)
+    monkeypatch.setattr(reloading, "RELOAD_WAIT", 0.05)
+    path = str(tmp_path / "nfshunt.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    done = threading.Event()
+
+    def late():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1 << 16)  # the request, taken
+            done.wait(30)  # the answer would come after the command gave up
+    thread = threading.Thread(target=late, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    try:
+        code = cli.main(["reload", "--socket", path])
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+    took, err = time.monotonic() - t0, capsys.readouterr().err
+    assert code == 1 and 0.25 <= took < 5, (code, took)
+    assert f"did not answer on {path} within 0.25 s" in err and "may still be in progress" in err
+    assert "controller's log" in err and "reload (control socket)" in err and "busy" in err

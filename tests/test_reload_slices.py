@@ -19,7 +19,7 @@ from nfshunt.config.settings import from_dict  # noqa: E402
 from nfshunt.config.static import switch_flows  # noqa: E402
 from nfshunt.core import commands as c  # noqa: E402
 from nfshunt.records import cookies  # noqa: E402
-from tests.test_reload import STREAM, _rig, _serve, raw  # noqa: E402
+from tests.test_reload import STREAM, _reload_on, _rig, _serve, raw  # noqa: E402
 
 
 def streams(n, net=1):
@@ -149,6 +149,57 @@ def test_a_step_the_loop_does_not_take_in_time_is_never_done(tmp_path, monkeypat
     late = one_turn(rig)
     assert isinstance(late.context, reloading.Step) and not late.done.is_set()
     assert rig.core.cfg.default_shunt_timeout != 30 and len(rig.flows(cookies.Kind.STATIC)) == 2
+
+
+
+def test_a_swap_that_fails_on_the_loop_leaves_the_running_config_whole(tmp_path, monkeypatch):
+    """On the real event loop: the core's static table raises midway through the swap (the
+    core has taken the new keys by then). Everything is put back, the session's flow builder
+    too, nothing is sent; the answer says the turn failed, not that the loop did not take
+    it (which was said, with the new config half in)."""
+    from nfshunt.core.static_table import StaticTable
+    path = tmp_path / "nfshunt.json"
+    rig = _rig(path)
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    cfg, flows = rig.app.cfg, rig.core.static.flows
+    path.write_text(json.dumps(raw(default_shunt_timeout=30, static_shunts=[STREAM, *streams(3)])))
+
+    def midway(*_args):
+        raise ValueError("a bug elsewhere")
+    monkeypatch.setattr(StaticTable, "reload", midway)
+    ev = EventControl({"cmd": "reload"})
+    rig.post(ev)
+    _serve(rig, ev.done)
+    assert "failed on the controller's event loop (ValueError: a bug elsewhere)" in ev.reply["error"]
+    assert "did not take" not in ev.reply["error"] and "nothing of it kept" in ev.reply["error"]
+    assert rig.app.cfg is cfg and rig.sw.cfg is cfg and rig.core.cfg is cfg and rig.s.fb.cfg is cfg
+    assert rig.sw.switch is rig.core.switch is rig.s.fb.switch is cfg.switches[0]
+    assert rig.core.static.flows is flows and len(rig.flows(cookies.Kind.STATIC)) == 2
+    assert rig.counters.flat()["internal_errors"] == 1
+
+
+def test_a_slice_whose_turn_fails_is_reported_so_not_as_not_taken(tmp_path, small_slices):
+    """The second slice's turn raises: that switch's change is pending, and says its turn
+    failed (it said the loop had not taken it within 5 s); the first slice is in."""
+    path = tmp_path / "nfshunt.json"
+    rig = _rig(path)
+    rig._check = lambda: None
+    path.write_text(json.dumps(raw(static_shunts=[STREAM, *streams(100)])))
+    run, slices = rig.app.run, []
+
+    def second_fails(sw, commands, waiter=None):
+        if isinstance(waiter, reloading.SliceWatch):
+            slices.append(waiter)
+            if len(slices) == 2:
+                raise RuntimeError("a bug elsewhere")
+        run(sw, commands, waiter)
+    rig.app.run = second_fails
+    reply = _reload_on(rig)
+    (row,) = reply["switches"]
+    assert row["state"] == "pending" and "did not take" not in row["why"], row
+    assert "turn sending the change's next flow-mods failed (RuntimeError: a bug elsewhere" in row["why"]
+    assert "50 of 200 sent before it" in row["why"] and len(rig.flows(cookies.Kind.STATIC)) == 2 + 50
+    assert rig.counters.flat()["handler_errors"] == 1
 
 
 # --- the slices themselves ----------------------------------------------------------------

@@ -59,6 +59,26 @@ def test_the_default_status_counts_the_static_flows_in_the_same_few_hundred_byte
     assert size < 4096 and size - len(json.dumps(small)) < 100, size
 
 
+
+def test_a_switch_put_back_after_a_reload_has_its_static_table_and_counts_whole():
+    """A reload whose turn fails after this switch took it in puts the switch back
+    (Switch.saved, app/reloading.py): its keys, the core's, the static table, and the
+    counters of the flows that reload had removed (it popped them from the one dict the
+    table kept, so they were gone even once the flows were back)."""
+    cfg = config(openflow_versions=["1.3"], static_shunts=streams(4))
+    api = _api(cfg)
+    sw = api.switches[0]
+    table = sw.core.static
+    before, counts = _ask(api, {"cmd": "status", "connections": False})["static"], dict(table.counts)
+    put_back = sw.saved()
+    new = config(openflow_versions=["1.3"], static_shunts=streams(2), default_shunt_timeout=30)
+    sw.reload(new, table.change(new, new.switches[0]))
+    assert len(table.flows) == 4 and sw.core.cfg is new and len(table.counts) == 4
+    put_back()
+    assert sw.cfg is sw.core.cfg is cfg and sw.switch is sw.core.switch is cfg.switches[0]
+    assert len(table.flows) == 8 and table.counts == counts and len(counts) == 8
+    assert _ask(api, {"cmd": "status", "connections": False})["static"] == before
+
 def test_the_rows_are_listed_a_page_at_a_time_across_every_switch_and_by_name():
     cfg = from_dict({"mark_actions": BASE["mark_actions"], "openflow_versions": ["1.3"], "switches": [
         {"datapath_id": "a1", "ports": BASE["ports"]},

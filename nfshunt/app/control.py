@@ -32,6 +32,7 @@ from nfshunt.records.model import TCP, UDP, FlowTuple, canonical_address
 
 LOG = logging.getLogger("nfshunt.control")
 MAX_REQUEST = 64 * 1024
+REQUEST_TIMEOUT = 10.0  # seconds a client waits for an answer (a reload waits longer: cli.cmd_reload)
 SO_PEERCRED_FMT = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -41,6 +42,10 @@ class ControlError(RuntimeError):
 
 class NotRunning(ControlError):
     """No controller listens on the socket (not started yet, or stopped)."""
+
+
+class NotAnswered(ControlError):
+    """The controller took the request but did not answer in time (it may still act on it)."""
 
 
 _TUPLE = re.compile(r"^\s*(tcp|udp)\s+\[?([0-9a-fA-F.:]+?)\]?:(\d+)\s*->\s*\[?([0-9a-fA-F.:]+?)\]?:(\d+)"
@@ -176,13 +181,16 @@ class ControlServer:
         conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
 
 
-def request(path: str, payload: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
-    """Send one request to a running controller; ControlError if it cannot be reached."""
+def request(path: str, payload: dict[str, Any], timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
+    """Send one request to a running controller; ControlError if it cannot be reached,
+    NotAnswered if it took the request and gave no answer within `timeout`."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
+    sent = False
     try:
         sock.connect(path)
         sock.sendall(json.dumps(payload).encode() + b"\n")
+        sent = True
         data = b""
         while not data.endswith(b"\n"):
             chunk = sock.recv(1 << 16)
@@ -196,7 +204,9 @@ def request(path: str, payload: dict[str, Any], timeout: float = 10) -> dict[str
     except ConnectionRefusedError:
         raise NotRunning(f"nothing listens on {path} (the controller is not running)") from None
     except socket.timeout:
-        raise ControlError(f"the controller did not answer on {path} within {timeout:.0f} s") from None
+        if not sent:  # (a request not whole is never read as one)
+            raise ControlError(f"the controller did not take the request on {path} within {timeout:g} s") from None
+        raise NotAnswered(f"the controller did not answer on {path} within {timeout:g} s") from None
     finally:
         sock.close()
     try:

@@ -14,6 +14,12 @@ slices. The answer comes once every slice is sent and every barrier behind them 
 
 One reload at a time: one asked while another is read, applied or waiting for the
 switches is refused, saying so, and changes nothing (ask again once the first is answered).
+
+A turn of the loop that raises (a bug) is told apart from one the loop did not take within
+LOOP_WAIT (never run: nothing changed). The swap's turn is all or nothing: what it swapped
+in is put back, so the controller runs the config it ran (_apply); a slice's ends that
+switch's change there, as a slice not taken does. Either is counted and logged with its
+traceback, and the answer says which it was and what runs.
 """
 from __future__ import annotations
 
@@ -42,6 +48,17 @@ LOOP_WAIT = 5.0  # seconds a step waits for the event loop to take it (the contr
 SLICE_BUDGET = 0.005  # seconds of the event loop a slice aims at: a request may wait for two (under 50 ms)
 FIRST_SLICE, MIN_SLICE, MAX_SLICE = 200, 20, 5000  # flow-mods a slice: the first, and the bounds
 PREPARE_SWITCH = 0.0005  # seconds: the interpreter's switch interval while a reload is prepared
+
+
+def answer_waits() -> float:
+    """What a reload's answer may wait for on top of its work (reading and validating the
+    file, a second at 10,000 static entries; the slices' turns, milliseconds each): the loop
+    taking the swap's turn (LOOP_WAIT), a slice it then takes late or not at all (LOOP_WAIT:
+    not taken, that switch's change ends there) and the switches' barriers (RELOAD_WAIT,
+    from the last slice). Nothing bounds the whole: a file far larger takes longer to read,
+    and a loop that takes every slice late waits up to LOOP_WAIT each (`nfshunt reload`
+    says, when it gives up, that the reload may still be in progress)."""
+    return 2 * LOOP_WAIT + RELOAD_WAIT
 
 
 class Host(Protocol):
@@ -82,7 +99,7 @@ class Applied:
     to send (None: nothing is sent to it, its row says why)."""
     head: dict[str, Any]
     switches: list[tuple[Switch, dict[str, Any], list[c.Command] | None]]
-    took: float  # seconds of the event loop
+    took: float = 0.0  # seconds of the event loop
 
 
 class Sizer:
@@ -157,9 +174,12 @@ class Reloader:
         asker gave up), or a new one (SIGHUP's), done by a thread of its own."""
         if isinstance(context, Step):
             if context.take():
-                reply = {"error": "the reload's turn on the event loop failed (the log says why)"}
+                reply: dict[str, Any] = {"failed": "(the log says why)"}
                 try:
                     reply = context.work()
+                except Exception as exc:  # the loop logs it with its traceback and counts it (handler_errors)
+                    reply = {"failed": f"{type(exc).__name__}: {exc}"}
+                    raise
                 finally:
                     answer(reply)
             return
@@ -167,23 +187,42 @@ class Reloader:
 
     def _apply(self, by: str, change: Plan, statics: list[StaticChange], progress: Progress) -> dict[str, Any]:
         """The loop's turn: the new config swapped in, each switch's static change taken in.
-        The progress says "applied" from this turn on: a second reload asked as soon as the
-        loop has answered is told so, not that this one is still being validated (its thread
-        may not have run yet)."""
+        All of it or none: should any of it raise (a bug), what it swapped in is put back
+        (the config, the log level, each switch's keys and static table; nothing of it was
+        sent yet), so the controller runs the one config it ran; counted (internal_errors)
+        and logged with its traceback, and the answer says so."""
         t0 = time.perf_counter()
+        app = self.app
+        cfg, level, put_back = app.cfg, LOG.level, [sw.saved() for sw in app.switches]
+        try:
+            applied = self._swap(by, change, statics, progress)
+        except Exception as exc:
+            app.cfg = cfg
+            LOG.setLevel(level)
+            for undo in put_back:
+                undo()
+            app.counters.inc("internal_errors")
+            LOG.exception("reload (%s) failed on the event loop: nothing of it kept, what it had swapped in is put "
+                          "back: the config running is the one before it", by)
+            return {"failed": f"{type(exc).__name__}: {exc}", "put_back": True}
+        applied.took = time.perf_counter() - t0
+        return {"applied": applied}
+
+    def _swap(self, by: str, change: Plan, statics: list[StaticChange], progress: Progress) -> Applied:
+        """_apply's work. Its last steps count and log the reload, and make the progress say
+        "applied" from this turn on: a second reload asked as soon as the loop has answered
+        is told so, not that this one is still being validated (its thread may not have run
+        yet)."""
         app = self.app
         app.cfg = change.config
         if "log_level" in change.changed:  # else a --log-level given at start stays
-            logging.getLogger("nfshunt").setLevel(config.log_level(change.config))
+            LOG.setLevel(config.log_level(change.config))
         static = {"added": 0, "removed": 0}
         switches: list[tuple[Switch, dict[str, Any], list[c.Command] | None]] = []
         cfg = change.config
         for sw, static_change in zip(app.switches, statics, strict=True):
             old = sw.core.static.flows
-            sw.cfg, sw.switch = cfg, cfg.switches[sw.index]
-            if sw.session is not None:
-                sw.session.fb.cfg, sw.session.fb.switch = cfg, sw.switch
-            out = sw.core.reload(cfg, sw.switch, static_change)
+            out = sw.reload(cfg, static_change)
             new = sw.core.static.flows
             added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
             static["added"] += added
@@ -196,14 +235,15 @@ class Reloader:
             else:
                 switches.append((sw, row, out))
         static["flows"] = sum(sw.core.static.entries for sw in app.switches)
+        total = sum(flow_mods(cmd) for _, _, out in switches for cmd in out or ())
+        head = {"ok": True, "changed": list(change.changed), "static": static,
+                "kept": {key: "needs a restart: running value kept" for key in change.kept}}
         app.counters.add("operator", "reload")
         LOG.warning("reload (%s): changed %s; static flows %d added, %d removed, %d now%s", by,
                     ", ".join(change.changed) or "nothing", static["added"], static["removed"], static["flows"],
                     f"; kept until a restart: {', '.join(change.kept)}" if change.kept else "")
-        progress.total = sum(flow_mods(cmd) for _, _, out in switches for cmd in out or ())
-        head = {"ok": True, "changed": list(change.changed), "static": static,
-                "kept": {key: "needs a restart: running value kept" for key in change.kept}}
-        return {"applied": Applied(head, switches, time.perf_counter() - t0)}
+        progress.total = total
+        return Applied(head, switches)
 
     def _slice(self, sw: Switch, commands: list[c.Command], watch: ChangeWatch) -> dict[str, Any]:
         """The loop's turn for one slice: sent, behind a barrier that `watch` waits for."""
@@ -244,10 +284,12 @@ class Reloader:
             return {"error": f"reload refused, nothing changed: {path}: {exc}", "invalid_config": True}
         validated = time.monotonic()
         reply = self._on_loop(functools.partial(self._apply, by, change, statics, progress))
-        if reply is None or "applied" not in reply:
+        if reply is None:
             LOG.error("reload (%s): the event loop did not take it within %g s: nothing changed", by, LOOP_WAIT)
             return {"error": f"the controller's event loop did not take the reload within {LOOP_WAIT:g} s: "
                              "nothing changed"}
+        if "applied" not in reply:
+            return self._failed(by, reply)
         applied: Applied = reply["applied"]
         longest, slices = applied.took, 0
         sizer = Sizer()
@@ -267,6 +309,21 @@ class Reloader:
                 "" if answer["confirmed"] else ": " + "; ".join(f"{r['datapath_id']} {r['state']}"
                                                                 for r in answer["switches"]))
         return answer
+
+    @staticmethod
+    def _failed(by: str, reply: dict[str, Any]) -> dict[str, Any]:
+        """The answer to a reload whose turn on the loop raised (logged there with its
+        traceback, and counted): put back whole (_apply), or, should the putting back itself
+        have failed, not known to be."""
+        why = reply.get("failed")
+        if reply.get("put_back"):
+            return {"error": f"reload failed on the controller's event loop ({why}): nothing of it kept, the "
+                             "controller runs the config it ran before (the log has the traceback)"}
+        LOG.error("reload (%s) failed on the event loop (%s) and what it had swapped in may not all be put back: "
+                  "restart the controller to run one config", by, why)
+        return {"error": f"reload failed on the controller's event loop ({why}) and what it had swapped in may not "
+                         "all be put back: the controller may run part of the new config; restart it (the log has "
+                         "the traceback)"}
 
     def _prepare(self, path: str) -> tuple[Plan, list[StaticChange]]:
         """The file read and checked, the plan made, each switch's static change worked out:
@@ -296,9 +353,14 @@ class Reloader:
             watch = SliceWatch()
             watches.append(watch)
             reply = self._on_loop(functools.partial(self._slice, sw, commands, watch))
-            if reply is None or "took" not in reply:
+            if reply is None:
                 watch.end(f"the event loop did not take the change's next flow-mods within {LOOP_WAIT:g} s: "
                           f"{progress.sent} of {progress.total} sent (the rest go in when the switch connects again)")
+                break
+            if "took" not in reply:  # (its turn raised: the loop logged and counted it)
+                watch.end(f"the event loop's turn sending the change's next flow-mods failed ({reply.get('failed')}; "
+                          f"the log has the traceback): {progress.sent} of {progress.total} sent before it, that "
+                          "turn's perhaps in part (the rest go in when the switch connects again)")
                 break
             watch.took = reply["took"]
             sizer.took(n, watch.took)
@@ -307,7 +369,7 @@ class Reloader:
 
     def _on_loop(self, work: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         """Run `work` on the event loop and wait for its reply; None if the loop did not take
-        it within LOOP_WAIT (then it is never run)."""
+        it within LOOP_WAIT (then it is never run); {"failed": why} if it raised there."""
         step = Step(work)
         ev = self.post({"cmd": "reload"}, step)
         if not ev.done.wait(LOOP_WAIT) and step.take():

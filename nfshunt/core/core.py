@@ -172,8 +172,8 @@ class Core:
 
     def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
         """A reloaded config (reload.py keeps every key but the live ones): static shunts change
-        as the difference only (`static`: StaticTable.change); the packet-in meter takes a new
-        rate. Nothing is sent to a switch that is not ours now (away, or a pair's backup)."""
+        as the difference only (`static`: StaticTable.change); the packet-in meter takes a new rate.
+        Nothing is sent to a switch not ours now (away, or a pair's backup). (CoreState.saved undoes it.)"""
         sh = self.shared
         old, sh.cfg, sh.switch = sh.switch, cfg, switch
         out: list[Command] = sh.static.reload(cfg, switch, static)

@@ -5,6 +5,7 @@ reconcile) is given this object, never the Core. No I/O."""
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
 from nfshunt.config.settings import Config
 from nfshunt.config.switch import SwitchConfig
@@ -67,3 +68,15 @@ class CoreState:
     def remember(self, conn: Conn) -> None:
         """A new or adopted pair joins the table, with the entries it takes in this layout."""
         self.conns.remember(conn, pair_entries(self.version, self.cfg, conn, self.pipeline))
+
+    def saved(self) -> Callable[[], None]:
+        """What Core.reload replaces (the keys, the static table's flows, whether closes are
+        watched), as a function that puts it back in the same turn of the event loop: a
+        reload whose turn failed part way leaves the core in the config it ran
+        (app/reloading.py). Nothing of the reload was sent by then."""
+        cfg, switch, watch, static = self.cfg, self.switch, self.conns.watch_closes, self.static.saved()
+
+        def put_back() -> None:
+            self.cfg, self.switch, self.conns.watch_closes = cfg, switch, watch
+            static()
+        return put_back

@@ -213,15 +213,27 @@ class StaticTable:
 
     def reload(self, cfg: "Config", switch: "SwitchConfig", change: "StaticChange | None" = None) -> list[Command]:
         """A new config's static flows taken, as the difference only (`change`: worked out
-        beforehand from this table as it still is, or else here)."""
+        beforehand from this table as it still is, or else here). What it changes it
+        replaces, never changes in place: `saved` puts it back."""
         if change is None or change.base is not self.flows:
             change = self.change(cfg, switch, None if change is None else change.flows)
         gone = change.base.keys() - change.flows.keys()
-        counted = [(self.index.group[cookie], got) for cookie in gone if (got := self.counts.pop(cookie, None))]
+        counted = [(self.index.group[cookie], got) for cookie in gone if (got := self.counts.get(cookie))]
+        if counted:
+            self.counts = {cookie: got for cookie, got in self.counts.items() if cookie not in gone}
         self.flows, self.index = change.flows, change.index
-        self.hops = {cookie: self.hops.get(cookie) for cookie, f in self.flows.items() if f.via is not None}
+        self.hops = {cookie: self.hops.get(cookie) for cookie, f in change.flows.items() if f.via is not None}
         self.totals = self.totals.without(counted)
         return list(change.commands)
+
+    def saved(self) -> Callable[[], None]:
+        """What `reload` replaces, as a function that puts it back (in the same turn of the
+        event loop: a reload whose turn failed part way, app/reloading.py)."""
+        flows, index, hops, counts, totals = self.flows, self.index, self.hops, self.counts, self.totals
+
+        def put_back() -> None:
+            self.flows, self.index, self.hops, self.counts, self.totals = flows, index, hops, counts, totals
+        return put_back
 
     def counted(self, flows: Iterable[SwitchFlow]) -> None:
         """A read of the static flows' counters (flow stats by cookie), added up once here."""

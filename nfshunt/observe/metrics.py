@@ -78,7 +78,8 @@ PLAIN = {
                               "and made again",
     "reevaluations": "TCP entries re-created so a new policy judges the connection again",
     "reconcile_deleted": "Flows deleted while reconciling with the switch",
-    "internal_errors": "Commands that failed inside the controller",
+    "internal_errors": "Commands that failed inside the controller (and reloads whose swap on the event loop failed: "
+                       "put back whole)",
     "routed_rewrites": "Routed pairs rewritten in place: their next hop's MAC changed (docs/design/routed.md)",
     "routed_neighbours_held_down": "Neighbours held down for flapping (their MAC changed too often)",
     "routed_next_hops_solicited": "Next hops of adopted routed pairs the firewall had no MAC for, each of which "

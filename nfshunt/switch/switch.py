@@ -13,10 +13,13 @@ connected to each other): it stays on the slow path, counted as crossing two swi
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from nfshunt.config.settings import Config
 from nfshunt.core.commands import Command, Ignored
 from nfshunt.core.core import Core
 from nfshunt.core.roles import Roles
+from nfshunt.core.static_table import StaticChange
 from nfshunt.core.teardown_sweep import TeardownSweep
 from nfshunt.observe.metrics import Counters
 from nfshunt.openflow.session import Session
@@ -54,6 +57,28 @@ class Switch:
         dpid = self.switch.datapath_id if self.switch.datapath_id is not None else \
             getattr(self.session.dp, "id", None) if self.session is not None else None
         return f"{dpid:016x}" if dpid is not None else "(any datapath id)"
+
+    def reload(self, cfg: Config, static: StaticChange) -> list[Command]:
+        """A reloaded config taken in (app/reloading.py, on the event loop): the controller's
+        keys and this switch's, here, in the session's flow builder and in the core; the
+        commands that take the switch there (StaticChange: worked out off the loop)."""
+        self.cfg, self.switch = cfg, cfg.switches[self.index]
+        if self.session is not None:
+            self.session.fb.cfg, self.session.fb.switch = cfg, self.switch
+        return self.core.reload(cfg, self.switch, static)
+
+    def saved(self) -> Callable[[], None]:
+        """What `reload` replaces, as a function that puts it back in the same turn of the
+        event loop (a reload whose turn failed part way: nothing of it was sent)."""
+        cfg, switch, session, core = self.cfg, self.switch, self.session, self.core.shared.saved()
+        fb = None if session is None else (session.fb.cfg, session.fb.switch)
+
+        def put_back() -> None:
+            self.cfg, self.switch = cfg, switch
+            if session is not None and fb is not None:
+                session.fb.cfg, session.fb.switch = fb
+            core()
+        return put_back
 
     def gone(self) -> Session | None:
         """The connection ended: its session is dropped (returned: what it had asked)."""
