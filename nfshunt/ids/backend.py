@@ -53,7 +53,7 @@ from nfshunt.records.model import OFP10, TCP, TCP_CLOSING, Action, ConnEvent, Fl
 from .calls import Outcome, Page, Reject, Result, RuleView
 from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
-from .loop import Answer, Host, LoopCalls
+from .loop import BUSY, Answer, Host, LoopCalls
 from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence, server_of
 from .store import Added, Store
 from .view import ended_view, read_counters, view
@@ -69,12 +69,15 @@ NOT_BUILT = Outcome(Result.ERROR, "its flows could not be built (a bug in the co
                     "kept", error=Reject.INTERNAL)
 
 
+Reply = Callable[[Outcome | Exception], None]  # an add's answer (IdsBackend.submit_async)
+
+
 class Submitted:
     """An add on its way, answered once (`give`): by the event loop, by a thread that waited
     for barriers or looked its entry up again, or at its deadline (`expire`), whichever
     comes first."""
 
-    def __init__(self, reply: Callable[[Outcome | Exception], None], deadline: float):
+    def __init__(self, reply: Reply, deadline: float):
         self.reply = reply
         self.deadline = deadline
         self.ans = Answer()
@@ -165,7 +168,8 @@ class IdsBackend:
         def reply(result: Outcome | Exception) -> None:
             got.append(result)
             done.set()
-        sub = self.submit_async(rule, timeout, reply)
+        if (sub := self.submit_async(rule, timeout, reply)) is None:
+            raise TimeoutError(BUSY)
         if not done.wait(timeout):
             sub.expire()
         done.wait()  # given by now, or being given by whoever came first
@@ -173,18 +177,17 @@ class IdsBackend:
             raise got[0]
         return got[0]
 
-    def submit_async(self, rule: Rule, timeout: float, reply: Callable[[Outcome | Exception], None]) -> Submitted:
+    def submit_async(self, rule: Rule, timeout: float, reply: Reply) -> Submitted | None:
         """Add a rule, answered once through `reply`: on the event loop itself when the
         switch confirmed the pair (no thread waits for it: the API's process, ids_process),
         else from a thread of its own that waits for switches' barriers; `expire` the result
-        at its deadline (`timeout` from now) if it was not answered."""
+        at its deadline (`timeout` from now) if it was not answered. None (nothing done, no
+        reply) while the loop's queue is full: never waited for (the process's frame reader)."""
         sub = Submitted(reply, time.monotonic() + timeout)
         sub.ans.then = lambda ans: self._added(sub)
-        try:
-            self.loop.call(lambda a: self._submit(rule, a), timeout, sub.ans)
-        except TimeoutError as exc:
+        if not self.loop.try_call(lambda a: self._submit(rule, a), sub.ans):
             sub.ans.then = None  # never answered: the cycle it makes with `sub` goes now
-            sub.give(exc)
+            return None
         return sub
 
     def _added(self, sub: Submitted) -> None:
