@@ -20,7 +20,7 @@ from nfshunt.records.model import UDP, Action, FlowTuple  # noqa: E402
 from tests.helpers import event  # noqa: E402
 from tests.support import fakeswitch as fs  # noqa: E402
 from tests.support.rig import FAST_A, FAST_B, LAYOUTS, Rig, fast, slow  # noqa: E402
-from tests.test_ids_backend import ORIG, WALL, rule, setup, tick  # noqa: E402
+from tests.test_ids_backend import ORIG, WALL, _failed, _in_one_turn, rule, setup, tick  # noqa: E402
 
 OTHER = event(sport=40001).orig  # tcp 10.0.0.1:40001 -> 10.0.0.2:5201
 
@@ -320,3 +320,25 @@ def test_an_ids_block_in_a_stream_longer_than_a_hard_timeout_holds_is_written_ag
     for _ in range((expire - cap) // 2 - 2):
         rig.advance(2)
         assert rig.packet(FAST_A, IN_STREAM).dropped
+
+
+def test_an_ids_block_in_a_stream_whose_drops_cannot_be_built_is_answered_failed_its_turns_others_added():
+    """Review s57: a drop the builder could not encode was counted and left out, and the
+    barrier behind the turn answered the add `201 added` with no drop on the switch."""
+    rig, backend, _, _ = setup(rig=Rig(openflow_versions=["1.3"], static_shunts=[STREAM]))
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    build = rig.s.fb.static_add
+
+    def add(flow):
+        if flow.out_port is None and IN_STREAM.sport in (flow.src_port, flow.dst_port):
+            raise ValueError("a value the flow builder cannot encode")
+        return build(flow)
+    rig.s.fb.static_add = add
+    other = IN_STREAM._replace(sport=40001)
+    got = _in_one_turn(rig, backend, [rule(rig, Kind.BLOCK, "bad", connection=IN_STREAM, expire=30),
+                                      rule(rig, Kind.BLOCK, "good", connection=other, expire=30)])
+    assert _failed(got["bad"]), got["bad"]
+    assert [(o.result, o.pending) for o in got["good"]] == [(Result.ADDED, None)]
+    assert backend.store.get("ids:zeek", "bad") is None and IN_STREAM not in rig.core.pins
+    assert rig.packet(FAST_A, IN_STREAM).outputs == (FAST_B,)  # the stream's, as before the add
+    assert rig.packet(FAST_A, other).dropped and rig.packet(FAST_B, other.reversed()).dropped

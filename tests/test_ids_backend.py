@@ -32,17 +32,17 @@ ORIG = event().orig  # tcp 10.0.0.1:40000 -> 10.0.0.2:5201
 
 class Host:
     """The app as the backend sees it: the rig's switch; posted work runs at once (the
-    test's thread is the event loop); a barrier is answered as the rig runs."""
+    test's thread is the event loop); a turn's waiter is the app's (Dispatcher.run's), set
+    when the rig's switch answers its barrier."""
 
     def __init__(self, rig: Rig):
         self.rig = rig
         self.cfg = rig.sw.cfg
         self.switches = [rig.sw]
 
-    def run(self, _sw: Any, commands: Any, waiter: Any = None) -> None:
-        self.rig.run(commands)
-        if waiter is not None:
-            waiter.set()
+    def run(self, sw: Any, commands: Any, waiter: Any = None) -> None:
+        self.rig.app.run(sw, list(commands), waiter)
+        self.rig.pump()
 
     def post(self, ev: Any) -> None:
         ev.work()
@@ -111,15 +111,16 @@ def tick(rig: Rig, backend: IdsBackend, seconds: float) -> None:
 
 def test_an_address_block_whose_flow_cannot_be_built_keeps_no_other_block_off_the_switch_at_a_reconnect():
     """One InstallAddressBlocks carries every prefix's flows at a connect: one os-ken cannot
-    build (a scope id, before rules refused them: a stored rule past the checks) is counted
-    and left out, and the others still go in."""
+    build (a scope id, before rules refused them: a stored rule past the checks, put into
+    effect as at start) is counted and left out, and the others still go in."""
     from tests.support import fakeswitch as fs
     rig, backend, _, _ = setup()
     rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
     assert backend.submit(rule(rig, Kind.BLOCK_ADDRESS, "good", address="10.0.0.0/30"), 1.0).result is Result.ADDED
     scoped = dataclasses.replace(rule(rig, Kind.BLOCK_ADDRESS, "scoped", address="fd00::/64"),
                                  address=ipaddress.ip_network("fe80::%eth0/64"))
-    backend.submit(scoped, 1.0)
+    backend.store.add(scoped)  # (as IdsBackend.load does: an add of it is answered failed, and not kept)
+    backend._apply(scoped, None)
     assert rig.counters.flat().get("internal_errors") == 2  # (its two flows: to the prefix and from it)
     rig.reconnect(fs.FakeSwitch(now=rig.now))  # (a switch rebooted: an empty table)
     assert len(rig.flows(cookies.Kind.ADDRESS_BLOCK)) == 2 and rig.counters.flat().get("internal_errors") == 4
@@ -790,3 +791,73 @@ def test_a_call_the_loop_cannot_be_handed_is_not_made_and_the_next_one_is_posted
     assert ran == ["next"]
     for _ in range(QUEUED):  # the failed call's room was given back
         loop.call(lambda a: None, 0.0)
+
+
+def _in_one_turn(rig: Rig, backend: IdsBackend, rules: list[Rule]) -> dict[str, list[Any]]:
+    """Adds the event loop runs in one turn (LoopCalls._drain: posted while the first waited
+    for the loop), each answered through its own reply; what each was answered in the turn."""
+    post, posted = backend.host.post, []
+    backend.host.post = posted.append
+    got: dict[str, list[Any]] = {r.id: [] for r in rules}
+    for r in rules:
+        backend.submit_async(r, 30.0, got[r.id].append)
+    backend.host.post = post
+    (drain,) = posted
+    post(drain)
+    return got
+
+
+def _failed(outcomes: list[Any]) -> bool:
+    return len(outcomes) == 1 and outcomes[0].result is Result.ERROR and outcomes[0].error is Reject.INTERNAL
+
+
+def test_an_add_whose_pairs_flows_cannot_be_built_is_answered_failed_and_not_kept_its_turns_others_added():
+    """Review s57: a flow the builder cannot encode failed the InstallFlows command (counted as
+    an internal error); the pair stayed PENDING with nothing sent, and the add waited for an
+    install that never came, to be answered added (pending) at its deadline. Now its pair is
+    rolled back (the firewall keeps the connection), its add is answered failed at once and
+    its rule is not kept; the other add of the same turn is installed and answered added."""
+    rig, backend, entries, records = setup()
+    rig._check = lambda: None  # (the rig fails a test on an internal error: here the one counted is the point)
+    other = ORIG._replace(sport=40001)
+    entries[ORIG] = event(action=0)
+    entries[other] = event(action=0, sport=40001, ct_id=8)
+    build = rig.s.fb.install
+
+    def install(conn):
+        if conn.orig == ORIG:
+            raise ValueError("a value the flow builder cannot encode")
+        return build(conn)
+    rig.s.fb.install = install
+    got = _in_one_turn(rig, backend, [rule(rig, rule_id="bad"), rule(rig, rule_id="good", connection=other)])
+    assert _failed(got["bad"]), got["bad"]
+    assert got["good"] == [Outcome(Result.ADDED)]
+    assert rig.counters.flat().get("internal_errors") == 1
+    assert rig.core.find(tuple_=ORIG) is None and rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)  # the firewall's
+    assert backend.store.get("ids:zeek", "bad") is None and ORIG not in rig.core.pins
+    assert backend.store.ended("ids:zeek", "bad").why.startswith("failed")
+    assert rig.packet(FAST_A, other).outputs == (FAST_B,) and not backend.waiting
+    assert [r["event"] for r in records if r["id"] == "bad"] == ["ids_rule_added", "ids_rule_ended"]
+
+
+def test_an_address_block_whose_flows_cannot_be_built_is_answered_failed_and_not_kept_its_turns_others_added():
+    """Review s57: the dispatcher counted the flow it could not build and left it out, and the
+    barrier behind the turn answered the add: `201 added` with nothing of it on the switch."""
+    rig, backend, _, _ = setup()
+    rig._check = lambda: None
+    bad = ipaddress.ip_network("10.0.0.0/30")
+    build = rig.s.fb.address_block_add
+
+    def add(flow, now):
+        if flow.net == bad:
+            raise ValueError("a value the flow builder cannot encode")
+        return build(flow, now)
+    rig.s.fb.address_block_add = add
+    got = _in_one_turn(rig, backend, [rule(rig, Kind.BLOCK_ADDRESS, "bad", address=str(bad)),
+                                      rule(rig, Kind.BLOCK_ADDRESS, "good", address="10.0.1.0/30")])
+    assert _failed(got["bad"]), got["bad"]
+    assert got["good"] == [Outcome(Result.ADDED)]
+    assert rig.counters.flat().get("internal_errors") == 2  # (its two flows)
+    assert backend.store.get("ids:zeek", "bad") is None and backend.store.ended("ids:zeek", "bad")
+    assert rig.packet(FAST_A, ORIG).outputs == (SLOW_A,)  # 10.0.0.1: not blocked
+    assert rig.packet(FAST_A, FlowTuple(4, 6, "10.0.1.1", "10.0.0.2", 1000, 80)).dropped

@@ -492,9 +492,9 @@ def test_calls_past_one_a_connection_are_answered_busy_not_queued_without_end():
     backend.rules = lambda *args: free.wait(10) and listed(*args)
     ours, theirs = socket.socketpair()
     theirs.settimeout(10)  # (a failure is an error, not a hang)
-    bad = []
+    bad, busy = [], []
     server = BackendServer(Channel(ours, MAX_REQUEST), cfg, backend, lambda why: None, lambda *a: None,
-                           bad.append, workers=2)
+                           bad.append, workers=2, busy=busy.append)
     child = Channel(theirs, MAX_ANSWER)
     served = threading.Thread(target=server.serve, args=(lambda error: None,))
     served.start()
@@ -503,8 +503,9 @@ def test_calls_past_one_a_connection_are_answered_busy_not_queued_without_end():
         for seq in range(1, limit + extra + 1):
             child.send({"op": "rules", "seq": seq, "source": "ids:zeek", "kind": None, "address": None,
                         "after": 0, "limit": 10})
-        busy = [child.receive() for _ in range(extra)]  # at once: nothing else can be answered yet
-        assert [(a["seq"], a["done"]) for a in busy] == [(limit + 1 + i, TIMEOUT) for i in range(extra)]
+        answered = [child.receive() for _ in range(extra)]  # at once: nothing else can be answered yet
+        assert [(a["seq"], a["done"]) for a in answered] == [(limit + 1 + i, TIMEOUT) for i in range(extra)]
+        assert busy == ["rules"] * extra  # counted, by call
         free.set()
         served_ = sorted(child.receive()["seq"] for _ in range(limit))
         assert served_ == list(range(1, limit + 1)) and not bad
@@ -512,4 +513,49 @@ def test_calls_past_one_a_connection_are_answered_busy_not_queued_without_end():
         free.set()
         child.close()
         served.join(10)
+    assert not served.is_alive()
+
+
+def test_a_submit_the_loop_has_no_room_for_is_answered_busy_at_once_and_the_reader_goes_on():
+    """Review s57: a submit waited on the frame reader for room in the event loop's queue of
+    calls (loop.QUEUED), up to its own timeout, and the child's frames behind it (counts,
+    logs, tokens, removals) waited too: a token rotation seen late, a flood of submits
+    holding the reader. With the loop not turning, QUEUED submits are queued; the next is
+    answered busy at once (TIMEOUT: the API's 504), counted, and the count frame behind it
+    is taken at once."""
+    from nfshunt.ids.frames import MAX_ANSWER
+    from nfshunt.ids.loop import QUEUED
+    from nfshunt.ids.process import TIMEOUT, BackendServer
+    from tests.test_ids_backend import ORIG, WALL, setup
+    rig, backend, _, _ = setup()
+    post, posted = backend.host.post, []
+    backend.host.post = posted.append  # the event loop takes nothing: its queue of calls fills
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10)  # (a failure is an error, not a hang)
+    bad, counted, busy = [], [], []
+    server = BackendServer(Channel(ours, MAX_REQUEST), backend.cfg, backend, counted.append, backend.submit_async,
+                           bad.append, workers=2, busy=busy.append)
+    child = Channel(theirs, MAX_ANSWER)
+    served = threading.Thread(target=server.serve, args=(lambda error: None,))
+    served.start()
+    try:
+        start = time.monotonic()
+        for seq in range(1, QUEUED + 2):
+            rule = {"source": "ids:zeek", "id": str(seq), "kind": "shunt", "priority": 0, "expire": 60,
+                    "created": WALL, "connection": {"protocol": "tcp", "src": ORIG.src, "sport": 30000 + seq,
+                                                    "dst": ORIG.dst, "dport": ORIG.dport}}
+            child.send({"op": "submit", "seq": seq, "timeout": 10.0, "rule": rule})
+        child.send({"op": "count", "reason": "rate_limited"})
+        assert until(lambda: counted == [Reject.RATE_LIMITED], 2.0), "the count waited behind the submit"
+        answer = child.receive()
+        assert time.monotonic() - start < 2.0  # at once, not at the submit's 10 s
+        assert (answer["seq"], answer["done"]) == (QUEUED + 1, TIMEOUT) and "busy" in answer["value"]
+        assert busy == ["submit"] and not bad
+        post(posted.pop())  # the loop turns: the queued adds are judged (no entry yet: pending) and answered
+        answered = sorted((a["seq"], a["value"]["result"], bool(a["value"]["pending"]))
+                          for a in (child.receive() for _ in range(QUEUED)))
+        assert answered == [(seq, "added", True) for seq in range(1, QUEUED + 1)]
+    finally:
+        child.close()
+        served.join(15)
     assert not served.is_alive()

@@ -96,7 +96,8 @@ class Parts:
             self.ids_api = ApiProcess(self.cfg.ids, self.ids, self.ids.submit_async,
                                       count=lambda why: self.counters.add("ids_refused", why.value),
                                       restarted=lambda: self.counters.inc("ids_api_restarts"),
-                                      bad_frame=lambda: self.counters.inc("ids_api_bad_frames"))
+                                      bad_frame=lambda: self.counters.inc("ids_api_bad_frames"),
+                                      busy=lambda op: self.counters.add("ids_busy", op))
         self.policy = self.Policy(self.cfg.state_dir, len(self.switches), self.cfg.pair is not None)
         for sw in self.switches:
             sw.core.stale_policy = self.policy.stale

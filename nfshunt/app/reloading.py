@@ -381,9 +381,10 @@ class Reloader:
     def _answer(head: dict[str, Any], rows: list[tuple[dict[str, Any], list[SliceWatch] | None]],
                 started: float) -> dict[str, Any]:
         """Each switch's state once its barriers are answered (or RELOAD_WAIT passed):
-        confirmed (every flow-mod of the change in it), failed (it refused some: `refused`
-        says which and why), pending (not known to be in it: `why`), backup (a pair's backup
-        sends nothing); `confirmed` only if no switch is failed or pending."""
+        confirmed (every flow-mod of the change in it), failed (it refused some, or some
+        could not be built: `refused` says which and why), pending (not known to be in it:
+        `why`), backup (a pair's backup sends nothing); `confirmed` only if no switch is
+        failed or pending."""
         deadline = time.monotonic() + RELOAD_WAIT
         last = None
         for row, watches in rows:
@@ -395,7 +396,7 @@ class Reloader:
                 if not watch.wait(max(0.0, deadline - time.monotonic())):
                     silent = f"the switch has not answered within {RELOAD_WAIT:g} s"
                     continue
-                refused += watch.refused
+                refused += watch.failed + watch.refused  # (not built, then what the switch refused)
                 if watch.unanswered is not None:
                     unanswered = unanswered or watch.unanswered
                 else:

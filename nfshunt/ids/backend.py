@@ -12,6 +12,10 @@ precedence rule (ids_rules.precedence) decide, and the core acts:
     pending when the connection has no live entry yet (its entry's event applies it);
   - an address block is a pair of drop flows on every served switch (address_blocks.py),
     above every shunt; `added` once each connected switch answered the barrier behind them.
+An add whose own flows failed inside the controller (one it could not build: a bug past the
+checks) never went to the switch: the dispatcher tells the turn's waiter (TurnWaiter.failed)
+or, for a pair's install, the adds waiting for it (`not_installed`); it is answered failed
+(NOT_BUILT: the API's 500), never added, and its rule ends (RuleEnds.end_failing).
 Expiry is hard, on the tick (the monotonic clock while running, the wall clock across a
 restart: ids_store): the flows go, and the rule is reported ended with what they counted
 (the flow-removed messages: ids_ends); a pair the rule decided also ends on the switch by
@@ -42,13 +46,14 @@ from nfshunt.config.settings import Config
 from nfshunt.core.commands import InstallStatic
 from nfshunt.core.connection import ACTIVE, Conn
 from nfshunt.observe.logs import RateLimitedLog
+from nfshunt.openflow.inflight import TurnWaiter
 from nfshunt.records import markcodec
 from nfshunt.records.model import OFP10, TCP, TCP_CLOSING, Action, ConnEvent, FlowTuple
 
 from .calls import Outcome, Page, Reject, Result, RuleView
 from .ends import ENDING_GRACE, RuleEnds
 from .log import RuleLog
-from .loop import Answer, Host, LoopCalls
+from .loop import BUSY, Answer, Host, LoopCalls
 from .rules import Decision, Kind, Network, Rule, Situation, holder, pair_key, precedence, server_of
 from .store import Added, Store
 from .view import ended_view, read_counters, view
@@ -58,6 +63,13 @@ LATE = "the switch's confirmation (not in time: the rule is kept, and expires as
 NO_ENTRY = "the connection's conntrack entry (applied when its event comes)"
 JUDGING = "the firewall's decision of the connection (applied when its event comes)"
 CLOSING = "a new connection on these ports that the firewall accepts (this one is closing)"
+# An add whose own flows failed inside the controller (Dispatcher._failed: a bug past the
+# checks) never went to the switch: answered failed (the API's 500), and its rule ends.
+NOT_BUILT = Outcome(Result.ERROR, "its flows could not be built (a bug in the controller, logged): the rule is not "
+                    "kept", error=Reject.INTERNAL)
+
+
+Reply = Callable[[Outcome | Exception], None]  # an add's answer (IdsBackend.submit_async)
 
 
 class Submitted:
@@ -65,7 +77,7 @@ class Submitted:
     for barriers or looked its entry up again, or at its deadline (`expire`), whichever
     comes first."""
 
-    def __init__(self, reply: Callable[[Outcome | Exception], None], deadline: float):
+    def __init__(self, reply: Reply, deadline: float):
         self.reply = reply
         self.deadline = deadline
         self.ans = Answer()
@@ -110,10 +122,12 @@ class Waiting:
         self.adds.setdefault(key, []).append(_Waiter(rule.key, ans))
 
     def answer(self, key: tuple[FlowTuple, Action], outcome: Outcome,
-               barriers: Iterable[threading.Event] = ()) -> None:
-        """Every add waiting for the pair with this action."""
-        for w in self.adds.pop(key, ()):
+               barriers: Iterable[threading.Event] = ()) -> list[tuple[str, str]]:
+        """Every add waiting for the pair with this action; their rules (Rule.key)."""
+        waiters = self.adds.pop(key, ())
+        for w in waiters:
             w.ans.answer(outcome, barriers)
+        return [w.rule for w in waiters]
 
     def ended(self, rule: Rule, outcome: Outcome) -> None:
         """A connection rule ended before its pair was confirmed: its own add, if waiting."""
@@ -154,7 +168,8 @@ class IdsBackend:
         def reply(result: Outcome | Exception) -> None:
             got.append(result)
             done.set()
-        sub = self.submit_async(rule, timeout, reply)
+        if (sub := self.submit_async(rule, timeout, reply)) is None:
+            raise TimeoutError(BUSY)
         if not done.wait(timeout):
             sub.expire()
         done.wait()  # given by now, or being given by whoever came first
@@ -162,18 +177,17 @@ class IdsBackend:
             raise got[0]
         return got[0]
 
-    def submit_async(self, rule: Rule, timeout: float, reply: Callable[[Outcome | Exception], None]) -> Submitted:
+    def submit_async(self, rule: Rule, timeout: float, reply: Reply) -> Submitted | None:
         """Add a rule, answered once through `reply`: on the event loop itself when the
         switch confirmed the pair (no thread waits for it: the API's process, ids_process),
         else from a thread of its own that waits for switches' barriers; `expire` the result
-        at its deadline (`timeout` from now) if it was not answered."""
+        at its deadline (`timeout` from now) if it was not answered. None (nothing done, no
+        reply) while the loop's queue is full: never waited for (the process's frame reader)."""
         sub = Submitted(reply, time.monotonic() + timeout)
         sub.ans.then = lambda ans: self._added(sub)
-        try:
-            self.loop.call(lambda a: self._submit(rule, a), timeout, sub.ans)
-        except TimeoutError as exc:
+        if not self.loop.try_call(lambda a: self._submit(rule, a), sub.ans):
             sub.ans.then = None  # never answered: the cycle it makes with `sub` goes now
-            sub.give(exc)
+            return None
         return sub
 
     def _added(self, sub: Submitted) -> None:
@@ -309,12 +323,16 @@ class IdsBackend:
             ans.answer(Outcome(Result.ADDED))
         elif rule.kind is Kind.BLOCK_ADDRESS:
             barriers = self._apply(rule, None)
-            if not barriers:
+            if _not_built(barriers):
+                self.ends.failing.append(rule.key)
+                ans.answer(NOT_BUILT)
+            elif not barriers:
                 ans.answer(Outcome(Result.ADDED, pending="a switch to connect (installed when one does)"))
             else:
                 ans.answer(Outcome(Result.ADDED), barriers)
         else:
             self._connection(rule, entry, verdict.decision, ans)
+        self.ends.end_failing()  # (an add answered NOT_BUILT: its rule ends now, out of the dispatcher's turns)
 
     def _connection(self, rule: Rule, entry: ConnEvent | None, decision: Decision, ans: Answer) -> None:
         assert rule.connection is not None
@@ -326,9 +344,12 @@ class IdsBackend:
         closing = entry is not None and entry.orig.proto == TCP and entry.tcp_state in TCP_CLOSING
         self.waiting.wait(key, rule, ans)
         stream = self._apply(rule, None if closing else entry)  # (waiters: a static stream's tuple dropped above it)
-        if ans.done.is_set():  # installed in this very turn (a switch that answers at once)
+        if ans.done.is_set():  # installed in this very turn (a switch that answers at once), or not built
             return
-        if stream:
+        if _not_built(stream):
+            self.ends.failing.append(rule.key)
+            self.waiting.ended(rule, NOT_BUILT)
+        elif stream:
             self.waiting.answer(key, Outcome(Result.ADDED, reason="dropped in the switch above a static stream"),
                                 stream)
         elif any(conn.action is action and conn.state in ACTIVE for conn in conns):
@@ -338,22 +359,22 @@ class IdsBackend:
         elif decision is Decision.WAIT or (entry is None and not conns):
             self.waiting.answer(key, Outcome(Result.ADDED, pending=NO_ENTRY if entry is None else JUDGING))
 
-    def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[threading.Event]:
+    def _apply(self, rule: Rule, entry: ConnEvent | None) -> list[TurnWaiter]:
         """Put a kept rule into effect on every switch: barrier waiters of connected ones."""
         now = self.mono()
-        waiters: list[threading.Event] = []
+        waiters: list[TurnWaiter] = []
         if rule.kind is Kind.BLOCK_ADDRESS:
             assert rule.address is not None
             for sw in self.host.switches:
                 out = sw.core.block_address(rule.address, self.store.deadline(rule), f"{rule.source}/{rule.id}")
-                waiter = threading.Event()
+                waiter = TurnWaiter()
                 if sw.session is not None:
                     waiters.append(waiter)
                 self.host.run(sw, out, waiter)
         elif rule.connection is not None:
             for sw in self.host.switches if self._holds(rule) else ():
                 out = sw.core.ids_pin(rule.connection, self.store.hold(rule), now)
-                static = threading.Event() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
+                static = TurnWaiter() if sw.session and any(isinstance(c, InstallStatic) for c in out) else None
                 waiters.extend([static] if static else [])
                 self.host.run(sw, out, static)
             if entry is not None:
@@ -370,6 +391,12 @@ class IdsBackend:
         """The switch confirmed a pair (Outcomes' Installed): adds waiting for it are answered."""
         if self.waiting:
             self.waiting.answer((pair_key(conn.orig), conn.action), Outcome(Result.ADDED))
+
+    def not_installed(self, conn: Conn) -> None:
+        """A pair's flows could not be built (Outcomes'; the pair rolled back): adds waiting for
+        it are answered failed, their rules ended out of the dispatcher's turn (RuleEnds.failing)."""
+        if self.waiting:
+            self.ends.failing.extend(self.waiting.answer((pair_key(conn.orig), conn.action), NOT_BUILT))
 
     def _remove(self, source: str, rule_id: str, ans: Answer) -> None:
         rule = self.store.get(source, rule_id)
@@ -402,6 +429,7 @@ class IdsBackend:
     def tick(self) -> None:
         """Rules whose hard expiry came lose their flows; ends due are reported; the state
         file written when something changed."""
+        self.ends.end_failing()
         for rule in self.store.due(self.mono()):
             if rule.key not in self.ends:
                 self.ends.end(rule, "expired")
@@ -433,6 +461,11 @@ class IdsBackend:
         self.log.change("ids_rule_refused", rule, error=why.value, reason=reason,
                         **({"refusal": refusal.value} if refusal is not None else {}))
         ans.answer(Outcome(Result.ERROR, reason, error=why, refusal=refusal))
+
+
+def _not_built(waiters: Iterable[TurnWaiter]) -> bool:
+    """Whether something of an add's own turns failed inside the controller (Dispatcher._failed)."""
+    return any(w.failed for w in waiters)
 
 
 def zoned_rule(rule: Rule, cfg: Config) -> tuple[Rule, str | None]:

@@ -46,22 +46,34 @@ class RuleEnds:
         self.mono = mono
         self.ending: dict[tuple[str, str], _Ending] = {}
         self.ending_conns: dict[FlowTuple, _Ending] = {}
+        # Rules whose adds were answered failed (their flows could not be built): ended by
+        # `end_failing`, out of the dispatcher's turn that found it (a run inside one is not).
+        self.failing: list[tuple[str, str]] = []
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         """A rule (by key) whose end is under way."""
         return key in self.ending
 
-    def end(self, rule: Rule, why: str, ans: Answer | None = None) -> None:
-        """Take a rule's flows down; it ends once they are gone (tick)."""
+    def end(self, rule: Rule, why: str, ans: Answer | None = None, grace: float = ENDING_GRACE) -> None:
+        """Take a rule's flows down; it ends once they are gone (tick), or `grace` is over
+        (0: at once, with no counters: an add whose flows never went to the switch)."""
         ending = self.ending.get(rule.key)
         fresh = ending is None
         if ending is None:
-            ending = self.ending[rule.key] = _Ending(rule, why, self.mono() + ENDING_GRACE)
+            ending = self.ending[rule.key] = _Ending(rule, why, self.mono() + grace)
         if ans is not None:
             ending.answers.append(ans)
         if fresh:
             self._take_down(rule, ending)  # (may end it at once: a switch that answers in this turn)
         self.finish_due()
+
+    def end_failing(self) -> None:
+        """Rules whose adds failed end at once: nothing of them was confirmed on the switch,
+        so there are no counters to wait for."""
+        while self.failing:
+            rule = self.store.get(*self.failing.pop())
+            if rule is not None and rule.key not in self.ending:
+                self.end(rule, "failed to install: its flows could not be built", grace=0.0)
 
     def removed(self, conn: Conn) -> None:
         """A pair left the switch (Outcomes' Removed): a rule ending for it has its counters."""

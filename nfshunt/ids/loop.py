@@ -4,7 +4,9 @@ Every call runs on the event loop (EventIds, as the control socket's requests do
 thread that posted it waits for its `Answer`, or the answer's `then` tells whoever needs
 it (an add's, ids_backend.submit_async). At most QUEUED
 calls are in the loop's queue at once: os-ken's queue (128 events) also carries the
-switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS).
+switch's replies, which must never wait behind a flood of requests (feeds.HANDOVERS). A
+caller that must not wait for room asks with `try_call` (the API's process's frame reader,
+whose other frames would wait behind it): a full queue is its answer at once.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .calls import Outcome
 
 LOG = logging.getLogger("nfshunt")
 QUEUED = 32  # IDS calls in the event loop's queue at most
+BUSY = "the controller is busy: its event loop has too many IDS requests queued (nothing was done)"
 
 
 class EventIds(event.EventBase):
@@ -87,10 +90,21 @@ class LoopCalls:
     def call(self, work: Callable[[Answer], None], timeout: float, ans: Answer | None = None) -> Answer:
         """Post `work` to the event loop (TimeoutError if there was no room in time); its
         answer (`ans`, or a new one) is waited for with `wait`, or told by its `then`."""
-        ans = ans if ans is not None else Answer()
         if not self._room.acquire(timeout=timeout):
-            raise TimeoutError("the controller's event loop has too many IDS requests queued")
+            raise TimeoutError(BUSY)
+        return self._post(work, ans if ans is not None else Answer())
 
+    def try_call(self, work: Callable[[Answer], None], ans: Answer) -> bool:
+        """`call` for a thread that must not wait for room (the API's process's frame reader:
+        the child's other frames wait behind it): False, nothing posted, while QUEUED calls
+        wait for the loop."""
+        if not self._room.acquire(blocking=False):
+            return False
+        self._post(work, ans)
+        return True
+
+    def _post(self, work: Callable[[Answer], None], ans: Answer) -> Answer:
+        """`work` posted, its room in the queue taken (given back when the loop runs it)."""
         def run() -> None:
             self._room.release()
             ans.taken = True

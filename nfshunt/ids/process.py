@@ -54,6 +54,7 @@ from .api import REQUEST_SECONDS, IdsApi, listen
 from .calls import Outcome, Page, Reject, RuleBackend, RuleView
 from .confine import confine
 from .frames import Channel, FrameError
+from .loop import BUSY
 from .rules import Kind, Network, Rule
 
 LOG = logging.getLogger("nfshunt")
@@ -212,7 +213,7 @@ def child_main(argv: list[str]) -> int:
 
 
 Reply = Callable[[Outcome | Exception], None]
-SubmitAsync = Callable[[Rule, float, Reply], "Pending"]
+SubmitAsync = Callable[[Rule, float, Reply], "Pending | None"]  # None: no room in the event loop's queue
 ENCODE: dict[str, Callable[[Any], Any]] = {
     "submit": frames.outcome_json, "remove": frames.outcome_json,
     "rules": frames.page_json,
@@ -260,20 +261,25 @@ class BackendServer:
     """The controller's end: the child's requests, each checked (frames.request_of), run on
     the real backend. An add is answered from the event loop the moment the switch
     confirms it (submit: IdsBackend.submit_async), with no thread of ours waiting for it;
-    the rarer calls each wait on a thread of a pool. Refusals are counted and records
-    logged as they come (`logs`: at most LOG_BURST of a logger and level every 10 s, the
-    rest counted; ApiProcess's, kept across its children). A frame that is not one
-    (`bad_frame`: counted, logged) ends the child, having changed nothing."""
+    the rarer calls each wait on a thread of a pool. Nothing waits on the reader: a call
+    with no room (in the event loop's queue of calls, or the pool's) is answered busy at
+    once and counted (`busy`, by op), and the frames behind it (counts, logs, the next
+    calls) are taken at once. Refusals are counted and records logged as they come (`logs`: at most
+    LOG_BURST of a logger and level every 10 s, the rest counted; ApiProcess's, kept across
+    its children). A frame that is not one (`bad_frame`: counted, logged) ends the child,
+    having changed nothing."""
 
     def __init__(self, channel: Channel, cfg: IdsConfig, backend: RuleBackend, count: Callable[[Reject], None],
                  submit: SubmitAsync, bad_frame: Callable[[str], None], workers: int,
-                 wall: Callable[[], float] = time.time, logs: RateLimitedLog | None = None):
+                 wall: Callable[[], float] = time.time, logs: RateLimitedLog | None = None,
+                 busy: Callable[[str], None] = lambda op: None):
         self.channel = channel
         self.cfg = cfg
         self.backend = backend
         self.count = count
         self.submit = submit
         self.bad_frame = bad_frame
+        self.busy = busy
         self.wall = wall
         self.logs = logs if logs is not None else RateLimitedLog(LOG, burst=LOG_BURST)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfshunt-ids-call")
@@ -327,11 +333,20 @@ class BackendServer:
             op, seq, args = frames.request_of(message, self.wall(), self.cfg)
             if op == "submit":
                 rule, timeout = args
-                self.deadlines.watch(self.submit(rule, timeout, lambda result: self._answer(op, seq, result)))
+                pending = self.submit(rule, timeout, lambda result: self._answer(op, seq, result))
+                if pending is None:  # (the event loop's queue of calls is full: never waited for here)
+                    self._busy(op, seq, BUSY)
+                else:
+                    self.deadlines.watch(pending)
             elif self.calls.acquire(blocking=False):
                 self.pool.submit(self._run, op, seq, args)
             else:
-                self._answer(op, seq, TimeoutError("the controller is busy with the API's earlier calls"))
+                self._busy(op, seq, "the controller is busy with the API's earlier calls (nothing was done)")
+
+    def _busy(self, op: str, seq: int, why: str) -> None:
+        """A call answered busy at once, nothing done (the API's 504, `unanswered`), counted."""
+        self.busy(op)
+        self._answer(op, seq, TimeoutError(why))
 
     def _run(self, op: str, seq: int, args: tuple[Any, ...]) -> None:
         try:
@@ -369,13 +384,15 @@ class ApiProcess:
 
     def __init__(self, cfg: IdsConfig, backend: RuleBackend, submit: SubmitAsync,
                  count: Callable[[Reject], None], restarted: Callable[[], None] = lambda: None,
-                 request_seconds: float = REQUEST_SECONDS, bad_frame: Callable[[], None] = lambda: None):
+                 request_seconds: float = REQUEST_SECONDS, bad_frame: Callable[[], None] = lambda: None,
+                 busy: Callable[[str], None] = lambda op: None):
         self.cfg = cfg
         self.backend = backend
         self.submit = submit
         self.count = count
         self.restarted = restarted
         self.counted_bad_frame = bad_frame
+        self.busy = busy  # a call answered busy, by op (BackendServer)
         self._rlog = RateLimitedLog(LOG)
         self._child_logs = RateLimitedLog(LOG, burst=LOG_BURST)
         self.request_seconds = request_seconds
@@ -427,7 +444,7 @@ class ApiProcess:
             said.append(error)
             event.set()
         server = BackendServer(self._channel, self.cfg, self.backend, self.count, self.submit, self._bad_frame,
-                               workers=self.cfg.max_connections + 4, logs=self._child_logs)
+                               workers=self.cfg.max_connections + 4, logs=self._child_logs, busy=self.busy)
         self._server_thread = threading.Thread(target=server.serve, args=(serving,), name="nfshunt-ids-calls",
                                                daemon=True)
         self._server_thread.start()

@@ -75,6 +75,8 @@ def audit_logger(path: str | None) -> logging.Logger:
 class Watch(Protocol):
     def installed(self, conn: Conn) -> None: ...
 
+    def not_installed(self, conn: Conn) -> None: ...
+
     def removed(self, conn: Conn) -> None: ...
 
 
@@ -119,6 +121,12 @@ class Outcomes:
                  extra={"fields": conn_fields(conn, "installed", latency_ms=round(cmd.latency * 1000, 3))})
         if self.watch is not None:
             self.watch.installed(conn)
+
+    def not_installed(self, conn: Conn) -> None:
+        """A pair whose flows could not be built (Dispatcher.install_flows: counted and logged
+        there, rolled back): what waits for its install is told."""
+        if self.watch is not None:
+            self.watch.not_installed(conn)
 
     def refused(self, cmd: c.Refused) -> None:
         self.counters.add("refused", cmd.conn.action)

@@ -47,6 +47,9 @@ LABELLED = {
                        "what and why", ("change", "reason")),
     "ids_refused": ("nfshunt_ids_refused", "IDS API requests refused, by reason (ids/calls.Reject; a precedence "
                     "refusal by the rule that refused it, as refused:<rule>)", ("reason",)),
+    "ids_busy": ("nfshunt_ids_calls_busy", "Calls of the IDS API's process the controller answered busy at once, "
+                 "by call: no room for them (its event loop's queue of IDS calls, or its pool of threads, was "
+                 "full); nothing was done, and the API answered 504", ("op",)),
     "ids_rules": ("nfshunt_ids_rule_changes", "IDS rules added, found existing, ended, by outcome and kind",
                   ("outcome", "kind")),
     "openflow_ignored": ("nfshunt_openflow_ignored", "OpenFlow messages dropped because they did not come from "

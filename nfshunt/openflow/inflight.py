@@ -64,7 +64,18 @@ class Batch:
     failed: dict[int, tuple[str, bool]] = dataclasses.field(default_factory=dict)  # id(conn) -> (reason, full)
 
 
-class ChangeWatch(threading.Event):
+class TurnWaiter(threading.Event):
+    """Who waits for the barrier behind a turn (Dispatcher.run) and must know that the turn
+    went to the switch whole (an IDS's add): `failed` names what of it failed inside the
+    controller (a command whose handler raised, a flow that could not be built), as (what,
+    why). That never went to the switch: the barrier's answer confirms none of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: list[tuple[str, str]] = []
+
+
+class ChangeWatch(TurnWaiter):
     """A change whose every flow-mod must be known to be in the switch (a reload's static
     flows): the flow-mods' xids, what the switch refused of them (errors come before the
     barrier behind them), and how that barrier ended. Set once it is known: the switch

@@ -33,6 +33,7 @@ from nfshunt.openflow.inflight import (
     ReconcileRead,
     StaticRead,
     TableSize,
+    TurnWaiter,
 )
 from nfshunt.openflow.rewrite import rewrite
 from nfshunt.openflow.session import Session
@@ -71,6 +72,7 @@ class Dispatcher:
         self.counters = outcomes.counters
         self.schedule = schedule  # run commands after a delay (the app's timer)
         self.post = post  # run commands on the event loop from another thread
+        self.turn: TurnWaiter | None = None  # who waits for the turn being run, told what of it failed
         self.watch: ChangeWatch | None = None  # the change the turn being run is (its static flow-mods')
         self.rlog = RateLimitedLog(LOG)
         # A routing firewall's tables, followed on a thread of their own from the first
@@ -149,13 +151,14 @@ class Dispatcher:
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands (and what executing them brings back from the
-        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`.
-        A ChangeWatch waiter also gets the xids of the static flow-mods the commands make, and
-        what the switch refuses of them."""
+        core), then write the turn to the switch, behind a barrier whose answer sets `waiter`,
+        a TurnWaiter told what of the turn failed (`_failed`). A ChangeWatch also gets the xids
+        of the static flow-mods the commands make, and what the switch refuses of them."""
         work = collections.deque(commands)
         session = sw.session
         if session is not None and session.send.queued:
             work.extend(self._release(sw, session))
+        self.turn = waiter if isinstance(waiter, TurnWaiter) else None
         self.watch = waiter if isinstance(waiter, ChangeWatch) else None
         try:
             with self.worker.batched():  # the turn's conntrack requests go to the worker at once
@@ -163,14 +166,14 @@ class Dispatcher:
                     cmd = work.popleft()
                     try:
                         follow = self.execute(sw, cmd)
-                    except Exception:
-                        self.counters.inc("internal_errors")
+                    except Exception as exc:
                         LOG.exception("failed to execute %s", type(cmd).__name__)
+                        self._failed(f"the {type(cmd).__name__} command", f"failed: {type(exc).__name__}: {exc}")
                         continue
                     if follow:
                         work.extend(follow)
         finally:
-            self.watch = None
+            self.turn = self.watch = None
         if sw.session is not None:
             sw.session.send.flush(waiter)
         elif isinstance(waiter, ChangeWatch):
@@ -215,11 +218,27 @@ class Dispatcher:
             out.extend(core.room_freed(min(drained, send.queue_max - len(send.queued))))
         return out
 
+    def _failed(self, what: str, why: str) -> None:
+        """What of the turn failed inside the controller (a handler raised, a flow could not
+        be built: a bug past the checks), counted and told to the turn's waiter, whose barrier
+        confirms none of it (TurnWaiter.failed: a reload names it, an IDS's add fails)."""
+        self.counters.inc("internal_errors")
+        if self.turn is not None:
+            self.turn.failed.append((what, why))
+
     # --- the switch -------------------------------------------------------------------------
 
     def install_flows(self, sw: Switch, cmd: c.InstallFlows) -> list[c.Command] | None:
         conn = cmd.conn
-        if sw.session is not None and not sw.session.send.install(conn):
+        try:
+            sent = sw.session is None or sw.session.send.install(conn)
+        except Exception as exc:  # its flows, built whole before any is queued, could not be: none went
+            self._failed(f"the install of {conn.describe()}", f"not built: {type(exc).__name__}: {exc}")
+            self.rlog.log(logging.ERROR, f"{sw.name} install", "switch %s: cannot build the flows of %s: rolled "
+                          "back, its entry kept", sw.name, conn.describe(), exc_info=True)
+            self.outcomes.not_installed(conn)  # (who waits for its install: an IDS's add, answered failed)
+            return sw.core.install_dropped(conn, "its flows could not be built (logged)", wait=False)
+        if not sent:
             self.counters.inc("install_queue_full")
             return sw.core.install_dropped(conn, "flow-mod queue full", wait=True)
         if conn.action is Action.SHUNT and conn.orig.proto == TCP:
@@ -267,15 +286,13 @@ class Dispatcher:
         """Each flow's message built on its own, and the flows built: one command carries
         every static stream's (every address block's) flows at a connect, so one that
         cannot be built (a bug past the config's or the rules' checks) is counted, named
-        (rate-limited; to a reload, as refused) and left out, not all of them."""
+        (rate-limited; to the turn's waiter: `_failed`) and left out, not all of them."""
         done, msgs = [], []
         for f in flows:
             try:
                 msgs.append(build(f))
             except Exception as exc:
-                self.counters.inc("internal_errors")
-                if self.watch is not None:  # a reload's change: not confirmed, and its answer names the flow
-                    self.watch.refused.append((name(f), f"not built: {type(exc).__name__}: {exc}"))
+                self._failed(name(f), f"not built: {type(exc).__name__}: {exc}")  # (a reload's answer names it)
                 key = f"{sw.name} {name(f)}"  # (as many keys as entries: bounded by the config and ids.max_rules)
                 self.rlog.log(logging.ERROR, key, "switch %s: cannot build %s: left out", sw.name, name(f),
                               exc_info=True)
