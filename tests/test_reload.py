@@ -135,6 +135,20 @@ def _two_raw(**top):
         {"datapath_id": "a2", "ports": [{"fast": 1, "slow": 2, "physdevin": 3}]}]}
 
 
+def _api_on_a_loop(app):
+    """The operator API with its requests' turns run as the event loop runs them: a handler
+    that raises is counted, and the loop goes on."""
+    api = OperatorAPI(app)
+
+    def loop(ev):
+        try:
+            api.handle(ev)
+        except Exception:
+            app.counters.inc("handler_errors")
+    app.post = loop
+    return api
+
+
 def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_and_says_so(tmp_path, caplog):
     """The second switch's core raises midway through its reload (after taking the new keys),
     the first's already reloaded: it was answered "the event loop did not take the reload
@@ -152,14 +166,7 @@ def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_
     def midway(*_args):
         raise KeyError("a bug elsewhere")
     second.core.static.reload = midway
-    api = OperatorAPI(app)
-
-    def loop(ev):  # the event loop: a handler that raises is logged and counted, the loop goes on
-        try:
-            api.handle(ev)
-        except Exception:
-            app.counters.inc("handler_errors")
-    app.post = loop
+    api = _api_on_a_loop(app)
     reply = api.off_loop({"cmd": "reload"}, None)
     assert "did not take" not in reply["error"], reply
     assert "failed on the controller's event loop" in reply["error"] and "a bug elsewhere" in reply["error"]
@@ -178,7 +185,6 @@ def test_a_reload_whose_turn_on_the_loop_fails_midway_puts_back_what_it_swapped_
     assert first.core.cfg.default_shunt_timeout == 30 and second.core.cfg is app.cfg is first.cfg
 
 
-
 def test_a_reload_that_cannot_be_put_back_says_the_controller_may_run_part_of_it(tmp_path, caplog):
     """Should putting back fail too, the answer does not claim one config: it says what may
     be running and to restart (the loop logged and counted the exception)."""
@@ -191,14 +197,7 @@ def test_a_reload_that_cannot_be_put_back_says_the_controller_may_run_part_of_it
         raise KeyError("a bug elsewhere")
     second.core.static.reload = fails
     second.saved = lambda: fails  # (its putting back fails as well)
-    api = OperatorAPI(app)
-
-    def loop(ev):
-        try:
-            api.handle(ev)
-        except Exception:
-            app.counters.inc("handler_errors")
-    app.post = loop
+    api = _api_on_a_loop(app)
     reply = api.off_loop({"cmd": "reload"}, None)
     assert "may not all be put back" in reply["error"] and "part of the new config; restart it" in reply["error"]
     assert "nothing of it kept" not in reply["error"] and app.counters.flat().get("handler_errors") == 1
