@@ -15,6 +15,7 @@ from nfshunt.config.settings import from_dict  # noqa: E402
 from nfshunt.core import commands as cmds  # noqa: E402
 from nfshunt.core import core as c  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.records.model import UDP, FlowTuple  # noqa: E402
 from nfshunt.switch.switch import Switch  # noqa: E402
 from tests.helpers import BASE, unbuildable  # noqa: E402
 
@@ -402,3 +403,34 @@ def test_a_reload_not_answered_in_time_may_still_be_in_progress_and_the_command_
     assert code == 1 and 0.25 <= took < 5, (code, took)
     assert f"did not answer on {path} within 0.25 s" in err and "may still be in progress" in err
     assert "controller's log" in err and "reload (control socket)" in err and "busy" in err
+
+
+def test_a_reload_before_the_switch_grants_the_claim_is_not_confirmed(tmp_path):
+    """A pair's master reconnected, its role claim not granted yet (the switch has not answered
+    it): the switch is connected but not this controller's to program (CoreState.programs), so
+    the reload sends none of the change. It answered "confirmed, sent 0" (its row was "backup"
+    only when the core had stood by); now the row says the flows wait for the switch to be
+    ours, and the reload is not confirmed. Once the claim is granted, they go in."""
+    from tests.support import fakeswitch as fs
+    from tests.support.rig import FAST_A, FAST_B
+    from tests.test_role_link import pair_rig
+    pair = {"state_file": str(tmp_path / "pair.json"), "start_role": "master", "role_check_interval": 1.0}
+    path = tmp_path / "nfshunt.json"
+    path.write_text(json.dumps(raw(pair=pair, delete_flows_on_shutdown=False)))
+    rig = pair_rig(tmp_path, static_shunts=[STREAM])
+    rig.app.config_path = str(path)
+    switch = rig.switch
+    switch.mute.add(fs.ROLE)  # the claim at the reconnect is not answered (yet)
+    rig.reconnect(switch)
+    assert rig.sw.session is not None and not rig.core.shared.programs() and not rig.core.backup
+    new = {**STREAM, "name": "new", "dst_port": 5000}
+    path.write_text(json.dumps(raw(pair=pair, delete_flows_on_shutdown=False, static_shunts=[STREAM, new])))
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 5000)
+    reply = _reload_on(rig)
+    (row,) = reply["switches"]
+    assert rig.packet(FAST_A, t).outputs != (FAST_B,)  # nothing of it on the switch
+    assert row["state"] == "pending" and "not master of the switch yet" in row["why"] and row["sent"] == 0, row
+    assert reply["confirmed"] is False and reply["confirmed_ms"] is None
+    switch.mute.discard(fs.ROLE)
+    rig.reconnect(switch)  # a claim the switch answers: granted, the switch is programmed whole
+    assert rig.core.shared.programs() and rig.packet(FAST_A, t).outputs == (FAST_B,)

@@ -228,9 +228,8 @@ class Reloader:
             static["added"] += added
             static["removed"] += removed
             row: dict[str, Any] = {"datapath_id": sw.name, "changed_flows": added + removed}
-            if sw.session is not None and sw.core.backup:
-                row.update(state="backup", why="not master of the switch (a pair's backup): the master programs it, "
-                                                "this controller installs these flows when it takes over")
+            if sw.session is not None and not sw.core.shared.programs():  # connected, not ours: nothing sent
+                row.update(_not_ours(sw, row["changed_flows"]))
                 switches.append((sw, row, None))
             else:
                 switches.append((sw, row, out))
@@ -414,6 +413,18 @@ class Reloader:
         confirmed = all(state not in ("pending", "failed") for state in states)
         return {**head, "switches": [row for row, _ in rows], "confirmed": confirmed,
                 "confirmed_ms": round(((last or started) - started) * 1000, 3) if confirmed else None}
+
+
+def _not_ours(sw: Switch, changed: int) -> dict[str, Any]:
+    """The row of a switch that is connected but not this controller's to program (the one
+    rule: CoreState.programs), to which nothing is sent: a pair's backup need not (the
+    master programs it); a master whose claim the switch has not granted yet (or refused)
+    has the change not in the switch: pending, its flows installed whole at the grant."""
+    if sw.core.backup:
+        return {"state": "backup", "sent": 0, "why": "not master of the switch (a pair's backup): the master programs "
+                                                     "it, this controller installs these flows when it takes over"}
+    return {"state": "pending" if changed else "nothing to send", "sent": 0,
+            "why": "not master of the switch yet (its role claim not granted): the flows go in when the switch is ours"}
 
 
 class SliceWatch(ChangeWatch):
