@@ -35,6 +35,7 @@ def _api(cfg):
     sw.core.static.counted([SwitchFlow(cookie, f.priority, f.in_port, None, f.out_port, i + 1, 100 * (i + 1), 5.0)
                             for i, (cookie, f) in enumerate(sw.core.static.flows.items())])
     app = SimpleNamespace(switches=[sw], ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
+                          clock=time.monotonic,
                           run=lambda sw, out: None, cfg=cfg)
     return OperatorAPI(app)
 
