@@ -67,6 +67,7 @@ class Host(Protocol):
     config_path: str | None
     switches: list[Switch]
     counters: Counters
+    clock: Callable[[], float]  # monotonic: the event loop's `now`
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands and send what they make, behind a barrier
@@ -222,7 +223,7 @@ class Reloader:
         cfg = change.config
         for sw, static_change in zip(app.switches, statics, strict=True):
             old = sw.core.static.flows
-            out = sw.reload(cfg, static_change)
+            out = sw.reload(cfg, static_change, app.clock())
             new = sw.core.static.flows
             added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
             static["added"] += added
