@@ -171,10 +171,9 @@ class Core:
         self.shared.table_kept = any((f.in_port, f.out_port, f.vlan) in mine for f in found)
 
     def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None, now: float) -> list[Command]:
-        """A reloaded config (reload.py keeps every key but the live ones): static shunts change
-        as the difference only (`static`: StaticTable.change), the held blocks' drops first
-        above the new flows (overrides.py); the packet-in meter takes a new rate.
-        Nothing is sent to a switch not ours now (away, or a pair's backup). (CoreState.saved undoes it.)"""
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts change as the difference
+        only (`static`: StaticTable.change), held blocks' drops first above new flows (overrides.py); the packet-in
+        meter takes a new rate. Nothing goes to a switch not ours now (away, a backup). CoreState.saved undoes it."""
         sh = self.shared
         old, sh.cfg, sh.switch, base = sh.switch, cfg, switch, sh.static.flows
         out: list[Command] = sh.static.reload(cfg, switch, static)
@@ -197,6 +196,8 @@ class Core:
                 out.extend(self.conns.roll_back(conn, "controller stopped"))
             elif conn.state in ACTIVE:
                 out.extend(self.conns.hand_back(conn, "controller stopped", now))
+            elif self.conns.in_grace(conn):  # an RST's grace: nothing handed back yet
+                out.extend(self.conns.cut_short(conn, conn.remove_reason or "controller stopped", now))
             else:  # already being taken down (its entry handed back): the removal goes now
                 out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "controller stopped"))
         self.shared.version = None
