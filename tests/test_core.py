@@ -6,7 +6,7 @@ from nfshunt.core import commands as cm
 from nfshunt.core import confirmation, layout, pins, removal
 from nfshunt.core import connection as cn
 from nfshunt.core import core as c
-from nfshunt.records import cookies
+from nfshunt.records import cookies, markcodec
 from nfshunt.records.model import OFP10, OFP13, UDP, EventKind, FlowTuple, SwitchFlow
 from tests.helpers import config, event
 
@@ -1097,15 +1097,24 @@ def test_no_shunt_goes_to_table_1_before_the_switch_shows_all_of_it():
     assert types(stuck.reconcile([], 0.0)) == ["ResyncConntrack"]
 
 
-def test_stopping_removes_a_pair_whose_rst_grace_is_still_running():
-    # The RST's hand-back waits in a Later that a stopping controller never runs: the
-    # flows go with the others (it was adopted by the next start, 1.2 M packets later).
+def test_stopping_hands_back_a_pair_whose_rst_grace_is_still_running():
+    """The RST's hand-back waits in a Later that a stopping controller never runs, so the
+    flows go with the others (it was adopted by the next start, 1.2 M packets later). But
+    nothing was handed back yet: removing the flows alone left a connection whose RST was
+    forged with neither flows nor entry (a strict firewall drops it as INVALID). The grace
+    is cut short as a reconnect's is (pairs.cut_short): its entry first, ESTABLISHED with
+    the decision cleared (the RST not judged), then the flows go."""
     core = connected(rst_grace=0.5)
     conn = shunted(core)
     _, later = core.teardown_packet(cookies.make_teardown(conn.ct_id, reply=False, rst=True), 1, 120.0)
     assert type(later).__name__ == "Later" and conn.state is cn.State.TAKING_DOWN
     out = core.stopping(120.1, take_down=True)
-    assert types(out) == ["RemoveFlows"] and out[0].conn is conn and out[0].directions == (False, True)
+    assert types(out) == ["RestoreConntrack"] and out[0].orig == conn.orig
+    (restore,) = out
+    assert restore.tcp_state == cn.CT_TCP_ESTABLISHED and restore.mark & markcodec.DECISION_MASK == 0
+    assert types(restore.then) == ["RemoveFlows"] and restore.then[0].directions == (False, True)
+    assert conn.watch.settled  # the grace's end, should it still come, finds it done
+    assert core.watch_ends(conn, conn.watch, 120.6) == []
 
 
 @pytest.mark.parametrize("odd", ["older shape", "second flow"])

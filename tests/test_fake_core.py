@@ -1094,6 +1094,23 @@ def test_every_take_down_recreates_the_entry_before_the_flows_go_and_leaves_the_
     assert rig.flows(cookies.Kind.SHUNT) == [] and rig.flows(cookies.Kind.TEARDOWN) == []
 
 
+def test_a_shutdown_in_an_rsts_grace_hands_the_connection_back_before_the_flows_go():
+    """A forged RST, then the controller stops (delete_flows_on_shutdown) within the grace:
+    only the flows went, no entry made (the grace taken as handed back), and a live
+    connection met a strict firewall that tracks nothing of it. Its entry comes back
+    ESTABLISHED with the decision cleared, as at a reconnect in the grace, then the flows go."""
+    rig = Rig(OFP13)
+    conn = shunted(rig)
+    rig.packet(FAST_B, conn.reply, tcp_flags=RST)  # forged by someone on the path: its grace begins
+    assert conn.state is State.TAKING_DOWN and conn.watch.forwarding and rig.worker.restores == []
+    rig.run(rig.core.stopping(rig.now, take_down=True))
+    (restore,) = rig.worker.restores
+    assert restore.tcp_state == CT_TCP_ESTABLISHED and not restore.mark & DECISION_MASK
+    assert fast(rig, conn)  # nothing left the switch before the kernel answered
+    rig.kernel_answers()
+    assert rig.flows(cookies.Kind.SHUNT) == [] and slow(rig, conn)
+
+
 @pytest.mark.parametrize("lost", ["delete", "flow-removed"])
 def test_a_removal_the_switch_did_not_confirm_is_sent_again_before_the_pair_is_forgotten(lost):
     """Within one session the switch lost the pair's delete (its flows then carried the

@@ -253,7 +253,7 @@ def test_an_operators_block_over_an_ids_block_in_a_stream_holds_for_the_operator
     backend.submit(rule(rig, Kind.BLOCK, connection=IN_STREAM, expire=30), 1.0)
     rig.run(rig.core.pin(IN_STREAM, Action.BLOCK, rig.now))
     drops = [e for e in rig.flows(cookies.Kind.STATIC) if not e.outputs]
-    assert len(drops) == 2 and {e.hard_timeout for e in drops} == {3600}  # written again with the pin's
+    assert len(drops) == 2 and {e.hard_timeout for e in drops} == {3601}  # written again with the pin's, and a second
     tick(rig, backend, 31)  # the IDS's rule ends: the operator's block stays
     assert rig.packet(FAST_A, IN_STREAM).dropped
 

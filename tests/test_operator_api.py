@@ -35,6 +35,7 @@ def _api(state_dir, connected=(True, True)):
             dp.id, dp.address = sw.switch.datapath_id, ("192.0.2.1", 40000)
             sw.session = Session(dp, sw.cfg, switch=sw.switch)
     app = SimpleNamespace(switches=switches, ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
+                          clock=time.monotonic,
                           run=lambda sw, out: None,
                           cfg=dataclasses.replace(TWO, state_dir=str(state_dir)))
     # One live shunt on each switch.

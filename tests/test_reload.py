@@ -15,6 +15,8 @@ from nfshunt.config.settings import from_dict  # noqa: E402
 from nfshunt.core import commands as cmds  # noqa: E402
 from nfshunt.core import core as c  # noqa: E402
 from nfshunt.observe.metrics import Metrics  # noqa: E402
+from nfshunt.records import cookies  # noqa: E402
+from nfshunt.records.model import UDP, FlowTuple  # noqa: E402
 from nfshunt.switch.switch import Switch  # noqa: E402
 from tests.helpers import BASE, unbuildable  # noqa: E402
 
@@ -87,7 +89,7 @@ def _app(path, cfg):
         if waiter is not None:
             waiter.set()  # the switch's barrier reply
     return SimpleNamespace(cfg=cfg, config_path=str(path), switches=switches, counters=Metrics(lambda: {}).counters,
-                           started=time.time(), run=run), ran
+                           started=time.time(), run=run, clock=time.monotonic), ran
 
 
 def _reload(api):
@@ -210,7 +212,7 @@ def _rig(path, table_size=None, connect=True, **kw):
     """The app on the rig (tests/support), started from the config file at `path` (raw(**kw))."""
     from tests.support.rig import Rig
     path.write_text(json.dumps(raw(**kw)))
-    rig = Rig(table_size=table_size, connect=connect, openflow_versions=["1.3"], static_shunts=[STREAM], **kw)
+    rig = Rig(table_size=table_size, connect=connect, openflow_versions=["1.3"], **{"static_shunts": [STREAM], **kw})
     rig.app.config_path = str(path)
     return rig
 
@@ -401,3 +403,88 @@ def test_a_reload_not_answered_in_time_may_still_be_in_progress_and_the_command_
     assert code == 1 and 0.25 <= took < 5, (code, took)
     assert f"did not answer on {path} within 0.25 s" in err and "may still be in progress" in err
     assert "controller's log" in err and "reload (control socket)" in err and "busy" in err
+
+
+def test_a_reload_before_the_switch_grants_the_claim_is_not_confirmed(tmp_path):
+    """A pair's master reconnected, its role claim not granted yet (the switch has not answered
+    it): the switch is connected but not this controller's to program (CoreState.programs), so
+    the reload sends none of the change. It answered "confirmed, sent 0" (its row was "backup"
+    only when the core had stood by); now the row says the flows wait for the switch to be
+    ours, and the reload is not confirmed. Once the claim is granted, they go in."""
+    from tests.support import fakeswitch as fs
+    from tests.support.rig import FAST_A, FAST_B
+    from tests.test_role_link import pair_rig
+    pair = {"state_file": str(tmp_path / "pair.json"), "start_role": "master", "role_check_interval": 1.0}
+    path = tmp_path / "nfshunt.json"
+    path.write_text(json.dumps(raw(pair=pair, delete_flows_on_shutdown=False)))
+    rig = pair_rig(tmp_path, static_shunts=[STREAM])
+    rig.app.config_path = str(path)
+    switch = rig.switch
+    switch.mute.add(fs.ROLE)  # the claim at the reconnect is not answered (yet)
+    rig.reconnect(switch)
+    assert rig.sw.session is not None and not rig.core.shared.programs() and not rig.core.backup
+    new = {**STREAM, "name": "new", "dst_port": 5000}
+    path.write_text(json.dumps(raw(pair=pair, delete_flows_on_shutdown=False, static_shunts=[STREAM, new])))
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 5000)
+    reply = _reload_on(rig)
+    (row,) = reply["switches"]
+    assert rig.packet(FAST_A, t).outputs != (FAST_B,)  # nothing of it on the switch
+    assert row["state"] == "pending" and "not master of the switch yet" in row["why"] and row["sent"] == 0, row
+    assert reply["confirmed"] is False and reply["confirmed_ms"] is None
+    switch.mute.discard(fs.ROLE)
+    rig.reconnect(switch)  # a claim the switch answers: granted, the switch is programmed whole
+    assert rig.core.shared.programs() and rig.packet(FAST_A, t).outputs == (FAST_B,)
+
+
+NEW = {**STREAM, "name": "new", "dst_port": 5000}  # a stream a reload adds
+IN_NEW = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 5000)  # a tuple it carries
+
+
+def _blocked_through_a_reload(tmp_path, block, changed=None):
+    """A block of IN_NEW held before a reload that adds NEW (or, `changed`, that changes the
+    stream that carries it): the reload confirmed, the tuple dropped both ways above the
+    stream, the rest of the stream carried. Returns the rig and the drops' hard timeouts."""
+    path = tmp_path / "nfshunt.json"
+    rig = _rig(path, static_shunts=[STREAM] if changed is None else [STREAM, NEW])
+    block(rig)
+    path.write_text(json.dumps(raw(static_shunts=[STREAM, changed or NEW])))
+    reply = _reload_on(rig)
+    assert reply["ok"] and reply["confirmed"], reply
+    there, back = (changed or NEW)["fast_ports"]
+    assert rig.packet(there, IN_NEW).dropped and rig.packet(back, IN_NEW.reversed()).dropped, \
+        "the block is held but the stream the reload added carries its tuple"
+    assert rig.packet(there, IN_NEW._replace(sport=40001)).outputs == (back,)  # the rest of the stream flows
+    return rig, {e.hard_timeout for e in rig.flows(cookies.Kind.STATIC) if not e.outputs}
+
+
+def test_an_operators_block_held_before_a_reload_drops_its_tuple_in_a_stream_the_reload_adds(tmp_path):
+    """The reload installed the new stream but never looked at the held block pins: the
+    tuple crossed the switch for the rest of the block's hour (a restart applied it:
+    restore_pins). Its drops take what is left of the pin, as the tick's renewal does."""
+    def block(rig):
+        assert rig.control({"cmd": "block", "tuple": str(IN_NEW)})["ok"]
+        rig.advance(100)
+    _, timeouts = _blocked_through_a_reload(tmp_path, block)
+    assert timeouts == {3500 + 1}  # what is left of the hour, and the pin's grace (pins.hard_timeout)
+
+
+def test_an_ids_block_held_before_a_reload_drops_its_tuple_in_a_stream_the_reload_adds(tmp_path):
+    from nfshunt.ids.rules import Kind
+    from tests.test_ids_backend import rule, setup
+
+    def block(rig):
+        _, backend, _, _ = setup(rig=rig)
+        assert backend.submit(rule(rig, Kind.BLOCK, connection=IN_NEW, expire=30), 1.0).result.value == "added"
+    _, timeouts = _blocked_through_a_reload(tmp_path, block)
+    assert timeouts == {31}  # the rule's end and a second, as its drops get at the block
+
+
+def test_a_block_held_before_a_reload_that_changes_its_streams_ports_drops_it_on_the_new_ports(tmp_path):
+    """The stream that carries the blocked tuple moves to other fast ports (here the same two
+    the other way round): the old drops' in_port no longer meets it, so the changed
+    stream's flows get theirs."""
+    rig_ports = {**NEW, "fast_ports": [3, 1]}
+
+    def block(rig):
+        assert rig.control({"cmd": "block", "tuple": str(IN_NEW)})["ok"]
+    _blocked_through_a_reload(tmp_path, block, changed=rig_ports)

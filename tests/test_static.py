@@ -291,7 +291,7 @@ def test_an_operators_block_of_a_tuple_inside_a_stream_drops_it_above_the_stream
     assert [(f.in_port, f.out_port, f.priority) for f in drops] == [(1, None, cfg.block_priority),
                                                                     (3, None, cfg.block_priority)]
     msg = builder(cfg).static_add(drops[0])
-    assert msg.instructions == [] and msg.hard_timeout == int(PIN_TTL)
+    assert msg.instructions == [] and msg.hard_timeout == int(PIN_TTL) + 1  # and a second (pins.hard_timeout)
     assert dict(msg.match.items())["udp_src"] == 40000
     # kept across a reconnect, not deleted as stale
     again = core.switch_connected(OFP13)
@@ -410,3 +410,41 @@ def test_with_several_switches_an_entry_names_its_switch_when_its_ports_are_on_m
     assert err.value.key == "static_shunts[0].datapath_id" and "not a served switch" in err.value.problem
     cfg = from_dict({**two, "static_shunts": [{**STREAM, "datapath_id": "a2"}]})
     assert [StaticTable(cfg, sw).entries for sw in cfg.switches] == [0, 2]
+
+
+def test_a_reload_puts_the_held_blocks_drops_above_its_new_flows_first_and_keeps_them_while_not_ours():
+    """A block held before a reload adds the stream that carries it: its drops are the
+    reload's first commands (in the switch before the stream), for what is left of the pin;
+    the unchanged stream's block is not written again; a pin that ended or an unshunt pin
+    makes none. A core whose switch is not its own keeps the drops for its connect."""
+    from nfshunt.core.pins import IdsHold
+    new = {**STREAM, "name": "new", "dst_port": 5000}
+    t = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 5000)
+    old = FlowTuple(4, UDP, "10.0.0.1", "10.0.0.2", 40000, 34964)  # in STREAM, blocked already
+    cfg, two = static_config(STREAM), static_config(STREAM, new)
+    for ours in (True, False):
+        core = c.Core(cfg)
+        core.switch_connected(OFP13)
+        core.reconcile([], 0)
+        core.pin(t, Action.BLOCK, 10.0)
+        core.pin(old, Action.BLOCK, 10.0)
+        core.pin(t._replace(sport=40001), Action.IGNORE, 10.0)
+        core.ids_pin(t._replace(sport=40002), IdsHold(Action.BLOCK, "ids:zeek", until=40.0), 10.0)
+        core.pin(t._replace(sport=40003), Action.BLOCK, 10.0, ttl=5)  # ended by the reload's time
+        if not ours:
+            core.switch_disconnected()
+        out = core.reload(two, two.switches[0], None, 20.0)
+        # (source port, hard timeout) of each drop above the new stream: both directions of
+        # the operator's block (what is left of its hour, and a second) and the IDS's
+        drops = sorted((max(f.src_port, f.dst_port), f.hard_timeout) for f, _ in core.static.blocks.values()
+                       if 5000 in (f.src_port, f.dst_port))
+        assert drops == [(40000, 3591), (40000, 3591), (40002, 21), (40002, 21)], drops
+        if ours:
+            assert [(type(x), getattr(x, "reason", None)) for x in out] == \
+                [(cmds.InstallStatic, "blocked"), (cmds.InstallStatic, "blocked"), (cmds.InstallStatic, "reload")]
+            assert sorted((max(f.src_port, f.dst_port), f.hard_timeout) for x in out[:2] for f in x.flows) == drops
+        else:
+            assert out == []
+            again = core.switch_connected(OFP13)
+            (install, *_) = [x for x in again if isinstance(x, cmds.InstallStatic)]
+            assert {f.cookie for f, _ in core.static.blocks.values()} <= {f.cookie for f in install.flows}

@@ -208,7 +208,7 @@ def test_a_reload_adding_a_routed_stream_asks_its_next_hops_then_installs_it():
     rig = _rig(entries=())
     assert _static(rig) == {}
     cfg = from_dict(raw(STREAM))
-    rig.run(rig.core.reload(cfg, cfg.switches[0]))
+    rig.run(rig.core.reload(cfg, cfg.switches[0], None, rig.now))
     assert _static(rig) == {False: FlowRewrite(FW1, H2_MAC), True: FlowRewrite(FW0, H1_MAC)}
 
 

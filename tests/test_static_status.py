@@ -35,6 +35,7 @@ def _api(cfg):
     sw.core.static.counted([SwitchFlow(cookie, f.priority, f.in_port, None, f.out_port, i + 1, 100 * (i + 1), 5.0)
                             for i, (cookie, f) in enumerate(sw.core.static.flows.items())])
     app = SimpleNamespace(switches=[sw], ids=None, counters=Metrics(lambda: {}).counters, started=time.time(),
+                          clock=time.monotonic,
                           run=lambda sw, out: None, cfg=cfg)
     return OperatorAPI(app)
 
@@ -72,7 +73,7 @@ def test_a_switch_put_back_after_a_reload_has_its_static_table_and_counts_whole(
     before, counts = _ask(api, {"cmd": "status", "connections": False})["static"], dict(table.counts)
     put_back = sw.saved()
     new = config(openflow_versions=["1.3"], static_shunts=streams(2), default_shunt_timeout=30)
-    sw.reload(new, table.change(new, new.switches[0]))
+    sw.reload(new, table.change(new, new.switches[0]), 0.0)
     assert len(table.flows) == 4 and sw.core.cfg is new and len(table.counts) == 4
     put_back()
     assert sw.cfg is sw.core.cfg is cfg and sw.switch is sw.core.switch is cfg.switches[0]

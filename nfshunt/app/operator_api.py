@@ -210,7 +210,7 @@ class OperatorAPI:
     def handle(self, ev: EventControl) -> None:
         req = ev.request
         cmd = req.get("cmd")
-        now = time.monotonic()
+        now = self.app.clock()  # (the app's, every handler's: a rig's own)
         match cmd:
             case "status":
                 self.ask_status(ev, req, now)
@@ -323,7 +323,7 @@ class OperatorAPI:
         """At start, before the switches connect and the IDS rules are loaded: the operator's
         pins of the last run held again for what is left of them (an operator's pin beats
         an IDS's, so it is there first), and its blocks inside static streams made again."""
-        now = time.monotonic()
+        now = self.app.clock()
         kept = pin_file.load(pin_file.path_in(self.app.cfg.state_dir), time.time())
         for pin in kept:
             for sw in self.switches:

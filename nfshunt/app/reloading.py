@@ -67,6 +67,7 @@ class Host(Protocol):
     config_path: str | None
     switches: list[Switch]
     counters: Counters
+    clock: Callable[[], float]  # monotonic: the event loop's `now`
 
     def run(self, sw: Switch, commands: Iterable[c.Command], waiter: threading.Event | None = None) -> None:
         """Execute a switch's core's commands and send what they make, behind a barrier
@@ -222,15 +223,14 @@ class Reloader:
         cfg = change.config
         for sw, static_change in zip(app.switches, statics, strict=True):
             old = sw.core.static.flows
-            out = sw.reload(cfg, static_change)
+            out = sw.reload(cfg, static_change, app.clock())
             new = sw.core.static.flows
             added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
             static["added"] += added
             static["removed"] += removed
             row: dict[str, Any] = {"datapath_id": sw.name, "changed_flows": added + removed}
-            if sw.session is not None and sw.core.backup:
-                row.update(state="backup", why="not master of the switch (a pair's backup): the master programs it, "
-                                                "this controller installs these flows when it takes over")
+            if sw.session is not None and not sw.core.shared.programs():  # connected, not ours: nothing sent
+                row.update(_not_ours(sw, row["changed_flows"]))
                 switches.append((sw, row, None))
             else:
                 switches.append((sw, row, out))
@@ -414,6 +414,18 @@ class Reloader:
         confirmed = all(state not in ("pending", "failed") for state in states)
         return {**head, "switches": [row for row, _ in rows], "confirmed": confirmed,
                 "confirmed_ms": round(((last or started) - started) * 1000, 3) if confirmed else None}
+
+
+def _not_ours(sw: Switch, changed: int) -> dict[str, Any]:
+    """The row of a switch that is connected but not this controller's to program (the one
+    rule: CoreState.programs), to which nothing is sent: a pair's backup need not (the
+    master programs it); a master whose claim the switch has not granted yet (or refused)
+    has the change not in the switch: pending, its flows installed whole at the grant."""
+    if sw.core.backup:
+        return {"state": "backup", "sent": 0, "why": "not master of the switch (a pair's backup): the master programs "
+                                                     "it, this controller installs these flows when it takes over"}
+    return {"state": "pending" if changed else "nothing to send", "sent": 0,
+            "why": "not master of the switch yet (its role claim not granted): the flows go in when the switch is ours"}
 
 
 class SliceWatch(ChangeWatch):

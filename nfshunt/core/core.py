@@ -51,7 +51,7 @@ from .confirmation import Confirmation
 from .connection import ACTIVE, Action, Conn, State
 from .layout import PIPELINE_ENTRIES, max_pair_entries, watches_closes
 from .overrides import Overrides
-from .pins import PIN_TTL, IdsHold, hard_timeout
+from .pins import PIN_TTL, IdsHold
 from .reconcile import Reconciler, default_paths, table_1_complete
 from .removal import Removal
 from .state import CoreState
@@ -170,13 +170,14 @@ class Core:
         mine = default_paths(self.shared.switch)
         self.shared.table_kept = any((f.in_port, f.out_port, f.vlan) in mine for f in found)
 
-    def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None = None) -> list[Command]:
-        """A reloaded config (reload.py keeps every key but the live ones): static shunts change
-        as the difference only (`static`: StaticTable.change); the packet-in meter takes a new rate.
-        Nothing is sent to a switch not ours now (away, or a pair's backup). (CoreState.saved undoes it.)"""
+    def reload(self, cfg: Config, switch: SwitchConfig, static: StaticChange | None, now: float) -> list[Command]:
+        """A reloaded config (reload.py keeps every key but the live ones): static shunts change as the difference
+        only (`static`: StaticTable.change), held blocks' drops first above new flows (overrides.py); the packet-in
+        meter takes a new rate. Nothing goes to a switch not ours now (away, a backup). CoreState.saved undoes it."""
         sh = self.shared
-        old, sh.cfg, sh.switch = sh.switch, cfg, switch
+        old, sh.cfg, sh.switch, base = sh.switch, cfg, switch, sh.static.flows
         out: list[Command] = sh.static.reload(cfg, switch, static)
+        out[:0] = self._overrides.reloaded(base, now)
         if sh.version is None:  # away, or a pair's backup: the switch gets the new set when it is ours
             return []           # (switch_connected installs every static flow; the reconcile deletes the rest)
         sh.conns.watch_closes = watches_closes(sh.version, cfg, switch)
@@ -195,6 +196,8 @@ class Core:
                 out.extend(self.conns.roll_back(conn, "controller stopped"))
             elif conn.state in ACTIVE:
                 out.extend(self.conns.hand_back(conn, "controller stopped", now))
+            elif self.conns.in_grace(conn):  # an RST's grace: nothing handed back yet
+                out.extend(self.conns.cut_short(conn, conn.remove_reason or "controller stopped", now))
             else:  # already being taken down (its entry handed back): the removal goes now
                 out.append(RemoveFlows(conn, (False, True), conn.remove_reason or "controller stopped"))
         self.shared.version = None
@@ -364,10 +367,7 @@ class Core:
         out = self._confirmation.sweep(now)
         out.extend(self._removal.overdue(now))
         self.pins.expire(now)
-        renew = {min(t, t.reversed()) for t, until in self.static.expire(now)
-                 if (pin := self.pins.get(t)) is not None and pin.action is Action.BLOCK and pin.expires > until}
-        for t in renew:  # a pin that outlasts its drops' hard timeout (at most 18 h): written again
-            out.extend(self.static.block(t, now, hard_timeout(self.pins[t].expires, now)))
+        out.extend(self._overrides.renew_drops(now))  # a pin that outlasts its drops' hard timeout
         self.shared.address_blocks.expire(now)
         out.extend(self._tables.tick(now))
         out.extend(nat.refreshes(self.cfg, self._nat_pairs(), now))

@@ -16,8 +16,9 @@ the firewall alive.
 """
 from __future__ import annotations
 
-import math
+from typing import Iterable, Mapping
 
+from nfshunt.config.static import StaticFlow
 from nfshunt.records import markcodec
 from nfshunt.records.cookies import Authority
 from nfshunt.records.model import Action, FlowTuple
@@ -59,7 +60,7 @@ class Overrides:
             out.extend(sh.conns.take_down(conn, why, now))
         if action is Action.BLOCK:
             out.append(ResyncConntrack())
-            out.extend(sh.static.block(orig, now, math.ceil(ttl)))
+            out.extend(self._drops(orig, sh.pins[orig], now))
         else:
             out.extend(sh.static.unblock(orig, "unshunt by operator"))
         return out
@@ -78,7 +79,7 @@ class Overrides:
             return []
         if hold.action is not Action.BLOCK:
             return []
-        out = sh.static.block(orig, now, hard_timeout(hold.until, now))
+        out = self._drops(orig, sh.pins[orig], now)
         conn = sh.conns.by_tuple(orig)
         if conn is not None and conn.action is not Action.BLOCK:
             out.extend(sh.conns.take_down(conn, f"blocked by {hold.source}", now))
@@ -97,7 +98,7 @@ class Overrides:
         if successor is not None:
             sh.pins.hold_for(orig, successor)
         if successor is not None and successor.action is Action.BLOCK:
-            out.extend(sh.static.block(orig, now, hard_timeout(successor.until, now)))
+            out.extend(self._drops(orig, sh.pins[orig], now))
         elif released.action is Action.BLOCK:
             out.extend(sh.static.unblock(orig, reason))
         conn = sh.conns.by_tuple(orig)
@@ -109,6 +110,36 @@ class Overrides:
         if conn.action is wanted or (wanted is Action.SHUNT and conn.action is policy):
             return out  # (a policy's block stays under an IDS's shunt: a block beats a shunt)
         return [*out, *sh.conns.take_down(conn, reason, now)]
+
+    # --- blocks inside static streams (static_table.block) ---------------------------------------
+
+    def _drops(self, t: FlowTuple, pin: Pin, now: float, among: Iterable[StaticFlow] | None = None) -> list[Command]:
+        """The one rule for a held block inside static streams, wherever it is applied (the
+        block, an IDS's successor rule, a restart's pins held again, their renewal, a
+        reload's new flows): exact drops above the flows that carry its tuple (of `among`
+        only, if given), ended by the switch at the pin's end (hard_timeout, as its pair's)."""
+        return self.shared.static.block(t, now, hard_timeout(pin.expires, now), among)
+
+    def renew_drops(self, now: float) -> list[Command]:
+        """(The tick.) Drops the switch ends within RENEW s whose pin holds longer (a hard
+        timeout is at most 18 h): written again, so the drop never lapses."""
+        sh = self.shared
+        due = {min(t, t.reversed()) for t, until in sh.static.expire(now)
+               if (pin := sh.pins.get(t)) is not None and pin.action is Action.BLOCK and pin.expires > until}
+        return [cmd for t in due for cmd in self._drops(t, sh.pins[t], now)]
+
+    def reloaded(self, base: Mapping[int, StaticFlow], now: float) -> list[Command]:
+        """A reload took new static flows (those whose cookies `base`, the table before it,
+        lacks: new streams, and changed ones, whose flows are new): every held block of a
+        tuple one of them carries gets its drops above it, as at a restart (to be sent
+        before the reload's installs, so no frame of the tuple crosses meanwhile). A
+        block held before the stream existed was a pin alone: the stream never reaches
+        conntrack, so without its drops it carried the tuple for the rest of the block."""
+        sh = self.shared
+        held = {min(t, t.reversed()): pin for t, pin in sh.pins.items()
+                if pin.action is Action.BLOCK and pin.expires > now}
+        new = [f for cookie, f in sh.static.flows.items() if cookie not in base] if held else []
+        return [cmd for t, pin in held.items() if new for cmd in self._drops(t, pin, now, new)]
 
     # --- a pair's authority --------------------------------------------------------------------
 

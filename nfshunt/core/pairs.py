@@ -184,6 +184,16 @@ class Connections:
         return self.holds(conn, State.TAKING_DOWN) and watch is not None and watch.forwarding \
             and not watch.settled
 
+    def cut_short(self, conn: Conn, reason: str, now: float) -> list[Command]:
+        """An RST's grace (`in_grace`) that cannot run to its end (a reconnect's reconcile,
+        a stopping controller): nothing was handed back yet, and the RST (perhaps forged)
+        was not judged. Handed back as its end would, but with the decision cleared, so the
+        policy judges the next packet: its entry first, then the flows go (removing them
+        alone left a live connection with neither). The grace's own end finds it settled."""
+        assert conn.watch is not None
+        conn.watch.settled = True
+        return self.hand_back(conn, reason, now)
+
     def hand_back(self, conn: Conn, reason: str, now: float, how: Handback = REEVALUATE,
                   directions: tuple[bool, ...] = (False, True), watch: CloseWatch | None = None) -> list[Command]:
         """The one take-down: the pair's flows (`directions` of them) leave the switch, and

@@ -227,14 +227,11 @@ class Reconciler:
         direction idled out) deleted with it."""
         reason = conn.remove_reason or "removal"
         watch = conn.watch
-        if watch is not None and watch.forwarding and not watch.settled:
-            # An RST's grace the break cut short: nothing was handed back yet (its end does
-            # that), and the watch cannot finish. Handed back as its end would, but with the
-            # decision cleared, so the policy judges the next packet: its entry first, then
-            # the flows go. One the switch no longer holds is forgotten too, its entry asked
-            # for all the same (removing flows alone, or forgetting, left it with neither).
-            watch.settled = True
-            back = self.shared.conns.hand_back(conn, reason, now)
+        if self.shared.conns.in_grace(conn):
+            # An RST's grace the break cut short (pairs.cut_short). One the switch no longer
+            # holds is forgotten too, its entry asked for all the same (removing flows
+            # alone, or forgetting, left it with neither).
+            back = self.shared.conns.cut_short(conn, reason, now)
             return back if present else [*back, *self.removal.finish(conn, reason)]
         if present and watch is not None:
             watch.settled = True

@@ -129,13 +129,15 @@ class StaticTable:
             return R_FLAPPING
         return answer
 
-    def block(self, t: FlowTuple, now: float, lifetime: int) -> list[Command]:
+    def block(self, t: FlowTuple, now: float, lifetime: int,
+              among: Iterable[StaticFlow] | None = None) -> list[Command]:
         """An operator's or an IDS's block of a tuple (either direction) some static flow
-        carries: an exact drop above it, for the pin's lifetime (the switch's hard timeout
-        ends it). A block of a tuple blocked already is written again: its hard timeout
-        is the new pin's (an OpenFlow add of the same match and priority replaces it)."""
-        flows = [f.block(u, self.block_priority, lifetime) for f in self.flows.values() for u in (t, t.reversed())
-                 if f.covers(u)]
+        carries (of `among` only, if given: a reload's new ones): an exact drop above it, for
+        the pin's lifetime (the switch's hard timeout ends it). A block of a tuple blocked
+        already is written again: its hard timeout is the new pin's (an OpenFlow add of the
+        same match and priority replaces it)."""
+        flows = [f.block(u, self.block_priority, lifetime) for f in (self.flows.values() if among is None else among)
+                 for u in (t, t.reversed()) if f.covers(u)]
         for f in flows:
             self.blocks[f.cookie] = (f, now + lifetime)
         return [InstallStatic(tuple(flows), "blocked")] if flows and self.ours() else []
@@ -230,9 +232,11 @@ class StaticTable:
         """What `reload` replaces, as a function that puts it back (in the same turn of the
         event loop: a reload whose turn failed part way, app/reloading.py)."""
         flows, index, hops, counts, totals = self.flows, self.index, self.hops, self.counts, self.totals
+        blocks = dict(self.blocks)  # (a reload's new flows get the held blocks' drops: Overrides.reloaded)
 
         def put_back() -> None:
             self.flows, self.index, self.hops, self.counts, self.totals = flows, index, hops, counts, totals
+            self.blocks = blocks
         return put_back
 
     def counted(self, flows: Iterable[SwitchFlow]) -> None:

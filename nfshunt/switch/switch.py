@@ -58,14 +58,14 @@ class Switch:
             getattr(self.session.dp, "id", None) if self.session is not None else None
         return f"{dpid:016x}" if dpid is not None else "(any datapath id)"
 
-    def reload(self, cfg: Config, static: StaticChange) -> list[Command]:
+    def reload(self, cfg: Config, static: StaticChange, now: float) -> list[Command]:
         """A reloaded config taken in (app/reloading.py, on the event loop): the controller's
         keys and this switch's, here, in the session's flow builder and in the core; the
         commands that take the switch there (StaticChange: worked out off the loop)."""
         self.cfg, self.switch = cfg, cfg.switches[self.index]
         if self.session is not None:
             self.session.fb.cfg, self.session.fb.switch = cfg, self.switch
-        return self.core.reload(cfg, self.switch, static)
+        return self.core.reload(cfg, self.switch, static, now)
 
     def saved(self) -> Callable[[], None]:
         """What `reload` replaces, as a function that puts it back in the same turn of the
