@@ -1254,6 +1254,27 @@ def test_while_a_reevaluation_clears_the_decisions_only_a_pin_that_overrides_the
     assert core.clearing.ignored == 4  # (until the next re-evaluation begins)
 
 
+def test_a_start_up_reconcile_under_another_policy_clears_the_decisions_behind_the_same_gate():
+    """The first reconcile under a policy the switch's pairs were not decided under begins
+    the core's clearing with its ClearDecisions: no decision of the policy's is acted on
+    until the kernel's answer ends it, and that end (not the reconcile) asks for the dump.
+    A reconnect's reconcile meanwhile neither clears again nor opens the gate; what was not
+    acted on is said once, at the end that comes next (`reported`)."""
+    core = c.Core(config())
+    core.stale_policy = True
+    core.switch_connected(OFP13)
+    out = core.reconcile([], 0.0)
+    assert "ClearDecisions" in types(out) and "ResyncConntrack" not in types(out) and core.clearing.going == 1
+    assert [x.reason for x in core.conntrack_event(event(sport=1, ct_id=1))] == [adm.R_DECIDED_BEFORE]
+    core.switch_disconnected()
+    core.switch_connected(OFP13)
+    again = core.reconcile([], 0.0)
+    assert types(again)[-1] == "ResyncConntrack" and "ClearDecisions" not in types(again)
+    assert core.clearing.going == 1 and core.clearing.reported() == 1 and core.clearing.reported() == 0
+    assert types(core.clearing.end(150.0)) == ["ResyncConntrack"]
+    assert types(core.conntrack_event(event(sport=1, ct_id=1, received=150.0))) == ["InstallFlows"]
+
+
 def test_a_withdrawn_decision_takes_down_what_rests_on_the_policy_and_not_what_a_pin_decided():
     """An update or a dump of a pair's own entry with its decision cleared: the pair goes if
     it rests on the policy (its own decision, or an IDS's shunt of what the policy left

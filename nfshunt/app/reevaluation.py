@@ -86,7 +86,7 @@ class Reevaluation:
         """On the event loop, the kernel's clearing done (failed or not: an entry read from
         now on is acted on again): every core told, a dump asked (what the new policy
         decided meanwhile), the re-evaluation answered."""
-        ignored = sum(sw.core.clearing.ignored for sw in self.app.switches)
+        ignored = sum(sw.core.clearing.reported() for sw in self.app.switches)
         for sw in self.app.switches:
             self.app.run(sw, sw.core.clearing.end(done.at))
         if done.error is not None:

@@ -187,7 +187,7 @@ class Admission:
         act, reason, conn, decided, slot, ignored = self.verdict(ev, closing)
         if act is IGNORE:
             if reason == R_DECIDED_BEFORE:
-                sh.clearing.ignored += 1  # (the re-evaluation's answer says how many)
+                sh.clearing.ignored += 1  # (said at the clearing's end: a re-evaluation's answer, a start-up's log)
             if reason == R_HOP_UNKNOWN:  # asked, then judged again (core.next_hops_known)
                 return [ResolveHops(ev, NextHopTable.wanted(ev)), ignored or Ignored(reason, ev)]
             if reason in routing.TABLE_REASONS:  # the tables said no: judged again when they change (tables.py)

@@ -206,7 +206,19 @@ class ResyncConntrack:
 @dataclass(slots=True)
 class ClearDecisions:
     """Clear the policy's decision bits of every conntrack entry: each is judged again by
-    its next packet (a policy that changed while the controller was stopped)."""
+    its next packet (a policy that changed while the controller was stopped). The core's
+    clearing (policy_state.Clearing) was begun with it: the worker's answer, whatever it
+    is, comes back as a ClearingDone."""
+
+
+@dataclass(slots=True)
+class ClearingDone:
+    """The kernel answered a ClearDecisions at `at` (the clock events are read on): the
+    core's clearing ends (answer with core.clearing.end()); `error` if it could not clear."""
+    at: float
+    cleared: int
+    failed: int
+    error: str | None
 
 
 @dataclass(slots=True)
@@ -384,7 +396,7 @@ Command = Union[InstallDefaults, InstallPipeline, DeleteAllFlows, LimitPacketIns
                 ResolveStatic, StaticHopsKnown, HopsKnown, TablesChanged, RewriteFlows, NeighbourHeldDown,
                 CheckAdopted, AdoptedHopsKnown, AnnounceGateways, SendAnnouncements,
                 LookUpEntry, EntryFound,
-                RefreshConntrack, ClearDecision, ClearDecisions,
+                RefreshConntrack, ClearDecision, ClearDecisions, ClearingDone,
                 InstallFlows, RemoveFlows, DeleteConntrack, ShortenConntrack, Later, EntryBack, EntryDue, ReadCounters,
                 Ignored, Installed, Refused, Removed, RestoreConntrack, InstallStatic, RemoveStatic, ReadStaticCounters,
                 InstallAddressBlocks, RemoveAddressBlocks, WatchFlows, UnwatchFlows, WatchEnds, CloseContradicted]

@@ -11,8 +11,9 @@ back to the firewall (its entry re-created, its next packet judged by the new po
 The chains are read from the kernel, so a rule changed by hand counts as a change too.
 Read at start and after a re-evaluation only, never on the event path.
 
-While a re-evaluation clears the decisions in the kernel, what the event loop reads may
-still carry the old policy's (`Clearing`).
+While the decisions in the kernel are cleared (a re-evaluation's, or at start when the
+policy changed: reconcile.py's ClearDecisions), what the event loop reads may still carry
+the old policy's (`Clearing`).
 """
 from __future__ import annotations
 
@@ -116,12 +117,15 @@ class PolicyWatch:
 
 
 class Clearing:
-    """A re-evaluation's clearing of the policy's decisions in the kernel, as one switch's
-    core follows it (pure: the operator API says when one begins, with the flush, and when
-    the kernel ended it).
+    """A clearing of the policy's decisions in the kernel, as one switch's core follows it
+    (pure). A re-evaluation's: the operator API says when one begins, with the flush, and
+    when the kernel ended it (app/reevaluation.py). A start-up's, when the policy is not the
+    one the switch's pairs were decided under: the first reconcile begins it with its
+    ClearDecisions, whose answer ends it (ClearingDone: switch/clearing.py).
 
-    The flush takes every pair down at once; the clearing walks the whole conntrack table
-    on the worker's thread, seconds for a big one. An entry read before it ended may carry
+    The flush (a start-up's reconcile: the adopted pairs handed back) takes every pair down
+    at once; the clearing walks the whole conntrack table on the worker's thread, seconds
+    for a big one. An entry read before it ended may carry
     the old policy's decision: the listener's backlog, a dump's entries (read on the
     worker's thread but fed to the event loop in slices, after it), an event kept for later
     (queued behind a pair's removal, waiting for a next hop). Acted on, the shunt would
@@ -140,13 +144,21 @@ class Clearing:
         # read on: monotonic) may be an old policy's: -inf before any clearing, +inf while
         # one goes on.
         self.since = -math.inf
-        self.ignored = 0  # decisions not acted on for it since the first of those going began
+        # Decisions not acted on for it since the first of those going began, and not yet
+        # said (`reported`: a re-evaluation's answer, a start-up clearing's log line).
+        self.ignored = 0
 
     def begin(self) -> None:
         if not self.going:
             self.ignored = 0
         self.going += 1
         self.since = math.inf
+
+    def reported(self) -> int:
+        """The decisions not acted on that no end has said yet (each is said once, by the
+        end of whichever clearing comes next: overlapping ones split them)."""
+        ignored, self.ignored = self.ignored, 0
+        return ignored
 
     def end(self, cleared_at: float) -> list[Command]:
         """The kernel ended a clearing at `cleared_at` (the worker ends them in the order

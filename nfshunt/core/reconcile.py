@@ -3,7 +3,8 @@ agreement with them. No I/O.
 
 Complete shunt/block pairs of exactly the shape this version installs are adopted (never
 bounced), unless the policy changed since they were decided: then they are handed back
-to it. A pair we know of that is missing: if the switch kept its table (its defaults were
+to it, the kernel's decisions are cleared, and no decision read before that is done is
+acted on (policy_state.Clearing). A pair we know of that is missing: if the switch kept its table (its defaults were
 there before they were sent again), it timed out while the switch was away and is handed
 back as its flow-removed would have been; if the switch lost its table (a reboot), it is
 installed again. A pair we know of that the switch still holds gets what the break left
@@ -125,11 +126,16 @@ class Reconciler:
         for conn in sh.conns:
             out.extend(self._repair(conn, id(conn) in present, now))
         out.extend(self.routed.checks(self.adopted))  # (before the resync: a NAT entry's lookup first)
-        if sh.stale_policy:
-            sh.stale_policy = False
-            out.append(ClearDecisions())
         sh.reconciled = True
-        out.append(ResyncConntrack())
+        if sh.stale_policy:
+            # What the event loop reads until the kernel has cleared the old policy's
+            # decisions may carry one: none is acted on (policy_state.Clearing); the
+            # clearing's end (ClearingDone, whatever the kernel answered) reads every entry.
+            sh.stale_policy = False
+            sh.clearing.begin()
+            out.append(ClearDecisions())
+        else:
+            out.append(ResyncConntrack())
         return out
 
     def _sort_flows(self, flows: list[SwitchFlow], out: list[Command]) -> tuple[Pairs, list[tuple[int, SwitchFlow]]]:

@@ -38,9 +38,9 @@ from nfshunt.openflow.inflight import (
 from nfshunt.openflow.rewrite import rewrite
 from nfshunt.openflow.session import Session
 from nfshunt.records import cookies
-from nfshunt.records.markcodec import DECISION_MASK
 from nfshunt.records.model import OFP10, TCP, ConnEvent, SwitchFlow
 
+from . import clearing
 from .switch import Switch
 from .tables_link import TablesLink
 
@@ -89,7 +89,8 @@ class Dispatcher:
             c.ClearDecision: lambda _sw, cmd: self.worker.clear_decision(cmd.family, cmd.orig, cmd.ct_id),
             **self._routed_handlers(),
             c.ResyncConntrack: lambda _sw, _cmd: self.worker.dump(),
-            c.ClearDecisions: self.clear_decisions,
+            c.ClearDecisions: lambda sw, _cmd: clearing.clear_decisions(self.worker, self.post, self.clock, sw),
+            c.ClearingDone: clearing.clearing_done,
             c.EntryBack: lambda sw, cmd: sw.core.conns.entry_back(cmd.conn, self.clock()),
             c.EntryDue: lambda sw, cmd: sw.core.entry_due(cmd.conn, self.clock()),
             c.WatchEnds: lambda sw, cmd: sw.core.watch_ends(cmd.conn, cmd.watch, self.clock()),
@@ -372,12 +373,3 @@ class Dispatcher:
         self.rlog.warning("close-contradicted", "a close (%s) was contradicted by the "
                           "connection's traffic (%s; forged?): its shunt goes on, or is judged again by the "
                           "policy: %s", cmd.claimed, cmd.by, cmd.conn.describe())
-
-    def clear_decisions(self, _sw: Switch, _cmd: c.ClearDecisions) -> None:
-        def done(cleared: int, failed: int, error: str | None) -> None:  # on the worker thread
-            if error is not None:
-                LOG.error("could not clear the policy's decisions in conntrack: %s", error)
-            else:
-                LOG.warning("the policy is not the one last recorded: decisions cleared on %d conntrack "
-                            "entries (%d failed); each is judged again by its next packet", cleared, failed)
-        self.worker.clear_marks(DECISION_MASK, done)
