@@ -328,9 +328,10 @@ REASONS = {
     adm.R_IDS_SERVER: "an IDS's shunt was judged on the other end as the server: not applied to this direction",
     adm.R_WITHDRAWN: "the decision its pair rests on was cleared from the entry (a re-evaluation, or by hand): "
                      "the pair goes, and the connection's next packet is judged again",
-    adm.R_DECIDED_BEFORE: "a re-evaluation (a new policy) is clearing the decisions in the kernel, or the entry "
-                          "was read before it had: the decision may be the old policy's, so it is not acted on (a "
-                          "dump reads every entry again once the clearing is done)",
+    adm.R_DECIDED_BEFORE: "a re-evaluation (a new policy), or a start under a policy the switch's pairs were not "
+                          "decided under, is clearing the decisions in the kernel, or the entry was read before it "
+                          "had: the decision may be the old policy's, so it is not acted on (a dump reads every "
+                          "entry again once the clearing is done)",
     adm.R_VLAN: "its entry is in a conntrack zone (a `-j CT --zone` rule) that no VLAN of its port groups names: "
                 "it stays on the firewall",
     adm.R_ROUTED: "the firewall routes (forwarding \"routed\") and shunting through a routing firewall is not "
