@@ -159,7 +159,7 @@ def _of_held(existing: Conn, ev: ConnEvent) -> Verdict:
     own = existing.entry == ev.ct_id
     if own and _moved(existing, ev.mark):
         return _new_verdict(Verdict, (MOVED, R_PORTS_MOVED, existing, None, 0, None))
-    if own and not ev.mark & _DECIDED and _withdrawn(existing, ev):
+    if own and _withdrawn(existing, ev):
         return _new_verdict(Verdict, (WITHDRAWN, R_WITHDRAWN, existing, None, 0, None))
     if _entry_outlived_adoption(existing):
         return _new_verdict(Verdict, (DELETE_STALE, R_DUPLICATE, existing, None, 0, None))
